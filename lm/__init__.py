@@ -1,0 +1,1 @@
+"""lm: small decoder-only language models for studying how attention heads are shared."""

@@ -1,0 +1,278 @@
+"""Attention variants and the factory that picks one from `config.model.attention`.
+
+- 'mha', 'gqa', 'mqa': one grouped implementation, `GroupedQueryAttention`. MHA is g = H KV
+  heads, MQA is g = 1. Query head i reads KV head i // (H / g) (contiguous groups, the
+  Llama / Hugging Face order). K and V are never repeated per query head.
+- 'mla': `MultiHeadLatentAttention`, DeepSeek-V2 §2.1 (low-rank joint KV compression with a
+  decoupled, head-shared RoPE key).
+
+A variant is a class with `resolve`, `kv_cache_elements` and `score_dims` static methods plus the
+module itself; adding one means writing the class here and adding its name to `VARIANTS`.
+
+Shape letters: B batch, T query length, S key length, E d_model, H query heads, G KV heads,
+R = H / G query heads per KV head, D head dim, C latent rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lm.config import ModelConfig
+from lm.layers import Dense, RMSNorm, rope
+
+
+def causal_mask(T: int, S: int | None = None) -> jax.Array:
+    """[T, S] boolean, True where query t may attend key s (s <= t, aligned at the end)."""
+    S = T if S is None else S
+    return jnp.arange(S)[None, :] <= jnp.arange(T)[:, None] + (S - T)
+
+
+def grouped_attention(
+    q_BTHD: jax.Array,
+    k_BSGD: jax.Array,
+    v_BSGV: jax.Array,
+    *,
+    scale: float,
+    mask: jax.Array | None = None,
+    impl: str = 'einsum',
+) -> jax.Array:
+    """Softmax attention where H query heads share G = k.shape[2] KV heads; returns [B, T, H, V].
+
+    mask: broadcastable to [B, T, S], True = attend; None means causal. impl 'einsum' reshapes the
+    queries to [B, T, G, R, D] so each KV head serves its R query heads without being repeated;
+    'dot_product' calls `jax.nn.dot_product_attention` (cuDNN flash attention on GPU), which also
+    takes fewer KV heads natively.
+    """
+    B, T, H, D = q_BTHD.shape
+    G, V = k_BSGD.shape[2], v_BSGV.shape[3]
+    if impl == 'dot_product':
+        v_pad = jnp.pad(v_BSGV, ((0, 0), (0, 0), (0, 0), (0, D - V))) if V < D else v_BSGV
+        out = jax.nn.dot_product_attention(
+            q_BTHD,
+            k_BSGD,
+            v_pad,
+            scale=scale,
+            is_causal=mask is None,
+            mask=None if mask is None else jnp.broadcast_to(mask, (B, T, k_BSGD.shape[1]))[:, None],
+        )
+        return out[..., :V]
+    q_BTGRD = q_BTHD.reshape(B, T, G, H // G, D)
+    # scores[b, g, r, t, s] = <q[b, t, g, r], k[b, s, g]>: one KV head per group of R queries.
+    s_BGRTS = (
+        jnp.einsum('BTGRD,BSGD->BGRTS', q_BTGRD, k_BSGD, preferred_element_type=jnp.float32) * scale
+    )
+    if mask is None:
+        mask = causal_mask(T, k_BSGD.shape[1])
+    mask_B11TS = jnp.broadcast_to(mask, (B, T, k_BSGD.shape[1]))[:, None, None]
+    s_BGRTS = jnp.where(mask_B11TS, s_BGRTS, jnp.finfo(jnp.float32).min)
+    p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BSGV.dtype)
+    # out[b, t, g, r] = sum_s p[b, g, r, t, s] · v[b, s, g]
+    out_BTGRV = jnp.einsum('BGRTS,BSGV->BTGRV', p_BGRTS, v_BSGV)
+    return out_BTGRV.reshape(B, T, H, V)
+
+
+class GroupedQueryAttention(nnx.Module):
+    """MHA / GQA / MQA: H query heads, G = num_kv_heads K/V heads, RoPE on q and k."""
+
+    @staticmethod
+    def resolve(cfg: ModelConfig) -> ModelConfig:
+        H, g = cfg.num_heads, cfg.num_kv_heads
+        implied = {'mha': H, 'mqa': 1}.get(cfg.attention)
+        if implied is not None and g not in (0, implied):
+            raise ValueError(
+                f'config.model.num_kv_heads={g} contradicts attention='
+                f"'{cfg.attention}' (which means {implied}); use attention='gqa'"
+            )
+        g = implied or g
+        if g == 0:
+            raise ValueError("config.model.num_kv_heads must be set (> 0) for attention='gqa'")
+        if g > H:
+            raise ValueError(f'config.model.num_kv_heads={g} must be <= num_heads={H}')
+        if H % g:
+            raise ValueError(f'config.model.num_heads={H} must be divisible by num_kv_heads={g}')
+        head_dim = cfg.head_dim
+        if head_dim == 0:
+            if cfg.d_model % H:
+                raise ValueError(
+                    f'config.model.d_model={cfg.d_model} must be divisible by '
+                    f'num_heads={H} when head_dim is 0 (derived)'
+                )
+            head_dim = cfg.d_model // H
+        if head_dim % 2:
+            raise ValueError(f'config.model.head_dim={head_dim} must be even for RoPE')
+        return dataclasses.replace(cfg, num_kv_heads=g, head_dim=head_dim)
+
+    @staticmethod
+    def kv_cache_elements(cfg: ModelConfig) -> int:
+        """Cached elements per token per layer: K and V for each KV head, 2·g·d_h."""
+        return 2 * cfg.num_kv_heads * cfg.head_dim
+
+    @staticmethod
+    def score_dims(cfg: ModelConfig) -> tuple[int, int]:
+        """(q·k width, value width) per head, for FLOP counts."""
+        return cfg.head_dim, cfg.head_dim
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        E, H, G, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        bias = cfg.qkv_bias
+        self.q_proj = Dense(
+            (E,), (H, D), ('embed', 'heads', 'head_dim'), cfg, rngs=rngs, use_bias=bias
+        )
+        self.k_proj = Dense(
+            (E,), (G, D), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs, use_bias=bias
+        )
+        self.v_proj = Dense(
+            (E,), (G, D), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs, use_bias=bias
+        )
+        self.o_proj = Dense(
+            (H, D),
+            (E,),
+            ('heads', 'head_dim', 'embed'),
+            cfg,
+            rngs=rngs,
+            scale=1 / math.sqrt(2 * cfg.num_layers),
+        )
+        self.cfg = cfg
+
+    def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        q_BTHD = rope(self.q_proj(x_BTE), positions_BT, cfg.rope_theta)
+        k_BTGD = rope(self.k_proj(x_BTE), positions_BT, cfg.rope_theta)
+        v_BTGD = self.v_proj(x_BTE)
+        out_BTHD = grouped_attention(
+            q_BTHD, k_BTGD, v_BTGD, scale=cfg.head_dim**-0.5, impl=cfg.attention_impl
+        )
+        return self.o_proj(out_BTHD)
+
+
+class MultiHeadLatentAttention(nnx.Module):
+    """DeepSeek-V2 MLA (§2.1), with DeepSeek's parameter names.
+
+    c_KV = RMSNorm(W_DKV h) of rank C = kv_lora_rank is all a cache would keep, together with the
+    RoPE key k_R = RoPE(W_KR h), one per token shared by every head. Per-head keys and values
+    are up-projections of c_KV: k_C = W_UK c_KV, v = W_UV c_KV. Queries come from h directly
+    (q_lora_rank = 0) or through a normalised latent c_Q of rank q_lora_rank; each head's query
+    is [q_C; RoPE(q_R)]. Softmax scale 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim).
+    """
+
+    @staticmethod
+    def resolve(cfg: ModelConfig) -> ModelConfig:
+        for name in ('kv_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim'):
+            if getattr(cfg, name) <= 0:
+                raise ValueError(
+                    f"config.model.{name} must be > 0 for attention='mla', got {getattr(cfg, name)}"
+                )
+        if cfg.q_lora_rank < 0:
+            raise ValueError(
+                f'config.model.q_lora_rank must be >= 0 (0 = direct queries), got {cfg.q_lora_rank}'
+            )
+        if cfg.qk_rope_head_dim % 2:
+            raise ValueError(
+                f'config.model.qk_rope_head_dim={cfg.qk_rope_head_dim} must be even for RoPE'
+            )
+        if cfg.num_kv_heads not in (0, cfg.num_heads):
+            raise ValueError(
+                f'config.model.num_kv_heads={cfg.num_kv_heads} does not apply to '
+                "attention='mla' (every head has its own K/V); leave it 0"
+            )
+        return dataclasses.replace(cfg, num_kv_heads=cfg.num_heads)
+
+    @staticmethod
+    def kv_cache_elements(cfg: ModelConfig) -> int:
+        """Cached elements per token per layer: the latent and the shared RoPE key, d_c + d_h^R."""
+        return cfg.kv_lora_rank + cfg.qk_rope_head_dim
+
+    @staticmethod
+    def score_dims(cfg: ModelConfig) -> tuple[int, int]:
+        return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        E, H, C = cfg.d_model, cfg.num_heads, cfg.kv_lora_rank
+        Dn, Dr, Dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        if cfg.q_lora_rank:
+            Cq = cfg.q_lora_rank
+            self.q_a_proj = Dense((E,), (Cq,), ('embed', 'q_lora'), cfg, rngs=rngs)
+            self.q_a_layernorm = RMSNorm(Cq, cfg)
+            self.q_b_proj = Dense(
+                (Cq,), (H, Dn + Dr), ('q_lora', 'heads', 'head_dim'), cfg, rngs=rngs
+            )
+        else:
+            self.q_proj = Dense((E,), (H, Dn + Dr), ('embed', 'heads', 'head_dim'), cfg, rngs=rngs)
+        # W_DKV and W_KR in one matrix, as DeepSeek stores them: [E, C + Dr].
+        self.kv_a_proj_with_mqa = Dense((E,), (C + Dr,), ('embed', 'kv_lora'), cfg, rngs=rngs)
+        self.kv_a_layernorm = RMSNorm(C, cfg)
+        # W_UK and W_UV in one matrix: [C, H, Dn + Dv].
+        self.kv_b_proj = Dense((C,), (H, Dn + Dv), ('kv_lora', 'heads', 'head_dim'), cfg, rngs=rngs)
+        self.o_proj = Dense(
+            (H, Dv),
+            (E,),
+            ('heads', 'head_dim', 'embed'),
+            cfg,
+            rngs=rngs,
+            scale=1 / math.sqrt(2 * cfg.num_layers),
+        )
+        self.cfg = cfg
+
+    def queries(self, x_BTE: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(q_C [B, T, H, Dn], RoPE'd q_R [B, T, H, Dr])."""
+        cfg = self.cfg
+        if cfg.q_lora_rank:
+            q_BTHK = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BTE)))
+        else:
+            q_BTHK = self.q_proj(x_BTE)
+        q_nope, q_pe = jnp.split(q_BTHK, [cfg.qk_nope_head_dim], axis=-1)
+        return q_nope, rope(q_pe, positions_BT, cfg.rope_theta)
+
+    def latents(self, x_BTE: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """What a KV cache holds: (c_KV [B, T, C], RoPE'd shared key k_R [B, T, Dr])."""
+        cfg = self.cfg
+        c_BTC, k_pe_BTR = jnp.split(self.kv_a_proj_with_mqa(x_BTE), [cfg.kv_lora_rank], axis=-1)
+        return self.kv_a_layernorm(c_BTC), rope(k_pe_BTR, positions_BT, cfg.rope_theta)
+
+    def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        H = cfg.num_heads
+        q_nope, q_pe = self.queries(x_BTE, positions_BT)
+        c_BSC, k_pe_BSR = self.latents(x_BTE, positions_BT)
+        k_nope, v_BSHV = jnp.split(self.kv_b_proj(c_BSC), [cfg.qk_nope_head_dim], axis=-1)
+        # Training materialises per-head keys: [k_C; k_R] with k_R broadcast to every head.
+        k_pe_BSHR = jnp.broadcast_to(
+            k_pe_BSR[:, :, None], k_pe_BSR.shape[:2] + (H,) + k_pe_BSR.shape[2:]
+        )
+        q_BTHK = jnp.concatenate([q_nope, q_pe], axis=-1)
+        k_BSHK = jnp.concatenate([k_nope, k_pe_BSHR], axis=-1)
+        scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+        out_BTHV = grouped_attention(q_BTHK, k_BSHK, v_BSHV, scale=scale, impl=cfg.attention_impl)
+        return self.o_proj(out_BTHV)
+
+
+VARIANTS: dict[str, type[GroupedQueryAttention] | type[MultiHeadLatentAttention]] = {
+    'mha': GroupedQueryAttention,
+    'gqa': GroupedQueryAttention,
+    'mqa': GroupedQueryAttention,
+    'mla': MultiHeadLatentAttention,
+}
+
+
+def variant(cfg: ModelConfig) -> type[nnx.Module]:
+    """The attention class named by `cfg.attention`."""
+    if cfg.attention not in VARIANTS:
+        raise ValueError(
+            f'config.model.attention must be one of {sorted(VARIANTS)}, got {cfg.attention!r}'
+        )
+    return VARIANTS[cfg.attention]
+
+
+def resolve(cfg: ModelConfig) -> ModelConfig:
+    """Checks the variant's knobs and fills in the derived ones (num_kv_heads, head_dim)."""
+    return variant(cfg).resolve(cfg)
+
+
+def make_attention(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
+    """The factory: builds the attention module named by `cfg.attention`."""
+    return variant(cfg)(cfg, rngs=rngs)

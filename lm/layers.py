@@ -1,0 +1,101 @@
+"""Building blocks: projections with logical axis names, RMSNorm, RoPE and the SwiGLU MLP.
+
+Every parameter carries `axes`: one logical name per dimension (`embed`, `heads`, `kv_heads`,
+`head_dim`, `mlp`, `vocab`, `q_lora`, `kv_lora`, `norm`). `lm/sharding.py` maps those names to
+mesh axes through the rules table in the config; nothing here knows about meshes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lm.config import DTYPES, ModelConfig
+
+
+class Dense(nnx.Module):
+    """y = x · W, contracting the trailing `len(in_shape)` dims of x with the leading dims of W.
+
+    The kernel has shape `in_shape + out_shape`, so per-head projections keep their head axis
+    (q_proj: [embed, heads, head_dim]) and checkpoint surgery can index heads directly.
+    Initialised N(0, scale² / fan_in).
+    """
+
+    def __init__(
+        self,
+        in_shape: tuple[int, ...],
+        out_shape: tuple[int, ...],
+        axes: tuple[str, ...],
+        cfg: ModelConfig,
+        *,
+        rngs: nnx.Rngs,
+        use_bias: bool = False,
+        scale: float = 1.0,
+    ):
+        if len(axes) != len(in_shape) + len(out_shape):
+            raise ValueError(f'axes {axes} do not match kernel shape {in_shape + out_shape}')
+        std = scale / math.sqrt(math.prod(in_shape))
+        param_dtype = DTYPES[cfg.param_dtype]
+        self.kernel = nnx.Param(
+            std * jax.random.normal(rngs.params(), in_shape + out_shape, param_dtype), axes=axes
+        )
+        self.bias = (
+            nnx.Param(jnp.zeros(out_shape, param_dtype), axes=axes[len(in_shape) :])
+            if use_bias
+            else None
+        )
+        self.num_in = len(in_shape)
+        self.dtype = DTYPES[cfg.dtype]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.kernel[...].astype(self.dtype)
+        y = jnp.tensordot(x.astype(self.dtype), kernel, axes=self.num_in)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) · scale, computed in float32 and returned in the compute dtype."""
+
+    def __init__(self, dim: int, cfg: ModelConfig):
+        self.scale = nnx.Param(jnp.ones((dim,), DTYPES[cfg.param_dtype]), axes=('norm',))
+        self.eps = cfg.norm_eps
+        self.dtype = DTYPES[cfg.dtype]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (x32 * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+def rope(x: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding (rotate-half layout, as Llama / Hugging Face).
+
+    x: [B, T, ..., D] with D even; positions_BT: [B, T] integer positions.
+    Dimension pair (i, i + D/2) is rotated by angle position · theta^(-2i/D).
+    """
+    half = x.shape[-1] // 2
+    inv_freq_F = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle = positions_BT.astype(jnp.float32)[..., None] * inv_freq_F  # [B, T, D/2]
+    angle = angle.reshape(angle.shape[:2] + (1,) * (x.ndim - 3) + (half,))
+    sin, cos = jnp.sin(angle), jnp.cos(angle)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class SwiGLU(nnx.Module):
+    """down_proj(silu(gate_proj(x)) * up_proj(x)), Shazeer (2020)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        E, F = cfg.d_model, cfg.mlp_dim
+        self.gate_proj = Dense((E,), (F,), ('embed', 'mlp'), cfg, rngs=rngs)
+        self.up_proj = Dense((E,), (F,), ('embed', 'mlp'), cfg, rngs=rngs)
+        residual_scale = 1 / math.sqrt(2 * cfg.num_layers)
+        self.down_proj = Dense((F,), (E,), ('mlp', 'embed'), cfg, rngs=rngs, scale=residual_scale)
+
+    def __call__(self, x_BTE: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x_BTE)) * self.up_proj(x_BTE))

@@ -1,0 +1,83 @@
+"""The decoder-only language model: embedding, pre-norm blocks, final norm, output head.
+
+Block: x += attention(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). The attention module comes from the
+factory in `lm/attention.py`, so this file does not change when a variant is added.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from lm import attention
+from lm.config import DTYPES, ModelConfig
+from lm.layers import Dense, RMSNorm, SwiGLU
+
+
+def model_config(model: ml_collections.ConfigDict) -> ModelConfig:
+    """Validates `config.model` and resolves its derived knobs; raises ValueError before any
+    array is built."""
+    cfg = attention.resolve(ModelConfig.from_config(model))
+    if cfg.vocab_size <= 0:
+        raise ValueError(
+            'config.model.vocab_size must be > 0 (the trainer sets it from the '
+            f'tokenizer when 0), got {cfg.vocab_size}'
+        )
+    return cfg
+
+
+class Block(nnx.Module):
+    """One pre-norm transformer block."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.d_model, cfg)
+        self.attn = attention.make_attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg)
+        self.mlp = SwiGLU(cfg, rngs=rngs)
+
+    def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+        x_BTE = x_BTE + self.attn(self.attn_norm(x_BTE), positions_BT)
+        return x_BTE + self.mlp(self.mlp_norm(x_BTE))
+
+
+class Transformer(nnx.Module):
+    """tokens [B, T] -> logits [B, T, vocab] (float32)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        V, E = cfg.vocab_size, cfg.d_model
+        table = cfg.init_std * jax.random.normal(rngs.params(), (V, E), DTYPES[cfg.param_dtype])
+        self.embed = nnx.Param(table, axes=('vocab', 'embed'))
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(E, cfg)
+        self.lm_head = (
+            None if cfg.tie_embeddings else Dense((E,), (V,), ('embed', 'vocab'), cfg, rngs=rngs)
+        )
+
+    def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None) -> jax.Array:
+        cfg = self.cfg
+        dtype = DTYPES[cfg.dtype]
+        if positions_BT is None:
+            positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
+        x_BTE = jnp.take(self.embed[...], tokens_BT, axis=0).astype(dtype)
+        for block in self.blocks:
+            x_BTE = block(x_BTE, positions_BT)
+        x_BTE = self.final_norm(x_BTE)
+        if self.lm_head is None:
+            # Tied head: logits = x · embedᵀ.
+            logits = jnp.einsum(
+                'BTE,VE->BTV',
+                x_BTE,
+                self.embed[...].astype(dtype),
+                preferred_element_type=jnp.float32,
+            )
+        else:
+            logits = self.lm_head(x_BTE)
+        return logits.astype(jnp.float32)
+
+
+def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    """A freshly initialised model (parameters drawn from `seed`)."""
+    return Transformer(cfg, rngs=nnx.Rngs(params=seed))

@@ -1,0 +1,85 @@
+"""Plain float64 NumPy references, written independently of lm/: K/V heads are repeated
+explicitly and attention is a textbook softmax over a causal mask."""
+
+import numpy as np
+
+
+def p(param):
+    """A parameter as a float64 NumPy array."""
+    return np.asarray(param[...], dtype=np.float64)
+
+
+def rmsnorm(x, scale, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def rope(x, pos, theta):
+    """x [B, T, H, D], pos [B, T]: pairs (i, i + D/2) rotated by pos · theta^(-2i/D)."""
+    half = x.shape[-1] // 2
+    ang = pos[:, :, None, None] * theta ** (-np.arange(half) / half)
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate(
+        [x1 * np.cos(ang) - x2 * np.sin(ang), x2 * np.cos(ang) + x1 * np.sin(ang)], axis=-1
+    )
+
+
+def softmax_attention(q, k, v, scale):
+    """q, k [B, T, H, Dk], v [B, T, H, Dv], every head with its own K/V; causal."""
+    T = q.shape[1]
+    s = np.einsum('bthd,bshd->bhts', q, k) * scale
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return np.einsum('bhts,bshd->bthd', w, v)
+
+
+def gqa(attn, cfg, x, pos):
+    """GroupedQueryAttention with KV heads repeated per query head (head i uses i // (H/g))."""
+    H, G = cfg.num_heads, cfg.num_kv_heads
+    q = np.einsum('bte,ehd->bthd', x, p(attn.q_proj.kernel))
+    k = np.einsum('bte,egd->btgd', x, p(attn.k_proj.kernel))
+    v = np.einsum('bte,egd->btgd', x, p(attn.v_proj.kernel))
+    if cfg.qkv_bias:
+        q, k, v = q + p(attn.q_proj.bias), k + p(attn.k_proj.bias), v + p(attn.v_proj.bias)
+    q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+    k, v = np.repeat(k, H // G, axis=2), np.repeat(v, H // G, axis=2)
+    o = softmax_attention(q, k, v, cfg.head_dim**-0.5)
+    return np.einsum('bthd,hde->bte', o, p(attn.o_proj.kernel))
+
+
+def mla(attn, cfg, x, pos):
+    """MLA with full per-head K and V materialised from the latent c_KV."""
+    H, C, Dn = cfg.num_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim
+    if cfg.q_lora_rank:
+        cq = rmsnorm(x @ p(attn.q_a_proj.kernel), p(attn.q_a_layernorm.scale), cfg.norm_eps)
+        q = np.einsum('btc,chk->bthk', cq, p(attn.q_b_proj.kernel))
+    else:
+        q = np.einsum('bte,ehk->bthk', x, p(attn.q_proj.kernel))
+    q = np.concatenate([q[..., :Dn], rope(q[..., Dn:], pos, cfg.rope_theta)], axis=-1)
+    kv_a = x @ p(attn.kv_a_proj_with_mqa.kernel)
+    c = rmsnorm(kv_a[..., :C], p(attn.kv_a_layernorm.scale), cfg.norm_eps)
+    k_pe = rope(kv_a[:, :, None, C:], pos, cfg.rope_theta)  # one RoPE key shared by all heads
+    kv = np.einsum('btc,chk->bthk', c, p(attn.kv_b_proj.kernel))
+    k = np.concatenate([kv[..., :Dn], np.repeat(k_pe, H, axis=2)], axis=-1)
+    v = kv[..., Dn:]
+    o = softmax_attention(q, k, v, (Dn + cfg.qk_rope_head_dim) ** -0.5)
+    return np.einsum('bthd,hde->bte', o, p(attn.o_proj.kernel))
+
+
+def attention(attn, cfg, x, pos):
+    return (mla if cfg.attention == 'mla' else gqa)(attn, cfg, x, pos)
+
+
+def forward(model, cfg, tokens):
+    """Whole-model logits: embedding, pre-norm blocks with SwiGLU, final norm, head."""
+    B, T = tokens.shape
+    pos = np.broadcast_to(np.arange(T, dtype=np.float64), (B, T))
+    x = p(model.embed)[tokens]
+    for blk in model.blocks:
+        x = x + attention(blk.attn, cfg, rmsnorm(x, p(blk.attn_norm.scale), cfg.norm_eps), pos)
+        h = rmsnorm(x, p(blk.mlp_norm.scale), cfg.norm_eps)
+        gate, up = h @ p(blk.mlp.gate_proj.kernel), h @ p(blk.mlp.up_proj.kernel)
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ p(blk.mlp.down_proj.kernel)
+    x = rmsnorm(x, p(model.final_norm.scale), cfg.norm_eps)
+    head = p(model.embed).T if cfg.tie_embeddings else p(model.lm_head.kernel)
+    return x @ head

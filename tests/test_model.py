@@ -1,0 +1,80 @@
+"""Whole-model behaviour: causality, dtypes, parameter names."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_config
+from flax import nnx
+
+from lm.model import build_model, model_config
+
+VARIANTS = {
+    'mha': dict(attention='mha'),
+    'gqa2': dict(attention='gqa', num_kv_heads=2),
+    'mqa': dict(attention='mqa'),
+    'mla': dict(attention='mla', q_lora_rank=8),
+}
+
+
+@pytest.mark.parametrize('impl', ['einsum', 'dot_product'])
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_causality(variant, impl):
+    """Changing tokens after position t changes no logit at or before t (atol 1e-6)."""
+    cfg = model_config(tiny_config(**VARIANTS[variant], attention_impl=impl).model)
+    model = build_model(cfg)
+    tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, cfg.vocab_size)
+    t = 6
+    changed = tokens.at[:, t + 1 :].set((tokens[:, t + 1 :] + 7) % cfg.vocab_size)
+    a, b = model(tokens), model(changed)
+    np.testing.assert_allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6, rtol=0)
+    assert np.abs(a[:, t + 1 :] - b[:, t + 1 :]).max() > 1e-3
+
+
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_bfloat16_compute_keeps_float32_params(variant):
+    cfg32 = model_config(tiny_config(**VARIANTS[variant]).model)
+    cfg16 = model_config(tiny_config(**VARIANTS[variant], dtype='bfloat16').model)
+    m32, m16 = build_model(cfg32), build_model(cfg16)
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(m16, nnx.Param))} == {jnp.dtype('float32')}
+    tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, cfg32.vocab_size)
+    logits16 = m16(tokens)
+    assert logits16.dtype == jnp.float32
+    # bfloat16 has an 8-bit mantissa: same function to within a few percent of the logit scale.
+    np.testing.assert_allclose(logits16, m32(tokens), atol=0.05 * float(jnp.abs(m32(tokens)).max()))
+
+
+def test_forward_shapes_and_names():
+    cfg = model_config(tiny_config(attention='gqa', num_kv_heads=2, tie_embeddings=False).model)
+    model = build_model(cfg)
+    assert model(jnp.zeros((2, 16), jnp.int32)).shape == (2, 16, cfg.vocab_size)
+    names = {'/'.join(map(str, path)) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    for n in ('q_proj', 'k_proj', 'v_proj', 'o_proj'):
+        assert f'blocks/0/attn/{n}/kernel' in names
+    assert 'lm_head/kernel' in names and 'embed' in names
+    mla = build_model(model_config(tiny_config(attention='mla', q_lora_rank=8).model))
+    names = {'/'.join(map(str, path)) for path, _ in nnx.to_flat_state(nnx.state(mla, nnx.Param))}
+    for n in (
+        'q_a_proj',
+        'q_a_layernorm',
+        'q_b_proj',
+        'kv_a_proj_with_mqa',
+        'kv_a_layernorm',
+        'kv_b_proj',
+        'o_proj',
+    ):
+        assert any(name.startswith(f'blocks/1/attn/{n}/') for name in names), n
+
+
+def test_every_param_has_logical_axes():
+    model = build_model(model_config(tiny_config(attention='mla', q_lora_rank=8).model))
+    for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        assert len(leaf.get_metadata()['axes']) == leaf[...].ndim, path
+
+
+def test_same_seed_same_params_different_seed_different():
+    cfg = model_config(tiny_config(num_kv_heads=2).model)
+    a, b, c = build_model(cfg, 0), build_model(cfg, 0), build_model(cfg, 1)
+    leaves = [jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (a, b, c)]
+    assert all(np.array_equal(x, y) for x, y in zip(leaves[0], leaves[1], strict=True))
+    assert not np.array_equal(leaves[0][0], leaves[2][0])
