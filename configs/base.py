@@ -34,4 +34,57 @@ def get_config() -> ml_collections.ConfigDict:
     model.qk_nope_head_dim = 32  # Per-head key/query width without RoPE (up-projected from c_KV).
     model.qk_rope_head_dim = 16  # d_h^R: decoupled RoPE width; the RoPE key is shared by heads.
     model.v_head_dim = 32  # Per-head value width.
+
+    data = config.data = ml_collections.ConfigDict()
+    data.source = 'stdlib'  # 'stdlib' (this Python's own .py files) | 'text' | 'hf'.
+    data.path = ''  # text: comma-separated file paths; hf: optional local data_files (comma-sep).
+    data.val_fraction = 0.1  # Held-out share: last chars (text), path hash (stdlib), docs (hf).
+    data.hf_name = ''  # hf: dataset name on the hub, or a builder such as 'text' / 'json'.
+    data.hf_config = ''  # hf: dataset config name ('' = none).
+    data.hf_split = 'train'  # hf: split to train on.
+    data.hf_eval_split = ''  # hf: held-out split; '' = every 1/val_fraction-th doc of hf_split.
+    data.hf_text_column = 'text'  # hf: column holding the text.
+    data.hf_streaming = False  # hf: stream instead of downloading the whole split.
+    data.hf_max_docs = 0  # hf: read at most this many documents per split (0 = all).
+    data.tokenizer = 'byte'  # 'byte' (256 bytes + specials) | 'bpe' (trained here) | a .json path.
+    data.bpe_vocab_size = 4096  # bpe: vocabulary size to train.
+    data.seq_len = 256  # Tokens per training sequence (context length T).
+    data.cache_dir = ''  # Where token memmaps and trained tokenizers go; '' = ~/.cache/lm.
+
+    train = config.train = ml_collections.ConfigDict()
+    train.batch_size = 32  # Global sequences per optimizer step (all devices, all hosts).
+    train.grad_accum_steps = 1  # Micro-batches per step; batch_size must divide by it.
+    train.steps = 1000  # Optimizer steps in total.
+    train.lr = 1e-3  # Peak learning rate, reached after warmup.
+    train.min_lr = 1e-4  # Learning rate at the end of the cosine decay.
+    train.warmup_steps = 100  # Linear warmup from 0 to lr.
+    train.b1 = 0.9  # AdamW beta1.
+    train.b2 = 0.95  # AdamW beta2.
+    train.eps = 1e-8  # AdamW epsilon.
+    train.weight_decay = 0.1  # AdamW decoupled weight decay, on matrices only (not norms).
+    train.grad_clip = 1.0  # Clip the global gradient norm to this (0 = off).
+    train.peak_flops = 0.0  # Device peak FLOP/s for MFU; 0 = per-device table, measured on CPU.
+
+    mesh = config.mesh = ml_collections.ConfigDict()
+    mesh.data = -1  # Data-parallel axis size; -1 = all devices the other axes leave.
+    mesh.fsdp = 1  # Fully-sharded data-parallel axis size (parameters split on 'embed').
+    mesh.tensor = 1  # Tensor-parallel axis size (heads, KV heads, MLP and vocab split).
+    rules = mesh.rules = ml_collections.ConfigDict()  # Logical axis -> mesh axes ('' = replicate).
+    rules.batch = 'data,fsdp'  # Batch rows of inputs and activations.
+    rules.embed = 'fsdp'  # d_model dimension of weights.
+    rules.heads = 'tensor'  # Query heads.
+    rules.kv_heads = 'tensor'  # KV heads (replicated when the tensor axis does not divide them).
+    rules.head_dim = ''  # Per-head width.
+    rules.mlp = 'tensor'  # SwiGLU hidden width.
+    rules.vocab = 'tensor'  # Vocabulary dimension of the embedding / head.
+    rules.q_lora = ''  # MLA query latent.
+    rules.kv_lora = ''  # MLA KV latent (plus the RoPE key).
+    rules.norm = ''  # RMSNorm scales.
+
+    config.eval_every = 200  # Evaluate on the held-out split every N steps (and at the end).
+    config.eval_batches = 20  # Batches of batch_size held-out sequences per evaluation.
+    config.log_every = 50  # Print a log line every N steps (TensorBoard gets every step).
+    config.checkpoint_every = 500  # Save a checkpoint every N steps (and at the end).
+    config.keep_checkpoints = 3  # Keep the last K checkpoints.
+    config.async_checkpointing = True  # Write checkpoints in a background thread.
     return config

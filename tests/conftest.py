@@ -35,3 +35,49 @@ def shakespeare_path():
     if not SHAKESPEARE.exists():
         pytest.skip(f'{SHAKESPEARE} not found')
     return SHAKESPEARE
+
+
+def tiny_train_config(tmp_path, text_path, **overrides):
+    """A tiny run on a text file: a few ms per step, so tests can train real steps."""
+    config = tiny_config(attention='gqa', num_kv_heads=2)
+    config.data.update(
+        source='text', path=str(text_path), cache_dir=str(tmp_path / 'cache'), seq_len=16
+    )
+    config.train.update(batch_size=4, steps=8, lr=3e-3, warmup_steps=2)
+    config.update(
+        eval_every=4, eval_batches=2, log_every=2, checkpoint_every=4, async_checkpointing=False
+    )
+    config.model.vocab_size = 0
+    for key, value in overrides.items():
+        node = config
+        *parents, leaf = key.split('.')
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return config
+
+
+def write_config_file(config, path):
+    """Writes `config` as a config file that train.py / eval.py can load with --config."""
+    path.write_text(
+        'import json\nimport ml_collections\n\n\ndef get_config():\n'
+        f'    return ml_collections.ConfigDict(json.loads({config.to_json()!r}))\n'
+    )
+    return str(path)
+
+
+def read_scalars(logdir, tag):
+    """{step: value} for `tag`, as TensorBoard shows it (later writes for a step win)."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(logdir), size_guidance={'scalars': 0})
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(tag)}
+
+
+@pytest.fixture
+def small_text(tmp_path, shakespeare_path):
+    """The first 60 kB of Tiny Shakespeare, as its own file."""
+    path = tmp_path / 'small.txt'
+    path.write_text(shakespeare_path.read_text()[:60_000])
+    return path

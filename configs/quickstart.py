@@ -1,0 +1,15 @@
+"""Quickstart: a small GQA model on this Python's standard library; about 2 minutes on 2 CPU
+cores, with eval perplexity falling from ~260 (uniform over bytes) to ~4."""
+
+import os
+
+from lm.config import load_config_file
+
+
+def get_config():
+    config = load_config_file(os.path.join(os.path.dirname(__file__), 'base.py'))
+    config.model.update(d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, attention='gqa')
+    config.data.update(source='stdlib', tokenizer='byte', seq_len=128)
+    config.train.update(batch_size=16, steps=600, lr=2e-3, min_lr=2e-4, warmup_steps=50, b2=0.99)
+    config.update(eval_every=100, eval_batches=8, log_every=50, checkpoint_every=200)
+    return config

@@ -1,0 +1,43 @@
+"""nanoGPT's CPU recipe for Tiny Shakespeare (character level) with our block.
+
+4 layers, 4 heads, d_model 128, context 64, batch 12, 2000 steps, lr 1e-3 -> 1e-4 cosine,
+warmup 100, beta2 0.99, byte tokenizer. The text file is given on the command line:
+
+  python train.py --config=configs/shakespeare_char.py:gqa2 --workdir=runs/gqa2 \
+      --config.data.path=../shared/data/tinyshakespeare.txt
+
+The optional argument picks the attention variant: mha (default), gqa<g> (e.g. gqa2), mqa, mla.
+"""
+
+import os
+
+from lm.config import load_config_file
+
+
+def get_config(variant: str = 'mha'):
+    config = load_config_file(os.path.join(os.path.dirname(__file__), 'base.py'))
+    config.model.update(d_model=128, num_layers=4, num_heads=4, head_dim=0)
+    if variant in ('mha', 'mqa', 'mla'):
+        config.model.attention = variant
+    elif variant.startswith('gqa') and variant[3:].isdigit():
+        config.model.update(attention='gqa', num_kv_heads=int(variant[3:]))
+    else:
+        raise ValueError(
+            f'configs/shakespeare_char.py: unknown variant {variant!r}; expected '
+            "'mha', 'gqa<g>' (e.g. 'gqa2'), 'mqa' or 'mla'"
+        )
+    # MLA at this width: d_c = 4·d_h and d_h^R = d_h / 2 as in DeepSeek-V2, with d_h = 32.
+    config.model.update(kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
+    config.data.update(source='text', tokenizer='byte', seq_len=64)
+    config.train.update(
+        batch_size=12,
+        steps=2000,
+        lr=1e-3,
+        min_lr=1e-4,
+        warmup_steps=100,
+        b2=0.99,
+        weight_decay=0.1,
+        grad_clip=1.0,
+    )
+    config.update(eval_every=250, eval_batches=20, log_every=100, checkpoint_every=500)
+    return config

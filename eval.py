@@ -1,0 +1,80 @@
+"""Evaluate a run's checkpoint and log the result next to its training curves.
+
+  python eval.py --workdir=runs/quickstart                  # latest checkpoint, validation split
+  python eval.py --workdir=runs/quickstart --step=500 --split=train
+  python eval.py --workdir=runs/gqa2 --config=configs/shakespeare_char.py \
+      --config.data.path=other.txt                          # another data source
+"""
+
+import json
+import os
+
+import ml_collections
+from absl import app, flags
+from ml_collections import config_flags
+
+from lm.checkpoint import Checkpointer
+from lm.cli import parse_flags, run_reporting_errors
+from lm.evaluation import evaluate
+from lm.summary import Summary
+from lm.train_loop import make_eval_step, prepare
+
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Run directory holding checkpoints/.', required=True
+)
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default: the latest.')
+_SPLIT = flags.DEFINE_enum('split', 'validation', ['train', 'validation'], 'Split to evaluate.')
+_BATCHES = flags.DEFINE_integer('eval_batches', 0, 'Batches to evaluate; 0 = the whole split.')
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, "Optional config whose data (source, path, tokenizer) replaces the run's."
+)
+_TB_DIR = flags.DEFINE_string('tb_dir', '', "TensorBoard directory of the run; '' = <workdir>/tb.")
+
+
+def run() -> int:
+    ckpt = Checkpointer(_WORKDIR.value, keep=1000, async_save=False)
+    if not ckpt.steps():
+        raise FileNotFoundError(f'no checkpoint in {ckpt.directory}')
+    meta = ckpt.read_meta(_STEP.value if _STEP.value is not None else ckpt.steps()[-1])
+    config = ml_collections.ConfigDict(meta['config'])
+    own_data = _CONFIG.value is None
+    if not own_data:
+        config.data = _CONFIG.value.data
+    config.eval_batches = _BATCHES.value
+    exp = prepare(config)
+    step, state, _ = ckpt.restore(exp.setup.abstract_state, _STEP.value)
+    ckpt.close()
+    metrics = evaluate(
+        make_eval_step(exp.setup),
+        state['params'],
+        exp.corpus,
+        _SPLIT.value,
+        batch_size=config.train.batch_size,
+        seq_len=config.data.seq_len,
+        num_batches=_BATCHES.value,
+        batch_sharding=exp.setup.batch_sharding,
+    )
+    same = own_data or exp.corpus.fingerprint == meta['data_fingerprint']
+    prefix = (
+        'eval'
+        if same and _SPLIT.value == 'validation'
+        else (f'eval_{config.data.source}_{exp.corpus.fingerprint[:6]}_{_SPLIT.value}')
+    )
+    print(json.dumps({'step': step, 'split': _SPLIT.value, 'tag': prefix, **metrics}))
+    tb = Summary(
+        os.path.join(_TB_DIR.value, os.path.basename(os.path.abspath(_WORKDIR.value)))
+        if _TB_DIR.value
+        else os.path.join(_WORKDIR.value, 'tb')
+    )
+    tb.scalars(step, {f'{prefix}/{k}': v for k, v in metrics.items()})
+    tb.close()
+    return 0
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    run_reporting_errors(run)
+
+
+if __name__ == '__main__':
+    app.run(main, flags_parser=parse_flags)

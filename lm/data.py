@@ -1,0 +1,268 @@
+"""Text sources, tokenisation into a cached memmap, and batches that are pure functions of
+(seed, step, process).
+
+Sources (`config.data.source`):
+- 'stdlib': the running Python's standard-library .py files (no tests, no site-packages), split
+  into train / validation by a stable hash of each file's relative path. Needs no download.
+- 'text': local text files, concatenated; the last `val_fraction` of characters is validation.
+- 'hf': a Hugging Face `datasets` dataset (hub name or a local builder such as 'text' with
+  `data.path` as data_files), optionally streamed.
+
+Each split is tokenised once into `<cache_dir>/<fingerprint>/<split>.bin` (uint16 or uint32),
+where the fingerprint covers the source's contents and the tokenizer. A training batch is the
+`step`-th draw of random windows from a generator seeded with (seed, step); process p of P takes
+rows [p·B/P, (p+1)·B/P), so resuming is exact and hosts read disjoint rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sysconfig
+from collections.abc import Callable, Iterator
+
+import ml_collections
+import numpy as np
+
+from lm.tokenizer import (
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    check_tokenizer_config,
+    train_bpe,
+)
+
+SOURCES = ('stdlib', 'text', 'hf')
+SPLITS = ('train', 'validation')
+_TEST_DIRS = {'test', 'tests', 'idle_test', 'site-packages', 'dist-packages', '__pycache__'}
+
+
+@dataclasses.dataclass
+class Corpus:
+    """Tokenised splits plus what evaluation needs to convert nats/token into bits/byte."""
+
+    tokens: dict[str, np.ndarray]  # split -> 1-D token memmap
+    num_bytes: dict[str, int]  # split -> UTF-8 bytes of raw text behind those tokens
+    tokenizer: Tokenizer
+    fingerprint: str
+
+    def bytes_per_token(self, split: str) -> float:
+        return self.num_bytes[split] / len(self.tokens[split])
+
+
+def cache_dir(data: ml_collections.ConfigDict) -> str:
+    return os.path.expanduser(data.cache_dir or '~/.cache/lm')
+
+
+def text_paths(data: ml_collections.ConfigDict) -> list[str]:
+    return [p.strip() for p in data.path.split(',') if p.strip()]
+
+
+def check_data_config(data: ml_collections.ConfigDict) -> None:
+    """One-line errors for bad data settings, before anything is read or compiled."""
+    if data.source not in SOURCES:
+        raise ValueError(f'config.data.source must be one of {SOURCES}, got {data.source!r}')
+    if not 0 < data.val_fraction < 1:
+        raise ValueError(f'config.data.val_fraction must be in (0, 1), got {data.val_fraction}')
+    if data.seq_len <= 0:
+        raise ValueError(f'config.data.seq_len must be > 0, got {data.seq_len}')
+    check_tokenizer_config(data)
+    if data.source == 'text':
+        if not text_paths(data):
+            raise ValueError("config.data.path must name at least one text file for source='text'")
+        for path in text_paths(data):
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f'config.data.path: {path!r} does not exist')
+            if os.path.getsize(path) == 0:
+                raise ValueError(f'config.data.path: {path!r} is empty')
+    if data.source == 'hf' and not data.hf_name:
+        raise ValueError("config.data.hf_name must be set for source='hf'")
+
+
+def _stdlib_files() -> list[tuple[str, str]]:
+    root = sysconfig.get_paths()['stdlib']
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _TEST_DIRS)
+        for name in sorted(filenames):
+            if name.endswith('.py') and not name.startswith('test_'):
+                full = os.path.join(dirpath, name)
+                files.append((os.path.relpath(full, root), full))
+    return files
+
+
+def _in_validation(key: str, val_fraction: float) -> bool:
+    h = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+    return h % 10_000 < val_fraction * 10_000
+
+
+def _read(path: str) -> str:
+    with open(path, encoding='utf-8', errors='replace') as f:
+        return f.read()
+
+
+def _source(data: ml_collections.ConfigDict) -> tuple[str, Callable[[str], Iterator[str]]]:
+    """(fingerprint of the source's contents and settings, split -> iterator over documents)."""
+    if data.source == 'stdlib':
+        files = _stdlib_files()
+        key = [(rel, os.path.getsize(full)) for rel, full in files]
+
+        def docs(split: str) -> Iterator[str]:
+            for rel, full in files:
+                if _in_validation(rel, data.val_fraction) == (split == 'validation'):
+                    yield _read(full)
+
+    elif data.source == 'text':
+        paths = text_paths(data)
+        key = [hashlib.sha256(open(p, 'rb').read()).hexdigest() for p in paths]
+
+        def docs(split: str) -> Iterator[str]:
+            text = ''.join(_read(p) for p in paths)
+            cut = int(len(text) * (1 - data.val_fraction))
+            yield text[:cut] if split == 'train' else text[cut:]
+
+    else:
+        key = [
+            data.hf_name,
+            data.hf_config,
+            data.hf_split,
+            data.hf_eval_split,
+            data.path,
+            data.hf_text_column,
+            data.hf_max_docs,
+        ]
+
+        def docs(split: str) -> Iterator[str]:
+            yield from _hf_docs(data, split)
+
+    settings = [data.source, data.val_fraction, key]
+    return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16], docs
+
+
+def _hf_docs(data: ml_collections.ConfigDict, split: str) -> Iterator[str]:
+    import datasets  # heavy import, only for this source
+
+    held_out = split == 'validation' and not data.hf_eval_split
+    name = data.hf_eval_split if split == 'validation' and data.hf_eval_split else data.hf_split
+    ds = datasets.load_dataset(
+        data.hf_name,
+        data.hf_config or None,
+        split=name,
+        streaming=data.hf_streaming,
+        data_files=text_paths(data) or None,
+    )
+    every = round(1 / data.val_fraction)
+    count = 0
+    for i, row in enumerate(ds):
+        if not data.hf_eval_split and (i % every == every - 1) != held_out:
+            continue
+        if data.hf_max_docs and count >= data.hf_max_docs:
+            break
+        count += 1
+        yield row[data.hf_text_column]
+
+
+def _tokenizer(data: ml_collections.ConfigDict, source_fp: str, docs) -> Tokenizer:
+    if data.tokenizer == 'byte':
+        return ByteTokenizer()
+    if data.tokenizer == 'bpe':
+        path = os.path.join(
+            cache_dir(data), 'tokenizers', f'bpe-{source_fp}-{data.bpe_vocab_size}.json'
+        )
+        if os.path.isfile(path):
+            return HFTokenizer.from_file(path)
+        return train_bpe(docs('train'), data.bpe_vocab_size, path)
+    return HFTokenizer.from_file(data.tokenizer)
+
+
+def _write_split(path: str, docs: Iterator[str], tok: Tokenizer, dtype: np.dtype) -> int:
+    """Tokenises docs (EOS after each) into a raw binary file; returns the UTF-8 byte count."""
+    num_bytes = 0
+    with open(path, 'wb') as f:
+        for doc in docs:
+            num_bytes += len(doc.encode('utf-8'))
+            np.asarray(tok.encode(doc) + [tok.eos_id], dtype).tofile(f)
+    return num_bytes
+
+
+def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
+    """Tokenised train and validation splits, built once and cached by fingerprint."""
+    check_data_config(data)
+    source_fp, docs = _source(data)
+    tok = _tokenizer(data, source_fp, docs)
+    fingerprint = hashlib.sha256(f'{source_fp}-{tok.name}'.encode()).hexdigest()[:16]
+    directory = os.path.join(cache_dir(data), fingerprint)
+    meta_path = os.path.join(directory, 'meta.json')
+    dtype = np.dtype(np.uint16 if tok.vocab_size <= 2**16 else np.uint32)
+    if not os.path.isfile(meta_path):
+        os.makedirs(directory, exist_ok=True)
+        meta = {'dtype': dtype.name, 'num_bytes': {}}
+        for split in SPLITS:
+            tmp = os.path.join(directory, f'{split}.bin.{os.getpid()}')
+            meta['num_bytes'][split] = _write_split(tmp, docs(split), tok, dtype)
+            os.replace(tmp, os.path.join(directory, f'{split}.bin'))
+        with open(meta_path + f'.{os.getpid()}', 'w') as f:
+            json.dump(meta, f)
+        os.replace(meta_path + f'.{os.getpid()}', meta_path)
+    with open(meta_path) as f:
+        meta = json.load(f)
+    tokens = {
+        s: np.memmap(os.path.join(directory, f'{s}.bin'), dtype=meta['dtype'], mode='r')
+        for s in SPLITS
+    }
+    return Corpus(tokens, meta['num_bytes'], tok, fingerprint)
+
+
+def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:
+    """The source must hold at least one batch of windows in each split."""
+    need = batch_size * seq_len + 1
+    for split in SPLITS:
+        if len(corpus.tokens[split]) < need:
+            raise ValueError(
+                f'the {split} split has {len(corpus.tokens[split])} tokens, fewer than one batch '
+                f'(config.train.batch_size={batch_size} x config.data.seq_len={seq_len} + 1)'
+            )
+
+
+def _rows(global_rows: int, process_index: int, process_count: int) -> slice:
+    per = global_rows // process_count
+    return slice(process_index * per, (process_index + 1) * per)
+
+
+def train_batch(
+    tokens: np.ndarray,
+    *,
+    seed: int,
+    step: int,
+    batch_size: int,
+    seq_len: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> np.ndarray:
+    """This process's rows of step `step`'s batch: int32 [batch_size / process_count, T + 1]."""
+    starts = np.random.default_rng([seed, step]).integers(0, len(tokens) - seq_len, batch_size)
+    starts = starts[_rows(batch_size, process_index, process_count)]
+    return np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
+
+
+def eval_batches(
+    tokens: np.ndarray,
+    *,
+    batch_size: int,
+    seq_len: int,
+    num_batches: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> list[np.ndarray]:
+    """Consecutive non-overlapping windows from the start of the split (the same every eval);
+    `num_batches` of them, or as many whole batches as the split holds (0 = all)."""
+    available = (len(tokens) - 1) // seq_len // batch_size
+    n = min(num_batches, available) if num_batches else available
+    batches = []
+    for b in range(n):
+        starts = (b * batch_size + np.arange(batch_size)) * seq_len
+        starts = starts[_rows(batch_size, process_index, process_count)]
+        batches.append(np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32))
+    return batches

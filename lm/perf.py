@@ -1,0 +1,58 @@
+"""Peak FLOP/s per device and model FLOP utilisation (MFU), as in PaLM App. B."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Dense bf16 peak FLOP/s per device from vendor data sheets (no sparsity).
+PEAK_FLOPS = {
+    'NVIDIA H100 80GB HBM3': 989e12,
+    'NVIDIA H100': 989e12,
+    'NVIDIA H200': 989e12,
+    'NVIDIA A100-SXM4-80GB': 312e12,
+    'NVIDIA A100-SXM4-40GB': 312e12,
+    'NVIDIA A100': 312e12,
+    'NVIDIA L4': 121e12,
+    'TPU v4': 275e12,
+    'TPU v5 lite': 197e12,
+    'TPU v5e': 197e12,
+    'TPU v5p': 459e12,
+    'TPU v6 lite': 918e12,
+    'TPU v6e': 918e12,
+}
+
+
+def measure_matmul_flops(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:
+    """Median FLOP/s of an n×n×n matmul on the default device (2·n³ FLOPs per call)."""
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    f = jax.jit(jnp.dot)
+    f(a, a).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a, a).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / float(np.median(times))
+
+
+def peak_flops_per_device(override: float = 0.0) -> tuple[float, str]:
+    """(peak FLOP/s of one device, where the number came from)."""
+    if override > 0:
+        return override, 'config.train.peak_flops'
+    device = jax.devices()[0]
+    if device.platform == 'cpu':
+        return measure_matmul_flops(), 'measured: float32 2048³ jnp.dot'
+    kind = device.device_kind
+    for name, flops in PEAK_FLOPS.items():
+        if kind.startswith(name):
+            return flops, f'table: {name}'
+    return measure_matmul_flops(dtype=jnp.bfloat16), f'measured: bfloat16 2048³ jnp.dot on {kind}'
+
+
+def mfu(tokens_per_sec: float, flops_per_token: float, peak_flops_total: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all devices."""
+    return tokens_per_sec * flops_per_token / peak_flops_total

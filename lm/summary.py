@@ -1,0 +1,41 @@
+"""TensorBoard logging with tensorboardX: scalars, the resolved config, and hparams.
+
+Only process 0 writes; on other processes every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import jax
+from tensorboardX import SummaryWriter
+from tensorboardX.summary import hparams
+
+HPARAM_METRICS = ('eval/loss', 'eval/perplexity', 'eval/bits_per_byte', 'train/loss')
+
+
+class Summary:
+    def __init__(self, logdir: str):
+        self.writer = SummaryWriter(logdir, flush_secs=30) if jax.process_index() == 0 else None
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self.writer:
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, step)
+
+    def text(self, tag: str, text: str, step: int = 0) -> None:
+        if self.writer:
+            self.writer.add_text(tag, text, step)
+
+    def hparams(self, values: dict[str, float | int | str | bool]) -> None:
+        """Registers the run in TensorBoard's HParams tab. Its metric columns read this run's
+        own scalars (eval/perplexity, ...), so the table shows their latest values."""
+        if self.writer:
+            for s in hparams(values, dict.fromkeys(HPARAM_METRICS, 0.0)):
+                self.writer.file_writer.add_summary(s)
+
+    def flush(self) -> None:
+        if self.writer:
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer:
+            self.writer.close()

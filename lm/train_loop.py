@@ -1,0 +1,317 @@
+"""The training loop: validation up front, data, sharded state, checkpoints, eval and logging."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import signal
+import threading
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from tqdm import tqdm
+
+from lm import accounting, perf
+from lm.checkpoint import Checkpointer, check_same_shapes, param_shapes
+from lm.config import ModelConfig
+from lm.data import Corpus, check_corpus_size, check_data_config, load_corpus, train_batch
+from lm.evaluation import evaluate
+from lm.model import model_config
+from lm.optimizer import check_train_config, lr_schedule, make_optimizer
+from lm.sharding import data_parallel_size, global_batch, make_mesh, rules_table
+from lm.summary import Summary
+from lm.train_step import Setup, init_state, make_eval_step, make_setup, make_train_step
+
+
+@dataclasses.dataclass
+class Experiment:
+    """A validated config with its data, model config, mesh and step setup (nothing compiled)."""
+
+    config: ml_collections.ConfigDict
+    model: ModelConfig
+    corpus: Corpus
+    setup: Setup
+
+
+def check_loop_config(config: ml_collections.ConfigDict) -> None:
+    for name in ('eval_every', 'log_every', 'checkpoint_every', 'keep_checkpoints'):
+        if config[name] <= 0:
+            raise ValueError(f'config.{name} must be > 0, got {config[name]}')
+    if config.eval_batches < 0:
+        raise ValueError(
+            f'config.eval_batches must be >= 0 (0 = whole split), got {config.eval_batches}'
+        )
+
+
+def prepare(config: ml_collections.ConfigDict) -> Experiment:
+    """Checks every setting (one-line errors), tokenises the data, builds mesh and shardings."""
+    config = ml_collections.ConfigDict(config.to_dict())  # private copy; vocab_size is filled in
+    check_loop_config(config)
+    check_train_config(config.train)
+    check_data_config(config.data)
+    vocab_given = config.model.vocab_size
+    config.model.vocab_size = vocab_given or 1
+    model_config(config.model)  # model errors before reading any data
+    mesh = make_mesh(config.mesh)
+    rules = rules_table(config.mesh)
+    dp = data_parallel_size(mesh, rules)
+    per_micro = config.train.batch_size // config.train.grad_accum_steps
+    if per_micro % dp or config.train.batch_size % jax.process_count():
+        raise ValueError(
+            f'config.train.batch_size={config.train.batch_size} (/ grad_accum_steps = {per_micro}'
+            f' per micro-batch) must be divisible by the data-parallel size {dp} and by the '
+            f'{jax.process_count()} processes'
+        )
+    corpus = load_corpus(config.data)
+    check_corpus_size(corpus, config.train.batch_size, config.data.seq_len)
+    if vocab_given and vocab_given < corpus.tokenizer.vocab_size:
+        raise ValueError(
+            f'config.model.vocab_size={vocab_given} is smaller than the tokenizer '
+            f'vocabulary ({corpus.tokenizer.vocab_size})'
+        )
+    config.model.vocab_size = vocab_given or corpus.tokenizer.vocab_size
+    cfg = model_config(config.model)
+    setup = make_setup(cfg, make_optimizer(config.train), mesh, rules, config.seed)
+    return Experiment(config, cfg, corpus, setup)
+
+
+def _meta(exp: Experiment, step: int) -> dict:
+    return {
+        'config': json.loads(exp.config.to_json()),
+        'data_fingerprint': exp.corpus.fingerprint,
+        'data_step': step,
+        'param_shapes': param_shapes(exp.setup.abstract_state['params']),
+    }
+
+
+def _prefetch(exp: Experiment, start: int, stop: int, depth: int = 2):
+    """Yields this process's numpy batches for steps start.. from a background thread."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    c = exp.config
+
+    def produce():
+        for step in range(start, stop):
+            q.put(
+                train_batch(
+                    exp.corpus.tokens['train'],
+                    seed=c.seed,
+                    step=step,
+                    batch_size=c.train.batch_size,
+                    seq_len=c.data.seq_len,
+                    process_index=jax.process_index(),
+                    process_count=jax.process_count(),
+                )
+            )
+
+    threading.Thread(target=produce, daemon=True).start()
+    for _ in range(start, stop):
+        yield q.get()
+
+
+class _StopRequest:
+    """Turns SIGTERM / SIGINT into a flag the loop checks between steps."""
+
+    def __init__(self):
+        self.signum = 0
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def _restore_or_init(exp: Experiment, ckpt: Checkpointer) -> tuple[int, dict]:
+    setup = exp.setup
+    if not ckpt.steps():
+        return 0, init_state(setup, exp.model, exp.config.seed)
+    current = param_shapes(setup.abstract_state['params'])
+    step, state, meta = ckpt.restore(
+        setup.abstract_state,
+        check_meta=lambda m: check_same_shapes(
+            m['param_shapes'], current, f'the checkpoint in {ckpt.directory}'
+        ),
+    )
+    if meta['data_fingerprint'] != exp.corpus.fingerprint:
+        logging.warning('resuming on different data than the checkpoint was trained on')
+    logging.info('resumed from %s at step %d', ckpt.directory, step)
+    return step, state
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, tb_dir: str = '') -> dict:
+    """Trains (or resumes) the run in `workdir`; returns the last eval metrics and end state."""
+    exp = prepare(config)
+    c, setup = exp.config, exp.setup
+    os.makedirs(workdir, exist_ok=True)
+    ckpt = Checkpointer(workdir, c.keep_checkpoints, c.async_checkpointing)
+    start, state = _restore_or_init(exp, ckpt)
+    total = c.train.steps
+    tb = Summary(
+        os.path.join(tb_dir, os.path.basename(os.path.abspath(workdir)))
+        if tb_dir
+        else os.path.join(workdir, 'tb')
+    )
+    counts = accounting.param_counts(exp.model)
+    flops_tok = accounting.flops_per_token(exp.model, c.data.seq_len)
+    peak, peak_source = perf.peak_flops_per_device(c.train.peak_flops)
+    peak_total = peak * jax.device_count()
+    tb.text('config', '```\n' + c.to_json(indent=2) + '\n```')
+    tb.hparams(_hparams(c, exp.model, counts['total']))
+    logging.info(
+        'model: %s params (%s), %.3g FLOPs/token; peak %.3g FLOP/s per device (%s)',
+        f'{counts["total"]:,}',
+        ', '.join(f'{k} {v:,}' for k, v in counts.items() if k != 'total'),
+        flops_tok,
+        peak,
+        peak_source,
+    )
+    step_fn = make_train_step(setup, c.train.grad_accum_steps)
+    eval_fn = make_eval_step(setup)
+    schedule = lr_schedule(c.train)
+    tokens_per_step = c.train.batch_size * c.data.seq_len
+    is_main = jax.process_index() == 0
+
+    def run_eval(step: int) -> dict:
+        metrics = evaluate(
+            eval_fn,
+            state['params'],
+            exp.corpus,
+            'validation',
+            batch_size=c.train.batch_size,
+            seq_len=c.data.seq_len,
+            num_batches=c.eval_batches,
+            batch_sharding=setup.batch_sharding,
+        )
+        tb.scalars(step, {f'eval/{k}': v for k, v in metrics.items()})
+        logging.info(
+            'eval at step %d: loss %.4f, perplexity %.3f, %.4f bits/byte',
+            step,
+            metrics['loss'],
+            metrics['perplexity'],
+            metrics['bits_per_byte'],
+        )
+        return metrics
+
+    def save(step: int) -> None:
+        ckpt.save(step, state, _meta(exp, step))
+        tb.flush()  # the curve up to a checkpoint survives a kill -9
+
+    last_eval = run_eval(start) if start == 0 else {}
+    stop = _StopRequest()
+    pending: list = []  # (step, metrics on device), fetched one step late so the host never stalls
+    window = {'t': time.perf_counter(), 'steps': 0}
+    bar = tqdm(total=total, initial=start, disable=not is_main, mininterval=1.0, unit='step')
+
+    def drain() -> None:
+        """Fetches queued metrics, checks them, logs them."""
+        while pending:
+            s, m = pending.pop(0)
+            m = {k: float(v) for k, v in jax.device_get(m).items()}
+            if not (np.isfinite(m['loss']) and np.isfinite(m['grad_norm'])):
+                raise FloatingPointError(
+                    f'non-finite loss ({m["loss"]}) or gradient norm ({m["grad_norm"]}) at step '
+                    f'{s}; stopping without saving that state (last checkpoint: {ckpt.steps()})'
+                )
+            tb.scalars(
+                s,
+                {
+                    'train/loss': m['loss'],
+                    'train/grad_norm': m['grad_norm'],
+                    'train/lr': float(schedule(s - 1)),
+                },
+            )
+            bar.set_postfix(loss=f'{m["loss"]:.4f}', refresh=False)
+            bar.update(1)
+            window['last'] = (s, m)
+
+    def log_perf(step: int) -> None:
+        dt = (time.perf_counter() - window['t']) / max(window['steps'], 1)
+        tps = tokens_per_step / dt
+        utilisation = perf.mfu(tps, flops_tok, peak_total)
+        tb.scalars(
+            step, {'perf/step_time': dt, 'perf/tokens_per_sec': tps, 'perf/mfu': utilisation}
+        )
+        s, m = window['last']
+        logging.info(
+            'step %d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms/step | '
+            '%.0f tok/s | MFU %.1f%%',
+            s,
+            total,
+            m['loss'],
+            m['grad_norm'],
+            float(schedule(s - 1)),
+            dt * 1e3,
+            tps,
+            utilisation * 100,
+        )
+        window.update(t=time.perf_counter(), steps=0)
+
+    step = start
+    try:
+        for batch in _prefetch(exp, start, total):
+            state, metrics = step_fn(state, global_batch(batch, setup.batch_sharding))
+            step += 1
+            if step == start + 1:
+                jax.block_until_ready(metrics)
+                logging.info(
+                    'first step (compile + run) took %.1f s', time.perf_counter() - window['t']
+                )
+                window.update(t=time.perf_counter(), steps=-1)
+            drain()
+            pending.append((step, metrics))
+            window['steps'] += 1
+            boundary = step % c.log_every == 0 or step == total
+            due_eval, due_ckpt = (
+                step % c.eval_every == 0 or step == total,
+                (step % c.checkpoint_every == 0 or step == total),
+            )
+            if boundary or due_eval or due_ckpt or stop.signum:
+                jax.block_until_ready(state['step'])
+                drain()
+                if boundary:
+                    log_perf(step)
+                if due_ckpt or stop.signum:
+                    save(step)
+                if due_eval:
+                    last_eval = run_eval(step)
+                if due_eval or due_ckpt:
+                    window.update(t=time.perf_counter(), steps=0)
+                if stop.signum:
+                    logging.warning(
+                        '%s at step %d: checkpoint saved, exiting',
+                        signal.Signals(stop.signum).name,
+                        step,
+                    )
+                    break
+        drain()
+    finally:
+        stop.restore()
+        bar.close()
+        ckpt.wait()
+        ckpt.close()
+        tb.flush()
+        tb.close()
+    return {'step': step, 'eval': last_eval, 'signal': stop.signum, 'state': state}
+
+
+def _hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) -> dict:
+    """Flat scalar hyper-parameters for TensorBoard's HParams tab."""
+    values = {f'model.{k}': v for k, v in dataclasses.asdict(cfg).items()}
+    values.update({f'train.{k}': v for k, v in c.train.items()})
+    values.update(
+        {
+            'data.source': c.data.source,
+            'data.tokenizer': c.data.tokenizer,
+            'data.seq_len': c.data.seq_len,
+            'seed': c.seed,
+            'num_params': num_params,
+        }
+    )
+    return values

@@ -1,0 +1,143 @@
+"""The functional hot path: a train state pytree, its shardings, and jitted train / eval steps.
+
+The model is split once into a static graph and a pure dict of parameters; the state is
+{'params', 'opt_state', 'step', 'rng'}, created directly with its shardings (never whole on one
+device) and donated to every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from lm.config import ModelConfig
+from lm.model import Transformer
+from lm.sharding import batch_sharding, param_shardings
+
+State = dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """Everything the steps close over: graph, optimizer, mesh and shardings."""
+
+    graphdef: nnx.GraphDef
+    tx: optax.GradientTransformation
+    abstract_state: State  # ShapeDtypeStructs carrying the shardings below
+    state_sharding: State
+    batch_sharding: NamedSharding
+    param_axes: dict  # path -> logical axes, for error messages and tests
+
+
+def _abstract_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+
+
+def _init_fn(cfg: ModelConfig, tx: optax.GradientTransformation, seed: int) -> Callable:
+    def init() -> State:
+        params = nnx.to_pure_dict(
+            nnx.state(Transformer(cfg, rngs=nnx.Rngs(params=seed)), nnx.Param)
+        )
+        return {
+            'params': params,
+            'opt_state': tx.init(params),
+            'step': jnp.zeros((), jnp.int32),
+            'rng': jax.random.key_data(jax.random.key(seed)),
+        }
+
+    return init
+
+
+def make_setup(
+    cfg: ModelConfig, tx: optax.GradientTransformation, mesh: Mesh, rules: dict, seed: int
+) -> Setup:
+    graphdef, abstract = _abstract_params(cfg)
+    p_shard = param_shardings(abstract, mesh, rules)
+    shapes = jax.eval_shape(_init_fn(cfg, tx, seed))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_shard = optax.tree_utils.tree_map_params(
+        tx,
+        lambda _, s: s,
+        shapes['opt_state'],
+        p_shard,
+        transform_non_params=lambda _: replicated,
+    )
+    sharding = {'params': p_shard, 'opt_state': opt_shard, 'step': replicated, 'rng': replicated}
+    abstract_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, sharding
+    )
+    axes = {'/'.join(map(str, p)): v.get_metadata()['axes'] for p, v in nnx.to_flat_state(abstract)}
+    return Setup(graphdef, tx, abstract_state, sharding, batch_sharding(mesh, rules), axes)
+
+
+def init_state(setup: Setup, cfg: ModelConfig, seed: int) -> State:
+    """A fresh state, each array created directly in its sharding."""
+    return jax.jit(_init_fn(cfg, setup.tx, seed), out_shardings=setup.state_sharding)()
+
+
+def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+    """Per-token negative log-likelihood in nats, [B, T]."""
+    logz = jax.nn.logsumexp(logits_BTV, axis=-1)
+    return logz - jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+
+
+def _loss(graphdef: nnx.GraphDef, params: dict, batch_BT1: jax.Array) -> jax.Array:
+    model = nnx.merge(graphdef, params)
+    return cross_entropy(model(batch_BT1[:, :-1]), batch_BT1[:, 1:]).mean()
+
+
+def make_train_step(setup: Setup, grad_accum_steps: int) -> Callable:
+    """(state, batch [B, T+1] int32) -> (state, metrics); state donated.
+
+    With grad_accum_steps = A, the batch is split into A micro-batches of B/A rows (row r goes
+    to micro-batch r mod A, which keeps each device's rows local) and gradients are averaged.
+    """
+    grad_fn = jax.value_and_grad(lambda p, b: _loss(setup.graphdef, p, b))
+
+    def step(state: State, batch_BT1: jax.Array) -> tuple[State, dict]:
+        params = state['params']
+        if grad_accum_steps == 1:
+            loss, grads = grad_fn(params, batch_BT1)
+        else:
+            B, T1 = batch_BT1.shape
+            micro_ABT1 = batch_BT1.reshape(B // grad_accum_steps, grad_accum_steps, T1)
+            micro_ABT1 = micro_ABT1.transpose(1, 0, 2)
+
+            def accumulate(carry, micro):
+                loss, grads = grad_fn(params, micro)
+                return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+            zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+            (loss, grads), _ = jax.lax.scan(accumulate, zero, micro_ABT1)
+            loss, grads = jax.tree.map(lambda x: x / grad_accum_steps, (loss, grads))
+        updates, opt_state = setup.tx.update(grads, state['opt_state'], params)
+        new_state = {
+            'params': optax.apply_updates(params, updates),
+            'opt_state': opt_state,
+            'step': state['step'] + 1,
+            'rng': state['rng'],
+        }
+        return new_state, {'loss': loss, 'grad_norm': optax.tree.norm(grads)}
+
+    return jax.jit(
+        step,
+        in_shardings=(setup.state_sharding, setup.batch_sharding),
+        out_shardings=(setup.state_sharding, None),
+        donate_argnums=0,
+    )
+
+
+def make_eval_step(setup: Setup) -> Callable:
+    """(params, batch [B, T+1]) -> summed nats over all B·T predicted tokens."""
+
+    def step(params: dict, batch_BT1: jax.Array) -> jax.Array:
+        model = nnx.merge(setup.graphdef, params)
+        return cross_entropy(model(batch_BT1[:, :-1]), batch_BT1[:, 1:]).sum()
+
+    return jax.jit(step, in_shardings=(setup.state_sharding['params'], setup.batch_sharding))

@@ -1,0 +1,153 @@
+"""Data sources, tokenizers, the token cache and batch determinism."""
+
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from lm.data import (
+    _stdlib_files,
+    check_corpus_size,
+    check_data_config,
+    eval_batches,
+    load_corpus,
+    train_batch,
+)
+from lm.tokenizer import ByteTokenizer
+
+
+def data_config(tmp_path, **overrides):
+    data = tiny_config().data
+    data.update(cache_dir=str(tmp_path / 'cache'), seq_len=16)
+    data.update(overrides)
+    return data
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text, encoding='utf-8')
+    return str(path)
+
+
+def test_byte_tokenizer_roundtrip():
+    tok = ByteTokenizer()
+    text = 'To be, or not to be — ¿qué?'
+    assert tok.encode(text) == list(text.encode('utf-8'))
+    assert tok.decode(tok.encode(text) + [tok.eos_id]) == text
+    assert tok.vocab_size == 258
+
+
+def test_text_source_holds_out_last_tenth_of_characters(tmp_path):
+    text = ''.join(chr(ord('a') + i % 26) for i in range(1000))
+    corpus = load_corpus(data_config(tmp_path, source='text', path=write(tmp_path, 'a.txt', text)))
+    tok = corpus.tokenizer
+    assert tok.decode(corpus.tokens['train']) == text[:900]
+    assert tok.decode(corpus.tokens['validation']) == text[900:]
+    assert corpus.num_bytes == {'train': 900, 'validation': 100}
+    assert corpus.tokens['train'].dtype == np.uint16
+
+
+def test_several_text_files_are_concatenated(tmp_path):
+    paths = [write(tmp_path, f'{i}.txt', str(i) * 50) for i in range(2)]
+    corpus = load_corpus(data_config(tmp_path, source='text', path=','.join(paths)))
+    assert corpus.tokenizer.decode(corpus.tokens['train']) == ('0' * 50 + '1' * 50)[:90]
+
+
+def test_cache_is_reused_and_keyed_by_content(tmp_path, monkeypatch):
+    path = write(tmp_path, 'a.txt', 'hello world ' * 50)
+    first = load_corpus(data_config(tmp_path, source='text', path=path))
+    monkeypatch.setattr('lm.data._write_split', lambda *a: pytest.fail('tokenised twice'))
+    again = load_corpus(data_config(tmp_path, source='text', path=path))
+    assert again.fingerprint == first.fingerprint
+    monkeypatch.undo()
+    write(tmp_path, 'a.txt', 'another text ' * 50)
+    assert load_corpus(data_config(tmp_path, source='text', path=path)).fingerprint != (
+        first.fingerprint
+    )
+
+
+def test_stdlib_source_has_no_tests_and_a_stable_split(tmp_path):
+    files = [rel for rel, _ in _stdlib_files()]
+    assert len(files) > 300
+    assert not any('/test/' in f'/{r}' or '/tests/' in f'/{r}' for r in files)
+    assert not any(r.split('/')[-1].startswith('test_') for r in files)
+    assert 'os.py' in files and 'json/decoder.py' in files
+
+
+def test_hf_source_from_local_files(tmp_path):
+    lines = [f'line number {i} of a local dataset' for i in range(200)]
+    path = write(tmp_path, 'docs.txt', '\n'.join(lines))
+    data = data_config(tmp_path, source='hf', hf_name='text', path=path, val_fraction=0.1)
+    corpus = load_corpus(data)
+    tok = corpus.tokenizer
+    val_docs = tok.decode(corpus.tokens['validation']).split('\n')
+    assert 'line number 9 of a local dataset' in tok.decode(corpus.tokens['validation'])
+    assert 'line number 9 of a local dataset' not in tok.decode(corpus.tokens['train'])
+    assert len(corpus.tokens['validation']) < len(corpus.tokens['train']) / 5
+    assert val_docs
+
+
+def test_bpe_is_trained_once_and_cached(tmp_path, shakespeare_path):
+    text = shakespeare_path.read_text()[:200_000]
+    path = write(tmp_path, 's.txt', text)
+    data = data_config(tmp_path, source='text', path=path, tokenizer='bpe', bpe_vocab_size=600)
+    corpus = load_corpus(data)
+    tok = corpus.tokenizer
+    assert tok.vocab_size == 600
+    assert len(corpus.tokens['train']) < 0.7 * corpus.num_bytes['train']  # it compresses
+    sample = text[1000:1300]
+    assert tok.decode(tok.encode(sample)) == sample
+    json_path = next((tmp_path / 'cache' / 'tokenizers').glob('bpe-*.json'))
+    again = load_corpus(data_config(tmp_path, source='text', path=path, tokenizer=str(json_path)))
+    assert again.tokenizer.encode(sample) == tok.encode(sample)
+
+
+def test_train_batches_are_pure_and_hosts_disjoint():
+    tokens = np.arange(10_000, dtype=np.uint16)
+    kw = dict(seed=3, batch_size=8, seq_len=16)
+    a, b = train_batch(tokens, step=5, **kw), train_batch(tokens, step=5, **kw)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, train_batch(tokens, step=6, **kw))
+    assert a.shape == (8, 17) and a.dtype == np.int32
+    np.testing.assert_array_equal(a[:, 1:], a[:, :-1] + 1)  # consecutive windows
+    halves = [train_batch(tokens, step=5, process_index=p, process_count=2, **kw) for p in (0, 1)]
+    np.testing.assert_array_equal(np.concatenate(halves), a)
+
+
+def test_eval_batches_tile_the_split_from_the_start():
+    tokens = np.arange(1000, dtype=np.uint16)
+    batches = eval_batches(tokens, batch_size=4, seq_len=10, num_batches=0)
+    assert len(batches) == 24  # 99 whole windows -> 24 whole batches
+    assert batches[0][1, 0] == 10 and batches[1][0, 0] == 40
+    assert len(eval_batches(tokens, batch_size=4, seq_len=10, num_batches=3)) == 3
+
+
+@pytest.mark.parametrize(
+    'overrides,error,message',
+    [
+        (
+            dict(source='text', path='/nonexistent/file.txt'),
+            FileNotFoundError,
+            r"config.data.path: '/nonexistent/file.txt' does not exist",
+        ),
+        (dict(source='text', path=''), ValueError, r'config.data.path must name at least one'),
+        (dict(source='web'), ValueError, r'config.data.source must be one of'),
+        (dict(source='hf', hf_name=''), ValueError, r'config.data.hf_name must be set'),
+        (dict(tokenizer='sentencepiece'), ValueError, r'config.data.tokenizer must be'),
+        (dict(tokenizer='/missing/tokenizer.json'), FileNotFoundError, r'is not a file'),
+        (dict(val_fraction=1.5), ValueError, r'val_fraction must be in \(0, 1\)'),
+    ],
+)
+def test_bad_data_settings(tmp_path, overrides, error, message):
+    with pytest.raises(error, match=message):
+        check_data_config(data_config(tmp_path, **overrides))
+
+
+def test_empty_file_and_too_small_source(tmp_path):
+    empty = write(tmp_path, 'empty.txt', '')
+    with pytest.raises(ValueError, match=r'empty.txt.* is empty'):
+        check_data_config(data_config(tmp_path, source='text', path=empty))
+    small = load_corpus(
+        data_config(tmp_path, source='text', path=write(tmp_path, 's.txt', 'x' * 500))
+    )
+    with pytest.raises(ValueError, match=r'validation split has 51 tokens, fewer than one batch'):
+        check_corpus_size(small, batch_size=4, seq_len=16)

@@ -1,0 +1,240 @@
+"""The main job end to end at tiny size: train, log, checkpoint, resume, evaluate."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from conftest import ROOT, read_scalars, tiny_train_config, write_config_file
+
+from lm.checkpoint import Checkpointer
+from lm.train_loop import prepare, train
+from lm.train_step import init_state, make_train_step
+
+ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+
+
+def run_cli(script, *args, env=None, **kw):
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *map(str, args)],
+        cwd=ROOT,
+        env=env or ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kw,
+    )
+
+
+def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text)
+    result = train(config, str(tmp_path / 'run'))
+    assert result['step'] == 8
+    assert Checkpointer(str(tmp_path / 'run')).steps() == [4, 8]
+    tb = tmp_path / 'run' / 'tb'
+    assert sorted(read_scalars(tb, 'train/loss')) == list(range(1, 9))
+    for tag in ('train/lr', 'train/grad_norm', 'perf/tokens_per_sec', 'perf/step_time', 'perf/mfu'):
+        assert read_scalars(tb, tag), tag
+    evals = read_scalars(tb, 'eval/loss')
+    assert sorted(evals) == [0, 4, 8] and evals[8] < evals[0] - 0.2
+    ppl, bpb = read_scalars(tb, 'eval/perplexity'), read_scalars(tb, 'eval/bits_per_byte')
+    np.testing.assert_allclose(ppl[8], np.exp(evals[8]), rtol=1e-5)
+    np.testing.assert_allclose(bpb[8], evals[8] / np.log(2), rtol=1e-3)  # bytes: 1 token/byte
+    lrs = read_scalars(tb, 'train/lr')
+    np.testing.assert_allclose([lrs[1], lrs[2], lrs[3]], [0, 1.5e-3, 3e-3], rtol=1e-5)
+
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(tb))
+    acc.Reload()
+    assert 'config/text_summary' in acc.Tags()['tensors']
+    assert 'hparams' in acc.PluginTagToContent('hparams') or acc.PluginTagToContent('hparams')
+
+
+def test_grad_accumulation_matches_one_big_batch(tmp_path, small_text):
+    exps = [
+        prepare(tiny_train_config(tmp_path, small_text, **{'train.grad_accum_steps': a}))
+        for a in (1, 2)
+    ]
+    batch = np.asarray(exps[0].corpus.tokens['train'][: 4 * 17], np.int32).reshape(4, 17)
+    outs = []
+    for exp, accum in zip(exps, (1, 2), strict=True):
+        state = init_state(exp.setup, exp.model, 0)
+        outs.append(make_train_step(exp.setup, accum)(state, batch))
+    (s1, m1), (s2, m2) = outs
+    # Mean of two half-batch means equals the full-batch mean: same to float32 rounding.
+    np.testing.assert_allclose(m1['loss'], m2['loss'], rtol=1e-6)
+    np.testing.assert_allclose(m1['grad_norm'], m2['grad_norm'], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(s1['params']), jax.tree.leaves(s2['params']), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_kill9_then_resume_is_bitwise_identical(tmp_path, small_text):
+    config = tiny_train_config(
+        tmp_path,
+        small_text,
+        **{'train.steps': 400, 'checkpoint_every': 25, 'eval_every': 200, 'log_every': 100},
+    )
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    ref = run_cli('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "ref"}')
+    assert ref.returncode == 0, ref.stderr[-2000:]
+
+    cmd = [
+        sys.executable,
+        str(ROOT / 'train.py'),
+        f'--config={cfg_file}',
+        f'--workdir={tmp_path / "run"}',
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 120
+    while not (tmp_path / 'run' / 'checkpoints' / '25').exists():
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.kill()  # SIGKILL, mid-way
+    proc.wait()
+    assert not (tmp_path / 'run' / 'checkpoints' / '400').exists(), 'run finished before kill'
+    resumed = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert 'resumed from' in resumed.stderr
+    want = read_scalars(tmp_path / 'ref' / 'tb', 'train/loss')
+    got = read_scalars(tmp_path / 'run' / 'tb', 'train/loss')
+    assert sorted(got) == sorted(want) == list(range(1, 401))
+    assert [got[s] for s in sorted(got)] == [want[s] for s in sorted(want)]  # bitwise
+
+
+def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, small_text):
+    config = tiny_train_config(
+        tmp_path,
+        small_text,
+        **{'train.steps': 100_000, 'checkpoint_every': 50_000, 'eval_every': 50_000},
+    )
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / 'train.py'),
+            f'--config={cfg_file}',
+            f'--workdir={tmp_path / "run"}',
+        ],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not list((tmp_path / 'run' / 'tb').glob('events*')) or time.time() < deadline - 110:
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert 'SIGTERM at step' in err and 'Traceback' not in err
+    steps = Checkpointer(str(tmp_path / 'run')).steps()
+    assert len(steps) == 1 and 0 < steps[0] < 100_000
+    assert max(read_scalars(tmp_path / 'run' / 'tb', 'train/loss')) == steps[0]
+
+
+def test_truncated_latest_checkpoint_falls_back(tmp_path, small_text, caplog):
+    config = tiny_train_config(tmp_path, small_text)
+    workdir = str(tmp_path / 'run')
+    first = train(config, workdir)
+    state_dir = tmp_path / 'run' / 'checkpoints' / '8' / 'state'
+    for f in state_dir.rglob('*'):
+        if f.is_file() and f.stat().st_size > 0:
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # truncate every file
+    exp = prepare(config)
+    step, state, _ = Checkpointer(workdir).restore(exp.setup.abstract_state)
+    assert step == 4 and 'unreadable' in caplog.text
+    # Resuming trains 4 -> 8 again and lands on the same parameters as before.
+    again = train(config, workdir)
+    for a, b in zip(
+        jax.tree.leaves(first['state']['params']),
+        jax.tree.leaves(again['state']['params']),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_saves_nothing(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text, **{'train.lr': 1e30, 'train.grad_clip': 0.0})
+    with pytest.raises(FloatingPointError, match=r'non-finite .* at step \d+; stopping without'):
+        train(config, str(tmp_path / 'run'))
+    assert Checkpointer(str(tmp_path / 'run')).steps() == []
+
+
+def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text)
+    train(config, str(tmp_path / 'run'))
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_batches=2')
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result['step'] == 8 and result['tag'] == 'eval'
+    tb = read_scalars(tmp_path / 'run' / 'tb', 'eval/loss')
+    np.testing.assert_allclose(result['loss'], tb[8], rtol=1e-6)
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--step=4', '--split=train')
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result['step'] == 4 and result['tag'].endswith('_train')
+    assert read_scalars(tmp_path / 'run' / 'tb', f'{result["tag"]}/perplexity')[4] > 1
+
+
+def one_line_error(proc):
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+    return lines[-1]
+
+
+def test_cli_errors_are_one_line_and_early(tmp_path, small_text):
+    def run(config, *extra, env=None):
+        cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+        return one_line_error(
+            run_cli(
+                'train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "w"}', *extra, env=env
+            )
+        )
+
+    base = tiny_train_config(tmp_path, small_text)
+    missing = tiny_train_config(tmp_path, tmp_path / 'nope.txt')
+    assert run(missing) == f"error: config.data.path: '{tmp_path / 'nope.txt'}' does not exist"
+    (tmp_path / 'empty.txt').write_text('')
+    assert 'is empty' in run(tiny_train_config(tmp_path, tmp_path / 'empty.txt'))
+    (tmp_path / 'tiny.txt').write_text('x' * 300)
+    assert 'fewer than one batch' in run(tiny_train_config(tmp_path, tmp_path / 'tiny.txt'))
+    assert 'nonexistent' in run(base, '--config.model.nonexistent=1')
+    assert 'attention must be one of' in run(base, '--config.model.attention=linear')
+    two_devices = {**ENV, 'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+    odd = tiny_train_config(tmp_path, small_text, **{'train.batch_size': 3})
+    assert 'must be divisible by the data-parallel size 2' in run(odd, env=two_devices)
+    train(base, str(tmp_path / 'w'))
+    wider = tiny_train_config(tmp_path, small_text, **{'model.d_model': 48})
+    msg = run(wider)
+    assert msg.startswith('error: the checkpoint in') and (
+        'parameter blocks/0/attn/k_proj/kernel has shape (32, 2, 8) there but (48, 2, 12)' in msg
+    )
+    assert Checkpointer(str(tmp_path / 'w')).steps() == [4, 8]  # nothing lost
+
+
+def test_quickstart_command_runs(tmp_path):
+    out = run_cli(
+        'train.py',
+        '--config=configs/quickstart.py',
+        f'--workdir={tmp_path / "qs"}',
+        '--config.train.steps=6',
+        '--config.eval_every=3',
+        '--config.eval_batches=1',
+        f'--config.data.cache_dir={tmp_path / "cache"}',
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    evals = read_scalars(tmp_path / 'qs' / 'tb', 'eval/perplexity')
+    assert sorted(evals) == [0, 3, 6] and evals[6] < evals[0]
+    shutil.rmtree(tmp_path / 'cache')

@@ -1,0 +1,40 @@
+"""Train (or resume) a language model from a config file.
+
+  python train.py --config=configs/quickstart.py --workdir=runs/quickstart
+  python train.py --config=configs/shakespeare_char.py:gqa2 --workdir=runs/gqa2 \
+      --config.data.path=../shared/data/tinyshakespeare.txt --config.train.steps=500
+
+Re-running the same command on a workdir that holds a checkpoint resumes from it.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from lm.cli import parse_flags, run_reporting_errors
+from lm.train_loop import train
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Config file (path[:arg]).', lock_config=True
+)
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Run directory: checkpoints/ and tb/ go here.', required=True
+)
+_TB_DIR = flags.DEFINE_string(
+    'tb_dir', '', "Shared TensorBoard directory (run = workdir name); '' = <workdir>/tb."
+)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    if _CONFIG.value is None:
+        raise app.UsageError('--config is required, e.g. --config=configs/quickstart.py')
+
+    def run() -> int:
+        result = train(_CONFIG.value, _WORKDIR.value, _TB_DIR.value)
+        return 128 + result['signal'] if result['signal'] else 0
+
+    run_reporting_errors(run)
+
+
+if __name__ == '__main__':
+    app.run(main, flags_parser=parse_flags)
