@@ -14,7 +14,12 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from lm.checkpoint import Checkpointer
-from lm.cli import parse_flags, run_reporting_errors
+from lm.cli import (
+    define_distributed_flags,
+    initialize_distributed,
+    parse_flags,
+    run_reporting_errors,
+)
 from lm.evaluation import evaluate
 from lm.summary import Summary
 from lm.train_loop import make_eval_step, prepare
@@ -32,6 +37,7 @@ _TB_DIR = flags.DEFINE_string('tb_dir', '', "TensorBoard directory of the run; '
 
 
 def run() -> int:
+    initialize_distributed()
     ckpt = Checkpointer(_WORKDIR.value, keep=1000, async_save=False)
     if not ckpt.steps():
         raise FileNotFoundError(f'no checkpoint in {ckpt.directory}')
@@ -69,6 +75,9 @@ def run() -> int:
     tb.scalars(step, {f'{prefix}/{k}': v for k, v in metrics.items()})
     tb.close()
     return 0
+
+
+define_distributed_flags()
 
 
 def main(argv: list[str]) -> None:

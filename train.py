@@ -10,7 +10,12 @@ Re-running the same command on a workdir that holds a checkpoint resumes from it
 from absl import app, flags
 from ml_collections import config_flags
 
-from lm.cli import parse_flags, run_reporting_errors
+from lm.cli import (
+    define_distributed_flags,
+    initialize_distributed,
+    parse_flags,
+    run_reporting_errors,
+)
 from lm.train_loop import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -23,6 +28,8 @@ _TB_DIR = flags.DEFINE_string(
     'tb_dir', '', "Shared TensorBoard directory (run = workdir name); '' = <workdir>/tb."
 )
 
+define_distributed_flags()
+
 
 def main(argv: list[str]) -> None:
     del argv
@@ -30,6 +37,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError('--config is required, e.g. --config=configs/quickstart.py')
 
     def run() -> int:
+        initialize_distributed()
         result = train(_CONFIG.value, _WORKDIR.value, _TB_DIR.value)
         return 128 + result['signal'] if result['signal'] else 0
 

@@ -71,6 +71,7 @@ def get_config() -> ml_collections.ConfigDict:
     mesh.tensor = 1  # Tensor-parallel axis size (heads, KV heads, MLP and vocab split).
     rules = mesh.rules = ml_collections.ConfigDict()  # Logical axis -> mesh axes ('' = replicate).
     rules.batch = 'data,fsdp'  # Batch rows of inputs and activations.
+    rules.length = ''  # Sequence positions of activations.
     rules.embed = 'fsdp'  # d_model dimension of weights.
     rules.heads = 'tensor'  # Query heads.
     rules.kv_heads = 'tensor'  # KV heads (replicated when the tensor axis does not divide them).

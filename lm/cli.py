@@ -6,6 +6,7 @@ import logging as pylogging
 import sys
 from collections.abc import Callable
 
+import jax
 from absl import flags, logging
 
 # Errors that mean "the user asked for something that cannot work": reported in one line.
@@ -17,6 +18,34 @@ class _QuietLibraries(pylogging.Filter):
 
     def filter(self, record: pylogging.LogRecord) -> bool:
         return record.levelno >= pylogging.WARNING or '/orbax/' not in record.pathname
+
+
+def define_distributed_flags() -> None:
+    """Flags for multi-host runs; each process of a job runs the same command."""
+    flags.DEFINE_string('coordinator_address', '', 'host:port of process 0, for multi-host runs.')
+    flags.DEFINE_integer('num_processes', 0, 'Number of processes in a multi-host run.')
+    flags.DEFINE_integer('process_id', -1, "This process's index in a multi-host run.")
+    flags.DEFINE_bool(
+        'distributed',
+        False,
+        'Join a multi-host run, detecting coordinator and '
+        'process index from the cluster (TPU pods, SLURM, Open MPI, Kubernetes).',
+    )
+
+
+def initialize_distributed() -> None:
+    """`jax.distributed.initialize` from the flags above (explicit values, or auto-detection)."""
+    f = flags.FLAGS
+    if f.coordinator_address:
+        if f.num_processes < 1 or not 0 <= f.process_id < f.num_processes:
+            raise ValueError(
+                '--coordinator_address needs --num_processes >= 1 and '
+                f'0 <= --process_id < num_processes, got {f.num_processes}, '
+                f'{f.process_id}'
+            )
+        jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
+    elif f.distributed:
+        jax.distributed.initialize()
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -6,6 +6,8 @@ factory in `lm/attention.py`, so this file does not change when a variant is add
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -14,6 +16,13 @@ from flax import nnx
 from lm import attention
 from lm.config import DTYPES, ModelConfig
 from lm.layers import Dense, RMSNorm, SwiGLU
+
+Constrain = Callable[[jax.Array, tuple[str | None, ...]], jax.Array]
+ACT_AXES = ('batch', 'length', None)  # logical axes of the residual stream [B, T, E]
+
+
+def no_constraint(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+    return x
 
 
 def model_config(model: ml_collections.ConfigDict) -> ModelConfig:
@@ -56,14 +65,21 @@ class Transformer(nnx.Module):
             None if cfg.tie_embeddings else Dense((E,), (V,), ('embed', 'vocab'), cfg, rngs=rngs)
         )
 
-    def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None) -> jax.Array:
+    def __call__(
+        self,
+        tokens_BT: jax.Array,
+        positions_BT: jax.Array | None = None,
+        constrain: Constrain = no_constraint,
+    ) -> jax.Array:
+        """`constrain(x, logical_axes)` pins activation shardings; the trainer passes one built
+        from the mesh rules (lm/sharding.py), the default leaves them to the compiler."""
         cfg = self.cfg
         dtype = DTYPES[cfg.dtype]
         if positions_BT is None:
             positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
-        x_BTE = jnp.take(self.embed[...], tokens_BT, axis=0).astype(dtype)
+        x_BTE = constrain(jnp.take(self.embed[...], tokens_BT, axis=0).astype(dtype), ACT_AXES)
         for block in self.blocks:
-            x_BTE = block(x_BTE, positions_BT)
+            x_BTE = constrain(block(x_BTE, positions_BT), ACT_AXES)
         x_BTE = self.final_norm(x_BTE)
         if self.lm_head is None:
             # Tied head: logits = x · embedᵀ.

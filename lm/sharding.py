@@ -77,45 +77,59 @@ def data_parallel_size(mesh: Mesh, rules: dict[str, tuple[str, ...]]) -> int:
 
 
 def spec_for(
-    axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh, rules: dict, name: str = ''
-) -> PartitionSpec:
-    """PartitionSpec for one array: each logical axis goes to its rule's mesh axes, unless the
-    dimension does not divide evenly or a mesh axis is already used by an earlier dimension."""
-    used, spec = set(), []
+    axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh, rules: dict
+) -> tuple[PartitionSpec, list[str]]:
+    """PartitionSpec for one array from its logical axes (None = replicated), and a note for
+    each dimension that its rule would split unevenly and that is replicated instead. A mesh
+    axis already used by an earlier dimension is not used again."""
+    used, spec, notes = set(), [], []
     for logical, dim in zip(axes, shape, strict=True):
-        if logical not in rules:
-            raise ValueError(
-                f'logical axis {logical!r} of {name} has no entry in config.mesh.rules'
-            )
-        mesh_axes = tuple(a for a in rules[logical] if a not in used and mesh.shape[a] > 1)
+        if logical is not None and logical not in rules:
+            raise ValueError(f'logical axis {logical!r} has no entry in config.mesh.rules')
+        wanted = rules[logical] if logical is not None else ()
+        mesh_axes = tuple(a for a in wanted if a not in used and mesh.shape[a] > 1)
         size = math.prod(mesh.shape[a] for a in mesh_axes)
-        if mesh_axes and dim % size:
-            logging.log_first_n(
-                logging.WARNING,
-                '%s: %s=%d does not divide over mesh axes %s (size %d); replicating that dimension',
-                1,
-                name,
-                logical,
-                dim,
-                mesh_axes,
-                size,
+        if dim % size:
+            notes.append(
+                f'{logical}={dim} does not divide over mesh axes {mesh_axes} (size {size})'
             )
             mesh_axes = ()
         used.update(mesh_axes)
         spec.append(mesh_axes[0] if len(mesh_axes) == 1 else (mesh_axes or None))
-    return PartitionSpec(*spec)
+    return PartitionSpec(*spec), notes
+
+
+def activation_constraint(mesh: Mesh, rules: dict):
+    """constrain(x, logical_axes) for the model: pins activations to the rules' mesh axes."""
+
+    def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+        spec, _ = spec_for(axes, x.shape, mesh, rules)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return constrain
 
 
 def param_shardings(abstract_params: nnx.State, mesh: Mesh, rules: dict) -> dict:
-    """NamedSharding for every parameter (as a pure dict), from its `axes` metadata."""
-    out = {}
+    """NamedSharding for every parameter (as a pure dict), from its `axes` metadata.
+
+    Dimensions that cannot be split as the rules say are replicated, with one log line per
+    kind (e.g. MQA's single KV head on a tensor axis of 4)."""
+    out, replicated = {}, {}
     for path, var in nnx.to_flat_state(abstract_params):
-        name = '/'.join(map(str, path))
-        spec = spec_for(var.get_metadata()['axes'], var.shape, mesh, rules, name)
+        spec, notes = spec_for(var.get_metadata()['axes'], var.shape, mesh, rules)
+        for note in notes:
+            replicated.setdefault(note, []).append('/'.join(map(str, path)))
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})
         node[path[-1]] = NamedSharding(mesh, spec)
+    for note, names in replicated.items():
+        logging.warning(
+            'sharding: %s; replicating it in %d parameter(s): %s',
+            note,
+            len(names),
+            ', '.join(names[:4]) + (', ...' if len(names) > 4 else ''),
+        )
     return out
 
 

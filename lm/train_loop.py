@@ -148,6 +148,11 @@ def _restore_or_init(exp: Experiment, ckpt: Checkpointer) -> tuple[int, dict]:
 def train(config: ml_collections.ConfigDict, workdir: str, tb_dir: str = '') -> dict:
     """Trains (or resumes) the run in `workdir`; returns the last eval metrics and end state."""
     exp = prepare(config)
+    with jax.set_mesh(exp.setup.mesh):
+        return _train(exp, workdir, tb_dir)
+
+
+def _train(exp: Experiment, workdir: str, tb_dir: str) -> dict:
     c, setup = exp.config, exp.setup
     os.makedirs(workdir, exist_ok=True)
     ckpt = Checkpointer(workdir, c.keep_checkpoints, c.async_checkpointing)

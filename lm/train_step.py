@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lm.config import ModelConfig
 from lm.model import Transformer
-from lm.sharding import batch_sharding, param_shardings
+from lm.sharding import activation_constraint, batch_sharding, param_shardings
 
 State = dict
 
@@ -33,6 +33,8 @@ class Setup:
     state_sharding: State
     batch_sharding: NamedSharding
     param_axes: dict  # path -> logical axes, for error messages and tests
+    mesh: Mesh
+    constrain: Callable  # activation sharding constraint passed to the model
 
 
 def _abstract_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
@@ -73,7 +75,16 @@ def make_setup(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, sharding
     )
     axes = {'/'.join(map(str, p)): v.get_metadata()['axes'] for p, v in nnx.to_flat_state(abstract)}
-    return Setup(graphdef, tx, abstract_state, sharding, batch_sharding(mesh, rules), axes)
+    return Setup(
+        graphdef,
+        tx,
+        abstract_state,
+        sharding,
+        batch_sharding(mesh, rules),
+        axes,
+        mesh,
+        activation_constraint(mesh, rules),
+    )
 
 
 def init_state(setup: Setup, cfg: ModelConfig, seed: int) -> State:
@@ -87,9 +98,11 @@ def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
     return logz - jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
 
 
-def _loss(graphdef: nnx.GraphDef, params: dict, batch_BT1: jax.Array) -> jax.Array:
-    model = nnx.merge(graphdef, params)
-    return cross_entropy(model(batch_BT1[:, :-1]), batch_BT1[:, 1:]).mean()
+def token_losses(setup: Setup, params: dict, batch_BT1: jax.Array) -> jax.Array:
+    """Next-token losses [B, T] of the model `params` on a batch of T + 1 tokens per row."""
+    model = nnx.merge(setup.graphdef, params)
+    logits = model(batch_BT1[:, :-1], constrain=setup.constrain)
+    return cross_entropy(logits, batch_BT1[:, 1:])
 
 
 def make_train_step(setup: Setup, grad_accum_steps: int) -> Callable:
@@ -98,7 +111,7 @@ def make_train_step(setup: Setup, grad_accum_steps: int) -> Callable:
     With grad_accum_steps = A, the batch is split into A micro-batches of B/A rows (row r goes
     to micro-batch r mod A, which keeps each device's rows local) and gradients are averaged.
     """
-    grad_fn = jax.value_and_grad(lambda p, b: _loss(setup.graphdef, p, b))
+    grad_fn = jax.value_and_grad(lambda p, b: token_losses(setup, p, b).mean())
 
     def step(state: State, batch_BT1: jax.Array) -> tuple[State, dict]:
         params = state['params']
@@ -137,7 +150,6 @@ def make_eval_step(setup: Setup) -> Callable:
     """(params, batch [B, T+1]) -> summed nats over all B·T predicted tokens."""
 
     def step(params: dict, batch_BT1: jax.Array) -> jax.Array:
-        model = nnx.merge(setup.graphdef, params)
-        return cross_entropy(model(batch_BT1[:, :-1]), batch_BT1[:, 1:]).sum()
+        return token_losses(setup, params, batch_BT1).sum()
 
     return jax.jit(step, in_shardings=(setup.state_sharding['params'], setup.batch_sharding))

@@ -1,0 +1,259 @@
+"""Sharded training on simulated 8-device meshes and across two local processes.
+
+Each multi-device case runs in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count
+set before JAX starts. Losses are compared to a single-device run with rtol 1e-5: the same maths
+in float32, only the reduction order across devices differs.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, read_scalars, tiny_train_config, write_config_file
+
+from lm.sharding import mesh_shape, rules_table
+
+RTOL = 1e-5
+VARIANTS = {
+    'mha': {'attention': 'mha', 'num_kv_heads': 0},
+    'gqa2': {'attention': 'gqa', 'num_kv_heads': 2},
+    'mqa': {'attention': 'mqa', 'num_kv_heads': 0},
+    'mla': {'attention': 'mla', 'num_kv_heads': 0},
+}
+MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
+
+
+def env(devices):
+    return {
+        **os.environ,
+        'JAX_PLATFORMS': 'cpu',
+        'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}',
+    }
+
+
+def worker(devices, spec):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / 'tests' / 'mesh_worker.py'), json.dumps(spec)],
+        cwd=ROOT,
+        env=env(devices),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return {r['name']: r for r in json.loads(out.stdout.strip().splitlines()[-1])}, out.stderr
+
+
+@pytest.fixture(scope='module')
+def mesh_runs(tmp_path_factory, request):
+    shakespeare = ROOT.parent / 'shared' / 'data' / 'tinyshakespeare.txt'
+    if not shakespeare.exists():
+        pytest.skip('tinyshakespeare.txt not found')
+    tmp = tmp_path_factory.mktemp('mesh')
+    text = tmp / 'small.txt'
+    text.write_text(shakespeare.read_text()[:60_000])
+    base = {'text': str(text), 'tmp': str(tmp), 'steps': 5}
+    single, _ = worker(
+        1,
+        {
+            **base,
+            'runs': [{'name': v, 'model': m, 'mesh': [-1, 1, 1]} for v, m in VARIANTS.items()],
+        },
+    )
+    multi, log = worker(
+        8,
+        {
+            **base,
+            'runs': [
+                {'name': f'{v}@{mesh}', 'model': m, 'mesh': list(mesh)}
+                for mesh in MESHES
+                for v, m in VARIANTS.items()
+            ],
+        },
+    )
+    return single, multi, log
+
+
+@pytest.mark.parametrize('mesh', MESHES, ids=str)
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_sharded_losses_match_single_device(mesh_runs, variant, mesh):
+    single, multi, _ = mesh_runs
+    run = multi[f'{variant}@{mesh}']
+    assert run['devices'] == 8
+    np.testing.assert_allclose(run['losses'], single[variant]['losses'], rtol=RTOL)
+
+
+def test_parameters_are_sharded_as_the_rules_say(mesh_runs):
+    _, multi, _ = mesh_runs
+    dp = multi['gqa2@(8, 1, 1)']['specs']
+    assert all(all(a is None for a in spec) for spec in dp.values())  # pure data parallel
+    fsdp = multi['gqa2@(1, 8, 1)']['specs']
+    assert fsdp['blocks/0/attn/q_proj/kernel'] == ['fsdp', None, None]
+    assert fsdp['embed'] == [None, 'fsdp'] and fsdp['final_norm/scale'] == [None]
+    both = multi['gqa2@(2, 2, 2)']['specs']
+    assert both['blocks/0/attn/q_proj/kernel'] == ['fsdp', 'tensor', None]
+    assert both['blocks/0/attn/k_proj/kernel'] == ['fsdp', 'tensor', None]
+    assert both['blocks/1/attn/o_proj/kernel'] == ['tensor', None, 'fsdp']
+    assert both['blocks/0/mlp/gate_proj/kernel'] == ['fsdp', 'tensor']
+    assert both['blocks/0/mlp/down_proj/kernel'] == ['tensor', 'fsdp']
+    assert both['embed'] == ['tensor', 'fsdp']  # vocab 258 splits in two
+    mla = multi['mla@(1, 2, 4)']['specs']
+    assert mla['blocks/0/attn/kv_b_proj/kernel'] == [None, 'tensor', None]
+    assert mla['blocks/0/attn/kv_a_proj_with_mqa/kernel'] == ['fsdp', None]
+
+
+def test_mqa_on_tensor_axis_4_replicates_kv_with_a_log_line(mesh_runs):
+    _, multi, log = mesh_runs
+    specs = multi['mqa@(1, 2, 4)']['specs']
+    assert specs['blocks/0/attn/k_proj/kernel'] == ['fsdp', None, None]
+    assert specs['blocks/0/attn/v_proj/kernel'] == ['fsdp', None, None]
+    assert specs['blocks/0/attn/q_proj/kernel'] == ['fsdp', 'tensor', None]
+    assert (
+        "sharding: kv_heads=1 does not divide over mesh axes ('tensor',) (size 4); "
+        'replicating it in 4 parameter(s)'
+    ) in log
+
+
+def train_cli(cfg_file, workdir, devices, *extra):
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / 'train.py'),
+            f'--config={cfg_file}',
+            f'--workdir={workdir}',
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env(devices),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_checkpoint_restores_on_other_meshes(tmp_path, small_text):
+    overrides = {'train.steps': 8, 'train.batch_size': 8, 'checkpoint_every': 4}
+    config = tiny_train_config(
+        tmp_path, small_text, **overrides, **{'mesh.data': 2, 'mesh.fsdp': 2, 'mesh.tensor': 2}
+    )
+    train_cli(write_config_file(config, tmp_path / 'a.py'), tmp_path / 'a', 8)
+    want = read_scalars(tmp_path / 'a' / 'tb', 'train/loss')
+    for name, devices, mesh in [('b', 8, (8, 1, 1)), ('c', 1, (1, 1, 1))]:
+        shutil.copytree(tmp_path / 'a' / 'checkpoints' / '4', tmp_path / name / 'checkpoints' / '4')
+        config = tiny_train_config(
+            tmp_path,
+            small_text,
+            **overrides,
+            **dict(zip(('mesh.data', 'mesh.fsdp', 'mesh.tensor'), mesh, strict=True)),
+        )
+        out = train_cli(
+            write_config_file(config, tmp_path / f'{name}.py'), tmp_path / name, devices
+        )
+        assert 'resumed from' in out.stderr
+        got = read_scalars(tmp_path / name / 'tb', 'train/loss')
+        assert sorted(got) == [5, 6, 7, 8]
+        np.testing.assert_allclose(
+            [got[s] for s in range(5, 9)], [want[s] for s in range(5, 9)], rtol=RTOL
+        )
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one(tmp_path, small_text):
+    config = tiny_train_config(
+        tmp_path,
+        small_text,
+        **{'train.steps': 3, 'train.batch_size': 8, 'eval_every': 3, 'checkpoint_every': 3},
+    )
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    train_cli(cfg_file, tmp_path / 'one', 8)
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / 'train.py'),
+                f'--config={cfg_file}',
+                f'--workdir={tmp_path / "two"}',
+                f'--coordinator_address=127.0.0.1:{port}',
+                '--num_processes=2',
+                f'--process_id={i}',
+            ],
+            cwd=ROOT,
+            env=env(4),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    want = read_scalars(tmp_path / 'one' / 'tb', 'train/loss')
+    got = read_scalars(tmp_path / 'two' / 'tb', 'train/loss')
+    assert sorted(got) == [1, 2, 3]
+    np.testing.assert_allclose([got[s] for s in (1, 2, 3)], [want[s] for s in (1, 2, 3)], rtol=RTOL)
+    np.testing.assert_allclose(
+        read_scalars(tmp_path / 'two' / 'tb', 'eval/loss')[3],
+        read_scalars(tmp_path / 'one' / 'tb', 'eval/loss')[3],
+        rtol=RTOL,
+    )
+
+
+def mesh_config(**sizes):
+    config = tiny_train_config(ROOT, 'unused.txt')
+    config.mesh.update(sizes)
+    return config.mesh
+
+
+def test_bad_meshes_give_one_line_errors(tmp_path, small_text):
+    with pytest.raises(ValueError, match=r'config.mesh .* needs 6 devices, but 8 are available'):
+        mesh_shape(mesh_config(data=3, fsdp=2, tensor=1), 8)
+    with pytest.raises(ValueError, match=r'at most one axis may be -1'):
+        mesh_shape(mesh_config(data=-1, fsdp=-1), 8)
+    with pytest.raises(ValueError, match=r'8 devices do not divide by the fixed axes'):
+        mesh_shape(mesh_config(data=-1, tensor=3), 8)
+    assert mesh_shape(mesh_config(data=-1, fsdp=2, tensor=2), 8) == (2, 2, 2)
+    bad_rule = mesh_config()
+    bad_rule.rules.heads = 'model'
+    with pytest.raises(
+        ValueError,
+        match=r"config.mesh.rules.heads='model' names unknown mesh "
+        r"axis 'model'",
+    ):
+        rules_table(bad_rule)
+    config = tiny_train_config(tmp_path, small_text, **{'train.batch_size': 12})
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / 'train.py'),
+            f'--config={write_config_file(config, tmp_path / "c.py")}',
+            f'--workdir={tmp_path / "w"}',
+        ],
+        cwd=ROOT,
+        env=env(8),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 1 and 'Traceback' not in out.stderr
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            'error: config.train.batch_size=12 (/ grad_accum_steps = 12 per micro-batch) must be '
+            'divisible by the data-parallel size 8'
+        )
+    )
