@@ -38,7 +38,7 @@ _TB_DIR = flags.DEFINE_string('tb_dir', '', "TensorBoard directory of the run; '
 
 def run() -> int:
     initialize_distributed()
-    ckpt = Checkpointer(_WORKDIR.value, keep=1000, async_save=False)
+    ckpt = Checkpointer(_WORKDIR.value, read_only=True)
     if not ckpt.steps():
         raise FileNotFoundError(f'no checkpoint in {ckpt.directory}')
     meta = ckpt.read_meta(_STEP.value if _STEP.value is not None else ckpt.steps()[-1])

@@ -16,10 +16,14 @@ from lm.cli import (
     parse_flags,
     run_reporting_errors,
 )
-from lm.train_loop import train
+from lm.train_loop import stored_config, train
 
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Config file (path[:arg]).', lock_config=True
+    'config',
+    None,
+    'Config file (path[:arg]); optional when --workdir holds a checkpoint, whose '
+    'saved config is then used.',
+    lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory: checkpoints/ and tb/ go here.', required=True
@@ -33,12 +37,11 @@ define_distributed_flags()
 
 def main(argv: list[str]) -> None:
     del argv
-    if _CONFIG.value is None:
-        raise app.UsageError('--config is required, e.g. --config=configs/quickstart.py')
 
     def run() -> int:
         initialize_distributed()
-        result = train(_CONFIG.value, _WORKDIR.value, _TB_DIR.value)
+        config = _CONFIG.value if _CONFIG.value is not None else stored_config(_WORKDIR.value)
+        result = train(config, _WORKDIR.value, _TB_DIR.value)
         return 128 + result['signal'] if result['signal'] else 0
 
     run_reporting_errors(run)

@@ -82,6 +82,13 @@ def get_config() -> ml_collections.ConfigDict:
     rules.kv_lora = ''  # MLA KV latent (plus the RoPE key).
     rules.norm = ''  # RMSNorm scales.
 
+    uptrain = config.uptrain = ml_collections.ConfigDict()  # MHA -> GQA/MQA (scripts/uptrain.py)
+    uptrain.fraction = 0.05  # Uptraining steps as a fraction alpha of the source run's steps.
+    uptrain.warmup_steps = -1  # Warmup of the uptraining schedule; -1 = 10% of its steps.
+    uptrain.method = ''  # Set by scripts/uptrain.py: 'mean' | 'first' | 'random' conversion.
+    uptrain.source_workdir = ''  # Set by scripts/uptrain.py: the run this one was converted from.
+    uptrain.source_step = -1  # Set by scripts/uptrain.py: the source checkpoint's step.
+
     config.eval_every = 200  # Evaluate on the held-out split every N steps (and at the end).
     config.eval_batches = 20  # Batches of batch_size held-out sequences per evaluation.
     config.log_every = 50  # Print a log line every N steps (TensorBoard gets every step).

@@ -14,10 +14,16 @@ class Checkpointer:
     """`<workdir>/checkpoints`: every save holds 'state' (params, optimizer state, step, RNG) and
     'meta' (the resolved config, the data fingerprint and step, parameter shapes)."""
 
-    def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+    def __init__(
+        self, workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False
+    ):
         self.directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=async_save
+            max_to_keep=None if read_only else keep,
+            save_interval_steps=0 if read_only else 1,
+            create=not read_only,
+            read_only=read_only,
+            enable_async_checkpointing=async_save and not read_only,
         )
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=('state', 'meta')

@@ -10,7 +10,7 @@ import jax
 from absl import flags, logging
 
 # Errors that mean "the user asked for something that cannot work": reported in one line.
-USER_ERRORS = (ValueError, FileNotFoundError, FloatingPointError)
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError)
 
 
 class _QuietLibraries(pylogging.Filter):

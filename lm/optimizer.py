@@ -35,9 +35,11 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
 
 def check_train_config(train: ml_collections.ConfigDict) -> None:
     """One-line errors for bad optimizer / schedule settings."""
-    for name in ('batch_size', 'grad_accum_steps', 'steps'):
+    for name in ('batch_size', 'grad_accum_steps'):
         if train[name] <= 0:
             raise ValueError(f'config.train.{name} must be > 0, got {train[name]}')
+    if train.steps < 0:
+        raise ValueError(f'config.train.steps must be >= 0 (0 = evaluate only), got {train.steps}')
     if train.batch_size % train.grad_accum_steps:
         raise ValueError(
             f'config.train.batch_size={train.batch_size} must be divisible by '

@@ -80,13 +80,27 @@ def prepare(config: ml_collections.ConfigDict) -> Experiment:
     return Experiment(config, cfg, corpus, setup)
 
 
-def _meta(exp: Experiment, step: int) -> dict:
+def checkpoint_meta(
+    config: ml_collections.ConfigDict, data_fingerprint: str, step: int, abstract_params: dict
+) -> dict:
+    """The JSON side-car of a checkpoint: resolved config, data position, parameter shapes."""
     return {
-        'config': json.loads(exp.config.to_json()),
-        'data_fingerprint': exp.corpus.fingerprint,
+        'config': json.loads(config.to_json()),
+        'data_fingerprint': data_fingerprint,
         'data_step': step,
-        'param_shapes': param_shapes(exp.setup.abstract_state['params']),
+        'param_shapes': param_shapes(abstract_params),
     }
+
+
+def stored_config(workdir: str) -> ml_collections.ConfigDict:
+    """The config saved with the latest checkpoint in `workdir` (to resume without --config)."""
+    ckpt = Checkpointer(workdir, read_only=True)
+    try:
+        if not ckpt.steps():
+            raise FileNotFoundError(f'--config is required: {ckpt.directory} holds no checkpoint')
+        return ml_collections.ConfigDict(ckpt.read_meta(ckpt.steps()[-1])['config'])
+    finally:
+        ckpt.close()
 
 
 def _prefetch(exp: Experiment, start: int, stop: int, depth: int = 2):
@@ -205,7 +219,11 @@ def _train(exp: Experiment, workdir: str, tb_dir: str) -> dict:
         return metrics
 
     def save(step: int) -> None:
-        ckpt.save(step, state, _meta(exp, step))
+        ckpt.save(
+            step,
+            state,
+            checkpoint_meta(c, exp.corpus.fingerprint, step, setup.abstract_state['params']),
+        )
         tb.flush()  # the curve up to a checkpoint survives a kill -9
 
     last_eval = run_eval(start) if start == 0 else {}

@@ -1,0 +1,187 @@
+"""MHA → GQA / MQA checkpoint conversion (Ainslie et al. 2023, §2.1), as pure functions.
+
+Query head i of H reads KV head i // (H / g) (contiguous groups). Converting g_src KV heads to
+g_dst (g_src divisible by g_dst) merges each run of r = g_src / g_dst consecutive source heads:
+- 'mean': their K and V projections (and biases) are averaged — the paper's method;
+- 'first': the first head of each run is kept;
+- 'random': K and V are re-initialised (the ablation's lower bound).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import logging
+
+from lm.checkpoint import Checkpointer
+from lm.config import DTYPES, ModelConfig
+from lm.model import model_config
+from lm.optimizer import make_optimizer
+from lm.sharding import make_mesh, rules_table
+from lm.train_loop import checkpoint_meta
+from lm.train_step import make_setup
+
+METHODS = ('mean', 'first', 'random')
+
+
+def check_conversion(src: ModelConfig, num_kv_heads: int, method: str) -> None:
+    """One-line errors for a conversion that cannot work, before any array is read."""
+    if method not in METHODS:
+        raise ValueError(f'--method must be one of {METHODS}, got {method!r}')
+    if src.attention == 'mla':
+        raise ValueError(
+            "the source checkpoint uses attention='mla'; only MHA/GQA/MQA "
+            'checkpoints convert to fewer KV heads'
+        )
+    g_src, H = src.num_kv_heads, src.num_heads
+    if num_kv_heads < 1:
+        raise ValueError(f'--num_kv_heads must be >= 1, got {num_kv_heads}')
+    if num_kv_heads > g_src:
+        raise ValueError(
+            f"--num_kv_heads={num_kv_heads} is larger than the source's {g_src} KV "
+            'heads; conversion only merges heads'
+        )
+    if H % num_kv_heads:
+        raise ValueError(
+            f"the source's num_heads={H} is not divisible by --num_kv_heads={num_kv_heads}"
+        )
+    if g_src % num_kv_heads:
+        raise ValueError(
+            f"the source's {g_src} KV heads are not divisible by --num_kv_heads={num_kv_heads}"
+        )
+
+
+def target_config(src: ModelConfig, num_kv_heads: int) -> ModelConfig:
+    """The converted model's config: 'mqa' for one KV head, 'gqa' otherwise."""
+    attention = 'mqa' if num_kv_heads == 1 else 'gqa'
+    return dataclasses.replace(src, attention=attention, num_kv_heads=num_kv_heads)
+
+
+def merge_kv_heads(x: jax.Array, head_axis: int, num_kv_heads: int, method: str) -> jax.Array:
+    """Merges runs of consecutive heads along `head_axis` down to `num_kv_heads` heads."""
+    G = x.shape[head_axis]
+    r = G // num_kv_heads
+    grouped = x.reshape(x.shape[:head_axis] + (num_kv_heads, r) + x.shape[head_axis + 1 :])
+    if method == 'mean':
+        return grouped.mean(axis=head_axis + 1, dtype=jnp.float32).astype(x.dtype)
+    return jnp.take(grouped, 0, axis=head_axis + 1)
+
+
+def convert_params(
+    params: dict, src: ModelConfig, num_kv_heads: int, method: str, seed: int = 0
+) -> dict:
+    """The parameter tree (pure dict, as checkpointed) with every layer's k_proj / v_proj
+    converted to `num_kv_heads` heads. Other parameters are shared, not copied."""
+    check_conversion(src, num_kv_heads, method)
+    out = dict(params)
+    out['blocks'] = {}
+    key = jax.random.key(seed)
+    for layer, block in params['blocks'].items():
+        attn = dict(block['attn'])
+        for name in ('k_proj', 'v_proj'):
+            proj = dict(attn[name])
+            kernel = proj['kernel']  # [E, G, D]
+            if method == 'random':
+                key, sub = jax.random.split(key)
+                shape = (kernel.shape[0], num_kv_heads, kernel.shape[2])
+                std = 1 / math.sqrt(kernel.shape[0])  # the model's own init (lm/layers.py)
+                proj['kernel'] = std * jax.random.normal(sub, shape, DTYPES[src.param_dtype])
+                if 'bias' in proj:
+                    proj['bias'] = jnp.zeros((num_kv_heads, kernel.shape[2]), kernel.dtype)
+            else:
+                proj['kernel'] = merge_kv_heads(kernel, 1, num_kv_heads, method)
+                if 'bias' in proj:
+                    proj['bias'] = merge_kv_heads(proj['bias'], 0, num_kv_heads, method)
+            attn[name] = proj
+        out['blocks'][layer] = {**block, 'attn': attn}
+    return out
+
+
+def uptrain_config(
+    source: ml_collections.ConfigDict, num_kv_heads: int, source_step: int, **provenance
+) -> ml_collections.ConfigDict:
+    """The converted run's config: attention and KV heads updated, the schedule set for
+    `uptrain.fraction` × the source's steps with its own warmup, provenance recorded."""
+    config = ml_collections.ConfigDict(copy.deepcopy(source.to_dict()))
+    config.model.attention = 'mqa' if num_kv_heads == 1 else 'gqa'
+    config.model.num_kv_heads = num_kv_heads
+    up = config.uptrain
+    steps = round(up.fraction * source_step)
+    config.train.steps = steps
+    config.train.warmup_steps = up.warmup_steps if up.warmup_steps >= 0 else round(0.1 * steps)
+    config.eval_every = min(config.eval_every, max(steps, 1))
+    config.checkpoint_every = min(config.checkpoint_every, max(steps, 1))
+    up.update(source_step=source_step, **provenance)
+    return config
+
+
+def convert_checkpoint(
+    src: str,
+    dst: str,
+    num_kv_heads: int,
+    method: str,
+    step: int | None = None,
+    fraction: float | None = None,
+    seed: int = 0,
+) -> ml_collections.ConfigDict:
+    """Converts `src`'s checkpoint to `num_kv_heads` KV heads and writes it as step 0 of a new
+    run in `dst` (fresh optimizer state, config from `uptrain_config`); returns that config."""
+    source = Checkpointer(src, read_only=True)
+    if not source.steps():
+        raise FileNotFoundError(f'--src: {source.directory} holds no checkpoint')
+    if os.path.isdir(os.path.join(dst, 'checkpoints')) and os.listdir(
+        os.path.join(dst, 'checkpoints')
+    ):
+        raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
+    meta = source.read_meta(step if step is not None else source.steps()[-1])
+    src_config = ml_collections.ConfigDict(meta['config'])
+    src_cfg = model_config(src_config.model)
+    check_conversion(src_cfg, num_kv_heads, method)
+    if fraction is not None:
+        src_config.uptrain.fraction = fraction
+    mesh, rules = make_mesh(src_config.mesh), rules_table(src_config.mesh)
+    src_setup = make_setup(src_cfg, make_optimizer(src_config.train), mesh, rules, src_config.seed)
+    src_step, state, _ = source.restore(src_setup.abstract_state, step)
+    source.close()
+    config = uptrain_config(
+        src_config, num_kv_heads, src_step, method=method, source_workdir=os.path.abspath(src)
+    )
+    cfg = model_config(config.model)
+    tx = make_optimizer(config.train)
+    setup = make_setup(cfg, tx, mesh, rules, config.seed)
+    params = convert_params(state['params'], src_cfg, num_kv_heads, method, seed)
+    new_state = jax.device_put(
+        {
+            'params': params,
+            'opt_state': tx.init(params),
+            'step': jax.numpy.zeros((), jax.numpy.int32),
+            'rng': state['rng'],
+        },
+        setup.state_sharding,
+    )
+    out = Checkpointer(dst, async_save=False)
+    out.save(
+        0,
+        new_state,
+        checkpoint_meta(config, meta['data_fingerprint'], 0, setup.abstract_state['params']),
+    )
+    out.close()
+    logging.info(
+        'converted %s step %d (%s, %d KV heads) to %s with %d KV heads by %s; '
+        'uptraining for %d steps',
+        src,
+        src_step,
+        src_cfg.attention,
+        src_cfg.num_kv_heads,
+        dst,
+        num_kv_heads,
+        method,
+        config.train.steps,
+    )
+    return config
