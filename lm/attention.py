@@ -32,6 +32,19 @@ def causal_mask(T: int, S: int | None = None) -> jax.Array:
     return jnp.arange(S)[None, :] <= jnp.arange(T)[:, None] + (S - T)
 
 
+def cache_mask(kv_valid_BS: jax.Array, slot: jax.Array, T: int) -> jax.Array:
+    """[B, T, S] mask for T new queries written at cache slots slot..slot+T-1: a query attends
+    valid slots at or before its own (kv_valid_BS marks filled, non-padding slots)."""
+    S = kv_valid_BS.shape[1]
+    causal_TS = jnp.arange(S)[None, :] <= slot + jnp.arange(T)[:, None]
+    return kv_valid_BS[:, None, :] & causal_TS[None]
+
+
+def write_cache(cache_BS_: jax.Array, new_BT_: jax.Array, slot: jax.Array) -> jax.Array:
+    """Writes T new entries into a [B, S, ...] cache at slots slot..slot+T-1."""
+    return jax.lax.dynamic_update_slice_in_dim(cache_BS_, new_BT_.astype(cache_BS_.dtype), slot, 1)
+
+
 def grouped_attention(
     q_BTHD: jax.Array,
     k_BSGD: jax.Array,
@@ -139,15 +152,51 @@ class GroupedQueryAttention(nnx.Module):
         )
         self.cfg = cfg
 
+    @staticmethod
+    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> dict[str, jax.Array]:
+        """Per-layer decoding cache: K and V for each KV head, [B, S, G, D] each."""
+        shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+        return {'k': jnp.zeros(shape, dtype), 'v': jnp.zeros(shape, dtype)}
+
+    def _qkv(self, x_BTE: jax.Array, positions_BT: jax.Array):
+        theta = self.cfg.rope_theta
+        q_BTHD = rope(self.q_proj(x_BTE), positions_BT, theta)
+        k_BTGD = rope(self.k_proj(x_BTE), positions_BT, theta)
+        return q_BTHD, k_BTGD, self.v_proj(x_BTE)
+
     def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
         cfg = self.cfg
-        q_BTHD = rope(self.q_proj(x_BTE), positions_BT, cfg.rope_theta)
-        k_BTGD = rope(self.k_proj(x_BTE), positions_BT, cfg.rope_theta)
-        v_BTGD = self.v_proj(x_BTE)
+        q_BTHD, k_BTGD, v_BTGD = self._qkv(x_BTE, positions_BT)
         out_BTHD = grouped_attention(
             q_BTHD, k_BTGD, v_BTGD, scale=cfg.head_dim**-0.5, impl=cfg.attention_impl
         )
         return self.o_proj(out_BTHD)
+
+    def extend(
+        self,
+        x_BTE: jax.Array,
+        positions_BT: jax.Array,
+        cache: dict,
+        slot: jax.Array,
+        kv_valid_BS: jax.Array,
+        absorb: bool = True,
+    ) -> tuple[jax.Array, dict]:
+        """Attention for T new tokens written into the cache at `slot` (prefill or decode)."""
+        q_BTHD, k_BTGD, v_BTGD = self._qkv(x_BTE, positions_BT)
+        cache = {
+            'k': write_cache(cache['k'], k_BTGD, slot),
+            'v': write_cache(cache['v'], v_BTGD, slot),
+        }
+        mask = cache_mask(kv_valid_BS, slot, x_BTE.shape[1])
+        out_BTHD = grouped_attention(
+            q_BTHD,
+            cache['k'].astype(q_BTHD.dtype),
+            cache['v'].astype(q_BTHD.dtype),
+            mask=mask,
+            scale=self.cfg.head_dim**-0.5,
+            impl=self.cfg.attention_impl,
+        )
+        return self.o_proj(out_BTHD), cache
 
 
 class MultiHeadLatentAttention(nnx.Module):
@@ -234,21 +283,85 @@ class MultiHeadLatentAttention(nnx.Module):
         c_BTC, k_pe_BTR = jnp.split(self.kv_a_proj_with_mqa(x_BTE), [cfg.kv_lora_rank], axis=-1)
         return self.kv_a_layernorm(c_BTC), rope(k_pe_BTR, positions_BT, cfg.rope_theta)
 
-    def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+    @staticmethod
+    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> dict[str, jax.Array]:
+        """Per-layer decoding cache: the latent c_KV [B, S, C] and shared RoPE key [B, S, Dr]."""
+        return {
+            'c': jnp.zeros((batch, length, cfg.kv_lora_rank), dtype),
+            'k_pe': jnp.zeros((batch, length, cfg.qk_rope_head_dim), dtype),
+        }
+
+    def _expanded(self, q_nope, q_pe, c_BSC, k_pe_BSR, mask) -> jax.Array:
+        """Attention with per-head K and V materialised from the latent (training, prefill)."""
         cfg = self.cfg
         H = cfg.num_heads
-        q_nope, q_pe = self.queries(x_BTE, positions_BT)
-        c_BSC, k_pe_BSR = self.latents(x_BTE, positions_BT)
         k_nope, v_BSHV = jnp.split(self.kv_b_proj(c_BSC), [cfg.qk_nope_head_dim], axis=-1)
-        # Training materialises per-head keys: [k_C; k_R] with k_R broadcast to every head.
+        # [k_C; k_R] with the one RoPE key broadcast to every head.
         k_pe_BSHR = jnp.broadcast_to(
             k_pe_BSR[:, :, None], k_pe_BSR.shape[:2] + (H,) + k_pe_BSR.shape[2:]
         )
         q_BTHK = jnp.concatenate([q_nope, q_pe], axis=-1)
-        k_BSHK = jnp.concatenate([k_nope, k_pe_BSHR], axis=-1)
-        scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
-        out_BTHV = grouped_attention(q_BTHK, k_BSHK, v_BSHV, scale=scale, impl=cfg.attention_impl)
+        k_BSHK = jnp.concatenate([k_nope, k_pe_BSHR.astype(k_nope.dtype)], axis=-1)
+        out_BTHV = grouped_attention(
+            q_BTHK, k_BSHK, v_BSHV, scale=self.scale, mask=mask, impl=cfg.attention_impl
+        )
         return self.o_proj(out_BTHV)
+
+    def _absorbed(self, q_nope, q_pe, c_BSC, k_pe_BSR, mask) -> jax.Array:
+        """DeepSeek-V2 §2.1.2 weight absorption: W_UK is applied to the query and W_UV to the
+        attention output, so scores and values are read straight from the cached latent."""
+        cfg = self.cfg
+        dtype = q_nope.dtype
+        w_uk_CHN, w_uv_CHV = jnp.split(
+            self.kv_b_proj.kernel[...].astype(dtype), [cfg.qk_nope_head_dim], axis=-1
+        )
+        q_lat_BTHC = jnp.einsum('BTHN,CHN->BTHC', q_nope, w_uk_CHN)  # W_UKᵀ q_C per head
+        # score = <W_UKᵀ q_C, c_KV> + <q_R, k_R>
+        s_BHTS = (
+            jnp.einsum(
+                'BTHC,BSC->BHTS',
+                q_lat_BTHC,
+                c_BSC.astype(dtype),
+                preferred_element_type=jnp.float32,
+            )
+            + jnp.einsum(
+                'BTHR,BSR->BHTS', q_pe, k_pe_BSR.astype(dtype), preferred_element_type=jnp.float32
+            )
+        ) * self.scale
+        s_BHTS = jnp.where(mask[:, None], s_BHTS, jnp.finfo(jnp.float32).min)
+        p_BHTS = jax.nn.softmax(s_BHTS, axis=-1).astype(dtype)
+        o_lat_BTHC = jnp.einsum('BHTS,BSC->BTHC', p_BHTS, c_BSC.astype(dtype))
+        return self.o_proj(jnp.einsum('BTHC,CHV->BTHV', o_lat_BTHC, w_uv_CHV))  # W_UV after
+
+    @property
+    def scale(self) -> float:
+        return (self.cfg.qk_nope_head_dim + self.cfg.qk_rope_head_dim) ** -0.5
+
+    def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+        q_nope, q_pe = self.queries(x_BTE, positions_BT)
+        c_BSC, k_pe_BSR = self.latents(x_BTE, positions_BT)
+        return self._expanded(q_nope, q_pe, c_BSC, k_pe_BSR, mask=None)
+
+    def extend(
+        self,
+        x_BTE: jax.Array,
+        positions_BT: jax.Array,
+        cache: dict,
+        slot: jax.Array,
+        kv_valid_BS: jax.Array,
+        absorb: bool = True,
+    ) -> tuple[jax.Array, dict]:
+        """Attention for T new tokens; the cache holds only c_KV and k_R. `absorb=False`
+        expands per-head K/V from the whole cache instead (the naive reference path)."""
+        q_nope, q_pe = self.queries(x_BTE, positions_BT)
+        c_BTC, k_pe_BTR = self.latents(x_BTE, positions_BT)
+        cache = {
+            'c': write_cache(cache['c'], c_BTC, slot),
+            'k_pe': write_cache(cache['k_pe'], k_pe_BTR, slot),
+        }
+        mask = cache_mask(kv_valid_BS, slot, x_BTE.shape[1])
+        attend = self._absorbed if absorb else self._expanded
+        return attend(q_nope, q_pe, cache['c'], cache['k_pe'], mask), cache
 
 
 VARIANTS: dict[str, type[GroupedQueryAttention] | type[MultiHeadLatentAttention]] = {

@@ -50,6 +50,14 @@ class Block(nnx.Module):
         x_BTE = x_BTE + self.attn(self.attn_norm(x_BTE), positions_BT)
         return x_BTE + self.mlp(self.mlp_norm(x_BTE))
 
+    def extend(self, x_BTE, positions_BT, cache, slot, kv_valid_BS, absorb=True):
+        """The block for T new tokens against this layer's KV cache (see `Transformer.extend`)."""
+        h_BTE, cache = self.attn.extend(
+            self.attn_norm(x_BTE), positions_BT, cache, slot, kv_valid_BS, absorb
+        )
+        x_BTE = x_BTE + h_BTE
+        return x_BTE + self.mlp(self.mlp_norm(x_BTE)), cache
+
 
 class Transformer(nnx.Module):
     """tokens [B, T] -> logits [B, T, vocab] (float32)."""
@@ -80,6 +88,29 @@ class Transformer(nnx.Module):
         x_BTE = constrain(jnp.take(self.embed[...], tokens_BT, axis=0).astype(dtype), ACT_AXES)
         for block in self.blocks:
             x_BTE = constrain(block(x_BTE, positions_BT), ACT_AXES)
+        return self._logits(x_BTE)
+
+    def extend(
+        self,
+        tokens_BT: jax.Array,
+        positions_BT: jax.Array,
+        caches: list[dict],
+        slot: jax.Array,
+        kv_valid_BS: jax.Array,
+        absorb: bool = True,
+    ) -> tuple[jax.Array, list[dict]]:
+        """Logits for T new tokens per row, written into the per-layer caches at slots
+        slot..slot+T-1 (prefill: T = prompt length; decode: T = 1). kv_valid_BS marks the cache
+        slots that hold real (non-padding) tokens, the new ones included."""
+        x_BTE = jnp.take(self.embed[...], tokens_BT, axis=0).astype(DTYPES[self.cfg.dtype])
+        new_caches = []
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x_BTE, cache = block.extend(x_BTE, positions_BT, cache, slot, kv_valid_BS, absorb)
+            new_caches.append(cache)
+        return self._logits(x_BTE), new_caches
+
+    def _logits(self, x_BTE: jax.Array) -> jax.Array:
+        dtype = DTYPES[self.cfg.dtype]
         x_BTE = self.final_norm(x_BTE)
         if self.lm_head is None:
             # Tied head: logits = x · embedᵀ.

@@ -1,0 +1,139 @@
+"""KV-cache decoding: prefill + incremental steps equal a full forward pass for every variant."""
+
+import jax
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from lm.accounting import kv_cache_bytes_per_token, kv_cache_elements_per_token
+from lm.decode import Decoder, Sampling, cache_elements_per_token, init_caches, parse_sampling
+from lm.model import build_model, model_config
+
+VARIANTS = {
+    'mha': dict(attention='mha'),
+    'gqa2': dict(attention='gqa', num_kv_heads=2),
+    'mqa': dict(attention='mqa'),
+    'gqa2_dot_product': dict(attention='gqa', num_kv_heads=2, attention_impl='dot_product'),
+    'mla': dict(attention='mla'),
+    'mla_qlora': dict(attention='mla', q_lora_rank=8),
+}
+PROMPTS = [[5, 9, 2, 7, 1, 3, 8], [4, 4, 10], [11, 2, 6, 6, 1]]  # different lengths: left padding
+# float32: the cached path reduces over a padded cache of a different shape.
+ATOL, RTOL = 2e-5, 1e-4
+
+
+def teacher_forced_logits(decoder, prompts, continuation):
+    """Per-row logits at every position of prompt + continuation, via prefill then steps."""
+    B, n = continuation.shape
+    P = max(len(p) for p in prompts)
+    pad = np.array([P - len(p) for p in prompts], np.int32)
+    tokens = np.array([[0] * (P - len(p)) + p for p in prompts], np.int32)
+    caches = init_caches(decoder.cfg, B, P + n + 3)  # a few spare slots that stay empty
+    logits, caches, kv_valid = decoder.prefill(decoder.params, tokens, pad, caches)
+    rows = [[logits[b, t] for t in range(pad[b], P)] for b in range(B)]
+    for i in range(n):
+        step_logits, caches, kv_valid = decoder.step(
+            decoder.params, continuation[:, i], P + i, pad, caches, kv_valid
+        )
+        for b in range(B):
+            rows[b].append(step_logits[b])
+    return [np.stack(r) for r in rows]
+
+
+def model_and_decoder(seed=0, absorb=True, **model):
+    cfg = model_config(tiny_config(**model).model)
+    m = build_model(cfg, seed=seed)
+    return cfg, m, Decoder(m, absorb=absorb)
+
+
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_cached_decoding_equals_full_forward(variant):
+    cfg, model, decoder = model_and_decoder(**VARIANTS[variant])
+    cont = np.asarray(jax.random.randint(jax.random.key(1), (3, 5), 0, cfg.vocab_size), np.int32)
+    got = teacher_forced_logits(decoder, PROMPTS, cont)
+    for b, prompt in enumerate(PROMPTS):
+        want = model(np.array([prompt + cont[b].tolist()], np.int32))[0]
+        np.testing.assert_allclose(got[b], want, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize('q_lora_rank', [0, 8])
+def test_mla_absorbed_equals_naive(q_lora_rank):
+    _, _, absorbed = model_and_decoder(attention='mla', q_lora_rank=q_lora_rank)
+    _, _, naive = model_and_decoder(attention='mla', q_lora_rank=q_lora_rank, absorb=False)
+    cont = np.asarray(jax.random.randint(jax.random.key(2), (3, 6), 0, 61), np.int32)
+    for a, b in zip(
+        teacher_forced_logits(absorbed, PROMPTS, cont),
+        teacher_forced_logits(naive, PROMPTS, cont),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('variant', ['mha', 'gqa2', 'mqa', 'mla'])
+def test_cache_sizes_equal_the_accounting_formulas(variant):
+    for dtype in ('float32', 'bfloat16'):
+        cfg = model_config(tiny_config(**VARIANTS[variant], dtype=dtype).model)
+        caches = init_caches(cfg, batch=3, length=10)
+        assert cache_elements_per_token(caches) == kv_cache_elements_per_token(cfg)
+        nbytes = sum(a.nbytes for c in caches for a in c.values())
+        assert nbytes == 3 * 10 * kv_cache_bytes_per_token(cfg, dtype)
+    if variant == 'mla':
+        assert cache_elements_per_token(caches) == 2 * (16 + 4)  # L · (d_c + d_h^R)
+    if variant == 'gqa2':
+        assert cache_elements_per_token(caches) == 2 * 2 * 2 * 8  # L · 2 · g · d_h
+
+
+def test_greedy_generation_follows_the_argmax_and_stops_at_eos():
+    cfg, model, decoder = model_and_decoder(attention='gqa', num_kv_heads=2, seed=4)
+    outs = decoder.generate(PROMPTS, max_new_tokens=6)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert len(out) == 6
+        logits = model(np.array([prompt + out], np.int32))[0]
+        np.testing.assert_array_equal(np.argmax(logits[len(prompt) - 1 : -1], -1), out)
+    first = outs[0][0]
+    stopped = decoder.generate(PROMPTS[:1], max_new_tokens=6, eos_id=first)
+    assert stopped == [[first]]
+
+
+def test_decode_loop_compiles_once_per_batch_and_cache_length():
+    _, _, decoder = model_and_decoder(attention='mla')
+    decoder.generate([[1, 2, 3], [4]], max_new_tokens=4, cache_len=32)
+    decoder.generate(
+        [[1, 2, 3, 4, 5, 6], [7, 8]],
+        max_new_tokens=9,
+        cache_len=32,
+        sampling=Sampling(temperature=0.7, top_k=5, top_p=0.9),
+        eos_id=3,
+    )
+    decoder.generate([[9] * 20, [1]], max_new_tokens=2, cache_len=32, seed=5)
+    assert decoder.loop._cache_size() == 1
+
+
+def test_sampling_options():
+    _, _, decoder = model_and_decoder(attention='mqa', seed=2)
+    greedy = decoder.generate(PROMPTS, max_new_tokens=5)
+    assert decoder.generate(PROMPTS, 5, Sampling(temperature=2.0, top_k=1), seed=3) == greedy
+    assert decoder.generate(PROMPTS, 5, Sampling(temperature=2.0, top_p=1e-6), seed=3) == greedy
+    hot = Sampling(temperature=5.0)
+    a, b = (decoder.generate(PROMPTS, 8, hot, seed=s) for s in (0, 0))
+    assert a == b and a != greedy and decoder.generate(PROMPTS, 8, hot, seed=1) != a
+    assert parse_sampling('temperature=0.8,top_k=40,top_p=0.95') == Sampling(0.8, 40, 0.95)
+    assert parse_sampling('greedy') == Sampling()
+
+
+def test_one_line_errors():
+    _, _, decoder = model_and_decoder(attention='gqa', num_kv_heads=2)
+    with pytest.raises(
+        ValueError,
+        match=r'prompt of 7 tokens \+ max_new_tokens=4 is longer than '
+        r'the cache \(8 tokens\)',
+    ):
+        decoder.generate(PROMPTS, 4, cache_len=8)
+    with pytest.raises(ValueError, match=r'prompt 1 is empty'):
+        decoder.generate([[1], []], 4)
+    with pytest.raises(ValueError, match=r"unknown sampling option 'beam'"):
+        parse_sampling('beam=4')
+    with pytest.raises(ValueError, match=r'top_p must be in \(0, 1\]'):
+        parse_sampling('top_p=1.5')
+    with pytest.raises(ValueError, match=r"top_k=.*'x' is not a int"):
+        parse_sampling('top_k=x')
