@@ -56,7 +56,9 @@ def parse_sampling(spec: str) -> Sampling:
         try:
             options[name] = types[name](value)
         except ValueError:
-            raise ValueError(f'sampling option {name}={value!r} is not a {types[name].__name__}')
+            raise ValueError(
+                f'sampling option {name}={value!r} is not a {types[name].__name__}'
+            ) from None
     return Sampling(**options)
 
 

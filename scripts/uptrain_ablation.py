@@ -85,7 +85,7 @@ def run() -> int:
                 for alpha in fractions:
                     name = f'{label[g]}_{method}_a{alpha:g}_s{seed}'
 
-                    def uptrain(w, tb, g=g, method=method, alpha=alpha, s=seed):
+                    def uptrain(w, tb, g=g, method=method, alpha=alpha, s=seed, src=src):
                         config = convert_checkpoint(
                             os.path.join(_OUT.value, src), w, g, method, fraction=alpha, seed=s
                         )
