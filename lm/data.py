@@ -187,6 +187,13 @@ def _write_split(path: str, docs: Iterator[str], tok: Tokenizer, dtype: np.dtype
     return num_bytes
 
 
+def load_tokenizer(data: ml_collections.ConfigDict) -> Tokenizer:
+    """The tokenizer `config.data` describes (a BPE is trained only if not cached)."""
+    check_data_config(data)
+    source_fp, docs = _source(data)
+    return _tokenizer(data, source_fp, docs)
+
+
 def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
     """Tokenised train and validation splits, built once and cached by fingerprint."""
     check_data_config(data)

@@ -9,6 +9,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -90,6 +91,43 @@ def checkpoint_meta(
         'data_step': step,
         'param_shapes': param_shapes(abstract_params),
     }
+
+
+@dataclasses.dataclass
+class Restored:
+    """A run's checkpoint with the config, model config and setup it was saved under."""
+
+    config: ml_collections.ConfigDict
+    model: ModelConfig
+    setup: Setup
+    step: int
+    state: dict
+    meta: dict
+
+
+def restore_run(
+    workdir: str,
+    step: int | None = None,
+    check: Callable[[ModelConfig], None] | None = None,
+    flag: str = '--workdir',
+) -> Restored:
+    """Restores `workdir`'s latest (or `step`) checkpoint on the mesh of its saved config.
+    `check(model_config)` runs before any array is read."""
+    ckpt = Checkpointer(workdir, read_only=True)
+    try:
+        if not ckpt.steps():
+            raise FileNotFoundError(f'{flag}: {ckpt.directory} holds no checkpoint')
+        meta = ckpt.read_meta(step if step is not None else ckpt.steps()[-1])
+        config = ml_collections.ConfigDict(meta['config'])
+        cfg = model_config(config.model)
+        if check is not None:
+            check(cfg)
+        mesh, rules = make_mesh(config.mesh), rules_table(config.mesh)
+        setup = make_setup(cfg, make_optimizer(config.train), mesh, rules, config.seed)
+        restored_step, state, meta = ckpt.restore(setup.abstract_state, step)
+        return Restored(config, cfg, setup, restored_step, state, meta)
+    finally:
+        ckpt.close()
 
 
 def stored_config(workdir: str) -> ml_collections.ConfigDict:

@@ -23,8 +23,8 @@ from lm.checkpoint import Checkpointer
 from lm.config import DTYPES, ModelConfig
 from lm.model import model_config
 from lm.optimizer import make_optimizer
-from lm.sharding import make_mesh, rules_table
-from lm.train_loop import checkpoint_meta
+from lm.sharding import rules_table
+from lm.train_loop import checkpoint_meta, restore_run
 from lm.train_step import make_setup
 
 METHODS = ('mean', 'first', 'random')
@@ -132,29 +132,22 @@ def convert_checkpoint(
 ) -> ml_collections.ConfigDict:
     """Converts `src`'s checkpoint to `num_kv_heads` KV heads and writes it as step 0 of a new
     run in `dst` (fresh optimizer state, config from `uptrain_config`); returns that config."""
-    source = Checkpointer(src, read_only=True)
-    if not source.steps():
-        raise FileNotFoundError(f'--src: {source.directory} holds no checkpoint')
     if os.path.isdir(os.path.join(dst, 'checkpoints')) and os.listdir(
         os.path.join(dst, 'checkpoints')
     ):
         raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
-    meta = source.read_meta(step if step is not None else source.steps()[-1])
-    src_config = ml_collections.ConfigDict(meta['config'])
-    src_cfg = model_config(src_config.model)
-    check_conversion(src_cfg, num_kv_heads, method)
+    source = restore_run(
+        src, step, lambda cfg: check_conversion(cfg, num_kv_heads, method), '--src'
+    )
+    src_config, src_cfg, state = source.config, source.model, source.state
     if fraction is not None:
         src_config.uptrain.fraction = fraction
-    mesh, rules = make_mesh(src_config.mesh), rules_table(src_config.mesh)
-    src_setup = make_setup(src_cfg, make_optimizer(src_config.train), mesh, rules, src_config.seed)
-    src_step, state, _ = source.restore(src_setup.abstract_state, step)
-    source.close()
     config = uptrain_config(
-        src_config, num_kv_heads, src_step, method=method, source_workdir=os.path.abspath(src)
+        src_config, num_kv_heads, source.step, method=method, source_workdir=os.path.abspath(src)
     )
     cfg = model_config(config.model)
     tx = make_optimizer(config.train)
-    setup = make_setup(cfg, tx, mesh, rules, config.seed)
+    setup = make_setup(cfg, tx, source.setup.mesh, rules_table(config.mesh), config.seed)
     params = convert_params(state['params'], src_cfg, num_kv_heads, method, seed)
     new_state = jax.device_put(
         {
@@ -169,14 +162,14 @@ def convert_checkpoint(
     out.save(
         0,
         new_state,
-        checkpoint_meta(config, meta['data_fingerprint'], 0, setup.abstract_state['params']),
+        checkpoint_meta(config, source.meta['data_fingerprint'], 0, setup.abstract_state['params']),
     )
     out.close()
     logging.info(
         'converted %s step %d (%s, %d KV heads) to %s with %d KV heads by %s; '
         'uptraining for %d steps',
         src,
-        src_step,
+        source.step,
         src_cfg.attention,
         src_cfg.num_kv_heads,
         dst,

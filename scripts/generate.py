@@ -1,0 +1,68 @@
+"""Sample text from a trained checkpoint with the KV-cache decoder.
+
+  python scripts/generate.py --workdir=runs/shakespeare_mha --prompt="ROMEO:" --max_new_tokens=200
+  python scripts/generate.py --workdir=runs/gqa2 --prompt="ROMEO:" --prompt="JULIET:" \
+      --sampling=temperature=0.8,top_k=40
+"""
+
+from absl import app, flags
+from flax import nnx
+
+from lm.cli import parse_flags, run_reporting_errors
+from lm.data import load_tokenizer
+from lm.decode import Decoder, parse_sampling
+from lm.train_loop import restore_run
+
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Run directory holding checkpoints/.', required=True
+)
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default: the latest.')
+_PROMPTS = flags.DEFINE_multi_string('prompt', ['\n'], 'Prompt text; repeat for a batch.')
+_MAX_NEW = flags.DEFINE_integer('max_new_tokens', 200, 'Tokens to generate per prompt.')
+_SAMPLING = flags.DEFINE_string(
+    'sampling',
+    'temperature=0.8,top_k=40',
+    "'greedy' or name=value pairs of temperature, top_k, top_p.",
+)
+_SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+_STOP = flags.DEFINE_bool('stop_at_eos', True, 'Stop a row at the end-of-text token.')
+
+
+def run() -> int:
+    sampling = parse_sampling(_SAMPLING.value)
+    restored = restore_run(_WORKDIR.value, _STEP.value)
+    tokenizer = load_tokenizer(restored.config.data)
+    decoder = Decoder(nnx.merge(restored.setup.graphdef, restored.state['params']))
+    eos = tokenizer.eos_id if _STOP.value else None
+    context = restored.config.data.seq_len
+    # The model saw at most `context` tokens in training: like nanoGPT, generate in chunks of
+    # context / 2, each conditioned on the latest context - chunk tokens.
+    rows = [tokenizer.encode(p) for p in _PROMPTS.value]
+    outs: list[list[int]] = [[] for _ in rows]
+    remaining, chunk_index = _MAX_NEW.value, 0
+    while remaining > 0:
+        active = [i for i, o in enumerate(outs) if not (o and o[-1] == eos)]
+        if not active:
+            break
+        chunk = min(remaining, max(context // 2, 1))
+        windows = [(rows[i] + outs[i])[-(context - chunk) :] for i in active]
+        new = decoder.generate(
+            windows, chunk, sampling, eos_id=eos, seed=_SEED.value + chunk_index, cache_len=context
+        )
+        for i, tokens in zip(active, new, strict=True):
+            outs[i] += tokens
+        remaining -= chunk
+        chunk_index += 1
+    for prompt, out in zip(_PROMPTS.value, outs, strict=True):
+        print(prompt + tokenizer.decode(t for t in out if t != eos))
+        print('-' * 40)
+    return 0
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    run_reporting_errors(run)
+
+
+if __name__ == '__main__':
+    app.run(main, flags_parser=parse_flags)
