@@ -150,16 +150,36 @@ def test_generate_script_prints_text_from_a_checkpoint(tmp_path, small_text):
 
     train(tiny_train_config(tmp_path, small_text, **{'train.steps': 4}), str(tmp_path / 'run'))
     out = subprocess.run(
-        [sys.executable, str(ROOT / 'scripts' / 'generate.py'), f'--workdir={tmp_path / "run"}',
-         '--prompt=ROMEO:', '--prompt=JULIET:', '--max_new_tokens=40', '--sampling=greedy'],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+        [
+            sys.executable,
+            str(ROOT / 'scripts' / 'generate.py'),
+            f'--workdir={tmp_path / "run"}',
+            '--prompt=ROMEO:',
+            '--prompt=JULIET:',
+            '--max_new_tokens=40',
+            '--sampling=greedy',
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     blocks = out.stdout.split('-' * 40)
     assert blocks[0].startswith('ROMEO:') and len(blocks[0].strip()) > len('ROMEO:')
     assert blocks[1].strip().startswith('JULIET:')
     bad = subprocess.run(
-        [sys.executable, str(ROOT / 'scripts' / 'generate.py'), f'--workdir={tmp_path / "run"}',
-         '--sampling=beam=3'], cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+        [
+            sys.executable,
+            str(ROOT / 'scripts' / 'generate.py'),
+            f'--workdir={tmp_path / "run"}',
+            '--sampling=beam=3',
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    )
     assert bad.returncode == 1 and "unknown sampling option 'beam'" in bad.stderr.splitlines()[-1]

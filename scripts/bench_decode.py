@@ -1,0 +1,144 @@
+"""Decode speed and KV-cache size per attention variant and context length.
+
+For each variant and context L, the cache of a model large enough for the cache to matter is
+filled to L tokens (random contents: speed depends on the length, not the values), then the
+jitted decode loop generates --new_tokens tokens per row; the median of --repeats timed runs is
+reported. Cache bytes per token are measured from the live cache arrays and shown next to the
+accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L for MLA).
+
+  python scripts/bench_decode.py                       # the table in docs/decoding.md
+  python scripts/bench_decode.py --contexts=256,1024 --json=decode.json
+"""
+
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from lm.accounting import kv_cache_bytes_per_token, param_counts
+from lm.cli import parse_flags, run_reporting_errors
+from lm.config import load_config_file
+from lm.decode import Decoder, init_caches
+from lm.model import build_model, model_config
+
+_CONTEXTS = flags.DEFINE_list('contexts', ['256', '1024', '4096', '8192'], 'Cache fill lengths.')
+_VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Attention variants.')
+_BATCH = flags.DEFINE_integer('batch', 4, 'Rows decoded together.')
+_NEW = flags.DEFINE_integer('new_tokens', 32, 'Tokens generated per timed run.')
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed runs per point (median reported).')
+_DTYPE = flags.DEFINE_string('dtype', 'float32', 'Compute (and cache) dtype.')
+_D_MODEL = flags.DEFINE_integer('d_model', 512, 'Model width (8 heads of d_model / 8).')
+_LAYERS = flags.DEFINE_integer('num_layers', 4, 'Layers.')
+_JSON = flags.DEFINE_string('json', '', 'Also write the rows as JSON here.')
+
+BASE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'base.py'
+)
+
+
+def model_for(variant: str):
+    config = load_config_file(BASE)
+    E = _D_MODEL.value
+    config.model.update(
+        vocab_size=256,
+        d_model=E,
+        num_layers=_LAYERS.value,
+        num_heads=8,
+        dtype=_DTYPE.value,
+        kv_lora_rank=E // 2,
+        qk_nope_head_dim=E // 8,
+        qk_rope_head_dim=E // 16,
+        v_head_dim=E // 8,
+    )
+    if variant.startswith('gqa'):
+        config.model.update(attention='gqa', num_kv_heads=int(variant[3:]))
+    else:
+        config.model.attention = variant
+    return model_config(config.model)
+
+
+def bench(variant: str, context: int) -> dict:
+    cfg = model_for(variant)
+    decoder = Decoder(build_model(cfg))
+    B, n = _BATCH.value, _NEW.value
+    S = context + n
+    key = jax.random.key(0)
+    caches = [
+        {k: jax.random.normal(key, a.shape, a.dtype) for k, a in c.items()}
+        for c in init_caches(cfg, B, S)
+    ]
+    measured = sum(a.nbytes for c in caches for a in c.values()) / (B * S)
+    kv_valid = np.zeros((B, S), bool)
+    kv_valid[:, :context] = True
+    logits = np.zeros((B, cfg.vocab_size), np.float32)
+    args = (
+        decoder.params,
+        logits,
+        caches,
+        kv_valid,
+        np.zeros(B, np.int32),
+        np.int32(context),
+        np.int32(n),
+        np.int32(-1),
+        jax.random.key(1),
+        np.float32(0),
+        np.int32(0),
+        np.float32(1),
+    )
+    t = time.perf_counter()
+    jax.block_until_ready(decoder.loop(*args))
+    compile_s = time.perf_counter() - t
+    times = []
+    for _ in range(_REPEATS.value):
+        t = time.perf_counter()
+        jax.block_until_ready(decoder.loop(*args))
+        times.append(time.perf_counter() - t)
+    dt = float(np.median(times))
+    return {
+        'variant': variant,
+        'context': context,
+        'batch': B,
+        'params': param_counts(cfg)['total'],
+        'cache_bytes_per_token_measured': measured,
+        'cache_bytes_per_token_formula': kv_cache_bytes_per_token(cfg, _DTYPE.value),
+        'cache_bytes_total': int(measured * B * S),
+        'decode_tokens_per_sec': B * n / dt,
+        'ms_per_step': dt / n * 1e3,
+        'first_call_s': compile_s,
+    }
+
+
+def run() -> int:
+    rows = [bench(v, int(c)) for v in _VARIANTS.value for c in _CONTEXTS.value]
+    print(
+        f'decode benchmark: {jax.devices()[0].device_kind}, batch {_BATCH.value}, '
+        f'{_NEW.value} new tokens, {_DTYPE.value}, d_model {_D_MODEL.value}, '
+        f'{_LAYERS.value} layers, 8 heads ({rows[0]["params"]:,} params for MHA)'
+    )
+    print(
+        '| variant | context | cache B/token (measured) | formula | cache total | '
+        'decode tok/s | ms/step |'
+    )
+    print('|---|---|---|---|---|---|---|')
+    for r in rows:
+        print(
+            f'| {r["variant"]} | {r["context"]} | {r["cache_bytes_per_token_measured"]:,.0f} | '
+            f'{r["cache_bytes_per_token_formula"]:,} | {r["cache_bytes_total"] / 2**20:,.1f} MiB'
+            f' | {r["decode_tokens_per_sec"]:,.0f} | {r["ms_per_step"]:.2f} |'
+        )
+    if _JSON.value:
+        with open(_JSON.value, 'w') as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    run_reporting_errors(run)
+
+
+if __name__ == '__main__':
+    app.run(main, flags_parser=parse_flags)
