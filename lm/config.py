@@ -94,3 +94,13 @@ def load_config_file(path: str, arg: str | None = None) -> ml_collections.Config
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(arg) if arg is not None else module.get_config()
+
+
+def write_config_file(config: ml_collections.ConfigDict, path: str) -> str:
+    """Writes `config` as a config file (`get_config()` returning it) for --config=path."""
+    with open(path, 'w') as f:
+        f.write(
+            'import json\n\nimport ml_collections\n\n\ndef get_config():\n'
+            f'    return ml_collections.ConfigDict(json.loads({config.to_json()!r}))\n'
+        )
+    return path

@@ -295,6 +295,8 @@ def _train(exp: Experiment, workdir: str, tb_dir: str) -> dict:
     def log_perf(step: int) -> None:
         dt = (time.perf_counter() - window['t']) / max(window['steps'], 1)
         tps = tokens_per_step / dt
+        if window['steps'] > 0:
+            speeds.append(tps)
         utilisation = perf.mfu(tps, flops_tok, peak_total)
         tb.scalars(
             step, {'perf/step_time': dt, 'perf/tokens_per_sec': tps, 'perf/mfu': utilisation}
@@ -314,6 +316,7 @@ def _train(exp: Experiment, workdir: str, tb_dir: str) -> dict:
         )
         window.update(t=time.perf_counter(), steps=0)
 
+    speeds: list[float] = []
     step = start
     try:
         for batch in _prefetch(exp, start, total):
@@ -359,7 +362,30 @@ def _train(exp: Experiment, workdir: str, tb_dir: str) -> dict:
         ckpt.close()
         tb.flush()
         tb.close()
+    if step == total and (step > start or start == 0) and not stop.signum and is_main:
+        _write_results(
+            workdir,
+            {
+                'step': step,
+                'eval': last_eval,
+                'model': dataclasses.asdict(exp.model),
+                'params': counts['total'],
+                'kv_cache_bytes_per_token': accounting.kv_cache_bytes_per_token(
+                    exp.model, 'bfloat16'
+                ),
+                'tokens_per_sec': float(np.median(speeds)) if speeds else None,
+            },
+        )
     return {'step': step, 'eval': last_eval, 'signal': stop.signum, 'state': state}
+
+
+def _write_results(workdir: str, results: dict) -> None:
+    """`<workdir>/results.json`: final eval metrics, size and median throughput of a finished
+    run (what sweeps summarise)."""
+    path = os.path.join(workdir, 'results.json')
+    with open(path + '.tmp', 'w') as f:
+        json.dump(results, f, indent=1)
+    os.replace(path + '.tmp', path)
 
 
 def _hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) -> dict:

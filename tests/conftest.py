@@ -6,6 +6,7 @@ import pathlib
 import pytest
 
 from lm.config import load_config_file
+from lm.config import write_config_file as lm_write_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / 'shared' / 'data' / 'tinyshakespeare.txt'
@@ -58,12 +59,7 @@ def tiny_train_config(tmp_path, text_path, **overrides):
 
 
 def write_config_file(config, path):
-    """Writes `config` as a config file that train.py / eval.py can load with --config."""
-    path.write_text(
-        'import json\nimport ml_collections\n\n\ndef get_config():\n'
-        f'    return ml_collections.ConfigDict(json.loads({config.to_json()!r}))\n'
-    )
-    return str(path)
+    return lm_write_config_file(config, str(path))
 
 
 def read_scalars(logdir, tag):

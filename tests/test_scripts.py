@@ -9,16 +9,29 @@ from conftest import ROOT
 
 
 def run(script, *args):
-    out = subprocess.run([sys.executable, str(ROOT / 'scripts' / script), *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600,
-                         env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+    out = subprocess.run(
+        [sys.executable, str(ROOT / 'scripts' / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
 
 def test_bench_decode_smoke(tmp_path):
-    stdout = run('bench_decode.py', '--contexts=32', '--repeats=1', '--new_tokens=2',
-                 '--d_model=64', '--num_layers=1', '--batch=2', f'--json={tmp_path / "d.json"}')
+    stdout = run(
+        'bench_decode.py',
+        '--contexts=32',
+        '--repeats=1',
+        '--new_tokens=2',
+        '--d_model=64',
+        '--num_layers=1',
+        '--batch=2',
+        f'--json={tmp_path / "d.json"}',
+    )
     rows = json.loads((tmp_path / 'd.json').read_text())
     assert [r['variant'] for r in rows] == ['mha', 'gqa2', 'mqa', 'mla']
     for r in rows:
