@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 
@@ -38,3 +39,22 @@ def test_bench_decode_smoke(tmp_path):
         assert r['cache_bytes_per_token_measured'] == r['cache_bytes_per_token_formula']
         assert r['decode_tokens_per_sec'] > 0
     assert stdout.count('\n| ') == 5  # header + 4 rows
+
+
+def test_bench_train_smoke(tmp_path):
+    stdout = run(
+        'bench_train.py',
+        '--variants=mha,mla',
+        '--steps=2',
+        '--warmup=1',
+        '--set=train.batch_size=4',
+        '--set=data.seq_len=16',
+        f'--json={tmp_path / "t.json"}',
+    )
+    rows = json.loads((tmp_path / 't.json').read_text())
+    assert [r['variant'] for r in rows] == ['mha', 'mla']
+    for r in rows:
+        for key in ('step_time_ms', 'tokens_per_sec', 'model_flops_per_token', 'peak_flops', 'mfu'):
+            assert r[key] > 0, key
+        assert r['tokens_per_sec'] == pytest.approx(4 * 16 / (r['step_time_ms'] / 1e3))
+    assert 'MFU' in stdout and stdout.count('\n| ') == 3

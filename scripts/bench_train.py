@@ -1,0 +1,142 @@
+"""Training-step throughput and MFU per attention variant.
+
+For each variant of a config (default: configs/shakespeare_char.py, nanoGPT's CPU recipe) it
+reports the train step's compile time, the median step time over --steps steps after --warmup
+(each step waited for), the host time to dispatch a step, the median step time with the data
+pipeline included (batch built on the host and transferred every step), tokens/s, model FLOPs
+per token (6N + 12·L·H·Q·T, PaLM App. B), achieved FLOP/s and MFU against the peak measured in
+the same process (CPU: float32 2048³ jnp.dot; GPU/TPU: the per-device table in lm/perf.py).
+
+  python scripts/bench_train.py
+  python scripts/bench_train.py --variants=mha --steps=100 --json=bench.json
+  python scripts/bench_train.py --config=configs/gpt125m.py --variants=mha   # on a GPU
+"""
+
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from lm import accounting, perf
+from lm.cli import parse_flags, run_reporting_errors
+from lm.config import load_config_file
+from lm.data import train_batch
+from lm.sharding import global_batch
+from lm.sweep import parse_grid, point_config
+from lm.train_loop import prepare
+from lm.train_step import init_state, make_train_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CONFIG = flags.DEFINE_string(
+    'config',
+    os.path.join(ROOT, 'configs', 'shakespeare_char.py'),
+    'Config file whose get_config(variant) takes a variant name.',
+)
+_VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Variants to time.')
+_DATA = flags.DEFINE_string(
+    'data_path',
+    os.path.join(ROOT, '..', 'shared', 'data', 'tinyshakespeare.txt'),
+    'Text file for config.data.path.',
+)
+_STEPS = flags.DEFINE_integer('steps', 60, 'Timed steps (median reported).')
+_WARMUP = flags.DEFINE_integer('warmup', 5, 'Untimed steps after compiling.')
+_JSON = flags.DEFINE_string('json', '', 'Also write the rows as JSON here.')
+_SET = flags.DEFINE_multi_string('set', [], 'Config override key=value, e.g. model.dtype=bfloat16.')
+
+
+def bench(variant: str, peak_total: float) -> dict:
+    config = load_config_file(_CONFIG.value, variant)
+    config.data.path = _DATA.value
+    if _SET.value:
+        config = point_config(config, parse_grid(config, _SET.value)[0])
+    exp = prepare(config)
+    c, setup = exp.config, exp.setup
+    with jax.set_mesh(setup.mesh):
+        state = init_state(setup, exp.model, c.seed)
+        step_fn = make_train_step(setup, c.train.grad_accum_steps)
+
+        def host_batch(step: int) -> np.ndarray:
+            return train_batch(
+                exp.corpus.tokens['train'],
+                seed=c.seed,
+                step=step,
+                batch_size=c.train.batch_size,
+                seq_len=c.data.seq_len,
+            )
+
+        batch = global_batch(host_batch(0), setup.batch_sharding)
+        t = time.perf_counter()
+        compiled = step_fn.lower(state, batch).compile()
+        compile_s = time.perf_counter() - t
+        for _ in range(_WARMUP.value):
+            state, metrics = compiled(state, batch)
+        jax.block_until_ready(state)
+        step_times, dispatch = [], []
+        for _ in range(_STEPS.value):
+            t = time.perf_counter()
+            state, metrics = compiled(state, batch)
+            dispatch.append(time.perf_counter() - t)
+            jax.block_until_ready(metrics)
+            step_times.append(time.perf_counter() - t)
+        with_data = []
+        for s in range(_STEPS.value):
+            t = time.perf_counter()
+            state, metrics = compiled(state, global_batch(host_batch(s), setup.batch_sharding))
+            jax.block_until_ready(metrics)
+            with_data.append(time.perf_counter() - t)
+    dt = float(np.median(step_times))
+    tokens = c.train.batch_size * c.data.seq_len
+    fpt = accounting.flops_per_token(exp.model, c.data.seq_len)
+    return {
+        'variant': variant,
+        'compile_s': compile_s,
+        'step_time_ms': dt * 1e3,
+        'dispatch_ms': float(np.median(dispatch)) * 1e3,
+        'step_time_with_data_ms': float(np.median(with_data)) * 1e3,
+        'tokens_per_sec': tokens / dt,
+        'model_flops_per_token': fpt,
+        'achieved_flops': fpt * tokens / dt,
+        'peak_flops': peak_total,
+        'mfu': perf.mfu(tokens / dt, fpt, peak_total),
+        'params': accounting.param_counts(exp.model)['total'],
+    }
+
+
+def run() -> int:
+    peak, source = perf.peak_flops_per_device()
+    peak_total = peak * jax.device_count()
+    rows = [bench(v, peak_total) for v in _VARIANTS.value]
+    print(
+        f'train-step benchmark: {jax.device_count()} x {jax.devices()[0].device_kind}, '
+        f'config {os.path.relpath(_CONFIG.value, ROOT)}, peak {peak_total / 1e9:,.0f} GFLOP/s '
+        f'({source}); medians of {_STEPS.value} steps'
+    )
+    print(
+        '| variant | params | compile s | step ms | dispatch ms | step ms with data | tokens/s | '
+        'MFLOPs/token | GFLOP/s | MFU |'
+    )
+    print('|---|---|---|---|---|---|---|---|---|---|')
+    for r in rows:
+        print(
+            f'| {r["variant"]} | {r["params"]:,} | {r["compile_s"]:.1f} | '
+            f'{r["step_time_ms"]:.1f} | {r["dispatch_ms"]:.2f} | '
+            f'{r["step_time_with_data_ms"]:.1f} | {r["tokens_per_sec"]:,.0f} | '
+            f'{r["model_flops_per_token"] / 1e6:.2f} | {r["achieved_flops"] / 1e9:.1f} | '
+            f'{r["mfu"]:.1%} |'
+        )
+    if _JSON.value:
+        with open(_JSON.value, 'w') as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    run_reporting_errors(run)
+
+
+if __name__ == '__main__':
+    app.run(main, flags_parser=parse_flags)

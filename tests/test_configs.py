@@ -1,0 +1,74 @@
+"""Every shipped config file loads, and every model it describes is valid."""
+
+import importlib.util
+
+import pytest
+from conftest import ROOT
+
+from lm.config import load_config_file
+from lm.model import model_config
+from lm.sweep import invalid_reason, point_config
+
+
+def valid_model(config):
+    config.model.vocab_size = config.model.vocab_size or 258
+    return model_config(config.model)
+
+
+@pytest.mark.parametrize(
+    'variant,attention,kv',
+    [
+        ('mha', 'mha', 4),
+        ('gqa2', 'gqa', 2),
+        ('gqa1', 'gqa', 1),
+        ('mqa', 'mqa', 1),
+        ('mla', 'mla', 4),
+    ],
+)
+def test_shakespeare_char_variants(variant, attention, kv):
+    config = load_config_file(str(ROOT / 'configs' / 'shakespeare_char.py'), variant)
+    cfg = valid_model(config)
+    assert (cfg.attention, cfg.num_kv_heads, cfg.num_layers, cfg.d_model) == (attention, kv, 4, 128)
+    assert (config.data.seq_len, config.train.batch_size, config.train.steps) == (64, 12, 2000)
+    assert (config.train.lr, config.train.min_lr, config.train.b2) == (1e-3, 1e-4, 0.99)
+
+
+def test_shakespeare_char_unknown_variant():
+    with pytest.raises(ValueError, match=r"unknown variant 'gqa'; expected 'mha', 'gqa<g>'"):
+        load_config_file(str(ROOT / 'configs' / 'shakespeare_char.py'), 'gqa')
+
+
+def test_quickstart_and_base():
+    valid_model(load_config_file(str(ROOT / 'configs' / 'quickstart.py')))
+    base = load_config_file(str(ROOT / 'configs' / 'base.py'))
+    base.model.num_kv_heads = 2
+    valid_model(base)
+
+
+def test_every_base_key_has_a_comment():
+    lines = (ROOT / 'configs' / 'base.py').read_text().splitlines()
+    settings = [ln for ln in lines if ' = ' in ln and ln.strip().split(' = ')[0].count('.') == 1]
+    assert len(settings) > 60
+    missing = [ln for ln in settings if '#' not in ln]
+    assert not missing, missing
+
+
+def test_sweep_file_points_are_valid():
+    path = ROOT / 'configs' / 'sweeps' / 'attention_kinds.py'
+    spec = importlib.util.spec_from_file_location('sweep_file', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base = module.get_config()
+    kinds = []
+    for point in module.get_points():
+        config = point_config(base, {k: v for k, v in point.items() if k != 'name'})
+        assert invalid_reason(config) is None, point
+        cfg = valid_model(config)
+        kinds.append((cfg.attention, cfg.num_kv_heads, cfg.num_heads, cfg.d_model))
+    assert kinds == [
+        ('mha', 8, 8, 128),
+        ('gqa', 4, 8, 128),
+        ('gqa', 2, 8, 128),
+        ('mqa', 1, 8, 128),
+        ('mla', 8, 8, 128),
+    ]
