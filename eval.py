@@ -21,8 +21,9 @@ from lm.cli import (
     run_reporting_errors,
 )
 from lm.evaluation import evaluate
+from lm.experiment import prepare
 from lm.summary import Summary
-from lm.train_loop import make_eval_step, prepare
+from lm.train_step import make_eval_step
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory holding checkpoints/.', required=True

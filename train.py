@@ -16,7 +16,8 @@ from lm.cli import (
     parse_flags,
     run_reporting_errors,
 )
-from lm.train_loop import stored_config, train
+from lm.experiment import stored_config
+from lm.train_loop import train
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config',

@@ -21,10 +21,10 @@ from absl import logging
 
 from lm.checkpoint import Checkpointer
 from lm.config import DTYPES, ModelConfig
+from lm.experiment import checkpoint_meta, restore_run
 from lm.model import model_config
 from lm.optimizer import make_optimizer
 from lm.sharding import rules_table
-from lm.train_loop import checkpoint_meta, restore_run
 from lm.train_step import make_setup
 
 METHODS = ('mean', 'first', 'random')

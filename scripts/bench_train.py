@@ -24,9 +24,9 @@ from lm import accounting, perf
 from lm.cli import parse_flags, run_reporting_errors
 from lm.config import load_config_file
 from lm.data import train_batch
+from lm.experiment import prepare
 from lm.sharding import global_batch
 from lm.sweep import parse_grid, point_config
-from lm.train_loop import prepare
 from lm.train_step import init_state, make_train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

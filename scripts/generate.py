@@ -11,7 +11,7 @@ from flax import nnx
 from lm.cli import parse_flags, run_reporting_errors
 from lm.data import load_tokenizer
 from lm.decode import Decoder, parse_sampling
-from lm.train_loop import restore_run
+from lm.experiment import restore_run
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory holding checkpoints/.', required=True

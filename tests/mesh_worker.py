@@ -14,8 +14,8 @@ import jax
 from conftest import tiny_train_config
 
 from lm.data import train_batch
+from lm.experiment import prepare
 from lm.sharding import global_batch
-from lm.train_loop import prepare
 from lm.train_step import init_state, make_train_step
 
 

@@ -14,7 +14,8 @@ import pytest
 from conftest import ROOT, read_scalars, tiny_train_config, write_config_file
 
 from lm.checkpoint import Checkpointer
-from lm.train_loop import prepare, train
+from lm.experiment import prepare
+from lm.train_loop import train
 from lm.train_step import init_state, make_train_step
 
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu'}

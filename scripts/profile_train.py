@@ -1,0 +1,171 @@
+"""Where a train step's time goes: a jax.profiler trace of --steps steps, with every XLA op
+(fusion) attributed to a category by what its fused computation contains.
+
+  python scripts/profile_train.py                    # shakespeare_char, MHA
+  python scripts/profile_train.py --variant=mla --top=25 --set=model.dtype=bfloat16
+
+Categories: matmul (contains a dot or convolution), transcendental (exp, log, logistic, tanh,
+rsqrt, ...), layout (copy / transpose only), reduction, elementwise. The trace itself stays in
+--trace_dir for TensorBoard's profile plugin or Perfetto.
+"""
+
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import time
+
+import jax
+from absl import app, flags
+
+from lm.cli import parse_flags, run_reporting_errors
+from lm.config import load_config_file
+from lm.data import train_batch
+from lm.experiment import prepare
+from lm.sharding import global_batch
+from lm.sweep import parse_grid, point_config
+from lm.train_step import init_state, make_train_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CONFIG = flags.DEFINE_string(
+    'config',
+    os.path.join(ROOT, 'configs', 'shakespeare_char.py'),
+    'Config file whose get_config(variant) takes a variant name.',
+)
+_VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')
+_DATA = flags.DEFINE_string(
+    'data_path',
+    os.path.join(ROOT, '..', 'shared', 'data', 'tinyshakespeare.txt'),
+    'Text file for config.data.path.',
+)
+_STEPS = flags.DEFINE_integer('steps', 20, 'Profiled steps.')
+_TOP = flags.DEFINE_integer('top', 15, 'Individual ops to list.')
+_TRACE = flags.DEFINE_string('trace_dir', '/tmp/lm_profile', 'Where the trace is written.')
+_SET = flags.DEFINE_multi_string('set', [], 'Config override key=value.')
+
+TRANSCENDENTAL = (
+    'exponential',
+    'log',
+    'logistic',
+    'tanh',
+    'rsqrt',
+    'sqrt',
+    'power',
+    'sine',
+    'cosine',
+    'divide',
+    'erf',
+)
+
+
+def fusion_categories(hlo: str) -> dict[str, str]:
+    """{op name: category} from compiled HLO text."""
+    bodies: dict[str, list[str]] = {}
+    current = None
+    for line in hlo.splitlines():
+        head = re.match(r'^\s*%?([\w.\-]+)\s.*\{\s*$', line)
+        if head and '=' not in line.split('{')[0]:
+            current = head.group(1)
+            bodies[current] = []
+        elif current is not None:
+            op = re.search(r'=\s*[\w\[\]{}:,.\s/*]*?\s([a-z\-]+)\(', line)
+            if op:
+                bodies[current].append(op.group(1))
+    categories = {}
+    for line in hlo.splitlines():
+        m = re.search(r'%?([\w.\-]+)\s*=.*?\s(fusion|custom-call|dot|convolution)\(', line)
+        if not m:
+            continue
+        name, kind = m.group(1), m.group(2)
+        calls = re.search(r'calls=%?([\w.\-]+)', line)
+        called = calls.group(1) if calls else None
+        ops = bodies.get(called, []) if called else [kind]
+        categories[name] = categorise(ops)
+    return categories
+
+
+def categorise(ops: list[str]) -> str:
+    if any(o in ('dot', 'convolution', 'custom-call') for o in ops):
+        return 'matmul'
+    if any(o in TRANSCENDENTAL for o in ops):
+        return 'transcendental'
+    if ops and all(o in ('copy', 'transpose', 'bitcast', 'parameter', 'reshape') for o in ops):
+        return 'layout'
+    if any(o in ('reduce', 'reduce-window') for o in ops):
+        return 'reduction'
+    return 'elementwise'
+
+
+def run() -> int:
+    config = load_config_file(_CONFIG.value, _VARIANT.value)
+    config.data.path = _DATA.value
+    if _SET.value:
+        config = point_config(config, parse_grid(config, _SET.value)[0])
+    exp = prepare(config)
+    c = exp.config
+    with jax.set_mesh(exp.setup.mesh):
+        state = init_state(exp.setup, exp.model, c.seed)
+        batch = global_batch(
+            train_batch(
+                exp.corpus.tokens['train'],
+                seed=c.seed,
+                step=0,
+                batch_size=c.train.batch_size,
+                seq_len=c.data.seq_len,
+            ),
+            exp.setup.batch_sharding,
+        )
+        compiled = (
+            make_train_step(exp.setup, c.train.grad_accum_steps).lower(state, batch).compile()
+        )
+        for _ in range(5):
+            state, _ = compiled(state, batch)
+        jax.block_until_ready(state)
+        t = time.perf_counter()
+        for _ in range(_STEPS.value):
+            state, _ = compiled(state, batch)
+        jax.block_until_ready(state)
+        wall = (time.perf_counter() - t) / _STEPS.value
+        jax.profiler.start_trace(_TRACE.value)
+        for _ in range(_STEPS.value):
+            state, _ = compiled(state, batch)
+        jax.block_until_ready(state)
+        jax.profiler.stop_trace()
+    categories = fusion_categories(compiled.as_text())
+    trace = sorted(
+        glob.glob(os.path.join(_TRACE.value, '**', '*.trace.json.gz'), recursive=True),
+        key=os.path.getmtime,
+    )[-1]
+    with gzip.open(trace) as f:
+        events = [e for e in json.load(f)['traceEvents'] if e.get('ph') == 'X']
+    per_op = collections.Counter()
+    for e in events:
+        if e['name'] in categories:
+            per_op[e['name']] += e['dur'] / 1e3 / _STEPS.value  # ms per step
+    per_cat = collections.Counter()
+    for name, ms in per_op.items():
+        per_cat[categories[name]] += ms
+    busy = sum(per_op.values())
+    print(
+        f'{_VARIANT.value}: {wall * 1e3:.1f} ms/step wall (mean of {_STEPS.value}); '
+        f'ops traced: {busy:.1f} ms/step of op time (ops on 2 threads can overlap)'
+    )
+    print('| category | ms/step | share of op time |')
+    print('|---|---|---|')
+    for cat, ms in per_cat.most_common():
+        print(f'| {cat} | {ms:.2f} | {ms / busy:.0%} |')
+    print(f'\ntop {_TOP.value} ops:')
+    for name, ms in per_op.most_common(_TOP.value):
+        print(f'  {ms:6.2f} ms  {categories[name]:<14} {name}')
+    return 0
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    run_reporting_errors(run)
+
+
+if __name__ == '__main__':
+    app.run(main, flags_parser=parse_flags)
