@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lm.config import ModelConfig
-from lm.layers import Dense, RMSNorm, rope
+from lm.layers import Dense, RMSNorm, fused_dense, rope
 
 
 def causal_mask(T: int, S: int | None = None) -> jax.Array:
@@ -160,9 +160,8 @@ class GroupedQueryAttention(nnx.Module):
 
     def _qkv(self, x_BTE: jax.Array, positions_BT: jax.Array):
         theta = self.cfg.rope_theta
-        q_BTHD = rope(self.q_proj(x_BTE), positions_BT, theta)
-        k_BTGD = rope(self.k_proj(x_BTE), positions_BT, theta)
-        return q_BTHD, k_BTGD, self.v_proj(x_BTE)
+        q_BTHD, k_BTGD, v_BTGD = fused_dense(x_BTE, [self.q_proj, self.k_proj, self.v_proj])
+        return rope(q_BTHD, positions_BT, theta), rope(k_BTGD, positions_BT, theta), v_BTGD
 
     def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
         cfg = self.cfg

@@ -7,6 +7,7 @@ mesh axes through the rules table in the config; nothing here knows about meshes
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
@@ -58,6 +59,26 @@ class Dense(nnx.Module):
         return y
 
 
+def fused_dense(x: jax.Array, layers: list[Dense]) -> list[jax.Array]:
+    """`[layer(x) for layer in layers]` as one matmul: layers that read the same input have
+    their kernels concatenated along the first output axis (fewer, larger matmuls run faster on
+    CPU and GPU alike). Same maths; the parameters stay separate."""
+    n_in, dtype = layers[0].num_in, layers[0].dtype
+    kernel = jnp.concatenate([layer.kernel[...].astype(dtype) for layer in layers], axis=n_in)
+    y = jnp.tensordot(x.astype(dtype), kernel, axes=n_in)
+    if any(layer.bias is not None for layer in layers):
+        y = y + jnp.concatenate(
+            [
+                layer.bias[...].astype(dtype)
+                if layer.bias is not None
+                else jnp.zeros(layer.kernel.shape[n_in:], dtype)
+                for layer in layers
+            ]
+        )
+    sizes = [layer.kernel.shape[n_in] for layer in layers]
+    return jnp.split(y, list(itertools.accumulate(sizes[:-1])), axis=x.ndim - n_in)
+
+
 class RMSNorm(nnx.Module):
     """x / rms(x) · scale, computed in float32 and returned in the compute dtype."""
 
@@ -98,4 +119,5 @@ class SwiGLU(nnx.Module):
         self.down_proj = Dense((F,), (E,), ('mlp', 'embed'), cfg, rngs=rngs, scale=residual_scale)
 
     def __call__(self, x_BTE: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x_BTE)) * self.up_proj(x_BTE))
+        gate_BTF, up_BTF = fused_dense(x_BTE, [self.gate_proj, self.up_proj])
+        return self.down_proj(jax.nn.silu(gate_BTF) * up_BTF)
