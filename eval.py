@@ -7,22 +7,16 @@
 """
 
 import json
-import os
 
 import ml_collections
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from lm.checkpoint import Checkpointer
-from lm.cli import (
-    define_distributed_flags,
-    initialize_distributed,
-    parse_flags,
-    run_reporting_errors,
-)
+from lm.cli import define_distributed_flags, initialize_distributed, run_app
 from lm.evaluation import evaluate
 from lm.experiment import prepare
-from lm.summary import Summary
+from lm.summary import Summary, run_logdir
 from lm.train_step import make_eval_step
 
 _WORKDIR = flags.DEFINE_string(
@@ -34,6 +28,7 @@ _BATCHES = flags.DEFINE_integer('eval_batches', 0, 'Batches to evaluate; 0 = the
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, "Optional config whose data (source, path, tokenizer) replaces the run's."
 )
+define_distributed_flags()
 _TB_DIR = flags.DEFINE_string('tb_dir', '', "TensorBoard directory of the run; '' = <workdir>/tb.")
 
 
@@ -68,23 +63,11 @@ def run() -> int:
         else (f'eval_{config.data.source}_{exp.corpus.fingerprint[:6]}_{_SPLIT.value}')
     )
     print(json.dumps({'step': step, 'split': _SPLIT.value, 'tag': prefix, **metrics}))
-    tb = Summary(
-        os.path.join(_TB_DIR.value, os.path.basename(os.path.abspath(_WORKDIR.value)))
-        if _TB_DIR.value
-        else os.path.join(_WORKDIR.value, 'tb')
-    )
+    tb = Summary(run_logdir(_WORKDIR.value, _TB_DIR.value))
     tb.scalars(step, {f'{prefix}/{k}': v for k, v in metrics.items()})
     tb.close()
     return 0
 
 
-define_distributed_flags()
-
-
-def main(argv: list[str]) -> None:
-    del argv
-    run_reporting_errors(run)
-
-
 if __name__ == '__main__':
-    app.run(main, flags_parser=parse_flags)
+    run_app(run)

@@ -7,15 +7,10 @@
 Re-running the same command on a workdir that holds a checkpoint resumes from it.
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from lm.cli import (
-    define_distributed_flags,
-    initialize_distributed,
-    parse_flags,
-    run_reporting_errors,
-)
+from lm.cli import define_distributed_flags, initialize_distributed, run_app
 from lm.experiment import stored_config
 from lm.train_loop import train
 
@@ -36,17 +31,12 @@ _TB_DIR = flags.DEFINE_string(
 define_distributed_flags()
 
 
-def main(argv: list[str]) -> None:
-    del argv
-
-    def run() -> int:
-        initialize_distributed()
-        config = _CONFIG.value if _CONFIG.value is not None else stored_config(_WORKDIR.value)
-        result = train(config, _WORKDIR.value, _TB_DIR.value)
-        return 128 + result['signal'] if result['signal'] else 0
-
-    run_reporting_errors(run)
+def run() -> int:
+    initialize_distributed()
+    config = _CONFIG.value if _CONFIG.value is not None else stored_config(_WORKDIR.value)
+    result = train(config, _WORKDIR.value, _TB_DIR.value)
+    return 128 + result['signal'] if result['signal'] else 0
 
 
 if __name__ == '__main__':
-    app.run(main, flags_parser=parse_flags)
+    run_app(run)

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 
 import jax
-from absl import flags, logging
+from absl import app, flags, logging
 
 # Errors that mean "the user asked for something that cannot work": reported in one line.
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError)
@@ -74,3 +74,9 @@ def run_reporting_errors(main: Callable[[], int | None]) -> None:
         print(f'error: {e}', file=sys.stderr)
         sys.exit(1)
     sys.exit(code or 0)
+
+
+def run_app(run: Callable[[], int | None]) -> None:
+    """The whole `if __name__ == '__main__'` of an entry point: absl flag parsing with one-line
+    errors, then `run()` with user errors reported in one line."""
+    app.run(lambda argv: run_reporting_errors(run), flags_parser=parse_flags)

@@ -5,11 +5,21 @@ Only process 0 writes; on other processes every call is a no-op.
 
 from __future__ import annotations
 
+import os
+
 import jax
 from tensorboardX import SummaryWriter
 from tensorboardX.summary import hparams
 
 HPARAM_METRICS = ('eval/loss', 'eval/perplexity', 'eval/bits_per_byte', 'train/loss')
+
+
+def run_logdir(workdir: str, tb_dir: str = '') -> str:
+    """A run's TensorBoard directory: `<tb_dir>/<workdir name>` when runs share one `tb_dir`
+    (so their curves overlay), else `<workdir>/tb`."""
+    if tb_dir:
+        return os.path.join(tb_dir, os.path.basename(os.path.abspath(workdir)))
+    return os.path.join(workdir, 'tb')
 
 
 class Summary:

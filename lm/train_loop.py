@@ -24,7 +24,7 @@ from lm.evaluation import evaluate
 from lm.experiment import Experiment, checkpoint_meta, prepare
 from lm.optimizer import lr_schedule
 from lm.sharding import global_batch
-from lm.summary import Summary
+from lm.summary import Summary, run_logdir
 from lm.train_step import init_state, make_eval_step, make_train_step
 
 
@@ -87,21 +87,21 @@ def _restore_or_init(exp: Experiment, ckpt: Checkpointer) -> tuple[int, dict]:
 def train(config: ml_collections.ConfigDict, workdir: str, tb_dir: str = '') -> dict:
     """Trains (or resumes) the run in `workdir`; returns the last eval metrics and end state."""
     exp = prepare(config)
-    with jax.set_mesh(exp.setup.mesh):
-        return _train(exp, workdir, tb_dir)
+    stop = _StopRequest()  # from here on, SIGTERM / SIGINT end the run at the next step boundary
+    try:
+        with jax.set_mesh(exp.setup.mesh):
+            return _train(exp, workdir, tb_dir, stop)
+    finally:
+        stop.restore()
 
 
-def _train(exp: Experiment, workdir: str, tb_dir: str) -> dict:
+def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> dict:
     c, setup = exp.config, exp.setup
     os.makedirs(workdir, exist_ok=True)
     ckpt = Checkpointer(workdir, c.keep_checkpoints, c.async_checkpointing)
     start, state = _restore_or_init(exp, ckpt)
     total = c.train.steps
-    tb = Summary(
-        os.path.join(tb_dir, os.path.basename(os.path.abspath(workdir)))
-        if tb_dir
-        else os.path.join(workdir, 'tb')
-    )
+    tb = Summary(run_logdir(workdir, tb_dir))
     counts = accounting.param_counts(exp.model)
     flops_tok = accounting.flops_per_token(exp.model, c.data.seq_len)
     peak, peak_source = perf.peak_flops_per_device(c.train.peak_flops)
@@ -152,7 +152,6 @@ def _train(exp: Experiment, workdir: str, tb_dir: str) -> dict:
         tb.flush()  # the curve up to a checkpoint survives a kill -9
 
     last_eval = run_eval(start) if start == 0 else {}
-    stop = _StopRequest()
     pending: list = []  # (step, metrics on device), fetched one step late so the host never stalls
     window = {'t': time.perf_counter(), 'steps': 0}
     bar = tqdm(total=total, initial=start, disable=not is_main, mininterval=1.0, unit='step')
@@ -243,7 +242,6 @@ def _train(exp: Experiment, workdir: str, tb_dir: str) -> dict:
                     break
         drain()
     finally:
-        stop.restore()
         bar.close()
         ckpt.wait()
         ckpt.close()

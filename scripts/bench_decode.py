@@ -16,10 +16,10 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from lm.accounting import kv_cache_bytes_per_token, param_counts
-from lm.cli import parse_flags, run_reporting_errors
+from lm.cli import run_app
 from lm.config import load_config_file
 from lm.decode import Decoder, init_caches
 from lm.model import build_model, model_config
@@ -135,10 +135,5 @@ def run() -> int:
     return 0
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    run_reporting_errors(run)
-
-
 if __name__ == '__main__':
-    app.run(main, flags_parser=parse_flags)
+    run_app(run)

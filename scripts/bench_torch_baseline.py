@@ -9,10 +9,10 @@ on one machine. Needs `pip install torch` (not a dependency of lm).
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from lm import perf
-from lm.cli import parse_flags, run_reporting_errors
+from lm.cli import run_app
 
 _STEPS = flags.DEFINE_integer('steps', 60, 'Timed steps (median reported).')
 _WARMUP = flags.DEFINE_integer('warmup', 5, 'Untimed steps.')
@@ -102,10 +102,5 @@ def run() -> int:
     return 0
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    run_reporting_errors(run)
-
-
 if __name__ == '__main__':
-    app.run(main, flags_parser=parse_flags)
+    run_app(run)

@@ -5,10 +5,10 @@
       --sampling=temperature=0.8,top_k=40
 """
 
-from absl import app, flags
+from absl import flags
 from flax import nnx
 
-from lm.cli import parse_flags, run_reporting_errors
+from lm.cli import run_app
 from lm.data import load_tokenizer
 from lm.decode import Decoder, parse_sampling
 from lm.experiment import restore_run
@@ -59,10 +59,5 @@ def run() -> int:
     return 0
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    run_reporting_errors(run)
-
-
 if __name__ == '__main__':
-    app.run(main, flags_parser=parse_flags)
+    run_app(run)

@@ -19,10 +19,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from lm.cli import parse_flags, run_reporting_errors
+from lm.cli import run_app
 from lm.config import write_config_file
 from lm.sweep import invalid_reason, parse_grid, point_config, run_name, summarise
 
@@ -121,10 +121,5 @@ def run() -> int:
     return 0 if len(finished) == len(runs) else 1
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    run_reporting_errors(run)
-
-
 if __name__ == '__main__':
-    app.run(main, flags_parser=parse_flags)
+    run_app(run)

@@ -7,9 +7,9 @@ The new workdir holds a step-0 checkpoint with the converted parameters, a fresh
 state, and the source config with attention / num_kv_heads / schedule updated.
 """
 
-from absl import app, flags
+from absl import flags
 
-from lm.cli import parse_flags, run_reporting_errors
+from lm.cli import run_app
 from lm.uptrain import convert_checkpoint
 
 _SRC = flags.DEFINE_string('src', None, 'Workdir of the source (MHA) run.', required=True)
@@ -28,27 +28,22 @@ _FRACTION = flags.DEFINE_float(
 _SEED = flags.DEFINE_integer('seed', 0, "Seed for --method=random's fresh K/V.")
 
 
-def main(argv: list[str]) -> None:
-    del argv
-
-    def run() -> int:
-        config = convert_checkpoint(
-            _SRC.value,
-            _DST.value,
-            _KV.value,
-            _METHOD.value,
-            _STEP.value,
-            _FRACTION.value,
-            _SEED.value,
-        )
-        print(
-            f'wrote {_DST.value}: {config.model.attention} with {config.model.num_kv_heads} KV '
-            f'heads; next: python train.py --workdir={_DST.value}'
-        )
-        return 0
-
-    run_reporting_errors(run)
+def run() -> int:
+    config = convert_checkpoint(
+        _SRC.value,
+        _DST.value,
+        _KV.value,
+        _METHOD.value,
+        _STEP.value,
+        _FRACTION.value,
+        _SEED.value,
+    )
+    print(
+        f'wrote {_DST.value}: {config.model.attention} with {config.model.num_kv_heads} KV '
+        f'heads; next: python train.py --workdir={_DST.value}'
+    )
+    return 0
 
 
 if __name__ == '__main__':
-    app.run(main, flags_parser=parse_flags)
+    run_app(run)

@@ -17,9 +17,9 @@ import shutil
 import time
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
-from lm.cli import parse_flags, run_reporting_errors
+from lm.cli import run_app
 from lm.config import load_config_file
 from lm.train_loop import train
 from lm.uptrain import METHODS, convert_checkpoint
@@ -128,10 +128,5 @@ def run() -> int:
     return 0
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    run_reporting_errors(run)
-
-
 if __name__ == '__main__':
-    app.run(main, flags_parser=parse_flags)
+    run_app(run)

@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -131,13 +132,17 @@ def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, small_text):
         stderr=subprocess.PIPE,
         text=True,
     )
+    lines = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
     deadline = time.time() + 120
-    while not list((tmp_path / 'run' / 'tb').glob('events*')) or time.time() < deadline - 110:
+    while not any('first step' in line for line in lines):  # training has started
         assert time.time() < deadline and proc.poll() is None
         time.sleep(0.1)
-    time.sleep(2)
+    time.sleep(1)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    time.sleep(0.5)
+    err = ''.join(lines)
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert 'SIGTERM at step' in err and 'Traceback' not in err
     steps = Checkpointer(str(tmp_path / 'run')).steps()
