@@ -72,3 +72,11 @@ def test_sweep_file_points_are_valid():
         ('mqa', 1, 8, 128),
         ('mla', 8, 8, 128),
     ]
+
+
+def test_gpt125m_is_gpt2_small_sized():
+    from lm.accounting import param_counts
+
+    cfg = valid_model(load_config_file(str(ROOT / 'configs' / 'gpt125m.py')))
+    assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.dtype) == (12, 768, 12, 'bfloat16')
+    assert 120e6 < param_counts(cfg)['total'] < 130e6
