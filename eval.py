@@ -15,7 +15,8 @@ from ml_collections import config_flags
 from lm.checkpoint import Checkpointer
 from lm.cli import define_distributed_flags, initialize_distributed, run_app
 from lm.evaluation import evaluate
-from lm.experiment import prepare
+from lm.experiment import prepare, stored_config
+from lm.sharding import set_cpu_devices
 from lm.summary import Summary, run_logdir
 from lm.train_step import make_eval_step
 
@@ -33,6 +34,7 @@ _TB_DIR = flags.DEFINE_string('tb_dir', '', "TensorBoard directory of the run; '
 
 
 def run() -> int:
+    set_cpu_devices(stored_config(_WORKDIR.value).mesh)
     initialize_distributed()
     ckpt = Checkpointer(_WORKDIR.value, read_only=True)
     if not ckpt.steps():

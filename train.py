@@ -10,8 +10,10 @@ Re-running the same command on a workdir that holds a checkpoint resumes from it
 from absl import flags
 from ml_collections import config_flags
 
+from lm.checkpoint import read_latest_meta
 from lm.cli import define_distributed_flags, initialize_distributed, run_app
 from lm.experiment import stored_config
+from lm.sharding import set_cpu_devices
 from lm.train_loop import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -32,8 +34,14 @@ define_distributed_flags()
 
 
 def run() -> int:
+    if _CONFIG.value is not None:
+        config = _CONFIG.value
+    elif read_latest_meta(_WORKDIR.value) is not None:
+        config = stored_config(_WORKDIR.value)
+    else:
+        raise ValueError(f'--config is required: {_WORKDIR.value} holds no checkpoint to resume')
+    set_cpu_devices(config.mesh)
     initialize_distributed()
-    config = _CONFIG.value if _CONFIG.value is not None else stored_config(_WORKDIR.value)
     result = train(config, _WORKDIR.value, _TB_DIR.value)
     return 128 + result['signal'] if result['signal'] else 0
 

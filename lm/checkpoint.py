@@ -8,6 +8,7 @@ from collections.abc import Callable
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 
 class Checkpointer:
@@ -108,6 +109,18 @@ class Checkpointer:
                     os.path.join(self.directory, f'{s}.unreadable'),
                 )
         self.manager.reload()
+
+
+def read_latest_meta(workdir: str) -> dict | None:
+    """The JSON side-car of `workdir`'s newest checkpoint, or None, read without starting a JAX
+    backend (so device settings from the saved config can still be applied)."""
+    directory = epath.Path(os.path.abspath(os.path.join(workdir, 'checkpoints')))
+    if not directory.exists():
+        return None
+    steps = sorted(ocp.path.step.checkpoint_steps(directory))
+    if not steps:
+        return None
+    return ocp.JsonCheckpointHandler().restore(directory / str(steps[-1]) / 'meta')
 
 
 def param_shapes(abstract_params: dict) -> dict[str, list[int]]:

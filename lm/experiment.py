@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Callable
 
 import jax
 import ml_collections
 
-from lm.checkpoint import Checkpointer, param_shapes
+from lm.checkpoint import Checkpointer, param_shapes, read_latest_meta
 from lm.config import ModelConfig
 from lm.data import Corpus, check_corpus_size, check_data_config, load_corpus
 from lm.model import model_config
 from lm.optimizer import check_train_config, make_optimizer
-from lm.sharding import data_parallel_size, make_mesh, rules_table
+from lm.sharding import data_parallel_size, make_mesh, rules_table, set_cpu_devices
 from lm.train_step import Setup, make_setup
 
 
@@ -48,6 +49,7 @@ def prepare(config: ml_collections.ConfigDict) -> Experiment:
     vocab_given = config.model.vocab_size
     config.model.vocab_size = vocab_given or 1
     model_config(config.model)  # model errors before reading any data
+    set_cpu_devices(config.mesh)
     mesh = make_mesh(config.mesh)
     rules = rules_table(config.mesh)
     dp = data_parallel_size(mesh, rules)
@@ -122,10 +124,7 @@ def restore_run(
 
 def stored_config(workdir: str) -> ml_collections.ConfigDict:
     """The config saved with the latest checkpoint in `workdir` (to resume without --config)."""
-    ckpt = Checkpointer(workdir, read_only=True)
-    try:
-        if not ckpt.steps():
-            raise FileNotFoundError(f'--config is required: {ckpt.directory} holds no checkpoint')
-        return ml_collections.ConfigDict(ckpt.read_meta(ckpt.steps()[-1])['config'])
-    finally:
-        ckpt.close()
+    meta = read_latest_meta(workdir)
+    if meta is None:
+        raise FileNotFoundError(f'no checkpoint in {os.path.join(workdir, "checkpoints")}')
+    return ml_collections.ConfigDict(meta['config'])

@@ -40,18 +40,27 @@ def measure_matmul_flops(n: int = 2048, repeats: int = 10, dtype=jnp.float32) ->
     return 2 * n**3 / float(np.min(times))
 
 
-def peak_flops_per_device(override: float = 0.0) -> tuple[float, str]:
-    """(peak FLOP/s of one device, where the number came from)."""
-    if override > 0:
-        return override, 'config.train.peak_flops'
+def peak_flops(override: float = 0.0) -> tuple[float, str]:
+    """(peak FLOP/s of all devices of the run, where the number came from).
+
+    CPU: a matmul measured on this host, which uses all its cores however many JAX devices
+    the host is split into, times the number of hosts. GPU / TPU: the per-device table (or a
+    measured bf16 matmul for an unknown kind) times the device count. `override` is per device.
+    """
     device = jax.devices()[0]
+    if override > 0:
+        return override * jax.device_count(), 'config.train.peak_flops per device'
     if device.platform == 'cpu':
-        return measure_matmul_flops(), 'measured: float32 2048³ jnp.dot'
+        return (
+            measure_matmul_flops() * jax.process_count(),
+            'measured: float32 2048³ jnp.dot, all cores of each host',
+        )
     kind = device.device_kind
     for name, flops in PEAK_FLOPS.items():
         if kind.startswith(name):
-            return flops, f'table: {name}'
-    return measure_matmul_flops(dtype=jnp.bfloat16), f'measured: bfloat16 2048³ jnp.dot on {kind}'
+            return flops * jax.device_count(), f'table: {name} x {jax.device_count()}'
+    measured = measure_matmul_flops(dtype=jnp.bfloat16)
+    return measured * jax.device_count(), f'measured: bfloat16 2048³ jnp.dot on {kind}'
 
 
 def mfu(tokens_per_sec: float, flops_per_token: float, peak_flops_total: float) -> float:

@@ -20,6 +20,23 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 MESH_AXES = ('data', 'fsdp', 'tensor')
 
 
+def set_cpu_devices(mesh: ml_collections.ConfigDict) -> None:
+    """Applies `config.mesh.cpu_devices` (the CPU backend as N devices, so data parallelism uses
+    every core with one thread each). Must run before JAX initialises a backend; a no-op for 0.
+    On GPU / TPU hosts the setting only concerns the unused CPU backend."""
+    n = mesh.cpu_devices
+    if n < 0:
+        raise ValueError(f'config.mesh.cpu_devices must be >= 0, got {n}')
+    if n and jax.config.jax_num_cpu_devices != n:
+        try:
+            jax.config.update('jax_num_cpu_devices', n)
+        except RuntimeError as e:
+            raise ValueError(
+                f'config.mesh.cpu_devices={n} must be applied before JAX starts; '
+                f'call lm.sharding.set_cpu_devices first ({e})'
+            ) from None
+
+
 def mesh_shape(mesh: ml_collections.ConfigDict, num_devices: int) -> tuple[int, ...]:
     """Axis sizes for ('data', 'fsdp', 'tensor'), with one -1 filled by the remaining devices."""
     sizes = [mesh[a] for a in MESH_AXES]

@@ -104,16 +104,16 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
     tb = Summary(run_logdir(workdir, tb_dir))
     counts = accounting.param_counts(exp.model)
     flops_tok = accounting.flops_per_token(exp.model, c.data.seq_len)
-    peak, peak_source = perf.peak_flops_per_device(c.train.peak_flops)
-    peak_total = peak * jax.device_count()
+    peak_total, peak_source = perf.peak_flops(c.train.peak_flops)
     tb.text('config', '```\n' + c.to_json(indent=2) + '\n```')
     tb.hparams(_hparams(c, exp.model, counts['total']))
     logging.info(
-        'model: %s params (%s), %.3g FLOPs/token; peak %.3g FLOP/s per device (%s)',
+        'model: %s params (%s), %.3g FLOPs/token; peak %.3g FLOP/s on %d devices (%s)',
         f'{counts["total"]:,}',
         ', '.join(f'{k} {v:,}' for k, v in counts.items() if k != 'total'),
         flops_tok,
-        peak,
+        peak_total,
+        jax.device_count(),
         peak_source,
     )
     step_fn = make_train_step(setup, c.train.grad_accum_steps)

@@ -89,7 +89,7 @@ def run() -> int:
     n = sum(p.numel() for p in model.parameters())
     fpt = 6 * n + 12 * 4 * 4 * 32 * 64  # PaLM App. B, as lm.accounting
     dt = float(np.median(times))
-    peak, source = perf.peak_flops_per_device()
+    peak, source = perf.peak_flops()
     tps = 12 * 64 / dt
     print(
         f'eager PyTorch {torch.__version__} nanoGPT baseline: {n:,} params, '

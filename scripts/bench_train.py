@@ -25,7 +25,7 @@ from lm.cli import run_app
 from lm.config import load_config_file
 from lm.data import train_batch
 from lm.experiment import prepare
-from lm.sharding import global_batch
+from lm.sharding import global_batch, set_cpu_devices
 from lm.sweep import parse_grid, point_config
 from lm.train_step import init_state, make_train_step
 
@@ -106,8 +106,11 @@ def bench(variant: str, peak_total: float) -> dict:
 
 
 def run() -> int:
-    peak, source = perf.peak_flops_per_device()
-    peak_total = peak * jax.device_count()
+    first = load_config_file(_CONFIG.value, _VARIANTS.value[0])
+    set_cpu_devices(
+        point_config(first, parse_grid(first, _SET.value)[0]).mesh if _SET.value else first.mesh
+    )
+    peak_total, source = perf.peak_flops()
     rows = [bench(v, peak_total) for v in _VARIANTS.value]
     print(
         f'train-step benchmark: {jax.device_count()} x {jax.devices()[0].device_kind}, '

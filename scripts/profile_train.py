@@ -24,7 +24,7 @@ from lm.cli import run_app
 from lm.config import load_config_file
 from lm.data import train_batch
 from lm.experiment import prepare
-from lm.sharding import global_batch
+from lm.sharding import global_batch, set_cpu_devices
 from lm.sweep import parse_grid, point_config
 from lm.train_step import init_state, make_train_step
 
@@ -103,6 +103,7 @@ def run() -> int:
     config.data.path = _DATA.value
     if _SET.value:
         config = point_config(config, parse_grid(config, _SET.value)[0])
+    set_cpu_devices(config.mesh)
     exp = prepare(config)
     c = exp.config
     with jax.set_mesh(exp.setup.mesh):

@@ -21,6 +21,7 @@ from absl import flags, logging
 
 from lm.cli import run_app
 from lm.config import load_config_file
+from lm.sharding import set_cpu_devices
 from lm.train_loop import train
 from lm.uptrain import METHODS, convert_checkpoint
 
@@ -69,6 +70,7 @@ def fmt(losses: list[float]) -> str:
 
 
 def run() -> int:
+    set_cpu_devices(base_config('mha', 0, 1).mesh)
     t0 = time.time()
     n, seeds = _STEPS.value, range(_SEEDS.value)
     fractions = [float(a) for a in _FRACTIONS.value]

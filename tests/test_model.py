@@ -78,3 +78,20 @@ def test_same_seed_same_params_different_seed_different():
     leaves = [jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (a, b, c)]
     assert all(np.array_equal(x, y) for x, y in zip(leaves[0], leaves[1], strict=True))
     assert not np.array_equal(leaves[0][0], leaves[2][0])
+
+
+def test_fused_dense_equals_separate_projections():
+    from lm.layers import Dense, fused_dense
+
+    cfg = model_config(tiny_config(attention='gqa', num_kv_heads=2).model)
+    rngs = nnx.Rngs(3)
+    layers = [
+        Dense((32,), (4, 8), ('embed', 'heads', 'head_dim'), cfg, rngs=rngs, use_bias=True),
+        Dense((32,), (2, 8), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs),
+        Dense((32,), (2, 8), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs, use_bias=True),
+    ]
+    for layer in (layers[0], layers[2]):
+        layer.bias[...] = jax.random.normal(jax.random.key(5), layer.bias[...].shape)
+    x = jax.random.normal(jax.random.key(4), (2, 5, 32))
+    for fused, layer in zip(fused_dense(x, layers), layers, strict=True):
+        np.testing.assert_allclose(fused, layer(x), atol=1e-6, rtol=1e-6)
