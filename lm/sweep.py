@@ -168,6 +168,7 @@ def summarise(sweep_dir: str, runs: list[dict]) -> list[dict]:
 def _plot(rows: list[dict], path: str) -> None:
     """Eval perplexity against KV-cache bytes per token (log x), one marker per attention kind."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -194,9 +195,12 @@ def _plot(rows: list[dict], path: str) -> None:
             xytext=(6, 4),
             fontsize=8,
         )
-    ax.set_xscale('log')
     lo = min(r['kv_cache_bytes_per_token'] for r in rows)
     hi = max(r['kv_cache_bytes_per_token'] for r in rows)
+    ax.set_xscale('log')
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f'{v:,.0f}'))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xticks([2**k for k in range(64) if lo / 1.6 <= 2**k <= hi * 2.5])
     ax.set_xlim(lo / 1.6, hi * 1.6 if hi > lo else lo * 2.5)
     ax.set_xlabel('KV cache bytes per token (bf16, all layers; log scale)')
     ax.set_ylabel('eval perplexity')
