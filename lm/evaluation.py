@@ -6,7 +6,6 @@ import math
 from collections.abc import Callable
 
 import jax
-import numpy as np
 
 from lm.data import Corpus, eval_batches
 from lm.sharding import global_batch
@@ -36,8 +35,9 @@ def evaluate(
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    sums = [eval_step(params, global_batch(b, batch_sharding)) for b in batches]
-    total = float(np.sum(jax.device_get(sums), dtype=np.float64))
+    # One batch in flight at a time: XLA:CPU's in-process collectives (several CPU devices) can
+    # deadlock when many multi-device executions are queued at once.
+    total = sum(float(eval_step(params, global_batch(b, batch_sharding))) for b in batches)
     loss = total / (len(batches) * batch_size * seq_len)
     return {
         'loss': loss,

@@ -244,3 +244,16 @@ def test_quickstart_command_runs(tmp_path):
     evals = read_scalars(tmp_path / 'qs' / 'tb', 'eval/perplexity')
     assert sorted(evals) == [0, 3, 6] and evals[6] < evals[0]
     shutil.rmtree(tmp_path / 'cache')
+
+
+def test_two_cpu_devices_train_and_evaluate_a_whole_split(tmp_path, small_text):
+    """config.mesh.cpu_devices=2: data parallel over two CPU devices, and eval.py over every
+    validation batch (many multi-device executions in a row) finishes."""
+    config = tiny_train_config(tmp_path, small_text, **{'mesh.cpu_devices': 2, 'train.steps': 4})
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    out = run_cli('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "run"}')
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 'on 2 devices' in out.stderr
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])['loss'] > 0
