@@ -58,3 +58,9 @@ def test_bench_train_smoke(tmp_path):
             assert r[key] > 0, key
         assert r['tokens_per_sec'] == pytest.approx(4 * 16 / (r['step_time_ms'] / 1e3))
     assert 'MFU' in stdout and stdout.count('\n| ') == 3
+
+
+def test_bench_torch_baseline_smoke():
+    pytest.importorskip('torch')  # optional: the baseline needs PyTorch, lm does not
+    stdout = run('bench_torch_baseline.py', '--steps=2', '--warmup=1')
+    assert '| torch eager |' in stdout and 'ms/step' in stdout
