@@ -75,6 +75,13 @@ def parse_grid(config: ml_collections.ConfigDict, grids: list[str]) -> list[dict
     return [dict(combo) for combo in itertools.product(*axes)]
 
 
+def with_overrides(
+    config: ml_collections.ConfigDict, overrides: list[str]
+) -> ml_collections.ConfigDict:
+    """`config` with `['model.dtype=bfloat16', ...]` applied (values typed like the config's)."""
+    return point_config(config, parse_grid(config, overrides)[0]) if overrides else config
+
+
 def point_config(
     base: ml_collections.ConfigDict, point: dict[str, Any]
 ) -> ml_collections.ConfigDict:

@@ -26,7 +26,7 @@ from lm.config import load_config_file
 from lm.data import train_batch
 from lm.experiment import prepare
 from lm.sharding import global_batch, set_cpu_devices
-from lm.sweep import parse_grid, point_config
+from lm.sweep import with_overrides
 from lm.train_step import init_state, make_train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,8 +50,7 @@ _SET = flags.DEFINE_multi_string('set', [], 'Config override key=value, e.g. mod
 def bench(variant: str, peak_total: float) -> dict:
     config = load_config_file(_CONFIG.value, variant)
     config.data.path = _DATA.value
-    if _SET.value:
-        config = point_config(config, parse_grid(config, _SET.value)[0])
+    config = with_overrides(config, _SET.value)
     exp = prepare(config)
     c, setup = exp.config, exp.setup
     with jax.set_mesh(setup.mesh):
@@ -107,9 +106,7 @@ def bench(variant: str, peak_total: float) -> dict:
 
 def run() -> int:
     first = load_config_file(_CONFIG.value, _VARIANTS.value[0])
-    set_cpu_devices(
-        point_config(first, parse_grid(first, _SET.value)[0]).mesh if _SET.value else first.mesh
-    )
+    set_cpu_devices(with_overrides(first, _SET.value).mesh)
     peak_total, source = perf.peak_flops()
     rows = [bench(v, peak_total) for v in _VARIANTS.value]
     print(

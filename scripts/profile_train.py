@@ -25,7 +25,7 @@ from lm.config import load_config_file
 from lm.data import train_batch
 from lm.experiment import prepare
 from lm.sharding import global_batch, set_cpu_devices
-from lm.sweep import parse_grid, point_config
+from lm.sweep import with_overrides
 from lm.train_step import init_state, make_train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,8 +101,7 @@ def categorise(ops: list[str]) -> str:
 def run() -> int:
     config = load_config_file(_CONFIG.value, _VARIANT.value)
     config.data.path = _DATA.value
-    if _SET.value:
-        config = point_config(config, parse_grid(config, _SET.value)[0])
+    config = with_overrides(config, _SET.value)
     set_cpu_devices(config.mesh)
     exp = prepare(config)
     c = exp.config
