@@ -8,12 +8,17 @@
 
 import json
 
-import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
 from lm.checkpoint import Checkpointer
-from lm.cli import define_distributed_flags, initialize_distributed, run_app
+from lm.cli import (
+    define_distributed_flags,
+    initialize_distributed,
+    run_app,
+    use_compilation_cache,
+)
+from lm.config import upgrade_config
 from lm.evaluation import evaluate
 from lm.experiment import prepare, stored_config
 from lm.sharding import set_cpu_devices
@@ -34,13 +39,15 @@ _TB_DIR = flags.DEFINE_string('tb_dir', '', "TensorBoard directory of the run; '
 
 
 def run() -> int:
-    set_cpu_devices(stored_config(_WORKDIR.value).mesh)
+    saved = stored_config(_WORKDIR.value)
+    set_cpu_devices(saved.mesh)
+    use_compilation_cache(saved.compilation_cache_dir)
     initialize_distributed()
     ckpt = Checkpointer(_WORKDIR.value, read_only=True)
     if not ckpt.steps():
         raise FileNotFoundError(f'no checkpoint in {ckpt.directory}')
     meta = ckpt.read_meta(_STEP.value if _STEP.value is not None else ckpt.steps()[-1])
-    config = ml_collections.ConfigDict(meta['config'])
+    config = upgrade_config(meta['config'])
     own_data = _CONFIG.value is None
     if not own_data:
         config.data = _CONFIG.value.data

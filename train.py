@@ -11,7 +11,12 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.checkpoint import read_latest_meta
-from lm.cli import define_distributed_flags, initialize_distributed, run_app
+from lm.cli import (
+    define_distributed_flags,
+    initialize_distributed,
+    run_app,
+    use_compilation_cache,
+)
 from lm.experiment import stored_config
 from lm.sharding import set_cpu_devices
 from lm.train_loop import train
@@ -41,6 +46,7 @@ def run() -> int:
     else:
         raise ValueError(f'--config is required: {_WORKDIR.value} holds no checkpoint to resume')
     set_cpu_devices(config.mesh)
+    use_compilation_cache(config.compilation_cache_dir)
     initialize_distributed()
     result = train(config, _WORKDIR.value, _TB_DIR.value)
     return 128 + result['signal'] if result['signal'] else 0

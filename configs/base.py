@@ -10,6 +10,7 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0  # Seed for parameter init and the data order.
+    config.compilation_cache_dir = '~/.cache/lm/xla'  # Persistent XLA compile cache; '' = off.
 
     model = config.model = ml_collections.ConfigDict()
     model.vocab_size = 0  # Vocabulary size; 0 = take it from the tokenizer.
@@ -54,6 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     train = config.train = ml_collections.ConfigDict()
     train.batch_size = 32  # Global sequences per optimizer step (all devices, all hosts).
     train.grad_accum_steps = 1  # Micro-batches per step; batch_size must divide by it.
+    train.steps_per_call = 1  # Optimizer steps per jitted call (lax.scan): less host overhead.
     train.steps = 1000  # Optimizer steps in total.
     train.lr = 1e-3  # Peak learning rate, reached after warmup.
     train.min_lr = 1e-4  # Learning rate at the end of the cosine decay.

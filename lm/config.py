@@ -96,6 +96,25 @@ def load_config_file(path: str, arg: str | None = None) -> ml_collections.Config
     return module.get_config(arg) if arg is not None else module.get_config()
 
 
+# Keys added to configs/base.py after checkpoints were first written, each with the value that
+# reproduces how runs behaved before the key existed. `upgrade_config` fills them into configs
+# read back from older checkpoints, so those runs still resume, evaluate and decode.
+ADDED_KEYS = {'train.steps_per_call': 1, 'compilation_cache_dir': ''}
+
+
+def upgrade_config(saved: dict) -> ml_collections.ConfigDict:
+    """A config saved with a checkpoint, with the keys added since it was written filled in."""
+    config = ml_collections.ConfigDict(saved)
+    for key, value in ADDED_KEYS.items():
+        *parents, leaf = key.split('.')
+        node = config
+        for name in parents:
+            node = node[name]
+        if leaf not in node:
+            node[leaf] = value
+    return config
+
+
 def write_config_file(config: ml_collections.ConfigDict, path: str) -> str:
     """Writes `config` as a config file (`get_config()` returning it) for --config=path."""
     with open(path, 'w') as f:

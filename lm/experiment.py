@@ -12,7 +12,7 @@ import jax
 import ml_collections
 
 from lm.checkpoint import Checkpointer, param_shapes, read_latest_meta
-from lm.config import ModelConfig
+from lm.config import ModelConfig, upgrade_config
 from lm.data import Corpus, check_corpus_size, check_data_config, load_corpus
 from lm.model import model_config
 from lm.optimizer import check_train_config, make_optimizer
@@ -110,7 +110,7 @@ def restore_run(
         if not ckpt.steps():
             raise FileNotFoundError(f'{flag}: {ckpt.directory} holds no checkpoint')
         meta = ckpt.read_meta(step if step is not None else ckpt.steps()[-1])
-        config = ml_collections.ConfigDict(meta['config'])
+        config = upgrade_config(meta['config'])
         cfg = model_config(config.model)
         if check is not None:
             check(cfg)
@@ -127,4 +127,4 @@ def stored_config(workdir: str) -> ml_collections.ConfigDict:
     meta = read_latest_meta(workdir)
     if meta is None:
         raise FileNotFoundError(f'no checkpoint in {os.path.join(workdir, "checkpoints")}')
-    return ml_collections.ConfigDict(meta['config'])
+    return upgrade_config(meta['config'])

@@ -35,7 +35,7 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
 
 def check_train_config(train: ml_collections.ConfigDict) -> None:
     """One-line errors for bad optimizer / schedule settings."""
-    for name in ('batch_size', 'grad_accum_steps'):
+    for name in ('batch_size', 'grad_accum_steps', 'steps_per_call'):
         if train[name] <= 0:
             raise ValueError(f'config.train.{name} must be > 0, got {train[name]}')
     if train.steps < 0:

@@ -156,7 +156,13 @@ def batch_sharding(mesh: Mesh, rules: dict) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(axes or None))
 
 
-def global_batch(local: np.ndarray, sharding: NamedSharding) -> jax.Array:
-    """Assembles the global batch from each process's rows."""
-    global_shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
-    return jax.make_array_from_process_local_data(sharding, local, global_shape)
+def stacked_sharding(sharding: NamedSharding) -> NamedSharding:
+    """Sharding of K batches stacked on a new leading axis, [K, batch, ...]."""
+    return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
+
+
+def global_batch(local: np.ndarray, sharding: NamedSharding, batch_axis: int = 0) -> jax.Array:
+    """Assembles the global batch from each process's rows (rows on axis `batch_axis`)."""
+    global_shape = list(local.shape)
+    global_shape[batch_axis] *= jax.process_count()
+    return jax.make_array_from_process_local_data(sharding, local, tuple(global_shape))

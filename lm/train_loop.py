@@ -9,6 +9,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -23,32 +24,48 @@ from lm.data import train_batch
 from lm.evaluation import evaluate
 from lm.experiment import Experiment, checkpoint_meta, prepare
 from lm.optimizer import lr_schedule
-from lm.sharding import global_batch
+from lm.sharding import global_batch, stacked_sharding
 from lm.summary import Summary, run_logdir
 from lm.train_step import init_state, make_eval_step, make_train_step
 
 
-def _prefetch(exp: Experiment, start: int, stop: int, depth: int = 2):
-    """Yields this process's numpy batches for steps start.. from a background thread."""
+def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...]):
+    """Steps per train-step call from `start` to `stop`: `steps_per_call` wherever that many fit
+    before the next multiple of any of `every` (log, eval, checkpoint) or `stop`, single steps
+    otherwise, so that every such step ends a call."""
+    step = start
+    while step < stop:
+        boundary = min([stop] + [(step // e + 1) * e for e in every])
+        n = steps_per_call if step + steps_per_call <= boundary else 1
+        yield n
+        step += n
+
+
+def _prefetch(exp: Experiment, start: int, sizes: list[int], depth: int = 2):
+    """Yields this process's numpy batches, [B, T+1] for a single step and [n, B, T+1] for a
+    call of n steps, from a background thread."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     c = exp.config
 
+    def batch(step: int) -> np.ndarray:
+        return train_batch(
+            exp.corpus.tokens['train'],
+            seed=c.seed,
+            step=step,
+            batch_size=c.train.batch_size,
+            seq_len=c.data.seq_len,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
+
     def produce():
-        for step in range(start, stop):
-            q.put(
-                train_batch(
-                    exp.corpus.tokens['train'],
-                    seed=c.seed,
-                    step=step,
-                    batch_size=c.train.batch_size,
-                    seq_len=c.data.seq_len,
-                    process_index=jax.process_index(),
-                    process_count=jax.process_count(),
-                )
-            )
+        step = start
+        for n in sizes:
+            q.put(batch(step) if n == 1 else np.stack([batch(step + i) for i in range(n)]))
+            step += n
 
     threading.Thread(target=produce, daemon=True).start()
-    for _ in range(start, stop):
+    for _ in sizes:
         yield q.get()
 
 
@@ -116,7 +133,7 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
         jax.device_count(),
         peak_source,
     )
-    step_fn = make_train_step(setup, c.train.grad_accum_steps)
+    step_fns: dict[int, Callable] = {}  # steps per call -> compiled train step
     eval_fn = make_eval_step(setup)
     schedule = lr_schedule(c.train)
     tokens_per_step = c.train.batch_size * c.data.seq_len
@@ -152,31 +169,52 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
         tb.flush()  # the curve up to a checkpoint survives a kill -9
 
     last_eval = run_eval(start) if start == 0 else {}
-    pending: list = []  # (step, metrics on device), fetched one step late so the host never stalls
+    pending: list = []  # (last step, metrics on device), fetched one call late
     window = {'t': time.perf_counter(), 'steps': 0}
     bar = tqdm(total=total, initial=start, disable=not is_main, mininterval=1.0, unit='step')
 
     def drain() -> None:
-        """Fetches queued metrics, checks them, logs them."""
+        """Fetches queued metrics, checks them, logs them (one TensorBoard point per step)."""
         while pending:
-            s, m = pending.pop(0)
-            m = {k: float(v) for k, v in jax.device_get(m).items()}
-            if not (np.isfinite(m['loss']) and np.isfinite(m['grad_norm'])):
-                raise FloatingPointError(
-                    f'non-finite loss ({m["loss"]}) or gradient norm ({m["grad_norm"]}) at step '
-                    f'{s}; stopping without saving that state (last checkpoint: {ckpt.steps()})'
+            last, fetched = pending.pop(0)
+            fetched = {k: np.atleast_1d(v) for k, v in jax.device_get(fetched).items()}
+            n = len(fetched['loss'])
+            for i in range(n):
+                s, m = last - n + 1 + i, {k: float(v[i]) for k, v in fetched.items()}
+                if not (np.isfinite(m['loss']) and np.isfinite(m['grad_norm'])):
+                    raise FloatingPointError(
+                        f'non-finite loss ({m["loss"]}) or gradient norm ({m["grad_norm"]}) at '
+                        f'step {s}; stopping without saving that state (last checkpoint: '
+                        f'{ckpt.steps()})'
+                    )
+                tb.scalars(
+                    s,
+                    {
+                        'train/loss': m['loss'],
+                        'train/grad_norm': m['grad_norm'],
+                        'train/lr': float(schedule(s - 1)),
+                    },
                 )
-            tb.scalars(
-                s,
-                {
-                    'train/loss': m['loss'],
-                    'train/grad_norm': m['grad_norm'],
-                    'train/lr': float(schedule(s - 1)),
-                },
-            )
-            bar.set_postfix(loss=f'{m["loss"]:.4f}', refresh=False)
-            bar.update(1)
-            window['last'] = (s, m)
+                bar.set_postfix(loss=f'{m["loss"]:.4f}', refresh=False)
+                bar.update(1)
+                window['last'] = (s, m)
+
+    def compiled_step(n: int) -> Callable:
+        """The train step taking n steps per call, compiled ahead of time on first use (its
+        compile time is logged and left out of the step-time window)."""
+        if n not in step_fns:
+            t = time.perf_counter()
+            shape = (c.train.batch_size, c.data.seq_len + 1)
+            sharding = setup.batch_sharding
+            if n > 1:
+                shape, sharding = (n, *shape), stacked_sharding(sharding)
+            batch = jax.ShapeDtypeStruct(shape, np.int32, sharding=sharding)
+            fn = make_train_step(setup, c.train.grad_accum_steps, n)
+            step_fns[n] = fn.lower(setup.abstract_state, batch).compile()
+            dt = time.perf_counter() - t
+            logging.info('compiled the train step (%d step(s) per call) in %.1f s', n, dt)
+            window['t'] += dt
+        return step_fns[n]
 
     def log_perf(step: int) -> None:
         dt = (time.perf_counter() - window['t']) / max(window['steps'], 1)
@@ -205,18 +243,20 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
     speeds: list[float] = []
     step = start
     try:
-        for batch in _prefetch(exp, start, total):
-            state, metrics = step_fn(state, global_batch(batch, setup.batch_sharding))
-            step += 1
-            if step == start + 1:
-                jax.block_until_ready(metrics)
-                logging.info(
-                    'first step (compile + run) took %.1f s', time.perf_counter() - window['t']
-                )
-                window.update(t=time.perf_counter(), steps=-1)
+        every = (c.log_every, c.eval_every, c.checkpoint_every)
+        sizes = list(call_sizes(start, total, c.train.steps_per_call, every))
+        for batch in _prefetch(exp, start, sizes):
+            n = 1 if batch.ndim == 2 else batch.shape[0]
+            step_fn = compiled_step(n)
+            if n == 1:
+                batch = global_batch(batch, setup.batch_sharding)
+            else:
+                batch = global_batch(batch, stacked_sharding(setup.batch_sharding), batch_axis=1)
+            state, metrics = step_fn(state, batch)
+            step += n
             drain()
             pending.append((step, metrics))
-            window['steps'] += 1
+            window['steps'] += n
             boundary = step % c.log_every == 0 or step == total
             due_eval, due_ckpt = (
                 step % c.eval_every == 0 or step == total,

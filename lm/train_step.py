@@ -18,7 +18,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lm.config import ModelConfig
 from lm.model import Transformer
-from lm.sharding import activation_constraint, batch_sharding, param_shardings
+from lm.sharding import (
+    activation_constraint,
+    batch_sharding,
+    param_shardings,
+    stacked_sharding,
+)
 
 State = dict
 
@@ -105,11 +110,14 @@ def token_losses(setup: Setup, params: dict, batch_BT1: jax.Array) -> jax.Array:
     return cross_entropy(logits, batch_BT1[:, 1:])
 
 
-def make_train_step(setup: Setup, grad_accum_steps: int) -> Callable:
+def make_train_step(setup: Setup, grad_accum_steps: int, steps_per_call: int = 1) -> Callable:
     """(state, batch [B, T+1] int32) -> (state, metrics); state donated.
 
     With grad_accum_steps = A, the batch is split into A micro-batches of B/A rows (row r goes
     to micro-batch r mod A, which keeps each device's rows local) and gradients are averaged.
+    With steps_per_call = K > 1 the call takes the batches of K consecutive steps, [K, B, T+1]
+    (sharded as `stacked_sharding(setup.batch_sharding)`), runs the K optimizer steps in one
+    `lax.scan` and returns metrics of shape [K]: the same updates as K calls, one dispatch.
     """
     grad_fn = jax.value_and_grad(lambda p, b: token_losses(setup, p, b).mean())
 
@@ -138,9 +146,17 @@ def make_train_step(setup: Setup, grad_accum_steps: int) -> Callable:
         }
         return new_state, {'loss': loss, 'grad_norm': optax.tree.norm(grads)}
 
+    if steps_per_call == 1:
+        fn, batch_shard = step, setup.batch_sharding
+    else:
+
+        def fn(state: State, batches_KBT1: jax.Array) -> tuple[State, dict]:
+            return jax.lax.scan(step, state, batches_KBT1)
+
+        batch_shard = stacked_sharding(setup.batch_sharding)
     return jax.jit(
-        step,
-        in_shardings=(setup.state_sharding, setup.batch_sharding),
+        fn,
+        in_shardings=(setup.state_sharding, batch_shard),
         out_shardings=(setup.state_sharding, None),
         donate_argnums=0,
     )

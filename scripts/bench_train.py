@@ -2,7 +2,8 @@
 
 For each variant of a config (default: configs/shakespeare_char.py, nanoGPT's CPU recipe) it
 reports the train step's compile time, the median step time over --steps steps after --warmup
-(each step waited for), the host time to dispatch a step, the median step time with the data
+(each call waited for; with config.train.steps_per_call = K, a call runs K steps and its time is
+divided by K), the host time to dispatch a step, the median step time with the data
 pipeline included (batch built on the host and transferred every step), tokens/s, model FLOPs
 per token (6N + 12·L·H·Q·T, PaLM App. B), achieved FLOP/s and MFU against the peak measured in
 the same process (CPU: float32 2048³ jnp.dot; GPU/TPU: the per-device table in lm/perf.py).
@@ -25,7 +26,7 @@ from lm.cli import run_app
 from lm.config import load_config_file
 from lm.data import train_batch
 from lm.experiment import prepare
-from lm.sharding import global_batch, set_cpu_devices
+from lm.sharding import global_batch, set_cpu_devices, stacked_sharding
 from lm.sweep import with_overrides
 from lm.train_step import init_state, make_train_step
 
@@ -53,44 +54,55 @@ def bench(variant: str, peak_total: float) -> dict:
     config = with_overrides(config, _SET.value)
     exp = prepare(config)
     c, setup = exp.config, exp.setup
+    k = c.train.steps_per_call
+    stacked = stacked_sharding(setup.batch_sharding)
     with jax.set_mesh(setup.mesh):
         state = init_state(setup, exp.model, c.seed)
-        step_fn = make_train_step(setup, c.train.grad_accum_steps)
+        step_fn = make_train_step(setup, c.train.grad_accum_steps, k)
 
-        def host_batch(step: int) -> np.ndarray:
-            return train_batch(
-                exp.corpus.tokens['train'],
-                seed=c.seed,
-                step=step,
-                batch_size=c.train.batch_size,
-                seq_len=c.data.seq_len,
-            )
+        def device_batch(call: int) -> jax.Array:
+            """The batch of one call: [B, T+1], or [k, B, T+1] for k steps per call."""
+            rows = [
+                train_batch(
+                    exp.corpus.tokens['train'],
+                    seed=c.seed,
+                    step=call * k + i,
+                    batch_size=c.train.batch_size,
+                    seq_len=c.data.seq_len,
+                )
+                for i in range(k)
+            ]
+            if k == 1:
+                return global_batch(rows[0], setup.batch_sharding)
+            return global_batch(np.stack(rows), stacked, batch_axis=1)
 
-        batch = global_batch(host_batch(0), setup.batch_sharding)
+        batch = device_batch(0)
         t = time.perf_counter()
         compiled = step_fn.lower(state, batch).compile()
         compile_s = time.perf_counter() - t
-        for _ in range(_WARMUP.value):
+        calls = -(-_STEPS.value // k)
+        for _ in range(-(-_WARMUP.value // k)):
             state, metrics = compiled(state, batch)
         jax.block_until_ready(state)
         step_times, dispatch = [], []
-        for _ in range(_STEPS.value):
+        for _ in range(calls):
             t = time.perf_counter()
             state, metrics = compiled(state, batch)
-            dispatch.append(time.perf_counter() - t)
+            dispatch.append((time.perf_counter() - t) / k)
             jax.block_until_ready(metrics)
-            step_times.append(time.perf_counter() - t)
+            step_times.append((time.perf_counter() - t) / k)
         with_data = []
-        for s in range(_STEPS.value):
+        for call in range(calls):
             t = time.perf_counter()
-            state, metrics = compiled(state, global_batch(host_batch(s), setup.batch_sharding))
+            state, metrics = compiled(state, device_batch(call))
             jax.block_until_ready(metrics)
-            with_data.append(time.perf_counter() - t)
+            with_data.append((time.perf_counter() - t) / k)
     dt = float(np.median(step_times))
     tokens = c.train.batch_size * c.data.seq_len
     fpt = accounting.flops_per_token(exp.model, c.data.seq_len)
     return {
         'variant': variant,
+        'steps_per_call': k,
         'compile_s': compile_s,
         'step_time_ms': dt * 1e3,
         'dispatch_ms': float(np.median(dispatch)) * 1e3,
@@ -115,13 +127,13 @@ def run() -> int:
         f'({source}); medians of {_STEPS.value} steps'
     )
     print(
-        '| variant | params | compile s | step ms | dispatch ms | step ms with data | tokens/s | '
-        'MFLOPs/token | GFLOP/s | MFU |'
+        '| variant | params | steps/call | compile s | step ms | dispatch ms/step | '
+        'step ms with data | tokens/s | MFLOPs/token | GFLOP/s | MFU |'
     )
-    print('|---|---|---|---|---|---|---|---|---|---|')
+    print('|---|---|---|---|---|---|---|---|---|---|---|')
     for r in rows:
         print(
-            f'| {r["variant"]} | {r["params"]:,} | {r["compile_s"]:.1f} | '
+            f'| {r["variant"]} | {r["params"]:,} | {r["steps_per_call"]} | {r["compile_s"]:.1f} | '
             f'{r["step_time_ms"]:.1f} | {r["dispatch_ms"]:.2f} | '
             f'{r["step_time_with_data_ms"]:.1f} | {r["tokens_per_sec"]:,.0f} | '
             f'{r["model_flops_per_token"] / 1e6:.2f} | {r["achieved_flops"] / 1e9:.1f} | '

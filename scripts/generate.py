@@ -8,10 +8,10 @@
 from absl import flags
 from flax import nnx
 
-from lm.cli import run_app
+from lm.cli import run_app, use_compilation_cache
 from lm.data import load_tokenizer
 from lm.decode import Decoder, parse_sampling
-from lm.experiment import restore_run
+from lm.experiment import restore_run, stored_config
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory holding checkpoints/.', required=True
@@ -30,6 +30,7 @@ _STOP = flags.DEFINE_bool('stop_at_eos', True, 'Stop a row at the end-of-text to
 
 def run() -> int:
     sampling = parse_sampling(_SAMPLING.value)
+    use_compilation_cache(stored_config(_WORKDIR.value).compilation_cache_dir)
     restored = restore_run(_WORKDIR.value, _STEP.value)
     tokenizer = load_tokenizer(restored.config.data)
     decoder = Decoder(nnx.merge(restored.setup.graphdef, restored.state['params']))

@@ -15,6 +15,7 @@ SHAKESPEARE = ROOT.parent / 'shared' / 'data' / 'tinyshakespeare.txt'
 def tiny_config(**model_overrides):
     """configs/base.py with a tiny model (vocab 61, d_model 32, 2 layers, 4 heads)."""
     config = load_config_file(os.fspath(ROOT / 'configs' / 'base.py'))
+    config.compilation_cache_dir = ''  # tests compile afresh (test_train checks the cache)
     config.model.update(
         vocab_size=61,
         d_model=32,

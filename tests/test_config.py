@@ -63,3 +63,17 @@ def test_resolution_of_implied_values():
     assert model_config(tiny_config(attention='mqa').model).num_kv_heads == 1
     assert model_config(tiny_config(attention='mha').model).head_dim == 8
     assert model_config(tiny_config(attention='mha', mlp_dim=0).model).mlp_dim == 128
+
+
+def test_upgrade_config_fills_only_keys_added_since_a_checkpoint_was_written():
+    from lm.config import ADDED_KEYS, upgrade_config
+
+    saved = tiny_config().to_dict()
+    del saved['train']['steps_per_call'], saved['compilation_cache_dir']
+    saved['train']['batch_size'] = 7
+    upgraded = upgrade_config(saved)
+    assert upgraded.train.steps_per_call == ADDED_KEYS['train.steps_per_call'] == 1
+    assert upgraded.compilation_cache_dir == '' and upgraded.train.batch_size == 7
+    current = tiny_config()
+    current.train.steps_per_call = 10
+    assert upgrade_config(current.to_dict()).train.steps_per_call == 10  # present keys kept

@@ -49,6 +49,7 @@ def test_bench_train_smoke(tmp_path):
         '--warmup=1',
         '--set=train.batch_size=4',
         '--set=data.seq_len=16',
+        '--set=train.steps_per_call=2',
         f'--json={tmp_path / "t.json"}',
     )
     rows = json.loads((tmp_path / 't.json').read_text())
@@ -57,6 +58,7 @@ def test_bench_train_smoke(tmp_path):
         for key in ('step_time_ms', 'tokens_per_sec', 'model_flops_per_token', 'peak_flops', 'mfu'):
             assert r[key] > 0, key
         assert r['tokens_per_sec'] == pytest.approx(4 * 16 / (r['step_time_ms'] / 1e3))
+        assert r['steps_per_call'] == 2
     assert 'MFU' in stdout and stdout.count('\n| ') == 3
 
 

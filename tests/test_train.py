@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,8 +16,9 @@ import pytest
 from conftest import ROOT, read_scalars, tiny_train_config, write_config_file
 
 from lm.checkpoint import Checkpointer
-from lm.experiment import prepare
-from lm.train_loop import train
+from lm.config import ADDED_KEYS
+from lm.experiment import prepare, restore_run, stored_config
+from lm.train_loop import call_sizes, train
 from lm.train_step import init_state, make_train_step
 
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
@@ -77,6 +79,37 @@ def test_grad_accumulation_matches_one_big_batch(tmp_path, small_text):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_call_sizes_end_a_call_at_every_boundary():
+    sizes = list(call_sizes(0, 23, 4, (10,)))
+    assert sizes == [4, 4, 1, 1, 4, 4, 1, 1, 1, 1, 1]
+    ends = set(np.cumsum(sizes))
+    assert {10, 20, 23} <= ends
+    assert list(call_sizes(3, 12, 5, (6, 12))) == [1, 1, 1, 5, 1]  # resumed mid-interval
+    assert list(call_sizes(0, 6, 1, (4,))) == [1] * 6
+    assert list(call_sizes(8, 8, 4, (4,))) == []
+
+
+def test_several_steps_per_call_train_the_same_run(tmp_path, small_text):
+    runs = {}
+    for k in (1, 3):
+        config = tiny_train_config(tmp_path, small_text, **{'train.steps_per_call': k})
+        result = train(config, str(tmp_path / f'k{k}'))
+        assert result['step'] == 8
+        assert Checkpointer(str(tmp_path / f'k{k}')).steps() == [4, 8]
+        runs[k] = result, read_scalars(tmp_path / f'k{k}' / 'tb', 'train/loss')
+    (r1, loss1), (r3, loss3) = runs[1], runs[3]
+    assert sorted(loss3) == sorted(loss1) == list(range(1, 9))  # one point per step
+    # A lax.scan over steps may fuse differently: equal to float32 rounding, not bitwise.
+    np.testing.assert_allclose(
+        [loss3[s] for s in range(1, 9)], [loss1[s] for s in range(1, 9)], rtol=1e-5
+    )
+    np.testing.assert_allclose(r3['eval']['loss'], r1['eval']['loss'], rtol=1e-5)
+    for a, b in zip(
+        jax.tree.leaves(r1['state']['params']), jax.tree.leaves(r3['state']['params']), strict=True
+    ):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_kill9_then_resume_is_bitwise_identical(tmp_path, small_text):
     config = tiny_train_config(
         tmp_path,
@@ -135,7 +168,7 @@ def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, small_text):
     lines = []
     threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
     deadline = time.time() + 120
-    while not any('first step' in line for line in lines):  # training has started
+    while not any('compiled the train step' in line for line in lines):  # about to train
         assert time.time() < deadline and proc.poll() is None
         time.sleep(0.1)
     time.sleep(1)
@@ -191,6 +224,41 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result['step'] == 4 and result['tag'].endswith('_train')
     assert read_scalars(tmp_path / 'run' / 'tb', f'{result["tag"]}/perplexity')[4] > 1
+
+
+def test_checkpoints_from_an_older_config_schema_still_load(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text, **{'train.steps_per_call': 2})
+    train(config, str(tmp_path / 'run'))
+    for meta_file in (tmp_path / 'run' / 'checkpoints').glob('*/meta/metadata'):
+        meta = json.loads(meta_file.read_text())
+        for key in ADDED_KEYS:  # as written before these keys existed
+            *parents, leaf = key.split('.')
+            node = meta['config']
+            for name in parents:
+                node = node[name]
+            del node[leaf]
+        meta_file.write_text(json.dumps(meta))
+    saved = stored_config(str(tmp_path / 'run'))
+    assert saved.train.steps_per_call == 1 and saved.compilation_cache_dir == ''
+    assert restore_run(str(tmp_path / 'run')).step == 8
+    assert train(saved, str(tmp_path / 'run'))['step'] == 8  # resume path, nothing left to do
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_batches=1')
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_second_launch_loads_compiled_steps_from_the_cache(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text, compilation_cache_dir=str(tmp_path / 'xla'))
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    tallies = []
+    for run in ('first', 'second'):
+        out = run_cli('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / run}')
+        assert out.returncode == 0, out.stderr[-2000:]
+        line = [ln for ln in out.stderr.splitlines() if 'persistent compilation cache' in ln][-1]
+        tallies.append(tuple(map(int, re.search(r'(\d+) hits, (\d+) misses', line).groups())))
+    (hits1, misses1), (hits2, misses2) = tallies
+    assert hits1 == 0 and misses1 > 0
+    assert misses2 == 0 and hits2 == misses1  # every compile of the relaunch came from disk
+    assert any((tmp_path / 'xla').glob('jit_step-*'))
 
 
 def one_line_error(proc):
