@@ -192,7 +192,7 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
                     {
                         'train/loss': m['loss'],
                         'train/grad_norm': m['grad_norm'],
-                        'train/lr': float(schedule(s - 1)),
+                        'train/lr': m['lr'],
                     },
                 )
                 bar.set_postfix(loss=f'{m["loss"]:.4f}', refresh=False)
@@ -209,7 +209,7 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
             if n > 1:
                 shape, sharding = (n, *shape), stacked_sharding(sharding)
             batch = jax.ShapeDtypeStruct(shape, np.int32, sharding=sharding)
-            fn = make_train_step(setup, c.train.grad_accum_steps, n)
+            fn = make_train_step(setup, c.train.grad_accum_steps, n, schedule)
             step_fns[n] = fn.lower(setup.abstract_state, batch).compile()
             dt = time.perf_counter() - t
             logging.info('compiled the train step (%d step(s) per call) in %.1f s', n, dt)
@@ -233,7 +233,7 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
             total,
             m['loss'],
             m['grad_norm'],
-            float(schedule(s - 1)),
+            m['lr'],
             dt * 1e3,
             tps,
             utilisation * 100,

@@ -110,8 +110,16 @@ def token_losses(setup: Setup, params: dict, batch_BT1: jax.Array) -> jax.Array:
     return cross_entropy(logits, batch_BT1[:, 1:])
 
 
-def make_train_step(setup: Setup, grad_accum_steps: int, steps_per_call: int = 1) -> Callable:
+def make_train_step(
+    setup: Setup,
+    grad_accum_steps: int,
+    steps_per_call: int = 1,
+    lr_schedule: optax.Schedule | None = None,
+) -> Callable:
     """(state, batch [B, T+1] int32) -> (state, metrics); state donated.
+
+    Metrics: 'loss', 'grad_norm' and, given the optimizer's `lr_schedule`, the 'lr' this step
+    used (computed on the device, so the host does no per-step schedule maths).
 
     With grad_accum_steps = A, the batch is split into A micro-batches of B/A rows (row r goes
     to micro-batch r mod A, which keeps each device's rows local) and gradients are averaged.
@@ -144,7 +152,10 @@ def make_train_step(setup: Setup, grad_accum_steps: int, steps_per_call: int = 1
             'step': state['step'] + 1,
             'rng': state['rng'],
         }
-        return new_state, {'loss': loss, 'grad_norm': optax.tree.norm(grads)}
+        metrics = {'loss': loss, 'grad_norm': optax.tree.norm(grads)}
+        if lr_schedule is not None:
+            metrics['lr'] = lr_schedule(state['step'])
+        return new_state, metrics
 
     if steps_per_call == 1:
         fn, batch_shard = step, setup.batch_sharding

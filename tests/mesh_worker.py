@@ -11,8 +11,11 @@ import pathlib
 import sys
 
 import jax
+import jax.numpy as jnp
 from conftest import tiny_train_config
+from jax.sharding import AxisType
 
+from lm import perf
 from lm.data import train_batch
 from lm.experiment import prepare
 from lm.sharding import global_batch
@@ -53,6 +56,19 @@ def run(spec: dict, run_spec: dict) -> dict:
     }
 
 
+def peak_devices() -> list[int]:
+    """Devices the peak-FLOP/s matmul runs on, measured under this process's widest mesh (a
+    replicated matmul there would time one device's share of the cores)."""
+    mesh = jax.make_mesh((jax.device_count(),), ('data',), axis_types=(AxisType.Auto,))
+    with jax.set_mesh(mesh):
+        assert perf.measure_matmul_flops(n=128, repeats=1) > 0
+        with jax.set_mesh(perf.first_device_mesh()):
+            out = jax.jit(jnp.dot)(jnp.ones((8, 8)), jnp.ones((8, 8)))
+    return sorted(d.id for d in out.sharding.device_set)
+
+
 if __name__ == '__main__':
     spec = json.loads(sys.argv[1])
-    print(json.dumps([run(spec, r) for r in spec['runs']]))
+    print(
+        json.dumps({'runs': [run(spec, r) for r in spec['runs']], 'peak_devices': peak_devices()})
+    )

@@ -46,7 +46,10 @@ def worker(devices, spec):
         timeout=900,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    return {r['name']: r for r in json.loads(out.stdout.strip().splitlines()[-1])}, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    runs = {r['name']: r for r in result['runs']}
+    runs['peak_devices'] = result['peak_devices']
+    return runs, out.stderr
 
 
 @pytest.fixture(scope='module')
@@ -86,6 +89,11 @@ def test_sharded_losses_match_single_device(mesh_runs, variant, mesh):
     run = multi[f'{variant}@{mesh}']
     assert run['devices'] == 8
     np.testing.assert_allclose(run['losses'], single[variant]['losses'], rtol=RTOL)
+
+
+def test_peak_matmul_runs_on_one_device_under_a_multi_device_mesh(mesh_runs):
+    _, multi, _ = mesh_runs
+    assert multi['peak_devices'] == [0]  # measured under an 8-device mesh without error
 
 
 def test_parameters_are_sharded_as_the_rules_say(mesh_runs):
