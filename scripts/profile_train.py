@@ -5,7 +5,8 @@
   python scripts/profile_train.py --variant=mla --top=25 --set=model.dtype=bfloat16
 
 Categories: matmul (contains a dot or convolution), transcendental (exp, log, logistic, tanh,
-rsqrt, ...), layout (copy / transpose only), reduction, elementwise. The trace itself stays in
+rsqrt, ...), layout (copy / transpose only), reduction, elementwise; then the ops grouped by
+the JAX operation they came from (HLO op_name). The trace itself stays in
 --trace_dir for TensorBoard's profile plugin or Perfetto.
 """
 
@@ -86,6 +87,18 @@ def fusion_categories(hlo: str) -> dict[str, str]:
     return categories
 
 
+def op_names(hlo: str) -> dict[str, str]:
+    """{op name: the JAX operation it came from} (HLO `op_name` metadata, `jit(step)/` dropped;
+    `transpose(jvp(...))` marks the backward pass, `jvp(...)` the forward)."""
+    names = {}
+    for line in hlo.splitlines():
+        m = re.search(r'%?([\w.\-]+)\s*=.*?\s[a-z\-]+\(', line)
+        source = re.search(r'op_name="([^"]+)"', line)
+        if m and source:
+            names[m.group(1)] = re.sub(r'^jit\(\w+\)/', '', source.group(1))
+    return names
+
+
 def categorise(ops: list[str]) -> str:
     if any(o in ('dot', 'convolution', 'custom-call') for o in ops):
         return 'matmul'
@@ -159,6 +172,13 @@ def run() -> int:
     print(f'\ntop {_TOP.value} ops:')
     for name, ms in per_op.most_common(_TOP.value):
         print(f'  {ms:6.2f} ms  {categories[name]:<14} {name}')
+    sources = op_names(compiled.as_text())
+    per_source = collections.Counter()
+    for name, ms in per_op.items():
+        per_source[(categories[name], sources.get(name, '?'))] += ms
+    print(f'\ntop {_TOP.value} JAX operations (ops grouped by the operation they came from):')
+    for (cat, source), ms in per_source.most_common(_TOP.value):
+        print(f'  {ms:6.2f} ms  {cat:<14} {source}')
     return 0
 
 

@@ -66,3 +66,32 @@ def test_bench_torch_baseline_smoke():
     pytest.importorskip('torch')  # optional: the baseline needs PyTorch, lm does not
     stdout = run('bench_torch_baseline.py', '--steps=2', '--warmup=1')
     assert '| torch eager |' in stdout and 'ms/step' in stdout
+
+
+def test_bench_xla_options_smoke():
+    stdout = run(
+        'bench_xla_options.py',
+        '--option=noynn:xla_cpu_experimental_ynn_fusion_type=',
+        '--option=eigen1:xla_cpu_multi_thread_eigen=false',
+        '--rounds=1',
+        '--calls=1',
+        '--set=train.batch_size=4',
+        '--set=data.seq_len=16',
+        '--set=train.steps_per_call=2',
+    )
+    assert '2 steps per call' in stdout
+    rows = [ln for ln in stdout.splitlines() if ln.startswith('| ') and 'ms' not in ln]
+    assert [r.split(' | ')[0] for r in rows] == ['| base', '| noynn', '| eigen1']
+    assert rows[0].endswith('| 1.00x |')
+
+
+def test_bench_xla_options_rejects_a_malformed_option():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / 'scripts' / 'bench_xla_options.py'), '--option=a:x'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1 and 'Traceback' not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "error: --option='a:x': 'x' is not key=value"

@@ -182,7 +182,13 @@ def test_two_processes_match_one(tmp_path, small_text):
     config = tiny_train_config(
         tmp_path,
         small_text,
-        **{'train.steps': 3, 'train.batch_size': 8, 'eval_every': 3, 'checkpoint_every': 3},
+        **{
+            'train.steps': 3,
+            'train.batch_size': 8,
+            'train.steps_per_call': 2,  # calls of 2 steps, then 1: [2, B, T+1] batches per host
+            'eval_every': 3,
+            'checkpoint_every': 3,
+        },
     )
     cfg_file = write_config_file(config, tmp_path / 'cfg.py')
     train_cli(cfg_file, tmp_path / 'one', 8)

@@ -1,0 +1,123 @@
+"""A/B of XLA compiler options on the train step, interleaved in one process.
+
+The train step of a config (default: configs/shakespeare_char.py, MHA, its steps_per_call) is
+lowered once and compiled once per option set; the compiled programs then take turns for
+--rounds rounds of --calls calls each, so every option set sees the same minutes of a noisy
+machine. Prints the median ms/step per option set and its speed relative to the first.
+
+  python scripts/bench_xla_options.py
+  python scripts/bench_xla_options.py \
+      --option=noynn:xla_cpu_experimental_ynn_fusion_type= \
+      --option=xnn:xla_cpu_use_xnnpack=true
+"""
+
+import os
+import time
+
+import jax
+import numpy as np
+from absl import flags
+
+from lm.cli import run_app
+from lm.config import load_config_file
+from lm.data import train_batch
+from lm.experiment import prepare
+from lm.sharding import global_batch, set_cpu_devices, stacked_sharding
+from lm.sweep import with_overrides
+from lm.train_step import init_state, make_train_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CONFIG = flags.DEFINE_string(
+    'config',
+    os.path.join(ROOT, 'configs', 'shakespeare_char.py'),
+    'Config file whose get_config(variant) takes a variant name.',
+)
+_VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')
+_DATA = flags.DEFINE_string(
+    'data_path',
+    os.path.join(ROOT, '..', 'shared', 'data', 'tinyshakespeare.txt'),
+    'Text file for config.data.path.',
+)
+_OPTIONS = flags.DEFINE_multi_string(
+    'option',
+    [
+        'noynn:xla_cpu_experimental_ynn_fusion_type=',
+        'ynn_dots:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT',
+        'eigen_1thread:xla_cpu_multi_thread_eigen=false',
+        'xnnpack:xla_cpu_use_xnnpack=true',
+        'tiling_propagation:xla_cpu_experimental_enable_tiling_propagation=true',
+    ],
+    'name:key=value[,key=value...]; compared against the default options ("base").',
+)
+_ROUNDS = flags.DEFINE_integer('rounds', 6, 'Rounds; each option set runs once per round.')
+_CALLS = flags.DEFINE_integer('calls', 5, 'Timed calls per option set per round.')
+_SET = flags.DEFINE_multi_string('set', [], 'Config override key=value.')
+
+
+def parse_option(spec: str) -> tuple[str, dict]:
+    """'name:key=value,key=value' -> (name, {key: value}); 'true' / 'false' become bools."""
+    name, sep, pairs = spec.partition(':')
+    if not sep or not name:
+        raise ValueError(f'--option={spec!r}: expected name:key=value[,key=value...]')
+    options = {}
+    for pair in pairs.split(','):
+        key, eq, value = pair.partition('=')
+        if not eq:
+            raise ValueError(f'--option={spec!r}: {pair!r} is not key=value')
+        options[key] = {'true': True, 'false': False}.get(value.lower(), value)
+    return name, options
+
+
+def run() -> int:
+    option_sets = dict([('base', {})] + [parse_option(s) for s in _OPTIONS.value])
+    config = load_config_file(_CONFIG.value, _VARIANT.value)
+    config.data.path = _DATA.value
+    config = with_overrides(config, _SET.value)
+    set_cpu_devices(config.mesh)
+    exp = prepare(config)
+    c, setup = exp.config, exp.setup
+    k = c.train.steps_per_call
+    rows = [
+        train_batch(
+            exp.corpus.tokens['train'],
+            seed=c.seed,
+            step=i,
+            batch_size=c.train.batch_size,
+            seq_len=c.data.seq_len,
+        )
+        for i in range(k)
+    ]
+    with jax.set_mesh(setup.mesh):
+        state = init_state(setup, exp.model, c.seed)
+        if k == 1:
+            batch = global_batch(rows[0], setup.batch_sharding)
+        else:
+            batch = global_batch(np.stack(rows), stacked_sharding(setup.batch_sharding), 1)
+        lowered = make_train_step(setup, c.train.grad_accum_steps, k).lower(state, batch)
+        compiled = {name: lowered.compile(compiler_options=o) for name, o in option_sets.items()}
+        times: dict[str, list[float]] = {name: [] for name in compiled}
+        for _ in range(_ROUNDS.value):
+            for name, fn in compiled.items():
+                state, metrics = fn(state, batch)  # warm this program up again
+                jax.block_until_ready(metrics)
+                for _ in range(_CALLS.value):
+                    t = time.perf_counter()
+                    state, metrics = fn(state, batch)
+                    jax.block_until_ready(metrics)
+                    times[name].append((time.perf_counter() - t) / k)
+    base = float(np.median(times['base']))
+    print(
+        f'XLA options A/B: {os.path.relpath(_CONFIG.value, ROOT)}:{_VARIANT.value}, '
+        f'{jax.device_count()} x {jax.devices()[0].device_kind}, {k} steps per call, '
+        f'{_ROUNDS.value} rounds x {_CALLS.value} calls'
+    )
+    print('| options | step ms (median) | min | vs base |')
+    print('|---|---|---|---|')
+    for name, ts in times.items():
+        median = float(np.median(ts))
+        print(f'| {name} | {median * 1e3:.1f} | {min(ts) * 1e3:.1f} | {base / median:.2f}x |')
+    return 0
+
+
+if __name__ == '__main__':
+    run_app(run)
