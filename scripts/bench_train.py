@@ -124,7 +124,8 @@ def run() -> int:
     print(
         f'train-step benchmark: {jax.device_count()} x {jax.devices()[0].device_kind}, '
         f'config {os.path.relpath(_CONFIG.value, ROOT)}, peak {peak_total / 1e9:,.0f} GFLOP/s '
-        f'({source}); medians of {_STEPS.value} steps'
+        f'({source}); medians over {_STEPS.value} steps (calls of steps/call steps, each '
+        'timed and divided by it)'
     )
     print(
         '| variant | params | steps/call | compile s | step ms | dispatch ms/step | '
