@@ -9,7 +9,8 @@ import os
 
 import jax
 from tensorboardX import SummaryWriter
-from tensorboardX.summary import hparams
+from tensorboardX.proto.summary_pb2 import Summary as SummaryProto
+from tensorboardX.summary import hparams, scalar
 
 HPARAM_METRICS = ('eval/loss', 'eval/perplexity', 'eval/bits_per_byte', 'train/loss')
 
@@ -27,9 +28,11 @@ class Summary:
         self.writer = SummaryWriter(logdir, flush_secs=30) if jax.process_index() == 0 else None
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
+        """All `values` at `step` as one event (one hand-off to the writer's process queue,
+        ~0.1 ms, instead of one per value: the train loop logs every step)."""
         if self.writer:
-            for tag, value in values.items():
-                self.writer.add_scalar(tag, value, step)
+            merged = SummaryProto(value=[scalar(t, v).value[0] for t, v in values.items()])
+            self.writer.file_writer.add_summary(merged, step)
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
         if self.writer:
