@@ -187,14 +187,7 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
                         f'step {s}; stopping without saving that state (last checkpoint: '
                         f'{ckpt.steps()})'
                     )
-                tb.scalars(
-                    s,
-                    {
-                        'train/loss': m['loss'],
-                        'train/grad_norm': m['grad_norm'],
-                        'train/lr': m['lr'],
-                    },
-                )
+                tb.scalars(s, {f'train/{k}': v for k, v in m.items()})  # loss, grad_norm, lr
                 bar.set_postfix(loss=f'{m["loss"]:.4f}', refresh=False)
                 bar.update(1)
                 window['last'] = (s, m)
