@@ -9,7 +9,13 @@ import sys
 from collections.abc import Callable
 
 import jax
+import ml_collections
 from absl import app, flags, logging
+
+from lm.config import load_config_file
+from lm.sweep import with_overrides
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Errors that mean "the user asked for something that cannot work": reported in one line.
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError)
@@ -20,6 +26,46 @@ class _QuietLibraries(pylogging.Filter):
 
     def filter(self, record: pylogging.LogRecord) -> bool:
         return record.levelno >= pylogging.WARNING or '/orbax/' not in record.pathname
+
+
+class RecipeFlags:
+    """--config, --data_path and --set of the benchmark scripts (create once, at import, with
+    the script's `__name__`, so `--help` lists them): a config file whose `get_config(variant)`
+    takes a variant name (default: the shakespeare_char recipe), the text file it trains on,
+    and key=value overrides."""
+
+    def __init__(self, module_name: str):
+        if module_name == '__main__':
+            module_name = sys.argv[0]  # how absl names the main module's flags
+        self._file = flags.DEFINE_string(
+            'config',
+            os.path.join(REPO_ROOT, 'configs', 'shakespeare_char.py'),
+            'Config file whose get_config(variant) takes a variant name.',
+            module_name=module_name,
+        )
+        self._data = flags.DEFINE_string(
+            'data_path',
+            os.path.join(REPO_ROOT, '..', 'shared', 'data', 'tinyshakespeare.txt'),
+            'Text file for config.data.path.',
+            module_name=module_name,
+        )
+        self._set = flags.DEFINE_multi_string(
+            'set',
+            [],
+            'Config override key=value, e.g. model.dtype=bfloat16.',
+            module_name=module_name,
+        )
+
+    @property
+    def name(self) -> str:
+        """The config file, relative to the repository."""
+        return os.path.relpath(self._file.value, REPO_ROOT)
+
+    def config(self, variant: str) -> ml_collections.ConfigDict:
+        """`get_config(variant)` with config.data.path set, then the --set overrides."""
+        config = load_config_file(self._file.value, variant)
+        config.data.path = self._data.value
+        return with_overrides(config, self._set.value)
 
 
 def define_distributed_flags() -> None:

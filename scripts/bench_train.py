@@ -14,7 +14,6 @@ the same process (CPU: float32 2048³ jnp.dot; GPU/TPU: the per-device table in 
 """
 
 import json
-import os
 import time
 
 import jax
@@ -22,37 +21,21 @@ import numpy as np
 from absl import flags
 
 from lm import accounting, perf
-from lm.cli import run_app
-from lm.config import load_config_file
+from lm.cli import RecipeFlags, run_app
 from lm.data import train_batch
 from lm.experiment import prepare
 from lm.sharding import global_batch, set_cpu_devices, stacked_sharding
-from lm.sweep import with_overrides
 from lm.train_step import init_state, make_train_step
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CONFIG = flags.DEFINE_string(
-    'config',
-    os.path.join(ROOT, 'configs', 'shakespeare_char.py'),
-    'Config file whose get_config(variant) takes a variant name.',
-)
+RECIPE = RecipeFlags(__name__)
 _VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Variants to time.')
-_DATA = flags.DEFINE_string(
-    'data_path',
-    os.path.join(ROOT, '..', 'shared', 'data', 'tinyshakespeare.txt'),
-    'Text file for config.data.path.',
-)
 _STEPS = flags.DEFINE_integer('steps', 60, 'Timed steps (median reported).')
 _WARMUP = flags.DEFINE_integer('warmup', 5, 'Untimed steps after compiling.')
 _JSON = flags.DEFINE_string('json', '', 'Also write the rows as JSON here.')
-_SET = flags.DEFINE_multi_string('set', [], 'Config override key=value, e.g. model.dtype=bfloat16.')
 
 
 def bench(variant: str, peak_total: float) -> dict:
-    config = load_config_file(_CONFIG.value, variant)
-    config.data.path = _DATA.value
-    config = with_overrides(config, _SET.value)
-    exp = prepare(config)
+    exp = prepare(RECIPE.config(variant))
     c, setup = exp.config, exp.setup
     k = c.train.steps_per_call
     stacked = stacked_sharding(setup.batch_sharding)
@@ -117,13 +100,12 @@ def bench(variant: str, peak_total: float) -> dict:
 
 
 def run() -> int:
-    first = load_config_file(_CONFIG.value, _VARIANTS.value[0])
-    set_cpu_devices(with_overrides(first, _SET.value).mesh)
+    set_cpu_devices(RECIPE.config(_VARIANTS.value[0]).mesh)
     peak_total, source = perf.peak_flops()
     rows = [bench(v, peak_total) for v in _VARIANTS.value]
     print(
         f'train-step benchmark: {jax.device_count()} x {jax.devices()[0].device_kind}, '
-        f'config {os.path.relpath(_CONFIG.value, ROOT)}, peak {peak_total / 1e9:,.0f} GFLOP/s '
+        f'config {RECIPE.name}, peak {peak_total / 1e9:,.0f} GFLOP/s '
         f'({source}); medians over {_STEPS.value} steps (calls of steps/call steps, each '
         'timed and divided by it)'
     )

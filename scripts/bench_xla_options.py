@@ -11,33 +11,20 @@ machine. Prints the median ms/step per option set and its speed relative to the 
       --option=xnn:xla_cpu_use_xnnpack=true
 """
 
-import os
 import time
 
 import jax
 import numpy as np
 from absl import flags
 
-from lm.cli import run_app
-from lm.config import load_config_file
+from lm.cli import RecipeFlags, run_app
 from lm.data import train_batch
 from lm.experiment import prepare
 from lm.sharding import global_batch, set_cpu_devices, stacked_sharding
-from lm.sweep import with_overrides
 from lm.train_step import init_state, make_train_step
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CONFIG = flags.DEFINE_string(
-    'config',
-    os.path.join(ROOT, 'configs', 'shakespeare_char.py'),
-    'Config file whose get_config(variant) takes a variant name.',
-)
+RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')
-_DATA = flags.DEFINE_string(
-    'data_path',
-    os.path.join(ROOT, '..', 'shared', 'data', 'tinyshakespeare.txt'),
-    'Text file for config.data.path.',
-)
 _OPTIONS = flags.DEFINE_multi_string(
     'option',
     [
@@ -51,7 +38,6 @@ _OPTIONS = flags.DEFINE_multi_string(
 )
 _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Rounds; each option set runs once per round.')
 _CALLS = flags.DEFINE_integer('calls', 5, 'Timed calls per option set per round.')
-_SET = flags.DEFINE_multi_string('set', [], 'Config override key=value.')
 
 
 def parse_option(spec: str) -> tuple[str, dict]:
@@ -70,9 +56,7 @@ def parse_option(spec: str) -> tuple[str, dict]:
 
 def run() -> int:
     option_sets = dict([('base', {})] + [parse_option(s) for s in _OPTIONS.value])
-    config = load_config_file(_CONFIG.value, _VARIANT.value)
-    config.data.path = _DATA.value
-    config = with_overrides(config, _SET.value)
+    config = RECIPE.config(_VARIANT.value)
     set_cpu_devices(config.mesh)
     exp = prepare(config)
     c, setup = exp.config, exp.setup
@@ -107,7 +91,7 @@ def run() -> int:
                     times[name].append((time.perf_counter() - t) / k)
     base = float(np.median(times['base']))
     print(
-        f'XLA options A/B: {os.path.relpath(_CONFIG.value, ROOT)}:{_VARIANT.value}, '
+        f'XLA options A/B: {RECIPE.name}:{_VARIANT.value}, '
         f'{jax.device_count()} x {jax.devices()[0].device_kind}, {k} steps per call, '
         f'{_ROUNDS.value} rounds x {_CALLS.value} calls'
     )

@@ -21,30 +21,17 @@ import time
 import jax
 from absl import flags
 
-from lm.cli import run_app
-from lm.config import load_config_file
+from lm.cli import RecipeFlags, run_app
 from lm.data import train_batch
 from lm.experiment import prepare
 from lm.sharding import global_batch, set_cpu_devices
-from lm.sweep import with_overrides
 from lm.train_step import init_state, make_train_step
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CONFIG = flags.DEFINE_string(
-    'config',
-    os.path.join(ROOT, 'configs', 'shakespeare_char.py'),
-    'Config file whose get_config(variant) takes a variant name.',
-)
+RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')
-_DATA = flags.DEFINE_string(
-    'data_path',
-    os.path.join(ROOT, '..', 'shared', 'data', 'tinyshakespeare.txt'),
-    'Text file for config.data.path.',
-)
 _STEPS = flags.DEFINE_integer('steps', 20, 'Profiled steps.')
 _TOP = flags.DEFINE_integer('top', 15, 'Individual ops to list.')
 _TRACE = flags.DEFINE_string('trace_dir', '/tmp/lm_profile', 'Where the trace is written.')
-_SET = flags.DEFINE_multi_string('set', [], 'Config override key=value.')
 
 TRANSCENDENTAL = (
     'exponential',
@@ -112,9 +99,7 @@ def categorise(ops: list[str]) -> str:
 
 
 def run() -> int:
-    config = load_config_file(_CONFIG.value, _VARIANT.value)
-    config.data.path = _DATA.value
-    config = with_overrides(config, _SET.value)
+    config = RECIPE.config(_VARIANT.value)
     set_cpu_devices(config.mesh)
     exp = prepare(config)
     c = exp.config
