@@ -288,6 +288,13 @@ def test_cli_errors_are_one_line_and_early(tmp_path, small_text):
     assert 'fewer than one batch' in run(tiny_train_config(tmp_path, tmp_path / 'tiny.txt'))
     assert 'nonexistent' in run(base, '--config.model.nonexistent=1')
     assert 'attention must be one of' in run(base, '--config.model.attention=linear')
+    assert run(base, '--config.train.steps_per_call=0') == (
+        'error: config.train.steps_per_call must be > 0, got 0'
+    )
+    (tmp_path / 'a_file').write_text('')
+    assert run(base, f'--config.compilation_cache_dir={tmp_path / "a_file" / "xla"}').startswith(
+        f"error: config.compilation_cache_dir='{tmp_path / 'a_file' / 'xla'}' cannot be created"
+    )
     two_devices = {**ENV, 'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
     odd = tiny_train_config(tmp_path, small_text, **{'train.batch_size': 3})
     assert 'must be divisible by the data-parallel size 2' in run(odd, env=two_devices)
