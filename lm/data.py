@@ -254,6 +254,34 @@ def train_batch(
     return np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
 
 
+def call_batch(
+    tokens: np.ndarray,
+    *,
+    seed: int,
+    step: int,
+    steps: int,
+    batch_size: int,
+    seq_len: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> np.ndarray:
+    """This process's rows for one train-step call running steps step..step+steps-1:
+    `train_batch` [B/P, T + 1] for a single step, stacked [steps, B/P, T + 1] for several."""
+    rows = [
+        train_batch(
+            tokens,
+            seed=seed,
+            step=step + i,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            process_index=process_index,
+            process_count=process_count,
+        )
+        for i in range(steps)
+    ]
+    return rows[0] if steps == 1 else np.stack(rows)
+
+
 def eval_batches(
     tokens: np.ndarray,
     *,

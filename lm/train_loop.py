@@ -20,13 +20,18 @@ from tqdm import tqdm
 from lm import accounting, perf
 from lm.checkpoint import Checkpointer, check_same_shapes, param_shapes
 from lm.config import ModelConfig
-from lm.data import train_batch
+from lm.data import call_batch
 from lm.evaluation import evaluate
 from lm.experiment import Experiment, checkpoint_meta, prepare
 from lm.optimizer import lr_schedule
-from lm.sharding import global_batch, stacked_sharding
 from lm.summary import Summary, run_logdir
-from lm.train_step import init_state, make_eval_step, make_train_step
+from lm.train_step import (
+    call_sharding,
+    device_call_batch,
+    init_state,
+    make_eval_step,
+    make_train_step,
+)
 
 
 def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...]):
@@ -42,26 +47,26 @@ def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...
 
 
 def _prefetch(exp: Experiment, start: int, sizes: list[int], depth: int = 2):
-    """Yields this process's numpy batches, [B, T+1] for a single step and [n, B, T+1] for a
-    call of n steps, from a background thread."""
+    """Yields this process's numpy batch of each call (`lm.data.call_batch`) from a background
+    thread."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     c = exp.config
-
-    def batch(step: int) -> np.ndarray:
-        return train_batch(
-            exp.corpus.tokens['train'],
-            seed=c.seed,
-            step=step,
-            batch_size=c.train.batch_size,
-            seq_len=c.data.seq_len,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
-        )
 
     def produce():
         step = start
         for n in sizes:
-            q.put(batch(step) if n == 1 else np.stack([batch(step + i) for i in range(n)]))
+            q.put(
+                call_batch(
+                    exp.corpus.tokens['train'],
+                    seed=c.seed,
+                    step=step,
+                    steps=n,
+                    batch_size=c.train.batch_size,
+                    seq_len=c.data.seq_len,
+                    process_index=jax.process_index(),
+                    process_count=jax.process_count(),
+                )
+            )
             step += n
 
     threading.Thread(target=produce, daemon=True).start()
@@ -198,10 +203,9 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
         if n not in step_fns:
             t = time.perf_counter()
             shape = (c.train.batch_size, c.data.seq_len + 1)
-            sharding = setup.batch_sharding
-            if n > 1:
-                shape, sharding = (n, *shape), stacked_sharding(sharding)
-            batch = jax.ShapeDtypeStruct(shape, np.int32, sharding=sharding)
+            batch = jax.ShapeDtypeStruct(
+                shape if n == 1 else (n, *shape), np.int32, sharding=call_sharding(setup, n)
+            )
             fn = make_train_step(setup, c.train.grad_accum_steps, n, schedule)
             step_fns[n] = fn.lower(setup.abstract_state, batch).compile()
             dt = time.perf_counter() - t
@@ -240,12 +244,7 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
         sizes = list(call_sizes(start, total, c.train.steps_per_call, every))
         for batch in _prefetch(exp, start, sizes):
             n = 1 if batch.ndim == 2 else batch.shape[0]
-            step_fn = compiled_step(n)
-            if n == 1:
-                batch = global_batch(batch, setup.batch_sharding)
-            else:
-                batch = global_batch(batch, stacked_sharding(setup.batch_sharding), batch_axis=1)
-            state, metrics = step_fn(state, batch)
+            state, metrics = compiled_step(n)(state, device_call_batch(setup, batch))
             step += n
             drain()
             pending.append((step, metrics))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -21,6 +22,7 @@ from lm.model import Transformer
 from lm.sharding import (
     activation_constraint,
     batch_sharding,
+    global_batch,
     param_shardings,
     stacked_sharding,
 )
@@ -110,6 +112,19 @@ def token_losses(setup: Setup, params: dict, batch_BT1: jax.Array) -> jax.Array:
     return cross_entropy(logits, batch_BT1[:, 1:])
 
 
+def call_sharding(setup: Setup, steps_per_call: int) -> NamedSharding:
+    """Sharding of one train-step call's batch: [B, T+1], or [K, B, T+1] for K steps per call."""
+    if steps_per_call == 1:
+        return setup.batch_sharding
+    return stacked_sharding(setup.batch_sharding)
+
+
+def device_call_batch(setup: Setup, local: np.ndarray) -> jax.Array:
+    """A call's global batch on the mesh from this process's rows (`lm.data.call_batch`)."""
+    steps = 1 if local.ndim == 2 else local.shape[0]
+    return global_batch(local, call_sharding(setup, steps), batch_axis=local.ndim - 2)
+
+
 def make_train_step(
     setup: Setup,
     grad_accum_steps: int,
@@ -124,7 +139,7 @@ def make_train_step(
     With grad_accum_steps = A, the batch is split into A micro-batches of B/A rows (row r goes
     to micro-batch r mod A, which keeps each device's rows local) and gradients are averaged.
     With steps_per_call = K > 1 the call takes the batches of K consecutive steps, [K, B, T+1]
-    (sharded as `stacked_sharding(setup.batch_sharding)`), runs the K optimizer steps in one
+    (sharded as `call_sharding(setup, K)`), runs the K optimizer steps in one
     `lax.scan` and returns metrics of shape [K]: the same updates as K calls, one dispatch.
     """
     grad_fn = jax.value_and_grad(lambda p, b: token_losses(setup, p, b).mean())
@@ -157,17 +172,12 @@ def make_train_step(
             metrics['lr'] = lr_schedule(state['step'])
         return new_state, metrics
 
-    if steps_per_call == 1:
-        fn, batch_shard = step, setup.batch_sharding
-    else:
+    def steps(state: State, batches_KBT1: jax.Array) -> tuple[State, dict]:
+        return jax.lax.scan(step, state, batches_KBT1)
 
-        def fn(state: State, batches_KBT1: jax.Array) -> tuple[State, dict]:
-            return jax.lax.scan(step, state, batches_KBT1)
-
-        batch_shard = stacked_sharding(setup.batch_sharding)
     return jax.jit(
-        fn,
-        in_shardings=(setup.state_sharding, batch_shard),
+        step if steps_per_call == 1 else steps,
+        in_shardings=(setup.state_sharding, call_sharding(setup, steps_per_call)),
         out_shardings=(setup.state_sharding, None),
         donate_argnums=0,
     )

@@ -22,10 +22,10 @@ from absl import flags
 
 from lm import accounting, perf
 from lm.cli import RecipeFlags, run_app
-from lm.data import train_batch
+from lm.data import call_batch
 from lm.experiment import prepare
-from lm.sharding import global_batch, set_cpu_devices, stacked_sharding
-from lm.train_step import init_state, make_train_step
+from lm.sharding import set_cpu_devices
+from lm.train_step import device_call_batch, init_state, make_train_step
 
 RECIPE = RecipeFlags(__name__)
 _VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Variants to time.')
@@ -38,26 +38,21 @@ def bench(variant: str, peak_total: float) -> dict:
     exp = prepare(RECIPE.config(variant))
     c, setup = exp.config, exp.setup
     k = c.train.steps_per_call
-    stacked = stacked_sharding(setup.batch_sharding)
     with jax.set_mesh(setup.mesh):
         state = init_state(setup, exp.model, c.seed)
         step_fn = make_train_step(setup, c.train.grad_accum_steps, k)
 
         def device_batch(call: int) -> jax.Array:
             """The batch of one call: [B, T+1], or [k, B, T+1] for k steps per call."""
-            rows = [
-                train_batch(
-                    exp.corpus.tokens['train'],
-                    seed=c.seed,
-                    step=call * k + i,
-                    batch_size=c.train.batch_size,
-                    seq_len=c.data.seq_len,
-                )
-                for i in range(k)
-            ]
-            if k == 1:
-                return global_batch(rows[0], setup.batch_sharding)
-            return global_batch(np.stack(rows), stacked, batch_axis=1)
+            local = call_batch(
+                exp.corpus.tokens['train'],
+                seed=c.seed,
+                step=call * k,
+                steps=k,
+                batch_size=c.train.batch_size,
+                seq_len=c.data.seq_len,
+            )
+            return device_call_batch(setup, local)
 
         batch = device_batch(0)
         t = time.perf_counter()

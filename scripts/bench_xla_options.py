@@ -18,10 +18,10 @@ import numpy as np
 from absl import flags
 
 from lm.cli import RecipeFlags, run_app
-from lm.data import train_batch
+from lm.data import call_batch
 from lm.experiment import prepare
-from lm.sharding import global_batch, set_cpu_devices, stacked_sharding
-from lm.train_step import init_state, make_train_step
+from lm.sharding import set_cpu_devices
+from lm.train_step import device_call_batch, init_state, make_train_step
 
 RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')
@@ -61,22 +61,17 @@ def run() -> int:
     exp = prepare(config)
     c, setup = exp.config, exp.setup
     k = c.train.steps_per_call
-    rows = [
-        train_batch(
-            exp.corpus.tokens['train'],
-            seed=c.seed,
-            step=i,
-            batch_size=c.train.batch_size,
-            seq_len=c.data.seq_len,
-        )
-        for i in range(k)
-    ]
+    local = call_batch(
+        exp.corpus.tokens['train'],
+        seed=c.seed,
+        step=0,
+        steps=k,
+        batch_size=c.train.batch_size,
+        seq_len=c.data.seq_len,
+    )
     with jax.set_mesh(setup.mesh):
         state = init_state(setup, exp.model, c.seed)
-        if k == 1:
-            batch = global_batch(rows[0], setup.batch_sharding)
-        else:
-            batch = global_batch(np.stack(rows), stacked_sharding(setup.batch_sharding), 1)
+        batch = device_call_batch(setup, local)
         lowered = make_train_step(setup, c.train.grad_accum_steps, k).lower(state, batch)
         compiled = {name: lowered.compile(compiler_options=o) for name, o in option_sets.items()}
         times: dict[str, list[float]] = {name: [] for name in compiled}

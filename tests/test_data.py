@@ -151,3 +151,17 @@ def test_empty_file_and_too_small_source(tmp_path):
     )
     with pytest.raises(ValueError, match=r'validation split has 51 tokens, fewer than one batch'):
         check_corpus_size(small, batch_size=4, seq_len=16)
+
+
+def test_call_batch_stacks_consecutive_steps_and_is_train_batch_for_one():
+    from lm.data import call_batch, train_batch
+
+    tokens = np.arange(1000, dtype=np.int32)
+    kw = dict(seed=3, batch_size=4, seq_len=8, process_index=1, process_count=2)
+    stacked = call_batch(tokens, step=5, steps=3, **kw)
+    assert stacked.shape == (3, 2, 9)
+    for i in range(3):
+        np.testing.assert_array_equal(stacked[i], train_batch(tokens, step=5 + i, **kw))
+    np.testing.assert_array_equal(
+        call_batch(tokens, step=5, steps=1, **kw), train_batch(tokens, step=5, **kw)
+    )
