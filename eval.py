@@ -12,16 +12,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.checkpoint import Checkpointer
-from lm.cli import (
-    define_distributed_flags,
-    initialize_distributed,
-    run_app,
-    use_compilation_cache,
-)
-from lm.config import upgrade_config
+from lm.cli import bootstrap, define_distributed_flags, run_app
+from lm.config_migration import upgrade_config
 from lm.evaluation import evaluate
-from lm.experiment import prepare, stored_config
-from lm.sharding import set_cpu_devices
+from lm.experiment import prepare, restore, stored_config
 from lm.summary import Summary, run_logdir
 from lm.train_step import make_eval_step
 
@@ -39,13 +33,8 @@ _TB_DIR = flags.DEFINE_string('tb_dir', '', "TensorBoard directory of the run; '
 
 
 def run() -> int:
-    saved = stored_config(_WORKDIR.value)
-    set_cpu_devices(saved.mesh)
-    use_compilation_cache(saved.compilation_cache_dir)
-    initialize_distributed()
+    bootstrap(stored_config(_WORKDIR.value))
     ckpt = Checkpointer(_WORKDIR.value, read_only=True)
-    if not ckpt.steps():
-        raise FileNotFoundError(f'no checkpoint in {ckpt.directory}')
     meta = ckpt.read_meta(_STEP.value if _STEP.value is not None else ckpt.steps()[-1])
     config = upgrade_config(meta['config'])
     own_data = _CONFIG.value is None
@@ -53,17 +42,17 @@ def run() -> int:
         config.data = _CONFIG.value.data
     config.eval_batches = _BATCHES.value
     exp = prepare(config)
-    step, state, _ = ckpt.restore(exp.setup.abstract_state, _STEP.value)
+    step, state, _ = restore(ckpt, exp.ctx, _STEP.value)
     ckpt.close()
     metrics = evaluate(
-        make_eval_step(exp.setup),
+        make_eval_step(exp.ctx),
         state['params'],
         exp.corpus,
         _SPLIT.value,
         batch_size=config.train.batch_size,
         seq_len=config.data.seq_len,
         num_batches=_BATCHES.value,
-        batch_sharding=exp.setup.batch_sharding,
+        batch_sharding=exp.ctx.batch_sharding,
     )
     same = own_data or exp.corpus.fingerprint == meta['data_fingerprint']
     prefix = (

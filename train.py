@@ -11,14 +11,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.checkpoint import read_latest_meta
-from lm.cli import (
-    define_distributed_flags,
-    initialize_distributed,
-    run_app,
-    use_compilation_cache,
-)
+from lm.cli import bootstrap, define_distributed_flags, run_app
 from lm.experiment import stored_config
-from lm.sharding import set_cpu_devices
 from lm.train_loop import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -45,9 +39,7 @@ def run() -> int:
         config = stored_config(_WORKDIR.value)
     else:
         raise ValueError(f'--config is required: {_WORKDIR.value} holds no checkpoint to resume')
-    set_cpu_devices(config.mesh)
-    use_compilation_cache(config.compilation_cache_dir)
-    initialize_distributed()
+    bootstrap(config)
     result = train(config, _WORKDIR.value, _TB_DIR.value)
     return 128 + result['signal'] if result['signal'] else 0
 

@@ -11,21 +11,17 @@ The optional argument picks the attention variant: mha (default), gqa<g> (e.g. g
 
 import os
 
+from lm.attention import parse_variant
 from lm.config import load_config_file
 
 
 def get_config(variant: str = 'mha'):
     config = load_config_file(os.path.join(os.path.dirname(__file__), 'base.py'))
     config.model.update(d_model=128, num_layers=4, num_heads=4, head_dim=0)
-    if variant in ('mha', 'mqa', 'mla'):
-        config.model.attention = variant
-    elif variant.startswith('gqa') and variant[3:].isdigit():
-        config.model.update(attention='gqa', num_kv_heads=int(variant[3:]))
-    else:
-        raise ValueError(
-            f'configs/shakespeare_char.py: unknown variant {variant!r}; expected '
-            "'mha', 'gqa<g>' (e.g. 'gqa2'), 'mqa' or 'mla'"
-        )
+    try:
+        config.model.update(parse_variant(variant))
+    except ValueError as e:
+        raise ValueError(f'configs/shakespeare_char.py: {e}') from None
     # MLA at this width: d_c = 4·d_h and d_h^R = d_h / 2 as in DeepSeek-V2, with d_h = 32.
     config.model.update(kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
     config.data.update(source='text', tokenizer='byte', seq_len=64)

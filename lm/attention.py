@@ -1,29 +1,29 @@
-"""Attention variants and the factory that picks one from `config.model.attention`.
+"""Attention variants, the contract they fulfil, and the registry the factory reads.
 
-- 'mha', 'gqa', 'mqa': one grouped implementation, `GroupedQueryAttention`. MHA is g = H KV
-  heads, MQA is g = 1. Query head i reads KV head i // (H / g) (contiguous groups, the
+- 'mha', 'gqa', 'mqa': one grouped implementation, `GroupedQueryAttention`. MHA is G = H KV
+  heads, MQA is G = 1. Query head i reads KV head i // R, R = H / G (contiguous groups, the
   Llama / Hugging Face order). K and V are never repeated per query head.
 - 'mla': `MultiHeadLatentAttention`, DeepSeek-V2 §2.1 (low-rank joint KV compression with a
   decoupled, head-shared RoPE key).
 
-A variant is a class with `resolve`, `kv_cache_elements` and `score_dims` static methods plus the
-module itself; adding one means writing the class here and adding its name to `VARIANTS`.
-
-Shape letters: B batch, T query length, S key length, E d_model, H query heads, G KV heads,
-R = H / G query heads per KV head, D head dim, C latent rank.
+Every variant subclasses `AttentionVariant` and is registered with `@register`; everything
+outside this file (model, decoding, accounting, uptraining, sweeps, plots) asks the variant
+class (`variant(cfg)`) what it can do, never compares `cfg.attention` with a name. A new
+variant is one registered class. Shape letters: see the legend in lm/model.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import re
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from lm.config import ModelConfig
-from lm.layers import Dense, RMSNorm, fused_dense, rope
+from lm.layers import Dense, RMSNorm, fused_dense, residual_scale, rope
 
 
 def causal_mask(T: int, S: int | None = None) -> jax.Array:
@@ -48,13 +48,13 @@ def write_cache(cache_BS_: jax.Array, new_BT_: jax.Array, slot: jax.Array) -> ja
 def grouped_attention(
     q_BTHD: jax.Array,
     k_BSGD: jax.Array,
-    v_BSGV: jax.Array,
+    v_BSGU: jax.Array,
     *,
     scale: float,
     mask: jax.Array | None = None,
     impl: str = 'einsum',
 ) -> jax.Array:
-    """Softmax attention where H query heads share G = k.shape[2] KV heads; returns [B, T, H, V].
+    """Softmax attention where H query heads share G = k.shape[2] KV heads; returns [B, T, H, U].
 
     mask: broadcastable to [B, T, S], True = attend; None means causal. impl 'einsum' reshapes the
     queries to [B, T, G, R, D] so each KV head serves its R query heads without being repeated;
@@ -62,9 +62,9 @@ def grouped_attention(
     takes fewer KV heads natively.
     """
     B, T, H, D = q_BTHD.shape
-    G, V = k_BSGD.shape[2], v_BSGV.shape[3]
+    G, U = k_BSGD.shape[2], v_BSGU.shape[3]
     if impl == 'dot_product':
-        v_pad = jnp.pad(v_BSGV, ((0, 0), (0, 0), (0, 0), (0, D - V))) if V < D else v_BSGV
+        v_pad = jnp.pad(v_BSGU, ((0, 0), (0, 0), (0, 0), (0, D - U))) if U < D else v_BSGU
         out = jax.nn.dot_product_attention(
             q_BTHD,
             k_BSGD,
@@ -73,7 +73,7 @@ def grouped_attention(
             is_causal=mask is None,
             mask=None if mask is None else jnp.broadcast_to(mask, (B, T, k_BSGD.shape[1]))[:, None],
         )
-        return out[..., :V]
+        return out[..., :U]
     q_BTGRD = q_BTHD.reshape(B, T, G, H // G, D)
     # scores[b, g, r, t, s] = <q[b, t, g, r], k[b, s, g]>: one KV head per group of R queries.
     s_BGRTS = (
@@ -83,14 +83,107 @@ def grouped_attention(
         mask = causal_mask(T, k_BSGD.shape[1])
     mask_B11TS = jnp.broadcast_to(mask, (B, T, k_BSGD.shape[1]))[:, None, None]
     s_BGRTS = jnp.where(mask_B11TS, s_BGRTS, jnp.finfo(jnp.float32).min)
-    p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BSGV.dtype)
+    p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BSGU.dtype)
     # out[b, t, g, r] = sum_s p[b, g, r, t, s] · v[b, s, g]
-    out_BTGRV = jnp.einsum('BGRTS,BSGV->BTGRV', p_BGRTS, v_BSGV)
-    return out_BTGRV.reshape(B, T, H, V)
+    out_BTGRU = jnp.einsum('BGRTS,BSGU->BTGRU', p_BGRTS, v_BSGU)
+    return out_BTGRU.reshape(B, T, H, U)
 
 
-class GroupedQueryAttention(nnx.Module):
+class AttentionVariant(nnx.Module):
+    """The contract of an attention variant. Subclass it, set `names`, implement the methods
+    that raise here, and decorate the class with `@register`.
+
+    Model: `__init__(cfg, rngs=...)`, `__call__(x_BTE, positions_BT) -> y_BTE` and, for KV-cache
+    decoding, `init_cache` plus `extend` (T new tokens written into the cache at `slot`).
+    Static facts, read without building the module: `resolve` (check the variant's knobs and
+    fill in derived ones), `kv_cache_elements` and `kv_heads` (what the cache holds: accounting,
+    tables), `score_dims` (FLOP counts). Capabilities: `poolable_kv_heads` (uptraining may pool
+    its K/V heads, lm/uptrain.py) and `parse_spec` (short variant names such as 'gqa2').
+    """
+
+    names: ClassVar[tuple[str, ...]] = ()  # the `config.model.attention` values it implements
+    poolable_kv_heads: ClassVar[bool] = False  # has K/V heads that can be merged (uptraining)
+
+    @staticmethod
+    def resolve(cfg: ModelConfig) -> ModelConfig:
+        """Checks the variant's knobs (one-line ValueError) and fills in the derived ones."""
+        raise NotImplementedError
+
+    @staticmethod
+    def kv_cache_elements(cfg: ModelConfig) -> int:
+        """Cached elements per token per layer."""
+        raise NotImplementedError
+
+    @staticmethod
+    def kv_heads(cfg: ModelConfig) -> str:
+        """What the cache holds per token and layer, for tables and HParams ('2' K/V heads,
+        'latent 128+16')."""
+        raise NotImplementedError
+
+    @staticmethod
+    def score_dims(cfg: ModelConfig) -> tuple[int, int]:
+        """(q·k width, value width) per query head, for FLOP counts."""
+        raise NotImplementedError
+
+    @staticmethod
+    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> dict[str, jax.Array]:
+        """Per-layer decoding cache: arrays of shape [B, S, ...]."""
+        raise NotImplementedError
+
+    @classmethod
+    def parse_spec(cls, spec: str) -> dict[str, Any] | None:
+        """`config.model` settings for a short variant name ('mla'), None if not this variant's."""
+        return {'attention': spec} if spec in cls.names else None
+
+    @classmethod
+    def pooled(cls, num_kv_heads: int) -> dict[str, Any]:
+        """`config.model` settings of this variant pooled to `num_kv_heads` K/V heads (only when
+        `poolable_kv_heads`)."""
+        raise NotImplementedError
+
+    def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def extend(
+        self,
+        x_BTE: jax.Array,
+        positions_BT: jax.Array,
+        cache: dict,
+        slot: jax.Array,
+        kv_valid_BS: jax.Array,
+        absorb: bool = True,
+    ) -> tuple[jax.Array, dict]:
+        """Attention for T new tokens written into the cache at slots slot..slot+T-1; queries
+        attend valid slots (`kv_valid_BS`) at or before their own. `absorb` is a hint a variant
+        may ignore (MLA: weight absorption)."""
+        raise NotImplementedError
+
+
+VARIANTS: dict[str, type[AttentionVariant]] = {}  # config.model.attention -> class
+
+
+def register(cls: type[AttentionVariant]) -> type[AttentionVariant]:
+    """Class decorator: makes `cls` the implementation of each of its `names`."""
+    for name in cls.names:
+        if name in VARIANTS and VARIANTS[name] is not cls:
+            raise ValueError(f'attention variant {name!r} is already registered')
+        VARIANTS[name] = cls
+    return cls
+
+
+def unregister(cls: type[AttentionVariant]) -> None:
+    """Removes `cls`'s names from the registry (tests register toy variants)."""
+    for name in cls.names:
+        if VARIANTS.get(name) is cls:
+            del VARIANTS[name]
+
+
+@register
+class GroupedQueryAttention(AttentionVariant):
     """MHA / GQA / MQA: H query heads, G = num_kv_heads K/V heads, RoPE on q and k."""
+
+    names = ('mha', 'gqa', 'mqa')
+    poolable_kv_heads = True
 
     @staticmethod
     def resolve(cfg: ModelConfig) -> ModelConfig:
@@ -126,9 +219,23 @@ class GroupedQueryAttention(nnx.Module):
         return 2 * cfg.num_kv_heads * cfg.head_dim
 
     @staticmethod
+    def kv_heads(cfg: ModelConfig) -> str:
+        return str(cfg.num_kv_heads)
+
+    @staticmethod
     def score_dims(cfg: ModelConfig) -> tuple[int, int]:
-        """(q·k width, value width) per head, for FLOP counts."""
         return cfg.head_dim, cfg.head_dim
+
+    @classmethod
+    def parse_spec(cls, spec: str) -> dict[str, Any] | None:
+        """'mha', 'mqa', or 'gqa<G>' ('gqa2': two K/V heads)."""
+        if match := re.fullmatch(r'gqa(\d+)', spec):
+            return {'attention': 'gqa', 'num_kv_heads': int(match.group(1))}
+        return {'attention': spec, 'num_kv_heads': 0} if spec in ('mha', 'mqa') else None
+
+    @classmethod
+    def pooled(cls, num_kv_heads: int) -> dict[str, Any]:
+        return {'attention': 'mqa' if num_kv_heads == 1 else 'gqa', 'num_kv_heads': num_kv_heads}
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         E, H, G, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -148,7 +255,7 @@ class GroupedQueryAttention(nnx.Module):
             ('heads', 'head_dim', 'embed'),
             cfg,
             rngs=rngs,
-            scale=1 / math.sqrt(2 * cfg.num_layers),
+            scale=residual_scale(cfg),
         )
         self.cfg = cfg
 
@@ -198,7 +305,8 @@ class GroupedQueryAttention(nnx.Module):
         return self.o_proj(out_BTHD), cache
 
 
-class MultiHeadLatentAttention(nnx.Module):
+@register
+class MultiHeadLatentAttention(AttentionVariant):
     """DeepSeek-V2 MLA (§2.1), with DeepSeek's parameter names.
 
     c_KV = RMSNorm(W_DKV h) of rank C = kv_lora_rank is all a cache would keep, together with the
@@ -206,7 +314,10 @@ class MultiHeadLatentAttention(nnx.Module):
     are up-projections of c_KV: k_C = W_UK c_KV, v = W_UV c_KV. Queries come from h directly
     (q_lora_rank = 0) or through a normalised latent c_Q of rank q_lora_rank; each head's query
     is [q_C; RoPE(q_R)]. Softmax scale 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim).
+    The cache holds no per-head K/V: `num_kv_heads` resolves to 0 and tables show the latent.
     """
+
+    names = ('mla',)
 
     @staticmethod
     def resolve(cfg: ModelConfig) -> ModelConfig:
@@ -228,12 +339,16 @@ class MultiHeadLatentAttention(nnx.Module):
                 f'config.model.num_kv_heads={cfg.num_kv_heads} does not apply to '
                 "attention='mla' (every head has its own K/V); leave it 0"
             )
-        return dataclasses.replace(cfg, num_kv_heads=cfg.num_heads)
+        return dataclasses.replace(cfg, num_kv_heads=0)
 
     @staticmethod
     def kv_cache_elements(cfg: ModelConfig) -> int:
         """Cached elements per token per layer: the latent and the shared RoPE key, d_c + d_h^R."""
         return cfg.kv_lora_rank + cfg.qk_rope_head_dim
+
+    @staticmethod
+    def kv_heads(cfg: ModelConfig) -> str:
+        return f'latent {cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}'
 
     @staticmethod
     def score_dims(cfg: ModelConfig) -> tuple[int, int]:
@@ -262,7 +377,7 @@ class MultiHeadLatentAttention(nnx.Module):
             ('heads', 'head_dim', 'embed'),
             cfg,
             rngs=rngs,
-            scale=1 / math.sqrt(2 * cfg.num_layers),
+            scale=residual_scale(cfg),
         )
         self.cfg = cfg
 
@@ -270,17 +385,17 @@ class MultiHeadLatentAttention(nnx.Module):
         """(q_C [B, T, H, Dn], RoPE'd q_R [B, T, H, Dr])."""
         cfg = self.cfg
         if cfg.q_lora_rank:
-            q_BTHK = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BTE)))
+            q_BTHD = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BTE)))
         else:
-            q_BTHK = self.q_proj(x_BTE)
-        q_nope, q_pe = jnp.split(q_BTHK, [cfg.qk_nope_head_dim], axis=-1)
+            q_BTHD = self.q_proj(x_BTE)
+        q_nope, q_pe = jnp.split(q_BTHD, [cfg.qk_nope_head_dim], axis=-1)
         return q_nope, rope(q_pe, positions_BT, cfg.rope_theta)
 
     def latents(self, x_BTE: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
         """What a KV cache holds: (c_KV [B, T, C], RoPE'd shared key k_R [B, T, Dr])."""
         cfg = self.cfg
-        c_BTC, k_pe_BTR = jnp.split(self.kv_a_proj_with_mqa(x_BTE), [cfg.kv_lora_rank], axis=-1)
-        return self.kv_a_layernorm(c_BTC), rope(k_pe_BTR, positions_BT, cfg.rope_theta)
+        c_BTC, k_pe_BTP = jnp.split(self.kv_a_proj_with_mqa(x_BTE), [cfg.kv_lora_rank], axis=-1)
+        return self.kv_a_layernorm(c_BTC), rope(k_pe_BTP, positions_BT, cfg.rope_theta)
 
     @staticmethod
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> dict[str, jax.Array]:
@@ -290,28 +405,28 @@ class MultiHeadLatentAttention(nnx.Module):
             'k_pe': jnp.zeros((batch, length, cfg.qk_rope_head_dim), dtype),
         }
 
-    def _expanded(self, q_nope, q_pe, c_BSC, k_pe_BSR, mask) -> jax.Array:
+    def _expanded(self, q_nope, q_pe, c_BSC, k_pe_BSP, mask) -> jax.Array:
         """Attention with per-head K and V materialised from the latent (training, prefill)."""
         cfg = self.cfg
         H = cfg.num_heads
-        k_nope, v_BSHV = jnp.split(self.kv_b_proj(c_BSC), [cfg.qk_nope_head_dim], axis=-1)
+        k_nope, v_BSHU = jnp.split(self.kv_b_proj(c_BSC), [cfg.qk_nope_head_dim], axis=-1)
         # [k_C; k_R] with the one RoPE key broadcast to every head.
-        k_pe_BSHR = jnp.broadcast_to(
-            k_pe_BSR[:, :, None], k_pe_BSR.shape[:2] + (H,) + k_pe_BSR.shape[2:]
+        k_pe_BSHP = jnp.broadcast_to(
+            k_pe_BSP[:, :, None], k_pe_BSP.shape[:2] + (H,) + k_pe_BSP.shape[2:]
         )
-        q_BTHK = jnp.concatenate([q_nope, q_pe], axis=-1)
-        k_BSHK = jnp.concatenate([k_nope, k_pe_BSHR.astype(k_nope.dtype)], axis=-1)
-        out_BTHV = grouped_attention(
-            q_BTHK, k_BSHK, v_BSHV, scale=self.scale, mask=mask, impl=cfg.attention_impl
+        q_BTHD = jnp.concatenate([q_nope, q_pe], axis=-1)
+        k_BSHD = jnp.concatenate([k_nope, k_pe_BSHP.astype(k_nope.dtype)], axis=-1)
+        out_BTHU = grouped_attention(
+            q_BTHD, k_BSHD, v_BSHU, scale=self.scale, mask=mask, impl=cfg.attention_impl
         )
-        return self.o_proj(out_BTHV)
+        return self.o_proj(out_BTHU)
 
-    def _absorbed(self, q_nope, q_pe, c_BSC, k_pe_BSR, mask) -> jax.Array:
+    def _absorbed(self, q_nope, q_pe, c_BSC, k_pe_BSP, mask) -> jax.Array:
         """DeepSeek-V2 §2.1.2 weight absorption: W_UK is applied to the query and W_UV to the
         attention output, so scores and values are read straight from the cached latent."""
         cfg = self.cfg
         dtype = q_nope.dtype
-        w_uk_CHN, w_uv_CHV = jnp.split(
+        w_uk_CHN, w_uv_CHU = jnp.split(
             self.kv_b_proj.kernel[...].astype(dtype), [cfg.qk_nope_head_dim], axis=-1
         )
         q_lat_BTHC = jnp.einsum('BTHN,CHN->BTHC', q_nope, w_uk_CHN)  # W_UKᵀ q_C per head
@@ -324,13 +439,13 @@ class MultiHeadLatentAttention(nnx.Module):
                 preferred_element_type=jnp.float32,
             )
             + jnp.einsum(
-                'BTHR,BSR->BHTS', q_pe, k_pe_BSR.astype(dtype), preferred_element_type=jnp.float32
+                'BTHP,BSP->BHTS', q_pe, k_pe_BSP.astype(dtype), preferred_element_type=jnp.float32
             )
         ) * self.scale
         s_BHTS = jnp.where(mask[:, None], s_BHTS, jnp.finfo(jnp.float32).min)
         p_BHTS = jax.nn.softmax(s_BHTS, axis=-1).astype(dtype)
         o_lat_BTHC = jnp.einsum('BHTS,BSC->BTHC', p_BHTS, c_BSC.astype(dtype))
-        return self.o_proj(jnp.einsum('BTHC,CHV->BTHV', o_lat_BTHC, w_uv_CHV))  # W_UV after
+        return self.o_proj(jnp.einsum('BTHC,CHU->BTHU', o_lat_BTHC, w_uv_CHU))  # W_UV after
 
     @property
     def scale(self) -> float:
@@ -338,8 +453,8 @@ class MultiHeadLatentAttention(nnx.Module):
 
     def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
         q_nope, q_pe = self.queries(x_BTE, positions_BT)
-        c_BSC, k_pe_BSR = self.latents(x_BTE, positions_BT)
-        return self._expanded(q_nope, q_pe, c_BSC, k_pe_BSR, mask=None)
+        c_BSC, k_pe_BSP = self.latents(x_BTE, positions_BT)
+        return self._expanded(q_nope, q_pe, c_BSC, k_pe_BSP, mask=None)
 
     def extend(
         self,
@@ -353,25 +468,18 @@ class MultiHeadLatentAttention(nnx.Module):
         """Attention for T new tokens; the cache holds only c_KV and k_R. `absorb=False`
         expands per-head K/V from the whole cache instead (the naive reference path)."""
         q_nope, q_pe = self.queries(x_BTE, positions_BT)
-        c_BTC, k_pe_BTR = self.latents(x_BTE, positions_BT)
+        c_BTC, k_pe_BTP = self.latents(x_BTE, positions_BT)
         cache = {
             'c': write_cache(cache['c'], c_BTC, slot),
-            'k_pe': write_cache(cache['k_pe'], k_pe_BTR, slot),
+            'k_pe': write_cache(cache['k_pe'], k_pe_BTP, slot),
         }
         mask = cache_mask(kv_valid_BS, slot, x_BTE.shape[1])
         attend = self._absorbed if absorb else self._expanded
         return attend(q_nope, q_pe, cache['c'], cache['k_pe'], mask), cache
 
 
-VARIANTS: dict[str, type[GroupedQueryAttention] | type[MultiHeadLatentAttention]] = {
-    'mha': GroupedQueryAttention,
-    'gqa': GroupedQueryAttention,
-    'mqa': GroupedQueryAttention,
-    'mla': MultiHeadLatentAttention,
-}
 
-
-def variant(cfg: ModelConfig) -> type[nnx.Module]:
+def variant(cfg: ModelConfig) -> type[AttentionVariant]:
     """The attention class named by `cfg.attention`."""
     if cfg.attention not in VARIANTS:
         raise ValueError(
@@ -380,11 +488,23 @@ def variant(cfg: ModelConfig) -> type[nnx.Module]:
     return VARIANTS[cfg.attention]
 
 
+def parse_variant(spec: str) -> dict[str, Any]:
+    """`config.model` settings for a short variant name: 'mha', 'gqa2', 'mqa', 'mla', or any
+    registered variant's own (`AttentionVariant.parse_spec`)."""
+    for cls in dict.fromkeys(VARIANTS.values()):
+        if (settings := cls.parse_spec(spec)) is not None:
+            return settings
+    raise ValueError(
+        f"unknown variant {spec!r}; expected 'mha', 'gqa<g>' (e.g. 'gqa2'), 'mqa' or 'mla' "
+        f'(registered: {sorted(VARIANTS)})'
+    )
+
+
 def resolve(cfg: ModelConfig) -> ModelConfig:
     """Checks the variant's knobs and fills in the derived ones (num_kv_heads, head_dim)."""
     return variant(cfg).resolve(cfg)
 
 
-def make_attention(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
+def make_attention(cfg: ModelConfig, *, rngs: nnx.Rngs) -> AttentionVariant:
     """The factory: builds the attention module named by `cfg.attention`."""
     return variant(cfg)(cfg, rngs=rngs)

@@ -12,8 +12,8 @@ import jax
 import ml_collections
 from absl import app, flags, logging
 
-from lm.config import load_config_file
-from lm.sweep import with_overrides
+from lm.config import load_config_file, with_overrides
+from lm.sharding import set_cpu_devices
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -121,6 +121,19 @@ def use_compilation_cache(path: str) -> None:
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
     jax.monitoring.register_event_listener(_count_cache_event)
     _CACHE_EVENTS['on'] = 1
+
+
+def bootstrap(config: ml_collections.ConfigDict, compilation_cache: bool = True) -> None:
+    """Starts an entry point's process for a run of `config`, in the one order that works:
+    CPU devices (`config.mesh.cpu_devices`, before any JAX backend starts), the persistent
+    compilation cache (`config.compilation_cache_dir`; benchmarks that time compiles pass
+    `compilation_cache=False`), then joining a multi-host job when the entry point defined the
+    distributed flags (`define_distributed_flags`)."""
+    set_cpu_devices(config.mesh)
+    if compilation_cache:
+        use_compilation_cache(config.compilation_cache_dir)
+    if 'coordinator_address' in flags.FLAGS:
+        initialize_distributed()
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -1,10 +1,17 @@
-"""ModelConfig: the typed, validated view of `config.model` that the model code reads."""
+"""Config plumbing: ModelConfig (the typed view of `config.model` the model code reads; resolved
+by `lm.model.model_config`), config files, and dotted-key access and overrides
+('model.num_heads=8') used by the command line, sweeps and tests.
+
+The schema is configs/base.py: every key with a one-line comment. Configs saved with older
+checkpoints are brought up to it by lm/config_migration.py."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import os
+from typing import Any
 
 import jax.numpy as jnp
 import ml_collections
@@ -96,25 +103,6 @@ def load_config_file(path: str, arg: str | None = None) -> ml_collections.Config
     return module.get_config(arg) if arg is not None else module.get_config()
 
 
-# Keys added to configs/base.py after checkpoints were first written, each with the value that
-# reproduces how runs behaved before the key existed. `upgrade_config` fills them into configs
-# read back from older checkpoints, so those runs still resume, evaluate and decode.
-ADDED_KEYS = {'train.steps_per_call': 1, 'compilation_cache_dir': ''}
-
-
-def upgrade_config(saved: dict) -> ml_collections.ConfigDict:
-    """A config saved with a checkpoint, with the keys added since it was written filled in."""
-    config = ml_collections.ConfigDict(saved)
-    for key, value in ADDED_KEYS.items():
-        *parents, leaf = key.split('.')
-        node = config
-        for name in parents:
-            node = node[name]
-        if leaf not in node:
-            node[leaf] = value
-    return config
-
-
 def write_config_file(config: ml_collections.ConfigDict, path: str) -> str:
     """Writes `config` as a config file (`get_config()` returning it) for --config=path."""
     with open(path, 'w') as f:
@@ -123,3 +111,71 @@ def write_config_file(config: ml_collections.ConfigDict, path: str) -> str:
             f'    return ml_collections.ConfigDict(json.loads({config.to_json()!r}))\n'
         )
     return path
+
+
+def get_key(config: ml_collections.ConfigDict, key: str, flag: str = 'config') -> Any:
+    """The value at dotted `key` ('model.num_heads'); ValueError naming `flag` if absent."""
+    node = config
+    for part in key.split('.'):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise ValueError(f'{flag}: unknown config key {key!r}')
+        node = node[part]
+    return node
+
+
+def set_key(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+    """Sets the value at dotted `key`, which must exist (`get_key`)."""
+    get_key(config, key)
+    *parents, leaf = key.split('.')
+    node = config
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+
+
+def parse_value(key: str, raw: str, like: Any, flag: str = 'config') -> Any:
+    """`raw` parsed with the type of `like`, the config's current value at `key`."""
+    if isinstance(like, ml_collections.ConfigDict):
+        raise ValueError(f'{flag}: {key!r} is a section, not a value')
+    try:
+        if isinstance(like, bool):
+            if raw.lower() not in ('true', 'false', '1', '0'):
+                raise ValueError
+            return raw.lower() in ('true', '1')
+        return type(like)(raw)
+    except ValueError:
+        raise ValueError(f'{flag} {key}: {raw!r} is not a {type(like).__name__}') from None
+
+
+def parse_assignment(
+    config: ml_collections.ConfigDict, item: str, flag: str = 'config'
+) -> tuple[str, list[Any]]:
+    """'model.num_heads=4,8' -> ('model.num_heads', [4, 8]), typed like the config's values."""
+    key, sep, values = item.partition('=')
+    key = key.strip()
+    if not sep or not values.strip():
+        raise ValueError(f'{flag} {item!r}: expected key=value1,value2,...')
+    like = get_key(config, key, flag)
+    return key, [parse_value(key, v.strip(), like, flag) for v in values.split(',')]
+
+
+def with_values(
+    base: ml_collections.ConfigDict, values: dict[str, Any]
+) -> ml_collections.ConfigDict:
+    """A copy of `base` with `{'model.dtype': 'bfloat16', ...}` set (every key must exist)."""
+    config = ml_collections.ConfigDict(copy.deepcopy(base.to_dict()))
+    for key, value in values.items():
+        set_key(config, key, value)
+    return config
+
+
+def with_overrides(
+    config: ml_collections.ConfigDict, overrides: list[str], flag: str = '--set'
+) -> ml_collections.ConfigDict:
+    """A copy of `config` with `['model.dtype=bfloat16', ...]` applied (values typed like the
+    config's)."""
+    values = {}
+    for item in overrides:
+        key, parsed = parse_assignment(config, item, flag)
+        values[key] = parsed[-1]
+    return with_values(config, values)

@@ -1,5 +1,6 @@
-"""Runs as data: a validated config with its data and step setup (`prepare`), checkpoint
-side-cars, and restoring a run's checkpoint on the mesh of its saved config (`restore_run`)."""
+"""Runs as data: a validated config with its data and step context (`prepare`), checkpoint
+side-cars, and the one way a run's state is read back (`restore`; `restore_run` when the run's
+own saved config decides the model and mesh)."""
 
 from __future__ import annotations
 
@@ -11,23 +12,25 @@ from collections.abc import Callable
 import jax
 import ml_collections
 
-from lm.checkpoint import Checkpointer, param_shapes, read_latest_meta
-from lm.config import ModelConfig, upgrade_config
+from lm.checkpoint import Checkpointer, check_same_shapes, param_shapes, read_latest_meta
+from lm.config import ModelConfig
+from lm.config_migration import upgrade_config
 from lm.data import Corpus, check_corpus_size, check_data_config, load_corpus
-from lm.model import model_config
-from lm.optimizer import check_train_config, make_optimizer
+from lm.model import check_model_config, model_config
+from lm.optimizer import check_train_config, lr_schedule, make_optimizer
 from lm.sharding import data_parallel_size, make_mesh, rules_table, set_cpu_devices
-from lm.train_step import Setup, make_setup
+from lm.train_step import StepContext, make_step_context
 
 
 @dataclasses.dataclass
 class Experiment:
-    """A validated config with its data, model config, mesh and step setup (nothing compiled)."""
+    """A validated config with its data, model config, mesh and step context (nothing compiled).
+    `config.model.vocab_size` holds the resolved size (what checkpoints save)."""
 
     config: ml_collections.ConfigDict
-    model: ModelConfig
+    model_cfg: ModelConfig
     corpus: Corpus
-    setup: Setup
+    ctx: StepContext
 
 
 def check_loop_config(config: ml_collections.ConfigDict) -> None:
@@ -40,19 +43,17 @@ def check_loop_config(config: ml_collections.ConfigDict) -> None:
         )
 
 
-def prepare(config: ml_collections.ConfigDict) -> Experiment:
-    """Checks every setting (one-line errors), tokenises the data, builds mesh and shardings."""
-    config = ml_collections.ConfigDict(config.to_dict())  # private copy; vocab_size is filled in
-    check_loop_config(config)
-    check_train_config(config.train)
-    check_data_config(config.data)
-    vocab_given = config.model.vocab_size
-    config.model.vocab_size = vocab_given or 1
-    model_config(config.model)  # model errors before reading any data
-    set_cpu_devices(config.mesh)
-    mesh = make_mesh(config.mesh)
-    rules = rules_table(config.mesh)
-    dp = data_parallel_size(mesh, rules)
+def step_context(config: ml_collections.ConfigDict, cfg: ModelConfig, mesh=None) -> StepContext:
+    """The step context of `config` for the model `cfg`, on `mesh` (default: from config.mesh).
+    The learning-rate schedule is built here once; the optimizer and the logged 'lr' share it."""
+    mesh = make_mesh(config.mesh) if mesh is None else mesh
+    schedule = lr_schedule(config.train)
+    tx = make_optimizer(config.train, schedule)
+    return make_step_context(cfg, tx, mesh, rules_table(config.mesh), config.seed, schedule)
+
+
+def _check_batch_divides(config: ml_collections.ConfigDict) -> None:
+    dp = data_parallel_size(make_mesh(config.mesh), rules_table(config.mesh))
     per_micro = config.train.batch_size // config.train.grad_accum_steps
     if per_micro % dp or config.train.batch_size % jax.process_count():
         raise ValueError(
@@ -60,17 +61,22 @@ def prepare(config: ml_collections.ConfigDict) -> Experiment:
             f' per micro-batch) must be divisible by the data-parallel size {dp} and by the '
             f'{jax.process_count()} processes'
         )
+
+
+def prepare(config: ml_collections.ConfigDict) -> Experiment:
+    """Checks every setting (one-line errors), tokenises the data, builds mesh and shardings."""
+    config = ml_collections.ConfigDict(config.to_dict())  # private copy; vocab_size is recorded
+    check_loop_config(config)
+    check_train_config(config.train)
+    check_data_config(config.data)
+    check_model_config(config.model)  # model errors before reading any data
+    set_cpu_devices(config.mesh)
+    _check_batch_divides(config)
     corpus = load_corpus(config.data)
     check_corpus_size(corpus, config.train.batch_size, config.data.seq_len)
-    if vocab_given and vocab_given < corpus.tokenizer.vocab_size:
-        raise ValueError(
-            f'config.model.vocab_size={vocab_given} is smaller than the tokenizer '
-            f'vocabulary ({corpus.tokenizer.vocab_size})'
-        )
-    config.model.vocab_size = vocab_given or corpus.tokenizer.vocab_size
-    cfg = model_config(config.model)
-    setup = make_setup(cfg, make_optimizer(config.train), mesh, rules, config.seed)
-    return Experiment(config, cfg, corpus, setup)
+    cfg = model_config(config.model, corpus.tokenizer.vocab_size)
+    config.model.vocab_size = cfg.vocab_size
+    return Experiment(config, cfg, corpus, step_context(config, cfg))
 
 
 def checkpoint_meta(
@@ -85,13 +91,29 @@ def checkpoint_meta(
     }
 
 
+def restore(
+    ckpt: Checkpointer, ctx: StepContext, step: int | None = None
+) -> tuple[int, dict, dict]:
+    """(step, state, meta): checkpoint `step` (default: the newest readable one) read into
+    `ctx`'s shardings, after checking its parameter shapes are `ctx`'s (one-line error naming
+    the first that differs, before any array is read)."""
+    current = param_shapes(ctx.abstract_state['params'])
+    return ckpt.restore(
+        ctx.abstract_state,
+        step,
+        check_meta=lambda m: check_same_shapes(
+            m['param_shapes'], current, f'the checkpoint in {ckpt.directory}'
+        ),
+    )
+
+
 @dataclasses.dataclass
 class Restored:
-    """A run's checkpoint with the config, model config and setup it was saved under."""
+    """A run's checkpoint with the config, model config and step context it was saved under."""
 
     config: ml_collections.ConfigDict
-    model: ModelConfig
-    setup: Setup
+    model_cfg: ModelConfig
+    ctx: StepContext
     step: int
     state: dict
     meta: dict
@@ -109,22 +131,24 @@ def restore_run(
     try:
         if not ckpt.steps():
             raise FileNotFoundError(f'{flag}: {ckpt.directory} holds no checkpoint')
-        meta = ckpt.read_meta(step if step is not None else ckpt.steps()[-1])
-        config = upgrade_config(meta['config'])
+        config = upgrade_config(
+            ckpt.read_meta(step if step is not None else ckpt.steps()[-1])['config']
+        )
         cfg = model_config(config.model)
         if check is not None:
             check(cfg)
-        mesh, rules = make_mesh(config.mesh), rules_table(config.mesh)
-        setup = make_setup(cfg, make_optimizer(config.train), mesh, rules, config.seed)
-        restored_step, state, meta = ckpt.restore(setup.abstract_state, step)
-        return Restored(config, cfg, setup, restored_step, state, meta)
+        ctx = step_context(config, cfg)
+        restored_step, state, meta = restore(ckpt, ctx, step)
+        return Restored(config, cfg, ctx, restored_step, state, meta)
     finally:
         ckpt.close()
 
 
-def stored_config(workdir: str) -> ml_collections.ConfigDict:
-    """The config saved with the latest checkpoint in `workdir` (to resume without --config)."""
+def stored_config(workdir: str, flag: str = '--workdir') -> ml_collections.ConfigDict:
+    """The config saved with the latest checkpoint in `workdir` (to resume without --config),
+    read without starting a JAX backend."""
     meta = read_latest_meta(workdir)
     if meta is None:
-        raise FileNotFoundError(f'no checkpoint in {os.path.join(workdir, "checkpoints")}')
+        directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+        raise FileNotFoundError(f'{flag}: {directory} holds no checkpoint')
     return upgrade_config(meta['config'])

@@ -17,6 +17,17 @@ from flax import nnx
 from lm.config import DTYPES, ModelConfig
 
 
+def residual_scale(cfg: ModelConfig) -> float:
+    """Init scale of projections that write into the residual stream (attention and MLP
+    outputs): 1 / sqrt(2L), GPT-2 style, so the stream's variance does not grow with depth."""
+    return 1 / math.sqrt(2 * cfg.num_layers)
+
+
+def _lead(x: jax.Array, ndim: int) -> jax.Array:
+    """`x` with leading unit axes up to `ndim` dims (explicit broadcasting, no rank promotion)."""
+    return x.reshape((1,) * (ndim - x.ndim) + x.shape)
+
+
 class Dense(nnx.Module):
     """y = x · W, contracting the trailing `len(in_shape)` dims of x with the leading dims of W.
 
@@ -55,7 +66,7 @@ class Dense(nnx.Module):
         kernel = self.kernel[...].astype(self.dtype)
         y = jnp.tensordot(x.astype(self.dtype), kernel, axes=self.num_in)
         if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
+            y = y + _lead(self.bias[...].astype(self.dtype), y.ndim)
         return y
 
 
@@ -67,13 +78,16 @@ def fused_dense(x: jax.Array, layers: list[Dense]) -> list[jax.Array]:
     kernel = jnp.concatenate([layer.kernel[...].astype(dtype) for layer in layers], axis=n_in)
     y = jnp.tensordot(x.astype(dtype), kernel, axes=n_in)
     if any(layer.bias is not None for layer in layers):
-        y = y + jnp.concatenate(
-            [
-                layer.bias[...].astype(dtype)
-                if layer.bias is not None
-                else jnp.zeros(layer.kernel.shape[n_in:], dtype)
-                for layer in layers
-            ]
+        y = y + _lead(
+            jnp.concatenate(
+                [
+                    layer.bias[...].astype(dtype)
+                    if layer.bias is not None
+                    else jnp.zeros(layer.kernel.shape[n_in:], dtype)
+                    for layer in layers
+                ]
+            ),
+            y.ndim,
         )
     sizes = [layer.kernel.shape[n_in] for layer in layers]
     return jnp.split(y, list(itertools.accumulate(sizes[:-1])), axis=x.ndim - n_in)
@@ -90,7 +104,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (x32 * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+        return (x32 * _lead(self.scale[...].astype(jnp.float32), x.ndim)).astype(self.dtype)
 
 
 def rope(x: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
@@ -100,8 +114,8 @@ def rope(x: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
     Dimension pair (i, i + D/2) is rotated by angle position · theta^(-2i/D).
     """
     half = x.shape[-1] // 2
-    inv_freq_F = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angle = positions_BT.astype(jnp.float32)[..., None] * inv_freq_F  # [B, T, D/2]
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # [D/2]
+    angle = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None]  # [B, T, D/2]
     angle = angle.reshape(angle.shape[:2] + (1,) * (x.ndim - 3) + (half,))
     sin, cos = jnp.sin(angle), jnp.cos(angle)
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
@@ -115,8 +129,9 @@ class SwiGLU(nnx.Module):
         E, F = cfg.d_model, cfg.mlp_dim
         self.gate_proj = Dense((E,), (F,), ('embed', 'mlp'), cfg, rngs=rngs)
         self.up_proj = Dense((E,), (F,), ('embed', 'mlp'), cfg, rngs=rngs)
-        residual_scale = 1 / math.sqrt(2 * cfg.num_layers)
-        self.down_proj = Dense((F,), (E,), ('mlp', 'embed'), cfg, rngs=rngs, scale=residual_scale)
+        self.down_proj = Dense(
+            (F,), (E,), ('mlp', 'embed'), cfg, rngs=rngs, scale=residual_scale(cfg)
+        )
 
     def __call__(self, x_BTE: jax.Array) -> jax.Array:
         gate_BTF, up_BTF = fused_dense(x_BTE, [self.gate_proj, self.up_proj])

@@ -2,10 +2,22 @@
 
 Block: x += attention(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). The attention module comes from the
 factory in `lm/attention.py`, so this file does not change when a variant is added.
+
+Shape legend, one meaning per letter, used as suffixes (`q_BTHD`) and in einsum strings across lm/:
+  B batch rows                     T query positions (sequence length; T1 = T + 1 with targets)
+  S key positions (cache slots)    E d_model, the residual stream width
+  H query heads                    G KV heads
+  R query heads per KV head, H / G D per-head query/key width
+  U per-head value width           V vocabulary size
+  F SwiGLU hidden width            L layers
+  C MLA KV latent rank             N MLA query/key width without RoPE (qk_nope_head_dim)
+  P MLA decoupled RoPE width       A micro-batches per step (gradient accumulation)
+  K optimizer steps per jitted call
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -25,16 +37,32 @@ def no_constraint(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
     return x
 
 
-def model_config(model: ml_collections.ConfigDict) -> ModelConfig:
-    """Validates `config.model` and resolves its derived knobs; raises ValueError before any
-    array is built."""
-    cfg = attention.resolve(ModelConfig.from_config(model))
-    if cfg.vocab_size <= 0:
+def model_config(
+    model: ml_collections.ConfigDict, tokenizer_vocab: int | None = None
+) -> ModelConfig:
+    """The one resolver: `config.model` (+ the tokenizer's vocabulary size) -> the ModelConfig
+    the model is built from, every knob checked (one-line ValueError, before any array is built)
+    and every derived one filled in. vocab_size 0 takes the tokenizer's size; a given size must
+    hold the tokenizer's tokens."""
+    cfg = check_model_config(model)
+    vocab = cfg.vocab_size or tokenizer_vocab or 0
+    if vocab <= 0:
         raise ValueError(
-            'config.model.vocab_size must be > 0 (the trainer sets it from the '
-            f'tokenizer when 0), got {cfg.vocab_size}'
+            'config.model.vocab_size must be > 0, or 0 to take it from the tokenizer '
+            f'(none given), got {cfg.vocab_size}'
         )
-    return cfg
+    if tokenizer_vocab and vocab < tokenizer_vocab:
+        raise ValueError(
+            f'config.model.vocab_size={vocab} is smaller than the tokenizer '
+            f'vocabulary ({tokenizer_vocab})'
+        )
+    return dataclasses.replace(cfg, vocab_size=vocab)
+
+
+def check_model_config(model: ml_collections.ConfigDict) -> ModelConfig:
+    """`model_config` before the tokenizer is known: every check but the vocabulary's (so a bad
+    setting fails before any data is read). vocab_size stays as given (0 = not yet known)."""
+    return attention.resolve(ModelConfig.from_config(model))
 
 
 class Block(nnx.Module):

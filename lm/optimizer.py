@@ -18,10 +18,13 @@ def lr_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
     )
 
 
-def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """Clip the global gradient norm, then AdamW; weight decay only on matrices."""
+def make_optimizer(
+    train: ml_collections.ConfigDict, schedule: optax.Schedule | None = None
+) -> optax.GradientTransformation:
+    """Clip the global gradient norm, then AdamW with `schedule` (default: `lr_schedule(train)`);
+    weight decay only on matrices."""
     adamw = optax.adamw(
-        lr_schedule(train),
+        lr_schedule(train) if schedule is None else schedule,
         b1=train.b1,
         b2=train.b2,
         eps=train.eps,

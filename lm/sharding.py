@@ -20,11 +20,11 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 MESH_AXES = ('data', 'fsdp', 'tensor')
 
 
-def set_cpu_devices(mesh: ml_collections.ConfigDict) -> None:
+def set_cpu_devices(mesh_config: ml_collections.ConfigDict) -> None:
     """Applies `config.mesh.cpu_devices` (the CPU backend as N devices, so data parallelism uses
     every core with one thread each). Must run before JAX initialises a backend; a no-op for 0.
     On GPU / TPU hosts the setting only concerns the unused CPU backend."""
-    n = mesh.cpu_devices
+    n = mesh_config.cpu_devices
     if n < 0:
         raise ValueError(f'config.mesh.cpu_devices must be >= 0, got {n}')
     if n and jax.config.jax_num_cpu_devices != n:
@@ -37,9 +37,9 @@ def set_cpu_devices(mesh: ml_collections.ConfigDict) -> None:
             ) from None
 
 
-def mesh_shape(mesh: ml_collections.ConfigDict, num_devices: int) -> tuple[int, ...]:
+def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, ...]:
     """Axis sizes for ('data', 'fsdp', 'tensor'), with one -1 filled by the remaining devices."""
-    sizes = [mesh[a] for a in MESH_AXES]
+    sizes = [mesh_config[a] for a in MESH_AXES]
     if sizes.count(-1) > 1:
         raise ValueError(f'config.mesh: at most one axis may be -1, got {_named(sizes)}')
     if any(s == 0 or s < -1 for s in sizes):
@@ -64,10 +64,10 @@ def _named(sizes: list[int]) -> dict[str, int]:
     return dict(zip(MESH_AXES, sizes, strict=True))
 
 
-def rules_table(mesh: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
+def rules_table(mesh_config: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
     """`config.mesh.rules` as {logical name: mesh axes}; unknown mesh axes are an error."""
     table = {}
-    for name, value in mesh.rules.items():
+    for name, value in mesh_config.rules.items():
         axes = tuple(a.strip() for a in value.split(',') if a.strip())
         for a in axes:
             if a not in MESH_AXES:
@@ -79,11 +79,11 @@ def rules_table(mesh: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
     return table
 
 
-def make_mesh(mesh: ml_collections.ConfigDict, devices: list | None = None) -> Mesh:
+def make_mesh(mesh_config: ml_collections.ConfigDict, devices: list | None = None) -> Mesh:
     """The ('data', 'fsdp', 'tensor') mesh over all (or the given) devices."""
     devices = jax.devices() if devices is None else devices
-    shape = mesh_shape(mesh, len(devices))
-    rules_table(mesh)
+    shape = mesh_shape(mesh_config, len(devices))
+    rules_table(mesh_config)
     return jax.make_mesh(
         shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
     )

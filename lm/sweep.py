@@ -6,7 +6,6 @@ points of a sweep file times the cartesian product of `--grid key=v1,v2` flags, 
 
 from __future__ import annotations
 
-import copy
 import csv
 import itertools
 import json
@@ -16,7 +15,10 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from lm.model import model_config
+from lm import accounting, attention
+from lm.config import parse_assignment, with_values
+from lm.experiment import stored_config
+from lm.model import check_model_config, model_config
 
 SHORT = {
     'model.num_heads': 'h',
@@ -31,74 +33,26 @@ SHORT = {
 }
 
 
-def _get(config: ml_collections.ConfigDict, key: str):
-    node = config
-    for part in key.split('.'):
-        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            raise ValueError(f'--grid: unknown config key {key!r}')
-        node = node[part]
-    return node
-
-
-def _set(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
-    *parents, leaf = key.split('.')
-    node = config
-    for part in parents:
-        node = node[part]
-    node[leaf] = value
-
-
-def _coerce(key: str, raw: str, like: Any) -> Any:
-    """Parses a grid value with the type of the config's current value."""
-    try:
-        if isinstance(like, bool):
-            if raw.lower() not in ('true', 'false', '1', '0'):
-                raise ValueError
-            return raw.lower() in ('true', '1')
-        return type(like)(raw)
-    except ValueError:
-        raise ValueError(f'--grid {key}: {raw!r} is not a {type(like).__name__}') from None
-
-
 def parse_grid(config: ml_collections.ConfigDict, grids: list[str]) -> list[dict[str, Any]]:
     """`['model.num_heads=4,8', ...]` -> the cartesian product as a list of points."""
     axes = []
     for grid in grids:
-        key, sep, values = grid.partition('=')
-        key = key.strip()
-        if not sep or not values.strip():
-            raise ValueError(f'--grid {grid!r}: expected key=value1,value2,...')
-        like = _get(config, key)
-        if isinstance(like, ml_collections.ConfigDict):
-            raise ValueError(f'--grid: {key!r} is a section, not a value')
-        axes.append([(key, _coerce(key, v.strip(), like)) for v in values.split(',')])
+        key, values = parse_assignment(config, grid, '--grid')
+        axes.append([(key, v) for v in values])
     return [dict(combo) for combo in itertools.product(*axes)]
-
-
-def with_overrides(
-    config: ml_collections.ConfigDict, overrides: list[str]
-) -> ml_collections.ConfigDict:
-    """`config` with `['model.dtype=bfloat16', ...]` applied (values typed like the config's)."""
-    return point_config(config, parse_grid(config, overrides)[0]) if overrides else config
 
 
 def point_config(
     base: ml_collections.ConfigDict, point: dict[str, Any]
 ) -> ml_collections.ConfigDict:
-    config = ml_collections.ConfigDict(copy.deepcopy(base.to_dict()))
-    for key, value in point.items():
-        if key != 'seeds':
-            _get(config, key)
-            _set(config, key, value)
-    return config
+    """`base` with a point's values set ('seeds' is the sweep's, not a config key)."""
+    return with_values(base, {k: v for k, v in point.items() if k != 'seeds'})
 
 
 def invalid_reason(config: ml_collections.ConfigDict) -> str | None:
     """Why a point's model config cannot be built, or None if it can."""
-    model = copy.deepcopy(config.model.to_dict())
-    model['vocab_size'] = model['vocab_size'] or 1
     try:
-        model_config(ml_collections.ConfigDict(model))
+        check_model_config(config.model)
     except ValueError as e:
         return str(e)
     return None
@@ -125,31 +79,7 @@ def summarise(sweep_dir: str, runs: list[dict]) -> list[dict]:
     by_point: dict[str, list[dict]] = {}
     for r in runs:
         by_point.setdefault(r['point'], []).append(r)
-    rows = []
-    for name, seeds in by_point.items():
-        results = []
-        for r in seeds:
-            with open(os.path.join(r['workdir'], 'results.json')) as f:
-                results.append(json.load(f))
-        model = results[0]['model']
-        loss = [x['eval']['loss'] for x in results]
-        ppl = [x['eval']['perplexity'] for x in results]
-        rows.append(
-            {
-                'point': name,
-                'attention': model['attention'],
-                'num_heads': model['num_heads'],
-                'num_kv_heads': model['num_kv_heads'],
-                'params': results[0]['params'],
-                'kv_cache_bytes_per_token': results[0]['kv_cache_bytes_per_token'],
-                'tokens_per_sec': float(np.median([x['tokens_per_sec'] for x in results])),
-                'eval_loss': float(np.mean(loss)),
-                'eval_loss_std': float(np.std(loss)),
-                'eval_perplexity': float(np.mean(ppl)),
-                'eval_perplexity_std': float(np.std(ppl)),
-                'seeds': len(results),
-            }
-        )
+    rows = [_summary_row(name, seeds) for name, seeds in by_point.items()]
     with open(os.path.join(sweep_dir, 'summary.csv'), 'w', newline='') as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -161,7 +91,7 @@ def summarise(sweep_dir: str, runs: list[dict]) -> list[dict]:
     ]
     for r in rows:
         lines.append(
-            f'| {r["point"]} | {r["attention"]} | {r["num_heads"]} | {r["num_kv_heads"]} | '
+            f'| {r["point"]} | {r["attention"]} | {r["num_heads"]} | {r["kv_heads"]} | '
             f'{r["params"]:,} | {r["kv_cache_bytes_per_token"]:,} | {r["tokens_per_sec"]:,.0f} | '
             f'{r["eval_loss"]:.4f} ± {r["eval_loss_std"]:.4f} | '
             f'{r["eval_perplexity"]:.3f} ± {r["eval_perplexity_std"]:.3f} | {r["seeds"]} |'
@@ -172,6 +102,35 @@ def summarise(sweep_dir: str, runs: list[dict]) -> list[dict]:
     return rows
 
 
+def _summary_row(name: str, seeds: list[dict]) -> dict:
+    """One point's row: its model's size and bf16 KV cache (from the run's saved config), the
+    median training throughput and the mean ± std of the final eval over seeds."""
+    results = []
+    for r in seeds:
+        with open(os.path.join(r['workdir'], 'results.json')) as f:
+            results.append(json.load(f))
+    cfg = model_config(stored_config(seeds[0]['workdir']).model)
+    loss = [x['eval']['loss'] for x in results]
+    ppl = [x['eval']['perplexity'] for x in results]
+    return {
+        'point': name,
+        'attention': cfg.attention,
+        'num_heads': cfg.num_heads,
+        'kv_heads': attention.variant(cfg).kv_heads(cfg),
+        'params': accounting.param_counts(cfg)['total'],
+        'kv_cache_bytes_per_token': accounting.kv_cache_bytes_per_token(cfg, 'bfloat16'),
+        'tokens_per_sec': float(np.median([x['tokens_per_sec'] for x in results])),
+        'eval_loss': float(np.mean(loss)),
+        'eval_loss_std': float(np.std(loss)),
+        'eval_perplexity': float(np.mean(ppl)),
+        'eval_perplexity_std': float(np.std(ppl)),
+        'seeds': len(results),
+    }
+
+
+MARKERS = 'os^Dv<>ph*'  # one per attention kind, in registry order
+
+
 def _plot(rows: list[dict], path: str) -> None:
     """Eval perplexity against KV-cache bytes per token (log x), one marker per attention kind."""
     import matplotlib
@@ -180,9 +139,9 @@ def _plot(rows: list[dict], path: str) -> None:
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    markers = {'mha': 'o', 'gqa': 's', 'mqa': '^', 'mla': 'D'}
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
-    for kind, marker in markers.items():
+    for i, kind in enumerate(attention.VARIANTS):
+        marker = MARKERS[i % len(MARKERS)]
         pts = [r for r in rows if r['attention'] == kind]
         if pts:
             ax.errorbar(

@@ -17,13 +17,12 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from lm import accounting, perf
-from lm.checkpoint import Checkpointer, check_same_shapes, param_shapes
+from lm import accounting, attention, perf
+from lm.checkpoint import Checkpointer
 from lm.config import ModelConfig
 from lm.data import call_batch
 from lm.evaluation import evaluate
-from lm.experiment import Experiment, checkpoint_meta, prepare
-from lm.optimizer import lr_schedule
+from lm.experiment import Experiment, checkpoint_meta, prepare, restore
 from lm.summary import Summary, run_logdir
 from lm.train_step import (
     call_sharding,
@@ -89,73 +88,231 @@ class _StopRequest:
             signal.signal(s, handler)
 
 
-def _restore_or_init(exp: Experiment, ckpt: Checkpointer) -> tuple[int, dict]:
-    setup = exp.setup
-    if not ckpt.steps():
-        return 0, init_state(setup, exp.model, exp.config.seed)
-    current = param_shapes(setup.abstract_state['params'])
-    step, state, meta = ckpt.restore(
-        setup.abstract_state,
-        check_meta=lambda m: check_same_shapes(
-            m['param_shapes'], current, f'the checkpoint in {ckpt.directory}'
-        ),
-    )
-    if meta['data_fingerprint'] != exp.corpus.fingerprint:
-        logging.warning('resuming on different data than the checkpoint was trained on')
-    logging.info('resumed from %s at step %d', ckpt.directory, step)
-    return step, state
-
-
 def train(config: ml_collections.ConfigDict, workdir: str, tb_dir: str = '') -> dict:
-    """Trains (or resumes) the run in `workdir`; returns the last eval metrics and end state."""
+    """Trains (or resumes) the run in `workdir`; returns the last eval metrics and end state.
+    A run that reaches `train.steps` writes `<workdir>/results.json` (`write_results`)."""
     exp = prepare(config)
     stop = _StopRequest()  # from here on, SIGTERM / SIGINT end the run at the next step boundary
     try:
-        with jax.set_mesh(exp.setup.mesh):
-            return _train(exp, workdir, tb_dir, stop)
+        with jax.set_mesh(exp.ctx.mesh):
+            return _Run(exp, workdir, tb_dir, stop).train()
     finally:
         stop.restore()
 
 
-def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> dict:
-    c, setup = exp.config, exp.setup
-    os.makedirs(workdir, exist_ok=True)
-    ckpt = Checkpointer(workdir, c.keep_checkpoints, c.async_checkpointing)
-    start, state = _restore_or_init(exp, ckpt)
-    total = c.train.steps
-    tb = Summary(run_logdir(workdir, tb_dir))
-    counts = accounting.param_counts(exp.model)
-    flops_tok = accounting.flops_per_token(exp.model, c.data.seq_len)
-    peak_total, peak_source = perf.peak_flops(c.train.peak_flops)
-    tb.text('config', '```\n' + c.to_json(indent=2) + '\n```')
-    tb.hparams(_hparams(c, exp.model, counts['total']))
-    logging.info(
-        'model: %s params (%s), %.3g FLOPs/token; peak %.3g FLOP/s on %d devices (%s)',
-        f'{counts["total"]:,}',
-        ', '.join(f'{k} {v:,}' for k, v in counts.items() if k != 'total'),
-        flops_tok,
-        peak_total,
-        jax.device_count(),
-        peak_source,
-    )
-    step_fns: dict[int, Callable] = {}  # steps per call -> compiled train step
-    eval_fn = make_eval_step(setup)
-    schedule = lr_schedule(c.train)
-    tokens_per_step = c.train.batch_size * c.data.seq_len
-    is_main = jax.process_index() == 0
+class _Meter:
+    """Train metrics and throughput: queues each call's metrics and fetches them one call late
+    (`drain`: checked, one TensorBoard point per step, progress bar), and times the steps
+    since the last `restart` for the periodic log line (`log`)."""
 
-    def run_eval(step: int) -> dict:
+    def __init__(self, exp: Experiment, tb: Summary, start: int, checkpoints: Callable):
+        c = exp.config
+        self.tb, self.total, self.checkpoints = tb, c.train.steps, checkpoints
+        self.tokens_per_step = c.train.batch_size * c.data.seq_len
+        self.flops_per_token = accounting.flops_per_token(exp.model_cfg, c.data.seq_len)
+        self.peak, _ = perf.peak_flops(c.train.peak_flops)
+        self.pending: list = []  # (last step of a call, its metrics on device)
+        self.speeds: list[float] = []  # tokens/s of each timed window
+        self.last: tuple[int, dict] = (start, {})
+        self.bar = tqdm(
+            total=self.total,
+            initial=start,
+            disable=jax.process_index() != 0,
+            mininterval=1.0,
+            unit='step',
+        )
+        self.restart()
+
+    def restart(self) -> None:
+        self.t, self.steps = time.perf_counter(), 0
+
+    def exclude(self, seconds: float) -> None:
+        """Leaves `seconds` (a compile) out of the current window."""
+        self.t += seconds
+
+    def record(self, step: int, n: int, metrics: dict) -> None:
+        """Queues the metrics of a call of `n` steps ending at `step` (fetched next call)."""
+        self.drain()
+        self.pending.append((step, metrics))
+        self.steps += n
+
+    def drain(self) -> None:
+        """Fetches queued metrics, checks them, logs them (one TensorBoard point per step)."""
+        while self.pending:
+            last, fetched = self.pending.pop(0)
+            fetched = {k: np.atleast_1d(v) for k, v in jax.device_get(fetched).items()}
+            n = len(fetched['loss'])
+            for i in range(n):
+                s, m = last - n + 1 + i, {k: float(v[i]) for k, v in fetched.items()}
+                if not (np.isfinite(m['loss']) and np.isfinite(m['grad_norm'])):
+                    raise FloatingPointError(
+                        f'non-finite loss ({m["loss"]}) or gradient norm ({m["grad_norm"]}) at '
+                        f'step {s}; stopping without saving that state (last checkpoint: '
+                        f'{self.checkpoints()})'
+                    )
+                self.tb.scalars(s, {f'train/{k}': v for k, v in m.items()})  # loss, grad_norm, lr
+                self.bar.set_postfix(loss=f'{m["loss"]:.4f}', refresh=False)
+                self.bar.update(1)
+                self.last = (s, m)
+
+    def log(self) -> None:
+        """Step time, tokens/s and MFU of the window since the last restart, and a log line."""
+        dt = (time.perf_counter() - self.t) / max(self.steps, 1)
+        tps = self.tokens_per_step / dt
+        if self.steps > 0:
+            self.speeds.append(tps)
+        utilisation = perf.mfu(tps, self.flops_per_token, self.peak)
+        s, m = self.last
+        self.tb.scalars(
+            s, {'perf/step_time': dt, 'perf/tokens_per_sec': tps, 'perf/mfu': utilisation}
+        )
+        logging.info(
+            'step %d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms/step | '
+            '%.0f tok/s | MFU %.1f%%',
+            s,
+            self.total,
+            m['loss'],
+            m['grad_norm'],
+            m['lr'],
+            dt * 1e3,
+            tps,
+            utilisation * 100,
+        )
+        self.restart()
+
+    def median_tokens_per_sec(self) -> float | None:
+        return float(np.median(self.speeds)) if self.speeds else None
+
+
+class _StepCache:
+    """Compiled train steps by steps per call, each compiled ahead of time on first use (its
+    compile time is logged and left out of the meter's window)."""
+
+    def __init__(self, exp: Experiment, meter: _Meter):
+        self.exp, self.meter, self.fns = exp, meter, {}
+
+    def __call__(self, n: int) -> Callable:
+        if n not in self.fns:
+            c, ctx = self.exp.config, self.exp.ctx
+            t = time.perf_counter()
+            shape = (c.train.batch_size, c.data.seq_len + 1)
+            batch = jax.ShapeDtypeStruct(
+                shape if n == 1 else (n, *shape), np.int32, sharding=call_sharding(ctx, n)
+            )
+            fn = make_train_step(ctx, c.train.grad_accum_steps, n)
+            self.fns[n] = fn.lower(ctx.abstract_state, batch).compile()
+            dt = time.perf_counter() - t
+            logging.info('compiled the train step (%d step(s) per call) in %.1f s', n, dt)
+            self.meter.exclude(dt)
+        return self.fns[n]
+
+
+class _Run:
+    """One training run: restore or init, then calls of the train step, with logging, eval and
+    checkpoints at their intervals. Holds the state between the pieces."""
+
+    def __init__(self, exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest):
+        c = exp.config
+        self.exp, self.workdir, self.stop = exp, workdir, stop
+        os.makedirs(workdir, exist_ok=True)
+        self.ckpt = Checkpointer(workdir, c.keep_checkpoints, c.async_checkpointing)
+        self.tb = Summary(run_logdir(workdir, tb_dir))
+        self.eval_fn = make_eval_step(exp.ctx)
+
+    def train(self) -> dict:
+        c = self.exp.config
+        self.start, self.state = self._restore_or_init()
+        _log_model(self.exp, self.tb)
+        self.meter = _Meter(self.exp, self.tb, self.start, self.ckpt.steps)
+        self.last_eval = self._evaluate(0) if self.start == 0 else {}
+        self.meter.restart()  # the first window times steps only
+        step = self.start
+        try:
+            step = self._steps()
+        finally:
+            self.meter.bar.close()
+            self.ckpt.wait()
+            self.ckpt.close()
+            self.tb.flush()
+            self.tb.close()
+        finished = step == c.train.steps and (step > self.start or self.start == 0)
+        if finished and not self.stop.signum and jax.process_index() == 0:
+            write_results(self.workdir, step, self.last_eval, self.meter.median_tokens_per_sec())
+        return {
+            'step': step,
+            'eval': self.last_eval,
+            'signal': self.stop.signum,
+            'state': self.state,
+        }
+
+    def _restore_or_init(self) -> tuple[int, dict]:
+        exp = self.exp
+        if not self.ckpt.steps():
+            return 0, init_state(exp.ctx, exp.model_cfg, exp.config.seed)
+        step, state, meta = restore(self.ckpt, exp.ctx)
+        if meta['data_fingerprint'] != exp.corpus.fingerprint:
+            logging.warning('resuming on different data than the checkpoint was trained on')
+        logging.info('resumed from %s at step %d', self.ckpt.directory, step)
+        return step, state
+
+    def _steps(self) -> int:
+        """Runs the calls from the start to `train.steps` (or a stop signal); returns the step."""
+        c, ctx = self.exp.config, self.exp.ctx
+        compiled = _StepCache(self.exp, self.meter)
+        every = (c.log_every, c.eval_every, c.checkpoint_every)
+        sizes = list(call_sizes(self.start, c.train.steps, c.train.steps_per_call, every))
+        step = self.start
+        for batch in _prefetch(self.exp, self.start, sizes):
+            n = 1 if batch.ndim == 2 else batch.shape[0]
+            self.state, metrics = compiled(n)(self.state, device_call_batch(ctx, batch))
+            step += n
+            self.meter.record(step, n, metrics)
+            if self._boundary(step):
+                break
+        self.meter.drain()
+        return step
+
+    def _boundary(self, step: int) -> bool:
+        """Logs, checkpoints and evaluates when `step` is due; True when a signal ends the run."""
+        c = self.exp.config
+        due = {
+            name: step % every == 0 or step == c.train.steps
+            for name, every in (
+                ('log', c.log_every),
+                ('eval', c.eval_every),
+                ('ckpt', c.checkpoint_every),
+            )
+        }
+        if not (any(due.values()) or self.stop.signum):
+            return False
+        jax.block_until_ready(self.state['step'])
+        self.meter.drain()
+        if due['log']:
+            self.meter.log()
+        if due['ckpt'] or self.stop.signum:
+            self._save(step)
+        if due['eval']:
+            self.last_eval = self._evaluate(step)
+        if due['eval'] or due['ckpt']:
+            self.meter.restart()
+        if self.stop.signum:
+            name = signal.Signals(self.stop.signum).name
+            logging.warning('%s at step %d: checkpoint saved, exiting', name, step)
+        return bool(self.stop.signum)
+
+    def _evaluate(self, step: int) -> dict:
+        exp, c = self.exp, self.exp.config
         metrics = evaluate(
-            eval_fn,
-            state['params'],
+            self.eval_fn,
+            self.state['params'],
             exp.corpus,
             'validation',
             batch_size=c.train.batch_size,
             seq_len=c.data.seq_len,
             num_batches=c.eval_batches,
-            batch_sharding=setup.batch_sharding,
+            batch_sharding=exp.ctx.batch_sharding,
         )
-        tb.scalars(step, {f'eval/{k}': v for k, v in metrics.items()})
+        self.tb.scalars(step, {f'eval/{k}': v for k, v in metrics.items()})
         logging.info(
             'eval at step %d: loss %.4f, perplexity %.3f, %.4f bits/byte',
             step,
@@ -165,149 +322,46 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
         )
         return metrics
 
-    def save(step: int) -> None:
-        ckpt.save(
-            step,
-            state,
-            checkpoint_meta(c, exp.corpus.fingerprint, step, setup.abstract_state['params']),
+    def _save(self, step: int) -> None:
+        exp = self.exp
+        meta = checkpoint_meta(
+            exp.config, exp.corpus.fingerprint, step, exp.ctx.abstract_state['params']
         )
-        tb.flush()  # the curve up to a checkpoint survives a kill -9
-
-    last_eval = run_eval(start) if start == 0 else {}
-    pending: list = []  # (last step, metrics on device), fetched one call late
-    window = {'t': time.perf_counter(), 'steps': 0}
-    bar = tqdm(total=total, initial=start, disable=not is_main, mininterval=1.0, unit='step')
-
-    def drain() -> None:
-        """Fetches queued metrics, checks them, logs them (one TensorBoard point per step)."""
-        while pending:
-            last, fetched = pending.pop(0)
-            fetched = {k: np.atleast_1d(v) for k, v in jax.device_get(fetched).items()}
-            n = len(fetched['loss'])
-            for i in range(n):
-                s, m = last - n + 1 + i, {k: float(v[i]) for k, v in fetched.items()}
-                if not (np.isfinite(m['loss']) and np.isfinite(m['grad_norm'])):
-                    raise FloatingPointError(
-                        f'non-finite loss ({m["loss"]}) or gradient norm ({m["grad_norm"]}) at '
-                        f'step {s}; stopping without saving that state (last checkpoint: '
-                        f'{ckpt.steps()})'
-                    )
-                tb.scalars(s, {f'train/{k}': v for k, v in m.items()})  # loss, grad_norm, lr
-                bar.set_postfix(loss=f'{m["loss"]:.4f}', refresh=False)
-                bar.update(1)
-                window['last'] = (s, m)
-
-    def compiled_step(n: int) -> Callable:
-        """The train step taking n steps per call, compiled ahead of time on first use (its
-        compile time is logged and left out of the step-time window)."""
-        if n not in step_fns:
-            t = time.perf_counter()
-            shape = (c.train.batch_size, c.data.seq_len + 1)
-            batch = jax.ShapeDtypeStruct(
-                shape if n == 1 else (n, *shape), np.int32, sharding=call_sharding(setup, n)
-            )
-            fn = make_train_step(setup, c.train.grad_accum_steps, n, schedule)
-            step_fns[n] = fn.lower(setup.abstract_state, batch).compile()
-            dt = time.perf_counter() - t
-            logging.info('compiled the train step (%d step(s) per call) in %.1f s', n, dt)
-            window['t'] += dt
-        return step_fns[n]
-
-    def log_perf(step: int) -> None:
-        dt = (time.perf_counter() - window['t']) / max(window['steps'], 1)
-        tps = tokens_per_step / dt
-        if window['steps'] > 0:
-            speeds.append(tps)
-        utilisation = perf.mfu(tps, flops_tok, peak_total)
-        tb.scalars(
-            step, {'perf/step_time': dt, 'perf/tokens_per_sec': tps, 'perf/mfu': utilisation}
-        )
-        s, m = window['last']
-        logging.info(
-            'step %d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms/step | '
-            '%.0f tok/s | MFU %.1f%%',
-            s,
-            total,
-            m['loss'],
-            m['grad_norm'],
-            m['lr'],
-            dt * 1e3,
-            tps,
-            utilisation * 100,
-        )
-        window.update(t=time.perf_counter(), steps=0)
-
-    speeds: list[float] = []
-    step = start
-    try:
-        every = (c.log_every, c.eval_every, c.checkpoint_every)
-        sizes = list(call_sizes(start, total, c.train.steps_per_call, every))
-        for batch in _prefetch(exp, start, sizes):
-            n = 1 if batch.ndim == 2 else batch.shape[0]
-            state, metrics = compiled_step(n)(state, device_call_batch(setup, batch))
-            step += n
-            drain()
-            pending.append((step, metrics))
-            window['steps'] += n
-            boundary = step % c.log_every == 0 or step == total
-            due_eval, due_ckpt = (
-                step % c.eval_every == 0 or step == total,
-                (step % c.checkpoint_every == 0 or step == total),
-            )
-            if boundary or due_eval or due_ckpt or stop.signum:
-                jax.block_until_ready(state['step'])
-                drain()
-                if boundary:
-                    log_perf(step)
-                if due_ckpt or stop.signum:
-                    save(step)
-                if due_eval:
-                    last_eval = run_eval(step)
-                if due_eval or due_ckpt:
-                    window.update(t=time.perf_counter(), steps=0)
-                if stop.signum:
-                    logging.warning(
-                        '%s at step %d: checkpoint saved, exiting',
-                        signal.Signals(stop.signum).name,
-                        step,
-                    )
-                    break
-        drain()
-    finally:
-        bar.close()
-        ckpt.wait()
-        ckpt.close()
-        tb.flush()
-        tb.close()
-    if step == total and (step > start or start == 0) and not stop.signum and is_main:
-        _write_results(
-            workdir,
-            {
-                'step': step,
-                'eval': last_eval,
-                'model': dataclasses.asdict(exp.model),
-                'params': counts['total'],
-                'kv_cache_bytes_per_token': accounting.kv_cache_bytes_per_token(
-                    exp.model, 'bfloat16'
-                ),
-                'tokens_per_sec': float(np.median(speeds)) if speeds else None,
-            },
-        )
-    return {'step': step, 'eval': last_eval, 'signal': stop.signum, 'state': state}
+        self.ckpt.save(step, self.state, meta)
+        self.tb.flush()  # the curve up to a checkpoint survives a kill -9
 
 
-def _write_results(workdir: str, results: dict) -> None:
-    """`<workdir>/results.json`: final eval metrics, size and median throughput of a finished
-    run (what sweeps summarise)."""
+def _log_model(exp: Experiment, tb: Summary) -> None:
+    """The run's config and HParams to TensorBoard; model size, FLOPs and peak to the log."""
+    c, cfg = exp.config, exp.model_cfg
+    counts = accounting.param_counts(cfg)
+    peak_total, peak_source = perf.peak_flops(c.train.peak_flops)
+    tb.text('config', '```\n' + c.to_json(indent=2) + '\n```')
+    tb.hparams(_hparams(c, cfg, counts['total']))
+    logging.info(
+        'model: %s params (%s), %.3g FLOPs/token; peak %.3g FLOP/s on %d devices (%s)',
+        f'{counts["total"]:,}',
+        ', '.join(f'{k} {v:,}' for k, v in counts.items() if k != 'total'),
+        accounting.flops_per_token(cfg, c.data.seq_len),
+        peak_total,
+        jax.device_count(),
+        peak_source,
+    )
+
+
+def write_results(workdir: str, step: int, last_eval: dict, tokens_per_sec: float | None):
+    """`<workdir>/results.json` of a finished run: its last step, final eval metrics and median
+    training throughput (sweeps read it, and skip runs that have one)."""
     path = os.path.join(workdir, 'results.json')
     with open(path + '.tmp', 'w') as f:
-        json.dump(results, f, indent=1)
+        json.dump({'step': step, 'eval': last_eval, 'tokens_per_sec': tokens_per_sec}, f, indent=1)
     os.replace(path + '.tmp', path)
 
 
 def _hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) -> dict:
     """Flat scalar hyper-parameters for TensorBoard's HParams tab."""
     values = {f'model.{k}': v for k, v in dataclasses.asdict(cfg).items()}
+    values['model.kv_heads'] = attention.variant(cfg).kv_heads(cfg)  # what the cache holds
     values.update({f'train.{k}': v for k, v in c.train.items()})
     values.update(
         {

@@ -1,8 +1,9 @@
 """The functional hot path: a train state pytree, its shardings, and jitted train / eval steps.
 
 The model is split once into a static graph and a pure dict of parameters; the state is
-{'params', 'opt_state', 'step', 'rng'}, created directly with its shardings (never whole on one
-device) and donated to every step.
+{'params', 'opt_state', 'step', 'rng'}, created directly with its shardings (never whole on
+one device) and donated to every step. ('rng' is unused by the steps but kept: every saved
+checkpoint holds it, and restoring reads the same tree.)
 """
 
 from __future__ import annotations
@@ -31,17 +32,18 @@ State = dict
 
 
 @dataclasses.dataclass(frozen=True)
-class Setup:
-    """Everything the steps close over: graph, optimizer, mesh and shardings."""
+class StepContext:
+    """The static half of training, which the jitted steps close over: the model graph, the
+    optimizer and its schedule, the mesh and every sharding."""
 
     graphdef: nnx.GraphDef
     tx: optax.GradientTransformation
     abstract_state: State  # ShapeDtypeStructs carrying the shardings below
     state_sharding: State
     batch_sharding: NamedSharding
-    param_axes: dict  # path -> logical axes, for error messages and tests
     mesh: Mesh
     constrain: Callable  # activation sharding constraint passed to the model
+    lr_schedule: optax.Schedule | None = None  # the optimizer's, for the logged 'lr'
 
 
 def _abstract_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
@@ -63,9 +65,16 @@ def _init_fn(cfg: ModelConfig, tx: optax.GradientTransformation, seed: int) -> C
     return init
 
 
-def make_setup(
-    cfg: ModelConfig, tx: optax.GradientTransformation, mesh: Mesh, rules: dict, seed: int
-) -> Setup:
+def make_step_context(
+    cfg: ModelConfig,
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    rules: dict,
+    seed: int,
+    lr_schedule: optax.Schedule | None = None,
+) -> StepContext:
+    """Abstract state and shardings for model `cfg` trained by `tx` on `mesh` (nothing is
+    allocated); `lr_schedule` is `tx`'s, so steps can report the rate they used."""
     graphdef, abstract = _abstract_params(cfg)
     p_shard = param_shardings(abstract, mesh, rules)
     shapes = jax.eval_shape(_init_fn(cfg, tx, seed))
@@ -81,22 +90,21 @@ def make_setup(
     abstract_state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, sharding
     )
-    axes = {'/'.join(map(str, p)): v.get_metadata()['axes'] for p, v in nnx.to_flat_state(abstract)}
-    return Setup(
+    return StepContext(
         graphdef,
         tx,
         abstract_state,
         sharding,
         batch_sharding(mesh, rules),
-        axes,
         mesh,
         activation_constraint(mesh, rules),
+        lr_schedule,
     )
 
 
-def init_state(setup: Setup, cfg: ModelConfig, seed: int) -> State:
+def init_state(ctx: StepContext, cfg: ModelConfig, seed: int) -> State:
     """A fresh state, each array created directly in its sharding."""
-    return jax.jit(_init_fn(cfg, setup.tx, seed), out_shardings=setup.state_sharding)()
+    return jax.jit(_init_fn(cfg, ctx.tx, seed), out_shardings=ctx.state_sharding)()
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
@@ -105,44 +113,39 @@ def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
     return logz - jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
 
 
-def token_losses(setup: Setup, params: dict, batch_BT1: jax.Array) -> jax.Array:
+def token_losses(ctx: StepContext, params: dict, batch_BT1: jax.Array) -> jax.Array:
     """Next-token losses [B, T] of the model `params` on a batch of T + 1 tokens per row."""
-    model = nnx.merge(setup.graphdef, params)
-    logits = model(batch_BT1[:, :-1], constrain=setup.constrain)
+    model = nnx.merge(ctx.graphdef, params)
+    logits = model(batch_BT1[:, :-1], constrain=ctx.constrain)
     return cross_entropy(logits, batch_BT1[:, 1:])
 
 
-def call_sharding(setup: Setup, steps_per_call: int) -> NamedSharding:
+def call_sharding(ctx: StepContext, steps_per_call: int) -> NamedSharding:
     """Sharding of one train-step call's batch: [B, T+1], or [K, B, T+1] for K steps per call."""
     if steps_per_call == 1:
-        return setup.batch_sharding
-    return stacked_sharding(setup.batch_sharding)
+        return ctx.batch_sharding
+    return stacked_sharding(ctx.batch_sharding)
 
 
-def device_call_batch(setup: Setup, local: np.ndarray) -> jax.Array:
+def device_call_batch(ctx: StepContext, local: np.ndarray) -> jax.Array:
     """A call's global batch on the mesh from this process's rows (`lm.data.call_batch`)."""
     steps = 1 if local.ndim == 2 else local.shape[0]
-    return global_batch(local, call_sharding(setup, steps), batch_axis=local.ndim - 2)
+    return global_batch(local, call_sharding(ctx, steps), batch_axis=local.ndim - 2)
 
 
-def make_train_step(
-    setup: Setup,
-    grad_accum_steps: int,
-    steps_per_call: int = 1,
-    lr_schedule: optax.Schedule | None = None,
-) -> Callable:
+def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int = 1) -> Callable:
     """(state, batch [B, T+1] int32) -> (state, metrics); state donated.
 
-    Metrics: 'loss', 'grad_norm' and, given the optimizer's `lr_schedule`, the 'lr' this step
-    used (computed on the device, so the host does no per-step schedule maths).
+    Metrics: 'loss', 'grad_norm' and, when `ctx` carries the optimizer's schedule, the 'lr' this
+    step used (computed on the device, so the host does no per-step schedule maths).
 
     With grad_accum_steps = A, the batch is split into A micro-batches of B/A rows (row r goes
     to micro-batch r mod A, which keeps each device's rows local) and gradients are averaged.
     With steps_per_call = K > 1 the call takes the batches of K consecutive steps, [K, B, T+1]
-    (sharded as `call_sharding(setup, K)`), runs the K optimizer steps in one
+    (sharded as `call_sharding(ctx, K)`), runs the K optimizer steps in one
     `lax.scan` and returns metrics of shape [K]: the same updates as K calls, one dispatch.
     """
-    grad_fn = jax.value_and_grad(lambda p, b: token_losses(setup, p, b).mean())
+    grad_fn = jax.value_and_grad(lambda p, b: token_losses(ctx, p, b).mean())
 
     def step(state: State, batch_BT1: jax.Array) -> tuple[State, dict]:
         params = state['params']
@@ -150,6 +153,7 @@ def make_train_step(
             loss, grads = grad_fn(params, batch_BT1)
         else:
             B, T1 = batch_BT1.shape
+            # row r goes to micro-batch r mod A: [B, T1] -> [B/A, A, T1] -> [A, B/A, T1]
             micro_ABT1 = batch_BT1.reshape(B // grad_accum_steps, grad_accum_steps, T1)
             micro_ABT1 = micro_ABT1.transpose(1, 0, 2)
 
@@ -160,7 +164,7 @@ def make_train_step(
             zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
             (loss, grads), _ = jax.lax.scan(accumulate, zero, micro_ABT1)
             loss, grads = jax.tree.map(lambda x: x / grad_accum_steps, (loss, grads))
-        updates, opt_state = setup.tx.update(grads, state['opt_state'], params)
+        updates, opt_state = ctx.tx.update(grads, state['opt_state'], params)
         new_state = {
             'params': optax.apply_updates(params, updates),
             'opt_state': opt_state,
@@ -168,8 +172,8 @@ def make_train_step(
             'rng': state['rng'],
         }
         metrics = {'loss': loss, 'grad_norm': optax.tree.norm(grads)}
-        if lr_schedule is not None:
-            metrics['lr'] = lr_schedule(state['step'])
+        if ctx.lr_schedule is not None:
+            metrics['lr'] = ctx.lr_schedule(state['step'])
         return new_state, metrics
 
     def steps(state: State, batches_KBT1: jax.Array) -> tuple[State, dict]:
@@ -177,16 +181,16 @@ def make_train_step(
 
     return jax.jit(
         step if steps_per_call == 1 else steps,
-        in_shardings=(setup.state_sharding, call_sharding(setup, steps_per_call)),
-        out_shardings=(setup.state_sharding, None),
+        in_shardings=(ctx.state_sharding, call_sharding(ctx, steps_per_call)),
+        out_shardings=(ctx.state_sharding, None),
         donate_argnums=0,
     )
 
 
-def make_eval_step(setup: Setup) -> Callable:
+def make_eval_step(ctx: StepContext) -> Callable:
     """(params, batch [B, T+1]) -> summed nats over all B·T predicted tokens."""
 
     def step(params: dict, batch_BT1: jax.Array) -> jax.Array:
-        return token_losses(setup, params, batch_BT1).sum()
+        return token_losses(ctx, params, batch_BT1).sum()
 
-    return jax.jit(step, in_shardings=(setup.state_sharding['params'], setup.batch_sharding))
+    return jax.jit(step, in_shardings=(ctx.state_sharding['params'], ctx.batch_sharding))

@@ -10,7 +10,6 @@ g_dst (g_src divisible by g_dst) merges each run of r = g_src / g_dst consecutiv
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import os
 
@@ -19,13 +18,11 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
+from lm import attention
 from lm.checkpoint import Checkpointer
 from lm.config import DTYPES, ModelConfig
-from lm.experiment import checkpoint_meta, restore_run
+from lm.experiment import checkpoint_meta, restore_run, step_context
 from lm.model import model_config
-from lm.optimizer import make_optimizer
-from lm.sharding import rules_table
-from lm.train_step import make_setup
 
 METHODS = ('mean', 'first', 'random')
 
@@ -34,10 +31,10 @@ def check_conversion(src: ModelConfig, num_kv_heads: int, method: str) -> None:
     """One-line errors for a conversion that cannot work, before any array is read."""
     if method not in METHODS:
         raise ValueError(f'--method must be one of {METHODS}, got {method!r}')
-    if src.attention == 'mla':
+    if not attention.variant(src).poolable_kv_heads:
         raise ValueError(
-            "the source checkpoint uses attention='mla'; only MHA/GQA/MQA "
-            'checkpoints convert to fewer KV heads'
+            f"the source checkpoint uses attention='{src.attention}', which has no K/V heads to "
+            'pool; only MHA/GQA/MQA checkpoints convert to fewer KV heads'
         )
     g_src, H = src.num_kv_heads, src.num_heads
     if num_kv_heads < 1:
@@ -55,12 +52,6 @@ def check_conversion(src: ModelConfig, num_kv_heads: int, method: str) -> None:
         raise ValueError(
             f"the source's {g_src} KV heads are not divisible by --num_kv_heads={num_kv_heads}"
         )
-
-
-def target_config(src: ModelConfig, num_kv_heads: int) -> ModelConfig:
-    """The converted model's config: 'mqa' for one KV head, 'gqa' otherwise."""
-    attention = 'mqa' if num_kv_heads == 1 else 'gqa'
-    return dataclasses.replace(src, attention=attention, num_kv_heads=num_kv_heads)
 
 
 def merge_kv_heads(x: jax.Array, head_axis: int, num_kv_heads: int, method: str) -> jax.Array:
@@ -109,8 +100,7 @@ def uptrain_config(
     """The converted run's config: attention and KV heads updated, the schedule set for
     `uptrain.fraction` × the source's steps with its own warmup, provenance recorded."""
     config = ml_collections.ConfigDict(copy.deepcopy(source.to_dict()))
-    config.model.attention = 'mqa' if num_kv_heads == 1 else 'gqa'
-    config.model.num_kv_heads = num_kv_heads
+    config.model.update(attention.VARIANTS[source.model.attention].pooled(num_kv_heads))
     up = config.uptrain
     steps = round(up.fraction * source_step)
     config.train.steps = steps
@@ -139,30 +129,28 @@ def convert_checkpoint(
     source = restore_run(
         src, step, lambda cfg: check_conversion(cfg, num_kv_heads, method), '--src'
     )
-    src_config, src_cfg, state = source.config, source.model, source.state
+    src_config, src_cfg, state = source.config, source.model_cfg, source.state
     if fraction is not None:
         src_config.uptrain.fraction = fraction
     config = uptrain_config(
         src_config, num_kv_heads, source.step, method=method, source_workdir=os.path.abspath(src)
     )
-    cfg = model_config(config.model)
-    tx = make_optimizer(config.train)
-    setup = make_setup(cfg, tx, source.setup.mesh, rules_table(config.mesh), config.seed)
+    ctx = step_context(config, model_config(config.model), mesh=source.ctx.mesh)
     params = convert_params(state['params'], src_cfg, num_kv_heads, method, seed)
     new_state = jax.device_put(
         {
             'params': params,
-            'opt_state': tx.init(params),
+            'opt_state': ctx.tx.init(params),
             'step': jax.numpy.zeros((), jax.numpy.int32),
             'rng': state['rng'],
         },
-        setup.state_sharding,
+        ctx.state_sharding,
     )
     out = Checkpointer(dst, async_save=False)
     out.save(
         0,
         new_state,
-        checkpoint_meta(config, source.meta['data_fingerprint'], 0, setup.abstract_state['params']),
+        checkpoint_meta(config, source.meta['data_fingerprint'], 0, ctx.abstract_state['params']),
     )
     out.close()
     logging.info(

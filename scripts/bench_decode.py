@@ -19,6 +19,7 @@ import numpy as np
 from absl import flags
 
 from lm.accounting import kv_cache_bytes_per_token, param_counts
+from lm.attention import parse_variant
 from lm.cli import run_app
 from lm.config import load_config_file
 from lm.decode import Decoder, init_caches
@@ -53,10 +54,7 @@ def model_for(variant: str):
         qk_rope_head_dim=E // 16,
         v_head_dim=E // 8,
     )
-    if variant.startswith('gqa'):
-        config.model.update(attention='gqa', num_kv_heads=int(variant[3:]))
-    else:
-        config.model.attention = variant
+    config.model.update(parse_variant(variant))
     return model_config(config.model)
 
 

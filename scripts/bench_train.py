@@ -21,10 +21,9 @@ import numpy as np
 from absl import flags
 
 from lm import accounting, perf
-from lm.cli import RecipeFlags, run_app
+from lm.cli import RecipeFlags, bootstrap, run_app
 from lm.data import call_batch
 from lm.experiment import prepare
-from lm.sharding import set_cpu_devices
 from lm.train_step import device_call_batch, init_state, make_train_step
 
 RECIPE = RecipeFlags(__name__)
@@ -36,11 +35,11 @@ _JSON = flags.DEFINE_string('json', '', 'Also write the rows as JSON here.')
 
 def bench(variant: str, peak_total: float) -> dict:
     exp = prepare(RECIPE.config(variant))
-    c, setup = exp.config, exp.setup
+    c, ctx = exp.config, exp.ctx
     k = c.train.steps_per_call
-    with jax.set_mesh(setup.mesh):
-        state = init_state(setup, exp.model, c.seed)
-        step_fn = make_train_step(setup, c.train.grad_accum_steps, k)
+    with jax.set_mesh(ctx.mesh):
+        state = init_state(ctx, exp.model_cfg, c.seed)
+        step_fn = make_train_step(ctx, c.train.grad_accum_steps, k)
 
         def device_batch(call: int) -> jax.Array:
             """The batch of one call: [B, T+1], or [k, B, T+1] for k steps per call."""
@@ -52,7 +51,7 @@ def bench(variant: str, peak_total: float) -> dict:
                 batch_size=c.train.batch_size,
                 seq_len=c.data.seq_len,
             )
-            return device_call_batch(setup, local)
+            return device_call_batch(ctx, local)
 
         batch = device_batch(0)
         t = time.perf_counter()
@@ -77,7 +76,7 @@ def bench(variant: str, peak_total: float) -> dict:
             with_data.append((time.perf_counter() - t) / k)
     dt = float(np.median(step_times))
     tokens = c.train.batch_size * c.data.seq_len
-    fpt = accounting.flops_per_token(exp.model, c.data.seq_len)
+    fpt = accounting.flops_per_token(exp.model_cfg, c.data.seq_len)
     return {
         'variant': variant,
         'steps_per_call': k,
@@ -90,12 +89,12 @@ def bench(variant: str, peak_total: float) -> dict:
         'achieved_flops': fpt * tokens / dt,
         'peak_flops': peak_total,
         'mfu': perf.mfu(tokens / dt, fpt, peak_total),
-        'params': accounting.param_counts(exp.model)['total'],
+        'params': accounting.param_counts(exp.model_cfg)['total'],
     }
 
 
 def run() -> int:
-    set_cpu_devices(RECIPE.config(_VARIANTS.value[0]).mesh)
+    bootstrap(RECIPE.config(_VARIANTS.value[0]), compilation_cache=False)
     peak_total, source = perf.peak_flops()
     rows = [bench(v, peak_total) for v in _VARIANTS.value]
     print(

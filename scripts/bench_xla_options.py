@@ -17,10 +17,9 @@ import jax
 import numpy as np
 from absl import flags
 
-from lm.cli import RecipeFlags, run_app
+from lm.cli import RecipeFlags, bootstrap, run_app
 from lm.data import call_batch
 from lm.experiment import prepare
-from lm.sharding import set_cpu_devices
 from lm.train_step import device_call_batch, init_state, make_train_step
 
 RECIPE = RecipeFlags(__name__)
@@ -57,9 +56,9 @@ def parse_option(spec: str) -> tuple[str, dict]:
 def run() -> int:
     option_sets = dict([('base', {})] + [parse_option(s) for s in _OPTIONS.value])
     config = RECIPE.config(_VARIANT.value)
-    set_cpu_devices(config.mesh)
+    bootstrap(config, compilation_cache=False)
     exp = prepare(config)
-    c, setup = exp.config, exp.setup
+    c, ctx = exp.config, exp.ctx
     k = c.train.steps_per_call
     local = call_batch(
         exp.corpus.tokens['train'],
@@ -69,10 +68,10 @@ def run() -> int:
         batch_size=c.train.batch_size,
         seq_len=c.data.seq_len,
     )
-    with jax.set_mesh(setup.mesh):
-        state = init_state(setup, exp.model, c.seed)
-        batch = device_call_batch(setup, local)
-        lowered = make_train_step(setup, c.train.grad_accum_steps, k).lower(state, batch)
+    with jax.set_mesh(ctx.mesh):
+        state = init_state(ctx, exp.model_cfg, c.seed)
+        batch = device_call_batch(ctx, local)
+        lowered = make_train_step(ctx, c.train.grad_accum_steps, k).lower(state, batch)
         compiled = {name: lowered.compile(compiler_options=o) for name, o in option_sets.items()}
         times: dict[str, list[float]] = {name: [] for name in compiled}
         for _ in range(_ROUNDS.value):

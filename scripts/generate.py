@@ -8,7 +8,7 @@
 from absl import flags
 from flax import nnx
 
-from lm.cli import run_app, use_compilation_cache
+from lm.cli import bootstrap, run_app
 from lm.data import load_tokenizer
 from lm.decode import Decoder, parse_sampling
 from lm.experiment import restore_run, stored_config
@@ -30,10 +30,10 @@ _STOP = flags.DEFINE_bool('stop_at_eos', True, 'Stop a row at the end-of-text to
 
 def run() -> int:
     sampling = parse_sampling(_SAMPLING.value)
-    use_compilation_cache(stored_config(_WORKDIR.value).compilation_cache_dir)
+    bootstrap(stored_config(_WORKDIR.value))
     restored = restore_run(_WORKDIR.value, _STEP.value)
     tokenizer = load_tokenizer(restored.config.data)
-    decoder = Decoder(nnx.merge(restored.setup.graphdef, restored.state['params']))
+    decoder = Decoder(nnx.merge(restored.ctx.graphdef, restored.state['params']))
     eos = tokenizer.eos_id if _STOP.value else None
     context = restored.config.data.seq_len
     # The model saw at most `context` tokens in training: like nanoGPT, generate in chunks of

@@ -21,10 +21,10 @@ import time
 import jax
 from absl import flags
 
-from lm.cli import RecipeFlags, run_app
+from lm.cli import RecipeFlags, bootstrap, run_app
 from lm.data import train_batch
 from lm.experiment import prepare
-from lm.sharding import global_batch, set_cpu_devices
+from lm.sharding import global_batch
 from lm.train_step import init_state, make_train_step
 
 RECIPE = RecipeFlags(__name__)
@@ -100,11 +100,11 @@ def categorise(ops: list[str]) -> str:
 
 def run() -> int:
     config = RECIPE.config(_VARIANT.value)
-    set_cpu_devices(config.mesh)
+    bootstrap(config, compilation_cache=False)
     exp = prepare(config)
     c = exp.config
-    with jax.set_mesh(exp.setup.mesh):
-        state = init_state(exp.setup, exp.model, c.seed)
+    with jax.set_mesh(exp.ctx.mesh):
+        state = init_state(exp.ctx, exp.model_cfg, c.seed)
         batch = global_batch(
             train_batch(
                 exp.corpus.tokens['train'],
@@ -113,10 +113,10 @@ def run() -> int:
                 batch_size=c.train.batch_size,
                 seq_len=c.data.seq_len,
             ),
-            exp.setup.batch_sharding,
+            exp.ctx.batch_sharding,
         )
         compiled = (
-            make_train_step(exp.setup, c.train.grad_accum_steps).lower(state, batch).compile()
+            make_train_step(exp.ctx, c.train.grad_accum_steps).lower(state, batch).compile()
         )
         for _ in range(5):
             state, _ = compiled(state, batch)

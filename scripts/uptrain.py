@@ -9,7 +9,8 @@ state, and the source config with attention / num_kv_heads / schedule updated.
 
 from absl import flags
 
-from lm.cli import run_app
+from lm.cli import bootstrap, run_app
+from lm.experiment import stored_config
 from lm.uptrain import convert_checkpoint
 
 _SRC = flags.DEFINE_string('src', None, 'Workdir of the source (MHA) run.', required=True)
@@ -29,6 +30,7 @@ _SEED = flags.DEFINE_integer('seed', 0, "Seed for --method=random's fresh K/V.")
 
 
 def run() -> int:
+    bootstrap(stored_config(_SRC.value, '--src'))
     config = convert_checkpoint(
         _SRC.value,
         _DST.value,

@@ -19,9 +19,9 @@ import time
 import numpy as np
 from absl import flags, logging
 
-from lm.cli import run_app
+from lm.attention import VARIANTS
+from lm.cli import bootstrap, run_app
 from lm.config import load_config_file
-from lm.sharding import set_cpu_devices
 from lm.train_loop import train
 from lm.uptrain import METHODS, convert_checkpoint
 
@@ -50,6 +50,13 @@ def base_config(variant: str, seed: int, steps: int):
     return config
 
 
+def pooled_config(num_kv_heads: int, seed: int, steps: int):
+    """The source (MHA) config with its K/V heads pooled to `num_kv_heads`, trained from scratch."""
+    config = base_config('mha', seed, steps)
+    config.model.update(VARIANTS[config.model.attention].pooled(num_kv_heads))
+    return config
+
+
 def cached_run(name: str, start) -> float:
     """Final eval loss of run `name`; `start(workdir, tb_dir)` trains it unless cached."""
     workdir = os.path.join(_OUT.value, name)
@@ -70,7 +77,7 @@ def fmt(losses: list[float]) -> str:
 
 
 def run() -> int:
-    set_cpu_devices(base_config('mha', 0, 1).mesh)
+    bootstrap(base_config('mha', 0, 1), compilation_cache=False)
     t0 = time.time()
     n, seeds = _STEPS.value, range(_SEEDS.value)
     fractions = [float(a) for a in _FRACTIONS.value]
@@ -97,11 +104,10 @@ def run() -> int:
                         cached_run(name, uptrain)
                     )
             total = round(n * (1 + max(fractions)))
-            variant = 'mqa' if g == 1 else f'gqa{g}'
             results.setdefault((label[g], 'scratch', max(fractions)), []).append(
                 cached_run(
                     f'{label[g]}_scratch_s{seed}',
-                    lambda w, tb, s=seed, v=variant, t=total: train(base_config(v, s, t), w, tb),
+                    lambda w, tb, s=seed, g=g, t=total: train(pooled_config(g, s, t), w, tb),
                 )
             )
     lines = [

@@ -1,15 +1,45 @@
-"""Shared fixtures: tiny configs built from configs/base.py."""
+"""Shared fixtures: tiny configs built from configs/base.py, and entry points run as
+subprocesses (`run_entry`)."""
 
 import os
 import pathlib
+import subprocess
+import sys
 
+import jax
 import pytest
 
-from lm.config import load_config_file
+from lm.config import load_config_file, with_values
 from lm.config import write_config_file as lm_write_config_file
+
+# Broadcasting must be explicit in lm/ (a silent [E] * [B, T, E] hides shape bugs).
+jax.config.update('jax_numpy_rank_promotion', 'raise')
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / 'shared' / 'data' / 'tinyshakespeare.txt'
+ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'JAX_NUMPY_RANK_PROMOTION': 'raise'}
+
+
+def run_entry(script, *args, env=None, timeout=600, check=False):
+    """Runs an entry point (`'train.py'`, `'scripts/sweep.py'`, ...) in a fresh Python on the
+    CPU backend from the repository root; returns the CompletedProcess (text output). With
+    `check`, a non-zero exit fails the test showing stderr's tail."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / script), *map(str, args)],
+        cwd=ROOT,
+        env=env or ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check:
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return out
+
+
+def entry_command(script, *args):
+    """The argv `run_entry` would run, for tests that start the process themselves."""
+    return [sys.executable, str(ROOT / script), *map(str, args)]
 
 
 def tiny_config(**model_overrides):
@@ -50,13 +80,7 @@ def tiny_train_config(tmp_path, text_path, **overrides):
         eval_every=4, eval_batches=2, log_every=2, checkpoint_every=4, async_checkpointing=False
     )
     config.model.vocab_size = 0
-    for key, value in overrides.items():
-        node = config
-        *parents, leaf = key.split('.')
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return config
+    return with_values(config, overrides)
 
 
 def write_config_file(config, path):

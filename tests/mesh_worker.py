@@ -29,9 +29,9 @@ def run(spec: dict, run_spec: dict) -> dict:
     config = tiny_train_config(pathlib.Path(spec['tmp']), spec['text'], **overrides)
     exp = prepare(config)
     losses = []
-    with jax.set_mesh(exp.setup.mesh):
-        state = init_state(exp.setup, exp.model, config.seed)
-        step_fn = make_train_step(exp.setup, 1)
+    with jax.set_mesh(exp.ctx.mesh):
+        state = init_state(exp.ctx, exp.model_cfg, config.seed)
+        step_fn = make_train_step(exp.ctx, 1)
         for s in range(spec['steps']):
             batch = train_batch(
                 exp.corpus.tokens['train'],
@@ -42,7 +42,7 @@ def run(spec: dict, run_spec: dict) -> dict:
                 process_index=jax.process_index(),
                 process_count=jax.process_count(),
             )
-            state, metrics = step_fn(state, global_batch(batch, exp.setup.batch_sharding))
+            state, metrics = step_fn(state, global_batch(batch, exp.ctx.batch_sharding))
             losses.append(float(metrics['loss']))
     specs = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(state['params'])[0]:

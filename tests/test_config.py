@@ -1,9 +1,14 @@
 """Bad model configs fail with a ValueError naming the setting, before any array is built."""
 
-import pytest
-from conftest import tiny_config
+import json
 
-from lm.model import model_config
+import ml_collections
+import pytest
+from conftest import ROOT, tiny_config
+
+from lm.config import get_key, load_config_file, set_key, with_overrides, with_values
+from lm.config_migration import upgrade_config
+from lm.model import check_model_config, model_config
 
 BAD = [
     (
@@ -65,15 +70,60 @@ def test_resolution_of_implied_values():
     assert model_config(tiny_config(attention='mha', mlp_dim=0).model).mlp_dim == 128
 
 
-def test_upgrade_config_fills_only_keys_added_since_a_checkpoint_was_written():
-    from lm.config import ADDED_KEYS, upgrade_config
+def test_vocab_size_comes_from_the_tokenizer_when_0():
+    assert model_config(tiny_config(attention='mha', vocab_size=0).model, 258).vocab_size == 258
+    assert model_config(tiny_config(attention='mha', vocab_size=300).model, 258).vocab_size == 300
+    with pytest.raises(ValueError, match=r'vocab_size=100 is smaller than the tokenizer .*258'):
+        model_config(tiny_config(attention='mha', vocab_size=100).model, 258)
+    assert check_model_config(tiny_config(attention='mha', vocab_size=0).model).vocab_size == 0  # not yet known
 
-    saved = tiny_config().to_dict()
-    del saved['train']['steps_per_call'], saved['compilation_cache_dir']
-    saved['train']['batch_size'] = 7
+
+def flat_keys(d, prefix=''):
+    keys = set()
+    for k, v in d.items():
+        keys |= flat_keys(v, f'{prefix}{k}.') if isinstance(v, dict) else {prefix + k}
+    return keys
+
+
+OLD_CONFIGS = sorted((ROOT / 'tests' / 'old_configs').glob('*.json'))
+
+
+def test_there_are_frozen_old_configs():
+    assert [p.name for p in OLD_CONFIGS] == ['v1.json']
+
+
+@pytest.mark.parametrize('path', OLD_CONFIGS, ids=lambda p: p.name)
+def test_configs_of_earlier_versions_upgrade_to_exactly_todays_keys(path):
+    """A key added to configs/base.py without an entry in lm/config_migration.py fails here."""
+    saved = json.loads(path.read_text())
+    today = load_config_file(str(ROOT / 'configs' / 'base.py')).to_dict()
     upgraded = upgrade_config(saved)
-    assert upgraded.train.steps_per_call == ADDED_KEYS['train.steps_per_call'] == 1
-    assert upgraded.compilation_cache_dir == '' and upgraded.train.batch_size == 7
+    assert flat_keys(upgraded.to_dict()) == flat_keys(today)
+    for key in flat_keys(saved):  # saved values are kept
+        assert get_key(upgraded, key) == get_key(ml_collections.ConfigDict(saved), key)
+    upgraded.model.num_kv_heads = 2  # v1 saved base.py's gqa with 0 KV heads: set one
+    assert model_config(upgraded.model).vocab_size == saved['model']['vocab_size']
+
+
+def test_upgrade_fills_added_keys_with_their_old_behaviour():
+    saved = json.loads(OLD_CONFIGS[0].read_text())
+    upgraded = upgrade_config(saved)
+    assert upgraded.train.steps_per_call == 1 and upgraded.compilation_cache_dir == ''
     current = tiny_config()
     current.train.steps_per_call = 10
     assert upgrade_config(current.to_dict()).train.steps_per_call == 10  # present keys kept
+
+
+def test_dotted_key_helpers():
+    config = tiny_config()
+    assert get_key(config, 'model.num_heads') == 4
+    changed = with_overrides(config, ['model.num_heads=8', 'model.qkv_bias=true', 'train.lr=0.5'])
+    assert (changed.model.num_heads, changed.model.qkv_bias, changed.train.lr) == (8, True, 0.5)
+    assert config.model.num_heads == 4  # a copy
+    assert with_values(config, {'model.d_model': 64}).model.d_model == 64
+    with pytest.raises(ValueError, match=r"--set: unknown config key 'model.nope'"):
+        with_overrides(config, ['model.nope=1'])
+    with pytest.raises(ValueError, match=r"--set model.num_heads: 'x' is not a int"):
+        with_overrides(config, ['model.num_heads=x'])
+    with pytest.raises(ValueError, match=r"config: unknown config key 'train.nope'"):
+        set_key(config, 'train.nope', 1)

@@ -69,8 +69,8 @@ def test_grad_accumulation_matches_one_big_batch(tmp_path, small_text):
     batch = np.asarray(exps[0].corpus.tokens['train'][: 4 * 17], np.int32).reshape(4, 17)
     outs = []
     for exp, accum in zip(exps, (1, 2), strict=True):
-        state = init_state(exp.setup, exp.model, 0)
-        outs.append(make_train_step(exp.setup, accum)(state, batch))
+        state = init_state(exp.ctx, exp.model_cfg, 0)
+        outs.append(make_train_step(exp.ctx, accum)(state, batch))
     (s1, m1), (s2, m2) = outs
     # Mean of two half-batch means equals the full-batch mean: same to float32 rounding.
     np.testing.assert_allclose(m1['loss'], m2['loss'], rtol=1e-6)
@@ -194,7 +194,7 @@ def test_truncated_latest_checkpoint_falls_back(tmp_path, small_text, caplog):
         if f.is_file() and f.stat().st_size > 0:
             f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # truncate every file
     exp = prepare(config)
-    step, state, _ = Checkpointer(workdir).restore(exp.setup.abstract_state)
+    step, state, _ = Checkpointer(workdir).restore(exp.ctx.abstract_state)
     assert step == 4 and 'unreadable' in caplog.text
     # Resuming trains 4 -> 8 again and lands on the same parameters as before.
     again = train(config, workdir)

@@ -1,0 +1,27 @@
+"""Configs saved with older checkpoints, brought up to today's schema (configs/base.py).
+
+Every key added to configs/base.py after checkpoints were first written is listed here with
+the value that reproduces how runs behaved before it existed. tests/old_configs/ holds frozen
+configs of earlier versions; tests check each upgrades to exactly today's keys, so a key added
+without an entry here fails them.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+# dotted key -> value that reproduces runs from before the key existed
+ADDED_KEYS = {'train.steps_per_call': 1, 'compilation_cache_dir': ''}
+
+
+def upgrade_config(saved: dict) -> ml_collections.ConfigDict:
+    """A config saved with a checkpoint, with the keys added since it was written filled in."""
+    config = ml_collections.ConfigDict(saved)
+    for key, value in ADDED_KEYS.items():
+        *parents, leaf = key.split('.')
+        node = config
+        for name in parents:
+            node = node[name]
+        if leaf not in node:
+            node[leaf] = value
+    return config
