@@ -131,8 +131,9 @@ def _summary_row(name: str, seeds: list[dict]) -> dict:
 MARKERS = 'os^Dv<>ph*'  # one per attention kind, in registry order
 
 
-def _plot(rows: list[dict], path: str) -> None:
-    """Eval perplexity against KV-cache bytes per token (log x), one marker per attention kind."""
+def _plot(rows: list[dict], path: str) -> list[str]:
+    """Eval perplexity against KV-cache bytes per token (log x), one marker per attention kind;
+    returns the legend's labels."""
     import matplotlib
     import matplotlib.ticker
 
@@ -172,7 +173,9 @@ def _plot(rows: list[dict], path: str) -> None:
     ax.set_ylabel('eval perplexity')
     ax.set_title('Quality vs KV-cache memory')
     ax.grid(True, which='both', alpha=0.3)
+    labels = ax.get_legend_handles_labels()[1]
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return labels

@@ -88,22 +88,20 @@ def test_gqa_with_g_equal_heads_is_exactly_mha():
     np.testing.assert_array_equal(mha(x, pos), gqa(x, pos))
 
 
-def test_mqa_is_exactly_gqa_with_one_group():
-    _, mqa, x, pos = outputs(attention='mqa')
-    _, gqa, _, _ = outputs(attention='gqa', num_kv_heads=1)
-    np.testing.assert_array_equal(mqa(x, pos), gqa(x, pos))
-
-
-def test_gqa_equals_mha_with_contiguously_repeated_kv_heads():
-    """Query head i reads KV head i // (H/g): an MHA whose K/V heads repeat the GQA heads
-    contiguously computes the same function (up to float32 rounding of a different einsum)."""
-    _, gqa, x, pos = outputs(attention='gqa', num_kv_heads=2)
+@pytest.mark.parametrize(
+    'model', [dict(attention='gqa', num_kv_heads=2), dict(attention='mqa')], ids=['gqa2', 'mqa']
+)
+def test_grouped_equals_mha_with_contiguously_repeated_kv_heads(model):
+    """Query head i reads KV head i // (H/g): an MHA whose K/V heads repeat the GQA (or MQA)
+    heads contiguously computes the same function (up to float32 rounding of another einsum)."""
+    cfg, grouped, x, pos = outputs(**model)
     _, mha, _, _ = outputs(attention='mha')
     for name in ('q_proj', 'o_proj'):
-        getattr(mha, name).kernel[...] = getattr(gqa, name).kernel[...]
+        getattr(mha, name).kernel[...] = getattr(grouped, name).kernel[...]
+    R = cfg.num_heads // cfg.num_kv_heads
     for name in ('k_proj', 'v_proj'):
-        getattr(mha, name).kernel[...] = jnp.repeat(getattr(gqa, name).kernel[...], 2, axis=1)
-    np.testing.assert_allclose(mha(x, pos), gqa(x, pos), atol=1e-6, rtol=1e-6)
+        getattr(mha, name).kernel[...] = jnp.repeat(getattr(grouped, name).kernel[...], R, axis=1)
+    np.testing.assert_allclose(mha(x, pos), grouped(x, pos), atol=1e-6, rtol=1e-6)
 
 
 def test_kv_projections_hold_only_kv_heads():

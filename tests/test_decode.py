@@ -3,11 +3,12 @@
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import run_entry, tiny_config, tiny_train_config
 
 from lm.accounting import kv_cache_bytes_per_token, kv_cache_elements_per_token
 from lm.decode import Decoder, Sampling, cache_elements_per_token, init_caches, parse_sampling
 from lm.model import build_model, model_config
+from lm.train_loop import train
 
 VARIANTS = {
     'mha': dict(attention='mha'),
@@ -140,46 +141,18 @@ def test_one_line_errors():
 
 
 def test_generate_script_prints_text_from_a_checkpoint(tmp_path, small_text):
-    import os
-    import subprocess
-    import sys
-
-    from conftest import ROOT, tiny_train_config
-
-    from lm.train_loop import train
-
     train(tiny_train_config(tmp_path, small_text, **{'train.steps': 4}), str(tmp_path / 'run'))
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / 'scripts' / 'generate.py'),
-            f'--workdir={tmp_path / "run"}',
-            '--prompt=ROMEO:',
-            '--prompt=JULIET:',
-            '--max_new_tokens=40',
-            '--sampling=greedy',
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    out = run_entry(
+        'scripts/generate.py',
+        f'--workdir={tmp_path / "run"}',
+        '--prompt=ROMEO:',
+        '--prompt=JULIET:',
+        '--max_new_tokens=40',
+        '--sampling=greedy',
+        check=True,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
     blocks = out.stdout.split('-' * 40)
     assert blocks[0].startswith('ROMEO:') and len(blocks[0].strip()) > len('ROMEO:')
     assert blocks[1].strip().startswith('JULIET:')
-    bad = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / 'scripts' / 'generate.py'),
-            f'--workdir={tmp_path / "run"}',
-            '--sampling=beam=3',
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
-    )
+    bad = run_entry('scripts/generate.py', f'--workdir={tmp_path / "run"}', '--sampling=beam=3')
     assert bad.returncode == 1 and "unknown sampling option 'beam'" in bad.stderr.splitlines()[-1]

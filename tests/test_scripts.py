@@ -1,25 +1,13 @@
 """Benchmark scripts run end to end at tiny size (timings are not checked, only the output)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT
+from conftest import run_entry
 
 
 def run(script, *args):
-    out = subprocess.run(
-        [sys.executable, str(ROOT / 'scripts' / script), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+    return run_entry(f'scripts/{script}', *args, check=True).stdout
 
 
 def test_bench_decode_smoke(tmp_path):
@@ -86,12 +74,6 @@ def test_bench_xla_options_smoke():
 
 
 def test_bench_xla_options_rejects_a_malformed_option():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / 'scripts' / 'bench_xla_options.py'), '--option=a:x'],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_entry('scripts/bench_xla_options.py', '--option=a:x', timeout=120)
     assert out.returncode == 1 and 'Traceback' not in out.stderr
     assert out.stderr.strip().splitlines()[-1] == "error: --option='a:x': 'x' is not key=value"

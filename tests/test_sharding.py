@@ -6,15 +6,21 @@ in float32, only the reduction order across devices differs.
 """
 
 import json
-import os
 import shutil
 import socket
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, read_scalars, tiny_train_config, write_config_file
+from conftest import (
+    ENV,
+    ROOT,
+    entry_command,
+    read_scalars,
+    run_entry,
+    tiny_train_config,
+    write_config_file,
+)
 
 from lm.sharding import mesh_shape, rules_table
 
@@ -29,23 +35,13 @@ MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
 
 
 def env(devices):
-    return {
-        **os.environ,
-        'JAX_PLATFORMS': 'cpu',
-        'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}',
-    }
+    return {**ENV, 'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}'}
 
 
 def worker(devices, spec):
-    out = subprocess.run(
-        [sys.executable, str(ROOT / 'tests' / 'mesh_worker.py'), json.dumps(spec)],
-        cwd=ROOT,
-        env=env(devices),
-        capture_output=True,
-        text=True,
-        timeout=900,
+    out = run_entry(
+        'tests/mesh_worker.py', json.dumps(spec), env=env(devices), timeout=900, check=True
     )
-    assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     runs = {r['name']: r for r in result['runs']}
     runs['peak_devices'] = result['peak_devices']
@@ -128,21 +124,14 @@ def test_mqa_on_tensor_axis_4_replicates_kv_with_a_log_line(mesh_runs):
 
 
 def train_cli(cfg_file, workdir, devices, *extra):
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / 'train.py'),
-            f'--config={cfg_file}',
-            f'--workdir={workdir}',
-            *extra,
-        ],
-        cwd=ROOT,
+    out = run_entry(
+        'train.py',
+        f'--config={cfg_file}',
+        f'--workdir={workdir}',
+        *extra,
         env=env(devices),
-        capture_output=True,
-        text=True,
-        timeout=600,
+        check=True,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
     return out
 
 
@@ -195,15 +184,14 @@ def test_two_processes_match_one(tmp_path, small_text):
     port = free_port()
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / 'train.py'),
+            entry_command(
+                'train.py',
                 f'--config={cfg_file}',
                 f'--workdir={tmp_path / "two"}',
                 f'--coordinator_address=127.0.0.1:{port}',
                 '--num_processes=2',
                 f'--process_id={i}',
-            ],
+            ),
             cwd=ROOT,
             env=env(4),
             stdout=subprocess.PIPE,
@@ -249,17 +237,11 @@ def test_bad_meshes_give_one_line_errors(tmp_path, small_text):
     ):
         rules_table(bad_rule)
     config = tiny_train_config(tmp_path, small_text, **{'train.batch_size': 12})
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / 'train.py'),
-            f'--config={write_config_file(config, tmp_path / "c.py")}',
-            f'--workdir={tmp_path / "w"}',
-        ],
-        cwd=ROOT,
+    out = run_entry(
+        'train.py',
+        f'--config={write_config_file(config, tmp_path / "c.py")}',
+        f'--workdir={tmp_path / "w"}',
         env=env(8),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert out.returncode == 1 and 'Traceback' not in out.stderr

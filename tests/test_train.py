@@ -1,39 +1,30 @@
 """The main job end to end at tiny size: train, log, checkpoint, resume, evaluate."""
 
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, read_scalars, tiny_train_config, write_config_file
+from conftest import (
+    ENV,
+    ROOT,
+    entry_command,
+    read_scalars,
+    tiny_train_config,
+    write_config_file,
+)
+from conftest import run_entry as run_cli
 
 from lm.checkpoint import Checkpointer
-from lm.config import ADDED_KEYS
-from lm.experiment import prepare, restore_run, stored_config
+from lm.experiment import prepare, restore, restore_run, stored_config
 from lm.train_loop import call_sizes, train
 from lm.train_step import init_state, make_train_step
-
-ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
-
-
-def run_cli(script, *args, env=None, **kw):
-    return subprocess.run(
-        [sys.executable, str(ROOT / script), *map(str, args)],
-        cwd=ROOT,
-        env=env or ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        **kw,
-    )
 
 
 def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
@@ -58,7 +49,10 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
     acc = event_accumulator.EventAccumulator(str(tb))
     acc.Reload()
     assert 'config/text_summary' in acc.Tags()['tensors']
-    assert 'hparams' in acc.PluginTagToContent('hparams') or acc.PluginTagToContent('hparams')
+    assert '_hparams_/session_start_info' in acc.PluginTagToContent('hparams')
+    results = json.loads((tmp_path / 'run' / 'results.json').read_text())
+    assert results['step'] == 8 and results['tokens_per_sec'] > 0
+    np.testing.assert_allclose(results['eval']['loss'], evals[8], rtol=1e-6)
 
 
 def test_grad_accumulation_matches_one_big_batch(tmp_path, small_text):
@@ -122,12 +116,7 @@ def test_kill9_then_resume_is_bitwise_identical(tmp_path, small_text):
     ref = run_cli('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "ref"}')
     assert ref.returncode == 0, ref.stderr[-2000:]
 
-    cmd = [
-        sys.executable,
-        str(ROOT / 'train.py'),
-        f'--config={cfg_file}',
-        f'--workdir={tmp_path / "run"}',
-    ]
+    cmd = entry_command('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "run"}')
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -155,12 +144,7 @@ def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, small_text):
     )
     cfg_file = write_config_file(config, tmp_path / 'cfg.py')
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / 'train.py'),
-            f'--config={cfg_file}',
-            f'--workdir={tmp_path / "run"}',
-        ],
+        entry_command('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "run"}'),
         cwd=ROOT,
         env=ENV,
         stdout=subprocess.PIPE,
@@ -194,7 +178,7 @@ def test_truncated_latest_checkpoint_falls_back(tmp_path, small_text, caplog):
         if f.is_file() and f.stat().st_size > 0:
             f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # truncate every file
     exp = prepare(config)
-    step, state, _ = Checkpointer(workdir).restore(exp.ctx.abstract_state)
+    step, state, _ = restore(Checkpointer(workdir), exp.ctx)
     assert step == 4 and 'unreadable' in caplog.text
     # Resuming trains 4 -> 8 again and lands on the same parameters as before.
     again = train(config, workdir)
@@ -228,17 +212,24 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
     assert read_scalars(tmp_path / 'run' / 'tb', f'{result["tag"]}/perplexity')[4] > 1
 
 
-def test_checkpoints_from_an_older_config_schema_still_load(tmp_path, small_text):
+def test_checkpoints_saved_under_an_older_config_schema_still_load(tmp_path, small_text):
+    """Checkpoint side-cars rewritten to hold only the keys of the frozen v1 config (what a
+    checkpoint of that version saved): resume, restore and eval.py all still work."""
+    old = json.loads((ROOT / 'tests' / 'old_configs' / 'v1.json').read_text())
+
+    def keep_old_keys(saved, frozen):
+        return {
+            k: keep_old_keys(v, frozen[k]) if isinstance(v, dict) else v
+            for k, v in saved.items()
+            if k in frozen
+        }
+
     config = tiny_train_config(tmp_path, small_text, **{'train.steps_per_call': 2})
     train(config, str(tmp_path / 'run'))
     for meta_file in (tmp_path / 'run' / 'checkpoints').glob('*/meta/metadata'):
         meta = json.loads(meta_file.read_text())
-        for key in ADDED_KEYS:  # as written before these keys existed
-            *parents, leaf = key.split('.')
-            node = meta['config']
-            for name in parents:
-                node = node[name]
-            del node[leaf]
+        meta['config'] = keep_old_keys(meta['config'], old)
+        assert 'steps_per_call' not in meta['config']['train']
         meta_file.write_text(json.dumps(meta))
     saved = stored_config(str(tmp_path / 'run'))
     assert saved.train.steps_per_call == 1 and saved.compilation_cache_dir == ''

@@ -1,18 +1,15 @@
 """MHA -> GQA / MQA conversion (Ainslie et al. 2023): exactness, hand-checked pooling, the
 script end to end, and its errors."""
 
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT, read_scalars, tiny_config, tiny_train_config, write_config_file
+from conftest import read_scalars, run_entry, tiny_config, tiny_train_config, write_config_file
 from flax import nnx
 
 from lm.model import build_model, model_config
-from lm.uptrain import check_conversion, convert_params, merge_kv_heads, target_config
+from lm.uptrain import check_conversion, convert_params, merge_kv_heads, uptrain_config
 
 
 def params_of(model):
@@ -27,13 +24,20 @@ def logits(cfg, params, tokens):
 TOKENS = jax.random.randint(jax.random.key(7), (2, 12), 0, 61)
 
 
+def source_and_target(num_kv_heads, **model):
+    """(source ModelConfig, converted ModelConfig) of a tiny config, the target built by the
+    production `uptrain_config` as scripts/uptrain.py builds it."""
+    config = tiny_config(**model)
+    converted = uptrain_config(config, num_kv_heads, source_step=100)
+    return model_config(config.model), model_config(converted.model)
+
+
 @pytest.mark.parametrize('method', ['mean', 'first'])
 def test_conversion_to_as_many_heads_is_exact(method):
-    src = model_config(tiny_config(attention='mha', qkv_bias=True).model)
+    src, dst = source_and_target(4, attention='mha', qkv_bias=True)
     params = params_of(build_model(src, seed=3))
     params['blocks'][0]['attn']['k_proj']['bias'] = jnp.arange(32.0).reshape(4, 8)
     out = convert_params(params, src, 4, method)
-    dst = target_config(src, 4)
     assert dst.attention == 'gqa' and dst.num_kv_heads == 4
     np.testing.assert_array_equal(logits(dst, out, TOKENS), logits(src, params, TOKENS))
 
@@ -54,8 +58,10 @@ def test_mean_pooling_identical_heads_changes_nothing():
                     block['attn'][name]['kernel'] = jnp.repeat(k[:, :1], 4, axis=1)
             want = logits(src, params, TOKENS)
         out = convert_params(params, src, g, 'mean')
+        _, dst = source_and_target(g, attention='mha')
+        assert (dst.attention, dst.num_kv_heads) == ({2: 'gqa', 1: 'mqa'}[g], g)
         # float32 rounding of (x + x) / 2 and of a differently shaped einsum.
-        np.testing.assert_allclose(logits(target_config(src, g), out, TOKENS), want, atol=1e-5)
+        np.testing.assert_allclose(logits(dst, out, TOKENS), want, atol=1e-5)
 
 
 def test_mean_pooling_against_hand_computed_average():
@@ -77,10 +83,10 @@ def test_mean_pooling_against_hand_computed_average():
 
 
 def test_gqa8_to_gqa2_and_random_method():
-    src = model_config(tiny_config(attention='mha', num_heads=8, d_model=32).model)
+    src, mid = source_and_target(4, attention='mha', num_heads=8, d_model=32)
     params = params_of(build_model(src))
     step1 = convert_params(params, src, 4, 'mean')
-    two_step = convert_params(step1, target_config(src, 4), 2, 'mean')
+    two_step = convert_params(step1, mid, 2, 'mean')
     direct = convert_params(params, src, 2, 'mean')
     np.testing.assert_allclose(
         two_step['blocks'][0]['attn']['k_proj']['kernel'],
@@ -116,7 +122,7 @@ def test_gqa8_to_gqa2_and_random_method():
             'mean',
             r"the source's 6 KV heads are not divisible by --num_kv_heads=4",
         ),
-        (dict(attention='mla'), 1, 'mean', r"uses attention='mla'"),
+        (dict(attention='mla'), 1, 'mean', r"uses attention='mla', which has no K/V heads"),
         (dict(attention='mha'), 2, 'median', r'--method must be one of'),
     ],
 )
@@ -129,15 +135,18 @@ def test_conversion_errors(model, g, method, message):
         check_conversion(cfg, g, method)
 
 
-def cli(*args):
-    return subprocess.run(
-        [sys.executable, *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**__import__('os').environ, 'JAX_PLATFORMS': 'cpu'},
+def test_uptrain_config_sets_schedule_and_provenance():
+    config = tiny_config(attention='mha')
+    config.uptrain.update(fraction=0.25, warmup_steps=-1)
+    out = uptrain_config(config, 1, source_step=40, method='mean', source_workdir='/src')
+    assert (out.model.attention, out.model.num_kv_heads) == ('mqa', 1)
+    assert (out.train.steps, out.train.warmup_steps) == (10, 1)
+    assert (out.uptrain.source_step, out.uptrain.method, out.uptrain.source_workdir) == (
+        40,
+        'mean',
+        '/src',
     )
+    assert config.model.attention == 'mha'  # the source config is not changed
 
 
 def test_uptrain_end_to_end(tmp_path, small_text):
@@ -153,15 +162,15 @@ def test_uptrain_end_to_end(tmp_path, small_text):
             'uptrain.fraction': 0.25,
         },
     )
-    out = cli(
-        ROOT / 'train.py',
+    out = run_entry(
+        'train.py',
         f'--config={write_config_file(config, tmp_path / "c.py")}',
         f'--workdir={tmp_path / "mha"}',
         f'--tb_dir={tmp_path / "tb"}',
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    out = cli(
-        ROOT / 'scripts' / 'uptrain.py',
+    out = run_entry(
+        'scripts/uptrain.py',
         f'--src={tmp_path / "mha"}',
         f'--dst={tmp_path / "gqa"}',
         '--num_kv_heads=2',
@@ -169,7 +178,7 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert 'gqa with 2 KV heads' in out.stdout
-    out = cli(ROOT / 'train.py', f'--workdir={tmp_path / "gqa"}', f'--tb_dir={tmp_path / "tb"}')
+    out = run_entry('train.py', f'--workdir={tmp_path / "gqa"}', f'--tb_dir={tmp_path / "tb"}')
     assert out.returncode == 0, out.stderr[-3000:]
     evals = read_scalars(tmp_path / 'tb' / 'gqa', 'eval/loss')
     assert sorted(evals) == [0, 10]  # right after conversion, and after 0.25 x 40 steps
@@ -178,23 +187,23 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     assert evals[10] < evals[0]  # ...and uptraining wins it back
     assert sorted(read_scalars(tmp_path / 'tb' / 'gqa', 'train/loss')) == list(range(1, 11))
     # Errors are one line: an existing destination, a workdir with no checkpoint.
-    again = cli(
-        ROOT / 'scripts' / 'uptrain.py',
+    again = run_entry(
+        'scripts/uptrain.py',
         f'--src={tmp_path / "mha"}',
         f'--dst={tmp_path / "gqa"}',
         '--num_kv_heads=2',
     )
     assert again.returncode == 1 and 'already holds checkpoints' in again.stderr.splitlines()[-1]
-    empty = cli(
-        ROOT / 'scripts' / 'uptrain.py',
+    empty = run_entry(
+        'scripts/uptrain.py',
         f'--src={tmp_path / "none"}',
         f'--dst={tmp_path / "x"}',
         '--num_kv_heads=2',
     )
     assert empty.returncode == 1 and empty.stderr.splitlines()[-1].startswith('error: --src:')
     assert 'holds no checkpoint' in empty.stderr.splitlines()[-1]
-    bad = cli(
-        ROOT / 'scripts' / 'uptrain.py',
+    bad = run_entry(
+        'scripts/uptrain.py',
         f'--src={tmp_path / "mha"}',
         f'--dst={tmp_path / "y"}',
         '--num_kv_heads=3',
@@ -204,8 +213,8 @@ def test_uptrain_end_to_end(tmp_path, small_text):
 
 
 def test_ablation_script_smoke(tmp_path, shakespeare_path):
-    out = cli(
-        ROOT / 'scripts' / 'uptrain_ablation.py',
+    out = run_entry(
+        'scripts/uptrain_ablation.py',
         f'--data_path={shakespeare_path}',
         f'--out_dir={tmp_path / "abl"}',
         '--steps=6',
@@ -225,8 +234,8 @@ def test_ablation_script_smoke(tmp_path, shakespeare_path):
         '| MQA | from scratch | — (9 steps) |',
     ):
         assert row in table, table
-    again = cli(
-        ROOT / 'scripts' / 'uptrain_ablation.py',
+    again = run_entry(
+        'scripts/uptrain_ablation.py',
         f'--data_path={shakespeare_path}',
         f'--out_dir={tmp_path / "abl"}',
         '--steps=6',

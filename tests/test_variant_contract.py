@@ -1,0 +1,166 @@
+"""The attention-variant contract: a toy variant, one class registered here, works in the
+factory, the model, KV-cache decoding, accounting, uptraining checks, training, sweeps and plots
+without editing any module of lm/."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_config, tiny_train_config
+from flax import nnx
+
+from lm import accounting, attention, sweep
+from lm.attention import AttentionVariant, cache_mask, grouped_attention, write_cache
+from lm.config import ModelConfig
+from lm.decode import Decoder, cache_elements_per_token, init_caches
+from lm.layers import Dense, residual_scale, rope
+from lm.model import build_model, model_config
+from lm.train_loop import _hparams, train
+from lm.uptrain import check_conversion
+
+
+class SharedKV(AttentionVariant):
+    """Toy: one RoPE'd projection per KV head serves as both key and value (half GQA's cache)."""
+
+    names = ('toy_shared_kv',)
+
+    @staticmethod
+    def resolve(cfg: ModelConfig) -> ModelConfig:
+        G, H = cfg.num_kv_heads, cfg.num_heads
+        if G <= 0 or H % G:
+            raise ValueError(f'config.model.num_kv_heads={G} must divide num_heads={H} (toy)')
+        return dataclasses.replace(cfg, head_dim=cfg.head_dim or cfg.d_model // H)
+
+    @staticmethod
+    def kv_cache_elements(cfg: ModelConfig) -> int:
+        return cfg.num_kv_heads * cfg.head_dim
+
+    @staticmethod
+    def kv_heads(cfg: ModelConfig) -> str:
+        return f'{cfg.num_kv_heads} shared'
+
+    @staticmethod
+    def score_dims(cfg: ModelConfig) -> tuple[int, int]:
+        return cfg.head_dim, cfg.head_dim
+
+    @staticmethod
+    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> dict:
+        return {'kv': jnp.zeros((batch, length, cfg.num_kv_heads, cfg.head_dim), dtype)}
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        E, H, G, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = Dense((E,), (H, D), ('embed', 'heads', 'head_dim'), cfg, rngs=rngs)
+        self.kv_proj = Dense((E,), (G, D), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs)
+        self.o_proj = Dense(
+            (H, D), (E,), ('heads', 'head_dim', 'embed'), cfg, rngs=rngs, scale=residual_scale(cfg)
+        )
+        self.cfg = cfg
+
+    def _qkv(self, x_BTE, positions_BT):
+        theta = self.cfg.rope_theta
+        return rope(self.q_proj(x_BTE), positions_BT, theta), rope(
+            self.kv_proj(x_BTE), positions_BT, theta
+        )
+
+    def __call__(self, x_BTE, positions_BT):
+        q_BTHD, kv_BTGD = self._qkv(x_BTE, positions_BT)
+        scale = self.cfg.head_dim**-0.5
+        return self.o_proj(grouped_attention(q_BTHD, kv_BTGD, kv_BTGD, scale=scale))
+
+    def extend(self, x_BTE, positions_BT, cache, slot, kv_valid_BS, absorb=True):
+        q_BTHD, kv_BTGD = self._qkv(x_BTE, positions_BT)
+        cache = {'kv': write_cache(cache['kv'], kv_BTGD, slot)}
+        kv_BSGD = cache['kv'].astype(q_BTHD.dtype)
+        mask = cache_mask(kv_valid_BS, slot, x_BTE.shape[1])
+        scale = self.cfg.head_dim**-0.5
+        out = grouped_attention(q_BTHD, kv_BSGD, kv_BSGD, scale=scale, mask=mask)
+        return self.o_proj(out), cache
+
+
+@pytest.fixture
+def toy():
+    attention.register(SharedKV)
+    yield SharedKV
+    attention.unregister(SharedKV)
+    assert 'toy_shared_kv' not in attention.VARIANTS
+
+
+def toy_cfg(**model):
+    return model_config(
+        tiny_config(**{'attention': 'toy_shared_kv', 'num_kv_heads': 2, **model}).model
+    )
+
+
+def test_factory_model_and_parsing(toy):
+    cfg = toy_cfg()
+    assert isinstance(attention.make_attention(cfg, rngs=nnx.Rngs(0)), SharedKV)
+    assert attention.parse_variant('toy_shared_kv') == {'attention': 'toy_shared_kv'}
+    model = build_model(cfg)
+    tokens = jax.random.randint(jax.random.key(0), (2, 10), 0, cfg.vocab_size)
+    logits = model(tokens)
+    assert logits.shape == (2, 10, cfg.vocab_size)
+    changed = tokens.at[:, 6].set((tokens[:, 6] + 1) % cfg.vocab_size)
+    np.testing.assert_array_equal(model(changed)[:, :6], logits[:, :6])  # causal
+    with pytest.raises(ValueError, match=r'num_kv_heads=3 must divide num_heads=4 \(toy\)'):
+        toy_cfg(num_kv_heads=3)
+
+
+def test_decoding_follows_the_full_forward(toy):
+    cfg = toy_cfg()
+    model = build_model(cfg, seed=1)
+    prompts = [[5, 9, 2, 7], [4, 4]]
+    out = Decoder(model).generate(prompts, 5)
+    for prompt, new in zip(prompts, out, strict=True):
+        assert len(new) == 5
+        logits = model(np.array([prompt + new], np.int32))[0]
+        # greedy: each generated token is the argmax of the full forward at the previous position
+        np.testing.assert_array_equal(np.argmax(logits[len(prompt) - 1 : -1], -1), new)
+    caches = init_caches(cfg, 2, 16)
+    assert cache_elements_per_token(caches) == accounting.kv_cache_elements_per_token(cfg)
+
+
+def test_accounting_and_uptraining_ask_the_variant(toy):
+    cfg = toy_cfg()
+    L, E, H, G, D = cfg.num_layers, cfg.d_model, cfg.num_heads, 2, cfg.head_dim
+    assert accounting.param_counts(cfg)['attention'] == L * (E * H * D + E * G * D + H * D * E)
+    assert accounting.kv_cache_elements_per_token(cfg) == L * G * D
+    assert accounting.kv_cache_bytes_per_token(cfg, 'bfloat16') == 2 * L * G * D
+    n = accounting.param_counts(cfg)['total']
+    assert accounting.flops_per_token(cfg, 16) == 6 * n + 6 * L * H * (D + D) * 16
+    with pytest.raises(ValueError, match=r"attention='toy_shared_kv', which has no K/V heads"):
+        check_conversion(cfg, 1, 'mean')
+    assert _hparams(tiny_config(), cfg, n)['model.kv_heads'] == '2 shared'
+
+
+def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
+    bad = tiny_train_config(
+        tmp_path, small_text, **{'model.attention': 'toy_shared_kv', 'model.num_kv_heads': 3}
+    )
+    assert sweep.invalid_reason(bad) == 'config.model.num_kv_heads=3 must divide num_heads=4 (toy)'
+
+    runs = []
+    for name, model in [
+        ('toy', {'model.attention': 'toy_shared_kv', 'model.num_kv_heads': 2}),
+        ('mha', {'model.attention': 'mha'}),
+    ]:
+        config = tiny_train_config(
+            tmp_path,
+            small_text,
+            **model,
+            **{'train.steps': 2, 'eval_every': 2, 'checkpoint_every': 2, 'log_every': 1},
+        )
+        assert sweep.invalid_reason(config) is None
+        train(config, str(tmp_path / name))
+        runs.append({'point': name, 'config': config, 'workdir': str(tmp_path / name)})
+    rows = {r['point']: r for r in sweep.summarise(str(tmp_path), runs)}
+    cfg = model_config(tiny_config(attention='toy_shared_kv', num_kv_heads=2, vocab_size=258).model)
+    assert rows['toy']['attention'] == 'toy_shared_kv' and rows['toy']['kv_heads'] == '2 shared'
+    assert rows['toy']['kv_cache_bytes_per_token'] == accounting.kv_cache_bytes_per_token(cfg)
+    assert rows['toy']['params'] == accounting.param_counts(cfg)['total']
+    assert math.isfinite(rows['toy']['eval_perplexity'])
+    assert '| toy | toy_shared_kv | 4 | 2 shared |' in (tmp_path / 'summary.md').read_text()
+    labels = sweep._plot(list(rows.values()), str(tmp_path / 'plot.png'))
+    assert sorted(labels) == ['GQA', 'TOY_SHARED_KV']
