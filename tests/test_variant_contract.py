@@ -144,7 +144,7 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
     runs = []
     for name, model in [
         ('toy', {'model.attention': 'toy_shared_kv', 'model.num_kv_heads': 2}),
-        ('mha', {'model.attention': 'mha'}),
+        ('gqa', {}),
     ]:
         config = tiny_train_config(
             tmp_path,
