@@ -140,6 +140,7 @@ def test_one_line_errors():
         parse_sampling('top_k=x')
 
 
+@pytest.mark.slow
 def test_generate_script_prints_text_from_a_checkpoint(tmp_path, small_text):
     train(tiny_train_config(tmp_path, small_text, **{'train.steps': 4}), str(tmp_path / 'run'))
     out = run_entry(

@@ -80,6 +80,7 @@ def mesh_runs(tmp_path_factory, request):
 
 @pytest.mark.parametrize('mesh', MESHES, ids=str)
 @pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.slow
 def test_sharded_losses_match_single_device(mesh_runs, variant, mesh):
     single, multi, _ = mesh_runs
     run = multi[f'{variant}@{mesh}']
@@ -87,11 +88,13 @@ def test_sharded_losses_match_single_device(mesh_runs, variant, mesh):
     np.testing.assert_allclose(run['losses'], single[variant]['losses'], rtol=RTOL)
 
 
+@pytest.mark.slow
 def test_peak_matmul_runs_on_one_device_under_a_multi_device_mesh(mesh_runs):
     _, multi, _ = mesh_runs
     assert multi['peak_devices'] == [0]  # measured under an 8-device mesh without error
 
 
+@pytest.mark.slow
 def test_parameters_are_sharded_as_the_rules_say(mesh_runs):
     _, multi, _ = mesh_runs
     dp = multi['gqa2@(8, 1, 1)']['specs']
@@ -111,6 +114,7 @@ def test_parameters_are_sharded_as_the_rules_say(mesh_runs):
     assert mla['blocks/0/attn/kv_a_proj_with_mqa/kernel'] == ['fsdp', None]
 
 
+@pytest.mark.slow
 def test_mqa_on_tensor_axis_4_replicates_kv_with_a_log_line(mesh_runs):
     _, multi, log = mesh_runs
     specs = multi['mqa@(1, 2, 4)']['specs']
@@ -135,6 +139,7 @@ def train_cli(cfg_file, workdir, devices, *extra):
     return out
 
 
+@pytest.mark.slow
 def test_checkpoint_restores_on_other_meshes(tmp_path, small_text):
     overrides = {'train.steps': 8, 'train.batch_size': 8, 'checkpoint_every': 4}
     config = tiny_train_config(
@@ -167,6 +172,7 @@ def free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path, small_text):
     config = tiny_train_config(
         tmp_path,
@@ -220,7 +226,7 @@ def mesh_config(**sizes):
     return config.mesh
 
 
-def test_bad_meshes_give_one_line_errors(tmp_path, small_text):
+def test_bad_meshes_give_one_line_errors():
     with pytest.raises(ValueError, match=r'config.mesh .* needs 6 devices, but 8 are available'):
         mesh_shape(mesh_config(data=3, fsdp=2, tensor=1), 8)
     with pytest.raises(ValueError, match=r'at most one axis may be -1'):
@@ -236,6 +242,10 @@ def test_bad_meshes_give_one_line_errors(tmp_path, small_text):
         r"axis 'model'",
     ):
         rules_table(bad_rule)
+
+
+@pytest.mark.slow
+def test_batch_not_divisible_by_8_devices_is_a_one_line_error(tmp_path, small_text):
     config = tiny_train_config(tmp_path, small_text, **{'train.batch_size': 12})
     out = run_entry(
         'train.py',

@@ -23,6 +23,7 @@ def sweep(*args):
     return run_entry('scripts/sweep.py', *args, timeout=900)
 
 
+@pytest.mark.slow
 def test_tiny_sweep_end_to_end(tmp_path, small_text):
     config = tiny_train_config(
         tmp_path,
@@ -69,6 +70,7 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
     assert again.returncode == 0 and again.stdout.count('finished earlier, skipped') == 5
 
 
+@pytest.mark.slow
 def test_grid_errors_before_any_run(tmp_path, small_text):
     cfg = sweep_file(tmp_path, tiny_train_config(tmp_path, small_text), [{}])
     for grid, message in [

@@ -53,6 +53,14 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
     results = json.loads((tmp_path / 'run' / 'results.json').read_text())
     assert results['step'] == 8 and results['tokens_per_sec'] > 0
     np.testing.assert_allclose(results['eval']['loss'], evals[8], rtol=1e-6)
+    restored = restore_run(str(tmp_path / 'run'))  # the run's own config decides the model
+    assert restored.step == 8 and restored.model_cfg.num_kv_heads == 2
+    for a, b in zip(
+        jax.tree.leaves(result['state']['params']),
+        jax.tree.leaves(restored.state['params']),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_grad_accumulation_matches_one_big_batch(tmp_path, small_text):
@@ -83,6 +91,7 @@ def test_call_sizes_end_a_call_at_every_boundary():
     assert list(call_sizes(8, 8, 4, (4,))) == []
 
 
+@pytest.mark.slow
 def test_several_steps_per_call_train_the_same_run(tmp_path, small_text):
     runs = {}
     for k in (1, 3):  # k = 3 also accumulates 2 micro-batches: a scan inside the step scan
@@ -106,6 +115,7 @@ def test_several_steps_per_call_train_the_same_run(tmp_path, small_text):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_kill9_then_resume_is_bitwise_identical(tmp_path, small_text):
     config = tiny_train_config(
         tmp_path,
@@ -136,6 +146,7 @@ def test_kill9_then_resume_is_bitwise_identical(tmp_path, small_text):
     assert [got[s] for s in sorted(got)] == [want[s] for s in sorted(want)]  # bitwise
 
 
+@pytest.mark.slow
 def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, small_text):
     config = tiny_train_config(
         tmp_path,
@@ -169,6 +180,7 @@ def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, small_text):
     assert max(read_scalars(tmp_path / 'run' / 'tb', 'train/loss')) == steps[0]
 
 
+@pytest.mark.slow
 def test_truncated_latest_checkpoint_falls_back(tmp_path, small_text, caplog):
     config = tiny_train_config(tmp_path, small_text)
     workdir = str(tmp_path / 'run')
@@ -197,6 +209,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_saves_nothing(tmp_path, small_
     assert Checkpointer(str(tmp_path / 'run')).steps() == []
 
 
+@pytest.mark.slow
 def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text):
     config = tiny_train_config(tmp_path, small_text)
     train(config, str(tmp_path / 'run'))
@@ -212,6 +225,7 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
     assert read_scalars(tmp_path / 'run' / 'tb', f'{result["tag"]}/perplexity')[4] > 1
 
 
+@pytest.mark.slow
 def test_checkpoints_saved_under_an_older_config_schema_still_load(tmp_path, small_text):
     """Checkpoint side-cars rewritten to hold only the keys of the frozen v1 config (what a
     checkpoint of that version saved): resume, restore and eval.py all still work."""
@@ -239,6 +253,7 @@ def test_checkpoints_saved_under_an_older_config_schema_still_load(tmp_path, sma
     assert out.returncode == 0, out.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_second_launch_loads_compiled_steps_from_the_cache(tmp_path, small_text):
     config = tiny_train_config(tmp_path, small_text, compilation_cache_dir=str(tmp_path / 'xla'))
     cfg_file = write_config_file(config, tmp_path / 'cfg.py')
@@ -261,6 +276,7 @@ def one_line_error(proc):
     return lines[-1]
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line_and_early(tmp_path, small_text):
     def run(config, *extra, env=None):
         cfg_file = write_config_file(config, tmp_path / 'cfg.py')
@@ -298,6 +314,7 @@ def test_cli_errors_are_one_line_and_early(tmp_path, small_text):
     assert Checkpointer(str(tmp_path / 'w')).steps() == [4, 8]  # nothing lost
 
 
+@pytest.mark.slow
 def test_quickstart_command_runs(tmp_path):
     out = run_cli(
         'train.py',
@@ -314,6 +331,7 @@ def test_quickstart_command_runs(tmp_path):
     shutil.rmtree(tmp_path / 'cache')
 
 
+@pytest.mark.slow
 def test_two_cpu_devices_train_and_evaluate_a_whole_split(tmp_path, small_text):
     """config.mesh.cpu_devices=2: data parallel over two CPU devices, and eval.py over every
     validation batch (many multi-device executions in a row) finishes."""

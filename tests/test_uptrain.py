@@ -149,6 +149,7 @@ def test_uptrain_config_sets_schedule_and_provenance():
     assert config.model.attention == 'mha'  # the source config is not changed
 
 
+@pytest.mark.slow
 def test_uptrain_end_to_end(tmp_path, small_text):
     config = tiny_train_config(
         tmp_path,
@@ -212,6 +213,7 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     assert 'Traceback' not in bad.stderr + empty.stderr + again.stderr
 
 
+@pytest.mark.slow
 def test_ablation_script_smoke(tmp_path, shakespeare_path):
     out = run_entry(
         'scripts/uptrain_ablation.py',
