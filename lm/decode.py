@@ -1,9 +1,9 @@
 """KV-cache decoding for every attention variant: prefill a batch of prompts, then sample token by
 token inside one jitted `lax.while_loop`.
 
-Prompts of different lengths are left-padded to the longest, P. Row b's padding occupies cache
+Prompts of different lengths are left-padded to the longest, T. Row b's padding occupies cache
 slots [0, pad_b) and is never attended; its tokens sit at positions 0, 1, ... as in a forward
-pass of the unpadded prompt. Decode step i writes slot P + i for every row. Each attention
+pass of the unpadded prompt. Decode step i writes slot T + i for every row. Each attention
 variant owns its cache layout (`init_cache` / `extend` in lm/attention.py): K and V per KV head
 for MHA / GQA / MQA, the latent c_KV and the shared RoPE key for MLA.
 """
@@ -104,15 +104,15 @@ class Decoder:
         model = nnx.merge(self.graphdef, params)
         return model.extend(tokens_BT, positions_BT, caches, slot, kv_valid_BS, self.absorb)
 
-    def _prefill(self, params, tokens_BP, pad_B, caches):
-        """Left-padded prompts [B, P] -> (logits [B, P, V], caches, kv_valid [B, S])."""
-        B, P = tokens_BP.shape
+    def _prefill(self, params, tokens_BT, pad_B, caches):
+        """Left-padded prompts [B, T] -> (logits [B, T, V], caches, kv_valid [B, S])."""
+        B, T = tokens_BT.shape
         S = caches[0][next(iter(caches[0]))].shape[1]
-        t = jnp.arange(P)[None, :]
+        t = jnp.arange(T)[None, :]
         positions = jnp.maximum(t - pad_B[:, None], 0)
         slots = jnp.arange(S)[None, :]
-        kv_valid = (slots >= pad_B[:, None]) & (slots < P)
-        logits, caches = self._extend(params, tokens_BP, positions, caches, 0, kv_valid)
+        kv_valid = (slots >= pad_B[:, None]) & (slots < T)
+        logits, caches = self._extend(params, tokens_BT, positions, caches, 0, kv_valid)
         return logits, caches, kv_valid
 
     def _step(self, params, tokens_B, slot, pad_B, caches, kv_valid_BS):
@@ -193,15 +193,15 @@ class Decoder:
                 raise ValueError(f'prompt {i} is empty; every prompt needs at least one token')
         if max_new_tokens < 1:
             raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}')
-        P = max(len(p) for p in prompts)
-        S = cache_len or P + max_new_tokens
-        if P + max_new_tokens > S:
+        T = max(len(p) for p in prompts)
+        S = cache_len or T + max_new_tokens
+        if T + max_new_tokens > S:
             raise ValueError(
-                f'prompt of {P} tokens + max_new_tokens={max_new_tokens} is longer '
+                f'prompt of {T} tokens + max_new_tokens={max_new_tokens} is longer '
                 f'than the cache ({S} tokens)'
             )
-        pad = np.array([P - len(p) for p in prompts], np.int32)
-        tokens = np.array([[0] * (P - len(p)) + list(p) for p in prompts], np.int32)
+        pad = np.array([T - len(p) for p in prompts], np.int32)
+        tokens = np.array([[0] * (T - len(p)) + list(p) for p in prompts], np.int32)
         caches = init_caches(self.cfg, len(prompts), S)
         logits, caches, kv_valid = self.prefill(self.params, tokens, pad, caches)
         out, counts = self.loop(
@@ -210,7 +210,7 @@ class Decoder:
             caches,
             kv_valid,
             pad,
-            np.int32(P),
+            np.int32(T),
             np.int32(max_new_tokens),
             np.int32(-1 if eos_id is None else eos_id),
             jax.random.key(seed),

@@ -1,0 +1,34 @@
+"""Structure rules of lm/ that keep it easy to extend (see lm/attention.py and DEVGUIDE)."""
+
+import ast
+import re
+
+import pytest
+from conftest import ROOT
+
+MODULES = sorted((ROOT / 'lm').glob('*.py'))
+
+
+@pytest.mark.parametrize('path', MODULES, ids=lambda p: p.name)
+def test_functions_fit_on_a_screen(path):
+    tree = ast.parse(path.read_text())
+    long = [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > 80
+    ]
+    assert not long, long
+
+
+def test_only_lm_attention_names_variants():
+    """Everything else asks the variant class (lm.attention.variant(cfg)) what it can do."""
+    names = re.compile(r"""['"](mha|gqa|mqa|mla)\d*['"]""")
+    offenders = [
+        f'{path.name}:{i}: {line.strip()}'
+        for path in MODULES
+        if path.name != 'attention.py'
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if names.search(line)
+    ]
+    assert not offenders, offenders
