@@ -478,7 +478,6 @@ class MultiHeadLatentAttention(AttentionVariant):
         return attend(q_nope, q_pe, cache['c'], cache['k_pe'], mask), cache
 
 
-
 def variant(cfg: ModelConfig) -> type[AttentionVariant]:
     """The attention class named by `cfg.attention`."""
     if cfg.attention not in VARIANTS:

@@ -24,8 +24,9 @@ ATTENTION_IMPLS = ('einsum', 'dot_product')
 class ModelConfig:
     """Every model knob; see configs/base.py for what each one means.
 
-    `num_kv_heads`, `head_dim` and `mlp_dim` are resolved: after `lm.attention.resolve` they hold
-    the values the model uses, never the 0 = "derive it" placeholder of the config file.
+    Built by `lm.model.model_config`, the one resolver: `num_kv_heads`, `head_dim`, `mlp_dim`
+    and `vocab_size` then hold the values the model uses, never the 0 = "derive it" of the config
+    file (MLA's `num_kv_heads` is 0: its cache holds no K/V heads).
     """
 
     vocab_size: int

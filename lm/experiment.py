@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import jax
 import ml_collections
+from jax.sharding import Mesh
 
 from lm.checkpoint import Checkpointer, check_same_shapes, param_shapes, read_latest_meta
 from lm.config import ModelConfig
@@ -43,7 +44,9 @@ def check_loop_config(config: ml_collections.ConfigDict) -> None:
         )
 
 
-def step_context(config: ml_collections.ConfigDict, cfg: ModelConfig, mesh=None) -> StepContext:
+def step_context(
+    config: ml_collections.ConfigDict, cfg: ModelConfig, mesh: Mesh | None = None
+) -> StepContext:
     """The step context of `config` for the model `cfg`, on `mesh` (default: from config.mesh).
     The learning-rate schedule is built here once; the optimizer and the logged 'lr' share it."""
     mesh = make_mesh(config.mesh) if mesh is None else mesh

@@ -115,9 +115,7 @@ def run() -> int:
             ),
             exp.ctx.batch_sharding,
         )
-        compiled = (
-            make_train_step(exp.ctx, c.train.grad_accum_steps).lower(state, batch).compile()
-        )
+        compiled = make_train_step(exp.ctx, c.train.grad_accum_steps).lower(state, batch).compile()
         for _ in range(5):
             state, _ = compiled(state, batch)
         jax.block_until_ready(state)

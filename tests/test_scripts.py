@@ -7,6 +7,7 @@ from conftest import run_entry
 
 pytestmark = pytest.mark.slow  # each test starts a benchmark script
 
+
 def run(script, *args):
     return run_entry(f'scripts/{script}', *args, check=True).stdout
 
