@@ -96,6 +96,7 @@ def test_greedy_generation_follows_the_argmax_and_stops_at_eos():
     assert stopped == [[first]]
 
 
+@pytest.mark.slow
 def test_decode_loop_compiles_once_per_batch_and_cache_length():
     _, _, decoder = model_and_decoder(attention='mla')
     decoder.generate([[1, 2, 3], [4]], max_new_tokens=4, cache_len=32)

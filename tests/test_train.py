@@ -63,6 +63,7 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_grad_accumulation_matches_one_big_batch(tmp_path, small_text):
     exps = [
         prepare(tiny_train_config(tmp_path, small_text, **{'train.grad_accum_steps': a}))
@@ -202,6 +203,7 @@ def test_truncated_latest_checkpoint_falls_back(tmp_path, small_text, caplog):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_naming_the_step_and_saves_nothing(tmp_path, small_text):
     config = tiny_train_config(tmp_path, small_text, **{'train.lr': 1e30, 'train.grad_clip': 0.0})
     with pytest.raises(FloatingPointError, match=r'non-finite .* at step \d+; stopping without'):

@@ -141,20 +141,15 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
     )
     assert sweep.invalid_reason(bad) == 'config.model.num_kv_heads=3 must divide num_heads=4 (toy)'
 
-    runs = []
-    for name, model in [
-        ('toy', {'model.attention': 'toy_shared_kv', 'model.num_kv_heads': 2}),
-        ('gqa', {}),
-    ]:
-        config = tiny_train_config(
-            tmp_path,
-            small_text,
-            **model,
-            **{'train.steps': 2, 'eval_every': 2, 'checkpoint_every': 2, 'log_every': 1},
-        )
-        assert sweep.invalid_reason(config) is None
-        train(config, str(tmp_path / name))
-        runs.append({'point': name, 'config': config, 'workdir': str(tmp_path / name)})
+    config = tiny_train_config(
+        tmp_path,
+        small_text,
+        **{'model.attention': 'toy_shared_kv', 'model.num_kv_heads': 2, 'train.steps': 2},
+        **{'eval_every': 2, 'checkpoint_every': 2, 'log_every': 1, 'eval_batches': 1},
+    )
+    assert sweep.invalid_reason(config) is None
+    train(config, str(tmp_path / 'toy'))
+    runs = [{'point': 'toy', 'config': config, 'workdir': str(tmp_path / 'toy')}]
     rows = {r['point']: r for r in sweep.summarise(str(tmp_path), runs)}
     cfg = model_config(tiny_config(attention='toy_shared_kv', num_kv_heads=2, vocab_size=258).model)
     assert rows['toy']['attention'] == 'toy_shared_kv' and rows['toy']['kv_heads'] == '2 shared'
@@ -162,5 +157,6 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
     assert rows['toy']['params'] == accounting.param_counts(cfg)['total']
     assert math.isfinite(rows['toy']['eval_perplexity'])
     assert '| toy | toy_shared_kv | 4 | 2 shared |' in (tmp_path / 'summary.md').read_text()
-    labels = sweep._plot(list(rows.values()), str(tmp_path / 'plot.png'))
-    assert sorted(labels) == ['GQA', 'TOY_SHARED_KV']
+    gqa = {**rows['toy'], 'point': 'gqa', 'attention': 'gqa', 'kv_cache_bytes_per_token': 64}
+    labels = sweep._plot([rows['toy'], gqa], str(tmp_path / 'plot.png'))
+    assert labels == ['GQA', 'TOY_SHARED_KV']  # every kind gets a marker, registry order
