@@ -175,7 +175,7 @@ class GroupedQueryAttention(nnx.Module):
             jnp.einsum('BTGRD,BSGD->BGRTS', q_BTGRD, k_BTGD, preferred_element_type=jnp.float32)
             * self.cfg.head_dim**-0.5
         )
-        s_BGRTS = jnp.where(causal_mask(T), s_BGRTS, jnp.finfo(jnp.float32).min)
+        s_BGRTS = jnp.where(causal_mask(T)[None, None, None], s_BGRTS, jnp.finfo(jnp.float32).min)
         return jax.nn.softmax(s_BGRTS, axis=-1).reshape(B, H, T, T)
 
     def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
@@ -364,7 +364,7 @@ class MultiHeadLatentAttention(nnx.Module):
             * self.scale
         )
         T = x_BTE.shape[1]
-        s_BHTS = jnp.where(causal_mask(T), s_BHTS, jnp.finfo(jnp.float32).min)
+        s_BHTS = jnp.where(causal_mask(T)[None, None], s_BHTS, jnp.finfo(jnp.float32).min)
         return jax.nn.softmax(s_BHTS, axis=-1)
 
     @property

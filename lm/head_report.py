@@ -34,6 +34,7 @@ class RunHeads:
     scores: dict[str, np.ndarray]  # SCORES + 'first_position'
     loss_T: np.ndarray  # mean next-token loss by position on the validation windows
     windows: int  # validation windows of seq_len tokens the text scores average over
+    repeat_loss: tuple[float, float]  # loss on the 1st and 2nd copy of the random sequences
     kv: dict[str, list[np.ndarray]] | None  # 'key_cosine', 'value_cosine', 'key_cka', ...: [G, G]
     example_tokens: np.ndarray  # [T] one repeated random sequence
     example_probs: list[np.ndarray]  # per layer [H, T, T] on it
@@ -88,7 +89,8 @@ def _text_stats(model, tokens_BT1):
 
 @nnx.jit
 def _random_stats(model, tokens_BT):
-    """Induction and duplicate-token scores [L, 2, H] and the probabilities themselves."""
+    """Induction and duplicate-token scores [L, 2, H], the loss by position [2P - 1] and the
+    first row's probabilities."""
     probs = analysis.attention_probs(model, tokens_BT)
     scores = jnp.stack(
         [
@@ -101,7 +103,8 @@ def _random_stats(model, tokens_BT):
             for p in probs
         ]
     )
-    return scores, [p[0] for p in probs]
+    loss_T = analysis.token_losses(model, tokens_BT).mean(axis=0)
+    return scores, loss_T, [p[0] for p in probs]
 
 
 def analyse_run(
@@ -140,7 +143,8 @@ def analyse_run(
     rand_tokens = analysis.repeated_random_tokens(
         np.random.default_rng(seed), num_random, T // 2, token_ids
     )
-    rand, example = _random_stats(model, jnp.asarray(rand_tokens))
+    rand, rand_loss, example = _random_stats(model, jnp.asarray(rand_tokens))
+    P = T // 2
     rand = np.asarray(rand)
     scores = {name: text[:, i] for i, name in enumerate(TEXT_SCORES)}
     scores.update(induction=rand[:, 0], duplicate_token=rand[:, 1])
@@ -162,6 +166,7 @@ def analyse_run(
         scores=scores,
         loss_T=loss_sum / (len(windows) * batch),
         windows=len(windows) * batch,
+        repeat_loss=(float(np.mean(rand_loss[: P - 1])), float(np.mean(rand_loss[P - 1 :]))),
         kv=kv,
         example_tokens=rand_tokens[0],
         example_probs=[np.asarray(p) for p in example],
@@ -246,21 +251,24 @@ def summary_markdown(runs: list[RunHeads]) -> str:
         '## Runs',
         '',
         f'| run | attention | KV heads | validation windows | loss | loss at {early} | '
-        f'loss at {late} | ICL score | sink rate (eps 0.3) |',
-        '|---|---|---|---|---|---|---|---|---|',
+        f'loss at {late} | ICL score | sink rate (eps 0.3) | random: 1st copy | 2nd copy |',
+        '|---|---|---|---|---|---|---|---|---|---|---|',
     ]
     for r in runs:
         e, la = analysis.icl_positions(len(r.loss_T))
         lines.append(
             f'| {r.label} | {r.attention} | {r.num_kv_heads} | {r.windows} | '
             f'{_fmt(float(np.mean(r.loss_T)))} | {_fmt(r.loss_T[e])} | {_fmt(r.loss_T[la])} | '
-            f'{_fmt(r.icl_score)} | {_fmt(r.sink_rate)} |'
+            f'{_fmt(r.icl_score)} | {_fmt(r.sink_rate)} | {_fmt(r.repeat_loss[0])} | '
+            f'{_fmt(r.repeat_loss[1])} |'
         )
     lines += [
         '',
         'ICL score (Olsson et al. 2022, scaled to the context): loss at the last position minus '
         'loss at position round(T/10) - 1. Sink rate (Gu et al. 2024): fraction of heads whose '
-        'mean attention to position 0 exceeds 0.3.',
+        'mean attention to position 0 exceeds 0.3. Random: loss (nats) predicting the 1st and '
+        'the 2nd copy of the repeated random sequences (a model with induction heads predicts '
+        'the 2nd copy far better).',
         '',
         '## Strongest heads',
         '',
