@@ -24,7 +24,8 @@ def _score_range(score: str, runs: list[RunHeads]) -> tuple[float, float]:
 
 def score_figure(score: str, runs: list[RunHeads]) -> plt.Figure:
     """Layer x head heatmaps of one score, one panel per run, on one colour scale."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs) + 0.8, 3.0), squeeze=False)
+    fig, axes = plt.subplots(1, len(runs), figsize=(3.4 * len(runs) + 1.0, 3.0), squeeze=False)
+    fig.subplots_adjust(wspace=0.35)
     vmin, vmax = _score_range(score, runs)
     for ax, run in zip(axes[0], runs, strict=True):
         values = run.scores[score]

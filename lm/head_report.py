@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import os
 
 import jax
@@ -34,6 +35,7 @@ class RunHeads:
     scores: dict[str, np.ndarray]  # SCORES + 'first_position'
     loss_T: np.ndarray  # mean next-token loss by position on the validation windows
     windows: int  # validation windows of seq_len tokens the text scores average over
+    icl_stderr: float  # standard error of the ICL score over the windows (ddof 1)
     repeat_loss: tuple[float, float]  # loss on the 1st and 2nd copy of the random sequences
     kv: dict[str, list[np.ndarray]] | None  # 'key_cosine', 'value_cosine', 'key_cka', ...: [G, G]
     example_tokens: np.ndarray  # [T] one repeated random sequence
@@ -77,14 +79,15 @@ def _text_stats(model, tokens_BT1):
             for p in probs
         ]
     )
-    loss_T = analysis.token_losses(model, tokens_BT1).sum(axis=0)
+    loss_BT = analysis.token_losses(model, tokens_BT1)
+    early, late = analysis.icl_positions(tokens_BT.shape[1])
     moments = None
     if hasattr(model.blocks[0].attn, 'k_proj'):
         moments = [
             tuple(analysis.head_moments(x.reshape((-1,) + x.shape[2:])) for x in kv)
             for kv in analysis.kv_projections(model, tokens_BT)
         ]
-    return scores, loss_T, moments
+    return scores, loss_BT.sum(axis=0), loss_BT[:, late] - loss_BT[:, early], moments
 
 
 @nnx.jit
@@ -131,10 +134,11 @@ def analyse_run(
             f'{flag}={workdir}: the validation split holds fewer than one batch of {batch} '
             f'windows of {T} tokens; lower --batch'
         )
-    text_sum, loss_sum, moments = 0.0, 0.0, None
+    text_sum, loss_sum, icl, moments = 0.0, 0.0, [], None
     for tokens in windows:
-        scores, loss_T, m = _text_stats(model, jnp.asarray(tokens))
+        scores, loss_T, icl_B, m = _text_stats(model, jnp.asarray(tokens))
         text_sum, loss_sum = text_sum + np.asarray(scores), loss_sum + np.asarray(loss_T)
+        icl.append(np.asarray(icl_B, np.float64))
         if m is not None:
             moments = m if moments is None else jax.tree.map(np.add, moments, m)
     text = text_sum / len(windows)
@@ -166,6 +170,7 @@ def analyse_run(
         scores=scores,
         loss_T=loss_sum / (len(windows) * batch),
         windows=len(windows) * batch,
+        icl_stderr=float(np.std(np.concatenate(icl), ddof=1) / math.sqrt(len(windows) * batch)),
         repeat_loss=(float(np.mean(rand_loss[: P - 1])), float(np.mean(rand_loss[P - 1 :]))),
         kv=kv,
         example_tokens=rand_tokens[0],
@@ -183,6 +188,19 @@ def write_csv(runs: list[RunHeads], path: str) -> None:
                 for head in range(H):
                     values = [f'{run.scores[s][layer, head]:.4f}' for s in SCORES]
                     writer.writerow([run.label, layer, head, *values])
+
+
+def write_kv_csv(runs: list[RunHeads], path: str) -> None:
+    """KV-head similarity as rows (run, layer, kind, head_a, head_b, value); kind is key_cosine,
+    value_cosine, key_cka or value_cka. Runs without per-head K/V (mla) have no rows."""
+    with open(path, 'w', newline='') as f:
+        writer = csv.writer(f)
+        writer.writerow(('run', 'layer', 'kind', 'head_a', 'head_b', 'value'))
+        for run in runs:
+            for kind, matrices in (run.kv or {}).items():
+                for layer, sim in enumerate(matrices):
+                    for (a, b), v in np.ndenumerate(sim):
+                        writer.writerow([run.label, layer, kind, a, b, f'{v:.4f}'])
 
 
 def file_label(label: str) -> str:
@@ -259,16 +277,16 @@ def summary_markdown(runs: list[RunHeads]) -> str:
         lines.append(
             f'| {r.label} | {r.attention} | {r.num_kv_heads} | {r.windows} | '
             f'{_fmt(float(np.mean(r.loss_T)))} | {_fmt(r.loss_T[e])} | {_fmt(r.loss_T[la])} | '
-            f'{_fmt(r.icl_score)} | {_fmt(r.sink_rate)} | {_fmt(r.repeat_loss[0])} | '
-            f'{_fmt(r.repeat_loss[1])} |'
+            f'{_fmt(r.icl_score)} ± {_fmt(r.icl_stderr)} | {_fmt(r.sink_rate)} | '
+            f'{_fmt(r.repeat_loss[0])} | {_fmt(r.repeat_loss[1])} |'
         )
     lines += [
         '',
         'ICL score (Olsson et al. 2022, scaled to the context): loss at the last position minus '
-        'loss at position round(T/10) - 1. Sink rate (Gu et al. 2024): fraction of heads whose '
-        'mean attention to position 0 exceeds 0.3. Random: loss (nats) predicting the 1st and '
-        'the 2nd copy of the repeated random sequences (a model with induction heads predicts '
-        'the 2nd copy far better).',
+        'loss at position round(T/10) - 1, ± its standard error over the windows. Sink rate '
+        '(Gu et al. 2024): fraction of heads whose mean attention to position 0 exceeds 0.3. '
+        'Random: loss (nats) predicting the 1st and the 2nd copy of the repeated random '
+        'sequences (a model with induction heads predicts the 2nd copy far better).',
         '',
         '## Strongest heads',
         '',

@@ -5,10 +5,11 @@
       --compare=runs/gqa2 --out=runs/heads_mha_vs_gqa2
 
 Writes OUT/heads.csv (run, layer, head, previous_token, induction, duplicate_token, sink,
-entropy), OUT/summary.md, PNG heatmaps (layer x head per score, one panel per run), one example
-attention map per layer and run, KV-head similarity and loss by position; each run's scores and
-images also go to its TensorBoard directory at its checkpoint step. A run is WORKDIR or
-WORKDIR@STEP (--step applies to --workdir). Scores are defined in lm/analysis.py.
+entropy), OUT/kv_similarity.csv (run, layer, kind, head_a, head_b, value), OUT/summary.md, PNG
+heatmaps (layer x head per score, one panel per run), one example attention map per layer and
+run, KV-head similarity and loss by position; each run's scores and images also go to its
+TensorBoard directory at its checkpoint step. A run is WORKDIR or WORKDIR@STEP (--step applies
+to --workdir). Scores are defined in lm/analysis.py.
 """
 
 import os
@@ -69,6 +70,7 @@ def run() -> int:
     out = _OUT.value
     os.makedirs(out, exist_ok=True)
     head_report.write_csv(runs, os.path.join(out, 'heads.csv'))
+    head_report.write_kv_csv(runs, os.path.join(out, 'kv_similarity.csv'))
     with open(os.path.join(out, 'summary.md'), 'w') as f:
         f.write(head_report.summary_markdown(runs))
     for score in (*head_report.SCORES, 'first_position'):

@@ -369,6 +369,11 @@ def test_analyze_heads_cli(tmp_path):
     for r in body:
         assert all(0.0 <= float(v) <= 1.0 for v in r[3:7]), r
         assert 0.0 <= float(r[7]) <= math.log(16)
+    with open(out / 'kv_similarity.csv') as f:
+        kv = list(csv.DictReader(f))
+    assert len(kv) == 2 * 2 * 4 * 4 * 4  # runs x layers x kinds x 4 x 4 heads
+    diag = [float(r['value']) for r in kv if r['head_a'] == r['head_b']]
+    assert diag and all(abs(v - 1) < 1e-3 for v in diag)
     summary = (out / 'summary.md').read_text()
     assert '# Head analysis' in summary and 'run@4' in summary and 'KV-head similarity' in summary
     for name in (
