@@ -270,6 +270,21 @@ class GroupedQueryAttention(AttentionVariant):
         q_BTHD, k_BTGD, v_BTGD = fused_dense(x_BTE, [self.q_proj, self.k_proj, self.v_proj])
         return rope(q_BTHD, positions_BT, theta), rope(k_BTGD, positions_BT, theta), v_BTGD
 
+    def probs(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+        """Causal attention probabilities [B, H, T, S] (S = T) of `__call__` on the same input:
+        the einsum path's scores and softmax, for head analysis (lm/analysis.py)."""
+        q_BTHD, k_BTGD, _ = self._qkv(x_BTE, positions_BT)
+        B, T, H, D = q_BTHD.shape
+        G = k_BTGD.shape[2]
+        q_BTGRD = q_BTHD.reshape(B, T, G, H // G, D)
+        # scores[b, g, r, t, s] = <q[b, t, g, r], k[b, s, g]>, as in `grouped_attention`.
+        s_BGRTS = (
+            jnp.einsum('BTGRD,BSGD->BGRTS', q_BTGRD, k_BTGD, preferred_element_type=jnp.float32)
+            * self.cfg.head_dim**-0.5
+        )
+        s_BGRTS = jnp.where(causal_mask(T)[None, None, None], s_BGRTS, jnp.finfo(jnp.float32).min)
+        return jax.nn.softmax(s_BGRTS, axis=-1).reshape(B, H, T, T)
+
     def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
         cfg = self.cfg
         q_BTHD, k_BTGD, v_BTGD = self._qkv(x_BTE, positions_BT)
@@ -446,6 +461,26 @@ class MultiHeadLatentAttention(AttentionVariant):
         p_BHTS = jax.nn.softmax(s_BHTS, axis=-1).astype(dtype)
         o_lat_BTHC = jnp.einsum('BHTS,BSC->BTHC', p_BHTS, c_BSC.astype(dtype))
         return self.o_proj(jnp.einsum('BTHC,CHU->BTHU', o_lat_BTHC, w_uv_CHU))  # W_UV after
+
+    def probs(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+        """Causal attention probabilities [B, H, T, S] (S = T) of `__call__` on the same input:
+        scores of `_expanded` ([q_C; RoPE(q_R)] against [k_C; shared RoPE(k_R)]), for head
+        analysis (lm/analysis.py)."""
+        cfg = self.cfg
+        q_nope, q_pe = self.queries(x_BTE, positions_BT)
+        c_BSC, k_pe_BSR = self.latents(x_BTE, positions_BT)
+        k_nope = jnp.split(self.kv_b_proj(c_BSC), [cfg.qk_nope_head_dim], axis=-1)[0]
+        k_pe_BSHR = jnp.broadcast_to(k_pe_BSR[:, :, None], k_nope.shape[:3] + k_pe_BSR.shape[2:])
+        q_BTHK = jnp.concatenate([q_nope, q_pe], axis=-1)
+        k_BSHK = jnp.concatenate([k_nope, k_pe_BSHR.astype(k_nope.dtype)], axis=-1)
+        # scores[b, h, t, s] = <q[b, t, h], k[b, s, h]>
+        s_BHTS = (
+            jnp.einsum('BTHK,BSHK->BHTS', q_BTHK, k_BSHK, preferred_element_type=jnp.float32)
+            * self.scale
+        )
+        T = x_BTE.shape[1]
+        s_BHTS = jnp.where(causal_mask(T)[None, None], s_BHTS, jnp.finfo(jnp.float32).min)
+        return jax.nn.softmax(s_BHTS, axis=-1)
 
     @property
     def scale(self) -> float:

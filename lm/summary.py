@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import jax
+import numpy as np
 from tensorboardX import SummaryWriter
 from tensorboardX.proto.summary_pb2 import Summary as SummaryProto
 from tensorboardX.summary import hparams, scalar
@@ -37,6 +38,11 @@ class Summary:
     def text(self, tag: str, text: str, step: int = 0) -> None:
         if self.writer:
             self.writer.add_text(tag, text, step)
+
+    def image(self, tag: str, image_HWC: np.ndarray, step: int = 0) -> None:
+        """An RGB(A) uint8 image [height, width, channels] in the Images tab."""
+        if self.writer:
+            self.writer.add_image(tag, image_HWC, step, dataformats='HWC')
 
     def hparams(self, values: dict[str, float | int | str | bool]) -> None:
         """Registers the run in TensorBoard's HParams tab. Its metric columns read this run's

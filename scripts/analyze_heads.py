@@ -1,0 +1,98 @@
+"""What each attention head does: per-head scores, KV-head similarity and loss by position.
+
+  python scripts/analyze_heads.py --workdir=runs/mha --out=runs/mha/heads
+  python scripts/analyze_heads.py --workdir=runs/mha --compare=runs/gqa2@0 \
+      --compare=runs/gqa2 --out=runs/heads_mha_vs_gqa2
+
+Writes OUT/heads.csv (run, layer, head, previous_token, induction, duplicate_token, sink,
+entropy), OUT/kv_similarity.csv (run, layer, kind, head_a, head_b, value), OUT/summary.md, PNG
+heatmaps (layer x head per score, one panel per run), one example attention map per layer and
+run, KV-head similarity and loss by position; each run's scores and images also go to its
+TensorBoard directory at its checkpoint step. A run is WORKDIR or WORKDIR@STEP (--step applies
+to --workdir). Scores are defined in lm/analysis.py.
+"""
+
+import os
+
+from absl import flags
+
+from lm import head_plots, head_report
+from lm.checkpoint import read_latest_meta
+from lm.cli import run_app, use_compilation_cache
+from lm.experiment import stored_config
+from lm.summary import run_logdir
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Run to analyse.', required=True)
+_STEP = flags.DEFINE_integer('step', None, "--workdir's checkpoint step; default: the latest.")
+_COMPARE = flags.DEFINE_multi_string(
+    'compare', [], 'Another run to analyse beside it: WORKDIR or WORKDIR@STEP (repeatable).'
+)
+_OUT = flags.DEFINE_string(
+    'out', None, 'Directory for heads.csv, summary.md and PNGs.', required=True
+)
+_TB_DIR = flags.DEFINE_string(
+    'tb_dir', '', "Shared TensorBoard directory the runs were trained with ('' = <workdir>/tb)."
+)
+_BATCH = flags.DEFINE_integer('batch', 32, 'Validation windows per forward pass.')
+_MAX_BATCHES = flags.DEFINE_integer(
+    'max_batches', 0, 'Batches of validation windows to score (0 = the whole split).'
+)
+_NUM_RANDOM = flags.DEFINE_integer(
+    'num_random', 128, 'Repeated random sequences for the induction / duplicate scores.'
+)
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the random sequences (the same for every run).')
+
+
+def run() -> int:
+    for name, flag in (('batch', _BATCH), ('num_random', _NUM_RANDOM)):
+        if flag.value < 1:
+            raise ValueError(f'--{name} must be >= 1, got {flag.value}')
+    if _MAX_BATCHES.value < 0:
+        raise ValueError(f'--max_batches must be >= 0 (0 = all), got {_MAX_BATCHES.value}')
+    specs = [(_WORKDIR.value, _STEP.value, '--workdir')]
+    specs += [(*head_report.parse_run(c), f'--compare={c}') for c in _COMPARE.value]
+    for workdir, _, flag in specs:
+        if read_latest_meta(workdir) is None:
+            raise FileNotFoundError(f'{flag}: {workdir} holds no checkpoint')
+    use_compilation_cache(stored_config(_WORKDIR.value).compilation_cache_dir)
+    runs = [
+        head_report.analyse_run(
+            workdir,
+            step,
+            batch=_BATCH.value,
+            max_batches=_MAX_BATCHES.value,
+            num_random=_NUM_RANDOM.value,
+            seed=_SEED.value,
+            flag=flag,
+        )
+        for workdir, step, flag in specs
+    ]
+    out = _OUT.value
+    os.makedirs(out, exist_ok=True)
+    head_report.write_csv(runs, os.path.join(out, 'heads.csv'))
+    head_report.write_kv_csv(runs, os.path.join(out, 'kv_similarity.csv'))
+    with open(os.path.join(out, 'summary.md'), 'w') as f:
+        f.write(head_report.summary_markdown(runs))
+    for score in (*head_report.SCORES, 'first_position'):
+        head_plots.save(head_plots.score_figure(score, runs), os.path.join(out, f'{score}.png'))
+    head_plots.save(head_plots.loss_figure(runs), os.path.join(out, 'loss_by_position.png'))
+    for r in runs:
+        name = head_report.file_label(r.label)
+        images = {}
+        for score in (*head_report.SCORES, 'first_position'):
+            images[score] = head_plots.save(head_plots.score_figure(score, [r]))
+        for layer in range(len(r.example_probs)):
+            path = os.path.join(out, f'attention_{name}_L{layer}.png')
+            fig = head_plots.attention_figure(r, layer)
+            images[f'attention_L{layer}'] = head_plots.save(fig, path)
+        if r.kv is not None:
+            path = os.path.join(out, f'kv_similarity_{name}.png')
+            images['kv_similarity'] = head_plots.save(head_plots.kv_figure(r), path)
+        head_plots.log_run(r, run_logdir(r.workdir, _TB_DIR.value), images)
+        print(f'{r.label}: ICL score {r.icl_score:.3f}, sink rate {r.sink_rate:.3f}')
+    print(f'wrote {out}/heads.csv, summary.md and PNGs; TensorBoard: heads/*')
+    return 0
+
+
+if __name__ == '__main__':
+    run_app(run)
