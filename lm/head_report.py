@@ -139,7 +139,8 @@ def analyse_run(
         scores, loss_T, icl_B, m = _text_stats(model, jnp.asarray(tokens))
         text_sum, loss_sum = text_sum + np.asarray(scores), loss_sum + np.asarray(loss_T)
         icl.append(np.asarray(icl_B, np.float64))
-        if m is not None:
+        if m is not None:  # summed in float64: the covariance subtracts the mean's square
+            m = jax.tree.map(lambda x: np.asarray(x, np.float64), m)
             moments = m if moments is None else jax.tree.map(np.add, moments, m)
     text = text_sum / len(windows)
     token_ids = np.unique(np.asarray(corpus.tokens['validation']))
