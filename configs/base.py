@@ -55,6 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     data.hf_streaming = False  # hf: stream instead of downloading the whole split.
     data.hf_max_docs = 0  # hf: read at most this many documents per split (0 = all).
     data.tokenizer = 'byte'  # 'byte' (256 bytes + specials) | 'bpe' (trained here) | a .json path.
+    data.eos_token = ''  # .json tokenizer: its end-of-text token; '' = <|endoftext|> or last id.
     data.bpe_vocab_size = 4096  # bpe: vocabulary size to train.
     data.seq_len = 256  # Tokens per training sequence (context length T).
     data.cache_dir = ''  # Where token memmaps and trained tokenizers go; '' = ~/.cache/lm.

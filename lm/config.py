@@ -136,6 +136,7 @@ ADDED_KEYS = {
     'model.rope_high_freq_factor': 4.0,
     'model.rope_original_max_len': 8192,
     'model.latent_norm_eps': 0.0,
+    'data.eos_token': '',
 }
 
 
