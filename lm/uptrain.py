@@ -104,15 +104,27 @@ def convert_params(
 
 
 def uptrain_config(
-    source: ml_collections.ConfigDict, num_kv_heads: int, source_step: int, **provenance
+    source: ml_collections.ConfigDict,
+    num_kv_heads: int,
+    source_step: int,
+    steps: int | None = None,
+    **provenance,
 ) -> ml_collections.ConfigDict:
     """The converted run's config: attention and KV heads updated, the schedule set for
-    `uptrain.fraction` × the source's steps with its own warmup, provenance recorded."""
+    `steps` (default: `uptrain.fraction` × the source's steps) with its own warmup,
+    provenance recorded."""
     config = ml_collections.ConfigDict(copy.deepcopy(source.to_dict()))
     config.model.attention = 'mqa' if num_kv_heads == 1 else 'gqa'
     config.model.num_kv_heads = num_kv_heads
     up = config.uptrain
-    steps = round(up.fraction * source_step)
+    if steps is None and source_step == 0:
+        raise ValueError(
+            'the source checkpoint is at step 0 (imported, e.g. by scripts/convert_hf.py), so '
+            'uptrain.fraction of its steps is 0: pass --steps'
+        )
+    if steps is not None and steps < 0:
+        raise ValueError(f'--steps must be >= 0, got {steps}')
+    steps = round(up.fraction * source_step) if steps is None else steps
     config.train.steps = steps
     config.train.warmup_steps = up.warmup_steps if up.warmup_steps >= 0 else round(0.1 * steps)
     config.eval_every = min(config.eval_every, max(steps, 1))
@@ -129,9 +141,11 @@ def convert_checkpoint(
     step: int | None = None,
     fraction: float | None = None,
     seed: int = 0,
+    steps: int | None = None,
 ) -> ml_collections.ConfigDict:
     """Converts `src`'s checkpoint to `num_kv_heads` KV heads and writes it as step 0 of a new
-    run in `dst` (fresh optimizer state, config from `uptrain_config`); returns that config."""
+    run in `dst` (fresh optimizer state, config from `uptrain_config`, `steps` uptraining
+    steps or uptrain.fraction of the source's); returns that config."""
     if os.path.isdir(os.path.join(dst, 'checkpoints')) and os.listdir(
         os.path.join(dst, 'checkpoints')
     ):
@@ -143,7 +157,12 @@ def convert_checkpoint(
     if fraction is not None:
         src_config.uptrain.fraction = fraction
     config = uptrain_config(
-        src_config, num_kv_heads, source.step, method=method, source_workdir=os.path.abspath(src)
+        src_config,
+        num_kv_heads,
+        source.step,
+        steps,
+        method=method,
+        source_workdir=os.path.abspath(src),
     )
     cfg = model_config(config.model)
     tx = make_optimizer(config.train)
