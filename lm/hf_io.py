@@ -111,8 +111,12 @@ class SafetensorsReader:
 def _check_tensors(reader: SafetensorsReader, tensors: list[hf.Tensor], hf_config: dict) -> None:
     """One-line errors for missing, unexpected or mis-shaped tensors (shapes are checked when
     placed); tied embeddings with a different stored lm_head are refused."""
+    if not hf_config.get('tie_word_embeddings') and 'lm_head.weight' not in reader.files:
+        raise ValueError(
+            'config.json tie_word_embeddings=False, but the checkpoint has no lm_head.weight'
+        )
     wanted = {t.hf for t in tensors}
-    for name in wanted:
+    for name in sorted(wanted):
         if name not in reader.files:
             raise ValueError(f'the checkpoint has no tensor {name}, which config.json implies')
     L = hf_config['num_hidden_layers']
@@ -138,10 +142,6 @@ def _check_tensors(reader: SafetensorsReader, tensors: list[hf.Tensor], hf_confi
                 f'the checkpoint has {name}; lm has no such bias (config.json says none)'
             )
         raise ValueError(f'the checkpoint has tensor {name}, which lm has no place for')
-    if not hf_config.get('tie_word_embeddings') and 'lm_head.weight' not in reader.files:
-        raise ValueError(
-            'config.json tie_word_embeddings=False, but the checkpoint has no lm_head.weight'
-        )
 
 
 def load_params(
