@@ -144,6 +144,11 @@ def hf_from_model(cfg: ModelConfig, max_position_embeddings: int, **extra) -> di
         'rms_norm_eps': cfg.norm_eps,
         'max_position_embeddings': max_position_embeddings,
         'rope_parameters': rope,
+        # The pre-5 layout too, for older transformers, vLLM and the like.
+        'rope_theta': cfg.rope_theta,
+        'rope_scaling': {k: v for k, v in rope.items() if k != 'rope_theta'}
+        if cfg.rope_scaling
+        else None,
         'tie_word_embeddings': cfg.tie_embeddings,
         'attention_dropout': 0.0,
         'dtype': TORCH_DTYPES[cfg.param_dtype],
@@ -275,9 +280,9 @@ def to_lm_block(read, t: Tensor, lm_shape: tuple[int, ...], index: tuple) -> np.
     tensor (`cols` is None for a 1-D one)."""
     index = tuple(index) + (slice(None),) * (len(lm_shape) - len(index))
     if not t.linear:
-        flat = _flat_index(lm_shape, index, t.columns)
         if t.lm == ('embed',):  # same layout: rows and columns read directly
             return read(index[0], index[1])
+        flat = _flat_index(lm_shape, index, t.columns)  # a norm scale or bias: small
         lo, hi = int(flat.min()), int(flat.max()) + 1
         return read(slice(lo, hi), None)[flat - lo]
     n_in = t.n_in

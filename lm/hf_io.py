@@ -24,6 +24,7 @@ from safetensors import safe_open
 
 from lm import hf
 from lm.checkpoint import Checkpointer
+from lm.data import load_tokenizer
 from lm.experiment import checkpoint_meta, restore_run
 from lm.model import model_config
 from lm.optimizer import make_optimizer
@@ -341,7 +342,8 @@ def export_hf(
     run's tokenizer is a tokenizer.json or a BPE trained here. Returns `out_dir`."""
     if jax.process_count() > 1:
         raise ValueError('export runs in one process (it gathers one tensor at a time)')
-    restored = restore_run(workdir, step)
+    # What transformers cannot express is refused before any array is read.
+    restored = restore_run(workdir, step, check=lambda cfg: hf.hf_from_model(cfg, 1))
     config, cfg = restored.config, restored.model
     source = {}
     tok_dir = ''
@@ -353,10 +355,11 @@ def export_hf(
                 source = json.load(f)
     extra = {k: source[k] for k in ('bos_token_id', 'eos_token_id', 'pad_token_id') if k in source}
     tokenizer = None
-    if config.data.tokenizer != 'byte':
-        from lm.data import load_tokenizer
-
+    if config.data.tokenizer.endswith('.json'):
+        tokenizer = HFTokenizer.from_file(config.data.tokenizer, config.data.eos_token)
+    elif config.data.tokenizer == 'bpe':  # trained on the run's data (cached after training)
         tokenizer = load_tokenizer(config.data)
+    if tokenizer is not None:
         extra.setdefault('eos_token_id', tokenizer.eos_id)
     max_len = source.get('max_position_embeddings', config.data.seq_len)
     hf_config = hf.hf_from_model(cfg, max_len, **extra)

@@ -170,8 +170,7 @@ ROUND_TRIPS = {
     'mha_bias_llama3': dict(
         attention='mha', qkv_bias=True, o_bias=True, rope_scaling='llama3', tie_embeddings=False
     ),
-    'gqa2_tied_hd12': dict(attention='gqa', num_kv_heads=2, head_dim=12),
-    'mqa_bf16': dict(attention='mqa', param_dtype='bfloat16', tie_embeddings=False),
+    'mqa_tied_bf16_hd12': dict(attention='mqa', head_dim=12, param_dtype='bfloat16'),
     'mla_qlora': dict(attention='mla', q_lora_rank=12, latent_norm_eps=1e-6),
     'mla_direct_bf16': dict(
         attention='mla', latent_norm_eps=1e-6, param_dtype='bfloat16', tie_embeddings=False
