@@ -474,6 +474,33 @@ def test_uptrain_of_a_step0_import_needs_steps():
     assert uptrain_config(config, 2, 0, steps=3).train.steps == 3
 
 
+def test_command_refusal_is_one_line(tmp_path):
+    d = edited_fixture(
+        tmp_path, 'deepseek_qlora', edit_config=lambda c: c.update(first_k_dense_replace=1)
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / 'scripts' / 'convert_hf.py'),
+            'import',
+            f'--hf_dir={d}',
+            f'--workdir={tmp_path / "w"}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    )
+    assert out.returncode == 1
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith('error: config.json first_k_dense_replace=1: layers 1..1 of 2 are MoE layers')
+    )
+    assert not (tmp_path / 'w' / 'checkpoints').exists()
+
+
 # -- end to end: the commands -------------------------------------------------------------------
 
 
