@@ -24,6 +24,14 @@ LLAMA, DEEPSEEK = 'llama', 'deepseek_v3'
 ARCHITECTURES = {LLAMA: 'LlamaForCausalLM', DEEPSEEK: 'DeepseekV3ForCausalLM'}
 DEEPSEEK_LATENT_EPS = 1e-6  # DeepseekV3's q_a_layernorm / kv_a_layernorm eps (not configurable)
 TORCH_DTYPES = {'float32': 'float32', 'bfloat16': 'bfloat16', 'float16': 'float16'}
+_REQUIRED = (
+    'vocab_size',
+    'hidden_size',
+    'num_hidden_layers',
+    'num_attention_heads',
+    'intermediate_size',
+)
+_MLA_REQUIRED = ('kv_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
 _LLAMA3_KEYS = {
     'factor': 'rope_scaling_factor',
     'low_freq_factor': 'rope_low_freq_factor',
@@ -54,6 +62,9 @@ def model_from_hf(hf: dict) -> tuple[dict, bool]:
         raise _refuse(
             'model_type', model_type, f'lm imports {sorted(ARCHITECTURES)} (Llama and DeepSeek-V3)'
         )
+    required = _REQUIRED + (_MLA_REQUIRED if model_type == DEEPSEEK else ())
+    if missing := [k for k in required if not isinstance(hf.get(k), int)]:
+        raise ValueError(f'config.json lacks integer field(s) {missing}')
     if hf.get('hidden_act', 'silu') != 'silu':
         raise _refuse('hidden_act', hf['hidden_act'], "lm's MLP is SwiGLU ('silu')")
     if hf.get('mlp_bias'):

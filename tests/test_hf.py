@@ -329,6 +329,7 @@ REFUSED = {
         {'rope_parameters': {'rope_type': 'default', 'partial_rotary_factor': 0.5}},
         'partial_rotary_factor',
     ),
+    'missing_field': (llama_json, {'intermediate_size': None}, 'intermediate_size'),
     'deepseek_moe': (deepseek_json, {'first_k_dense_replace': 1}, 'first_k_dense_replace'),
     'deepseek_bias': (deepseek_json, {'attention_bias': True}, 'attention_bias'),
     'deepseek_yarn': (
