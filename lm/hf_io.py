@@ -24,10 +24,10 @@ from safetensors import safe_open
 
 from lm import hf
 from lm.checkpoint import Checkpointer
-from lm.data import load_tokenizer
-from lm.experiment import checkpoint_meta, restore_run
+from lm.data import check_data_config, load_tokenizer
+from lm.experiment import check_loop_config, checkpoint_meta, restore_run
 from lm.model import model_config
-from lm.optimizer import make_optimizer
+from lm.optimizer import check_train_config, make_optimizer
 from lm.sharding import make_mesh, rules_table
 from lm.tokenizer import HFTokenizer
 from lm.train_step import make_setup
@@ -153,15 +153,19 @@ def load_params(
 ) -> dict:
     """The lm parameter tree, each array made directly in its sharding from the blocks its
     devices hold (read from the safetensors files one tensor at a time)."""
+
+    def leaf(tree: dict, t: hf.Tensor):
+        for key in t.lm:
+            tree = tree[key]
+        return tree
+
+    for t in tensors:  # every shape checked before anything is read
+        expect, got = _hf_shape(t, leaf(abstract_params, t).shape), reader.shape(t.hf)
+        if got != expect:
+            raise ValueError(f'tensor {t.hf} has shape {got}; config.json implies {expect}')
     params: dict = {}
     for t in tensors:
-        abstract, sharding = abstract_params, shardings
-        for key in t.lm:
-            abstract, sharding = abstract[key], sharding[key]
-        hf_shape = reader.shape(t.hf)
-        expect = _hf_shape(t, abstract.shape)
-        if hf_shape != expect:
-            raise ValueError(f'tensor {t.hf} has shape {hf_shape}; config.json implies {expect}')
+        abstract, sharding = leaf(abstract_params, t), leaf(shardings, t)
         dtype = abstract.dtype
 
         def block(index, t=t, dtype=dtype, shape=abstract.shape):
@@ -254,6 +258,9 @@ def import_hf(
     shutil.copyfile(config_path, os.path.join(out_hf, 'source_config.json'))
     config.data.tokenizer = os.path.abspath(os.path.join(out_hf, 'tokenizer.json'))
     config.data.eos_token = _eos_token(directory, hf_config, tokenizer)
+    check_loop_config(config)  # the run's other settings fail here, not in train.py
+    check_train_config(config.train)
+    check_data_config(config.data)
 
     mesh = make_mesh(config.mesh)
     tx = make_optimizer(config.train)
