@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from lm.checkpoint import Checkpointer
+from lm.checkpoint import Checkpointer, read_latest_meta
 from lm.config import DTYPES, ModelConfig
 from lm.experiment import checkpoint_meta, restore_run
 from lm.model import model_config
@@ -103,6 +103,17 @@ def convert_params(
     return out
 
 
+def check_steps(source_step: int | None, steps: int | None) -> None:
+    """One-line errors for uptraining steps that cannot be set (a step-0 source needs them)."""
+    if steps is None and source_step == 0:
+        raise ValueError(
+            'the source checkpoint is at step 0 (imported, e.g. by scripts/convert_hf.py), so '
+            'uptrain.fraction of its steps is 0: pass --steps'
+        )
+    if steps is not None and steps < 0:
+        raise ValueError(f'--steps must be >= 0, got {steps}')
+
+
 def uptrain_config(
     source: ml_collections.ConfigDict,
     num_kv_heads: int,
@@ -117,13 +128,7 @@ def uptrain_config(
     config.model.attention = 'mqa' if num_kv_heads == 1 else 'gqa'
     config.model.num_kv_heads = num_kv_heads
     up = config.uptrain
-    if steps is None and source_step == 0:
-        raise ValueError(
-            'the source checkpoint is at step 0 (imported, e.g. by scripts/convert_hf.py), so '
-            'uptrain.fraction of its steps is 0: pass --steps'
-        )
-    if steps is not None and steps < 0:
-        raise ValueError(f'--steps must be >= 0, got {steps}')
+    check_steps(source_step, steps)
     steps = round(up.fraction * source_step) if steps is None else steps
     config.train.steps = steps
     config.train.warmup_steps = up.warmup_steps if up.warmup_steps >= 0 else round(0.1 * steps)
@@ -150,6 +155,8 @@ def convert_checkpoint(
         os.path.join(dst, 'checkpoints')
     ):
         raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
+    latest = read_latest_meta(src)
+    check_steps(step if step is not None else latest and latest['data_step'], steps)
     source = restore_run(
         src, step, lambda cfg: check_conversion(cfg, num_kv_heads, method), '--src'
     )

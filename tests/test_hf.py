@@ -21,7 +21,7 @@ from conftest import ROOT, tiny_config
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from lm import hf
+from lm import hf, uptrain
 from lm.checkpoint import Checkpointer
 from lm.config import load_config_file
 from lm.decode import Decoder, parse_sampling
@@ -468,11 +468,15 @@ def test_refused_exports(case):
     assert '\n' not in str(e.value)
 
 
-def test_uptrain_of_a_step0_import_needs_steps():
+def test_uptrain_of_a_step0_import_needs_steps(tmp_path, monkeypatch):
     config = tiny_config(attention='mha')
     with pytest.raises(ValueError, match='pass --steps'):
         uptrain_config(config, 2, 0)
     assert uptrain_config(config, 2, 0, steps=3).train.steps == 3
+    import_hf(str(FIXTURES / 'llama_mha'), str(tmp_path / 'w'), base_config())
+    monkeypatch.setattr(uptrain, 'restore_run', None)  # refused before any array is read
+    with pytest.raises(ValueError, match='pass --steps'):
+        uptrain.convert_checkpoint(str(tmp_path / 'w'), str(tmp_path / 'up'), 2, 'mean')
 
 
 def test_command_refusal_is_one_line(tmp_path):
