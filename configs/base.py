@@ -22,8 +22,14 @@ def get_config() -> ml_collections.ConfigDict:
     model.head_dim = 0  # Per-head width d_h for mha/gqa/mqa; 0 = d_model // num_heads.
     model.attention_impl = 'einsum'  # 'einsum' (grouped, K/V never repeated) | 'dot_product'.
     model.qkv_bias = False  # Biases on q_proj / k_proj / v_proj (Qwen-style); mha/gqa/mqa only.
+    model.o_bias = False  # Bias on o_proj (HF Llama attention_bias=True); mha/gqa/mqa only.
     model.mlp_dim = 0  # SwiGLU hidden width; 0 = 8/3 · d_model rounded up to a multiple of 64.
     model.rope_theta = 10_000.0  # RoPE base frequency theta.
+    model.rope_scaling = ''  # '' = plain RoPE | 'llama3' (Llama 3.1 frequency scaling, below).
+    model.rope_scaling_factor = 8.0  # llama3: low frequencies are divided by this factor.
+    model.rope_low_freq_factor = 1.0  # llama3: wavelengths > orig_len / this are fully scaled.
+    model.rope_high_freq_factor = 4.0  # llama3: wavelengths < orig_len / this are kept.
+    model.rope_original_max_len = 8192  # llama3: context length the model was pre-trained at.
     model.norm_eps = 1e-5  # RMSNorm epsilon.
     model.tie_embeddings = True  # Output head shares the token embedding matrix.
     model.init_std = 0.02  # Std of the token embedding init (projections use 1/sqrt(fan_in)).
@@ -35,6 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
     model.qk_nope_head_dim = 32  # Per-head key/query width without RoPE (up-projected from c_KV).
     model.qk_rope_head_dim = 16  # d_h^R: decoupled RoPE width; the RoPE key is shared by heads.
     model.v_head_dim = 32  # Per-head value width.
+    model.latent_norm_eps = 0.0  # Epsilon of MLA's q/kv latent RMSNorms; 0 = norm_eps.
 
     data = config.data = ml_collections.ConfigDict()
     data.source = 'stdlib'  # 'stdlib' (this Python's own .py files) | 'text' | 'hf'.
@@ -48,6 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     data.hf_streaming = False  # hf: stream instead of downloading the whole split.
     data.hf_max_docs = 0  # hf: read at most this many documents per split (0 = all).
     data.tokenizer = 'byte'  # 'byte' (256 bytes + specials) | 'bpe' (trained here) | a .json path.
+    data.eos_token = ''  # .json tokenizer: its end-of-text token; '' = <|endoftext|> or last id.
     data.bpe_vocab_size = 4096  # bpe: vocabulary size to train.
     data.seq_len = 256  # Tokens per training sequence (context length T).
     data.cache_dir = ''  # Where token memmaps and trained tokenizers go; '' = ~/.cache/lm.

@@ -255,6 +255,7 @@ class GroupedQueryAttention(AttentionVariant):
             ('heads', 'head_dim', 'embed'),
             cfg,
             rngs=rngs,
+            use_bias=cfg.o_bias,
             scale=residual_scale(cfg),
         )
         self.cfg = cfg
@@ -268,7 +269,8 @@ class GroupedQueryAttention(AttentionVariant):
     def _qkv(self, x_BTE: jax.Array, positions_BT: jax.Array):
         theta = self.cfg.rope_theta
         q_BTHD, k_BTGD, v_BTGD = fused_dense(x_BTE, [self.q_proj, self.k_proj, self.v_proj])
-        return rope(q_BTHD, positions_BT, theta), rope(k_BTGD, positions_BT, theta), v_BTGD
+        q_BTHD = rope(q_BTHD, positions_BT, theta, self.cfg)
+        return q_BTHD, rope(k_BTGD, positions_BT, theta, self.cfg), v_BTGD
 
     def probs(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
         """Causal attention probabilities [B, H, T, S] (S = T) of `__call__` on the same input:
@@ -375,7 +377,7 @@ class MultiHeadLatentAttention(AttentionVariant):
         if cfg.q_lora_rank:
             Cq = cfg.q_lora_rank
             self.q_a_proj = Dense((E,), (Cq,), ('embed', 'q_lora'), cfg, rngs=rngs)
-            self.q_a_layernorm = RMSNorm(Cq, cfg)
+            self.q_a_layernorm = RMSNorm(Cq, cfg, cfg.latent_norm_eps)
             self.q_b_proj = Dense(
                 (Cq,), (H, Dn + Dr), ('q_lora', 'heads', 'head_dim'), cfg, rngs=rngs
             )
@@ -383,7 +385,7 @@ class MultiHeadLatentAttention(AttentionVariant):
             self.q_proj = Dense((E,), (H, Dn + Dr), ('embed', 'heads', 'head_dim'), cfg, rngs=rngs)
         # W_DKV and W_KR in one matrix, as DeepSeek stores them: [E, C + Dr].
         self.kv_a_proj_with_mqa = Dense((E,), (C + Dr,), ('embed', 'kv_lora'), cfg, rngs=rngs)
-        self.kv_a_layernorm = RMSNorm(C, cfg)
+        self.kv_a_layernorm = RMSNorm(C, cfg, cfg.latent_norm_eps)
         # W_UK and W_UV in one matrix: [C, H, Dn + Dv].
         self.kv_b_proj = Dense((C,), (H, Dn + Dv), ('kv_lora', 'heads', 'head_dim'), cfg, rngs=rngs)
         self.o_proj = Dense(
@@ -404,13 +406,13 @@ class MultiHeadLatentAttention(AttentionVariant):
         else:
             q_BTHD = self.q_proj(x_BTE)
         q_nope, q_pe = jnp.split(q_BTHD, [cfg.qk_nope_head_dim], axis=-1)
-        return q_nope, rope(q_pe, positions_BT, cfg.rope_theta)
+        return q_nope, rope(q_pe, positions_BT, cfg.rope_theta, cfg)
 
     def latents(self, x_BTE: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
         """What a KV cache holds: (c_KV [B, T, C], RoPE'd shared key k_R [B, T, Dr])."""
         cfg = self.cfg
         c_BTC, k_pe_BTP = jnp.split(self.kv_a_proj_with_mqa(x_BTE), [cfg.kv_lora_rank], axis=-1)
-        return self.kv_a_layernorm(c_BTC), rope(k_pe_BTP, positions_BT, cfg.rope_theta)
+        return self.kv_a_layernorm(c_BTC), rope(k_pe_BTP, positions_BT, cfg.rope_theta, cfg)
 
     @staticmethod
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> dict[str, jax.Array]:

@@ -18,6 +18,7 @@ import ml_collections
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 ATTENTION_IMPLS = ('einsum', 'dot_product')
+ROPE_SCALINGS = ('', 'llama3')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +39,14 @@ class ModelConfig:
     head_dim: int
     attention_impl: str
     qkv_bias: bool
+    o_bias: bool
     mlp_dim: int
     rope_theta: float
+    rope_scaling: str
+    rope_scaling_factor: float
+    rope_low_freq_factor: float
+    rope_high_freq_factor: float
+    rope_original_max_len: int
     norm_eps: float
     tie_embeddings: bool
     init_std: float
@@ -50,6 +57,7 @@ class ModelConfig:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    latent_norm_eps: float
 
     @classmethod
     def from_config(cls, model: ml_collections.ConfigDict) -> ModelConfig:
@@ -88,6 +96,25 @@ class ModelConfig:
             )
         if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
             raise ValueError('config.model.rope_theta, norm_eps and init_std must all be > 0')
+        if self.latent_norm_eps < 0:
+            raise ValueError(
+                f'config.model.latent_norm_eps must be >= 0 (0 = norm_eps), '
+                f'got {self.latent_norm_eps}'
+            )
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(
+                f'config.model.rope_scaling must be one of {ROPE_SCALINGS}, '
+                f'got {self.rope_scaling!r}'
+            )
+        if self.rope_scaling == 'llama3' and not (
+            self.rope_scaling_factor > 0
+            and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+            and self.rope_original_max_len > 0
+        ):
+            raise ValueError(
+                "config.model.rope_scaling='llama3' needs rope_scaling_factor > 0, "
+                '0 < rope_low_freq_factor < rope_high_freq_factor and rope_original_max_len > 0'
+            )
 
 
 def _round_up(x: int, multiple: int) -> int:

@@ -11,7 +11,18 @@ from __future__ import annotations
 import ml_collections
 
 # dotted key -> value that reproduces runs from before the key existed
-ADDED_KEYS = {'train.steps_per_call': 1, 'compilation_cache_dir': ''}
+ADDED_KEYS = {
+    'train.steps_per_call': 1,
+    'compilation_cache_dir': '',
+    'model.o_bias': False,
+    'model.rope_scaling': '',
+    'model.rope_scaling_factor': 8.0,
+    'model.rope_low_freq_factor': 1.0,
+    'model.rope_high_freq_factor': 4.0,
+    'model.rope_original_max_len': 8192,
+    'model.latent_norm_eps': 0.0,
+    'data.eos_token': '',
+}
 
 
 def upgrade_config(saved: dict) -> ml_collections.ConfigDict:

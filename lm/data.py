@@ -174,7 +174,7 @@ def _tokenizer(data: ml_collections.ConfigDict, source_fp: str, docs) -> Tokeniz
         if os.path.isfile(path):
             return HFTokenizer.from_file(path)
         return train_bpe(docs('train'), data.bpe_vocab_size, path)
-    return HFTokenizer.from_file(data.tokenizer)
+    return HFTokenizer.from_file(data.tokenizer, data.eos_token)
 
 
 def _write_split(path: str, docs: Iterator[str], tok: Tokenizer, dtype: np.dtype) -> int:

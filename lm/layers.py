@@ -96,9 +96,9 @@ def fused_dense(x: jax.Array, layers: list[Dense]) -> list[jax.Array]:
 class RMSNorm(nnx.Module):
     """x / rms(x) · scale, computed in float32 and returned in the compute dtype."""
 
-    def __init__(self, dim: int, cfg: ModelConfig):
+    def __init__(self, dim: int, cfg: ModelConfig, eps: float = 0.0):
         self.scale = nnx.Param(jnp.ones((dim,), DTYPES[cfg.param_dtype]), axes=('norm',))
-        self.eps = cfg.norm_eps
+        self.eps = eps or cfg.norm_eps
         self.dtype = DTYPES[cfg.dtype]
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -107,15 +107,34 @@ class RMSNorm(nnx.Module):
         return (x32 * _lead(self.scale[...].astype(jnp.float32), x.ndim)).astype(self.dtype)
 
 
-def rope(x: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
+def rope_inv_freq(half: int, theta: float, cfg: ModelConfig | None = None) -> jax.Array:
+    """RoPE inverse frequencies theta^(-2i/D), i < D/2, with `cfg.rope_scaling` applied.
+
+    'llama3' (Llama 3.1): with wavelength w = 2π / f and L = rope_original_max_len, frequencies
+    with w > L / low_freq_factor are divided by rope_scaling_factor, those with
+    w < L / high_freq_factor are kept, and those between are interpolated linearly in L / w.
+    """
+    inv_freq_F = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    if cfg is None or not cfg.rope_scaling:
+        return inv_freq_F
+    factor, low, high = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    context_over_wavelen_F = cfg.rope_original_max_len * inv_freq_F / (2 * math.pi)
+    smooth_F = jnp.clip((context_over_wavelen_F - low) / (high - low), 0.0, 1.0)
+    return (1 - smooth_F) * inv_freq_F / factor + smooth_F * inv_freq_F
+
+
+def rope(
+    x: jax.Array, positions_BT: jax.Array, theta: float, cfg: ModelConfig | None = None
+) -> jax.Array:
     """Rotary position embedding (rotate-half layout, as Llama / Hugging Face).
 
     x: [B, T, ..., D] with D even; positions_BT: [B, T] integer positions.
-    Dimension pair (i, i + D/2) is rotated by angle position · theta^(-2i/D).
+    Dimension pair (i, i + D/2) is rotated by angle position · theta^(-2i/D) (frequencies
+    rescaled as `cfg.rope_scaling` says, see `rope_inv_freq`).
     """
     half = x.shape[-1] // 2
-    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # [D/2]
-    angle = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None]  # [B, T, D/2]
+    inv_freq_F = rope_inv_freq(half, theta, cfg)  # [D/2]
+    angle = positions_BT.astype(jnp.float32)[..., None] * inv_freq_F[None, None]  # [B, T, D/2]
     angle = angle.reshape(angle.shape[:2] + (1,) * (x.ndim - 3) + (half,))
     sin, cos = jnp.sin(angle), jnp.cos(angle)
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)

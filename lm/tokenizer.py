@@ -45,20 +45,22 @@ class ByteTokenizer:
 class HFTokenizer:
     """A Hugging Face `tokenizers.Tokenizer` (from a tokenizer.json, or trained by `train_bpe`)."""
 
-    def __init__(self, tok: tokenizers.Tokenizer, name: str):
+    def __init__(self, tok: tokenizers.Tokenizer, name: str, eos_token: str = ''):
         self.tok = tok
-        self.name = name
         self.vocab_size = tok.get_vocab_size()
-        eos = tok.token_to_id(EOS)
+        eos = tok.token_to_id(eos_token or EOS)
+        if eos_token and eos is None:
+            raise ValueError(f'config.data.eos_token={eos_token!r} is not in the tokenizer {name}')
         self.eos_id = eos if eos is not None else self.vocab_size - 1
+        self.name = f'{name}-eos{self.eos_id}' if eos_token else name
 
     @classmethod
-    def from_file(cls, path: str) -> HFTokenizer:
+    def from_file(cls, path: str, eos_token: str = '') -> HFTokenizer:
         if not os.path.isfile(path):
             raise FileNotFoundError(f'config.data.tokenizer: {path!r} is not a file')
         with open(path, 'rb') as f:
             digest = hashlib.sha256(f.read()).hexdigest()[:16]
-        return cls(tokenizers.Tokenizer.from_file(path), f'json-{digest}')
+        return cls(tokenizers.Tokenizer.from_file(path), f'json-{digest}', eos_token)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids

@@ -19,7 +19,7 @@ import ml_collections
 from absl import logging
 
 from lm import attention
-from lm.checkpoint import Checkpointer
+from lm.checkpoint import Checkpointer, read_latest_meta
 from lm.config import DTYPES, ModelConfig
 from lm.experiment import checkpoint_meta, restore_run, step_context
 from lm.model import model_config
@@ -94,15 +94,32 @@ def convert_params(
     return out
 
 
+def check_steps(source_step: int | None, steps: int | None) -> None:
+    """One-line errors for uptraining steps that cannot be set (a step-0 source needs them)."""
+    if steps is None and source_step == 0:
+        raise ValueError(
+            'the source checkpoint is at step 0 (imported, e.g. by scripts/convert_hf.py), so '
+            'uptrain.fraction of its steps is 0: pass --steps'
+        )
+    if steps is not None and steps < 0:
+        raise ValueError(f'--steps must be >= 0, got {steps}')
+
+
 def uptrain_config(
-    source: ml_collections.ConfigDict, num_kv_heads: int, source_step: int, **provenance
+    source: ml_collections.ConfigDict,
+    num_kv_heads: int,
+    source_step: int,
+    steps: int | None = None,
+    **provenance,
 ) -> ml_collections.ConfigDict:
     """The converted run's config: attention and KV heads updated, the schedule set for
-    `uptrain.fraction` × the source's steps with its own warmup, provenance recorded."""
+    `steps` (default: `uptrain.fraction` × the source's steps) with its own warmup,
+    provenance recorded."""
     config = ml_collections.ConfigDict(copy.deepcopy(source.to_dict()))
     config.model.update(attention.VARIANTS[source.model.attention].pooled(num_kv_heads))
     up = config.uptrain
-    steps = round(up.fraction * source_step)
+    check_steps(source_step, steps)
+    steps = round(up.fraction * source_step) if steps is None else steps
     config.train.steps = steps
     config.train.warmup_steps = up.warmup_steps if up.warmup_steps >= 0 else round(0.1 * steps)
     config.eval_every = min(config.eval_every, max(steps, 1))
@@ -119,13 +136,17 @@ def convert_checkpoint(
     step: int | None = None,
     fraction: float | None = None,
     seed: int = 0,
+    steps: int | None = None,
 ) -> ml_collections.ConfigDict:
     """Converts `src`'s checkpoint to `num_kv_heads` KV heads and writes it as step 0 of a new
-    run in `dst` (fresh optimizer state, config from `uptrain_config`); returns that config."""
+    run in `dst` (fresh optimizer state, config from `uptrain_config`, `steps` uptraining
+    steps or uptrain.fraction of the source's); returns that config."""
     if os.path.isdir(os.path.join(dst, 'checkpoints')) and os.listdir(
         os.path.join(dst, 'checkpoints')
     ):
         raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
+    latest = read_latest_meta(src)
+    check_steps(step if step is not None else latest and latest['data_step'], steps)
     source = restore_run(
         src, step, lambda cfg: check_conversion(cfg, num_kv_heads, method), '--src'
     )
@@ -133,7 +154,12 @@ def convert_checkpoint(
     if fraction is not None:
         src_config.uptrain.fraction = fraction
     config = uptrain_config(
-        src_config, num_kv_heads, source.step, method=method, source_workdir=os.path.abspath(src)
+        src_config,
+        num_kv_heads,
+        source.step,
+        steps,
+        method=method,
+        source_workdir=os.path.abspath(src),
     )
     ctx = step_context(config, model_config(config.model), mesh=source.ctx.mesh)
     params = convert_params(state['params'], src_cfg, num_kv_heads, method, seed)

@@ -27,6 +27,12 @@ _FRACTION = flags.DEFINE_float(
     "run's steps; default: the config's uptrain.fraction (0.05).",
 )
 _SEED = flags.DEFINE_integer('seed', 0, "Seed for --method=random's fresh K/V.")
+_STEPS = flags.DEFINE_integer(
+    'steps',
+    None,
+    'Uptraining steps; default: --fraction of the source run\'s steps (needed for a source '
+    'at step 0, such as a model imported by scripts/convert_hf.py).',
+)
 
 
 def run() -> int:
@@ -39,6 +45,7 @@ def run() -> int:
         _STEP.value,
         _FRACTION.value,
         _SEED.value,
+        _STEPS.value,
     )
     print(
         f'wrote {_DST.value}: {config.model.attention} with {config.model.num_kv_heads} KV '

@@ -13,10 +13,35 @@ def rmsnorm(x, scale, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
 
-def rope(x, pos, theta):
-    """x [B, T, H, D], pos [B, T]: pairs (i, i + D/2) rotated by pos · theta^(-2i/D)."""
+def llama3_frequencies(freqs, factor, low, high, old_context):
+    """Llama 3.1's RoPE frequency scaling, one frequency at a time as Meta's reference code."""
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < old_context / high:
+            out.append(f)
+        elif wavelen > old_context / low:
+            out.append(f / factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return np.array(out)
+
+
+def rope(x, pos, theta, cfg=None):
+    """x [B, T, H, D], pos [B, T]: pairs (i, i + D/2) rotated by pos · theta^(-2i/D), the
+    frequencies scaled as cfg.rope_scaling says."""
     half = x.shape[-1] // 2
-    ang = pos[:, :, None, None] * theta ** (-np.arange(half) / half)
+    freqs = theta ** (-np.arange(half) / half)
+    if cfg is not None and cfg.rope_scaling == 'llama3':
+        freqs = llama3_frequencies(
+            freqs,
+            cfg.rope_scaling_factor,
+            cfg.rope_low_freq_factor,
+            cfg.rope_high_freq_factor,
+            cfg.rope_original_max_len,
+        )
+    ang = pos[:, :, None, None] * freqs
     x1, x2 = x[..., :half], x[..., half:]
     return np.concatenate(
         [x1 * np.cos(ang) - x2 * np.sin(ang), x2 * np.cos(ang) + x1 * np.sin(ang)], axis=-1
@@ -41,24 +66,26 @@ def gqa(attn, cfg, x, pos):
     v = np.einsum('bte,egd->btgd', x, p(attn.v_proj.kernel))
     if cfg.qkv_bias:
         q, k, v = q + p(attn.q_proj.bias), k + p(attn.k_proj.bias), v + p(attn.v_proj.bias)
-    q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+    q, k = rope(q, pos, cfg.rope_theta, cfg), rope(k, pos, cfg.rope_theta, cfg)
     k, v = np.repeat(k, H // G, axis=2), np.repeat(v, H // G, axis=2)
     o = softmax_attention(q, k, v, cfg.head_dim**-0.5)
-    return np.einsum('bthd,hde->bte', o, p(attn.o_proj.kernel))
+    out = np.einsum('bthd,hde->bte', o, p(attn.o_proj.kernel))
+    return out + p(attn.o_proj.bias) if cfg.o_bias else out
 
 
 def mla(attn, cfg, x, pos):
     """MLA with full per-head K and V materialised from the latent c_KV."""
     H, C, Dn = cfg.num_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim
+    eps = cfg.latent_norm_eps or cfg.norm_eps
     if cfg.q_lora_rank:
-        cq = rmsnorm(x @ p(attn.q_a_proj.kernel), p(attn.q_a_layernorm.scale), cfg.norm_eps)
+        cq = rmsnorm(x @ p(attn.q_a_proj.kernel), p(attn.q_a_layernorm.scale), eps)
         q = np.einsum('btc,chk->bthk', cq, p(attn.q_b_proj.kernel))
     else:
         q = np.einsum('bte,ehk->bthk', x, p(attn.q_proj.kernel))
-    q = np.concatenate([q[..., :Dn], rope(q[..., Dn:], pos, cfg.rope_theta)], axis=-1)
+    q = np.concatenate([q[..., :Dn], rope(q[..., Dn:], pos, cfg.rope_theta, cfg)], axis=-1)
     kv_a = x @ p(attn.kv_a_proj_with_mqa.kernel)
-    c = rmsnorm(kv_a[..., :C], p(attn.kv_a_layernorm.scale), cfg.norm_eps)
-    k_pe = rope(kv_a[:, :, None, C:], pos, cfg.rope_theta)  # one RoPE key shared by all heads
+    c = rmsnorm(kv_a[..., :C], p(attn.kv_a_layernorm.scale), eps)
+    k_pe = rope(kv_a[:, :, None, C:], pos, cfg.rope_theta, cfg)  # one RoPE key, all heads
     kv = np.einsum('btc,chk->bthk', c, p(attn.kv_b_proj.kernel))
     k = np.concatenate([kv[..., :Dn], np.repeat(k_pe, H, axis=2)], axis=-1)
     v = kv[..., Dn:]

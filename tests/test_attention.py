@@ -21,6 +21,15 @@ CASES = {
     'gqa2_bias_hd12': dict(attention='gqa', num_kv_heads=2, qkv_bias=True, head_dim=12),
     'mla': dict(attention='mla'),
     'mla_qlora': dict(attention='mla', q_lora_rank=12),
+    'gqa2_obias_llama3': dict(
+        attention='gqa',
+        num_kv_heads=2,
+        qkv_bias=True,
+        o_bias=True,
+        rope_scaling='llama3',
+        rope_original_max_len=64,  # head_dim 8: one frequency in each llama3 regime
+    ),
+    'mla_qlora_latent_eps': dict(attention='mla', q_lora_rank=12, latent_norm_eps=0.5),
 }
 # float32 module vs float64 reference on O(1) activations.
 ATOL, RTOL = 2e-5, 1e-4
@@ -29,11 +38,8 @@ ATOL, RTOL = 2e-5, 1e-4
 def randomize_biases(module, seed=0):
     keys = iter(jax.random.split(jax.random.key(seed), 16))
     for _, leaf in nnx.iter_graph(module):
-        if (
-            isinstance(leaf, nnx.Param)
-            and leaf.get_metadata().get('axes', ())[-1:] == ('head_dim',)
-            and leaf[...].ndim == 2
-        ):
+        axes = leaf.get_metadata().get('axes', ()) if isinstance(leaf, nnx.Param) else ()
+        if (axes[-1:] == ('head_dim',) and len(axes) == 2) or axes == ('embed',):  # biases
             leaf[...] = jax.random.normal(next(keys), leaf[...].shape)
 
 

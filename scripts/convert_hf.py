@@ -1,0 +1,59 @@
+"""Hugging Face checkpoints in and out of lm (Llama for MHA / GQA / MQA, DeepSeek-V3 for MLA).
+
+  python scripts/convert_hf.py import --hf_dir=DIR_OR_HUB_ID --workdir=runs/llama
+  python scripts/convert_hf.py export --workdir=runs/llama_gqa [--step=N] --hf_dir=out/llama_gqa
+
+`import` writes a step-0 run (resolved config + checkpoint, the model's tokenizer.json as
+data.tokenizer) that train.py, eval.py, scripts/generate.py and scripts/uptrain.py --src use as
+they are; its data / train / mesh settings come from --config (default configs/base.py).
+`export` writes config.json, safetensors and tokenizer files that
+transformers.AutoModelForCausalLM.from_pretrained loads.
+"""
+
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from lm.cli import REPO_ROOT, parse_flags, run_reporting_errors
+from lm.experiment import stored_config
+from lm.hf_io import export_hf, import_hf
+from lm.sharding import set_cpu_devices
+
+_HF_DIR = flags.DEFINE_string(
+    'hf_dir', None, 'import: HF directory or hub id to read; export: directory to write.'
+)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'The lm run directory.')
+_STEP = flags.DEFINE_integer('step', None, 'export: checkpoint step; default: the latest.')
+_TOKENIZER = flags.DEFINE_string(
+    'tokenizer', '', "import: a tokenizer.json to use instead of --hf_dir's own."
+)
+_CONFIG = config_flags.DEFINE_config_file(
+    'config',
+    os.path.join(REPO_ROOT, 'configs', 'base.py'),
+    'import: config whose data, train and mesh settings the run gets (model: from config.json).',
+)
+COMMANDS = ('import', 'export')
+
+
+def run(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[1] not in COMMANDS:
+        raise ValueError(f'give one command, {" or ".join(COMMANDS)}, got {argv[1:]}')
+    if not _HF_DIR.value or not _WORKDIR.value:
+        raise ValueError(f'{argv[1]} needs --hf_dir and --workdir')
+    if argv[1] == 'import':
+        set_cpu_devices(_CONFIG.value.mesh)
+        config = import_hf(_HF_DIR.value, _WORKDIR.value, _CONFIG.value, _TOKENIZER.value)
+        print(
+            f'wrote {_WORKDIR.value}: {config.model.attention}, {config.model.num_layers} layers; '
+            f'next: python eval.py --workdir={_WORKDIR.value}'
+        )
+    else:
+        set_cpu_devices(stored_config(_WORKDIR.value).mesh)
+        export_hf(_WORKDIR.value, _HF_DIR.value, _STEP.value)
+        print(f'wrote {_HF_DIR.value}')
+    return 0
+
+
+if __name__ == '__main__':
+    app.run(lambda argv: run_reporting_errors(lambda: run(argv)), flags_parser=parse_flags)
