@@ -123,7 +123,7 @@ def analyse_run(
     """Restores `workdir` (at `step`, default the latest) and scores every head. Text scores use
     the first `max_batches` batches of `batch` validation windows (0 = the whole split)."""
     restored = restore_run(workdir, step, flag=flag)
-    model = nnx.merge(restored.setup.graphdef, restored.state['params'])
+    model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
     corpus = load_corpus(restored.config.data)
     T = restored.config.data.seq_len
     windows = eval_batches(
@@ -166,8 +166,8 @@ def analyse_run(
         label=f'{name}@{restored.step}',
         workdir=workdir,
         step=restored.step,
-        attention=restored.model.attention,
-        num_kv_heads=restored.model.num_kv_heads,
+        attention=restored.model_cfg.attention,
+        num_kv_heads=restored.model_cfg.num_kv_heads,
         scores=scores,
         loss_T=loss_sum / (len(windows) * batch),
         windows=len(windows) * batch,

@@ -25,12 +25,11 @@ from safetensors import safe_open
 from lm import hf
 from lm.checkpoint import Checkpointer
 from lm.data import check_data_config, load_tokenizer
-from lm.experiment import check_loop_config, checkpoint_meta, restore_run
+from lm.experiment import check_loop_config, checkpoint_meta, restore_run, step_context
 from lm.model import model_config
-from lm.optimizer import check_train_config, make_optimizer
-from lm.sharding import make_mesh, rules_table
+from lm.optimizer import check_train_config
+from lm.sharding import make_mesh
 from lm.tokenizer import HFTokenizer
-from lm.train_step import make_setup
 
 SAFETENSORS_DTYPES = {'F32': 'float32', 'BF16': 'bfloat16', 'F16': 'float16'}
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json')
@@ -263,8 +262,8 @@ def import_hf(
     check_data_config(config.data)
 
     mesh = make_mesh(config.mesh)
-    tx = make_optimizer(config.train)
-    setup = make_setup(cfg, tx, mesh, rules_table(config.mesh), config.seed)
+    setup = step_context(config, cfg, mesh)
+    tx = setup.tx
     with jax.set_mesh(mesh):
         params = load_params(
             reader, tensors, setup.abstract_state['params'], setup.state_sharding['params']
@@ -351,7 +350,7 @@ def export_hf(
         raise ValueError('export runs in one process (it gathers one tensor at a time)')
     # What transformers cannot express is refused before any array is read.
     restored = restore_run(workdir, step, check=lambda cfg: hf.hf_from_model(cfg, 1))
-    config, cfg = restored.config, restored.model
+    config, cfg = restored.config, restored.model_cfg
     source = {}
     tok_dir = ''
     if config.data.tokenizer.endswith('.json'):

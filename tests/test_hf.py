@@ -25,13 +25,11 @@ from lm import hf, uptrain
 from lm.checkpoint import Checkpointer
 from lm.config import load_config_file
 from lm.decode import Decoder, parse_sampling
-from lm.experiment import checkpoint_meta, restore_run
+from lm.experiment import checkpoint_meta, restore_run, step_context
 from lm.hf_io import SafetensorsReader, export_hf, import_hf
 from lm.layers import rope_inv_freq
 from lm.model import model_config
-from lm.optimizer import make_optimizer
-from lm.sharding import make_mesh, rules_table
-from lm.train_step import init_state, make_setup
+from lm.train_step import init_state
 from lm.uptrain import uptrain_config
 
 FIXTURES = ROOT / 'tests' / 'fixtures' / 'hf'
@@ -59,7 +57,7 @@ def base_config():
 
 def model_of(workdir, step=None):
     restored = restore_run(str(workdir), step)
-    return nnx.merge(restored.setup.graphdef, restored.state['params']), restored
+    return nnx.merge(restored.ctx.graphdef, restored.state['params']), restored
 
 
 def assert_close_logits(got, want):
@@ -148,9 +146,8 @@ def write_run(workdir, seed=0, **model):
     config = tiny_config(**model)
     config.data.update(tokenizer=str(TOKENIZER), eos_token='</s>')
     cfg = model_config(config.model)
-    setup = make_setup(
-        cfg, make_optimizer(config.train), make_mesh(config.mesh), rules_table(config.mesh), seed
-    )
+    config.seed = seed
+    setup = step_context(config, cfg)
     state = init_state(setup, cfg, seed)
     leaves, tree = jax.tree.flatten(state['params'])
     keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
@@ -243,7 +240,7 @@ def read(self, name, rows, cols):
 hf_io.SafetensorsReader.read = read
 hf_io.import_hf(src, workdir, config)
 restored = restore_run(workdir)
-model = nnx.merge(restored.setup.graphdef, restored.state['params'])
+model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
 q = restored.state['params']['blocks'][0]['attn']['q_proj']['kernel']
 logits = np.asarray(model(np.load(src + '/tokens.npy')))
 print(json.dumps({
