@@ -18,12 +18,14 @@ from absl import logging
 from tqdm import tqdm
 
 from lm import accounting, perf
-from lm.checkpoint import Checkpointer, check_same_shapes, param_shapes
+from lm.checkpoint import Checkpointer, check_same_shapes, param_shapes, read_latest_meta
 from lm.config import ModelConfig
 from lm.data import call_batch
 from lm.evaluation import evaluate
 from lm.experiment import Experiment, checkpoint_meta, prepare
+from lm.loss_spike import LossSpikeGuard
 from lm.optimizer import lr_schedule
+from lm.sharding import set_cpu_devices
 from lm.summary import Summary, run_logdir
 from lm.train_step import (
     call_sharding,
@@ -32,6 +34,7 @@ from lm.train_step import (
     make_eval_step,
     make_train_step,
 )
+from lm.workdir import RunError, WorkdirLock, check_config_change, config_fingerprint
 
 
 def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...]):
@@ -48,30 +51,41 @@ def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...
 
 def _prefetch(exp: Experiment, start: int, sizes: list[int], depth: int = 2):
     """Yields this process's numpy batch of each call (`lm.data.call_batch`) from a background
-    thread."""
+    thread; an exception there is raised here, as a RunError naming the step."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     c = exp.config
 
     def produce():
         step = start
-        for n in sizes:
-            q.put(
-                call_batch(
-                    exp.corpus.tokens['train'],
-                    seed=c.seed,
-                    step=step,
-                    steps=n,
-                    batch_size=c.train.batch_size,
-                    seq_len=c.data.seq_len,
-                    process_index=jax.process_index(),
-                    process_count=jax.process_count(),
+        try:
+            for n in sizes:
+                q.put(
+                    call_batch(
+                        exp.corpus.tokens['train'],
+                        seed=c.seed,
+                        step=step,
+                        steps=n,
+                        batch_size=c.train.batch_size,
+                        seq_len=c.data.seq_len,
+                        process_index=jax.process_index(),
+                        process_count=jax.process_count(),
+                    )
                 )
+                step += n
+        except BaseException as e:  # noqa: BLE001 - handed to the training thread
+            first = str(e).splitlines()[0] if str(e) else ''
+            error = RunError(
+                f'making the batch of step {step + 1} failed: {type(e).__name__}: {first}'
             )
-            step += n
+            error.__cause__ = e
+            q.put(error)
 
     threading.Thread(target=produce, daemon=True).start()
     for _ in sizes:
-        yield q.get()
+        batch = q.get()
+        if isinstance(batch, RunError):
+            raise batch
+        yield batch
 
 
 class _StopRequest:
@@ -106,15 +120,36 @@ def _restore_or_init(exp: Experiment, ckpt: Checkpointer) -> tuple[int, dict]:
     return step, state
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, tb_dir: str = '') -> dict:
-    """Trains (or resumes) the run in `workdir`; returns the last eval metrics and end state."""
-    exp = prepare(config)
-    stop = _StopRequest()  # from here on, SIGTERM / SIGINT end the run at the next step boundary
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    tb_dir: str = '',
+    allow_config_change: bool = False,
+) -> dict:
+    """Trains (or resumes) the run in `workdir`, which it owns meanwhile (`WorkdirLock`); returns
+    the last eval metrics and end state. Resuming under a config that differs from the
+    checkpoint's (`lm.workdir.config_changes`) needs `allow_config_change`."""
+    set_cpu_devices(config.mesh)  # before jax.process_index() starts a backend
+    with WorkdirLock(workdir, owner=jax.process_index() == 0):
+        exp = prepare(config)
+        _check_resume_config(exp, workdir, allow_config_change)
+        stop = _StopRequest()  # from here on, SIGTERM / SIGINT end the run at a step boundary
+        try:
+            with jax.set_mesh(exp.setup.mesh):
+                return _train(exp, workdir, tb_dir, stop)
+        finally:
+            stop.restore()
+
+
+def _check_resume_config(exp: Experiment, workdir: str, allow: bool) -> None:
+    """Refuses (or, when allowed, logs) a resume under a changed config."""
     try:
-        with jax.set_mesh(exp.setup.mesh):
-            return _train(exp, workdir, tb_dir, stop)
-    finally:
-        stop.restore()
+        meta = read_latest_meta(workdir)
+    except Exception:  # noqa: BLE001 - an unreadable latest checkpoint: restore falls back
+        meta = None
+    where = f'the checkpoint in {os.path.join(workdir, "checkpoints")}'
+    if changes := check_config_change(meta and meta['config'], exp.config, where, allow):
+        logging.warning('resuming under a changed config: %s', '; '.join(changes))
 
 
 def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> dict:
@@ -143,6 +178,7 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
     schedule = lr_schedule(c.train)
     tokens_per_step = c.train.batch_size * c.data.seq_len
     is_main = jax.process_index() == 0
+    spikes = LossSpikeGuard(c.train.max_loss_ratio, ckpt)
 
     def run_eval(step: int) -> dict:
         metrics = evaluate(
@@ -192,6 +228,7 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
                         f'step {s}; stopping without saving that state (last checkpoint: '
                         f'{ckpt.steps()})'
                     )
+                spikes.observe(s, m['loss'])
                 tb.scalars(s, {f'train/{k}': v for k, v in m.items()})  # loss, grad_norm, lr
                 bar.set_postfix(loss=f'{m["loss"]:.4f}', refresh=False)
                 bar.update(1)
@@ -247,6 +284,7 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
             state, metrics = compiled_step(n)(state, device_call_batch(setup, batch))
             step += n
             drain()
+            ckpt.check()  # an asynchronous save that failed ends the run here
             pending.append((step, metrics))
             window['steps'] += n
             boundary = step % c.log_every == 0 or step == total
@@ -285,6 +323,7 @@ def _train(exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest) -> di
             {
                 'step': step,
                 'eval': last_eval,
+                'config_fingerprint': config_fingerprint(c),
                 'model': dataclasses.asdict(exp.model),
                 'params': counts['total'],
                 'kv_cache_bytes_per_token': accounting.kv_cache_bytes_per_token(

@@ -13,6 +13,8 @@ import copy
 import dataclasses
 import math
 import os
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -21,11 +23,12 @@ from absl import logging
 
 from lm.checkpoint import Checkpointer
 from lm.config import DTYPES, ModelConfig
-from lm.experiment import checkpoint_meta, restore_run
+from lm.experiment import check_loop_config, checkpoint_meta, restore_run
 from lm.model import model_config
-from lm.optimizer import make_optimizer
+from lm.optimizer import check_train_config, make_optimizer
 from lm.sharding import rules_table
 from lm.train_step import make_setup
+from lm.workdir import WorkdirLock
 
 METHODS = ('mean', 'first', 'random')
 
@@ -55,6 +58,22 @@ def check_conversion(src: ModelConfig, num_kv_heads: int, method: str) -> None:
         raise ValueError(
             f"the source's {g_src} KV heads are not divisible by --num_kv_heads={num_kv_heads}"
         )
+
+
+def check_flags(
+    num_kv_heads: int, method: str, step: int | None, fraction: float | None, seed: int
+) -> None:
+    """One-line errors for flags that are wrong whatever the source, before anything is read."""
+    if method not in METHODS:
+        raise ValueError(f'--method must be one of {METHODS}, got {method!r}')
+    if num_kv_heads < 1:
+        raise ValueError(f'--num_kv_heads must be >= 1, got {num_kv_heads}')
+    if step is not None and step < 0:
+        raise ValueError(f'--step must be >= 0, got {step}')
+    if fraction is not None and not (math.isfinite(fraction) and fraction >= 0):
+        raise ValueError(f'--fraction must be a finite number >= 0, got {fraction}')
+    if not 0 <= seed < 2**32:
+        raise ValueError(f'--seed must be in [0, 2**32), got {seed}')
 
 
 def target_config(src: ModelConfig, num_kv_heads: int) -> ModelConfig:
@@ -131,11 +150,37 @@ def convert_checkpoint(
     seed: int = 0,
 ) -> ml_collections.ConfigDict:
     """Converts `src`'s checkpoint to `num_kv_heads` KV heads and writes it as step 0 of a new
-    run in `dst` (fresh optimizer state, config from `uptrain_config`); returns that config."""
-    if os.path.isdir(os.path.join(dst, 'checkpoints')) and os.listdir(
-        os.path.join(dst, 'checkpoints')
-    ):
-        raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
+    run in `dst` (fresh optimizer state, config from `uptrain_config`); returns that config.
+    Every flag is checked before anything is written, and `dst` is owned meanwhile
+    (`WorkdirLock`); the checkpoint is built beside its place and moved in when complete, so a
+    failure leaves `dst` as it was."""
+    check_flags(num_kv_heads, method, step, fraction, seed)
+    with WorkdirLock(dst, '--dst'):
+        dst_ckpts = os.path.join(dst, 'checkpoints')
+        if os.path.isdir(dst_ckpts) and os.listdir(dst_ckpts):
+            raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
+        config, state, meta = _convert(src, num_kv_heads, method, step, fraction, seed)
+        partial = tempfile.mkdtemp(prefix='.uptrain-partial-', dir=dst)
+        try:
+            out = Checkpointer(partial, async_save=False)
+            out.save(0, state, meta)
+            out.close()
+            os.replace(os.path.join(partial, 'checkpoints'), dst_ckpts)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    logging.info('wrote %s; uptraining for %d steps', dst, config.train.steps)
+    return config
+
+
+def _convert(
+    src: str,
+    num_kv_heads: int,
+    method: str,
+    step: int | None,
+    fraction: float | None,
+    seed: int,
+) -> tuple[ml_collections.ConfigDict, dict, dict]:
+    """(config, state, checkpoint side-car) of the converted run's step 0."""
     source = restore_run(
         src, step, lambda cfg: check_conversion(cfg, num_kv_heads, method), '--src'
     )
@@ -145,6 +190,8 @@ def convert_checkpoint(
     config = uptrain_config(
         src_config, num_kv_heads, source.step, method=method, source_workdir=os.path.abspath(src)
     )
+    check_train_config(config.train)
+    check_loop_config(config)
     cfg = model_config(config.model)
     tx = make_optimizer(config.train)
     setup = make_setup(cfg, tx, source.setup.mesh, rules_table(config.mesh), config.seed)
@@ -158,23 +205,16 @@ def convert_checkpoint(
         },
         setup.state_sharding,
     )
-    out = Checkpointer(dst, async_save=False)
-    out.save(
-        0,
-        new_state,
-        checkpoint_meta(config, source.meta['data_fingerprint'], 0, setup.abstract_state['params']),
-    )
-    out.close()
     logging.info(
-        'converted %s step %d (%s, %d KV heads) to %s with %d KV heads by %s; '
-        'uptraining for %d steps',
+        'converted %s step %d (%s, %d KV heads) to %d KV heads by %s',
         src,
         source.step,
         src_cfg.attention,
         src_cfg.num_kv_heads,
-        dst,
         num_kv_heads,
         method,
-        config.train.steps,
     )
-    return config
+    meta = checkpoint_meta(
+        config, source.meta['data_fingerprint'], 0, setup.abstract_state['params']
+    )
+    return config, new_state, meta
