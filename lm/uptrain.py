@@ -31,6 +31,7 @@ from lm.train_step import make_setup
 from lm.workdir import WorkdirLock
 
 METHODS = ('mean', 'first', 'random')
+PARTIAL = '.uptrain-partial-'  # a conversion is written here, inside --dst, then moved in
 
 
 def check_conversion(src: ModelConfig, num_kv_heads: int, method: str) -> None:
@@ -160,7 +161,10 @@ def convert_checkpoint(
         if os.path.isdir(dst_ckpts) and os.listdir(dst_ckpts):
             raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
         config, state, meta = _convert(src, num_kv_heads, method, step, fraction, seed)
-        partial = tempfile.mkdtemp(prefix='.uptrain-partial-', dir=dst)
+        for name in os.listdir(dst):  # left by a conversion that was killed
+            if name.startswith(PARTIAL):
+                shutil.rmtree(os.path.join(dst, name), ignore_errors=True)
+        partial = tempfile.mkdtemp(prefix=PARTIAL, dir=dst)
         try:
             out = Checkpointer(partial, async_save=False)
             out.save(0, state, meta)

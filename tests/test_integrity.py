@@ -343,6 +343,10 @@ def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
     assert line.startswith(f'error: --sweep_dir: {sw / "seed1"} (and 1 more runs) was trained ')
     assert 'with other settings: train.lr: 0.003 -> 0.001; use a new --sweep_dir' in line
     assert listing(sw) == before
+    with WorkdirLock(str(sw)):  # another sweep on the same sweep_dir is refused
+        busy = cli(ROOT / 'scripts' / 'sweep.py', f'--config={cfg}', f'--sweep_dir={sw}')
+        assert one_line_error(busy).startswith(f'error: --sweep_dir: {sw} is in use by another')
+    assert listing(sw) == before
     negative = cli(
         ROOT / 'scripts' / 'sweep.py', f'--config={cfg}', f'--sweep_dir={sw}', '--grid=seed=-3'
     )
