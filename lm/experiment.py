@@ -39,7 +39,7 @@ def check_loop_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(
             f'config.eval_batches must be >= 0 (0 = whole split), got {config.eval_batches}'
         )
-    seed = config.seed
+    seed = config.seed  # jax.random.key reads 2**32 and above as smaller seeds (no x64)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f'config.seed must be an integer in [0, 2**32), got {seed!r}')
     if not config.train.max_loss_ratio >= 0:  # NaN too

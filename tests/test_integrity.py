@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, read_scalars, tiny_train_config, write_config_file
 
 from lm.checkpoint import Checkpointer, read_latest_meta
-from lm.experiment import prepare
+from lm.experiment import check_loop_config, prepare
 from lm.train_loop import train
 from lm.uptrain import convert_checkpoint
 from lm.workdir import (
@@ -155,19 +155,22 @@ def test_a_lock_on_a_file_or_an_unwritable_place_is_one_line(tmp_path):
 
 
 def test_a_negative_seed_is_refused_before_anything_is_written(tmp_path, text):
-    cfg_file = write_config_file(tiny_train_config(tmp_path, text), tmp_path / 'cfg.py')
-    for seed in ('-1', str(2**32)):
-        line = one_line_error(
-            cli(
-                ROOT / 'train.py',
-                f'--config={cfg_file}',
-                f'--workdir={tmp_path / "run"}',
-                f'--config.seed={seed}',
-                timeout=120,
-            )
+    config = tiny_train_config(tmp_path, text)
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    line = one_line_error(
+        cli(
+            ROOT / 'train.py',
+            f'--config={cfg_file}',
+            f'--workdir={tmp_path / "run"}',
+            '--config.seed=-1',
+            timeout=120,
         )
-        assert line == f'error: config.seed must be an integer in [0, 2**32), got {seed}'
-        assert not (tmp_path / 'run').exists()
+    )
+    assert line == 'error: config.seed must be an integer in [0, 2**32), got -1'
+    assert not (tmp_path / 'run').exists()
+    config.seed = 2**32  # jax.random.key would silently read it as seed 0
+    with pytest.raises(ValueError, match=r'config.seed must be .*, got 4294967296'):
+        check_loop_config(config)
 
 
 def test_an_error_in_the_batch_thread_ends_the_run(tmp_path, text, monkeypatch):
