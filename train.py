@@ -4,7 +4,9 @@
   python train.py --config=configs/shakespeare_char.py:gqa2 --workdir=runs/gqa2 \
       --config.data.path=../shared/data/tinyshakespeare.txt --config.train.steps=500
 
-Re-running the same command on a workdir that holds a checkpoint resumes from it.
+Re-running the same command on a workdir that holds a checkpoint resumes from it; a changed
+config is refused unless --allow_config_change (see lm.workdir.RESUMABLE_KEYS). One run at a
+time owns a workdir.
 """
 
 from absl import flags
@@ -28,6 +30,12 @@ _WORKDIR = flags.DEFINE_string(
 _TB_DIR = flags.DEFINE_string(
     'tb_dir', '', "Shared TensorBoard directory (run = workdir name); '' = <workdir>/tb."
 )
+_ALLOW_CHANGE = flags.DEFINE_bool(
+    'allow_config_change',
+    False,
+    'Resume a checkpoint under a config that differs from its own (beyond train.steps, '
+    'intervals, caches and mesh, which may always change).',
+)
 
 define_distributed_flags()
 
@@ -40,7 +48,7 @@ def run() -> int:
     else:
         raise ValueError(f'--config is required: {_WORKDIR.value} holds no checkpoint to resume')
     bootstrap(config)
-    result = train(config, _WORKDIR.value, _TB_DIR.value)
+    result = train(config, _WORKDIR.value, _TB_DIR.value, _ALLOW_CHANGE.value)
     return 128 + result['signal'] if result['signal'] else 0
 
 

@@ -74,6 +74,7 @@ def get_config() -> ml_collections.ConfigDict:
     train.weight_decay = 0.1  # AdamW decoupled weight decay, on matrices only (not norms).
     train.grad_clip = 1.0  # Clip the global gradient norm to this (0 = off).
     train.peak_flops = 0.0  # Device peak FLOP/s for MFU; 0 = per-device table, measured on CPU.
+    train.max_loss_ratio = 0.0  # Stop if loss > this x its last-100-step median, keep ckpt; 0=off
 
     mesh = config.mesh = ml_collections.ConfigDict()
     mesh.data = -1  # Data-parallel axis size; -1 = all devices the other axes leave.

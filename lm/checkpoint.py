@@ -1,7 +1,10 @@
-"""Orbax checkpoints of the train state plus a JSON side-car (config, data position, shapes)."""
+"""Orbax checkpoints of the train state plus a JSON side-car (config, data position, shapes,
+array checksums)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from collections.abc import Callable
 
@@ -9,18 +12,30 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from orbax.checkpoint import checkpoint_managers
+
+from lm.checksum import array_checksums, mismatches
+from lm.workdir import RunError
+
+PINNED = 'pinned.json'  # in the checkpoints directory: {step: why}; never rotated away
 
 
 class Checkpointer:
     """`<workdir>/checkpoints`: every save holds 'state' (params, optimizer state, step, RNG) and
-    'meta' (the resolved config, the data fingerprint and step, parameter shapes)."""
+    'meta' (the resolved config, the data fingerprint and step, parameter shapes, a checksum
+    of every array). The last `keep` saves are kept, and any step pinned with `pin`."""
 
     def __init__(
         self, workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False
     ):
         self.directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+        self._pending: int | None = None  # step of an asynchronous save not yet confirmed
+        self._failed = False
+        keep_policy = checkpoint_managers.LatestN(None if read_only else keep)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=None if read_only else keep,
+            preservation_policy=checkpoint_managers.AnyPreservationPolicy(
+                [keep_policy, checkpoint_managers.CustomSteps(sorted(self.pinned()))]
+            ),
             save_interval_steps=0 if read_only else 1,
             create=not read_only,
             read_only=read_only,
@@ -34,19 +49,77 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, state: dict, meta: dict) -> None:
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
-            force=True,
+        """Saves `state` as `step` (in the background when asynchronous); a failed write, of
+        this save or of an earlier one, raises RunError naming its step and cause."""
+        self.check(wait=True)
+        meta = {**meta, 'checksums': array_checksums(state)}
+        try:
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+                ),
+                force=True,
+            )
+        except Exception as e:  # noqa: BLE001 - any failed write ends the run in one line
+            raise self._write_error(step, e) from e
+        self._pending = step
+        if not self.manager.is_saving_in_progress():
+            self.check(wait=True)
+
+    def check(self, wait: bool = False) -> None:
+        """Raises RunError if the last asynchronous save has failed (disk full, ...): called
+        every step, so a failure ends the run at the step after it is known. `wait` blocks
+        until that save is done."""
+        if self._pending is None or (not wait and self.manager.is_saving_in_progress()):
+            return
+        step, self._pending = self._pending, None
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001
+            raise self._write_error(step, e) from e
+        if not os.path.isdir(os.path.join(self.directory, str(step))):
+            raise self._write_error(step, FileNotFoundError('it was not finalized'))
+
+    def _write_error(self, step: int, error: Exception) -> RunError:
+        self._failed = True
+        cause = str(error).splitlines()[0] if str(error) else ''
+        return RunError(
+            f'the checkpoint of step {step} could not be written to {self.directory} '
+            f'({type(error).__name__}: {cause}); stopping (checkpoints kept: '
+            f'{[s for s in self.steps() if s != step]})'
         )
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for a save in flight (after a reported failure: returns at once)."""
+        if not self._failed:
+            self.check(wait=True)
 
     def close(self) -> None:
-        self.manager.close()
+        if not self._failed:
+            self.manager.close()
+            return
+        with contextlib.suppress(Exception):  # orbax re-raises the failure already reported
+            self.manager.close()
+
+    def pinned(self) -> dict[int, str]:
+        """{step: why} of the checkpoints kept whatever `keep` says (see `pin`)."""
+        path = os.path.join(self.directory, PINNED)
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            return {int(k): v for k, v in json.load(f).items()}
+
+    def pin(self, step: int, why: str) -> None:
+        """Keeps checkpoint `step` from rotation by this and later Checkpointers of the
+        workdir (it is not deleted to make room for newer saves)."""
+        if jax.process_index() != 0:
+            return
+        pinned = {**self.pinned(), step: why}
+        path = os.path.join(self.directory, PINNED)
+        with open(path + '.tmp', 'w') as f:
+            json.dump({str(k): v for k, v in sorted(pinned.items())}, f, indent=1)
+        os.replace(path + '.tmp', path)
 
     def read_meta(self, step: int) -> dict:
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
@@ -79,6 +152,12 @@ class Checkpointer:
                 restored = self.manager.restore(
                     s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
                 )
+                if bad := mismatches(meta.get('checksums', {}), restored['state']):
+                    raise ValueError(
+                        f'checksum mismatch in {bad[0]}'
+                        + (f' and {len(bad) - 1} more arrays' if len(bad) > 1 else '')
+                        + f' of the checkpoint at step {s} in {self.directory}'
+                    )
             except Exception as e:  # noqa: BLE001
                 unreadable.append(self._skip(s, e, step))
                 continue
@@ -104,10 +183,11 @@ class Checkpointer:
             return
         if jax.process_index() == 0:
             for s in steps:
-                os.rename(
-                    os.path.join(self.directory, str(s)),
-                    os.path.join(self.directory, f'{s}.unreadable'),
-                )
+                target, n = os.path.join(self.directory, f'{s}.unreadable'), 1
+                while os.path.exists(target):  # kept from an earlier fall-back
+                    n += 1
+                    target = os.path.join(self.directory, f'{s}.unreadable.{n}')
+                os.rename(os.path.join(self.directory, str(s)), target)
         self.manager.reload()
 
 

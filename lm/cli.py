@@ -14,18 +14,23 @@ from absl import app, flags, logging
 
 from lm.config import load_config_file, with_overrides
 from lm.sharding import set_cpu_devices
+from lm.workdir import RunError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Errors that mean "the user asked for something that cannot work": reported in one line.
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError)
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError, RunError)
 
 
 class _QuietLibraries(pylogging.Filter):
-    """Drops orbax's per-save INFO chatter; its warnings and errors still show."""
+    """Drops orbax's per-save INFO chatter; its warnings and errors still show, one line each
+    (without tracebacks: a failure that matters is reported by the caller)."""
 
     def filter(self, record: pylogging.LogRecord) -> bool:
-        return record.levelno >= pylogging.WARNING or '/orbax/' not in record.pathname
+        if '/orbax/' not in record.pathname:
+            return True
+        record.exc_info, record.exc_text = None, None
+        return record.levelno >= pylogging.WARNING
 
 
 class RecipeFlags:

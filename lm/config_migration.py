@@ -22,6 +22,7 @@ ADDED_KEYS = {
     'model.rope_original_max_len': 8192,
     'model.latent_norm_eps': 0.0,
     'data.eos_token': '',
+    'train.max_loss_ratio': 0.0,
 }
 
 

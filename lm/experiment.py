@@ -21,6 +21,7 @@ from lm.model import check_model_config, model_config
 from lm.optimizer import check_train_config, lr_schedule, make_optimizer
 from lm.sharding import data_parallel_size, make_mesh, rules_table, set_cpu_devices
 from lm.train_step import StepContext, make_step_context
+from lm.workdir import config_fingerprint
 
 
 @dataclasses.dataclass
@@ -41,6 +42,13 @@ def check_loop_config(config: ml_collections.ConfigDict) -> None:
     if config.eval_batches < 0:
         raise ValueError(
             f'config.eval_batches must be >= 0 (0 = whole split), got {config.eval_batches}'
+        )
+    seed = config.seed  # jax.random.key reads 2**32 and above as smaller seeds (no x64)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f'config.seed must be an integer in [0, 2**32), got {seed!r}')
+    if not config.train.max_loss_ratio >= 0:  # NaN too
+        raise ValueError(
+            f'config.train.max_loss_ratio must be >= 0 (0 = off), got {config.train.max_loss_ratio}'
         )
 
 
@@ -85,9 +93,11 @@ def prepare(config: ml_collections.ConfigDict) -> Experiment:
 def checkpoint_meta(
     config: ml_collections.ConfigDict, data_fingerprint: str, step: int, abstract_params: dict
 ) -> dict:
-    """The JSON side-car of a checkpoint: resolved config, data position, parameter shapes."""
+    """The JSON side-car of a checkpoint: resolved config (and its `config_fingerprint`), data
+    position, parameter shapes."""
     return {
         'config': json.loads(config.to_json()),
+        'config_fingerprint': config_fingerprint(config),
         'data_fingerprint': data_fingerprint,
         'data_step': step,
         'param_shapes': param_shapes(abstract_params),
@@ -134,9 +144,13 @@ def restore_run(
     try:
         if not ckpt.steps():
             raise FileNotFoundError(f'{flag}: {ckpt.directory} holds no checkpoint')
-        config = upgrade_config(
-            ckpt.read_meta(step if step is not None else ckpt.steps()[-1])['config']
-        )
+        if step is not None and step not in ckpt.steps():
+            raise FileNotFoundError(
+                f'{flag}: no checkpoint for step {step} in {ckpt.directory}; '
+                f'available: {ckpt.steps()}'
+            )
+        meta = ckpt.read_meta(step if step is not None else ckpt.steps()[-1])
+        config = upgrade_config(meta['config'])
         cfg = model_config(config.model)
         if check is not None:
             check(cfg)

@@ -18,11 +18,13 @@ from absl import logging
 from tqdm import tqdm
 
 from lm import accounting, attention, perf
-from lm.checkpoint import Checkpointer
+from lm.checkpoint import Checkpointer, read_latest_meta
 from lm.config import ModelConfig
 from lm.data import call_batch
 from lm.evaluation import evaluate
 from lm.experiment import Experiment, checkpoint_meta, prepare, restore
+from lm.loss_spike import LossSpikeGuard
+from lm.sharding import set_cpu_devices
 from lm.summary import Summary, run_logdir
 from lm.train_step import (
     call_sharding,
@@ -31,6 +33,7 @@ from lm.train_step import (
     make_eval_step,
     make_train_step,
 )
+from lm.workdir import RunError, WorkdirLock, check_config_change, config_fingerprint
 
 
 def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...]):
@@ -47,30 +50,41 @@ def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...
 
 def _prefetch(exp: Experiment, start: int, sizes: list[int], depth: int = 2):
     """Yields this process's numpy batch of each call (`lm.data.call_batch`) from a background
-    thread."""
+    thread; an exception there is raised here, as a RunError naming the step."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     c = exp.config
 
     def produce():
         step = start
-        for n in sizes:
-            q.put(
-                call_batch(
-                    exp.corpus.tokens['train'],
-                    seed=c.seed,
-                    step=step,
-                    steps=n,
-                    batch_size=c.train.batch_size,
-                    seq_len=c.data.seq_len,
-                    process_index=jax.process_index(),
-                    process_count=jax.process_count(),
+        try:
+            for n in sizes:
+                q.put(
+                    call_batch(
+                        exp.corpus.tokens['train'],
+                        seed=c.seed,
+                        step=step,
+                        steps=n,
+                        batch_size=c.train.batch_size,
+                        seq_len=c.data.seq_len,
+                        process_index=jax.process_index(),
+                        process_count=jax.process_count(),
+                    )
                 )
+                step += n
+        except BaseException as e:  # noqa: BLE001 - handed to the training thread
+            first = str(e).splitlines()[0] if str(e) else ''
+            error = RunError(
+                f'making the batch of step {step + 1} failed: {type(e).__name__}: {first}'
             )
-            step += n
+            error.__cause__ = e
+            q.put(error)
 
     threading.Thread(target=produce, daemon=True).start()
     for _ in sizes:
-        yield q.get()
+        batch = q.get()
+        if isinstance(batch, RunError):
+            raise batch
+        yield batch
 
 
 class _StopRequest:
@@ -88,16 +102,37 @@ class _StopRequest:
             signal.signal(s, handler)
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, tb_dir: str = '') -> dict:
-    """Trains (or resumes) the run in `workdir`; returns the last eval metrics and end state.
-    A run that reaches `train.steps` writes `<workdir>/results.json` (`write_results`)."""
-    exp = prepare(config)
-    stop = _StopRequest()  # from here on, SIGTERM / SIGINT end the run at the next step boundary
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    tb_dir: str = '',
+    allow_config_change: bool = False,
+) -> dict:
+    """Trains (or resumes) the run in `workdir`, which it owns meanwhile (`WorkdirLock`); returns
+    the last eval metrics and end state. A run that reaches `train.steps` writes
+    `<workdir>/results.json` (`write_results`). Resuming under a config that differs from the
+    checkpoint's (`lm.workdir.config_changes`) needs `allow_config_change`."""
+    set_cpu_devices(config.mesh)  # before jax.process_index() starts a backend
+    with WorkdirLock(workdir, owner=jax.process_index() == 0):
+        exp = prepare(config)
+        _check_resume_config(exp, workdir, allow_config_change)
+        stop = _StopRequest()  # from here on, SIGTERM / SIGINT end the run at a step boundary
+        try:
+            with jax.set_mesh(exp.ctx.mesh):
+                return _Run(exp, workdir, tb_dir, stop).train()
+        finally:
+            stop.restore()
+
+
+def _check_resume_config(exp: Experiment, workdir: str, allow: bool) -> None:
+    """Refuses (or, when allowed, logs) a resume under a changed config."""
     try:
-        with jax.set_mesh(exp.ctx.mesh):
-            return _Run(exp, workdir, tb_dir, stop).train()
-    finally:
-        stop.restore()
+        meta = read_latest_meta(workdir)
+    except Exception:  # noqa: BLE001 - an unreadable latest checkpoint: restore falls back
+        meta = None
+    where = f'the checkpoint in {os.path.join(workdir, "checkpoints")}'
+    if changes := check_config_change(meta and meta['config'], exp.config, where, allow):
+        logging.warning('resuming under a changed config: %s', '; '.join(changes))
 
 
 class _Meter:
@@ -105,9 +140,17 @@ class _Meter:
     (`drain`: checked, one TensorBoard point per step, progress bar), and times the steps
     since the last `restart` for the periodic log line (`log`)."""
 
-    def __init__(self, exp: Experiment, tb: Summary, start: int, checkpoints: Callable):
+    def __init__(
+        self,
+        exp: Experiment,
+        tb: Summary,
+        start: int,
+        checkpoints: Callable,
+        spikes: LossSpikeGuard,
+    ):
         c = exp.config
         self.tb, self.total, self.checkpoints = tb, c.train.steps, checkpoints
+        self.spikes = spikes
         self.tokens_per_step = c.train.batch_size * c.data.seq_len
         self.flops_per_token = accounting.flops_per_token(exp.model_cfg, c.data.seq_len)
         self.peak, _ = perf.peak_flops(c.train.peak_flops)
@@ -150,6 +193,7 @@ class _Meter:
                         f'step {s}; stopping without saving that state (last checkpoint: '
                         f'{self.checkpoints()})'
                     )
+                self.spikes.observe(s, m['loss'])
                 self.tb.scalars(s, {f'train/{k}': v for k, v in m.items()})  # loss, grad_norm, lr
                 self.bar.set_postfix(loss=f'{m["loss"]:.4f}', refresh=False)
                 self.bar.update(1)
@@ -223,7 +267,8 @@ class _Run:
         c = self.exp.config
         self.start, self.state = self._restore_or_init()
         _log_model(self.exp, self.tb)
-        self.meter = _Meter(self.exp, self.tb, self.start, self.ckpt.steps)
+        spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
+        self.meter = _Meter(self.exp, self.tb, self.start, self.ckpt.steps, spikes)
         self.last_eval = self._evaluate(0) if self.start == 0 else {}
         self.meter.restart()  # the first window times steps only
         step = self.start
@@ -237,7 +282,7 @@ class _Run:
             self.tb.close()
         finished = step == c.train.steps and (step > self.start or self.start == 0)
         if finished and not self.stop.signum and jax.process_index() == 0:
-            write_results(self.workdir, step, self.last_eval, self.meter.median_tokens_per_sec())
+            write_results(self.workdir, step, self.last_eval, self.meter.median_tokens_per_sec(), c)
         return {
             'step': step,
             'eval': self.last_eval,
@@ -267,6 +312,7 @@ class _Run:
             self.state, metrics = compiled(n)(self.state, device_call_batch(ctx, batch))
             step += n
             self.meter.record(step, n, metrics)
+            self.ckpt.check()  # an asynchronous save that failed ends the run here
             if self._boundary(step):
                 break
         self.meter.drain()
@@ -349,12 +395,24 @@ def _log_model(exp: Experiment, tb: Summary) -> None:
     )
 
 
-def write_results(workdir: str, step: int, last_eval: dict, tokens_per_sec: float | None):
-    """`<workdir>/results.json` of a finished run: its last step, final eval metrics and median
-    training throughput (sweeps read it, and skip runs that have one)."""
+def write_results(
+    workdir: str,
+    step: int,
+    last_eval: dict,
+    tokens_per_sec: float | None,
+    config: ml_collections.ConfigDict,
+) -> None:
+    """`<workdir>/results.json` of a finished run: its last step, final eval metrics, median
+    training throughput and config fingerprint (sweeps read it, and skip runs that have one)."""
+    results = {
+        'step': step,
+        'eval': last_eval,
+        'tokens_per_sec': tokens_per_sec,
+        'config_fingerprint': config_fingerprint(config),
+    }
     path = os.path.join(workdir, 'results.json')
     with open(path + '.tmp', 'w') as f:
-        json.dump({'step': step, 'eval': last_eval, 'tokens_per_sec': tokens_per_sec}, f, indent=1)
+        json.dump(results, f, indent=1)
     os.replace(path + '.tmp', path)
 
 

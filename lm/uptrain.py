@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import math
 import os
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -21,10 +23,13 @@ from absl import logging
 from lm import attention
 from lm.checkpoint import Checkpointer, read_latest_meta
 from lm.config import DTYPES, ModelConfig
-from lm.experiment import checkpoint_meta, restore_run, step_context
+from lm.experiment import check_loop_config, checkpoint_meta, restore_run, step_context
 from lm.model import model_config
+from lm.optimizer import check_train_config
+from lm.workdir import WorkdirLock
 
 METHODS = ('mean', 'first', 'random')
+PARTIAL = '.uptrain-partial-'  # a conversion is written here, inside --dst, then moved in
 
 
 def check_conversion(src: ModelConfig, num_kv_heads: int, method: str) -> None:
@@ -52,6 +57,22 @@ def check_conversion(src: ModelConfig, num_kv_heads: int, method: str) -> None:
         raise ValueError(
             f"the source's {g_src} KV heads are not divisible by --num_kv_heads={num_kv_heads}"
         )
+
+
+def check_flags(
+    num_kv_heads: int, method: str, step: int | None, fraction: float | None, seed: int
+) -> None:
+    """One-line errors for flags that are wrong whatever the source, before anything is read."""
+    if method not in METHODS:
+        raise ValueError(f'--method must be one of {METHODS}, got {method!r}')
+    if num_kv_heads < 1:
+        raise ValueError(f'--num_kv_heads must be >= 1, got {num_kv_heads}')
+    if step is not None and step < 0:
+        raise ValueError(f'--step must be >= 0, got {step}')
+    if fraction is not None and not (math.isfinite(fraction) and fraction >= 0):
+        raise ValueError(f'--fraction must be a finite number >= 0, got {fraction}')
+    if not 0 <= seed < 2**32:
+        raise ValueError(f'--seed must be in [0, 2**32), got {seed}')
 
 
 def merge_kv_heads(x: jax.Array, head_axis: int, num_kv_heads: int, method: str) -> jax.Array:
@@ -140,13 +161,42 @@ def convert_checkpoint(
 ) -> ml_collections.ConfigDict:
     """Converts `src`'s checkpoint to `num_kv_heads` KV heads and writes it as step 0 of a new
     run in `dst` (fresh optimizer state, config from `uptrain_config`, `steps` uptraining
-    steps or uptrain.fraction of the source's); returns that config."""
-    if os.path.isdir(os.path.join(dst, 'checkpoints')) and os.listdir(
-        os.path.join(dst, 'checkpoints')
-    ):
-        raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
+    steps or uptrain.fraction of the source's); returns that config. Every flag is checked
+    before anything is written, and `dst` is owned meanwhile (`WorkdirLock`); the checkpoint is
+    built beside its place and moved in when complete, so a failure leaves `dst` as it was."""
+    check_flags(num_kv_heads, method, step, fraction, seed)
     latest = read_latest_meta(src)
     check_steps(step if step is not None else latest and latest['data_step'], steps)
+    with WorkdirLock(dst, '--dst'):
+        dst_ckpts = os.path.join(dst, 'checkpoints')
+        if os.path.isdir(dst_ckpts) and os.listdir(dst_ckpts):
+            raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
+        config, state, meta = _convert(src, num_kv_heads, method, step, fraction, seed, steps)
+        for name in os.listdir(dst):  # left by a conversion that was killed
+            if name.startswith(PARTIAL):
+                shutil.rmtree(os.path.join(dst, name), ignore_errors=True)
+        partial = tempfile.mkdtemp(prefix=PARTIAL, dir=dst)
+        try:
+            out = Checkpointer(partial, async_save=False)
+            out.save(0, state, meta)
+            out.close()
+            os.replace(os.path.join(partial, 'checkpoints'), dst_ckpts)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    logging.info('wrote %s; uptraining for %d steps', dst, config.train.steps)
+    return config
+
+
+def _convert(
+    src: str,
+    num_kv_heads: int,
+    method: str,
+    step: int | None,
+    fraction: float | None,
+    seed: int,
+    steps: int | None,
+) -> tuple[ml_collections.ConfigDict, dict, dict]:
+    """(config, state, checkpoint side-car) of the converted run's step 0."""
     source = restore_run(
         src, step, lambda cfg: check_conversion(cfg, num_kv_heads, method), '--src'
     )
@@ -161,6 +211,8 @@ def convert_checkpoint(
         method=method,
         source_workdir=os.path.abspath(src),
     )
+    check_train_config(config.train)
+    check_loop_config(config)
     ctx = step_context(config, model_config(config.model), mesh=source.ctx.mesh)
     params = convert_params(state['params'], src_cfg, num_kv_heads, method, seed)
     new_state = jax.device_put(
@@ -172,23 +224,16 @@ def convert_checkpoint(
         },
         ctx.state_sharding,
     )
-    out = Checkpointer(dst, async_save=False)
-    out.save(
-        0,
-        new_state,
-        checkpoint_meta(config, source.meta['data_fingerprint'], 0, ctx.abstract_state['params']),
-    )
-    out.close()
     logging.info(
-        'converted %s step %d (%s, %d KV heads) to %s with %d KV heads by %s; '
-        'uptraining for %d steps',
+        'converted %s step %d (%s, %d KV heads) to %d KV heads by %s',
         src,
         source.step,
         src_cfg.attention,
         src_cfg.num_kv_heads,
-        dst,
         num_kv_heads,
         method,
-        config.train.steps,
     )
-    return config
+    meta = checkpoint_meta(
+        config, source.meta['data_fingerprint'], 0, ctx.abstract_state['params']
+    )
+    return config, new_state, meta

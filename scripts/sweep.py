@@ -8,11 +8,14 @@
   tensorboard --logdir runs/kinds/tb
 
 Each run trains in its own process (`train.py`) in <sweep_dir>/<name>, logging to
-<sweep_dir>/tb/<name>. Re-running the command skips finished runs and resumes interrupted ones.
+<sweep_dir>/tb/<name>. Re-running the command skips finished runs and resumes interrupted ones
+(or ones given more train.steps); a re-run whose settings differ otherwise from a run's
+checkpoint is refused, naming the keys. `--grid seed=...` sets each point's first seed.
 At the end: <sweep_dir>/summary.md, summary.csv and summary.png.
 """
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -22,9 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from absl import flags
 from ml_collections import config_flags
 
+from lm.checkpoint import read_latest_meta
 from lm.cli import run_app
 from lm.config import write_config_file
+from lm.experiment import check_loop_config
 from lm.sweep import invalid_reason, parse_grid, point_config, run_name, summarise
+from lm.workdir import WorkdirLock, config_changes
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Base config file; a sweep file may also define get_points().'
@@ -63,7 +69,11 @@ def plan(base, sweep_dir: str) -> list[dict]:
             continue
         seeds = point.get('seeds', _SEEDS.value)
         for s in range(seeds):
-            seeded = point_config(config, {'seed': base.seed + s})
+            seeded = point_config(config, {'seed': config.seed + s})  # the point's own seed
+            try:
+                check_loop_config(seeded)
+            except ValueError as e:
+                raise ValueError(f'sweep point {name}: {e}') from None
             runs.append(
                 {
                     'point': name,
@@ -76,9 +86,38 @@ def plan(base, sweep_dir: str) -> list[dict]:
     return runs
 
 
+def check_earlier_runs(runs: list[dict]) -> None:
+    """Refuses, in one line and before any run, a sweep whose runs already hold checkpoints
+    trained under settings that differ from this sweep's (beyond lm.workdir.RESUMABLE_KEYS)."""
+    stale = []
+    for r in runs:
+        try:
+            meta = read_latest_meta(r['workdir'])
+        except Exception:  # noqa: BLE001 - unreadable: train.py falls back or says so
+            continue
+        if meta is not None and (changes := config_changes(meta['config'], r['config'])):
+            stale.append((r['workdir'], changes))
+    if stale:
+        workdir, changes = stale[0]
+        more = f' (and {len(stale) - 1} more runs)' if len(stale) > 1 else ''
+        raise ValueError(
+            f'--sweep_dir: {workdir}{more} was trained with other settings: '
+            f'{"; ".join(changes)}; use a new --sweep_dir, or delete those runs to redo them'
+        )
+
+
+def finished(run: dict) -> bool:
+    """Whether the run holds results for the steps this sweep asks for."""
+    path = os.path.join(run['workdir'], 'results.json')
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        return json.load(f)['step'] == run['config'].train.steps
+
+
 def execute(run: dict, tb_dir: str) -> str:
     workdir = run['workdir']
-    if os.path.exists(os.path.join(workdir, 'results.json')):
+    if finished(run):
         return f'{os.path.basename(workdir)}: finished earlier, skipped'
     os.makedirs(workdir, exist_ok=True)
     cfg_file = write_config_file(run['config'], os.path.join(workdir, 'sweep_config.py'))
@@ -106,19 +145,21 @@ def run() -> int:
         raise ValueError('--parallel and --seeds must be >= 1')
     sweep_dir = _SWEEP_DIR.value
     runs = plan(_CONFIG.value, sweep_dir)
-    print(f'{len(runs)} runs in {sweep_dir}')
-    t = time.time()
-    tb_dir = os.path.join(sweep_dir, 'tb')
-    with ThreadPoolExecutor(_PARALLEL.value) as pool:
-        for line in pool.map(lambda r: execute(r, tb_dir), runs):
-            print(line, flush=True)
-    finished = [r for r in runs if os.path.exists(os.path.join(r['workdir'], 'results.json'))]
-    if finished:
-        summarise(sweep_dir, finished)
-        with open(os.path.join(sweep_dir, 'summary.md')) as f:
-            print(f.read())
+    with WorkdirLock(sweep_dir, '--sweep_dir'):
+        check_earlier_runs(runs)
+        print(f'{len(runs)} runs in {sweep_dir}')
+        t = time.time()
+        tb_dir = os.path.join(sweep_dir, 'tb')
+        with ThreadPoolExecutor(_PARALLEL.value) as pool:
+            for line in pool.map(lambda r: execute(r, tb_dir), runs):
+                print(line, flush=True)
+        done = [r for r in runs if finished(r)]
+        if done:
+            summarise(sweep_dir, done)
+            with open(os.path.join(sweep_dir, 'summary.md')) as f:
+                print(f.read())
     print(f'sweep wall time: {time.time() - t:.0f} s')
-    return 0 if len(finished) == len(runs) else 1
+    return 0 if len(done) == len(runs) else 1
 
 
 if __name__ == '__main__':

@@ -1,0 +1,64 @@
+"""Checksums of a state's arrays, computed on device where they live (sharded or not).
+
+Each array's bits are read as unsigned words w_i (one per element, by the element's byte width;
+i = its flat row-major index) and reduced to two position-weighted sums modulo 2^32:
+
+    a = sum_i w_i * (2 i + 1),    b = sum_i w_i * ((2654435761 i) | 1)
+
+Both weights are odd, so changing any single element changes both sums; integer sums do not
+depend on the order of reduction, so the result is the same for any sharding or mesh.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_WORDS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """The bits of each element of x as uint32 (same shape)."""
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    return jax.lax.bitcast_convert_type(x, _WORDS[x.dtype.itemsize]).astype(jnp.uint32)
+
+
+def _flat_index(shape: tuple[int, ...]) -> jax.Array:
+    """Row-major flat index of every element, uint32 (wrapping past 2^32), built without a
+    reshape so a sharded array stays sharded."""
+    index = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * np.uint32(stride)
+        stride = stride * shape[axis] % 2**32
+    return index
+
+
+def _sums(x: jax.Array) -> jax.Array:
+    w, i = _words(x), _flat_index(x.shape)
+    a = jnp.sum(w * (2 * i + 1), dtype=jnp.uint32)
+    b = jnp.sum(w * ((i * np.uint32(2654435761)) | 1), dtype=jnp.uint32)
+    return jnp.stack([a, b])
+
+
+@jax.jit
+def _tree_sums(tree):
+    return jax.tree.map(_sums, tree)
+
+
+def array_checksums(tree) -> dict[str, str]:
+    """{'['params']['embed']': '1f03...', ...}: a 16-hex-digit checksum per array of `tree`."""
+    sums = jax.device_get(_tree_sums(tree))
+    flat = jax.tree_util.tree_flatten_with_path(sums)[0]
+    return {jax.tree_util.keystr(path): f'{int(s[0]):08x}{int(s[1]):08x}' for path, s in flat}
+
+
+def mismatches(saved: dict[str, str], tree) -> list[str]:
+    """Names of the arrays of `tree` whose checksum differs from `saved` (arrays `saved` does
+    not list are not checked)."""
+    current = array_checksums(tree)
+    return [name for name, value in current.items() if saved.get(name, value) != value]

@@ -1,0 +1,175 @@
+"""A run directory's ownership and identity.
+
+One run at a time owns a workdir (`WorkdirLock`: an OS file lock, so a process killed with -9
+leaves nothing that blocks the next one), and a run resumed under a config that differs from
+its checkpoint's in more than `RESUMABLE_KEYS` is refused (`check_config_change`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import socket
+from typing import Any
+
+import ml_collections
+
+from lm.config_migration import upgrade_config
+
+LOCK_NAME = '.lock'
+
+# Config keys (or whole sections, ending in '.') that may change when a run resumes: they set
+# how long it trains, how often it logs / evaluates / saves, where caches go and how devices
+# are laid out, but not what a step computes. Any other change needs --allow_config_change.
+RESUMABLE_KEYS = (
+    'train.steps',
+    'train.steps_per_call',
+    'train.peak_flops',
+    'train.max_loss_ratio',
+    'eval_every',
+    'eval_batches',
+    'log_every',
+    'checkpoint_every',
+    'keep_checkpoints',
+    'async_checkpointing',
+    'compilation_cache_dir',
+    'data.cache_dir',
+    'mesh.',
+)
+
+
+class RunError(RuntimeError):
+    """A run cannot start or go on; the message says why in one line."""
+
+
+class WorkdirLock:
+    """`with WorkdirLock(path):` owns `path` (created if needed) or raises RunError naming the
+    owner's pid and host. Only `owner=True` processes lock (process 0 of a multi-host run; the
+    others share its workdir). A directory this lock created and left empty is removed again."""
+
+    def __init__(self, path: str, flag: str = '--workdir', owner: bool = True):
+        self.path, self.flag, self.owner = os.path.abspath(path), flag, owner
+        self._fd: int | None = None
+        self._made_dir = self._made_file = False
+
+    def __enter__(self) -> WorkdirLock:
+        if self.owner:
+            self._acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def _acquire(self) -> None:
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise ValueError(f'{self.flag}: {self.path} is a file, not a directory')
+        self._made_dir = not os.path.exists(self.path)
+        lock_path = os.path.join(self.path, LOCK_NAME)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            while True:
+                existed = os.path.exists(lock_path)
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    owner = os.pread(fd, 512, 0).decode(errors='replace').strip()
+                    os.close(fd)
+                    raise RunError(
+                        f'{self.flag}: {self.path} is in use by another run '
+                        f'({owner or "owner unknown"}); wait for it to end or use another '
+                        'directory'
+                    ) from None
+                if _same_file(fd, lock_path):  # not unlinked by a releasing owner meanwhile
+                    break
+                os.close(fd)
+        except OSError as e:
+            raise ValueError(
+                f'{self.flag}: cannot take ownership of {self.path} ({e.strerror or e})'
+            ) from None
+        self._fd, self._made_file = fd, not existed
+        since = datetime.datetime.now().isoformat(timespec='seconds')
+        os.ftruncate(fd, 0)
+        os.pwrite(
+            fd, f'pid {os.getpid()} on host {socket.gethostname()}, since {since}'.encode(), 0
+        )
+
+    def release(self) -> None:
+        """Gives the directory up (removing what only the lock itself put there)."""
+        if self._fd is None:
+            return
+        lock_path = os.path.join(self.path, LOCK_NAME)
+        if self._made_file and _same_file(self._fd, lock_path):
+            os.unlink(lock_path)
+            if self._made_dir and not os.listdir(self.path):
+                os.rmdir(self.path)
+        os.close(self._fd)  # closing drops the flock
+        self._fd = None
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _flat(config: ml_collections.ConfigDict | dict) -> dict[str, Any]:
+    """{'train.lr': 0.001, ...} with values as JSON gives them back (tuples become lists)."""
+    tree = json.loads(config.to_json()) if hasattr(config, 'to_json') else config
+    out: dict[str, Any] = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f'{prefix}{key}.')
+            else:
+                out[f'{prefix}{key}'] = value
+
+    walk(tree, '')
+    return out
+
+
+def _resumable(key: str) -> bool:
+    return any(key == k or (k.endswith('.') and key.startswith(k)) for k in RESUMABLE_KEYS)
+
+
+def config_fingerprint(config: ml_collections.ConfigDict) -> str:
+    """A short hash of every setting outside RESUMABLE_KEYS: equal for configs a run may resume
+    under, different for any other change."""
+    flat = {k: v for k, v in _flat(config).items() if not _resumable(k)}
+    return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_changes(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
+    """['train.lr: 0.001 -> 0.003', ...]: the settings outside RESUMABLE_KEYS in which `config`
+    differs from `saved` (a checkpoint's config, upgraded to today's keys first). A
+    `model.vocab_size` of 0 ("from the tokenizer") matches any saved size."""
+    old, new = _flat(upgrade_config(saved)), _flat(config)
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, '(absent)'), new.get(key, '(absent)')
+        if a == b or _resumable(key) or (key == 'model.vocab_size' and b == 0):
+            continue
+        changes.append(f'{key}: {a!r} -> {b!r}')
+    return changes
+
+
+def check_config_change(
+    saved: dict | None, config: ml_collections.ConfigDict, where: str, allow: bool
+) -> list[str]:
+    """Raises a one-line ValueError when `config` differs from the config `saved` with the
+    checkpoint in `where` (see `config_changes`), unless `allow`; returns the changes."""
+    if saved is None:
+        return []
+    changes = config_changes(saved, config)
+    if changes and not allow:
+        raise ValueError(
+            f'{where} was trained with a different config: {"; ".join(changes)}; resume with '
+            'the same settings, use a new workdir, or pass --allow_config_change to go on '
+            'under the new ones'
+        )
+    return changes

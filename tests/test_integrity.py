@@ -1,0 +1,509 @@
+"""Data loss, hangs and silently wrong results (issue 12): workdir ownership, seeds and
+background-thread errors, uptrain flag checks, sweep seeds and stale runs, config changes on
+resume, checkpoint checksums, failed asynchronous saves, and the loss-spike guard."""
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, read_scalars, tiny_train_config, write_config_file
+
+from lm.checkpoint import Checkpointer, read_latest_meta
+from lm.experiment import check_loop_config, prepare
+from lm.train_loop import train
+from lm.uptrain import convert_checkpoint
+from lm.workdir import (
+    LOCK_NAME,
+    RunError,
+    WorkdirLock,
+    config_changes,
+    config_fingerprint,
+)
+
+ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+
+
+@pytest.fixture
+def text(tmp_path):
+    """60 kB of this Python's own argparse source, as a text file."""
+    path = tmp_path / 'text.txt'
+    path.write_text(pathlib.Path(argparse.__file__).read_text()[:60_000])
+    return path
+
+
+def cli(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def one_line_error(proc) -> str:
+    """The error line of a command that must fail with a one-line error and no traceback."""
+    assert proc.returncode not in (0, None), proc.stderr[-3000:]
+    assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith('error: '), proc.stderr[-3000:]
+    return line
+
+
+def listing(path) -> dict:
+    """{relative path: (size, mtime)} of every file under `path` ({} if it does not exist)."""
+    path = pathlib.Path(path)
+    return {
+        str(f.relative_to(path)): (f.stat().st_size, f.stat().st_mtime_ns)
+        for f in sorted(path.rglob('*'))
+        if f.is_file()
+    }
+
+
+class Alarm:
+    """Fails a test that would otherwise hang (SIGALRM interrupts a blocked queue.get)."""
+
+    def __init__(self, seconds: int):
+        self.seconds = seconds
+
+    def __enter__(self):
+        def fail(signum, frame):
+            raise TimeoutError(f'hung for {self.seconds} s')
+
+        self.previous = signal.signal(signal.SIGALRM, fail)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *exc):
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self.previous)
+
+
+# 1. One run at a time owns a workdir.
+
+
+def test_a_second_process_is_refused_naming_the_owner(tmp_path, text):
+    config = tiny_train_config(tmp_path, text, **{'train.steps': 4})
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    work = tmp_path / 'run'
+    train(config, str(work))
+    before = listing(work)
+    assert not (work / LOCK_NAME).exists()  # released and removed after the run
+    owner = f'pid {os.getpid()} on host {socket.gethostname()}'
+    with WorkdirLock(str(work)):
+        assert owner in (work / LOCK_NAME).read_text()
+        line = one_line_error(
+            cli(
+                ROOT / 'train.py',
+                f'--config={cfg_file}',
+                f'--workdir={work}',
+                '--config.train.steps=8',
+            )
+        )
+        assert line.startswith(f'error: --workdir: {work} is in use by another run ({owner}')
+        with pytest.raises(RunError, match='is in use by another run'):
+            train(config, str(work))  # a second owner in the same process is refused too
+        with WorkdirLock(str(work), owner=False):  # other hosts of a multi-host run share it
+            pass
+        dst = tmp_path / 'dst'
+        with WorkdirLock(str(dst)):
+            line = one_line_error(
+                cli(
+                    ROOT / 'scripts' / 'uptrain.py',
+                    f'--src={work}',
+                    f'--dst={dst}',
+                    '--num_kv_heads=1',
+                )
+            )
+            assert line.startswith(f'error: --dst: {dst} is in use by another run ({owner}')
+    assert listing(work) == before  # nothing written by the refused runs
+    assert not dst.exists()  # the lock's own directory is removed when left empty
+
+
+def test_a_killed_owner_does_not_block_the_next_run(tmp_path, text):
+    work = tmp_path / 'run'
+    killed = cli(
+        '-c',
+        'import os, signal\n'
+        'from lm.workdir import WorkdirLock\n'
+        f'WorkdirLock({str(work)!r}).__enter__()\n'
+        'os.kill(os.getpid(), signal.SIGKILL)\n',
+    )
+    assert killed.returncode == -signal.SIGKILL
+    assert 'pid' in (work / LOCK_NAME).read_text()  # a stale lock file of a dead process
+    config = tiny_train_config(tmp_path, text, **{'train.steps': 4})
+    assert train(config, str(work))['step'] == 4
+    assert Checkpointer(str(work)).steps() == [4]
+
+
+def test_a_lock_on_a_file_or_an_unwritable_place_is_one_line(tmp_path):
+    (tmp_path / 'f').write_text('')
+    with pytest.raises(ValueError, match=r'--workdir: .*/f is a file, not a directory'):
+        WorkdirLock(str(tmp_path / 'f')).__enter__()
+    with pytest.raises(ValueError, match=r'--dst: cannot take ownership of .*/f/sub'):
+        WorkdirLock(str(tmp_path / 'f' / 'sub'), '--dst').__enter__()
+
+
+# 2. Seeds are checked up front; a failing background thread ends the run.
+
+
+def test_a_negative_seed_is_refused_before_anything_is_written(tmp_path, text):
+    config = tiny_train_config(tmp_path, text)
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    line = one_line_error(
+        cli(
+            ROOT / 'train.py',
+            f'--config={cfg_file}',
+            f'--workdir={tmp_path / "run"}',
+            '--config.seed=-1',
+            timeout=120,
+        )
+    )
+    assert line == 'error: config.seed must be an integer in [0, 2**32), got -1'
+    assert not (tmp_path / 'run').exists()
+    config.seed = 2**32  # jax.random.key would silently read it as seed 0
+    with pytest.raises(ValueError, match=r'config.seed must be .*, got 4294967296'):
+        check_loop_config(config)
+
+
+def test_an_error_in_the_batch_thread_ends_the_run(tmp_path, text, monkeypatch):
+    import lm.train_loop
+
+    real = lm.train_loop.call_batch
+
+    def failing(*args, step, **kwargs):
+        if step >= 2:
+            raise OSError(5, 'Input/output error')
+        return real(*args, step=step, **kwargs)
+
+    monkeypatch.setattr(lm.train_loop, 'call_batch', failing)
+    config = tiny_train_config(tmp_path, text)
+    with Alarm(120), pytest.raises(RunError) as e:
+        train(config, str(tmp_path / 'run'))
+    assert (
+        str(e.value) == 'making the batch of step 3 failed: OSError: [Errno 5] Input/output error'
+    )
+    assert max(read_scalars(tmp_path / 'run' / 'tb', 'train/loss')) <= 2
+
+
+# 3. uptrain checks every flag before writing and never leaves a half-made destination.
+
+
+@pytest.fixture
+def mha_run(tmp_path, text):
+    config = tiny_train_config(
+        tmp_path, text, **{'model.attention': 'mha', 'model.num_kv_heads': 0, 'train.steps': 8}
+    )
+    train(config, str(tmp_path / 'mha'))
+    return tmp_path / 'mha'
+
+
+def test_uptrain_flags_are_checked_before_writing(tmp_path, mha_run, monkeypatch):
+    dst = tmp_path / 'dst'
+    line = one_line_error(
+        cli(
+            ROOT / 'scripts' / 'uptrain.py',
+            f'--src={mha_run}',
+            f'--dst={dst}',
+            '--num_kv_heads=2',
+            '--fraction=-0.5',
+        )
+    )
+    assert line == 'error: --fraction must be a finite number >= 0, got -0.5'
+    assert not dst.exists()
+    for kwargs, message in [
+        (dict(fraction=float('nan')), r'--fraction must be a finite number >= 0, got nan'),
+        (dict(step=-1), r'--step must be >= 0, got -1'),
+        (dict(step=5), r'--src: no checkpoint for step 5 in .*; available: \[4, 8\]'),
+        (dict(seed=-1), r'--seed must be in \[0, 2\*\*32\), got -1'),
+        (dict(method='median'), r'--method must be one of'),
+    ]:
+        with pytest.raises((ValueError, FileNotFoundError), match=message):
+            convert_checkpoint(str(mha_run), str(dst), 2, **{'method': 'mean', **kwargs})
+        assert not dst.exists()
+    # A write that fails half-way leaves the destination as it was.
+    import lm.uptrain
+
+    def full_disk(self, step, state, meta):
+        os.makedirs(os.path.join(self.directory, str(step)))
+        raise OSError(28, 'No space left on device')
+
+    monkeypatch.setattr(lm.uptrain.Checkpointer, 'save', full_disk)
+    with pytest.raises(OSError, match='No space left'):
+        convert_checkpoint(str(mha_run), str(dst), 2, 'mean')
+    assert not dst.exists()
+    dst.mkdir()
+    with pytest.raises(OSError, match='No space left'):
+        convert_checkpoint(str(mha_run), str(dst), 2, 'mean')
+    assert list(dst.iterdir()) == []  # an existing (empty) destination stays as it was
+    monkeypatch.undo()
+    config = convert_checkpoint(str(mha_run), str(dst), 2, 'mean', fraction=0.5)
+    assert config.train.steps == 4 and sorted(p.name for p in dst.iterdir()) == ['checkpoints']
+    assert Checkpointer(str(dst)).steps() == [0]
+
+
+# 4 and 5. Sweep seeds; configs that changed since a run's checkpoint.
+
+
+def test_config_fingerprint_and_changes(tmp_path, text):
+    config = tiny_train_config(tmp_path, text)
+    saved = json.loads(config.to_json())
+    later = tiny_train_config(
+        tmp_path, text, **{'train.steps': 99, 'eval_every': 3, 'mesh.cpu_devices': 2}
+    )
+    assert config_fingerprint(later) == config_fingerprint(config)
+    assert config_changes(saved, later) == []
+    other = tiny_train_config(tmp_path, text, **{'train.lr': 1e-2, 'model.num_heads': 8})
+    assert config_fingerprint(other) != config_fingerprint(config)
+    assert config_changes(saved, other) == [
+        'model.num_heads: 4 -> 8',
+        'train.lr: 0.003 -> 0.01',
+    ]
+    saved['model']['vocab_size'] = 61  # resolved in the checkpoint; 0 = from the tokenizer
+    assert config_changes(saved, config) == []
+    del saved['train']['max_loss_ratio']  # a key added later reads as its old behaviour
+    assert config_changes(saved, config) == []
+
+
+def test_resume_under_a_changed_config_is_refused_unless_allowed(tmp_path, text):
+    config = tiny_train_config(tmp_path, text)
+    work = tmp_path / 'run'
+    result = train(config, str(work))
+    meta = read_latest_meta(str(work))
+    fingerprint = config_fingerprint(prepare(config).config)
+    assert meta['config_fingerprint'] == fingerprint
+    assert json.loads((work / 'results.json').read_text())['config_fingerprint'] == fingerprint
+    before = listing(work)
+    changed = tiny_train_config(tmp_path, text, **{'train.lr': 1e-3, 'train.b2': 0.99})
+    cfg_file = write_config_file(changed, tmp_path / 'changed.py')
+    line = one_line_error(cli(ROOT / 'train.py', f'--config={cfg_file}', f'--workdir={work}'))
+    assert line.startswith(f'error: the checkpoint in {work / "checkpoints"} was trained with a ')
+    assert 'train.b2: 0.95 -> 0.99; train.lr: 0.003 -> 0.001; resume with the same' in line
+    assert listing(work) == before
+    # train.steps (and intervals, caches, mesh) may change: the run goes on.
+    longer = tiny_train_config(tmp_path, text, **{'train.steps': 10, 'log_every': 5})
+    assert train(longer, str(work))['step'] == 10
+    out = cli(
+        ROOT / 'train.py',
+        f'--config={cfg_file}',
+        f'--workdir={work}',
+        '--allow_config_change',
+        '--config.train.steps=12',
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 'resuming under a changed config: train.b2: 0.95 -> 0.99; train.lr' in out.stderr
+    assert read_latest_meta(str(work))['config']['train']['lr'] == 1e-3
+    assert result['step'] == 8
+
+
+def sweep_file(tmp_path, config, points):
+    path = tmp_path / 'sweep_cfg.py'
+    path.write_text(
+        'import json\n\nimport ml_collections\n\n\ndef get_config():\n'
+        f'    return ml_collections.ConfigDict(json.loads({config.to_json()!r}))\n\n\n'
+        f'def get_points():\n    return {points!r}\n'
+    )
+    return path
+
+
+def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
+    config = tiny_train_config(
+        tmp_path, text, **{'train.steps': 2, 'eval_every': 2, 'checkpoint_every': 2}
+    )
+    cfg = sweep_file(tmp_path, config, [{}])
+    sw = tmp_path / 'sw'
+    out = cli(
+        ROOT / 'scripts' / 'sweep.py',
+        f'--config={cfg}',
+        f'--sweep_dir={sw}',
+        '--grid=seed=1,2',
+        '--parallel=2',
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    seeds = {
+        name: read_latest_meta(str(sw / name))['config']['seed'] for name in ('seed1', 'seed2')
+    }
+    assert seeds == {'seed1': 1, 'seed2': 2}
+    loss = {n: read_scalars(sw / 'tb' / n, 'train/loss')[1] for n in seeds}
+    assert loss['seed1'] != loss['seed2']  # different data order and init
+    before = listing(sw)
+    stale = cli(
+        ROOT / 'scripts' / 'sweep.py',
+        f'--config={cfg}',
+        f'--sweep_dir={sw}',
+        '--grid=seed=1,2',
+        '--config.train.lr=0.001',
+    )
+    line = one_line_error(stale)
+    assert line.startswith(f'error: --sweep_dir: {sw / "seed1"} (and 1 more runs) was trained ')
+    assert 'with other settings: train.lr: 0.003 -> 0.001; use a new --sweep_dir' in line
+    assert listing(sw) == before
+    with WorkdirLock(str(sw)):  # another sweep on the same sweep_dir is refused
+        busy = cli(ROOT / 'scripts' / 'sweep.py', f'--config={cfg}', f'--sweep_dir={sw}')
+        assert one_line_error(busy).startswith(f'error: --sweep_dir: {sw} is in use by another')
+    assert listing(sw) == before
+    negative = cli(
+        ROOT / 'scripts' / 'sweep.py', f'--config={cfg}', f'--sweep_dir={sw}', '--grid=seed=-3'
+    )
+    assert one_line_error(negative) == (
+        'error: sweep point seed-3: config.seed must be an integer in [0, 2**32), got -3'
+    )
+    more = cli(
+        ROOT / 'scripts' / 'sweep.py',
+        f'--config={cfg}',
+        f'--sweep_dir={sw}',
+        '--grid=seed=1,2',
+        '--config.train.steps=4',
+        '--parallel=2',
+        timeout=600,
+    )
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    assert 'finished earlier' not in more.stdout  # more steps: the runs go on
+    assert all(json.loads((sw / n / 'results.json').read_text())['step'] == 4 for n in seeds)
+
+
+# 6. Checkpoint checksums.
+
+
+def flip_bytes(step_dir: pathlib.Path) -> None:
+    """Inverts 8 bytes in the middle of the largest array file of a checkpoint."""
+    files = [f for f in (step_dir / 'state').rglob('*') if f.is_file()]
+    big = max(files, key=lambda f: f.stat().st_size)
+    data = bytearray(big.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 8):
+        data[i] ^= 0xFF
+    big.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_with_flipped_bytes_is_detected_and_kept_aside(tmp_path, text, caplog):
+    config = tiny_train_config(tmp_path, text)
+    work = tmp_path / 'run'
+    first = train(config, str(work))
+    ckpts = work / 'checkpoints'
+    flip_bytes(ckpts / '8')
+    abstract = prepare(config).ctx.abstract_state
+    with pytest.raises(ValueError, match=r"checksum mismatch in \['.+'\].* at step 8"):
+        Checkpointer(str(work)).restore(abstract, step=8)
+    # Without its checksums, the damaged checkpoint would restore without a word.
+    import shutil
+
+    shutil.copytree(ckpts, tmp_path / 'copy' / 'checkpoints')
+    meta_file = tmp_path / 'copy' / 'checkpoints' / '8' / 'meta' / 'metadata'
+    meta = json.loads(meta_file.read_text())
+    del meta['checksums']
+    meta_file.write_text(json.dumps(meta))
+    step, damaged, _ = Checkpointer(str(tmp_path / 'copy')).restore(abstract)
+    assert step == 8
+    assert not all(
+        np.array_equal(a, b)
+        for a, b in zip(jax_leaves(damaged), jax_leaves(first['state']), strict=True)
+    )
+    step, _, _ = Checkpointer(str(work)).restore(abstract)
+    assert step == 4 and 'checksum mismatch' in caplog.text
+    assert sorted(p.name for p in ckpts.iterdir()) == ['4', '8.unreadable']
+    # The resumed run writes step 8 again; damaged once more, it is kept under a new name.
+    again = train(config, str(work))
+    for a, b in zip(
+        jax_leaves(first['state']['params']), jax_leaves(again['state']['params']), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+    flip_bytes(ckpts / '8')
+    assert Checkpointer(str(work)).restore(abstract)[0] == 4
+    assert sorted(p.name for p in ckpts.iterdir()) == ['4', '8.unreadable', '8.unreadable.2']
+
+
+def jax_leaves(tree):
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
+# 7. A failed asynchronous save.
+
+FULL_DISK = """
+import runpy, sys
+import orbax.checkpoint as ocp
+
+class FullDisk:
+    def result(self, timeout=None):
+        raise OSError(28, 'No space left on device')
+
+real = ocp.StandardCheckpointHandler.async_save
+saves = []
+
+async def async_save(self, directory, *args, **kwargs):
+    futures = await real(self, directory, *args, **kwargs)
+    saves.append(directory)
+    return list(futures or []) + ([FullDisk()] if len(saves) == 2 else [])
+
+ocp.StandardCheckpointHandler.async_save = async_save
+sys.argv = ['train.py'] + sys.argv[1:]
+runpy.run_path('train.py', run_name='__main__')
+"""
+
+
+def test_a_failed_asynchronous_save_stops_the_run_in_one_line(tmp_path, text):
+    config = tiny_train_config(
+        tmp_path,
+        text,
+        **{
+            'train.steps': 200,
+            'checkpoint_every': 4,
+            'eval_every': 1000,
+            'log_every': 1000,
+            'async_checkpointing': True,
+        },
+    )
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    work = tmp_path / 'run'
+    out = cli('-c', FULL_DISK, f'--config={cfg_file}', f'--workdir={work}')
+    line = one_line_error(out)
+    assert line.startswith(f'error: the checkpoint of step 8 could not be written to {work}')
+    assert 'OSError: [Errno 28] No space left on device' in line
+    assert line.endswith('stopping (checkpoints kept: [4])')
+    assert Checkpointer(str(work)).steps() == [4]
+    # Known at the latest when the next save begins: the run stops there, not at the end.
+    assert max(read_scalars(work / 'tb', 'train/loss')) <= 12
+
+
+# 8. The loss-spike guard.
+
+
+def test_loss_spike_stops_the_run_and_keeps_the_checkpoint_before_it(tmp_path, text):
+    diverging = {
+        'train.steps': 150,
+        'train.lr': 20.0,  # warmup to lr 20 over 1000 steps: lr ~1 after 50 steps
+        'train.warmup_steps': 1000,
+        'train.grad_clip': 0.0,
+        'train.max_loss_ratio': 2.0,
+        'checkpoint_every': 5,
+        'keep_checkpoints': 1,
+        'eval_every': 1000,
+        'log_every': 1000,
+    }
+    config = tiny_train_config(tmp_path, text, **diverging)
+    work = tmp_path / 'run'
+    with pytest.raises(FloatingPointError, match=r'loss spike at step (\d+): ') as e:
+        train(config, str(work))
+    spike = int(str(e.value).split('at step ')[1].split(':')[0])
+    losses = read_scalars(work / 'tb', 'train/loss')
+    assert max(losses) == spike - 1  # the spiking step is not logged or saved
+    (kept,) = Checkpointer(str(work)).steps()
+    assert kept < spike and f'checkpoint {kept} (the last before the spike) is kept' in str(e.value)
+    assert Checkpointer(str(work)).pinned()[kept].startswith(f'loss spike at step {spike}')
+    # Resumed with a sane learning rate, newer saves do not rotate it away (keep = 1).
+    calm = tiny_train_config(
+        tmp_path,
+        text,
+        **{**diverging, 'train.lr': 1e-3, 'train.max_loss_ratio': 0.0, 'train.steps': kept + 12},
+    )
+    assert train(calm, str(work), allow_config_change=True)['step'] == kept + 12
+    assert Checkpointer(str(work)).steps() == [kept, kept + 12]
