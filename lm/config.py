@@ -99,12 +99,33 @@ def load_config_file(path: str, arg: str | None = None) -> ml_collections.Config
 # Keys added to configs/base.py after checkpoints were first written, each with the value that
 # reproduces how runs behaved before the key existed. `upgrade_config` fills them into configs
 # read back from older checkpoints, so those runs still resume, evaluate and decode.
-ADDED_KEYS = {'train.steps_per_call': 1, 'compilation_cache_dir': ''}
+# `eval_batches` (the first N batches of the validation split) was replaced by `eval_tokens`;
+# `upgrade_config` turns an old `eval_batches` into `eval_tokens` (see `_upgrade_eval_batches`).
+ADDED_KEYS = {
+    'train.steps_per_call': 1,
+    'compilation_cache_dir': '',
+    'eval_tokens': 0,
+    'eval_batch_size': 0,
+}
+
+
+def _upgrade_eval_batches(config: ml_collections.ConfigDict) -> None:
+    """An old `eval_batches = N` becomes `eval_tokens`: 0 (whole split) stays 0; N > 0 keeps its
+    cost, N · batch_size · seq_len tokens, now spread evenly over the whole split instead of
+    taken from its start (the first windows were not representative; issue 14)."""
+    if 'eval_batches' not in config:
+        return
+    n = config.eval_batches
+    del config['eval_batches']
+    if 'eval_tokens' not in config:
+        config.eval_tokens = n * config.train.batch_size * config.data.seq_len if n > 0 else 0
 
 
 def upgrade_config(saved: dict) -> ml_collections.ConfigDict:
-    """A config saved with a checkpoint, with the keys added since it was written filled in."""
+    """A config saved with a checkpoint (or an older config file), with the keys added since it
+    was written filled in and `eval_batches` converted to `eval_tokens`."""
     config = ml_collections.ConfigDict(saved)
+    _upgrade_eval_batches(config)
     for key, value in ADDED_KEYS.items():
         *parents, leaf = key.split('.')
         node = config

@@ -10,10 +10,12 @@ from collections.abc import Callable
 
 import jax
 import ml_collections
+from absl import logging
 
 from lm.checkpoint import Checkpointer, param_shapes, read_latest_meta
 from lm.config import ModelConfig, upgrade_config
 from lm.data import Corpus, check_corpus_size, check_data_config, load_corpus
+from lm.evaluation import check_eval_config
 from lm.model import model_config
 from lm.optimizer import check_train_config, make_optimizer
 from lm.sharding import data_parallel_size, make_mesh, rules_table, set_cpu_devices
@@ -34,15 +36,13 @@ def check_loop_config(config: ml_collections.ConfigDict) -> None:
     for name in ('eval_every', 'log_every', 'checkpoint_every', 'keep_checkpoints'):
         if config[name] <= 0:
             raise ValueError(f'config.{name} must be > 0, got {config[name]}')
-    if config.eval_batches < 0:
-        raise ValueError(
-            f'config.eval_batches must be >= 0 (0 = whole split), got {config.eval_batches}'
-        )
 
 
 def prepare(config: ml_collections.ConfigDict) -> Experiment:
     """Checks every setting (one-line errors), tokenises the data, builds mesh and shardings."""
-    config = ml_collections.ConfigDict(config.to_dict())  # private copy; vocab_size is filled in
+    if 'eval_batches' in config:
+        logging.warning('config.eval_batches is deprecated: converted to config.eval_tokens')
+    config = upgrade_config(config.to_dict())  # private copy; vocab_size is filled in
     check_loop_config(config)
     check_train_config(config.train)
     check_data_config(config.data)
@@ -60,6 +60,7 @@ def prepare(config: ml_collections.ConfigDict) -> Experiment:
             f' per micro-batch) must be divisible by the data-parallel size {dp} and by the '
             f'{jax.process_count()} processes'
         )
+    check_eval_config(config, dp)
     corpus = load_corpus(config.data)
     check_corpus_size(corpus, config.train.batch_size, config.data.seq_len)
     if vocab_given and vocab_given < corpus.tokenizer.vocab_size:

@@ -184,9 +184,14 @@ def make_train_step(
 
 
 def make_eval_step(setup: Setup) -> Callable:
-    """(params, batch [B, T+1]) -> summed nats over all B·T predicted tokens."""
+    """(params, batch [B, T+1] int32, weights [B, T] float32) -> [B] weighted nats per row,
+    replicated on every device (each process reads all rows)."""
 
-    def step(params: dict, batch_BT1: jax.Array) -> jax.Array:
-        return token_losses(setup, params, batch_BT1).sum()
+    def step(params: dict, batch_BT1: jax.Array, weights_BT: jax.Array) -> jax.Array:
+        return (token_losses(setup, params, batch_BT1) * weights_BT).sum(axis=-1)
 
-    return jax.jit(step, in_shardings=(setup.state_sharding['params'], setup.batch_sharding))
+    return jax.jit(
+        step,
+        in_shardings=(setup.state_sharding['params'], setup.batch_sharding, setup.batch_sharding),
+        out_shardings=NamedSharding(setup.mesh, PartitionSpec()),
+    )
