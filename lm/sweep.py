@@ -16,6 +16,8 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from lm import stats
+from lm.fairness import DESCRIPTIONS
 from lm.model import model_config
 
 SHORT = {
@@ -117,59 +119,136 @@ def run_name(point: dict[str, Any]) -> str:
     return '_'.join(parts) or 'base'
 
 
-def summarise(sweep_dir: str, runs: list[dict]) -> list[dict]:
-    """Writes summary.csv, summary.md and summary.png; returns the rows (one per point).
+def _results(runs: list[dict]) -> dict[str, list[tuple[int, dict]]]:
+    """point -> [(seed, results.json), ...] in the order points first appear."""
+    by_point: dict[str, list[tuple[int, dict]]] = {}
+    for r in runs:
+        with open(os.path.join(r['workdir'], 'results.json')) as f:
+            by_point.setdefault(r['point'], []).append((r['config'].seed, json.load(f)))
+    return by_point
+
+
+def _reference(rows: list[dict]) -> dict:
+    """The row differences are taken against: the first MHA point, else the first point."""
+    return next((r for r in rows if r['attention'] == 'mha'), rows[0])
+
+
+def summarise(sweep_dir: str, runs: list[dict], match: str = 'width') -> list[dict]:
+    """Writes summary.csv, summary_pairs.csv, summary.md and summary.png; returns the rows.
 
     runs: [{'point': name, 'config': ConfigDict, 'workdir': path}, ...] (one per seed).
+    Loss per point: mean, sample std (ddof 1) and 95% t-interval over seeds; between points:
+    the paired difference over the seeds both ran (same seed = same data order), resolved when
+    its 95% interval excludes 0. `match` is the fairness the sweep used (`lm.fairness`).
     """
-    by_point: dict[str, list[dict]] = {}
-    for r in runs:
-        by_point.setdefault(r['point'], []).append(r)
+    by_point = _results(runs)
+    losses = {p: {s: x['eval']['loss'] for s, x in res} for p, res in by_point.items()}
     rows = []
-    for name, seeds in by_point.items():
-        results = []
-        for r in seeds:
-            with open(os.path.join(r['workdir'], 'results.json')) as f:
-                results.append(json.load(f))
+    for name, res in by_point.items():
+        results = [x for _, x in res]
         model = results[0]['model']
-        loss = [x['eval']['loss'] for x in results]
-        ppl = [x['eval']['perplexity'] for x in results]
+        loss = stats.estimate(list(losses[name].values()))
+        ppl = stats.estimate([x['eval']['perplexity'] for x in results])
         rows.append(
             {
                 'point': name,
                 'attention': model['attention'],
                 'num_heads': model['num_heads'],
                 'num_kv_heads': model['num_kv_heads'],
+                'mlp_dim': model['mlp_dim'],
                 'params': results[0]['params'],
                 'kv_cache_bytes_per_token': results[0]['kv_cache_bytes_per_token'],
                 'tokens_per_sec': float(np.median([x['tokens_per_sec'] for x in results])),
-                'eval_loss': float(np.mean(loss)),
-                'eval_loss_std': float(np.std(loss)),
-                'eval_perplexity': float(np.mean(ppl)),
-                'eval_perplexity_std': float(np.std(ppl)),
-                'seeds': len(results),
+                'eval_loss': loss.mean,
+                'eval_loss_std': loss.std,
+                'eval_loss_ci_lo': loss.lo,
+                'eval_loss_ci_hi': loss.hi,
+                'eval_loss_stderr_windows': float(
+                    np.mean([x['eval'].get('loss_stderr', np.nan) for x in results])
+                ),
+                'eval_tokens': results[0]['eval'].get('tokens', 0),
+                'eval_perplexity': ppl.mean,
+                'eval_perplexity_std': ppl.std,
+                'seeds': loss.n,
             }
         )
-    with open(os.path.join(sweep_dir, 'summary.csv'), 'w', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = [
-        '| run | attention | H | KV heads | params | KV cache B/token (bf16) | train tok/s | '
-        'eval loss | eval perplexity | seeds |',
-        '|---|---|---|---|---|---|---|---|---|---|',
-    ]
-    for r in rows:
-        lines.append(
-            f'| {r["point"]} | {r["attention"]} | {r["num_heads"]} | {r["num_kv_heads"]} | '
-            f'{r["params"]:,} | {r["kv_cache_bytes_per_token"]:,} | {r["tokens_per_sec"]:,.0f} | '
-            f'{r["eval_loss"]:.4f} ± {r["eval_loss_std"]:.4f} | '
-            f'{r["eval_perplexity"]:.3f} ± {r["eval_perplexity_std"]:.3f} | {r["seeds"]} |'
-        )
+    ref = _reference(rows)
+    pairs = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1 :]:
+            d = stats.paired_difference(losses[a['point']], losses[b['point']])
+            pairs.append(
+                {
+                    'a': a['point'],
+                    'b': b['point'],
+                    'loss_diff': d.mean,
+                    'loss_diff_std': d.std,
+                    'ci_lo': d.lo,
+                    'ci_hi': d.hi,
+                    'seeds': d.n,
+                    'resolved': d.resolved,
+                    'ordering': stats.ordering(a['point'], b['point'], d),
+                }
+            )
+    _write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
+    _write_csv(os.path.join(sweep_dir, 'summary_pairs.csv'), pairs)
     with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+        f.write(_markdown(rows, pairs, ref, losses, match))
     _plot(rows, os.path.join(sweep_dir, 'summary.png'))
     return rows
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    with open(path, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['point'])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _markdown(rows: list[dict], pairs: list[dict], ref: dict, losses: dict, match: str) -> str:
+    spread = max(abs(r['params'] - ref['params']) / ref['params'] for r in rows)
+    tokens = sorted({r['eval_tokens'] for r in rows})
+    lines = [
+        f'Fairness: {DESCRIPTIONS[match]} (largest parameter gap to {ref["point"]}: {spread:.2%}).',
+        f'Evaluation: {", ".join(f"{t:,}" for t in tokens)} validation tokens per run, each '
+        'scored once (lm.evaluation). Loss: mean ± sample std (ddof 1) over seeds, with its 95% '
+        f't-interval; Δ vs {ref["point"]}: paired difference over seeds (same seed = same data '
+        'order), ✓ = resolved at 95% (interval excludes 0).',
+        '',
+        '| run | attention | H | KV heads | mlp_dim | params | KV cache B/token (bf16) | '
+        'train tok/s | eval loss | 95% CI | eval perplexity | seeds | '
+        f'Δ loss vs {ref["point"]} (95% CI) |',
+        '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+    ]
+    for r in rows:
+        loss = stats.estimate(list(losses[r['point']].values()))
+        if r is ref:
+            delta = '—'
+        else:
+            d = stats.paired_difference(losses[r['point']], losses[ref['point']])
+            delta = f'{d.mean:+.4f} {d.interval()}{" ✓" if d.resolved else ""}'
+        lines.append(
+            f'| {r["point"]} | {r["attention"]} | {r["num_heads"]} | {r["num_kv_heads"]} | '
+            f'{r["mlp_dim"]} | {r["params"]:,} | {r["kv_cache_bytes_per_token"]:,} | '
+            f'{r["tokens_per_sec"]:,.0f} | {r["eval_loss"]:.4f} ± {r["eval_loss_std"]:.4f} | '
+            f'{loss.interval()} | {r["eval_perplexity"]:.3f} ± '
+            f'{r["eval_perplexity_std"]:.3f} | {r["seeds"]} | {delta} |'
+        )
+    lines += [
+        '',
+        'Orderings (eval loss, paired over seeds; resolved when the 95% interval of the '
+        'difference excludes 0):',
+        '',
+        '| a | b | Δ loss a − b | 95% CI | seeds | ordering |',
+        '|---|---|---|---|---|---|',
+    ]
+    for p in pairs:
+        d = stats.Estimate(p['seeds'], p['loss_diff'], p['loss_diff_std'], p['ci_lo'], p['ci_hi'])
+        lines.append(
+            f'| {p["a"]} | {p["b"]} | {p["loss_diff"]:+.4f} | {d.interval()} | {p["seeds"]} | '
+            f'{p["ordering"]}{" ✓" if p["resolved"] else ""} |'
+        )
+    return '\n'.join(lines) + '\n'
 
 
 def _plot(rows: list[dict], path: str) -> None:
@@ -188,7 +267,7 @@ def _plot(rows: list[dict], path: str) -> None:
             ax.errorbar(
                 [r['kv_cache_bytes_per_token'] for r in pts],
                 [r['eval_perplexity'] for r in pts],
-                yerr=[r['eval_perplexity_std'] for r in pts],
+                yerr=[np.nan_to_num(r['eval_perplexity_std']) for r in pts],
                 fmt=marker,
                 ms=7,
                 capsize=3,
