@@ -112,12 +112,13 @@ ADDED_KEYS = {
 def _upgrade_eval_batches(config: ml_collections.ConfigDict) -> None:
     """An old `eval_batches = N` becomes `eval_tokens`: 0 (whole split) stays 0; N > 0 keeps its
     cost, N · batch_size · seq_len tokens, now spread evenly over the whole split instead of
-    taken from its start (the first windows were not representative; issue 14)."""
+    taken from its start (the first windows were not representative; issue 14). An explicit
+    `eval_tokens` > 0 beside it wins."""
     if 'eval_batches' not in config:
         return
     n = config.eval_batches
     del config['eval_batches']
-    if 'eval_tokens' not in config:
+    if not config.get('eval_tokens'):
         config.eval_tokens = n * config.train.batch_size * config.data.seq_len if n > 0 else 0
 
 

@@ -40,9 +40,15 @@ def check_loop_config(config: ml_collections.ConfigDict) -> None:
 
 def prepare(config: ml_collections.ConfigDict) -> Experiment:
     """Checks every setting (one-line errors), tokenises the data, builds mesh and shardings."""
-    if 'eval_batches' in config:
-        logging.warning('config.eval_batches is deprecated: converted to config.eval_tokens')
+    old_eval_batches = config.get('eval_batches')
     config = upgrade_config(config.to_dict())  # private copy; vocab_size is filled in
+    if old_eval_batches is not None:
+        logging.warning(
+            'config.eval_batches=%d is replaced by config.eval_tokens: evaluating %d tokens '
+            '(0 = the whole split)',
+            old_eval_batches,
+            config.eval_tokens,
+        )
     check_loop_config(config)
     check_train_config(config.train)
     check_data_config(config.data)

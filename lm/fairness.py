@@ -69,7 +69,7 @@ def match_parameters(
         got = param_counts(_model(config, vocab, max(mlp_dim, 1)))['total']
         if mlp_dim < 1 or abs(got - target) > TOLERANCE * target:
             raise ValueError(
-                f'--match=params: {name} cannot come within 1% of the reference\'s {target:,} '
+                f"--match=params: {name} cannot come within 1% of the reference's {target:,} "
                 f'parameters by its MLP width (mlp_dim={mlp_dim} gives {got:,})'
             )
         matched = ml_collections.ConfigDict(copy.deepcopy(config.to_dict()))

@@ -108,3 +108,12 @@ def test_old_eval_batches_becomes_eval_tokens_of_the_same_cost():
 def test_negative_eval_settings_are_refused(tmp_path, words_text, key):
     with pytest.raises(ValueError, match=rf'^config.{key} must be >= 0, got -1$'):
         prepare(tiny_train_config(tmp_path, words_text, **{key: -1}))
+
+
+def test_an_old_config_file_with_eval_batches_still_runs(tmp_path, words_text):
+    config = tiny_train_config(tmp_path, words_text)
+    config.eval_batches = 2  # as an old config file built on configs/base.py would set it
+    exp = prepare(config)
+    assert exp.config.eval_tokens == 2 * 4 * 16 and 'eval_batches' not in exp.config
+    config.eval_tokens = 48  # an explicit eval_tokens wins
+    assert prepare(config).config.eval_tokens == 48
