@@ -109,6 +109,23 @@ def plan(base, sweep_dir: str, module, match: str = 'width') -> list[dict]:
     return runs
 
 
+def check_same_fairness(sweep_dir: str, match: str) -> None:
+    """Records the sweep's fairness in <sweep_dir>/match; a re-run with another one (whose
+    finished runs would be skipped as done) stops with a one-line error."""
+    path = os.path.join(sweep_dir, 'match')
+    if os.path.exists(path):
+        with open(path) as f:
+            before = f.read().strip()
+        if before != match:
+            raise ValueError(
+                f'--match={match}: {sweep_dir} holds a --match={before} sweep; use another '
+                '--sweep_dir'
+            )
+    os.makedirs(sweep_dir, exist_ok=True)
+    with open(path, 'w') as f:
+        f.write(match + '\n')
+
+
 def execute(run: dict, tb_dir: str) -> str:
     workdir = run['workdir']
     if os.path.exists(os.path.join(workdir, 'results.json')):
@@ -141,6 +158,7 @@ def run() -> int:
     module = load_sweep_file(config_flags.get_config_filename(flags.FLAGS['config']))
     match = fairness(module)
     runs = plan(_CONFIG.value, sweep_dir, module, match)
+    check_same_fairness(sweep_dir, match)
     print(f'{len(runs)} runs in {sweep_dir}')
     t = time.time()
     tb_dir = os.path.join(sweep_dir, 'tb')

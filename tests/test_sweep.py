@@ -87,6 +87,11 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
 
     again = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}', '--match=params')
     assert again.returncode == 0 and again.stdout.count('finished earlier, skipped') == 5
+    other = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}')  # width by default
+    assert other.returncode == 1 and other.stderr.strip().splitlines()[-1] == (
+        f'error: --match=width: {tmp_path / "sw"} holds a --match=params sweep; use another '
+        '--sweep_dir'
+    )
 
 
 def test_grid_errors_before_any_run(tmp_path, small_text):
