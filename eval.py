@@ -1,7 +1,10 @@
 """Evaluate a run's checkpoint and log the result next to its training curves.
 
+The protocol is the run's own (`lm.evaluation`: config.eval_tokens and eval_batch_size), so on
+the run's validation split this gives exactly the loss its training logged at that step.
+
   python eval.py --workdir=runs/quickstart                  # latest checkpoint, validation split
-  python eval.py --workdir=runs/quickstart --step=500 --split=train
+  python eval.py --workdir=runs/quickstart --step=500 --split=train --eval_tokens=100000
   python eval.py --workdir=runs/gqa2 --config=configs/shakespeare_char.py \
       --config.data.path=other.txt                          # another data source
 """
@@ -14,7 +17,7 @@ from ml_collections import config_flags
 from lm.checkpoint import Checkpointer
 from lm.cli import bootstrap, define_distributed_flags, run_app
 from lm.config_migration import upgrade_config
-from lm.evaluation import evaluate
+from lm.evaluation import eval_batch_size, evaluate
 from lm.experiment import prepare, restore, stored_config
 from lm.summary import Summary, run_logdir
 from lm.train_step import make_eval_step
@@ -24,7 +27,9 @@ _WORKDIR = flags.DEFINE_string(
 )
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default: the latest.')
 _SPLIT = flags.DEFINE_enum('split', 'validation', ['train', 'validation'], 'Split to evaluate.')
-_BATCHES = flags.DEFINE_integer('eval_batches', 0, 'Batches to evaluate; 0 = the whole split.')
+_TOKENS = flags.DEFINE_integer(
+    'eval_tokens', None, "Tokens to evaluate (0 = whole split); default: the run's config."
+)
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, "Optional config whose data (source, path, tokenizer) replaces the run's."
 )
@@ -40,7 +45,9 @@ def run() -> int:
     own_data = _CONFIG.value is None
     if not own_data:
         config.data = _CONFIG.value.data
-    config.eval_batches = _BATCHES.value
+    own_tokens = config.eval_tokens
+    if _TOKENS.value is not None:
+        config.eval_tokens = _TOKENS.value
     exp = prepare(config)
     step, state, _ = restore(ckpt, exp.ctx, _STEP.value)
     ckpt.close()
@@ -49,9 +56,9 @@ def run() -> int:
         state['params'],
         exp.corpus,
         _SPLIT.value,
-        batch_size=config.train.batch_size,
+        batch_size=eval_batch_size(exp.config),
         seq_len=config.data.seq_len,
-        num_batches=_BATCHES.value,
+        eval_tokens=exp.config.eval_tokens,
         batch_sharding=exp.ctx.batch_sharding,
     )
     same = own_data or exp.corpus.fingerprint == meta['data_fingerprint']
@@ -60,6 +67,9 @@ def run() -> int:
         if same and _SPLIT.value == 'validation'
         else (f'eval_{config.data.source}_{exp.corpus.fingerprint[:6]}_{_SPLIT.value}')
     )
+    if exp.config.eval_tokens != own_tokens:  # another protocol: never overwrite the run's
+        prefix += f'_tokens{exp.config.eval_tokens}'
+
     print(json.dumps({'step': step, 'split': _SPLIT.value, 'tag': prefix, **metrics}))
     tb = Summary(run_logdir(_WORKDIR.value, _TB_DIR.value))
     tb.scalars(step, {f'{prefix}/{k}': v for k, v in metrics.items()})

@@ -26,5 +26,6 @@ def get_config(variant: str = 'mha'):
     )
     config.data.update(seq_len=1024)
     config.train.update(batch_size=16, steps=5000, warmup_steps=500, lr=6e-4, min_lr=6e-5, b2=0.95)
-    config.update(eval_every=500, eval_batches=20, log_every=50, checkpoint_every=1000)
+    config.update(eval_every=500, log_every=50, checkpoint_every=1000)
+    config.eval_batch_size = 0  # the training batch: 96 windows of 1024 would not fit
     return config

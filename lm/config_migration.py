@@ -23,12 +23,29 @@ ADDED_KEYS = {
     'model.latent_norm_eps': 0.0,
     'data.eos_token': '',
     'train.max_loss_ratio': 0.0,
+    'eval_tokens': 0,
+    'eval_batch_size': 0,
 }
 
 
+def _upgrade_eval_batches(config: ml_collections.ConfigDict) -> None:
+    """An old `eval_batches = N` becomes `eval_tokens`: 0 (whole split) stays 0; N > 0 keeps its
+    cost, N · batch_size · seq_len tokens, now spread evenly over the whole split instead of
+    taken from its start (the first windows were not representative; issue 14). An explicit
+    `eval_tokens` > 0 beside it wins."""
+    if 'eval_batches' not in config:
+        return
+    n = config.eval_batches
+    del config['eval_batches']
+    if not config.get('eval_tokens'):
+        config.eval_tokens = n * config.train.batch_size * config.data.seq_len if n > 0 else 0
+
+
 def upgrade_config(saved: dict) -> ml_collections.ConfigDict:
-    """A config saved with a checkpoint, with the keys added since it was written filled in."""
+    """A config saved with a checkpoint (or an older config file), with the keys added since it
+    was written filled in and `eval_batches` converted to `eval_tokens`."""
     config = ml_collections.ConfigDict(saved)
+    _upgrade_eval_batches(config)
     for key, value in ADDED_KEYS.items():
         *parents, leaf = key.split('.')
         node = config

@@ -11,7 +11,8 @@ Sources (`config.data.source`):
 Each split is tokenised once into `<cache_dir>/<fingerprint>/<split>.bin` (uint16 or uint32),
 where the fingerprint covers the source's contents and the tokenizer. A training batch is the
 `step`-th draw of random windows from a generator seeded with (seed, step); process p of P takes
-rows [p·B/P, (p+1)·B/P), so resuming is exact and hosts read disjoint rows.
+rows [p·B/P, (p+1)·B/P), so resuming is exact and hosts read disjoint rows. Evaluation scores
+non-overlapping windows of the held-out split (`eval_windows`), each target token once.
 """
 
 from __future__ import annotations
@@ -282,22 +283,50 @@ def call_batch(
     return rows[0] if steps == 1 else np.stack(rows)
 
 
+def eval_windows(num_tokens: int, seq_len: int, eval_tokens: int = 0) -> np.ndarray:
+    """Start offsets of the evaluation windows of a split of `num_tokens` tokens.
+
+    The split's num_tokens - 1 next-token targets are cut into W = ceil((num_tokens - 1) / T)
+    non-overlapping windows of T = seq_len (the last one partial), so every target is scored
+    exactly once. `eval_tokens` > 0 keeps ceil(eval_tokens / T) of them (at most W), spread
+    evenly over the whole split (window floor(i · W / k) for i < k) rather than its start.
+    """
+    num_windows = -(-(num_tokens - 1) // seq_len)
+    starts = np.arange(num_windows, dtype=np.int64) * seq_len
+    if eval_tokens:
+        k = min(num_windows, -(-eval_tokens // seq_len))
+        starts = starts[np.arange(k, dtype=np.int64) * num_windows // k]
+    return starts
+
+
+def window_targets(num_tokens: int, starts: np.ndarray, seq_len: int) -> np.ndarray:
+    """Targets each window scores: T, or fewer for the split's last window."""
+    return np.minimum(seq_len, num_tokens - 1 - starts)
+
+
 def eval_batches(
     tokens: np.ndarray,
+    starts: np.ndarray,
     *,
     batch_size: int,
     seq_len: int,
-    num_batches: int,
     process_index: int = 0,
     process_count: int = 1,
-) -> list[np.ndarray]:
-    """Consecutive non-overlapping windows from the start of the split (the same every eval);
-    `num_batches` of them, or as many whole batches as the split holds (0 = all)."""
-    available = (len(tokens) - 1) // seq_len // batch_size
-    n = min(num_batches, available) if num_batches else available
-    batches = []
-    for b in range(n):
-        starts = (b * batch_size + np.arange(batch_size)) * seq_len
-        starts = starts[_rows(batch_size, process_index, process_count)]
-        batches.append(np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32))
-    return batches
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """This process's rows of each evaluation batch: (tokens int32 [B/P, T + 1], target weights
+    float32 [B/P, T]), windows `starts` in order, B per batch.
+
+    Every batch has the same shape (one compiled eval step): the split's last window is padded
+    with token 0 and the last batch with whole padding rows, all of weight 0.
+    """
+    n = len(tokens)
+    counts = window_targets(n, starts, seq_len)
+    rows = _rows(batch_size, process_index, process_count)
+    for first in range(0, len(starts), batch_size):
+        batch = np.zeros((batch_size, seq_len + 1), np.int32)
+        weights = np.zeros((batch_size, seq_len), np.float32)
+        chunk = slice(first, first + batch_size)
+        for r, (s, c) in enumerate(zip(starts[chunk], counts[chunk], strict=True)):
+            batch[r, : c + 1] = tokens[s : s + c + 1]
+            weights[r, :c] = 1.0
+        yield batch[rows], weights[rows]

@@ -11,12 +11,14 @@ from collections.abc import Callable
 
 import jax
 import ml_collections
+from absl import logging
 from jax.sharding import Mesh
 
 from lm.checkpoint import Checkpointer, check_same_shapes, param_shapes, read_latest_meta
 from lm.config import ModelConfig
 from lm.config_migration import upgrade_config
 from lm.data import Corpus, check_corpus_size, check_data_config, load_corpus
+from lm.evaluation import check_eval_config
 from lm.model import check_model_config, model_config
 from lm.optimizer import check_train_config, lr_schedule, make_optimizer
 from lm.sharding import data_parallel_size, make_mesh, rules_table, set_cpu_devices
@@ -39,10 +41,6 @@ def check_loop_config(config: ml_collections.ConfigDict) -> None:
     for name in ('eval_every', 'log_every', 'checkpoint_every', 'keep_checkpoints'):
         if config[name] <= 0:
             raise ValueError(f'config.{name} must be > 0, got {config[name]}')
-    if config.eval_batches < 0:
-        raise ValueError(
-            f'config.eval_batches must be >= 0 (0 = whole split), got {config.eval_batches}'
-        )
     seed = config.seed  # jax.random.key reads 2**32 and above as smaller seeds (no x64)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f'config.seed must be an integer in [0, 2**32), got {seed!r}')
@@ -63,7 +61,8 @@ def step_context(
     return make_step_context(cfg, tx, mesh, rules_table(config.mesh), config.seed, schedule)
 
 
-def _check_batch_divides(config: ml_collections.ConfigDict) -> None:
+def _check_batch_divides(config: ml_collections.ConfigDict) -> int:
+    """The data-parallel size, after checking the batch divides by it and by the processes."""
     dp = data_parallel_size(make_mesh(config.mesh), rules_table(config.mesh))
     per_micro = config.train.batch_size // config.train.grad_accum_steps
     if per_micro % dp or config.train.batch_size % jax.process_count():
@@ -72,17 +71,26 @@ def _check_batch_divides(config: ml_collections.ConfigDict) -> None:
             f' per micro-batch) must be divisible by the data-parallel size {dp} and by the '
             f'{jax.process_count()} processes'
         )
+    return dp
 
 
 def prepare(config: ml_collections.ConfigDict) -> Experiment:
     """Checks every setting (one-line errors), tokenises the data, builds mesh and shardings."""
-    config = ml_collections.ConfigDict(config.to_dict())  # private copy; vocab_size is recorded
+    old_eval_batches = config.get('eval_batches')
+    config = upgrade_config(config.to_dict())  # private copy; vocab_size is recorded
+    if old_eval_batches is not None:
+        logging.warning(
+            'config.eval_batches=%d is replaced by config.eval_tokens: evaluating %d tokens '
+            '(0 = the whole split)',
+            old_eval_batches,
+            config.eval_tokens,
+        )
     check_loop_config(config)
     check_train_config(config.train)
     check_data_config(config.data)
     check_model_config(config.model)  # model errors before reading any data
     set_cpu_devices(config.mesh)
-    _check_batch_divides(config)
+    check_eval_config(config, _check_batch_divides(config))
     corpus = load_corpus(config.data)
     check_corpus_size(corpus, config.train.batch_size, config.data.seq_len)
     cfg = model_config(config.model, corpus.tokenizer.vocab_size)

@@ -2,6 +2,8 @@
 
 A point is a dict of dotted config keys to values ({'model.num_heads': 8, ...}); a sweep is the
 points of a sweep file times the cartesian product of `--grid key=v1,v2` flags, times seeds.
+The summary reports each point's loss over seeds and every paired difference between points
+with `lm.stats` (sample std, 95% t-intervals, resolved orderings).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from lm import accounting, attention
+from lm import accounting, attention, stats
 from lm.config import parse_assignment, with_values
 from lm.experiment import stored_config
+from lm.fairness import DESCRIPTIONS
 from lm.model import check_model_config, model_config
 
 SHORT = {
@@ -71,61 +74,148 @@ def run_name(point: dict[str, Any]) -> str:
     return '_'.join(parts) or 'base'
 
 
-def summarise(sweep_dir: str, runs: list[dict]) -> list[dict]:
-    """Writes summary.csv, summary.md and summary.png; returns the rows (one per point).
+def _results(runs: list[dict]) -> dict[str, list[tuple[int, dict]]]:
+    """point -> [(seed, results.json), ...] in the order points first appear."""
+    by_point: dict[str, list[tuple[int, dict]]] = {}
+    for r in runs:
+        with open(os.path.join(r['workdir'], 'results.json')) as f:
+            by_point.setdefault(r['point'], []).append((r['config'].seed, json.load(f)))
+    return by_point
+
+
+def _reference(rows: list[dict]) -> dict:
+    """The row differences are taken against: the first MHA point, else the first point."""
+    return next((r for r in rows if r['attention'] == 'mha'), rows[0])
+
+
+def summarise(sweep_dir: str, runs: list[dict], match: str = 'width') -> list[dict]:
+    """Writes summary.csv, summary_pairs.csv, summary.md and summary.png; returns the rows.
 
     runs: [{'point': name, 'config': ConfigDict, 'workdir': path}, ...] (one per seed).
+    Loss per point: mean, sample std (ddof 1) and 95% t-interval over seeds; between points:
+    the paired difference over the seeds both ran (same seed = same data order), resolved when
+    its 95% interval excludes 0. `match` is the fairness the sweep used (`lm.fairness`).
     """
-    by_point: dict[str, list[dict]] = {}
+    by_point = _results(runs)
+    workdirs = {}
     for r in runs:
-        by_point.setdefault(r['point'], []).append(r)
-    rows = [_summary_row(name, seeds) for name, seeds in by_point.items()]
-    with open(os.path.join(sweep_dir, 'summary.csv'), 'w', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = [
-        '| run | attention | H | KV heads | params | KV cache B/token (bf16) | train tok/s | '
-        'eval loss | eval perplexity | seeds |',
-        '|---|---|---|---|---|---|---|---|---|---|',
-    ]
-    for r in rows:
-        lines.append(
-            f'| {r["point"]} | {r["attention"]} | {r["num_heads"]} | {r["kv_heads"]} | '
-            f'{r["params"]:,} | {r["kv_cache_bytes_per_token"]:,} | {r["tokens_per_sec"]:,.0f} | '
-            f'{r["eval_loss"]:.4f} ± {r["eval_loss_std"]:.4f} | '
-            f'{r["eval_perplexity"]:.3f} ± {r["eval_perplexity_std"]:.3f} | {r["seeds"]} |'
+        workdirs.setdefault(r['point'], r['workdir'])
+    losses = {p: {s: x['eval']['loss'] for s, x in res} for p, res in by_point.items()}
+    rows = []
+    for name, res in by_point.items():
+        results = [x for _, x in res]
+        model = _point_model(workdirs[name])
+        loss = stats.estimate(list(losses[name].values()))
+        ppl = stats.estimate([x['eval']['perplexity'] for x in results])
+        rows.append(
+            {
+                'point': name,
+                **model,
+                'tokens_per_sec': float(np.median([x['tokens_per_sec'] for x in results])),
+                'eval_loss': loss.mean,
+                'eval_loss_std': loss.std,
+                'eval_loss_ci_lo': loss.lo,
+                'eval_loss_ci_hi': loss.hi,
+                'eval_loss_stderr_windows': float(
+                    np.mean([x['eval'].get('loss_stderr', np.nan) for x in results])
+                ),
+                'eval_tokens': results[0]['eval'].get('tokens', 0),
+                'eval_perplexity': ppl.mean,
+                'eval_perplexity_std': ppl.std,
+                'seeds': loss.n,
+            }
         )
+    ref = _reference(rows)
+    pairs = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1 :]:
+            d = stats.paired_difference(losses[a['point']], losses[b['point']])
+            pairs.append(
+                {
+                    'a': a['point'],
+                    'b': b['point'],
+                    'loss_diff': d.mean,
+                    'loss_diff_std': d.std,
+                    'ci_lo': d.lo,
+                    'ci_hi': d.hi,
+                    'seeds': d.n,
+                    'resolved': d.resolved,
+                    'ordering': stats.ordering(a['point'], b['point'], d),
+                }
+            )
+    _write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
+    _write_csv(os.path.join(sweep_dir, 'summary_pairs.csv'), pairs)
     with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+        f.write(_markdown(rows, pairs, ref, losses, match))
     _plot(rows, os.path.join(sweep_dir, 'summary.png'))
     return rows
 
 
-def _summary_row(name: str, seeds: list[dict]) -> dict:
-    """One point's row: its model's size and bf16 KV cache (from the run's saved config), the
-    median training throughput and the mean ± std of the final eval over seeds."""
-    results = []
-    for r in seeds:
-        with open(os.path.join(r['workdir'], 'results.json')) as f:
-            results.append(json.load(f))
-    cfg = model_config(stored_config(seeds[0]['workdir']).model)
-    loss = [x['eval']['loss'] for x in results]
-    ppl = [x['eval']['perplexity'] for x in results]
+def _point_model(workdir: str) -> dict:
+    """A point's model columns, from its run's saved config: size, what its KV cache holds and
+    its bf16 KV-cache bytes per token."""
+    cfg = model_config(stored_config(workdir).model)
     return {
-        'point': name,
         'attention': cfg.attention,
         'num_heads': cfg.num_heads,
         'kv_heads': attention.variant(cfg).kv_heads(cfg),
+        'mlp_dim': cfg.mlp_dim,
         'params': accounting.param_counts(cfg)['total'],
         'kv_cache_bytes_per_token': accounting.kv_cache_bytes_per_token(cfg, 'bfloat16'),
-        'tokens_per_sec': float(np.median([x['tokens_per_sec'] for x in results])),
-        'eval_loss': float(np.mean(loss)),
-        'eval_loss_std': float(np.std(loss)),
-        'eval_perplexity': float(np.mean(ppl)),
-        'eval_perplexity_std': float(np.std(ppl)),
-        'seeds': len(results),
     }
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    with open(path, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['point'])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _markdown(rows: list[dict], pairs: list[dict], ref: dict, losses: dict, match: str) -> str:
+    spread = max(abs(r['params'] - ref['params']) / ref['params'] for r in rows)
+    tokens = sorted({r['eval_tokens'] for r in rows})
+    lines = [
+        f'Fairness: {DESCRIPTIONS[match]} (largest parameter gap to {ref["point"]}: {spread:.2%}).',
+        f'Evaluation: {", ".join(f"{t:,}" for t in tokens)} validation tokens per run, each '
+        'scored once (lm.evaluation). Loss: mean ± sample std (ddof 1) over seeds, with its 95% '
+        f't-interval; Δ vs {ref["point"]}: paired difference over seeds (same seed = same data '
+        'order), ✓ = resolved at 95% (interval excludes 0).',
+        '',
+        '| run | attention | H | KV heads | mlp_dim | params | KV cache B/token (bf16) | '
+        'train tok/s | eval loss | 95% CI | eval perplexity | seeds | '
+        f'Δ loss vs {ref["point"]} (95% CI) |',
+        '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+    ]
+    for r in rows:
+        loss = stats.estimate(list(losses[r['point']].values()))
+        if r is ref:
+            delta = '—'
+        else:
+            d = stats.paired_difference(losses[r['point']], losses[ref['point']])
+            delta = f'{d.mean:+.4f} {d.interval()}{" ✓" if d.resolved else ""}'
+        lines.append(
+            f'| {r["point"]} | {r["attention"]} | {r["num_heads"]} | {r["kv_heads"]} | '
+            f'{r["mlp_dim"]} | {r["params"]:,} | {r["kv_cache_bytes_per_token"]:,} | '
+            f'{r["tokens_per_sec"]:,.0f} | {r["eval_loss"]:.4f} ± {r["eval_loss_std"]:.4f} | '
+            f'{loss.interval()} | {r["eval_perplexity"]:.3f} ± '
+            f'{r["eval_perplexity_std"]:.3f} | {r["seeds"]} | {delta} |'
+        )
+    lines += [
+        '',
+        'Orderings (eval loss, paired over seeds; resolved when the 95% interval of the '
+        'difference excludes 0):',
+        '',
+        '| a | b | Δ loss a − b | 95% CI | seeds | ordering |',
+        '|---|---|---|---|---|---|',
+    ]
+    for p in pairs:
+        d = stats.Estimate(p['seeds'], p['loss_diff'], p['loss_diff_std'], p['ci_lo'], p['ci_hi'])
+        lines.append(
+            f'| {p["a"]} | {p["b"]} | {p["loss_diff"]:+.4f} | {d.interval()} | {p["seeds"]} | '
+            f'{p["ordering"]}{" ✓" if p["resolved"] else ""} |'
+        )
+    return '\n'.join(lines) + '\n'
 
 
 MARKERS = 'os^Dv<>ph*'  # one per attention kind, in registry order
@@ -148,7 +238,7 @@ def _plot(rows: list[dict], path: str) -> list[str]:
             ax.errorbar(
                 [r['kv_cache_bytes_per_token'] for r in pts],
                 [r['eval_perplexity'] for r in pts],
-                yerr=[r['eval_perplexity_std'] for r in pts],
+                yerr=[np.nan_to_num(r['eval_perplexity_std']) for r in pts],
                 fmt=marker,
                 ms=7,
                 capsize=3,

@@ -21,7 +21,7 @@ from lm import accounting, attention, perf
 from lm.checkpoint import Checkpointer, read_latest_meta
 from lm.config import ModelConfig
 from lm.data import call_batch
-from lm.evaluation import evaluate
+from lm.evaluation import eval_batch_size, evaluate
 from lm.experiment import Experiment, checkpoint_meta, prepare, restore
 from lm.loss_spike import LossSpikeGuard
 from lm.sharding import set_cpu_devices
@@ -353,16 +353,19 @@ class _Run:
             self.state['params'],
             exp.corpus,
             'validation',
-            batch_size=c.train.batch_size,
+            batch_size=eval_batch_size(c),
             seq_len=c.data.seq_len,
-            num_batches=c.eval_batches,
+            eval_tokens=c.eval_tokens,
             batch_sharding=exp.ctx.batch_sharding,
         )
         self.tb.scalars(step, {f'eval/{k}': v for k, v in metrics.items()})
         logging.info(
-            'eval at step %d: loss %.4f, perplexity %.3f, %.4f bits/byte',
+            'eval at step %d: loss %.4f ± %.4f (stderr over windows, %d tokens), '
+            'perplexity %.3f, %.4f bits/byte',
             step,
             metrics['loss'],
+            metrics['loss_stderr'],
+            metrics['tokens'],
             metrics['perplexity'],
             metrics['bits_per_byte'],
         )
@@ -427,6 +430,7 @@ def _hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) ->
             'data.tokenizer': c.data.tokenizer,
             'data.seq_len': c.data.seq_len,
             'seed': c.seed,
+            'eval_tokens': c.eval_tokens,
             'num_params': num_params,
         }
     )

@@ -188,9 +188,14 @@ def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int
 
 
 def make_eval_step(ctx: StepContext) -> Callable:
-    """(params, batch [B, T+1]) -> summed nats over all B·T predicted tokens."""
+    """(params, batch [B, T+1] int32, weights [B, T] float32) -> [B] weighted nats per row,
+    replicated on every device (each process reads all rows)."""
 
-    def step(params: dict, batch_BT1: jax.Array) -> jax.Array:
-        return token_losses(ctx, params, batch_BT1).sum()
+    def step(params: dict, batch_BT1: jax.Array, weights_BT: jax.Array) -> jax.Array:
+        return (token_losses(ctx, params, batch_BT1) * weights_BT).sum(axis=-1)
 
-    return jax.jit(step, in_shardings=(ctx.state_sharding['params'], ctx.batch_sharding))
+    return jax.jit(
+        step,
+        in_shardings=(ctx.state_sharding['params'], ctx.batch_sharding, ctx.batch_sharding),
+        out_shardings=NamedSharding(ctx.mesh, PartitionSpec()),
+    )

@@ -233,7 +233,5 @@ def _convert(
         num_kv_heads,
         method,
     )
-    meta = checkpoint_meta(
-        config, source.meta['data_fingerprint'], 0, ctx.abstract_state['params']
-    )
+    meta = checkpoint_meta(config, source.meta['data_fingerprint'], 0, ctx.abstract_state['params'])
     return config, new_state, meta

@@ -11,7 +11,12 @@ Each run trains in its own process (`train.py`) in <sweep_dir>/<name>, logging t
 <sweep_dir>/tb/<name>. Re-running the command skips finished runs and resumes interrupted ones
 (or ones given more train.steps); a re-run whose settings differ otherwise from a run's
 checkpoint is refused, naming the keys. `--grid seed=...` sets each point's first seed.
-At the end: <sweep_dir>/summary.md, summary.csv and summary.png.
+At the end: <sweep_dir>/summary.md, summary.csv, summary_pairs.csv and summary.png: loss as mean,
+sample std and 95% t-interval over seeds, and paired differences between points (same seed =
+same data order) marked resolved when their 95% interval excludes 0.
+
+  python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds_p \
+      --seeds=5 --parallel=2 --match=params      # equal parameters instead of equal width
 """
 
 import importlib.util
@@ -29,6 +34,7 @@ from lm.checkpoint import read_latest_meta
 from lm.cli import run_app
 from lm.config import write_config_file
 from lm.experiment import check_loop_config
+from lm.fairness import MATCHES, match_parameters, reference_config
 from lm.sweep import invalid_reason, parse_grid, point_config, run_name, summarise
 from lm.workdir import WorkdirLock, config_changes
 
@@ -41,25 +47,43 @@ _SWEEP_DIR = flags.DEFINE_string(
 )
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per point (a point may set its own).')
 _PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at once.')
+_MATCH = flags.DEFINE_enum(
+    'match',
+    '',
+    ['', *MATCHES],
+    "Fairness: 'width' (same shapes) or 'params' (mlp_dim set so every point is within 1% of "
+    "the MHA point's parameters); '' = the sweep file's MATCH, else 'width'.",
+)
 
 TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')
 
 
-def file_points(path: str) -> list[dict]:
+def load_sweep_file(path: str):
     spec = importlib.util.spec_from_file_location('_lm_sweep_file', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def file_points(module) -> list[dict]:
     return module.get_points() if hasattr(module, 'get_points') else [{}]
 
 
-def plan(base, sweep_dir: str) -> list[dict]:
-    """Every (point, seed) run, after skipping invalid points with a one-line note each."""
+def fairness(module) -> str:
+    """--match, else the sweep file's MATCH, else 'width'."""
+    match = _MATCH.value or getattr(module, 'MATCH', 'width')
+    if match not in MATCHES:
+        raise ValueError(f'--match / MATCH must be one of {MATCHES}, got {match!r}')
+    return match
+
+
+def plan(base, sweep_dir: str, module, match: str = 'width') -> list[dict]:
+    """Every (point, seed) run, after skipping invalid points with a one-line note each; with
+    match='params', each point's mlp_dim brings it within 1% of the MHA point's parameters."""
     points = [
-        {**p, **g}
-        for p in file_points(config_flags.get_config_filename(flags.FLAGS['config']))
-        for g in (parse_grid(base, _GRID.value) or [{}])
+        {**p, **g} for p in file_points(module) for g in (parse_grid(base, _GRID.value) or [{}])
     ]
-    runs = []
+    valid = []
     for point in points:
         name = point.get('name') or run_name(point)
         point = {k: v for k, v in point.items() if k != 'name'}
@@ -67,6 +91,17 @@ def plan(base, sweep_dir: str) -> list[dict]:
         if reason := invalid_reason(config):
             print(f'skipping {name}: {reason}')
             continue
+        valid.append((name, point, config))
+    if not valid:
+        raise ValueError('the sweep has no valid point')
+    if match == 'params':
+        configs = [c for _, _, c in valid]
+        matched = match_parameters(
+            configs, reference_config(base, configs), [n for n, _, _ in valid]
+        )
+        valid = [(n, p, c) for (n, p, _), c in zip(valid, matched, strict=True)]
+    runs = []
+    for name, point, config in valid:
         seeds = point.get('seeds', _SEEDS.value)
         for s in range(seeds):
             seeded = point_config(config, {'seed': config.seed + s})  # the point's own seed
@@ -81,8 +116,6 @@ def plan(base, sweep_dir: str) -> list[dict]:
                     'workdir': os.path.join(sweep_dir, f'{name}_s{s}' if seeds > 1 else name),
                 }
             )
-    if not runs:
-        raise ValueError('the sweep has no valid point')
     return runs
 
 
@@ -115,6 +148,23 @@ def finished(run: dict) -> bool:
         return json.load(f)['step'] == run['config'].train.steps
 
 
+def check_same_fairness(sweep_dir: str, match: str) -> None:
+    """Records the sweep's fairness in <sweep_dir>/match; a re-run with another one (whose
+    finished runs would be skipped as done) stops with a one-line error."""
+    path = os.path.join(sweep_dir, 'match')
+    if os.path.exists(path):
+        with open(path) as f:
+            before = f.read().strip()
+        if before != match:
+            raise ValueError(
+                f'--match={match}: {sweep_dir} holds a --match={before} sweep; use another '
+                '--sweep_dir'
+            )
+    os.makedirs(sweep_dir, exist_ok=True)
+    with open(path, 'w') as f:
+        f.write(match + '\n')
+
+
 def execute(run: dict, tb_dir: str) -> str:
     workdir = run['workdir']
     if finished(run):
@@ -144,9 +194,12 @@ def run() -> int:
     if _PARALLEL.value < 1 or _SEEDS.value < 1:
         raise ValueError('--parallel and --seeds must be >= 1')
     sweep_dir = _SWEEP_DIR.value
-    runs = plan(_CONFIG.value, sweep_dir)
+    module = load_sweep_file(config_flags.get_config_filename(flags.FLAGS['config']))
+    match = fairness(module)
+    runs = plan(_CONFIG.value, sweep_dir, module, match)
     with WorkdirLock(sweep_dir, '--sweep_dir'):
         check_earlier_runs(runs)
+        check_same_fairness(sweep_dir, match)
         print(f'{len(runs)} runs in {sweep_dir}')
         t = time.time()
         tb_dir = os.path.join(sweep_dir, 'tb')
@@ -155,7 +208,7 @@ def run() -> int:
                 print(line, flush=True)
         done = [r for r in runs if finished(r)]
         if done:
-            summarise(sweep_dir, done)
+            summarise(sweep_dir, done, match)
             with open(os.path.join(sweep_dir, 'summary.md')) as f:
                 print(f.read())
     print(f'sweep wall time: {time.time() - t:.0f} s')

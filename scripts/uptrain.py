@@ -30,7 +30,7 @@ _SEED = flags.DEFINE_integer('seed', 0, "Seed for --method=random's fresh K/V.")
 _STEPS = flags.DEFINE_integer(
     'steps',
     None,
-    'Uptraining steps; default: --fraction of the source run\'s steps (needed for a source '
+    "Uptraining steps; default: --fraction of the source run's steps (needed for a source "
     'at step 0, such as a model imported by scripts/convert_hf.py).',
 )
 

@@ -77,7 +77,7 @@ def tiny_train_config(tmp_path, text_path, **overrides):
     )
     config.train.update(batch_size=4, steps=8, lr=3e-3, warmup_steps=2)
     config.update(
-        eval_every=4, eval_batches=2, log_every=2, checkpoint_every=4, async_checkpointing=False
+        eval_every=4, eval_batch_size=32, log_every=2, checkpoint_every=4, async_checkpointing=False
     )
     config.model.vocab_size = 0
     return with_values(config, overrides)

@@ -12,8 +12,10 @@ from lm.data import (
     check_corpus_size,
     check_data_config,
     eval_batches,
+    eval_windows,
     load_corpus,
     train_batch,
+    window_targets,
 )
 from lm.tokenizer import ByteTokenizer
 
@@ -133,12 +135,44 @@ def test_train_batches_are_pure_and_hosts_disjoint():
     np.testing.assert_array_equal(np.concatenate(halves), a)
 
 
-def test_eval_batches_tile_the_split_from_the_start():
-    tokens = np.arange(1000, dtype=np.uint16)
-    batches = eval_batches(tokens, batch_size=4, seq_len=10, num_batches=0)
-    assert len(batches) == 24  # 99 whole windows -> 24 whole batches
-    assert batches[0][1, 0] == 10 and batches[1][0, 0] == 40
-    assert len(eval_batches(tokens, batch_size=4, seq_len=10, num_batches=3)) == 3
+def scored(batches):
+    """(input token, target token) of every weighted position of a list of eval batches."""
+    pairs = []
+    for batch, weights in batches:
+        assert batch.dtype == np.int32 and weights.dtype == np.float32
+        assert set(np.unique(weights)) <= {0.0, 1.0}
+        r, t = np.nonzero(weights)
+        pairs += list(zip(batch[r, t].tolist(), batch[r, t + 1].tolist(), strict=True))
+    return pairs
+
+
+@pytest.mark.parametrize('n', [1000, 1001, 1003, 11])
+def test_eval_windows_score_every_target_exactly_once(n):
+    tokens = np.arange(n, dtype=np.uint16)  # token i sits at position i
+    starts = eval_windows(n, 10, 0)
+    assert len(starts) == -(-(n - 1) // 10)  # the last, partial window included
+    np.testing.assert_array_equal(window_targets(n, starts, 10).sum(), n - 1)
+    batches = list(eval_batches(tokens, starts, batch_size=4, seq_len=10))
+    assert {b.shape for b, _ in batches} == {(4, 11)} and {w.shape for _, w in batches} == {(4, 10)}
+    assert scored(batches) == [(i, i + 1) for i in range(n - 1)]  # each target once, in order
+    halves = [
+        list(
+            eval_batches(tokens, starts, batch_size=4, seq_len=10, process_index=p, process_count=2)
+        )
+        for p in (0, 1)
+    ]
+    for whole, *parts in zip(batches, *halves, strict=True):  # hosts: disjoint rows, same set
+        np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), whole[0])
+        np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), whole[1])
+
+
+def test_eval_tokens_spreads_whole_windows_over_the_split():
+    starts = eval_windows(1001, 10, 0)
+    np.testing.assert_array_equal(starts, np.arange(100) * 10)
+    some = eval_windows(1001, 10, 95)  # ceil(95 / 10) = 10 windows, one in every ten
+    np.testing.assert_array_equal(some, np.arange(10) * 100)
+    np.testing.assert_array_equal(eval_windows(1001, 10, 10**9), starts)  # capped at the split
+    np.testing.assert_array_equal(eval_windows(1001, 10, 95), some)  # deterministic
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,18 @@
 """Sweeps end to end at tiny size: runs, TensorBoard contents, summary, resumption, errors."""
 
 import csv
+import json
+import math
 import os
 
+import ml_collections
 import pytest
-from conftest import run_entry, tiny_train_config
+from conftest import run_entry, tiny_config, tiny_train_config
 
-from lm.sweep import parse_grid, run_name
+from lm.accounting import param_counts
+from lm.fairness import match_parameters, reference_config
+from lm.model import model_config
+from lm.sweep import parse_grid, point_config, run_name, summarise
 
 
 def sweep_file(tmp_path, config, points):
@@ -38,7 +44,9 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
         {'name': 'bad', 'model.attention': 'gqa', 'model.num_kv_heads': 3},
     ]
     cfg = sweep_file(tmp_path, config, points)
-    out = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}', '--parallel=2')
+    out = sweep(
+        f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}', '--parallel=2', '--match=params'
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert 'skipping bad: config.model.num_heads=4 must be divisible by num_kv_heads=3' in (
         out.stdout
@@ -54,7 +62,11 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
     assert (tmp_path / 'sw' / 'summary.png').stat().st_size > 10_000
     assert rows['mla']['kv_heads'] == 'latent 16+4'  # what MLA's cache holds, not H
     md = (tmp_path / 'sw' / 'summary.md').read_text()
-    assert '| mha | mha | 4 | 4 |' in md and '| mla | mla | 4 | latent 16+4 |' in md
+    assert '| mha | mha | 4 | 4 | 64 |' in md and md.startswith('Fairness: equal parameters')
+    for row in rows.values():  # equal parameters: every point within 1% of MHA's
+        assert abs(int(row['params']) / int(rows['mha']['params']) - 1) <= 0.01, row
+    assert int(rows['mqa_kv0']['mlp_dim']) > int(rows['gqa_kv2']['mlp_dim']) > 64
+    assert 'mha ~ mqa_kv0 (unresolved)' in md  # one seed of mqa: nothing is resolved
 
     from tensorboard.backend.event_processing import event_accumulator
 
@@ -66,8 +78,13 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
         assert [e.step for e in acc.Scalars('eval/perplexity')] == [0, 4]
         assert acc.PluginTagToContent('hparams'), run  # an hparams entry for the HParams tab
 
-    again = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}')
+    again = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}', '--match=params')
     assert again.returncode == 0 and again.stdout.count('finished earlier, skipped') == 5
+    other = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}')  # width by default
+    assert other.returncode == 1 and other.stderr.strip().splitlines()[-1] == (
+        f'error: --match=width: {tmp_path / "sw"} holds a --match=params sweep; use another '
+        '--sweep_dir'
+    )
 
 
 @pytest.mark.slow
@@ -93,3 +110,81 @@ def test_grid_product_and_names(tmp_path, small_text):
     assert run_name({'model.attention': 'mla', 'train.lr': 0.001}) == 'mla_lr0.001'
     with pytest.raises(ValueError, match=r"'1.5' is not a int"):
         parse_grid(config, ['model.num_heads=1.5'])
+
+
+@pytest.mark.parametrize('d_model,heads', [(32, 4), (128, 8)])
+def test_equal_parameter_mode_lands_within_one_percent(d_model, heads):
+    base = tiny_config(attention='gqa', d_model=d_model, num_heads=heads, num_kv_heads=2)
+    points = [
+        {'model.attention': 'gqa', 'model.num_kv_heads': 2},
+        {'model.attention': 'mqa', 'model.num_kv_heads': 0},
+        {'model.attention': 'mla', 'model.num_kv_heads': 0},
+        {'model.attention': 'mha', 'model.num_kv_heads': 0},
+    ]
+    configs = [point_config(base, p) for p in points]
+    ref = reference_config(base, configs)
+    assert ref is configs[3]
+    matched = match_parameters(configs, ref, ['gqa', 'mqa', 'mla', 'mha'])
+    target = param_counts(model_config(ref.model))['total']
+    for after in matched:
+        total = param_counts(model_config(after.model))['total']
+        assert abs(total - target) <= 0.01 * target, (after.model.attention, total, target)
+        assert after.model.d_model == d_model and after.model.num_layers == base.model.num_layers
+    assert matched[1].model.mlp_dim > matched[0].model.mlp_dim > matched[3].model.mlp_dim
+    assert matched[3].model.mlp_dim == 64 and configs[1].model.mlp_dim == 64  # inputs untouched
+    # No MHA point: the reference is the base config made MHA.
+    assert reference_config(base, configs[:2]).model.attention == 'mha'
+    shrunk = point_config(
+        base, {'model.attention': 'mha', 'model.num_kv_heads': 0, 'model.num_layers': 1}
+    )
+    with pytest.raises(ValueError, match=r'^--match=params: big cannot come within 1%'):
+        match_parameters([point_config(base, {'model.num_layers': 40})], shrunk, ['big'])
+
+
+def fake_run(tmp_path, point, seed, loss, attention='mha', params=1000):
+    workdir = tmp_path / f'{point}_s{seed}'
+    workdir.mkdir()
+    (workdir / 'results.json').write_text(
+        json.dumps(
+            {
+                'eval': {
+                    'loss': loss,
+                    'perplexity': math.exp(loss),
+                    'loss_stderr': 0.01,
+                    'tokens': 1234,
+                },
+                'model': {'attention': attention, 'num_heads': 4, 'num_kv_heads': 4, 'mlp_dim': 64},
+                'params': params,
+                'kv_cache_bytes_per_token': 64,
+                'tokens_per_sec': 100.0,
+            }
+        )
+    )
+    return {
+        'point': point,
+        'config': ml_collections.ConfigDict({'seed': seed}),
+        'workdir': str(workdir),
+    }
+
+
+def test_summary_reports_intervals_and_resolved_orderings(tmp_path):
+    runs = [fake_run(tmp_path, 'mha', s, x) for s, x in enumerate([1.10, 1.25, 1.00])]
+    runs += [fake_run(tmp_path, 'mqa', s, x, 'mqa', 1005) for s, x in enumerate([1.20, 1.30, 1.10])]
+    runs += [fake_run(tmp_path, 'gqa', s, x, 'gqa') for s, x in enumerate([1.00, 1.35, 1.05])]
+    rows = summarise(str(tmp_path), runs, 'params')
+    mha = rows[0]
+    # mean 1.11667, sample std 0.125831, half-width 4.302653 * 0.125831 / sqrt(3) = 0.312581
+    assert mha['eval_loss'] == pytest.approx(1.116667, abs=1e-6)
+    assert mha['eval_loss_std'] == pytest.approx(0.125831, abs=1e-6)
+    assert mha['eval_loss_ci_lo'] == pytest.approx(0.804086, abs=1e-6)
+    md = (tmp_path / 'summary.md').read_text()
+    assert md.startswith('Fairness: equal parameters')
+    assert '(largest parameter gap to mha: 0.50%)' in md
+    assert '1,234 validation tokens per run' in md
+    # mqa - mha = 0.10, 0.05, 0.10: mean 0.0833, 95% CI [0.0116, 0.1550], resolved
+    assert '| mqa | mqa | 4 | 4 | 64 | 1,005 |' in md and '+0.0833 [0.0116, 0.1550] ✓ |' in md
+    with open(tmp_path / 'summary_pairs.csv') as f:
+        pairs = {(p['a'], p['b']): p for p in csv.DictReader(f)}
+    assert pairs[('mha', 'mqa')]['ordering'] == 'mha < mqa'
+    assert pairs[('mha', 'gqa')]['ordering'] == 'mha ~ gqa (unresolved)'
+    assert '| mha | gqa | -0.0167 |' in md and 'mha ~ gqa (unresolved) |' in md

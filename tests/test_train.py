@@ -215,7 +215,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_saves_nothing(tmp_path, small_
 def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text):
     config = tiny_train_config(tmp_path, small_text)
     train(config, str(tmp_path / 'run'))
-    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_batches=2')
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result['step'] == 8 and result['tag'] == 'eval'
@@ -246,12 +246,14 @@ def test_checkpoints_saved_under_an_older_config_schema_still_load(tmp_path, sma
         meta = json.loads(meta_file.read_text())
         meta['config'] = keep_old_keys(meta['config'], old)
         assert 'steps_per_call' not in meta['config']['train']
+        meta['config']['eval_batches'] = 1  # replaced by eval_tokens
         meta_file.write_text(json.dumps(meta))
     saved = stored_config(str(tmp_path / 'run'))
     assert saved.train.steps_per_call == 1 and saved.compilation_cache_dir == ''
+    assert saved.eval_tokens == 1 * 4 * 16 and 'eval_batches' not in saved  # same cost, spread
     assert restore_run(str(tmp_path / 'run')).step == 8
     assert train(saved, str(tmp_path / 'run'))['step'] == 8  # resume path, nothing left to do
-    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_batches=1')
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_tokens=64')
     assert out.returncode == 0, out.stderr[-2000:]
 
 
@@ -327,7 +329,7 @@ def test_quickstart_command_runs(tmp_path):
         f'--workdir={tmp_path / "qs"}',
         '--config.train.steps=6',
         '--config.eval_every=3',
-        '--config.eval_batches=1',
+        '--config.eval_tokens=1024',
         f'--config.data.cache_dir={tmp_path / "cache"}',
     )
     assert out.returncode == 0, out.stderr[-3000:]

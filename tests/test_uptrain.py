@@ -1,6 +1,8 @@
 """MHA -> GQA / MQA conversion (Ainslie et al. 2023): exactness, hand-checked pooling, the
 script end to end, and its errors."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -214,38 +216,36 @@ def test_uptrain_end_to_end(tmp_path, small_text):
 
 
 @pytest.mark.slow
-def test_ablation_script_smoke(tmp_path, shakespeare_path):
-    out = run_entry(
-        'scripts/uptrain_ablation.py',
-        f'--data_path={shakespeare_path}',
+def test_ablation_script_smoke(tmp_path):
+    words = 'the of and to a in that is was he for it with as his on be at by'.split()
+    text = tmp_path / 'words.txt'  # ~25 kB: a whole validation split of ~40 windows of 64
+    text.write_text(' '.join(np.random.default_rng(0).choice(words, 7_000)))
+    args = [
+        f'--data_path={text}',
         f'--out_dir={tmp_path / "abl"}',
         '--steps=6',
-        '--seeds=1',
-        '--fractions=0,0.5',
-        '--methods=mean',
+        '--seeds=2',
+        '--fractions=0.5',
+        '--methods=mean,first',
         '--targets=1',
-        '--eval_batches=2',
-        f'--report={tmp_path / "table.md"}',
-    )
+    ]
+    out = run_entry('scripts/uptrain_ablation.py', *args, f'--report={tmp_path / "table.md"}')
     assert out.returncode == 0, out.stderr[-3000:]
     table = (tmp_path / 'table.md').read_text()
     for row in (
-        '| MHA (source) | — | — (6 steps) |',
-        '| MQA | mean | 0 (0) |',
-        '| MQA | mean | 0.5 (3) |',
-        '| MQA | from scratch | — (9 steps) |',
+        '| MHA (source) | — | — | 6 |',
+        '| MQA | first | 0.5 (3) | 9 |',
+        '| MQA | from scratch | — | 9 |',  # exactly the source + uptraining budget
+        '| MQA | 0.5 | mean | first |',  # paired method comparison
     ):
         assert row in table, table
-    again = run_entry(
-        'scripts/uptrain_ablation.py',
-        f'--data_path={shakespeare_path}',
-        f'--out_dir={tmp_path / "abl"}',
-        '--steps=6',
-        '--seeds=1',
-        '--fractions=0,0.5',
-        '--methods=mean',
-        '--targets=1',
-        '--eval_batches=2',
-    )
+    assert '| MQA | from scratch | — | 6 |' not in table
+    assert 'mean ± sample std (ddof 1), 95% t-interval' in table
+    num = r'-?\d\.\d{4}'
+    arm = rf'\| MQA \| mean \| 0\.5 \(3\) \| 9 \| {num} ± {num} \| \[{num}, {num}\] \| '
+    assert re.search(arm + rf'[+-]\d\.\d{{4}} \[{num}, {num}\]', table), (
+        table
+    )  # Δ vs scratch with its interval
+    again = run_entry('scripts/uptrain_ablation.py', *args)
     assert again.returncode == 0 and table.strip() in again.stdout  # cached, same numbers
     assert 'eval loss' not in again.stderr  # nothing retrained

@@ -1,0 +1,87 @@
+"""Statistics over seeds that say what a comparison resolves: mean, sample std (ddof 1), 95% t
+confidence intervals, and paired differences between two arms run with the same seeds (same
+seed => same initialisation and data order, so the pairing removes their shared variance).
+
+Pure functions of plain floats; an interval needs at least two values and is nan otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+from scipy import stats as _scipy_stats
+
+CONFIDENCE = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Mean of n values with their sample std (ddof 1) and a t confidence interval."""
+
+    n: int
+    mean: float
+    std: float  # sample std, ddof 1; nan for n < 2
+    lo: float  # lower end of the confidence interval; nan for n < 2
+    hi: float  # upper end; nan for n < 2
+
+    @property
+    def resolved(self) -> bool:
+        """The interval excludes 0 (for a difference: the sign of the effect is resolved)."""
+        return self.n >= 2 and (self.lo > 0 or self.hi < 0)
+
+    def interval(self, digits: int = 4) -> str:
+        """'[lo, hi]' or 'n/a (1 seed)'."""
+        if self.n < 2:
+            return f'n/a ({self.n} seed{"s" if self.n != 1 else ""})'
+        return f'[{self.lo:.{digits}f}, {self.hi:.{digits}f}]'
+
+
+def mean(values: Sequence[float]) -> float:
+    if not values:
+        raise ValueError('mean of no values')
+    return math.fsum(values) / len(values)
+
+
+def sample_std(values: Sequence[float]) -> float:
+    """Standard deviation with Bessel's correction (ddof 1); nan for fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return math.nan
+    m = mean(values)
+    return math.sqrt(math.fsum((v - m) ** 2 for v in values) / (n - 1))
+
+
+def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
+    """The two-sided t critical value: t_{(1 + confidence) / 2, df}."""
+    return float(_scipy_stats.t.ppf((1 + confidence) / 2, df))
+
+
+def estimate(values: Sequence[float], confidence: float = CONFIDENCE) -> Estimate:
+    """Mean, sample std and the t interval mean ± t_{df=n-1} · std / sqrt(n)."""
+    values = [float(v) for v in values]
+    n, m, s = len(values), mean(values), sample_std(values)
+    if n < 2:
+        return Estimate(n, m, s, math.nan, math.nan)
+    half = t_quantile(n - 1, confidence) * s / math.sqrt(n)
+    return Estimate(n, m, s, m - half, m + half)
+
+
+def paired_difference(
+    a: Mapping[int, float], b: Mapping[int, float], confidence: float = CONFIDENCE
+) -> Estimate:
+    """The difference a - b over the seeds both arms ran (`{seed: value}`), as an Estimate of
+    the per-seed differences: its interval excludes 0 iff the ordering is resolved."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        raise ValueError(f'no seed in common between the two arms ({sorted(a)} vs {sorted(b)})')
+    return estimate([a[s] - b[s] for s in seeds], confidence)
+
+
+def ordering(name_a: str, name_b: str, diff: Estimate) -> str:
+    """'a < b', 'a > b' (resolved at the interval's confidence) or 'a ~ b' (unresolved) for a
+    paired difference a - b of losses."""
+    if not diff.resolved:
+        return f'{name_a} ~ {name_b} (unresolved)'
+    return f'{name_a} {"<" if diff.mean < 0 else ">"} {name_b}'

@@ -1,0 +1,119 @@
+"""The one evaluation protocol: every validation target scored once, against an unpadded
+per-window reference; train.py's final eval equals eval.py's on the same checkpoint."""
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+from conftest import read_scalars, tiny_train_config
+from test_train import run_cli
+
+from lm.config import upgrade_config
+from lm.data import eval_windows, window_targets
+from lm.evaluation import eval_batch_size, evaluate, ratio_stderr
+from lm.experiment import prepare
+from lm.train_loop import train
+from lm.train_step import init_state, make_eval_step, token_losses
+
+WORDS = 'the of and to a in that is was he for it with as his on be at by I'.split()
+
+
+@pytest.fixture
+def words_text(tmp_path):
+    """~40 kB of seeded random words; its 10% validation split ends in a partial window and a
+    partial batch (checked below)."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / 'words.txt'
+    path.write_text(' '.join(rng.choice(WORDS, 10_001)) + '\n')
+    return path
+
+
+def test_evaluate_matches_an_unpadded_per_window_reference(tmp_path, words_text):
+    config = tiny_train_config(tmp_path, words_text, eval_batch_size=8)
+    exp = prepare(config)
+    val = exp.corpus.tokens['validation']
+    starts = eval_windows(len(val), 16, 0)
+    assert (len(val) - 1) % 16 and len(starts) % 8  # a partial window and a partial batch
+    params = init_state(exp.setup, exp.model, 0)['params']
+    with jax.set_mesh(exp.setup.mesh):
+        got = evaluate(
+            make_eval_step(exp.setup),
+            params,
+            exp.corpus,
+            'validation',
+            batch_size=eval_batch_size(exp.config),
+            seq_len=16,
+            eval_tokens=0,
+            batch_sharding=exp.setup.batch_sharding,
+        )
+        # Reference: each window on its own, at its own length, no padding and no weights.
+        sums = np.array(
+            [
+                float(token_losses(exp.setup, params, np.asarray(val[s : s + c + 1])[None]).sum())
+                for s, c in zip(starts, window_targets(len(val), starts, 16), strict=True)
+            ]
+        )
+    counts = window_targets(len(val), starts, 16)
+    assert got['tokens'] == counts.sum() == len(val) - 1
+    np.testing.assert_allclose(got['loss'], sums.sum() / (len(val) - 1), rtol=1e-5)
+    means = sums / counts
+    w = len(sums)
+    resid = sums - sums.sum() / counts.sum() * counts
+    stderr = math.sqrt(w / (w - 1) * (resid**2).sum()) / counts.sum()
+    np.testing.assert_allclose(got['loss_stderr'], stderr, rtol=1e-4)
+    assert got['loss_stderr'] < np.std(means, ddof=1)  # a standard error, not the spread
+
+
+def test_ratio_stderr_is_the_plain_stderr_for_equal_windows():
+    sums = np.array([2.0, 4.0, 3.0, 7.0])
+    # equal counts of 2: window means 1, 2, 1.5, 3.5; sample std 1.0801, / sqrt 4 = 0.54006
+    np.testing.assert_allclose(ratio_stderr(sums, np.full(4, 2.0)), 0.5400617, rtol=1e-6)
+    assert math.isnan(ratio_stderr(sums[:1], np.ones(1)))
+
+
+def test_train_final_eval_equals_eval_py_on_the_checkpoint(tmp_path, words_text):
+    config = tiny_train_config(tmp_path, words_text, eval_batch_size=8)
+    result = train(config, str(tmp_path / 'run'))
+    final = json.loads((tmp_path / 'run' / 'results.json').read_text())['eval']
+    assert final == result['eval']
+    val_tokens = len(prepare(config).corpus.tokens['validation'])
+    assert final['tokens'] == val_tokens - 1  # the whole split, every target once
+    tb = tmp_path / 'run' / 'tb'
+    assert sorted(read_scalars(tb, 'eval/loss_stderr')) == [0, 4, 8]
+    assert read_scalars(tb, 'eval/tokens')[8] == val_tokens - 1
+
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got['tag'] == 'eval' and got['tokens'] == final['tokens']
+    assert abs(got['loss'] - final['loss']) < 1e-6
+    assert abs(got['loss_stderr'] - final['loss_stderr']) < 1e-6
+
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_tokens=64')
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got['tag'] == 'eval_tokens64' and got['tokens'] == 64  # 4 windows, own tag
+
+
+def test_old_eval_batches_becomes_eval_tokens_of_the_same_cost():
+    old = {'eval_batches': 3, 'train': {'batch_size': 4}, 'data': {'seq_len': 16}}
+    config = upgrade_config(old)
+    assert 'eval_batches' not in config and config.eval_tokens == 3 * 4 * 16
+    assert upgrade_config({**old, 'eval_batches': 0}).eval_tokens == 0  # whole split stays
+    assert config.eval_batch_size == 0
+
+
+@pytest.mark.parametrize('key', ['eval_tokens', 'eval_batch_size'])
+def test_negative_eval_settings_are_refused(tmp_path, words_text, key):
+    with pytest.raises(ValueError, match=rf'^config.{key} must be >= 0, got -1$'):
+        prepare(tiny_train_config(tmp_path, words_text, **{key: -1}))
+
+
+def test_an_old_config_file_with_eval_batches_still_runs(tmp_path, words_text):
+    config = tiny_train_config(tmp_path, words_text)
+    config.eval_batches = 2  # as an old config file built on configs/base.py would set it
+    exp = prepare(config)
+    assert exp.config.eval_tokens == 2 * 4 * 16 and 'eval_batches' not in exp.config
+    config.eval_tokens = 48  # an explicit eval_tokens wins
+    assert prepare(config).config.eval_tokens == 48

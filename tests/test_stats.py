@@ -1,0 +1,51 @@
+"""lm.stats against hand-computed values (t quantiles from printed tables)."""
+
+import math
+
+import pytest
+
+from lm import stats
+
+
+def test_t_quantiles_match_the_table():
+    # Two-sided 95%: t_{0.975, df} for df = 1, 2, 4, 30.
+    for df, table in [(1, 12.7062), (2, 4.3027), (4, 2.7764), (30, 2.0423)]:
+        assert stats.t_quantile(df) == pytest.approx(table, abs=1e-4)
+
+
+def test_mean_sample_std_and_interval_by_hand():
+    est = stats.estimate([1.0, 2.0, 3.0, 4.0, 5.0])
+    # mean 3; sum of squares 10 / (n - 1 = 4) = 2.5, std sqrt(2.5) = 1.58114 (ddof 1, not 1.41421)
+    assert est.n == 5 and est.mean == 3.0
+    assert est.std == pytest.approx(1.5811388, abs=1e-7)
+    # half-width 2.776445 * 1.5811388 / sqrt(5) = 1.9632432
+    assert est.lo == pytest.approx(1.0367568, abs=1e-6)
+    assert est.hi == pytest.approx(4.9632432, abs=1e-6)
+    assert est.resolved and est.interval(2) == '[1.04, 4.96]'
+    assert stats.sample_std([2.0, 4.0]) == pytest.approx(math.sqrt(2))
+
+
+def test_one_value_has_no_interval():
+    est = stats.estimate([1.5])
+    assert est.mean == 1.5 and math.isnan(est.std) and math.isnan(est.lo)
+    assert not est.resolved and est.interval() == 'n/a (1 seed)'
+    with pytest.raises(ValueError, match='mean of no values'):
+        stats.mean([])
+
+
+def test_paired_difference_by_hand():
+    a = {0: 1.10, 1: 1.25, 2: 1.00, 7: 9.0}  # seed 7 has no partner: left out
+    b = {0: 1.00, 1: 1.20, 2: 0.90}
+    d = stats.paired_difference(a, b)
+    # differences 0.10, 0.05, 0.10: mean 0.083333, std 0.0288675, half 4.302653 * 0.0166667
+    assert d.n == 3 and d.mean == pytest.approx(0.0833333, abs=1e-6)
+    assert d.std == pytest.approx(0.0288675, abs=1e-6)
+    assert d.lo == pytest.approx(0.0116224, abs=1e-6)
+    assert d.hi == pytest.approx(0.1550442, abs=1e-6)
+    assert d.resolved and stats.ordering('a', 'b', d) == 'a > b'
+    # Unpaired, the same numbers do not resolve: the pairing removes the per-seed variance.
+    assert not stats.estimate([1.10, 1.25, 1.00]).lo > stats.estimate([1.00, 1.20, 0.90]).hi
+    noisy = stats.paired_difference({0: 1.0, 1: 2.0}, {0: 1.5, 1: 1.0})
+    assert not noisy.resolved and stats.ordering('a', 'b', noisy) == 'a ~ b (unresolved)'
+    with pytest.raises(ValueError, match='no seed in common'):
+        stats.paired_difference({0: 1.0}, {1: 1.0})
