@@ -2,7 +2,7 @@
 
   python train.py --config=configs/quickstart.py --workdir=runs/quickstart
   python train.py --config=configs/shakespeare_char.py:gqa2 --workdir=runs/gqa2 \
-      --config.data.path=../shared/data/tinyshakespeare.txt --config.train.steps=500
+      --config.data.path=data/tinyshakespeare.txt --config.train.steps=500
 
 Re-running the same command on a workdir that holds a checkpoint resumes from it.
 """

@@ -45,8 +45,8 @@ class RecipeFlags:
         )
         self._data = flags.DEFINE_string(
             'data_path',
-            os.path.join(REPO_ROOT, '..', 'shared', 'data', 'tinyshakespeare.txt'),
-            'Text file for config.data.path.',
+            os.path.join(REPO_ROOT, 'data', 'tinyshakespeare.txt'),
+            'Text file for config.data.path (python scripts/get_data.py tinyshakespeare).',
             module_name=module_name,
         )
         self._set = flags.DEFINE_multi_string(

@@ -99,7 +99,12 @@ def load_config_file(path: str, arg: str | None = None) -> ml_collections.Config
 # Keys added to configs/base.py after checkpoints were first written, each with the value that
 # reproduces how runs behaved before the key existed. `upgrade_config` fills them into configs
 # read back from older checkpoints, so those runs still resume, evaluate and decode.
-ADDED_KEYS = {'train.steps_per_call': 1, 'compilation_cache_dir': ''}
+ADDED_KEYS = {
+    'train.steps_per_call': 1,
+    'compilation_cache_dir': '',
+    'data.decode_errors': 'replace',
+    'data.hf_sample_by': 'line',
+}
 
 
 def upgrade_config(saved: dict) -> ml_collections.ConfigDict:

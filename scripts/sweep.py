@@ -1,7 +1,7 @@
 """Sweep a config over a grid (and/or the points of a sweep file) and summarise the runs.
 
   python scripts/sweep.py --config=configs/shakespeare_char.py \
-      --config.data.path=../shared/data/tinyshakespeare.txt --sweep_dir=runs/heads \
+      --config.data.path=data/tinyshakespeare.txt --sweep_dir=runs/heads \
       --grid model.attention=gqa --grid model.num_heads=4,8 --grid model.num_kv_heads=1,2,4,8
   python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds \
       --seeds=3 --parallel=2

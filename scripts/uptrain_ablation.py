@@ -5,7 +5,7 @@ MQA by mean-pooling, keeping the first head, or re-initialising K/V; uptrain eac
 alpha of --steps; compare with GQA-2 / MQA trained from scratch for --steps x (1 + max alpha).
 Every point runs for --seeds seeds; the table shows final eval loss mean ± std over seeds.
 
-  python scripts/uptrain_ablation.py --data_path=../shared/data/tinyshakespeare.txt \
+  python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --report=docs/uptraining_table.md
 
 Finished runs are skipped when the command is repeated (results are cached per run).
@@ -25,7 +25,7 @@ from lm.sharding import set_cpu_devices
 from lm.train_loop import train
 from lm.uptrain import METHODS, convert_checkpoint
 
-_DATA = flags.DEFINE_string('data_path', '../shared/data/tinyshakespeare.txt', 'Text file.')
+_DATA = flags.DEFINE_string('data_path', 'data/tinyshakespeare.txt', 'Text file.')
 _OUT = flags.DEFINE_string('out_dir', 'runs/uptrain_ablation', 'Workdirs and TensorBoard.')
 _STEPS = flags.DEFINE_integer('steps', 1000, 'MHA pre-training steps N.')
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per point.')

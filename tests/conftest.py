@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny configs built from configs/base.py."""
+"""Shared fixtures: tiny configs built from configs/base.py, and text the tests make themselves
+(nothing outside the repository is read: the tests run in a fresh clone)."""
 
 import os
 import pathlib
@@ -9,7 +10,20 @@ from lm.config import load_config_file
 from lm.config import write_config_file as lm_write_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHAKESPEARE = ROOT.parent / 'shared' / 'data' / 'tinyshakespeare.txt'
+
+
+def stdlib_text(num_chars: int) -> str:
+    """The first `num_chars` characters of this Python's standard-library .py files, in the
+    fixed order of the `stdlib` data source: real, varied text that every machine has."""
+    from lm.data import _stdlib_files
+
+    parts, size = [], 0
+    for _, full in _stdlib_files():
+        parts.append(pathlib.Path(full).read_text(encoding='utf-8'))
+        size += len(parts[-1])
+        if size >= num_chars:
+            break
+    return ''.join(parts)[:num_chars]
 
 
 def tiny_config(**model_overrides):
@@ -30,13 +44,6 @@ def tiny_config(**model_overrides):
     )
     config.model.update(model_overrides)
     return config
-
-
-@pytest.fixture
-def shakespeare_path():
-    if not SHAKESPEARE.exists():
-        pytest.skip(f'{SHAKESPEARE} not found')
-    return SHAKESPEARE
 
 
 def tiny_train_config(tmp_path, text_path, **overrides):
@@ -73,8 +80,8 @@ def read_scalars(logdir, tag):
 
 
 @pytest.fixture
-def small_text(tmp_path, shakespeare_path):
-    """The first 60 kB of Tiny Shakespeare, as its own file."""
+def small_text(tmp_path):
+    """60 000 characters of standard-library source, as its own file."""
     path = tmp_path / 'small.txt'
-    path.write_text(shakespeare_path.read_text()[:60_000])
+    path.write_text(stdlib_text(60_000), encoding='utf-8')
     return path

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import stdlib_text, tiny_config
 
 from lm.data import (
     _stdlib_files,
@@ -86,8 +86,8 @@ def test_hf_source_from_local_files(tmp_path):
     assert val_docs
 
 
-def test_bpe_is_trained_once_and_cached(tmp_path, shakespeare_path):
-    text = shakespeare_path.read_text()[:200_000]
+def test_bpe_is_trained_once_and_cached(tmp_path):
+    text = stdlib_text(200_000)
     path = write(tmp_path, 's.txt', text)
     data = data_config(tmp_path, source='text', path=path, tokenizer='bpe', bpe_vocab_size=600)
     corpus = load_corpus(data)

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, read_scalars, tiny_train_config, write_config_file
+from conftest import ROOT, read_scalars, stdlib_text, tiny_train_config, write_config_file
 
 from lm.sharding import mesh_shape, rules_table
 
@@ -54,12 +54,9 @@ def worker(devices, spec):
 
 @pytest.fixture(scope='module')
 def mesh_runs(tmp_path_factory, request):
-    shakespeare = ROOT.parent / 'shared' / 'data' / 'tinyshakespeare.txt'
-    if not shakespeare.exists():
-        pytest.skip('tinyshakespeare.txt not found')
     tmp = tmp_path_factory.mktemp('mesh')
     text = tmp / 'small.txt'
-    text.write_text(shakespeare.read_text()[:60_000])
+    text.write_text(stdlib_text(60_000), encoding='utf-8')
     base = {'text': str(text), 'tmp': str(tmp), 'steps': 5}
     single, _ = worker(
         1,

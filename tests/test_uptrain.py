@@ -203,10 +203,10 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     assert 'Traceback' not in bad.stderr + empty.stderr + again.stderr
 
 
-def test_ablation_script_smoke(tmp_path, shakespeare_path):
+def test_ablation_script_smoke(tmp_path, small_text):
     out = cli(
         ROOT / 'scripts' / 'uptrain_ablation.py',
-        f'--data_path={shakespeare_path}',
+        f'--data_path={small_text}',
         f'--out_dir={tmp_path / "abl"}',
         '--steps=6',
         '--seeds=1',
@@ -227,7 +227,7 @@ def test_ablation_script_smoke(tmp_path, shakespeare_path):
         assert row in table, table
     again = cli(
         ROOT / 'scripts' / 'uptrain_ablation.py',
-        f'--data_path={shakespeare_path}',
+        f'--data_path={small_text}',
         f'--out_dir={tmp_path / "abl"}',
         '--steps=6',
         '--seeds=1',
