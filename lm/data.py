@@ -155,9 +155,7 @@ def _source(data: ml_collections.ConfigDict) -> tuple[str, Callable[[str], Itera
             decode_text(raw, p, data.decode_errors)
 
         def docs(split: str) -> Iterator[str]:
-            text = ''.join(
-                decode_text(open(p, 'rb').read(), p, data.decode_errors) for p in paths
-            )
+            text = ''.join(decode_text(open(p, 'rb').read(), p, data.decode_errors) for p in paths)
             cut = int(len(text) * (1 - data.val_fraction))
             yield text[:cut] if split == 'train' else text[cut:]
 
@@ -200,7 +198,7 @@ def _hf_docs(data: ml_collections.ConfigDict, split: str) -> Iterator[str]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(
             f'config.data.hf_name={data.hf_name!r} could not be loaded ({first}); offline, '
-            "use a local builder: --config.data.hf_name=text --config.data.path=FILE"
+            'use a local builder: --config.data.hf_name=text --config.data.path=FILE'
         ) from None
     every = round(1 / data.val_fraction)
     count = 0
