@@ -13,6 +13,7 @@ from ml_collections import config_flags
 
 from lm.checkpoint import Checkpointer
 from lm.cli import (
+    check_writable_dir,
     define_distributed_flags,
     initialize_distributed,
     run_app,
@@ -39,7 +40,21 @@ _TB_DIR = flags.DEFINE_string('tb_dir', '', "TensorBoard directory of the run; '
 
 
 def run() -> int:
+    if _CONFIG.value is not None:
+        ignored = sorted(
+            k
+            for k in config_flags.get_override_values(flags.FLAGS['config'])
+            if not k.startswith('data.')
+        )
+        if ignored:
+            raise ValueError(
+                f'eval.py takes only --config.data.* from --config; --config.{ignored[0]} would be '
+                "ignored (the model, training and mesh settings are the checkpoint's)"
+            )
     saved = stored_config(_WORKDIR.value)
+    check_writable_dir(
+        run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir' if _TB_DIR.value else '--workdir'
+    )
     set_cpu_devices(saved.mesh)
     use_compilation_cache(saved.compilation_cache_dir)
     initialize_distributed()
@@ -66,11 +81,12 @@ def run() -> int:
         batch_sharding=exp.setup.batch_sharding,
     )
     same = own_data or exp.corpus.fingerprint == meta['data_fingerprint']
-    prefix = (
-        'eval'
-        if same and _SPLIT.value == 'validation'
-        else (f'eval_{config.data.source}_{exp.corpus.fingerprint[:6]}_{_SPLIT.value}')
-    )
+    # Never the in-training `eval/*` tag: that curve is config.eval_batches batches at each eval
+    # step; this is another protocol (the whole split, or --eval_batches), so it gets its own.
+    if same and _SPLIT.value == 'validation':
+        prefix = f'eval_first{_BATCHES.value}' if _BATCHES.value else 'eval_full'
+    else:
+        prefix = f'eval_{config.data.source}_{exp.corpus.fingerprint[:6]}_{_SPLIT.value}'
     print(json.dumps({'step': step, 'split': _SPLIT.value, 'tag': prefix, **metrics}))
     tb = Summary(run_logdir(_WORKDIR.value, _TB_DIR.value))
     tb.scalars(step, {f'{prefix}/{k}': v for k, v in metrics.items()})

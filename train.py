@@ -12,13 +12,17 @@ from ml_collections import config_flags
 
 from lm.checkpoint import read_latest_meta
 from lm.cli import (
+    check_config_keys,
+    check_writable_dir,
     define_distributed_flags,
     initialize_distributed,
     run_app,
     use_compilation_cache,
 )
+from lm.data import cache_dir
 from lm.experiment import stored_config
 from lm.sharding import set_cpu_devices
+from lm.summary import run_logdir
 from lm.train_loop import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -39,12 +43,17 @@ define_distributed_flags()
 
 
 def run() -> int:
+    check_writable_dir(_WORKDIR.value, '--workdir')
     if _CONFIG.value is not None:
         config = _CONFIG.value
+        check_config_keys(config)
     elif read_latest_meta(_WORKDIR.value) is not None:
         config = stored_config(_WORKDIR.value)
     else:
         raise ValueError(f'--config is required: {_WORKDIR.value} holds no checkpoint to resume')
+    if _TB_DIR.value:
+        check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir')
+    check_writable_dir(cache_dir(config.data), 'config.data.cache_dir')
     set_cpu_devices(config.mesh)
     use_compilation_cache(config.compilation_cache_dir)
     initialize_distributed()

@@ -98,6 +98,14 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
                 raise ValueError(f'config.data.path: {path!r} is empty')
     if data.source == 'hf' and not data.hf_name:
         raise ValueError("config.data.hf_name must be set for source='hf'")
+    if data.source == 'stdlib' and data.path:
+        logging.log_first_n(
+            logging.WARNING,
+            "config.data.path=%r is ignored: source='stdlib' reads this Python's own .py "
+            "files (set config.data.source='text' to train on it)",
+            1,
+            data.path,
+        )
 
 
 def _stdlib_files() -> list[tuple[str, str]]:
@@ -247,12 +255,6 @@ def load_tokenizer(data: ml_collections.ConfigDict) -> Tokenizer:
 def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
     """Tokenised train and validation splits, built once and cached by fingerprint."""
     check_data_config(data)
-    if data.source == 'stdlib' and data.path:
-        logging.warning(
-            "config.data.path=%r is ignored: source='stdlib' reads this Python's own .py "
-            "files (set config.data.source='text' to train on it)",
-            data.path,
-        )
     source_fp, docs = _source(data)
     tok = _tokenizer(data, source_fp, docs)
     fingerprint = hashlib.sha256(f'{source_fp}-{tok.name}'.encode()).hexdigest()[:16]
@@ -261,16 +263,7 @@ def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
     dtype = np.dtype(np.uint16 if tok.vocab_size <= 2**16 else np.uint32)
     if not os.path.isfile(meta_path):
         try:
-            os.makedirs(directory, exist_ok=True)
-            meta = {'dtype': dtype.name, 'num_bytes': {}, 'num_tokens': {}}
-            for split in SPLITS:
-                tmp = os.path.join(directory, f'{split}.bin.{os.getpid()}')
-                meta['num_bytes'][split] = _write_split(tmp, docs(split), tok, dtype)
-                meta['num_tokens'][split] = os.path.getsize(tmp) // dtype.itemsize
-                os.replace(tmp, os.path.join(directory, f'{split}.bin'))
-            with open(meta_path + f'.{os.getpid()}', 'w') as f:
-                json.dump(meta, f)
-            os.replace(meta_path + f'.{os.getpid()}', meta_path)
+            _build_cache(directory, docs, tok, dtype)
         except PermissionError as e:
             raise ValueError(
                 f'config.data.cache_dir: cannot write the token cache {directory!r} ({e.strerror})'
@@ -289,6 +282,31 @@ def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
         f'{tok.vocab_size:,}',
     )
     return Corpus(tokens, meta['num_bytes'], tok, fingerprint)
+
+
+def _build_cache(directory: str, docs, tok: Tokenizer, dtype: np.dtype) -> None:
+    """Tokenises both splits into `directory`; a source that fails mid-way (offline, say)
+    leaves no partial file behind."""
+    created = not os.path.isdir(directory)
+    os.makedirs(directory, exist_ok=True)
+    meta = {'dtype': dtype.name, 'num_bytes': {}, 'num_tokens': {}}
+    tmp = ''
+    try:
+        for split in SPLITS:
+            tmp = os.path.join(directory, f'{split}.bin.{os.getpid()}')
+            meta['num_bytes'][split] = _write_split(tmp, docs(split), tok, dtype)
+            meta['num_tokens'][split] = os.path.getsize(tmp) // dtype.itemsize
+            os.replace(tmp, os.path.join(directory, f'{split}.bin'))
+        meta_path = os.path.join(directory, 'meta.json')
+        with open(meta_path + f'.{os.getpid()}', 'w') as f:
+            json.dump(meta, f)
+        os.replace(meta_path + f'.{os.getpid()}', meta_path)
+    except BaseException:
+        if tmp and os.path.exists(tmp):
+            os.remove(tmp)
+        if created and not os.listdir(directory):
+            os.rmdir(directory)
+        raise
 
 
 def _open_cache(directory: str) -> tuple[dict, dict[str, np.ndarray]]:

@@ -306,16 +306,33 @@ def _write_results(workdir: str, results: dict) -> None:
 
 
 def _hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) -> dict:
-    """Flat scalar hyper-parameters for TensorBoard's HParams tab."""
-    values = {f'model.{k}': v for k, v in dataclasses.asdict(cfg).items()}
+    """Flat scalar hyper-parameters for TensorBoard's HParams tab: first what runs are compared
+    by (attention, heads, what the KV cache holds and its size, parameters, seed, uptraining
+    origin), then every model, train and data setting. Integers stay Python ints."""
+    if cfg.attention == 'mla':
+        kv_heads = cfg.num_heads  # MLA up-projects K/V per query head from the cached latent
+        cache = f'c_KV {cfg.kv_lora_rank} + k_R {cfg.qk_rope_head_dim}'
+    else:
+        kv_heads = cfg.num_kv_heads
+        cache = f'K,V {cfg.num_kv_heads} heads x {cfg.head_dim}'
+    values = {
+        'attention': cfg.attention,
+        'num_heads': int(cfg.num_heads),
+        'num_kv_heads': int(kv_heads),
+        'kv_cache': cache,
+        'kv_cache_bytes_per_token': int(accounting.kv_cache_bytes_per_token(cfg, 'bfloat16')),
+        'params': int(num_params),
+        'seed': int(c.seed),
+        'uptrain.source': c.uptrain.source_workdir or 'none',
+        'uptrain.method': c.uptrain.method or 'none',
+    }
+    values.update({f'model.{k}': v for k, v in dataclasses.asdict(cfg).items()})
     values.update({f'train.{k}': v for k, v in c.train.items()})
     values.update(
         {
             'data.source': c.data.source,
             'data.tokenizer': c.data.tokenizer,
             'data.seq_len': c.data.seq_len,
-            'seed': c.seed,
-            'num_params': num_params,
         }
     )
     return values

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from absl import flags
 from ml_collections import config_flags
 
-from lm.cli import run_app
+from lm.cli import check_config_keys, check_writable_dir, run_app
 from lm.config import write_config_file
 from lm.sweep import invalid_reason, parse_grid, point_config, run_name, summarise
 
@@ -105,6 +105,8 @@ def run() -> int:
     if _PARALLEL.value < 1 or _SEEDS.value < 1:
         raise ValueError('--parallel and --seeds must be >= 1')
     sweep_dir = _SWEEP_DIR.value
+    check_writable_dir(sweep_dir, '--sweep_dir')
+    check_config_keys(_CONFIG.value)
     runs = plan(_CONFIG.value, sweep_dir)
     print(f'{len(runs)} runs in {sweep_dir}')
     t = time.time()

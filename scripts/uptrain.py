@@ -9,7 +9,7 @@ state, and the source config with attention / num_kv_heads / schedule updated.
 
 from absl import flags
 
-from lm.cli import run_app
+from lm.cli import check_writable_dir, run_app
 from lm.uptrain import convert_checkpoint
 
 _SRC = flags.DEFINE_string('src', None, 'Workdir of the source (MHA) run.', required=True)
@@ -29,6 +29,7 @@ _SEED = flags.DEFINE_integer('seed', 0, "Seed for --method=random's fresh K/V.")
 
 
 def run() -> int:
+    check_writable_dir(_DST.value, '--dst')
     config = convert_checkpoint(
         _SRC.value,
         _DST.value,
