@@ -252,6 +252,9 @@ def _argv_values(argv: list[str], name: str) -> list[str]:
     return values
 
 
+_HELP = {'--help', '-help', '-?', '--helpshort', '--helpfull', '--helpxml'}
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flag parsing (pass as `app.run(main, flags_parser=parse_flags)`) where a bad flag,
     config file or `--config.*` override is one line on stderr, not a traceback."""
@@ -265,6 +268,10 @@ def parse_flags(argv: list[str]) -> list[str]:
         sys.exit(1)
     try:
         return flags.FLAGS(argv)
+    except SystemExit:
+        if set(argv[1:]) & _HELP:  # absl exits 1 after printing help; asking is no error
+            sys.exit(0)
+        raise
     except flags.Error as e:
         print(f'error: {_first_line(e) if "Traceback" in str(e) else e}', file=sys.stderr)
     except (AttributeError, KeyError, TypeError, ValueError) as e:

@@ -97,5 +97,19 @@ def main(argv: list[str]) -> None:
     print(f'{path} ({os.path.getsize(path):,} bytes, SHA-256 verified)')
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl parsing with a bad flag as one line and `--help` exiting 0 (this script does not
+    import lm, so it starts without JAX)."""
+    try:
+        return flags.FLAGS(argv)
+    except SystemExit:
+        if {'--help', '-help', '-?', '--helpshort', '--helpfull'} & set(argv[1:]):
+            sys.exit(0)
+        raise
+    except flags.Error as e:
+        print(f'error: {e}', file=sys.stderr)
+        sys.exit(1)
+
+
 if __name__ == '__main__':
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
