@@ -47,6 +47,10 @@ def ctx(tmp_path_factory):
     (root / 'syntax.py').write_text('def get_config(:\n')
     (root / 'no_get.py').write_text('x = 1\n')
     (root / 'not_config.py').write_text('def get_config():\n    return 3\n')
+    (root / 'partial.py').write_text(
+        'import ml_collections\n\n\ndef get_config():\n'
+        "    return ml_collections.ConfigDict({'seed': 0})\n"
+    )
     (root / 'random.bin').write_bytes(bytes(range(256)) * 64)
     (root / 'a_file').write_text('not a directory\n')
     (root / 'broken_tokenizer.json').write_text('{"model": ')
@@ -109,6 +113,13 @@ ROWS = [
         TRAIN,
         lambda c: [f'--config={c.root}/not_config.py'],
         r'--config=.*returned int, not an ml_collections\.ConfigDict',
+    ),
+    (
+        'config_lacks_keys',
+        TRAIN,
+        lambda c: [f'--config={c.root}/partial.py'],
+        r'--config: the config lacks async_checkpointing, .* and \d+ more; start it from '
+        r'configs/base\.py',
     ),
     (
         'workdir_read_only',
