@@ -130,6 +130,11 @@ def _read(path: str) -> str:
         return f.read()
 
 
+def _read_bytes(path: str) -> bytes:
+    with open(path, 'rb') as f:
+        return f.read()
+
+
 def decode_text(raw: bytes, path: str, errors: str) -> str:
     """`raw` as UTF-8 text; with errors='strict', a one-line error naming the file and the
     offset of the first byte that is not UTF-8 (binary data, a token .bin, another encoding)."""
@@ -157,13 +162,12 @@ def _source(data: ml_collections.ConfigDict) -> tuple[str, Callable[[str], Itera
         paths = text_paths(data)
         key = []
         for p in paths:  # hashed and checked for UTF-8 before anything is tokenised
-            with open(p, 'rb') as f:
-                raw = f.read()
+            raw = _read_bytes(p)
             key.append(hashlib.sha256(raw).hexdigest())
             decode_text(raw, p, data.decode_errors)
 
         def docs(split: str) -> Iterator[str]:
-            text = ''.join(decode_text(open(p, 'rb').read(), p, data.decode_errors) for p in paths)
+            text = ''.join(decode_text(_read_bytes(p), p, data.decode_errors) for p in paths)
             cut = int(len(text) * (1 - data.val_fraction))
             yield text[:cut] if split == 'train' else text[cut:]
 
