@@ -15,7 +15,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.checkpoint import Checkpointer
-from lm.cli import bootstrap, define_distributed_flags, run_app
+from lm.cli import bootstrap, check_writable_dir, define_distributed_flags, run_app
 from lm.config_migration import upgrade_config
 from lm.evaluation import eval_batch_size, evaluate
 from lm.experiment import prepare, restore, stored_config
@@ -38,6 +38,20 @@ _TB_DIR = flags.DEFINE_string('tb_dir', '', "TensorBoard directory of the run; '
 
 
 def run() -> int:
+    if _CONFIG.value is not None:
+        ignored = sorted(
+            k
+            for k in config_flags.get_override_values(flags.FLAGS['config'])
+            if not k.startswith('data.')
+        )
+        if ignored:
+            raise ValueError(
+                f'eval.py takes only --config.data.* from --config; --config.{ignored[0]} would be '
+                "ignored (the model, training and mesh settings are the checkpoint's)"
+            )
+    check_writable_dir(
+        run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir' if _TB_DIR.value else '--workdir'
+    )
     bootstrap(stored_config(_WORKDIR.value))
     ckpt = Checkpointer(_WORKDIR.value, read_only=True)
     meta = ckpt.read_meta(_STEP.value if _STEP.value is not None else ckpt.steps()[-1])

@@ -2,7 +2,7 @@
 
   python train.py --config=configs/quickstart.py --workdir=runs/quickstart
   python train.py --config=configs/shakespeare_char.py:gqa2 --workdir=runs/gqa2 \
-      --config.data.path=../shared/data/tinyshakespeare.txt --config.train.steps=500
+      --config.data.path=data/tinyshakespeare.txt --config.train.steps=500
 
 Re-running the same command on a workdir that holds a checkpoint resumes from it; a changed
 config is refused unless --allow_config_change (see lm.workdir.RESUMABLE_KEYS). One run at a
@@ -13,8 +13,16 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.checkpoint import read_latest_meta
-from lm.cli import bootstrap, define_distributed_flags, run_app
+from lm.cli import (
+    bootstrap,
+    check_config_keys,
+    check_writable_dir,
+    define_distributed_flags,
+    run_app,
+)
+from lm.data import cache_dir
 from lm.experiment import stored_config
+from lm.summary import run_logdir
 from lm.train_loop import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -41,12 +49,17 @@ define_distributed_flags()
 
 
 def run() -> int:
+    check_writable_dir(_WORKDIR.value, '--workdir')
     if _CONFIG.value is not None:
         config = _CONFIG.value
+        check_config_keys(config)
     elif read_latest_meta(_WORKDIR.value) is not None:
         config = stored_config(_WORKDIR.value)
     else:
         raise ValueError(f'--config is required: {_WORKDIR.value} holds no checkpoint to resume')
+    if _TB_DIR.value:
+        check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir')
+    check_writable_dir(cache_dir(config.data), 'config.data.cache_dir')
     bootstrap(config)
     result = train(config, _WORKDIR.value, _TB_DIR.value, _ALLOW_CHANGE.value)
     return 128 + result['signal'] if result['signal'] else 0

@@ -46,12 +46,14 @@ def get_config() -> ml_collections.ConfigDict:
     data = config.data = ml_collections.ConfigDict()
     data.source = 'stdlib'  # 'stdlib' (this Python's own .py files) | 'text' | 'hf'.
     data.path = ''  # text: comma-separated file paths; hf: optional local data_files (comma-sep).
+    data.decode_errors = 'strict'  # Non-UTF-8 text: 'strict' = refuse it | 'replace' = U+FFFD.
     data.val_fraction = 0.1  # Held-out share: last chars (text), path hash (stdlib), docs (hf).
     data.hf_name = ''  # hf: dataset name on the hub, or a builder such as 'text' / 'json'.
     data.hf_config = ''  # hf: dataset config name ('' = none).
     data.hf_split = 'train'  # hf: split to train on.
     data.hf_eval_split = ''  # hf: held-out split; '' = every 1/val_fraction-th doc of hf_split.
     data.hf_text_column = 'text'  # hf: column holding the text.
+    data.hf_sample_by = 'paragraph'  # hf_name='text': a doc is a 'line'|'paragraph'|'document'.
     data.hf_streaming = False  # hf: stream instead of downloading the whole split.
     data.hf_max_docs = 0  # hf: read at most this many documents per split (0 = all).
     data.tokenizer = 'byte'  # 'byte' (256 bytes + specials) | 'bpe' (trained here) | a .json path.

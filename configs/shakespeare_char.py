@@ -4,7 +4,7 @@
 warmup 100, beta2 0.99, byte tokenizer. The text file is given on the command line:
 
   python train.py --config=configs/shakespeare_char.py:gqa2 --workdir=runs/gqa2 \
-      --config.data.path=../shared/data/tinyshakespeare.txt
+      --config.data.path=data/tinyshakespeare.txt
 
 The optional argument picks the attention variant: mha (default), gqa<g> (e.g. gqa2), mqa, mla.
 """

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import collections
+import importlib.util
+import inspect
 import logging as pylogging
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 
 import jax
 import ml_collections
 from absl import app, flags, logging
+from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from lm.config import load_config_file, with_overrides
 from lm.sharding import set_cpu_devices
@@ -23,14 +27,21 @@ USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointErro
 
 
 class _QuietLibraries(pylogging.Filter):
-    """Drops orbax's per-save INFO chatter; its warnings and errors still show, one line each
-    (without tracebacks: a failure that matters is reported by the caller)."""
+    """Drops orbax's per-save INFO chatter and its "read only" warning (eval.py and
+    generate.py open checkpoints read-only on purpose), and JAX's INFO line about a TPU
+    backend (libtpu) it could not open on a machine without TPUs; other warnings and errors
+    still show, orbax's one line each (without tracebacks: a failure that matters is reported
+    by the caller)."""
 
     def filter(self, record: pylogging.LogRecord) -> bool:
-        if '/orbax/' not in record.pathname:
-            return True
-        record.exc_info, record.exc_text = None, None
-        return record.levelno >= pylogging.WARNING
+        if '/orbax/' in record.pathname:
+            if record.levelno < pylogging.WARNING:
+                return False
+            record.exc_info, record.exc_text = None, None
+            return not str(record.msg).startswith('Given directory is read only')
+        if record.levelno < pylogging.WARNING and record.pathname.endswith('xla_bridge.py'):
+            return "backend 'tpu'" not in record.getMessage()
+        return True
 
 
 class RecipeFlags:
@@ -50,8 +61,8 @@ class RecipeFlags:
         )
         self._data = flags.DEFINE_string(
             'data_path',
-            os.path.join(REPO_ROOT, '..', 'shared', 'data', 'tinyshakespeare.txt'),
-            'Text file for config.data.path.',
+            os.path.join(REPO_ROOT, 'data', 'tinyshakespeare.txt'),
+            'Text file for config.data.path (python scripts/get_data.py tinyshakespeare).',
             module_name=module_name,
         )
         self._set = flags.DEFINE_multi_string(
@@ -74,15 +85,24 @@ class RecipeFlags:
 
 
 def define_distributed_flags() -> None:
-    """Flags for multi-host runs; each process of a job runs the same command."""
-    flags.DEFINE_string('coordinator_address', '', 'host:port of process 0, for multi-host runs.')
-    flags.DEFINE_integer('num_processes', 0, 'Number of processes in a multi-host run.')
-    flags.DEFINE_integer('process_id', -1, "This process's index in a multi-host run.")
+    """Flags for multi-host runs; each process of a job runs the same command. Defined as the
+    entry point's own flags, so its `--help` lists them."""
+    main = sys.argv[0]  # how absl names the main module's flags
+    flags.DEFINE_string(
+        'coordinator_address', '', 'host:port of process 0, for multi-host runs.', module_name=main
+    )
+    flags.DEFINE_integer(
+        'num_processes', 0, 'Number of processes in a multi-host run.', module_name=main
+    )
+    flags.DEFINE_integer(
+        'process_id', -1, "This process's index in a multi-host run.", module_name=main
+    )
     flags.DEFINE_bool(
         'distributed',
         False,
         'Join a multi-host run, detecting coordinator and '
         'process index from the cluster (TPU pods, SLURM, Open MPI, Kubernetes).',
+        module_name=main,
     )
 
 
@@ -141,13 +161,135 @@ def bootstrap(config: ml_collections.ConfigDict, compilation_cache: bool = True)
         initialize_distributed()
 
 
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f'{type(e).__name__}: {lines[0]}' if lines else type(e).__name__
+
+
+def check_config_file(spec: str, flag: str = '--config') -> ml_collections.ConfigDict:
+    """Loads `path[:arg]` as `--config` does, with a one-line ValueError naming the flag for a
+    missing file, a syntax error, an error while it runs, no `get_config`, an argument that
+    `get_config` does not take (or rejects), and a result that is not a ConfigDict."""
+    path, sep, arg = spec.partition(':')
+    where = f'{flag}={spec}'
+    if os.path.isdir(path):
+        raise ValueError(f'{where}: {path!r} is a directory, not a config file')
+    if not os.path.isfile(path):
+        raise ValueError(f'{where}: config file {path!r} does not exist')
+    try:
+        with open(path, 'rb') as f:
+            compile(f.read(), path, 'exec')
+    except SyntaxError as e:
+        raise ValueError(f'{where}: syntax error in {path} line {e.lineno}: {e.msg}') from None
+    except ValueError as e:  # null bytes: not a Python file
+        raise ValueError(f'{where}: {path} is not a Python config file ({e})') from None
+    spec_ = importlib.util.spec_from_file_location('_lm_checked_config', path)
+    module = importlib.util.module_from_spec(spec_)
+    try:
+        spec_.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - any error in the user's file is reported in one line
+        raise ValueError(f'{where}: {path} fails to run ({_first_line(e)})') from None
+    get_config = getattr(module, 'get_config', None)
+    if not callable(get_config):
+        raise ValueError(f'{where}: {path} defines no get_config() function')
+    args = (arg,) if sep else ()
+    try:
+        inspect.signature(get_config).bind(*args)
+    except TypeError:
+        if sep:
+            raise ValueError(f'{where}: get_config() in {path} takes no argument') from None
+        raise ValueError(f'{where}: get_config() in {path} needs an argument (path:ARG)') from None
+    try:
+        config = get_config(*args)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f'{where}: get_config() failed ({_first_line(e)})') from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ValueError(
+            f'{where}: get_config() returned {type(config).__name__}, '
+            'not an ml_collections.ConfigDict'
+        )
+    return config
+
+
+def check_config_keys(config: ml_collections.ConfigDict, flag: str = '--config') -> None:
+    """A run config must hold every key of configs/base.py (configs start from it)."""
+    base = load_config_file(os.path.join(REPO_ROOT, 'configs', 'base.py'))
+
+    def missing(want, have, prefix):
+        for key, value in want.items():
+            if key not in have:
+                yield prefix + key
+            elif isinstance(value, ml_collections.ConfigDict):
+                if isinstance(have[key], ml_collections.ConfigDict):
+                    yield from missing(value, have[key], f'{prefix}{key}.')
+                else:
+                    yield prefix + key
+
+    if gaps := list(missing(base, config, '')):
+        shown = ', '.join(gaps[:5]) + (f' and {len(gaps) - 5} more' if len(gaps) > 5 else '')
+        raise ValueError(
+            f'{flag}: the config lacks {shown}; start it from configs/base.py '
+            '(load_config_file(base.py) and change values)'
+        )
+
+
+def check_writable_dir(path: str, setting: str) -> None:
+    """One-line error unless `path` is (or can be created as) a writable directory; writes
+    nothing there (a probe file in the nearest existing directory is removed at once)."""
+    if '://' in path:  # object stores (gs://...) are checked by the library that writes them
+        return
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f'{setting}={path!r} is a file, not a directory')
+    probe = path
+    while not os.path.isdir(probe):
+        if os.path.exists(probe):
+            raise ValueError(f'{setting}={path!r} cannot be created: {probe!r} is a file')
+        probe = os.path.dirname(probe)
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        what = 'is not writable' if probe == path else f'cannot be created in {probe!r}'
+        raise ValueError(f'{setting}={path!r} {what} ({e.strerror})') from None
+
+
+def _argv_values(argv: list[str], name: str) -> list[str]:
+    """Values given to flag `name` in argv (`--name=v` or `--name v`)."""
+    values = []
+    for i, a in enumerate(argv[1:], 1):
+        if a == '--':
+            break
+        for prefix in (f'--{name}=', f'-{name}='):
+            if a.startswith(prefix):
+                values.append(a[len(prefix) :])
+        if a in (f'--{name}', f'-{name}') and i + 1 < len(argv):
+            values.append(argv[i + 1])
+    return values
+
+
+_HELP = {'--help', '-help', '-?', '--helpshort', '--helpfull', '--helpxml'}
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing (pass as `app.run(main, flags_parser=parse_flags)`) where a bad flag or
-    `--config.*` override is one line on stderr, not a traceback."""
+    """absl flag parsing (pass as `app.run(main, flags_parser=parse_flags)`) where a bad flag,
+    config file or `--config.*` override is one line on stderr, not a traceback."""
+    try:
+        for name in list(flags.FLAGS):
+            if isinstance(flags.FLAGS[name].parser, ConfigFileFlagParser):
+                for value in _argv_values(argv, name)[-1:]:
+                    check_config_file(value, f'--{name}')
+    except ValueError as e:
+        print(f'error: {e}', file=sys.stderr)
+        sys.exit(1)
     try:
         return flags.FLAGS(argv)
+    except SystemExit:
+        if set(argv[1:]) & _HELP:  # absl exits 1 after printing help; asking is no error
+            sys.exit(0)
+        raise
     except flags.Error as e:
-        print(f'error: {e}', file=sys.stderr)
+        print(f'error: {_first_line(e) if "Traceback" in str(e) else e}', file=sys.stderr)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         print(
             f'error: a --config.* override does not fit the config ({type(e).__name__}: {e}); '

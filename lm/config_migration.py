@@ -25,6 +25,8 @@ ADDED_KEYS = {
     'train.max_loss_ratio': 0.0,
     'eval_tokens': 0,
     'eval_batch_size': 0,
+    'data.decode_errors': 'replace',
+    'data.hf_sample_by': 'line',
 }
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 
 import ml_collections
 import numpy as np
+from absl import logging
 
 from lm.tokenizer import (
     ByteTokenizer,
@@ -36,6 +37,8 @@ from lm.tokenizer import (
 )
 
 SOURCES = ('stdlib', 'text', 'hf')
+DECODE_ERRORS = ('strict', 'replace')
+HF_SAMPLE_BY = ('line', 'paragraph', 'document')
 SPLITS = ('train', 'validation')
 _TEST_DIRS = {'test', 'tests', 'idle_test', 'site-packages', 'dist-packages', '__pycache__'}
 
@@ -69,17 +72,41 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
         raise ValueError(f'config.data.val_fraction must be in (0, 1), got {data.val_fraction}')
     if data.seq_len <= 0:
         raise ValueError(f'config.data.seq_len must be > 0, got {data.seq_len}')
+    if data.decode_errors not in DECODE_ERRORS:
+        raise ValueError(
+            f'config.data.decode_errors must be one of {DECODE_ERRORS}, got {data.decode_errors!r}'
+        )
+    if data.hf_sample_by not in HF_SAMPLE_BY:
+        raise ValueError(
+            f'config.data.hf_sample_by must be one of {HF_SAMPLE_BY}, got {data.hf_sample_by!r}'
+        )
     check_tokenizer_config(data)
     if data.source == 'text':
         if not text_paths(data):
             raise ValueError("config.data.path must name at least one text file for source='text'")
+    if data.source in ('text', 'hf'):
         for path in text_paths(data):
+            if os.path.isdir(path):
+                raise ValueError(
+                    f'config.data.path: {path!r} is a directory; name text files (comma-separated)'
+                )
             if not os.path.isfile(path):
-                raise FileNotFoundError(f'config.data.path: {path!r} does not exist')
-            if os.path.getsize(path) == 0:
+                hint = ''
+                if os.path.basename(path) == 'tinyshakespeare.txt':
+                    hint = ' (fetch it: python scripts/get_data.py tinyshakespeare)'
+                raise FileNotFoundError(f'config.data.path: {path!r} does not exist{hint}')
+            if data.source == 'text' and os.path.getsize(path) == 0:
                 raise ValueError(f'config.data.path: {path!r} is empty')
     if data.source == 'hf' and not data.hf_name:
         raise ValueError("config.data.hf_name must be set for source='hf'")
+    if data.source == 'stdlib' and data.path:
+        logging.log_first_n(
+            logging.WARNING,
+            "config.data.path=%r is ignored: source='stdlib' reads this Python's own .py "
+            "files (set config.data.source='text' to train on it)",
+            1,
+            data.path,
+        )
 
 
 def _stdlib_files() -> list[tuple[str, str]]:
@@ -104,6 +131,23 @@ def _read(path: str) -> str:
         return f.read()
 
 
+def _read_bytes(path: str) -> bytes:
+    with open(path, 'rb') as f:
+        return f.read()
+
+
+def decode_text(raw: bytes, path: str, errors: str) -> str:
+    """`raw` as UTF-8 text; with errors='strict', a one-line error naming the file and the
+    offset of the first byte that is not UTF-8 (binary data, a token .bin, another encoding)."""
+    try:
+        return raw.decode('utf-8', errors=errors)
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f'config.data.path: {path!r} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset '
+            f"{e.start}); set config.data.decode_errors='replace' to read it anyway"
+        ) from None
+
+
 def _source(data: ml_collections.ConfigDict) -> tuple[str, Callable[[str], Iterator[str]]]:
     """(fingerprint of the source's contents and settings, split -> iterator over documents)."""
     if data.source == 'stdlib':
@@ -117,10 +161,14 @@ def _source(data: ml_collections.ConfigDict) -> tuple[str, Callable[[str], Itera
 
     elif data.source == 'text':
         paths = text_paths(data)
-        key = [hashlib.sha256(open(p, 'rb').read()).hexdigest() for p in paths]
+        key = []
+        for p in paths:  # hashed and checked for UTF-8 before anything is tokenised
+            raw = _read_bytes(p)
+            key.append(hashlib.sha256(raw).hexdigest())
+            decode_text(raw, p, data.decode_errors)
 
         def docs(split: str) -> Iterator[str]:
-            text = ''.join(_read(p) for p in paths)
+            text = ''.join(decode_text(_read_bytes(p), p, data.decode_errors) for p in paths)
             cut = int(len(text) * (1 - data.val_fraction))
             yield text[:cut] if split == 'train' else text[cut:]
 
@@ -134,6 +182,8 @@ def _source(data: ml_collections.ConfigDict) -> tuple[str, Callable[[str], Itera
             data.hf_text_column,
             data.hf_max_docs,
         ]
+        if data.hf_name == 'text' and data.hf_sample_by != 'line':
+            key.append(data.hf_sample_by)
 
         def docs(split: str) -> Iterator[str]:
             yield from _hf_docs(data, split)
@@ -147,13 +197,22 @@ def _hf_docs(data: ml_collections.ConfigDict, split: str) -> Iterator[str]:
 
     held_out = split == 'validation' and not data.hf_eval_split
     name = data.hf_eval_split if split == 'validation' and data.hf_eval_split else data.hf_split
-    ds = datasets.load_dataset(
-        data.hf_name,
-        data.hf_config or None,
-        split=name,
-        streaming=data.hf_streaming,
-        data_files=text_paths(data) or None,
-    )
+    kwargs = {'sample_by': data.hf_sample_by} if data.hf_name == 'text' else {}
+    try:
+        ds = datasets.load_dataset(
+            data.hf_name,
+            data.hf_config or None,
+            split=name,
+            streaming=data.hf_streaming,
+            data_files=text_paths(data) or None,
+            **kwargs,
+        )
+    except (ConnectionError, OSError) as e:  # offline, unknown name, unreachable hub
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f'config.data.hf_name={data.hf_name!r} could not be loaded ({first}); offline, '
+            'use a local builder: --config.data.hf_name=text --config.data.path=FILE'
+        ) from None
     every = round(1 / data.val_fraction)
     count = 0
     for i, row in enumerate(ds):
@@ -173,7 +232,10 @@ def _tokenizer(data: ml_collections.ConfigDict, source_fp: str, docs) -> Tokeniz
             cache_dir(data), 'tokenizers', f'bpe-{source_fp}-{data.bpe_vocab_size}.json'
         )
         if os.path.isfile(path):
-            return HFTokenizer.from_file(path)
+            try:
+                return HFTokenizer.from_file(path)
+            except ValueError as e:
+                raise ValueError(f'{e}; delete {path!r} to train it again') from None
         return train_bpe(docs('train'), data.bpe_vocab_size, path)
     return HFTokenizer.from_file(data.tokenizer, data.eos_token)
 
@@ -205,22 +267,80 @@ def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
     meta_path = os.path.join(directory, 'meta.json')
     dtype = np.dtype(np.uint16 if tok.vocab_size <= 2**16 else np.uint32)
     if not os.path.isfile(meta_path):
-        os.makedirs(directory, exist_ok=True)
-        meta = {'dtype': dtype.name, 'num_bytes': {}}
+        try:
+            _build_cache(directory, docs, tok, dtype)
+        except PermissionError as e:
+            raise ValueError(
+                f'config.data.cache_dir: cannot write the token cache {directory!r} ({e.strerror})'
+            ) from None
+    meta, tokens = _open_cache(directory)
+    logging.info(
+        'data: %s source, %s; train %s tokens (%s bytes), validation %s tokens (%s bytes); '
+        'tokenizer %s, %s tokens',
+        data.source,
+        data.hf_name or data.path or 'stdlib .py files',
+        f'{len(tokens["train"]):,}',
+        f'{meta["num_bytes"]["train"]:,}',
+        f'{len(tokens["validation"]):,}',
+        f'{meta["num_bytes"]["validation"]:,}',
+        tok.name,
+        f'{tok.vocab_size:,}',
+    )
+    return Corpus(tokens, meta['num_bytes'], tok, fingerprint)
+
+
+def _build_cache(directory: str, docs, tok: Tokenizer, dtype: np.dtype) -> None:
+    """Tokenises both splits into `directory`; a source that fails mid-way (offline, say)
+    leaves no partial file behind."""
+    created = not os.path.isdir(directory)
+    os.makedirs(directory, exist_ok=True)
+    meta = {'dtype': dtype.name, 'num_bytes': {}, 'num_tokens': {}}
+    tmp = ''
+    try:
         for split in SPLITS:
             tmp = os.path.join(directory, f'{split}.bin.{os.getpid()}')
             meta['num_bytes'][split] = _write_split(tmp, docs(split), tok, dtype)
+            meta['num_tokens'][split] = os.path.getsize(tmp) // dtype.itemsize
             os.replace(tmp, os.path.join(directory, f'{split}.bin'))
+        meta_path = os.path.join(directory, 'meta.json')
         with open(meta_path + f'.{os.getpid()}', 'w') as f:
             json.dump(meta, f)
         os.replace(meta_path + f'.{os.getpid()}', meta_path)
-    with open(meta_path) as f:
-        meta = json.load(f)
-    tokens = {
-        s: np.memmap(os.path.join(directory, f'{s}.bin'), dtype=meta['dtype'], mode='r')
-        for s in SPLITS
-    }
-    return Corpus(tokens, meta['num_bytes'], tok, fingerprint)
+    except BaseException:
+        if tmp and os.path.exists(tmp):
+            os.remove(tmp)
+        if created and not os.listdir(directory):
+            os.rmdir(directory)
+        raise
+
+
+def _open_cache(directory: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """meta.json and the token memmaps of a cache directory; a damaged file (empty,
+    truncated, not JSON) is a one-line error naming it."""
+    meta_path = os.path.join(directory, 'meta.json')
+    fix = f'delete {directory!r} to rebuild it'
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+        np.dtype(meta['dtype'])
+        meta['num_bytes']['train'], meta['num_bytes']['validation']
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f'data cache file {meta_path!r} is corrupt ({e}); {fix}') from None
+    tokens = {}
+    for split in SPLITS:
+        path = os.path.join(directory, f'{split}.bin')
+        size = os.path.getsize(path) if os.path.isfile(path) else -1
+        itemsize = np.dtype(meta['dtype']).itemsize
+        want = meta.get('num_tokens', {}).get(split)  # absent in caches written before it
+        if size <= 0 or size % itemsize or (want is not None and size != want * itemsize):
+            state = 'missing' if size < 0 else 'empty' if size == 0 else f'{size} bytes'
+            raise ValueError(
+                f'data cache file {path!r} is damaged ({state}'
+                + (f', expected {want * itemsize} bytes' if want is not None else '')
+                + f'); {fix}'
+            )
+        tokens[split] = np.memmap(path, dtype=meta['dtype'], mode='r')
+    return meta, tokens
 
 
 def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:

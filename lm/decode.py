@@ -31,11 +31,13 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f'sampling temperature must be >= 0, got {self.temperature}')
+        if not self.temperature >= 0 or self.temperature == float('inf'):  # NaN fails >= 0
+            raise ValueError(
+                f'sampling temperature must be a finite number >= 0, got {self.temperature}'
+            )
         if self.top_k < 0:
             raise ValueError(f'sampling top_k must be >= 0 (0 = off), got {self.top_k}')
-        if not 0 < self.top_p <= 1:
+        if not 0 < self.top_p <= 1:  # also refuses NaN
             raise ValueError(f'sampling top_p must be in (0, 1], got {self.top_p}')
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from lm import analysis
-from lm.data import eval_batches, load_corpus
+from lm.data import eval_windows, load_corpus, window_targets
 from lm.experiment import restore_run
 
 SCORES = ('previous_token', 'induction', 'duplicate_token', 'sink', 'entropy')
@@ -126,9 +126,7 @@ def analyse_run(
     model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
     corpus = load_corpus(restored.config.data)
     T = restored.config.data.seq_len
-    windows = eval_batches(
-        corpus.tokens['validation'], batch_size=batch, seq_len=T, num_batches=max_batches
-    )
+    windows = _whole_windows(corpus.tokens['validation'], T, batch, max_batches)
     if not windows:
         raise ValueError(
             f'{flag}={workdir}: the validation split holds fewer than one batch of {batch} '
@@ -314,3 +312,19 @@ def summary_markdown(runs: list[RunHeads]) -> str:
             *_matrix_table('values', r.kv['value_cosine']),
         ]
     return '\n'.join(lines) + '\n'
+
+
+def _whole_windows(tokens: np.ndarray, T: int, batch: int, max_batches: int) -> list[np.ndarray]:
+    """Batches [batch, T + 1] of the evaluation protocol's windows (`lm.data.eval_windows`) that
+    hold T whole targets (scores by position need every position): the first `max_batches`
+    batches, or all (0)."""
+    starts = eval_windows(len(tokens), T)
+    starts = starts[window_targets(len(tokens), starts, T) == T]
+    n = len(starts) // batch
+    n = min(n, max_batches) if max_batches else n
+    return [
+        np.stack([tokens[s : s + T + 1] for s in starts[b * batch : (b + 1) * batch]]).astype(
+            np.int32
+        )
+        for b in range(n)
+    ]

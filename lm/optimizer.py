@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import ml_collections
 import optax
@@ -38,6 +40,9 @@ def make_optimizer(
 
 def check_train_config(train: ml_collections.ConfigDict) -> None:
     """One-line errors for bad optimizer / schedule settings."""
+    for name in ('lr', 'min_lr', 'b1', 'b2', 'eps', 'weight_decay', 'grad_clip', 'peak_flops'):
+        if not math.isfinite(train[name]):
+            raise ValueError(f'config.train.{name} must be a finite number, got {train[name]}')
     for name in ('batch_size', 'grad_accum_steps', 'steps_per_call'):
         if train[name] <= 0:
             raise ValueError(f'config.train.{name} must be > 0, got {train[name]}')

@@ -9,6 +9,8 @@ single KV head over a tensor axis of 4, say) is replicated instead, with one log
 from __future__ import annotations
 
 import math
+import os
+import re
 
 import jax
 import ml_collections
@@ -27,6 +29,18 @@ def set_cpu_devices(mesh_config: ml_collections.ConfigDict) -> None:
     n = mesh_config.cpu_devices
     if n < 0:
         raise ValueError(f'config.mesh.cpu_devices must be >= 0, got {n}')
+    forced = re.search(
+        r'--xla_force_host_platform_device_count=(\d+)', os.environ.get('XLA_FLAGS', '')
+    )
+    if n and forced and int(forced.group(1)) != n:
+        logging.warning(
+            'config.mesh.cpu_devices=%d wins over XLA_FLAGS=%s; for %s CPU devices set '
+            '--config.mesh.cpu_devices=%s',
+            n,
+            forced.group(0),
+            forced.group(1),
+            forced.group(1),
+        )
     if n and jax.config.jax_num_cpu_devices != n:
         try:
             jax.config.update('jax_num_cpu_devices', n)

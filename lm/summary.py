@@ -1,6 +1,8 @@
 """TensorBoard logging with tensorboardX: scalars, the resolved config, and hparams.
 
-Only process 0 writes; on other processes every call is a no-op.
+Only process 0 writes; on other processes every call is a no-op. tensorboardX is imported when
+a writer is made: it imports PyTorch where installed (seconds), which an entry point that stops
+at a bad setting should not pay.
 """
 
 from __future__ import annotations
@@ -9,9 +11,6 @@ import os
 
 import jax
 import numpy as np
-from tensorboardX import SummaryWriter
-from tensorboardX.proto.summary_pb2 import Summary as SummaryProto
-from tensorboardX.summary import hparams, scalar
 
 HPARAM_METRICS = ('eval/loss', 'eval/perplexity', 'eval/bits_per_byte', 'train/loss')
 
@@ -26,12 +25,19 @@ def run_logdir(workdir: str, tb_dir: str = '') -> str:
 
 class Summary:
     def __init__(self, logdir: str):
-        self.writer = SummaryWriter(logdir, flush_secs=30) if jax.process_index() == 0 else None
+        self.writer = None
+        if jax.process_index() == 0:
+            from tensorboardX import SummaryWriter
+
+            self.writer = SummaryWriter(logdir, flush_secs=30)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """All `values` at `step` as one event (one hand-off to the writer's process queue,
         ~0.1 ms, instead of one per value: the train loop logs every step)."""
         if self.writer:
+            from tensorboardX.proto.summary_pb2 import Summary as SummaryProto
+            from tensorboardX.summary import scalar
+
             merged = SummaryProto(value=[scalar(t, v).value[0] for t, v in values.items()])
             self.writer.file_writer.add_summary(merged, step)
 
@@ -48,6 +54,8 @@ class Summary:
         """Registers the run in TensorBoard's HParams tab. Its metric columns read this run's
         own scalars (eval/perplexity, ...), so the table shows their latest values."""
         if self.writer:
+            from tensorboardX.summary import hparams
+
             for s in hparams(values, dict.fromkeys(HPARAM_METRICS, 0.0)):
                 self.writer.file_writer.add_summary(s)
 

@@ -60,7 +60,15 @@ class HFTokenizer:
             raise FileNotFoundError(f'config.data.tokenizer: {path!r} is not a file')
         with open(path, 'rb') as f:
             digest = hashlib.sha256(f.read()).hexdigest()[:16]
-        return cls(tokenizers.Tokenizer.from_file(path), f'json-{digest}', eos_token)
+        try:
+            tok = tokenizers.Tokenizer.from_file(path)
+        except Exception as e:  # the Rust library raises a bare Exception
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ValueError(
+                f'config.data.tokenizer: {path!r} is not a tokenizer.json that HF tokenizers '
+                f'can read ({first})'
+            ) from None
+        return cls(tok, f'json-{digest}', eos_token)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids

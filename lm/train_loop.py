@@ -420,18 +420,27 @@ def write_results(
 
 
 def _hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) -> dict:
-    """Flat scalar hyper-parameters for TensorBoard's HParams tab."""
-    values = {f'model.{k}': v for k, v in dataclasses.asdict(cfg).items()}
-    values['model.kv_heads'] = attention.variant(cfg).kv_heads(cfg)  # what the cache holds
+    """Flat scalar hyper-parameters for TensorBoard's HParams tab: first what runs are compared
+    by (attention, heads, what the KV cache holds and its size, parameters, seed, uptraining
+    origin), then every model, train and data setting. Integers stay Python ints."""
+    values = {
+        'attention': cfg.attention,
+        'num_heads': int(cfg.num_heads),
+        'kv_heads': attention.variant(cfg).kv_heads(cfg),  # what the cache holds
+        'kv_cache_bytes_per_token': int(accounting.kv_cache_bytes_per_token(cfg, 'bfloat16')),
+        'params': int(num_params),
+        'seed': int(c.seed),
+        'uptrain.source': c.uptrain.source_workdir or 'none',
+        'uptrain.method': c.uptrain.method or 'none',
+    }
+    values.update({f'model.{k}': v for k, v in dataclasses.asdict(cfg).items()})
     values.update({f'train.{k}': v for k, v in c.train.items()})
     values.update(
         {
             'data.source': c.data.source,
             'data.tokenizer': c.data.tokenizer,
             'data.seq_len': c.data.seq_len,
-            'seed': c.seed,
             'eval_tokens': c.eval_tokens,
-            'num_params': num_params,
         }
     )
     return values

@@ -28,7 +28,24 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
 _STOP = flags.DEFINE_bool('stop_at_eos', True, 'Stop a row at the end-of-text token.')
 
 
+def check_prompts(prompts: list[str]) -> None:
+    """Each --prompt must be UTF-8 text (undecodable argv bytes arrive as lone surrogates)."""
+    for i, prompt in enumerate(prompts):
+        try:
+            prompt.encode('utf-8')
+        except UnicodeEncodeError as e:
+            raw = prompt.encode('utf-8', 'surrogateescape')
+            offset = len(prompt[: e.start].encode('utf-8', 'surrogateescape'))
+            raise ValueError(
+                f'--prompt (number {i + 1}) is not valid UTF-8: byte 0x{raw[offset]:02x} at '
+                f'offset {offset}'
+            ) from None
+
+
 def run() -> int:
+    check_prompts(_PROMPTS.value)
+    if _MAX_NEW.value <= 0:
+        raise ValueError(f'--max_new_tokens must be > 0, got {_MAX_NEW.value}')
     sampling = parse_sampling(_SAMPLING.value)
     bootstrap(stored_config(_WORKDIR.value))
     restored = restore_run(_WORKDIR.value, _STEP.value)

@@ -1,7 +1,7 @@
 """Sweep a config over a grid (and/or the points of a sweep file) and summarise the runs.
 
   python scripts/sweep.py --config=configs/shakespeare_char.py \
-      --config.data.path=../shared/data/tinyshakespeare.txt --sweep_dir=runs/heads \
+      --config.data.path=data/tinyshakespeare.txt --sweep_dir=runs/heads \
       --grid model.attention=gqa --grid model.num_heads=4,8 --grid model.num_kv_heads=1,2,4,8
   python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds \
       --seeds=3 --parallel=2
@@ -31,7 +31,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.checkpoint import read_latest_meta
-from lm.cli import run_app
+from lm.cli import check_config_keys, check_writable_dir, run_app
 from lm.config import write_config_file
 from lm.experiment import check_loop_config
 from lm.fairness import MATCHES, match_parameters, reference_config
@@ -194,6 +194,8 @@ def run() -> int:
     if _PARALLEL.value < 1 or _SEEDS.value < 1:
         raise ValueError('--parallel and --seeds must be >= 1')
     sweep_dir = _SWEEP_DIR.value
+    check_writable_dir(sweep_dir, '--sweep_dir')
+    check_config_keys(_CONFIG.value)
     module = load_sweep_file(config_flags.get_config_filename(flags.FLAGS['config']))
     match = fairness(module)
     runs = plan(_CONFIG.value, sweep_dir, module, match)

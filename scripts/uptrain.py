@@ -9,7 +9,7 @@ state, and the source config with attention / num_kv_heads / schedule updated.
 
 from absl import flags
 
-from lm.cli import bootstrap, run_app
+from lm.cli import bootstrap, check_writable_dir, run_app
 from lm.experiment import stored_config
 from lm.uptrain import convert_checkpoint
 
@@ -36,6 +36,7 @@ _STEPS = flags.DEFINE_integer(
 
 
 def run() -> int:
+    check_writable_dir(_DST.value, '--dst')
     bootstrap(stored_config(_SRC.value, '--src'))
     config = convert_checkpoint(
         _SRC.value,

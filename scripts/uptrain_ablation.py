@@ -8,7 +8,7 @@ runs for --seeds seeds and is evaluated on the whole validation split (--eval_to
 show mean, sample std and 95% t-interval over seeds, and paired differences between arms (same
 seed = same source, initialisation and data order) marked where resolved at 95%.
 
-  python scripts/uptrain_ablation.py --data_path=../shared/data/tinyshakespeare.txt \
+  python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --report=docs/uptraining_table.md
 
 Finished runs are skipped when the command is repeated (results are cached per run).
@@ -28,7 +28,7 @@ from lm.config import load_config_file
 from lm.train_loop import train
 from lm.uptrain import METHODS, convert_checkpoint
 
-_DATA = flags.DEFINE_string('data_path', '../shared/data/tinyshakespeare.txt', 'Text file.')
+_DATA = flags.DEFINE_string('data_path', 'data/tinyshakespeare.txt', 'Text file.')
 _OUT = flags.DEFINE_string('out_dir', 'runs/uptrain_ablation', 'Workdirs and TensorBoard.')
 _STEPS = flags.DEFINE_integer('steps', 1000, 'MHA pre-training steps N.')
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per point.')

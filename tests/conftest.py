@@ -1,5 +1,6 @@
-"""Shared fixtures: tiny configs built from configs/base.py, and entry points run as
-subprocesses (`run_entry`)."""
+"""Shared fixtures: tiny configs built from configs/base.py, entry points run as subprocesses
+(`run_entry`), and text the tests make themselves (nothing outside the repository is read: the
+tests run in a fresh clone)."""
 
 import os
 import pathlib
@@ -16,7 +17,6 @@ from lm.config import write_config_file as lm_write_config_file
 jax.config.update('jax_numpy_rank_promotion', 'raise')
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHAKESPEARE = ROOT.parent / 'shared' / 'data' / 'tinyshakespeare.txt'
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'JAX_NUMPY_RANK_PROMOTION': 'raise'}
 
 
@@ -42,6 +42,20 @@ def entry_command(script, *args):
     return [sys.executable, str(ROOT / script), *map(str, args)]
 
 
+def stdlib_text(num_chars: int) -> str:
+    """The first `num_chars` characters of this Python's standard-library .py files, in the
+    fixed order of the `stdlib` data source: real, varied text that every machine has."""
+    from lm.data import _stdlib_files
+
+    parts, size = [], 0
+    for _, full in _stdlib_files():
+        parts.append(pathlib.Path(full).read_text(encoding='utf-8'))
+        size += len(parts[-1])
+        if size >= num_chars:
+            break
+    return ''.join(parts)[:num_chars]
+
+
 def tiny_config(**model_overrides):
     """configs/base.py with a tiny model (vocab 61, d_model 32, 2 layers, 4 heads)."""
     config = load_config_file(os.fspath(ROOT / 'configs' / 'base.py'))
@@ -60,13 +74,6 @@ def tiny_config(**model_overrides):
     )
     config.model.update(model_overrides)
     return config
-
-
-@pytest.fixture
-def shakespeare_path():
-    if not SHAKESPEARE.exists():
-        pytest.skip(f'{SHAKESPEARE} not found')
-    return SHAKESPEARE
 
 
 def tiny_train_config(tmp_path, text_path, **overrides):
@@ -97,8 +104,8 @@ def read_scalars(logdir, tag):
 
 
 @pytest.fixture
-def small_text(tmp_path, shakespeare_path):
-    """The first 60 kB of Tiny Shakespeare, as its own file."""
+def small_text(tmp_path):
+    """60 000 characters of standard-library source, as its own file."""
     path = tmp_path / 'small.txt'
-    path.write_text(shakespeare_path.read_text()[:60_000])
+    path.write_text(stdlib_text(60_000), encoding='utf-8')
     return path

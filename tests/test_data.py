@@ -4,8 +4,9 @@ import re
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import stdlib_text, tiny_config
 
+from lm.config import upgrade_config
 from lm.data import (
     _in_validation,
     _stdlib_files,
@@ -96,7 +97,9 @@ def test_stdlib_source_has_no_tests_and_a_stable_split(tmp_path):
 def test_hf_source_from_local_files(tmp_path):
     lines = [f'line number {i} of a local dataset' for i in range(200)]
     path = write(tmp_path, 'docs.txt', '\n'.join(lines))
-    data = data_config(tmp_path, source='hf', hf_name='text', path=path, val_fraction=0.1)
+    data = data_config(
+        tmp_path, source='hf', hf_name='text', path=path, val_fraction=0.1, hf_sample_by='line'
+    )
     corpus = load_corpus(data)
     tok = corpus.tokenizer
     numbers = {
@@ -108,8 +111,63 @@ def test_hf_source_from_local_files(tmp_path):
     assert numbers['train'] == [i for i in range(200) if i % 10 != 9]
 
 
-def test_bpe_is_trained_once_and_cached(tmp_path, shakespeare_path):
-    text = shakespeare_path.read_text()[:200_000]
+def test_hf_text_groups_paragraphs_into_documents_and_logs_sizes(tmp_path, caplog):
+    """hf_name='text' splits train / validation by document (a paragraph by default), never
+    between the lines of one document."""
+    docs = [
+        '\n'.join(f'doc {d} line {i}' for i in range(5)) for d in range(40)
+    ]  # 40 paragraphs of 5 lines, separated by blank lines
+    path = write(tmp_path, 'docs.txt', '\n\n'.join(docs) + '\n')
+    data = data_config(tmp_path, source='hf', hf_name='text', path=path, val_fraction=0.1)
+    assert data.hf_sample_by == 'paragraph'
+    with caplog.at_level('INFO'):
+        corpus = load_corpus(data)
+    tok = corpus.tokenizer
+    train_text = tok.decode(corpus.tokens['train'])
+    val_text = tok.decode(corpus.tokens['validation'])
+    held_out = {d for d in range(40) if f'doc {d} line 0' in val_text}
+    assert held_out == {9, 19, 29, 39}  # every 10th document, whole
+    for d in range(40):
+        where = val_text if d in held_out else train_text
+        other = train_text if d in held_out else val_text
+        assert all(f'doc {d} line {i}' in where for i in range(5))
+        assert f'doc {d} line' not in other
+    assert 'data: hf source, text' in caplog.text
+    assert f'train {len(corpus.tokens["train"]):,} tokens' in caplog.text
+    assert 'tokenizer byte, 258 tokens' in caplog.text
+
+
+def test_text_that_is_not_utf8_is_refused_unless_replaced(tmp_path):
+    tokens = tmp_path / 'train.bin'  # a nanoGPT-style uint16 token file
+    tokens.write_bytes(np.arange(1000, 3000, dtype=np.uint16).tobytes())  # starts e8 03
+    with pytest.raises(ValueError, match=r"train.bin' is not UTF-8 text \(byte 0xe8 at offset 0"):
+        load_corpus(data_config(tmp_path, source='text', path=str(tokens)))
+    path = tmp_path / 'latin1.txt'
+    path.write_bytes(b'hello world\n' * 100 + 'caf\xe9\n'.encode('latin-1') * 100)
+    data = data_config(tmp_path, source='text', path=str(path))
+    with pytest.raises(
+        ValueError,
+        match=r"latin1.txt' is not UTF-8 text \(byte 0xe9 at offset 1203\); "
+        r"set config.data.decode_errors='replace'",
+    ):
+        load_corpus(data)
+    assert not (tmp_path / 'cache').exists()  # refused before anything was tokenised
+    data.decode_errors = 'replace'
+    corpus = load_corpus(data)
+    assert 'caf\ufffd\n' in corpus.tokenizer.decode(corpus.tokens['train'])
+    with pytest.raises(ValueError, match='decode_errors must be one of'):
+        load_corpus(data_config(tmp_path, source='text', path=str(path), decode_errors='ignore'))
+
+
+def test_configs_written_before_the_data_keys_read_as_before():
+    saved = tiny_config().to_dict()
+    del saved['data']['decode_errors'], saved['data']['hf_sample_by']
+    data = upgrade_config(saved).data
+    assert data.decode_errors == 'replace' and data.hf_sample_by == 'line'  # the old behaviour
+
+
+def test_bpe_is_trained_once_and_cached(tmp_path):
+    text = stdlib_text(200_000)
     path = write(tmp_path, 's.txt', text)
     data = data_config(tmp_path, source='text', path=path, tokenizer='bpe', bpe_vocab_size=600)
     corpus = load_corpus(data)

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import run_entry
+from conftest import run_entry, stdlib_text
 
 pytestmark = pytest.mark.slow  # each test starts a benchmark script
 
@@ -31,9 +31,19 @@ def test_bench_decode_smoke(tmp_path):
     assert stdout.count('\n| ') == 5  # header + 4 rows
 
 
-def test_bench_train_smoke(tmp_path):
+@pytest.fixture
+def text_file(tmp_path):
+    """The benchmarks' --data_path (their default, data/tinyshakespeare.txt, is fetched by
+    scripts/get_data.py and absent from a fresh clone)."""
+    path = tmp_path / 'text.txt'
+    path.write_text(stdlib_text(40_000), encoding='utf-8')
+    return path
+
+
+def test_bench_train_smoke(tmp_path, text_file):
     stdout = run(
         'bench_train.py',
+        f'--data_path={text_file}',
         '--variants=mha,mla',
         '--steps=2',
         '--warmup=1',
@@ -58,9 +68,10 @@ def test_bench_torch_baseline_smoke():
     assert '| torch eager |' in stdout and 'ms/step' in stdout
 
 
-def test_bench_xla_options_smoke():
+def test_bench_xla_options_smoke(text_file):
     stdout = run(
         'bench_xla_options.py',
+        f'--data_path={text_file}',
         '--option=noynn:xla_cpu_experimental_ynn_fusion_type=',
         '--option=eigen1:xla_cpu_multi_thread_eigen=false',
         '--rounds=1',

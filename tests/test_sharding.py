@@ -18,6 +18,7 @@ from conftest import (
     entry_command,
     read_scalars,
     run_entry,
+    stdlib_text,
     tiny_train_config,
     write_config_file,
 )
@@ -50,12 +51,9 @@ def worker(devices, spec):
 
 @pytest.fixture(scope='module')
 def mesh_runs(tmp_path_factory, request):
-    shakespeare = ROOT.parent / 'shared' / 'data' / 'tinyshakespeare.txt'
-    if not shakespeare.exists():
-        pytest.skip('tinyshakespeare.txt not found')
     tmp = tmp_path_factory.mktemp('mesh')
     text = tmp / 'small.txt'
-    text.write_text(shakespeare.read_text()[:60_000])
+    text.write_text(stdlib_text(60_000), encoding='utf-8')
     base = {'text': str(text), 'tmp': str(tmp), 'steps': 5}
     single, _ = worker(
         1,

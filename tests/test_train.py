@@ -61,6 +61,51 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
         strict=True,
     ):
         np.testing.assert_array_equal(a, b)
+    hparams = read_hparams(acc)
+    first = list(hparams)[:8]  # what runs are compared by comes first, in this order
+    assert first == [
+        'attention',
+        'num_heads',
+        'kv_heads',
+        'kv_cache_bytes_per_token',
+        'params',
+        'seed',
+        'uptrain.source',
+        'uptrain.method',
+    ]
+    num_params = sum(x.size for x in jax.tree.leaves(result['state']['params']))
+    assert hparams == {
+        **hparams,
+        'attention': ('string_value', 'gqa'),
+        'num_heads': ('number_value', 4),
+        'kv_heads': ('string_value', '2'),
+        # 2 layers x (K and V) x 2 heads x 8 wide x 2 bytes (bfloat16)
+        'kv_cache_bytes_per_token': ('number_value', 2 * 2 * 2 * 8 * 2),
+        'params': ('number_value', num_params),
+        'seed': ('number_value', 0),
+        'uptrain.method': ('string_value', 'none'),
+        'model.tie_embeddings': ('bool_value', True),
+    }
+    # numbers are numbers (sortable, filterable), and the integer ones whole
+    for key in ('num_heads', 'kv_cache_bytes_per_token', 'params', 'seed'):
+        assert float(hparams[key][1]).is_integer(), key
+
+
+def read_hparams(acc) -> dict:
+    """The run's HParams as TensorBoard reads them: {name: (kind, value)} in logged order."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    content = acc.PluginTagToContent('hparams')['_hparams_/session_start_info']
+    info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(
+        acc.PluginTagToContent('hparams')['_hparams_/experiment']
+    ).experiment
+    out = {}
+    for h in experiment.hparam_infos:
+        value = info.hparams[h.name]
+        kind = value.WhichOneof('kind')
+        out[h.name] = (kind, getattr(value, kind))
+    return out
 
 
 @pytest.mark.slow
@@ -218,9 +263,22 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result['step'] == 8 and result['tag'] == 'eval'
+    assert result['step'] == 8 and result['tag'] == 'eval_first2'
+    for noise in ('libtpu', 'read only'):  # startup noise is gone
+        assert noise not in out.stderr, out.stderr
     tb = read_scalars(tmp_path / 'run' / 'tb', 'eval/loss')
-    np.testing.assert_allclose(result['loss'], tb[8], rtol=1e-6)
+    np.testing.assert_allclose(result['loss'], tb[8], rtol=1e-6)  # same 2 batches as training
+    np.testing.assert_allclose(
+        read_scalars(tmp_path / 'run' / 'tb', 'eval_first2/loss')[8], result['loss'], rtol=1e-6
+    )
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')  # the whole split
+    assert out.returncode == 0, out.stderr[-2000:]
+    whole = json.loads(out.stdout.strip().splitlines()[-1])
+    assert whole['tag'] == 'eval_full'
+    np.testing.assert_allclose(
+        read_scalars(tmp_path / 'run' / 'tb', 'eval_full/loss')[8], whole['loss'], rtol=1e-6
+    )
+    assert read_scalars(tmp_path / 'run' / 'tb', 'eval/loss') == tb  # training's curve untouched
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--step=4', '--split=train')
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result['step'] == 4 and result['tag'].endswith('_train')

@@ -2,7 +2,7 @@
 Shakespeare (8 heads of 16, d_model 128, 4 layers, the shakespeare_char recipe).
 
   python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds \
-      --config.data.path=../shared/data/tinyshakespeare.txt --seeds=3
+      --config.data.path=data/tinyshakespeare.txt --seeds=3
 """
 
 import os
@@ -15,8 +15,9 @@ def get_config():
     config.model.update(num_heads=8, head_dim=16, num_kv_heads=0)
     # MLA: d_c = 4·d_h, d_h^R = d_h / 2 (DeepSeek-V2's ratios) with d_h = 16.
     config.model.update(kv_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    # Fetched by `python scripts/get_data.py tinyshakespeare`.
     config.data.path = os.path.join(
-        os.path.dirname(__file__), '..', '..', '..', 'shared', 'data', 'tinyshakespeare.txt'
+        os.path.dirname(__file__), '..', '..', 'data', 'tinyshakespeare.txt'
     )
     return config
 

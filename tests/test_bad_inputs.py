@@ -1,0 +1,326 @@
+"""A hostile table of bad inputs over every entry point (train.py, eval.py, scripts/uptrain.py,
+scripts/generate.py, scripts/sweep.py): each row runs the entry point as a subprocess and must
+exit != 0 with a one-line `error:` naming the setting or file, before anything is compiled, and
+leave every file already written (a trained run, its data cache, configs) untouched."""
+
+import hashlib
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+from conftest import ROOT, stdlib_text, tiny_train_config, write_config_file
+
+from lm.train_loop import train
+
+
+def tree_digest(root: pathlib.Path) -> dict[str, str]:
+    """{relative path: sha256 of contents (or 'dir')} of everything under root."""
+    out = {}
+    for path in sorted(root.rglob('*')):
+        rel = str(path.relative_to(root))
+        out[rel] = 'dir' if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope='module')
+def ctx(tmp_path_factory):
+    """A trained tiny run with its data cache, and the files the rows point at."""
+    root = tmp_path_factory.mktemp('bad_inputs')
+    text = root / 'small.txt'
+    text.write_text(stdlib_text(60_000), encoding='utf-8')
+    config = tiny_train_config(root, text, **{'train.steps': 4})
+    train(config, str(root / 'run'))
+    c = SimpleNamespace(root=root, run=root / 'run', text=text, config=config)
+
+    def cfg(name, **overrides):
+        """A config file: the trained run's config with overrides."""
+        return write_config_file(tiny_train_config(root, text, **overrides), root / f'{name}.py')
+
+    c.cfg = cfg
+    c.good_cfg = cfg('good')
+    (root / 'syntax.py').write_text('def get_config(:\n')
+    (root / 'no_get.py').write_text('x = 1\n')
+    (root / 'not_config.py').write_text('def get_config():\n    return 3\n')
+    (root / 'partial.py').write_text(
+        'import ml_collections\n\n\ndef get_config():\n'
+        "    return ml_collections.ConfigDict({'seed': 0})\n"
+    )
+    (root / 'random.bin').write_bytes(bytes(range(256)) * 64)
+    (root / 'a_file').write_text('not a directory\n')
+    (root / 'broken_tokenizer.json').write_text('{"model": ')
+    (root / 'not_tokenizer.json').write_text('{"vocab": [1, 2, 3]}')
+    for name, damage in (('empty_bin', 'train.bin'), ('bad_meta', 'meta.json')):
+        shutil.copytree(root / 'cache', root / name)
+        (victim,) = (root / name).glob(f'*/{damage}')
+        victim.write_text('' if damage.endswith('.bin') else '{"dtype": ')
+    if os.geteuid() == 0:  # root writes through file modes: use a read-only file system
+        c.unwritable = pathlib.Path('/sys/lm_test_unwritable')
+    else:
+        c.unwritable = root / 'read_only'
+        c.unwritable.mkdir()
+        c.unwritable.chmod(0o555)
+    yield c
+    if c.unwritable.is_relative_to(root):
+        c.unwritable.chmod(0o755)
+
+
+TRAIN, EVAL, GENERATE = 'train.py', 'eval.py', 'scripts/generate.py'
+UPTRAIN, SWEEP = 'scripts/uptrain.py', 'scripts/sweep.py'
+
+# (id, entry point, args(ctx), regex the last stderr line must match after 'error: ')
+ROWS = [
+    (
+        'config_missing',
+        TRAIN,
+        lambda c: [f'--config={c.root}/nope.py'],
+        r'--config=.*nope\.py.*'
+        r'does not exist',
+    ),
+    (
+        'config_syntax',
+        TRAIN,
+        lambda c: [f'--config={c.root}/syntax.py'],
+        r'--config=.*syntax '
+        r'error in .*syntax\.py line 1',
+    ),
+    (
+        'config_no_get_config',
+        TRAIN,
+        lambda c: [f'--config={c.root}/no_get.py'],
+        r'--config=.*'
+        r'defines no get_config',
+    ),
+    (
+        'config_bad_arg',
+        TRAIN,
+        lambda c: ['--config=configs/shakespeare_char.py:zzz'],
+        r"--config=configs/shakespeare_char\.py:zzz: .*unknown variant 'zzz'",
+    ),
+    (
+        'config_arg_not_taken',
+        TRAIN,
+        lambda c: ['--config=configs/base.py:mha'],
+        r'--config=configs/base\.py:mha: get_config\(\) .* takes no argument',
+    ),
+    (
+        'config_not_a_config',
+        TRAIN,
+        lambda c: [f'--config={c.root}/not_config.py'],
+        r'--config=.*returned int, not an ml_collections\.ConfigDict',
+    ),
+    (
+        'config_lacks_keys',
+        TRAIN,
+        lambda c: [f'--config={c.root}/partial.py'],
+        r'--config: the config lacks async_checkpointing, .* and \d+ more; start it from '
+        r'configs/base\.py',
+    ),
+    (
+        'workdir_read_only',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--workdir=UNWRITABLE'],
+        r'--workdir=.*(not writable|cannot be created)',
+    ),
+    (
+        'workdir_is_a_file',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', f'--workdir={c.root}/a_file'],
+        r"--workdir=.*a_file' is a file",
+    ),
+    (
+        'cache_dir_read_only',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.data.cache_dir=UNWRITABLE'],
+        r'config\.data\.cache_dir=.*(not writable|cannot be)',
+    ),
+    (
+        'tb_dir_read_only',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--tb_dir=UNWRITABLE'],
+        r'--tb_dir=.*(not writable|cannot be created)',
+    ),
+    (
+        'hf_offline',
+        TRAIN,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            '--config.data.source=hf',
+            '--config.data.hf_name=someone/no_such_dataset',
+            '--config.data.path=',
+        ],
+        r"config\.data\.hf_name='someone/no_such_dataset' could not be loaded .*offline",
+    ),
+    (
+        'data_path_is_a_directory',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', f'--config.data.path={c.root}/cache'],
+        r"config\.data\.path: '.*cache' is a directory",
+    ),
+    (
+        'data_not_utf8',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', f'--config.data.path={c.root}/random.bin'],
+        r"config\.data\.path: '.*random\.bin' is not UTF-8 text \(byte 0x80 at offset 128\); "
+        r"set config\.data\.decode_errors='replace'",
+    ),
+    (
+        'tokenizer_corrupt',
+        TRAIN,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            f'--config.data.tokenizer={c.root}/broken_tokenizer.json',
+        ],
+        r"config\.data\.tokenizer: '.*broken_tokenizer\.json' is not a tokenizer\.json",
+    ),
+    (
+        'tokenizer_not_a_tokenizer',
+        TRAIN,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            f'--config.data.tokenizer={c.root}/not_tokenizer.json',
+        ],
+        r"config\.data\.tokenizer: '.*not_tokenizer\.json' is not a tokenizer\.json",
+    ),
+    (
+        'data_cache_empty_file',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', f'--config.data.cache_dir={c.root}/empty_bin'],
+        r"data cache file '.*empty_bin/\w+/train\.bin' is damaged \(empty.*delete '.*' to rebuild",
+    ),
+    (
+        'data_cache_corrupt_meta',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', f'--config.data.cache_dir={c.root}/bad_meta'],
+        r"data cache file '.*bad_meta/\w+/meta\.json' is corrupt .*delete '.*' to rebuild it",
+    ),
+    (
+        'lr_nan',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.train.lr=nan'],
+        r'config\.train\.lr must be a finite number, got nan',
+    ),
+    (
+        'lr_inf',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.train.lr=inf'],
+        r'config\.train\.lr must be a finite number, got inf',
+    ),
+    (
+        'eval_ignored_model_override',
+        EVAL,
+        lambda c: [f'--config={c.good_cfg}', '--config.model.d_model=64'],
+        r'--config\.model\.d_model would be ignored',
+    ),
+    (
+        'eval_tb_dir_read_only',
+        EVAL,
+        lambda c: ['--tb_dir=UNWRITABLE'],
+        r'--tb_dir=.*(not writable|cannot be created)',
+    ),
+    (
+        'prompt_not_utf8',
+        GENERATE,
+        lambda c: [b'--prompt=caf\xe9'],
+        r'--prompt \(number 1\) is not valid UTF-8: byte 0xe9 at offset 3',
+    ),
+    (
+        'max_new_tokens_zero',
+        GENERATE,
+        lambda c: ['--max_new_tokens=0'],
+        r'--max_new_tokens must be > 0, got 0',
+    ),
+    (
+        'temperature_nan',
+        GENERATE,
+        lambda c: ['--sampling=temperature=nan'],
+        r'sampling temperature must be a finite number >= 0, got nan',
+    ),
+    (
+        'uptrain_dst_is_a_file',
+        UPTRAIN,
+        lambda c: [f'--src={c.run}', f'--dst={c.root}/a_file', '--num_kv_heads=1'],
+        r"--dst=.*a_file' is a file",
+    ),
+    (
+        'sweep_dir_is_a_file',
+        SWEEP,
+        lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.root}/a_file'],
+        r"--sweep_dir=.*a_file' is a file",
+    ),
+]
+
+
+def run_entry(c, script, args):
+    """Runs an entry point with --workdir=<the trained run> where it takes one."""
+    args = [a.replace('=UNWRITABLE', f'={c.unwritable}') if isinstance(a, str) else a for a in args]
+    if script in (TRAIN, EVAL, GENERATE) and not any(
+        isinstance(a, str) and a.startswith('--workdir') for a in args
+    ):
+        args.append(f'--workdir={c.run}')
+    env = {
+        **os.environ,
+        'JAX_PLATFORMS': 'cpu',
+        'HF_HUB_OFFLINE': '1',
+        'HF_DATASETS_OFFLINE': '1',
+        'HF_HOME': str(c.root.parent / 'hf_home'),
+    }
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope='module')
+def outcomes(ctx):
+    """Every row's subprocess, three at a time (each is its own process, mostly waiting on
+    imports), and the digest of everything written before and after all of them."""
+    before = tree_digest(ctx.root)
+    with ThreadPoolExecutor(3) as pool:
+        runs = dict(
+            zip(
+                [r[0] for r in ROWS],
+                pool.map(lambda r: run_entry(ctx, r[1], r[2](ctx)), ROWS),
+                strict=True,
+            )
+        )
+    return runs, before, tree_digest(ctx.root)
+
+
+@pytest.mark.parametrize(('row', 'pattern'), [(r[0], r[3]) for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input_is_one_line_error_and_touches_nothing(outcomes, row, pattern):
+    runs, before, after = outcomes
+    out = runs[row]
+    lines = [ln for ln in out.stderr.strip().splitlines() if ln.strip()]
+    assert out.returncode != 0, out.stderr[-3000:]
+    assert 'Traceback' not in out.stderr, out.stderr[-3000:]
+    assert lines and lines[-1].startswith('error: '), out.stderr[-3000:]
+    assert re.search(pattern, lines[-1]), lines[-1]
+    assert 'compiled the train step' not in out.stderr  # refused before any compile
+    assert after == before  # nothing already written (run, data caches, configs) was touched
+
+
+def test_data_path_that_the_source_ignores_is_warned_about(ctx):
+    out = run_entry(
+        ctx,
+        TRAIN,
+        [
+            f'--config={ctx.good_cfg}',
+            '--config.data.source=stdlib',
+            f'--config.data.path={ctx.text}',
+            '--config.model.attention=linear',  # stop right after the data settings are checked
+        ],
+    )
+    assert out.returncode != 0
+    warning = [ln for ln in out.stderr.splitlines() if 'is ignored' in ln]
+    assert len(warning) == 1 and f"config.data.path='{ctx.text}'" in warning[0], out.stderr
+    assert "source='stdlib'" in warning[0]
