@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import stdlib_text, tiny_config
 
-from lm.config import upgrade_config
+from lm.config_migration import upgrade_config
 from lm.data import (
     _in_validation,
     _stdlib_files,

@@ -10,7 +10,7 @@ import pytest
 from conftest import read_scalars, tiny_train_config
 from test_train import run_cli
 
-from lm.config import upgrade_config
+from lm.config_migration import upgrade_config
 from lm.data import eval_windows, window_targets
 from lm.evaluation import eval_batch_size, evaluate, ratio_stderr
 from lm.experiment import prepare
