@@ -536,6 +536,12 @@ def parse_variant(spec: str) -> dict[str, Any]:
     )
 
 
+def baseline() -> dict[str, Any]:
+    """`config.model` settings of multi-head attention, the baseline that KV sharing is
+    compared against (equal-parameter sweeps match every point to it)."""
+    return parse_variant('mha')
+
+
 def resolve(cfg: ModelConfig) -> ModelConfig:
     """Checks the variant's knobs and fills in the derived ones (num_kv_heads, head_dim)."""
     return variant(cfg).resolve(cfg)

@@ -29,6 +29,9 @@ ADDED_KEYS = {
     'data.hf_sample_by': 'line',
 }
 
+# dotted key of an earlier version -> the key that replaced it (`upgrade_config` converts it)
+REPLACED_KEYS = {'eval_batches': 'eval_tokens'}
+
 
 def _upgrade_eval_batches(config: ml_collections.ConfigDict) -> None:
     """An old `eval_batches = N` becomes `eval_tokens`: 0 (whole split) stays 0; N > 0 keeps its

@@ -11,6 +11,7 @@ import copy
 
 import ml_collections
 
+from lm import attention
 from lm.accounting import param_counts
 from lm.config import ModelConfig
 from lm.data import load_tokenizer
@@ -40,11 +41,12 @@ def reference_config(
     base: ml_collections.ConfigDict, configs: list[ml_collections.ConfigDict]
 ) -> ml_collections.ConfigDict:
     """The sweep's first MHA point, or the base config made MHA when no point is MHA."""
+    mha = attention.baseline()
     for config in configs:
-        if config.model.attention == 'mha':
+        if config.model.attention == mha['attention']:
             return config
     ref = ml_collections.ConfigDict(copy.deepcopy(base.to_dict()))
-    ref.model.update(attention='mha', num_kv_heads=0)
+    ref.model.update(mha)
     return ref
 
 

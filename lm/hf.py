@@ -314,3 +314,9 @@ def to_hf(t: Tensor, x: np.ndarray) -> np.ndarray:
         return x if t.lm == ('embed',) else x.reshape(-1)
     n_in = int(np.prod(x.shape[: t.n_in]))
     return np.ascontiguousarray(x.reshape(n_in, -1).T)
+
+
+def exports_interleaved_rope(cfg: ModelConfig) -> bool:
+    """Whether export writes RoPE columns interleaved: DeepseekV3 (MLA) checkpoints carry
+    `rope_interleave=True`; Llama's rotate-half layout is lm's own."""
+    return cfg.attention == 'mla'

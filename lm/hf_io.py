@@ -370,7 +370,7 @@ def export_hf(
     max_len = source.get('max_position_embeddings', config.data.seq_len)
     hf_config = hf.hf_from_model(cfg, max_len, **extra)
     os.makedirs(out_dir, exist_ok=True)
-    tensors = hf.tensor_map(cfg, rope_interleave=cfg.attention == 'mla')
+    tensors = hf.tensor_map(cfg, rope_interleave=hf.exports_interleaved_rope(cfg))
     params = restored.state['params']
 
     def leaf(t: hf.Tensor):

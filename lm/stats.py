@@ -72,10 +72,11 @@ def paired_difference(
     a: Mapping[int, float], b: Mapping[int, float], confidence: float = CONFIDENCE
 ) -> Estimate:
     """The difference a - b over the seeds both arms ran (`{seed: value}`), as an Estimate of
-    the per-seed differences: its interval excludes 0 iff the ordering is resolved."""
+    the per-seed differences: its interval excludes 0 iff the ordering is resolved. With no
+    seed in common it is an Estimate of n = 0 (unresolved)."""
     seeds = sorted(set(a) & set(b))
-    if not seeds:
-        raise ValueError(f'no seed in common between the two arms ({sorted(a)} vs {sorted(b)})')
+    if not seeds:  # nothing to pair (e.g. a seed grid gave each point its own seeds)
+        return Estimate(0, math.nan, math.nan, math.nan, math.nan)
     return estimate([a[s] - b[s] for s in seeds], confidence)
 
 

@@ -85,7 +85,8 @@ def _results(runs: list[dict]) -> dict[str, list[tuple[int, dict]]]:
 
 def _reference(rows: list[dict]) -> dict:
     """The row differences are taken against: the first MHA point, else the first point."""
-    return next((r for r in rows if r['attention'] == 'mha'), rows[0])
+    mha = attention.baseline()['attention']
+    return next((r for r in rows if r['attention'] == mha), rows[0])
 
 
 def summarise(sweep_dir: str, runs: list[dict], match: str = 'width') -> list[dict]:

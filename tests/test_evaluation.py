@@ -7,8 +7,7 @@ import math
 import jax
 import numpy as np
 import pytest
-from conftest import read_scalars, tiny_train_config
-from test_train import run_cli
+from conftest import ROOT, read_scalars, run_entry, tiny_train_config
 
 from lm.config_migration import upgrade_config
 from lm.data import eval_windows, window_targets
@@ -36,22 +35,22 @@ def test_evaluate_matches_an_unpadded_per_window_reference(tmp_path, words_text)
     val = exp.corpus.tokens['validation']
     starts = eval_windows(len(val), 16, 0)
     assert (len(val) - 1) % 16 and len(starts) % 8  # a partial window and a partial batch
-    params = init_state(exp.setup, exp.model, 0)['params']
-    with jax.set_mesh(exp.setup.mesh):
+    params = init_state(exp.ctx, exp.model_cfg, 0)['params']
+    with jax.set_mesh(exp.ctx.mesh):
         got = evaluate(
-            make_eval_step(exp.setup),
+            make_eval_step(exp.ctx),
             params,
             exp.corpus,
             'validation',
             batch_size=eval_batch_size(exp.config),
             seq_len=16,
             eval_tokens=0,
-            batch_sharding=exp.setup.batch_sharding,
+            batch_sharding=exp.ctx.batch_sharding,
         )
         # Reference: each window on its own, at its own length, no padding and no weights.
         sums = np.array(
             [
-                float(token_losses(exp.setup, params, np.asarray(val[s : s + c + 1])[None]).sum())
+                float(token_losses(exp.ctx, params, np.asarray(val[s : s + c + 1])[None]).sum())
                 for s, c in zip(starts, window_targets(len(val), starts, 16), strict=True)
             ]
         )
@@ -84,20 +83,22 @@ def test_train_final_eval_equals_eval_py_on_the_checkpoint(tmp_path, words_text)
     assert sorted(read_scalars(tb, 'eval/loss_stderr')) == [0, 4, 8]
     assert read_scalars(tb, 'eval/tokens')[8] == val_tokens - 1
 
-    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
+    out = run_entry('eval.py', f'--workdir={tmp_path / "run"}')
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got['tag'] == 'eval' and got['tokens'] == final['tokens']
     assert abs(got['loss'] - final['loss']) < 1e-6
     assert abs(got['loss_stderr'] - final['loss_stderr']) < 1e-6
 
-    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_tokens=64')
+    out = run_entry('eval.py', f'--workdir={tmp_path / "run"}', '--eval_tokens=64')
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got['tag'] == 'eval_tokens64' and got['tokens'] == 64  # 4 windows, own tag
 
 
 def test_old_eval_batches_becomes_eval_tokens_of_the_same_cost():
-    old = {'eval_batches': 3, 'train': {'batch_size': 4}, 'data': {'seq_len': 16}}
+    old = json.loads((ROOT / 'tests' / 'old_configs' / 'v1.json').read_text())
+    old.update(eval_batches=3, train={**old['train'], 'batch_size': 4})
+    old['data']['seq_len'] = 16
     config = upgrade_config(old)
     assert 'eval_batches' not in config and config.eval_tokens == 3 * 4 * 16
     assert upgrade_config({**old, 'eval_batches': 0}).eval_tokens == 0  # whole split stays

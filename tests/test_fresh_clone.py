@@ -135,7 +135,7 @@ def test_readme_eight_simulated_devices_command_runs(tmp_path):
         '--config.train.steps=2',
         '--config.train.steps_per_call=1',
         '--config.eval_every=2',
-        '--config.eval_batches=1',
+        '--config.eval_tokens=64',
         '--config.checkpoint_every=2',
         '--config.compilation_cache_dir=',
         f'--config.data.cache_dir={tmp_path / "cache"}',

@@ -571,7 +571,7 @@ def test_commands_end_to_end(tmp_path):
         '--config.train.batch_size=4',
         '--config.train.steps=2',
         '--config.train.warmup_steps=1',
-        '--config.eval_batches=2',
+        '--config.eval_tokens=128',
         '--config.async_checkpointing=False',
         '--config.compilation_cache_dir=',
     ]

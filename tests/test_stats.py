@@ -47,5 +47,5 @@ def test_paired_difference_by_hand():
     assert not stats.estimate([1.10, 1.25, 1.00]).lo > stats.estimate([1.00, 1.20, 0.90]).hi
     noisy = stats.paired_difference({0: 1.0, 1: 2.0}, {0: 1.5, 1: 1.0})
     assert not noisy.resolved and stats.ordering('a', 'b', noisy) == 'a ~ b (unresolved)'
-    with pytest.raises(ValueError, match='no seed in common'):
-        stats.paired_difference({0: 1.0}, {1: 1.0})
+    unpaired = stats.paired_difference({0: 1.0}, {1: 1.0})  # no seed in common
+    assert unpaired.n == 0 and not unpaired.resolved and unpaired.interval() == 'n/a (0 seeds)'

@@ -5,7 +5,6 @@ import json
 import math
 import os
 
-import ml_collections
 import pytest
 from conftest import run_entry, tiny_config, tiny_train_config
 
@@ -141,36 +140,39 @@ def test_equal_parameter_mode_lands_within_one_percent(d_model, heads):
         match_parameters([point_config(base, {'model.num_layers': 40})], shrunk, ['big'])
 
 
-def fake_run(tmp_path, point, seed, loss, attention='mha', params=1000):
+def fake_run(tmp_path, point, seed, loss, attention='mha', **model):
+    """A finished run as the summary reads it: results.json and the config saved with its
+    checkpoint (lm.checkpoint.read_latest_meta reads the JSON side-car)."""
     workdir = tmp_path / f'{point}_s{seed}'
-    workdir.mkdir()
+    meta = workdir / 'checkpoints' / '8' / 'meta'
+    meta.mkdir(parents=True)
+    config = tiny_config(attention=attention, **model)
+    config.seed = seed
+    (meta / 'metadata').write_text(json.dumps({'config': config.to_dict()}))
     (workdir / 'results.json').write_text(
         json.dumps(
             {
+                'step': 8,
                 'eval': {
                     'loss': loss,
                     'perplexity': math.exp(loss),
                     'loss_stderr': 0.01,
                     'tokens': 1234,
                 },
-                'model': {'attention': attention, 'num_heads': 4, 'num_kv_heads': 4, 'mlp_dim': 64},
-                'params': params,
-                'kv_cache_bytes_per_token': 64,
                 'tokens_per_sec': 100.0,
             }
         )
     )
-    return {
-        'point': point,
-        'config': ml_collections.ConfigDict({'seed': seed}),
-        'workdir': str(workdir),
-    }
+    return {'point': point, 'config': config, 'workdir': str(workdir)}
 
 
 def test_summary_reports_intervals_and_resolved_orderings(tmp_path):
     runs = [fake_run(tmp_path, 'mha', s, x) for s, x in enumerate([1.10, 1.25, 1.00])]
-    runs += [fake_run(tmp_path, 'mqa', s, x, 'mqa', 1005) for s, x in enumerate([1.20, 1.30, 1.10])]
-    runs += [fake_run(tmp_path, 'gqa', s, x, 'gqa') for s, x in enumerate([1.00, 1.35, 1.05])]
+    runs += [fake_run(tmp_path, 'mqa', s, x, 'mqa') for s, x in enumerate([1.20, 1.30, 1.10])]
+    runs += [
+        fake_run(tmp_path, 'gqa', s, x, 'gqa', num_kv_heads=2)
+        for s, x in enumerate([1.00, 1.35, 1.05])
+    ]
     rows = summarise(str(tmp_path), runs, 'params')
     mha = rows[0]
     # mean 1.11667, sample std 0.125831, half-width 4.302653 * 0.125831 / sqrt(3) = 0.312581
@@ -179,10 +181,16 @@ def test_summary_reports_intervals_and_resolved_orderings(tmp_path):
     assert mha['eval_loss_ci_lo'] == pytest.approx(0.804086, abs=1e-6)
     md = (tmp_path / 'summary.md').read_text()
     assert md.startswith('Fairness: equal parameters')
-    assert '(largest parameter gap to mha: 0.50%)' in md
+    sizes = {
+        a: param_counts(model_config(tiny_config(attention=a, num_kv_heads=g).model))['total']
+        for a, g in (('mha', 0), ('mqa', 0), ('gqa', 2))
+    }
+    gap = max(abs(n - sizes['mha']) / sizes['mha'] for n in sizes.values())
+    assert f'(largest parameter gap to mha: {gap:.2%})' in md
     assert '1,234 validation tokens per run' in md
     # mqa - mha = 0.10, 0.05, 0.10: mean 0.0833, 95% CI [0.0116, 0.1550], resolved
-    assert '| mqa | mqa | 4 | 4 | 64 | 1,005 |' in md and '+0.0833 [0.0116, 0.1550] ✓ |' in md
+    assert f'| mqa | mqa | 4 | 1 | 64 | {sizes["mqa"]:,} |' in md
+    assert '+0.0833 [0.0116, 0.1550] ✓ |' in md
     with open(tmp_path / 'summary_pairs.csv') as f:
         pairs = {(p['a'], p['b']): p for p in csv.DictReader(f)}
     assert pairs[('mha', 'mqa')]['ordering'] == 'mha < mqa'

@@ -132,7 +132,7 @@ def test_accounting_and_uptraining_ask_the_variant(toy):
     assert accounting.flops_per_token(cfg, 16) == 6 * n + 6 * L * H * (D + D) * 16
     with pytest.raises(ValueError, match=r"attention='toy_shared_kv', which has no K/V heads"):
         check_conversion(cfg, 1, 'mean')
-    assert _hparams(tiny_config(), cfg, n)['model.kv_heads'] == '2 shared'
+    assert _hparams(tiny_config(), cfg, n)['kv_heads'] == '2 shared'
 
 
 def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
@@ -145,7 +145,7 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
         tmp_path,
         small_text,
         **{'model.attention': 'toy_shared_kv', 'model.num_kv_heads': 2, 'train.steps': 2},
-        **{'eval_every': 2, 'checkpoint_every': 2, 'log_every': 1, 'eval_batches': 1},
+        **{'eval_every': 2, 'checkpoint_every': 2, 'log_every': 1, 'eval_tokens': 64},
     )
     assert sweep.invalid_reason(config) is None
     train(config, str(tmp_path / 'toy'))
