@@ -70,6 +70,10 @@ def get_config() -> ml_collections.ConfigDict:
     train.lr = 1e-3  # Peak learning rate, reached after warmup.
     train.min_lr = 1e-4  # Learning rate at the end of the cosine decay.
     train.warmup_steps = 100  # Linear warmup from 0 to lr.
+    train.schedule_start = 0  # Step where that warmup starts (uptraining 'rewarm': source's step).
+    train.decay_steps = 0  # Step where the cosine reaches min_lr; 0 = train.steps.
+    train.ramp_start = 0  # Step where the lr ramp (ramp_steps) starts.
+    train.ramp_steps = 0  # Scale the lr by a 0 -> 1 ramp over this many steps; 0 = no ramp.
     train.b1 = 0.9  # AdamW beta1.
     train.b2 = 0.95  # AdamW beta2.
     train.eps = 1e-8  # AdamW epsilon.
@@ -98,7 +102,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     uptrain = config.uptrain = ml_collections.ConfigDict()  # MHA -> GQA/MQA (scripts/uptrain.py)
     uptrain.fraction = 0.05  # Uptraining steps as a fraction alpha of the source run's steps.
-    uptrain.warmup_steps = -1  # Warmup of the uptraining schedule; -1 = 10% of its steps.
+    uptrain.warmup_steps = -1  # Uptraining warmup; -1 = 10% of its steps (rewarm), none (continue).
+    uptrain.schedule = 'continue'  # 'continue': the source's lr schedule; 'rewarm': warm up anew.
+    uptrain.optimizer_state = 'convert'  # 'convert': source's Adam moments, K/V pooled; 'fresh'.
     uptrain.method = ''  # Set by scripts/uptrain.py: 'mean' | 'first' | 'random' conversion.
     uptrain.source_workdir = ''  # Set by scripts/uptrain.py: the run this one was converted from.
     uptrain.source_step = -1  # Set by scripts/uptrain.py: the source checkpoint's step.

@@ -27,6 +27,12 @@ ADDED_KEYS = {
     'eval_batch_size': 0,
     'data.decode_errors': 'replace',
     'data.hf_sample_by': 'line',
+    'train.schedule_start': 0,
+    'train.decay_steps': 0,
+    'train.ramp_start': 0,
+    'train.ramp_steps': 0,
+    'uptrain.schedule': 'rewarm',
+    'uptrain.optimizer_state': 'fresh',
 }
 
 # dotted key of an earlier version -> the key that replaced it (`upgrade_config` converts it)

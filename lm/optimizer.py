@@ -5,19 +5,34 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
 
 def lr_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
-    """0 → lr linearly over warmup_steps, then cosine to min_lr at `steps`."""
-    return optax.warmup_cosine_decay_schedule(
+    """The rate at (global) step s: 0 → lr linearly over warmup_steps from `schedule_start`, then
+    cosine to min_lr at `decay_steps` (0: `steps`), min_lr after; times a linear ramp 0 → 1 over
+    `ramp_steps` from `ramp_start` when ramp_steps > 0 (continued uptraining's short warmup)."""
+    start = train.schedule_start
+    end = train.decay_steps or train.steps
+    base = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=train.lr,
         warmup_steps=train.warmup_steps,
-        decay_steps=max(train.steps, train.warmup_steps + 1),
+        decay_steps=max(end - start, train.warmup_steps + 1),
         end_value=train.min_lr,
     )
+    if not (start or train.ramp_steps):
+        return base
+
+    def schedule(count):
+        lr = base(jnp.maximum(count - start, 0))
+        if train.ramp_steps:
+            lr *= jnp.clip((count - train.ramp_start) / train.ramp_steps, 0.0, 1.0)
+        return lr
+
+    return schedule
 
 
 def make_optimizer(
@@ -53,6 +68,9 @@ def check_train_config(train: ml_collections.ConfigDict) -> None:
             f'config.train.batch_size={train.batch_size} must be divisible by '
             f'grad_accum_steps={train.grad_accum_steps}'
         )
+    for name in ('schedule_start', 'decay_steps', 'ramp_start', 'ramp_steps'):
+        if train[name] < 0:
+            raise ValueError(f'config.train.{name} must be >= 0, got {train[name]}')
     if train.lr <= 0 or train.min_lr < 0 or train.warmup_steps < 0:
         raise ValueError('config.train.lr must be > 0, and min_lr and warmup_steps >= 0')
     if not (0 <= train.b1 < 1 and 0 <= train.b2 < 1):

@@ -269,7 +269,8 @@ class _Run:
         _log_model(self.exp, self.tb)
         spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
         self.meter = _Meter(self.exp, self.tb, self.start, self.ckpt.steps, spikes)
-        self.last_eval = self._evaluate(0) if self.start == 0 else {}
+        first = self.start in (0, c.uptrain.source_step)  # a new run, or a converted one
+        self.last_eval = self._evaluate(self.start) if first else {}
         self.meter.restart()  # the first window times steps only
         step = self.start
         try:
@@ -280,7 +281,7 @@ class _Run:
             self.ckpt.close()
             self.tb.flush()
             self.tb.close()
-        finished = step == c.train.steps and (step > self.start or self.start == 0)
+        finished = step == c.train.steps and (step > self.start or first)
         if finished and not self.stop.signum and jax.process_index() == 0:
             write_results(self.workdir, step, self.last_eval, self.meter.median_tokens_per_sec(), c)
         return {
@@ -432,6 +433,8 @@ def _hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) ->
         'seed': int(c.seed),
         'uptrain.source': c.uptrain.source_workdir or 'none',
         'uptrain.method': c.uptrain.method or 'none',
+        'uptrain.schedule': c.uptrain.schedule if c.uptrain.method else 'none',
+        'uptrain.optimizer_state': c.uptrain.optimizer_state if c.uptrain.method else 'none',
     }
     values.update({f'model.{k}': v for k, v in dataclasses.asdict(cfg).items()})
     values.update({f'train.{k}': v for k, v in c.train.items()})

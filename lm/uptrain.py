@@ -5,6 +5,13 @@ g_dst (g_src divisible by g_dst) merges each run of r = g_src / g_dst consecutiv
 - 'mean': their K and V projections (and biases) are averaged — the paper's method;
 - 'first': the first head of each run is kept;
 - 'random': K and V are re-initialised (the ablation's lower bound).
+
+The converted run continues the source's global step: its first checkpoint is the source's step,
+and it trains on the source recipe's batches for the steps after it (new data, never a replay).
+`uptrain.schedule`: 'continue' carries the source's learning-rate schedule on (optionally ramped
+up over uptrain.warmup_steps), 'rewarm' warms up to the peak anew and decays over the uptraining
+steps. `uptrain.optimizer_state`: 'convert' keeps the source's AdamW state with the K/V moments
+converted like the weights (zeroed for 'random'), 'fresh' starts the moments anew.
 """
 
 from __future__ import annotations
@@ -14,10 +21,12 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import optax
 from absl import logging
 
 from lm import attention
@@ -29,6 +38,8 @@ from lm.optimizer import check_train_config
 from lm.workdir import WorkdirLock
 
 METHODS = ('mean', 'first', 'random')
+SCHEDULES = ('continue', 'rewarm')
+OPTIMIZER_STATES = ('convert', 'fresh')
 PARTIAL = '.uptrain-partial-'  # a conversion is written here, inside --dst, then moved in
 
 
@@ -60,11 +71,23 @@ def check_conversion(src: ModelConfig, num_kv_heads: int, method: str) -> None:
 
 
 def check_flags(
-    num_kv_heads: int, method: str, step: int | None, fraction: float | None, seed: int
+    num_kv_heads: int,
+    method: str,
+    step: int | None,
+    fraction: float | None,
+    seed: int,
+    schedule: str = 'continue',
+    optimizer_state: str = 'convert',
 ) -> None:
     """One-line errors for flags that are wrong whatever the source, before anything is read."""
     if method not in METHODS:
         raise ValueError(f'--method must be one of {METHODS}, got {method!r}')
+    if schedule not in SCHEDULES:
+        raise ValueError(f'--schedule must be one of {SCHEDULES}, got {schedule!r}')
+    if optimizer_state not in OPTIMIZER_STATES:
+        raise ValueError(
+            f'--optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}'
+        )
     if num_kv_heads < 1:
         raise ValueError(f'--num_kv_heads must be >= 1, got {num_kv_heads}')
     if step is not None and step < 0:
@@ -85,34 +108,99 @@ def merge_kv_heads(x: jax.Array, head_axis: int, num_kv_heads: int, method: str)
     return jnp.take(grouped, 0, axis=head_axis + 1)
 
 
+def _map_kv(params: dict, fn: Callable[[dict], dict]) -> dict:
+    """`params` with fn applied to every layer's k_proj and v_proj dicts; the rest shared."""
+    out = dict(params)
+    out['blocks'] = {}
+    for layer, block in params['blocks'].items():
+        attn = dict(block['attn'])
+        for name in ('k_proj', 'v_proj'):
+            attn[name] = fn(dict(attn[name]))
+        out['blocks'][layer] = {**block, 'attn': attn}
+    return out
+
+
+def _merge_proj(proj: dict, num_kv_heads: int, method: str) -> dict:
+    proj['kernel'] = merge_kv_heads(proj['kernel'], 1, num_kv_heads, method)  # [E, G, D]
+    if 'bias' in proj:
+        proj['bias'] = merge_kv_heads(proj['bias'], 0, num_kv_heads, method)  # [G, D]
+    return proj
+
+
 def convert_params(
     params: dict, src: ModelConfig, num_kv_heads: int, method: str, seed: int = 0
 ) -> dict:
     """The parameter tree (pure dict, as checkpointed) with every layer's k_proj / v_proj
     converted to `num_kv_heads` heads. Other parameters are shared, not copied."""
     check_conversion(src, num_kv_heads, method)
-    out = dict(params)
-    out['blocks'] = {}
+    if method != 'random':
+        return _map_kv(params, lambda proj: _merge_proj(proj, num_kv_heads, method))
     key = jax.random.key(seed)
-    for layer, block in params['blocks'].items():
-        attn = dict(block['attn'])
-        for name in ('k_proj', 'v_proj'):
-            proj = dict(attn[name])
-            kernel = proj['kernel']  # [E, G, D]
-            if method == 'random':
-                key, sub = jax.random.split(key)
-                shape = (kernel.shape[0], num_kv_heads, kernel.shape[2])
-                std = 1 / math.sqrt(kernel.shape[0])  # the model's own init (lm/layers.py)
-                proj['kernel'] = std * jax.random.normal(sub, shape, DTYPES[src.param_dtype])
-                if 'bias' in proj:
-                    proj['bias'] = jnp.zeros((num_kv_heads, kernel.shape[2]), kernel.dtype)
-            else:
-                proj['kernel'] = merge_kv_heads(kernel, 1, num_kv_heads, method)
-                if 'bias' in proj:
-                    proj['bias'] = merge_kv_heads(proj['bias'], 0, num_kv_heads, method)
-            attn[name] = proj
-        out['blocks'][layer] = {**block, 'attn': attn}
-    return out
+
+    def fresh(proj: dict) -> dict:
+        nonlocal key
+        key, sub = jax.random.split(key)
+        E, _, D = proj['kernel'].shape
+        std = 1 / math.sqrt(E)  # the model's own init (lm/layers.py)
+        proj['kernel'] = std * jax.random.normal(sub, (E, num_kv_heads, D), DTYPES[src.param_dtype])
+        if 'bias' in proj:
+            proj['bias'] = jnp.zeros((num_kv_heads, D), proj['bias'].dtype)
+        return proj
+
+    return _map_kv(params, fresh)
+
+
+def convert_moments(moments: dict, num_kv_heads: int, method: str) -> dict:
+    """An optimizer moment tree mirroring the parameters (Adam's mu or nu) converted like
+    `convert_params` converts the weights: K/V moments pooled by `method`, zero for 'random'
+    (the fresh K/V have no history); every other moment shared, not copied."""
+    if method != 'random':
+        return _map_kv(moments, lambda proj: _merge_proj(proj, num_kv_heads, method))
+
+    def zero(proj: dict) -> dict:
+        return {
+            k: jnp.zeros_like(merge_kv_heads(v, v.ndim - 2, num_kv_heads, 'first'))
+            for k, v in proj.items()
+        }
+
+    return _map_kv(moments, zero)
+
+
+def convert_opt_state(opt_state, params: dict, num_kv_heads: int, method: str):
+    """The optax state `opt_state` (namedtuples, tuples and dicts) with every subtree shaped like
+    `params` (the moments) converted by `convert_moments`; counts and the rest kept."""
+    treedef = jax.tree.structure(params)
+
+    def visit(node):
+        if isinstance(node, dict) and jax.tree.structure(node) == treedef:
+            return convert_moments(node, num_kv_heads, method)
+        if isinstance(node, tuple) and hasattr(node, '_fields'):
+            return type(node)(*(visit(x) for x in node))
+        if isinstance(node, (tuple, list)):
+            return type(node)(visit(x) for x in node)
+        if isinstance(node, dict):
+            return {k: visit(v) for k, v in node.items()}
+        return node
+
+    return visit(opt_state)
+
+
+def with_schedule_count(opt_state, step: int):
+    """`opt_state` with the learning-rate schedule's step counts set to `step` (a fresh state of
+    a run continuing at `step`: Adam's own count stays 0, the schedule reads the global step)."""
+
+    def visit(node):
+        if isinstance(node, optax.ScaleByScheduleState):
+            return node._replace(count=jnp.full_like(node.count, step))
+        if isinstance(node, tuple) and hasattr(node, '_fields'):
+            return type(node)(*(visit(x) for x in node))
+        if isinstance(node, (tuple, list)):
+            return type(node)(visit(x) for x in node)
+        if isinstance(node, dict):
+            return {k: visit(v) for k, v in node.items()}
+        return node
+
+    return visit(opt_state)
 
 
 def check_steps(source_step: int | None, steps: int | None) -> None:
@@ -133,16 +221,29 @@ def uptrain_config(
     steps: int | None = None,
     **provenance,
 ) -> ml_collections.ConfigDict:
-    """The converted run's config: attention and KV heads updated, the schedule set for
-    `steps` (default: `uptrain.fraction` × the source's steps) with its own warmup,
-    provenance recorded."""
+    """The converted run's config: attention and KV heads updated; it continues from step
+    `source_step` for `steps` more (default: `uptrain.fraction` × source_step) under
+    `uptrain.schedule`; provenance recorded.
+
+    'continue': the source's schedule at the continuing steps (its decay horizon kept, so a
+    source whose cosine ended stays at min_lr), ramped up from 0 over uptrain.warmup_steps when
+    that is > 0 (-1 or 0: no ramp). 'rewarm': warmup to train.lr over uptrain.warmup_steps (-1:
+    10% of the uptraining steps) from source_step, cosine to min_lr at the last step."""
     config = ml_collections.ConfigDict(copy.deepcopy(source.to_dict()))
     config.model.update(attention.VARIANTS[source.model.attention].pooled(num_kv_heads))
-    up = config.uptrain
+    up, train = config.uptrain, config.train
+    if up.schedule not in SCHEDULES:
+        raise ValueError(f'config.uptrain.schedule must be one of {SCHEDULES}, got {up.schedule!r}')
     check_steps(source_step, steps)
     steps = round(up.fraction * source_step) if steps is None else steps
-    config.train.steps = steps
-    config.train.warmup_steps = up.warmup_steps if up.warmup_steps >= 0 else round(0.1 * steps)
+    if up.schedule == 'continue':
+        train.decay_steps = train.decay_steps or train.steps  # the source's horizon
+        train.ramp_start, train.ramp_steps = source_step, max(up.warmup_steps, 0)
+    else:
+        warmup = up.warmup_steps if up.warmup_steps >= 0 else round(0.1 * steps)
+        train.update(schedule_start=source_step, warmup_steps=warmup, decay_steps=0, ramp_steps=0)
+        train.ramp_start = 0
+    train.steps = source_step + steps
     config.eval_every = min(config.eval_every, max(steps, 1))
     config.checkpoint_every = min(config.checkpoint_every, max(steps, 1))
     up.update(source_step=source_step, **provenance)
@@ -158,32 +259,42 @@ def convert_checkpoint(
     fraction: float | None = None,
     seed: int = 0,
     steps: int | None = None,
+    schedule: str = 'continue',
+    optimizer_state: str = 'convert',
 ) -> ml_collections.ConfigDict:
-    """Converts `src`'s checkpoint to `num_kv_heads` KV heads and writes it as step 0 of a new
-    run in `dst` (fresh optimizer state, config from `uptrain_config`, `steps` uptraining
-    steps or uptrain.fraction of the source's); returns that config. Every flag is checked
+    """Converts `src`'s checkpoint to `num_kv_heads` KV heads and writes it as a new run in
+    `dst` whose first checkpoint is at the source's step (optimizer state per
+    `optimizer_state`, config from `uptrain_config` under `schedule`, `steps` uptraining steps
+    or uptrain.fraction of the source's); returns that config. Every flag is checked
     before anything is written, and `dst` is owned meanwhile (`WorkdirLock`); the checkpoint is
     built beside its place and moved in when complete, so a failure leaves `dst` as it was."""
-    check_flags(num_kv_heads, method, step, fraction, seed)
+    check_flags(num_kv_heads, method, step, fraction, seed, schedule, optimizer_state)
     latest = read_latest_meta(src)
     check_steps(step if step is not None else latest and latest['data_step'], steps)
     with WorkdirLock(dst, '--dst'):
         dst_ckpts = os.path.join(dst, 'checkpoints')
         if os.path.isdir(dst_ckpts) and os.listdir(dst_ckpts):
             raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
-        config, state, meta = _convert(src, num_kv_heads, method, step, fraction, seed, steps)
+        config, state, meta = _convert(
+            src, num_kv_heads, method, step, fraction, seed, steps, schedule, optimizer_state
+        )
         for name in os.listdir(dst):  # left by a conversion that was killed
             if name.startswith(PARTIAL):
                 shutil.rmtree(os.path.join(dst, name), ignore_errors=True)
         partial = tempfile.mkdtemp(prefix=PARTIAL, dir=dst)
         try:
             out = Checkpointer(partial, async_save=False)
-            out.save(0, state, meta)
+            out.save(config.uptrain.source_step, state, meta)
             out.close()
             os.replace(os.path.join(partial, 'checkpoints'), dst_ckpts)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
-    logging.info('wrote %s; uptraining for %d steps', dst, config.train.steps)
+    logging.info(
+        'wrote %s; uptraining from step %d to %d',
+        dst,
+        config.uptrain.source_step,
+        config.train.steps,
+    )
     return config
 
 
@@ -195,14 +306,17 @@ def _convert(
     fraction: float | None,
     seed: int,
     steps: int | None,
+    schedule: str,
+    optimizer_state: str,
 ) -> tuple[ml_collections.ConfigDict, dict, dict]:
-    """(config, state, checkpoint side-car) of the converted run's step 0."""
+    """(config, state, checkpoint side-car) of the converted run's first step (the source's)."""
     source = restore_run(
         src, step, lambda cfg: check_conversion(cfg, num_kv_heads, method), '--src'
     )
     src_config, src_cfg, state = source.config, source.model_cfg, source.state
     if fraction is not None:
         src_config.uptrain.fraction = fraction
+    src_config.uptrain.update(schedule=schedule, optimizer_state=optimizer_state)
     config = uptrain_config(
         src_config,
         num_kv_heads,
@@ -215,23 +329,32 @@ def _convert(
     check_loop_config(config)
     ctx = step_context(config, model_config(config.model), mesh=source.ctx.mesh)
     params = convert_params(state['params'], src_cfg, num_kv_heads, method, seed)
+    if optimizer_state == 'convert':
+        opt_state = convert_opt_state(state['opt_state'], state['params'], num_kv_heads, method)
+    else:
+        opt_state = with_schedule_count(ctx.tx.init(params), source.step)
     new_state = jax.device_put(
         {
             'params': params,
-            'opt_state': ctx.tx.init(params),
-            'step': jax.numpy.zeros((), jax.numpy.int32),
+            'opt_state': opt_state,
+            'step': jnp.asarray(source.step, jnp.int32),
             'rng': state['rng'],
         },
         ctx.state_sharding,
     )
     logging.info(
-        'converted %s step %d (%s, %d KV heads) to %d KV heads by %s',
+        'converted %s step %d (%s, %d KV heads) to %d KV heads by %s; schedule %s, %s optimizer '
+        'state',
         src,
         source.step,
         src_cfg.attention,
         src_cfg.num_kv_heads,
         num_kv_heads,
         method,
+        schedule,
+        optimizer_state,
     )
-    meta = checkpoint_meta(config, source.meta['data_fingerprint'], 0, ctx.abstract_state['params'])
+    meta = checkpoint_meta(
+        config, source.meta['data_fingerprint'], source.step, ctx.abstract_state['params']
+    )
     return config, new_state, meta

@@ -6,12 +6,27 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from conftest import read_scalars, run_entry, tiny_config, tiny_train_config, write_config_file
 from flax import nnx
 
+import lm.train_loop
+from lm.checkpoint import Checkpointer
+from lm.data import load_corpus, train_batch
+from lm.experiment import restore_run
 from lm.model import build_model, model_config
-from lm.uptrain import check_conversion, convert_params, merge_kv_heads, uptrain_config
+from lm.optimizer import lr_schedule, make_optimizer
+from lm.uptrain import (
+    check_conversion,
+    check_flags,
+    convert_checkpoint,
+    convert_opt_state,
+    convert_params,
+    merge_kv_heads,
+    uptrain_config,
+    with_schedule_count,
+)
 
 
 def params_of(model):
@@ -139,16 +154,147 @@ def test_conversion_errors(model, g, method, message):
 
 def test_uptrain_config_sets_schedule_and_provenance():
     config = tiny_config(attention='mha')
-    config.uptrain.update(fraction=0.25, warmup_steps=-1)
+    config.train.update(steps=40, warmup_steps=4)
+    config.uptrain.update(fraction=0.25, warmup_steps=-1, schedule='rewarm')
     out = uptrain_config(config, 1, source_step=40, method='mean', source_workdir='/src')
     assert (out.model.attention, out.model.num_kv_heads) == ('mqa', 1)
-    assert (out.train.steps, out.train.warmup_steps) == (10, 1)
+    # steps continue from the source's: 10 more, a fresh warmup of 10% of them from step 40
+    assert (out.train.steps, out.train.warmup_steps, out.train.schedule_start) == (50, 1, 40)
     assert (out.uptrain.source_step, out.uptrain.method, out.uptrain.source_workdir) == (
         40,
         'mean',
         '/src',
     )
     assert config.model.attention == 'mha'  # the source config is not changed
+    config.uptrain.update(schedule='continue', warmup_steps=3)
+    out = uptrain_config(config, 1, source_step=40)
+    assert (out.train.steps, out.train.warmup_steps, out.train.schedule_start) == (50, 4, 0)
+    assert (out.train.decay_steps, out.train.ramp_start, out.train.ramp_steps) == (40, 40, 3)
+    source, up = lr_schedule(config.train), lr_schedule(out.train)
+    # the source's recipe carried on: its final rate (min_lr), ramped up over 3 steps from 0
+    np.testing.assert_allclose(source(40), config.train.min_lr, rtol=1e-6)
+    for k, ramp in enumerate([0, 1 / 3, 2 / 3, 1, 1, 1]):
+        np.testing.assert_allclose(up(40 + k), ramp * source(40 + k), rtol=1e-6)
+    config.uptrain.warmup_steps = -1  # 'continue' with -1: no ramp, exactly the source's rate
+    out = uptrain_config(config, 1, source_step=30)
+    assert out.train.steps == 30 + round(0.25 * 30)
+    for step in range(30, 38):
+        assert float(lr_schedule(out.train)(step)) == float(source(step))
+
+
+def test_rewarm_and_fresh_reproduce_the_old_uptraining():
+    """'rewarm' at source_step + k is the old step-0 schedule at k, and a 'fresh' state at that
+    step makes exactly the old first AdamW update (Adam's count 0, the schedule's at the step)."""
+    config = tiny_config(attention='mha')
+    config.train.steps = 200
+    config.uptrain.update(fraction=0.1, warmup_steps=-1, schedule='rewarm')
+    new = uptrain_config(config, 2, source_step=200).train
+    old = optax.warmup_cosine_decay_schedule(0.0, config.train.lr, 2, 20, config.train.min_lr)
+    for k in range(22):
+        assert float(lr_schedule(new)(200 + k)) == float(old(k)), k
+    old_train = config.train.copy_and_resolve_references()
+    old_train.update(steps=20, warmup_steps=2)
+    params = {'w': jnp.arange(6.0).reshape(2, 3), 'b': jnp.ones(3)}
+    grads = {'w': jnp.full((2, 3), 0.5), 'b': jnp.linspace(-1, 1, 3)}
+    tx_new, tx_old = make_optimizer(new), make_optimizer(old_train)
+    state_new = with_schedule_count(tx_new.init(params), 200)
+    state_old = tx_old.init(params)
+    for _ in range(3):  # the first three updates, bitwise
+        up_new, state_new = tx_new.update(grads, state_new, params)
+        up_old, state_old = tx_old.update(grads, state_old, params)
+        for a, b in zip(jax.tree.leaves(up_new), jax.tree.leaves(up_old), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_converted_optimizer_state_for_random_zeroes_kv_moments():
+    src = model_config(tiny_config(attention='mha').model)
+    params = params_of(build_model(src, seed=1))
+    tx = optax.adamw(1e-3)
+    state = tx.init(params)
+    grads = jax.tree.map(lambda p: jnp.ones_like(p) * 0.1, params)
+    _, state = tx.update(grads, state, params)
+    out = convert_opt_state(state, params, 2, 'random')
+    mu = out[0].mu['blocks'][0]['attn']
+    assert mu['k_proj']['kernel'].shape == (32, 2, 8) and not mu['k_proj']['kernel'].any()
+    assert out[0].nu['blocks'][1]['attn']['q_proj'] is state[0].nu['blocks'][1]['attn']['q_proj']
+    assert int(out[0].count) == 1
+    with pytest.raises(ValueError, match=r"--schedule must be one of \('continue', 'rewarm'\)"):
+        check_flags(2, 'mean', None, None, 0, 'restart', 'convert')
+    with pytest.raises(ValueError, match=r'--optimizer_state must be one of'):
+        check_flags(2, 'mean', None, None, 0, 'continue', 'keep')
+
+
+def _recorded_batches(monkeypatch) -> dict:
+    """{step: batch} of every batch the training loop hands to the train step."""
+    seen = {}
+    real = lm.train_loop.call_batch
+
+    def recording(tokens, **kw):
+        batch = real(tokens, **kw)
+        rows = batch if kw['steps'] > 1 else batch[None]
+        for i, rows_i in enumerate(rows):
+            seen[kw['step'] + i] = rows_i
+        return batch
+
+    monkeypatch.setattr(lm.train_loop, 'call_batch', recording)
+    return seen
+
+
+def test_uptraining_continues_the_source_run(tmp_path, small_text, monkeypatch):
+    """Source (8 steps) -> GQA-2 at step 8 -> 4 more steps: batches of steps 8..11 of the source
+    recipe, the source's final learning rate, pooled Adam moments, TensorBoard steps after 8."""
+    config = tiny_train_config(
+        tmp_path,
+        small_text,
+        **{'model.attention': 'mha', 'model.num_kv_heads': 0, 'uptrain.fraction': 0.5},
+    )
+    src, dst, tb = tmp_path / 'mha', tmp_path / 'gqa', tmp_path / 'tb'
+    seen = _recorded_batches(monkeypatch)
+    lm.train_loop.train(config, str(src), str(tb))
+    assert sorted(seen) == list(range(8))
+    source_seen, seen_up = dict(seen), seen
+    seen_up.clear()
+
+    up = convert_checkpoint(str(src), str(dst), 2, 'mean')
+    assert (up.train.steps, up.uptrain.schedule, up.uptrain.optimizer_state) == (
+        12,
+        'continue',
+        'convert',
+    )
+    assert Checkpointer(str(dst), read_only=True).steps() == [8]
+    a, b = restore_run(str(src)), restore_run(str(dst))
+    assert int(b.state['step']) == 8
+    adam_a, adam_b = a.state['opt_state'][1][0], b.state['opt_state'][1][0]  # clip, then adamw
+    assert int(adam_b.count) == int(adam_a.count) == 8
+    for moment in ('mu', 'nu'):
+        ma, mb = getattr(adam_a, moment), getattr(adam_b, moment)
+        for layer, block in ma['blocks'].items():
+            for name in ('k_proj', 'v_proj'):
+                k = np.asarray(block['attn'][name]['kernel'])  # [E, 4, D] -> pairs (0,1), (2,3)
+                want = np.stack([(k[:, 0] + k[:, 1]) / 2, (k[:, 2] + k[:, 3]) / 2], axis=1)
+                np.testing.assert_array_equal(mb['blocks'][layer]['attn'][name]['kernel'], want)
+                mb['blocks'][layer]['attn'][name] = block['attn'][name]  # compared: set aside
+        for x, y in zip(jax.tree.leaves(ma), jax.tree.leaves(mb), strict=True):
+            np.testing.assert_array_equal(x, y)  # every other moment bitwise the source's
+
+    lm.train_loop.train(up, str(dst), str(tb))
+    # the source recipe's batches of steps 8..11: new data, none of the source's 0..7 replayed
+    assert sorted(seen_up) == [8, 9, 10, 11]
+    tokens = load_corpus(config.data).tokens['train']
+    for step, batch in seen_up.items():
+        np.testing.assert_array_equal(
+            batch, train_batch(tokens, seed=config.seed, step=step, batch_size=4, seq_len=16)
+        )
+        assert not any(np.array_equal(batch, old) for old in source_seen.values())
+    # TensorBoard: the converted run's curve continues the source's
+    assert sorted(read_scalars(tb / 'mha', 'train/loss')) == list(range(1, 9))
+    assert sorted(read_scalars(tb / 'gqa', 'train/loss')) == [9, 10, 11, 12]
+    assert sorted(read_scalars(tb / 'gqa', 'eval/loss')) == [8, 12]  # right after conversion
+    # 'continue': the rate the source ended at (its cosine reached min_lr at step 8)
+    final = float(lr_schedule(config.train)(8))
+    np.testing.assert_allclose(final, config.train.min_lr, rtol=1e-6)
+    lrs = read_scalars(tb / 'gqa', 'train/lr')
+    np.testing.assert_allclose([lrs[s] for s in (9, 10, 11, 12)], final, rtol=1e-6)
 
 
 @pytest.mark.slow
@@ -184,11 +330,11 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     out = run_entry('train.py', f'--workdir={tmp_path / "gqa"}', f'--tb_dir={tmp_path / "tb"}')
     assert out.returncode == 0, out.stderr[-3000:]
     evals = read_scalars(tmp_path / 'tb' / 'gqa', 'eval/loss')
-    assert sorted(evals) == [0, 10]  # right after conversion, and after 0.25 x 40 steps
+    assert sorted(evals) == [40, 50]  # right after conversion, and after 0.25 x 40 steps
     source = read_scalars(tmp_path / 'tb' / 'mha', 'eval/loss')
-    assert evals[0] > source[40] - 1e-3  # conversion loses a little...
-    assert evals[10] < evals[0]  # ...and uptraining wins it back
-    assert sorted(read_scalars(tmp_path / 'tb' / 'gqa', 'train/loss')) == list(range(1, 11))
+    assert evals[40] > source[40] - 1e-3  # conversion loses a little...
+    assert evals[50] < evals[40]  # ...and uptraining wins it back
+    assert sorted(read_scalars(tmp_path / 'tb' / 'gqa', 'train/loss')) == list(range(41, 51))
     # Errors are one line: an existing destination, a workdir with no checkpoint.
     again = run_entry(
         'scripts/uptrain.py',
