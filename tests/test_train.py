@@ -62,7 +62,7 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
     ):
         np.testing.assert_array_equal(a, b)
     hparams = read_hparams(acc)
-    first = list(hparams)[:8]  # what runs are compared by comes first, in this order
+    first = list(hparams)[:10]  # what runs are compared by comes first, in this order
     assert first == [
         'attention',
         'num_heads',
@@ -72,6 +72,8 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
         'seed',
         'uptrain.source',
         'uptrain.method',
+        'uptrain.schedule',
+        'uptrain.optimizer_state',
     ]
     num_params = sum(x.size for x in jax.tree.leaves(result['state']['params']))
     assert hparams == {
@@ -84,6 +86,8 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
         'params': ('number_value', num_params),
         'seed': ('number_value', 0),
         'uptrain.method': ('string_value', 'none'),
+        'uptrain.schedule': ('string_value', 'none'),
+        'uptrain.optimizer_state': ('string_value', 'none'),
         'model.tie_embeddings': ('bool_value', True),
     }
     # numbers are numbers (sortable, filterable), and the integer ones whole

@@ -1,6 +1,7 @@
 """MHA -> GQA / MQA conversion (Ainslie et al. 2023): exactness, hand-checked pooling, the
 script end to end, and its errors."""
 
+import json
 import re
 
 import jax
@@ -10,6 +11,8 @@ import optax
 import pytest
 from conftest import read_scalars, run_entry, tiny_config, tiny_train_config, write_config_file
 from flax import nnx
+from tensorboard.backend.event_processing import event_accumulator
+from test_train import read_hparams
 
 import lm.train_loop
 from lm.checkpoint import Checkpointer
@@ -295,6 +298,25 @@ def test_uptraining_continues_the_source_run(tmp_path, small_text, monkeypatch):
     np.testing.assert_allclose(final, config.train.min_lr, rtol=1e-6)
     lrs = read_scalars(tb / 'gqa', 'train/lr')
     np.testing.assert_allclose([lrs[s] for s in (9, 10, 11, 12)], final, rtol=1e-6)
+    # recorded: the run's config beside its last checkpoint, its HParams and results.json
+    saved = restore_run(str(dst)).config.uptrain
+    assert (saved.schedule, saved.optimizer_state, saved.method, saved.source_step) == (
+        'continue',
+        'convert',
+        'mean',
+        8,
+    )
+    assert saved.source_workdir == str(src)
+    acc = event_accumulator.EventAccumulator(str(tb / 'gqa'))
+    acc.Reload()
+    hparams = read_hparams(acc)
+    assert {k: hparams[k][1] for k in list(hparams)[6:10]} == {
+        'uptrain.source': str(src),
+        'uptrain.method': 'mean',
+        'uptrain.schedule': 'continue',
+        'uptrain.optimizer_state': 'convert',
+    }
+    assert json.loads((dst / 'results.json').read_text())['step'] == 12
 
 
 @pytest.mark.slow
