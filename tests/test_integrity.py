@@ -218,12 +218,24 @@ def test_uptrain_flags_are_checked_before_writing(tmp_path, mha_run, monkeypatch
     )
     assert line == 'error: --fraction must be a finite number >= 0, got -0.5'
     assert not dst.exists()
+    line = one_line_error(
+        cli(
+            ROOT / 'scripts' / 'uptrain.py',
+            f'--src={mha_run}',
+            f'--dst={dst}',
+            '--num_kv_heads=2',
+            '--schedule=restart',
+        )
+    )
+    assert line == "error: --schedule must be one of ('continue', 'rewarm'), got 'restart'"
+    assert not dst.exists()
     for kwargs, message in [
         (dict(fraction=float('nan')), r'--fraction must be a finite number >= 0, got nan'),
         (dict(step=-1), r'--step must be >= 0, got -1'),
         (dict(step=5), r'--src: no checkpoint for step 5 in .*; available: \[4, 8\]'),
         (dict(seed=-1), r'--seed must be in \[0, 2\*\*32\), got -1'),
         (dict(method='median'), r'--method must be one of'),
+        (dict(optimizer_state='keep'), r"--optimizer_state must be one of \('convert', 'fresh'\)"),
     ]:
         with pytest.raises((ValueError, FileNotFoundError), match=message):
             convert_checkpoint(str(mha_run), str(dst), 2, **{'method': 'mean', **kwargs})
@@ -245,8 +257,9 @@ def test_uptrain_flags_are_checked_before_writing(tmp_path, mha_run, monkeypatch
     assert list(dst.iterdir()) == []  # an existing (empty) destination stays as it was
     monkeypatch.undo()
     config = convert_checkpoint(str(mha_run), str(dst), 2, 'mean', fraction=0.5)
-    assert config.train.steps == 4 and sorted(p.name for p in dst.iterdir()) == ['checkpoints']
-    assert Checkpointer(str(dst)).steps() == [0]
+    # it continues the source's step 8 for 0.5 x 8 steps more
+    assert config.train.steps == 12 and sorted(p.name for p in dst.iterdir()) == ['checkpoints']
+    assert Checkpointer(str(dst)).steps() == [8]
 
 
 # 4 and 5. Sweep seeds; configs that changed since a run's checkpoint.
