@@ -227,8 +227,9 @@ def uptrain_config(
 
     'continue': the source's schedule at the continuing steps (its decay horizon kept, so a
     source whose cosine ended stays at min_lr), ramped up from 0 over uptrain.warmup_steps when
-    that is > 0 (-1 or 0: no ramp). 'rewarm': warmup to train.lr over uptrain.warmup_steps (-1:
-    10% of the uptraining steps) from source_step, cosine to min_lr at the last step."""
+    that is > 0 (-1 or 0: no ramp); for a step-0 source (an import), the config's schedule over
+    this run's steps. 'rewarm': warmup to train.lr over uptrain.warmup_steps (-1: 10% of the
+    uptraining steps) from source_step, cosine to min_lr at the last step."""
     config = ml_collections.ConfigDict(copy.deepcopy(source.to_dict()))
     config.model.update(attention.VARIANTS[source.model.attention].pooled(num_kv_heads))
     up, train = config.uptrain, config.train
@@ -237,12 +238,13 @@ def uptrain_config(
     check_steps(source_step, steps)
     steps = round(up.fraction * source_step) if steps is None else steps
     if up.schedule == 'continue':
-        train.decay_steps = train.decay_steps or train.steps  # the source's horizon
+        # the source's horizon; a step-0 source (an import) has none: decay over this run
+        train.decay_steps = (train.decay_steps or train.steps) if source_step else 0
         train.ramp_start, train.ramp_steps = source_step, max(up.warmup_steps, 0)
     else:
         warmup = up.warmup_steps if up.warmup_steps >= 0 else round(0.1 * steps)
-        train.update(schedule_start=source_step, warmup_steps=warmup, decay_steps=0, ramp_steps=0)
-        train.ramp_start = 0
+        train.update(schedule_start=source_step, warmup_steps=warmup, decay_steps=0)
+        train.update(ramp_start=0, ramp_steps=0)
     train.steps = source_step + steps
     config.eval_every = min(config.eval_every, max(steps, 1))
     config.checkpoint_every = min(config.checkpoint_every, max(steps, 1))

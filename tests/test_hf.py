@@ -586,16 +586,16 @@ def test_commands_end_to_end(tmp_path):
     )
     run('train.py', f'--workdir={w}')
     run('scripts/uptrain.py', f'--src={w}', f'--dst={up}', '--num_kv_heads=2', '--steps=2')
-    run('train.py', f'--workdir={up}')
+    run('train.py', f'--workdir={up}')  # continues the source's step 2 to step 4
     run('scripts/convert_hf.py', 'export', f'--workdir={up}', f'--hf_dir={out}')
     exported = json.loads((out / 'config.json').read_text())
     assert exported['num_key_value_heads'] == 2 and exported['model_type'] == 'llama'
     assert (out / 'tokenizer.json').is_file() and (out / 'tokenizer_config.json').is_file()
     import_hf(str(out), str(tmp_path / 'back'), base_config())
-    assert_bitwise_equal(flat_params(up, 2), flat_params(tmp_path / 'back'))
+    assert_bitwise_equal(flat_params(up, 4), flat_params(tmp_path / 'back'))
     if HAVE_TORCH:
         tokens = np.load(FIXTURES / 'llama_mha' / 'tokens.npy')
-        model, _ = model_of(up, 2)
+        model, _ = model_of(up, 4)
         assert_close_logits(model(tokens), transformers_logits(out, tokens))
 
 

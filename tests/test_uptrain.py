@@ -183,6 +183,8 @@ def test_uptrain_config_sets_schedule_and_provenance():
     assert out.train.steps == 30 + round(0.25 * 30)
     for step in range(30, 38):
         assert float(lr_schedule(out.train)(step)) == float(source(step))
+    imported = uptrain_config(config, 1, source_step=0, steps=7).train  # no schedule yet
+    assert (imported.steps, imported.decay_steps, imported.schedule_start) == (7, 0, 0)
 
 
 def test_rewarm_and_fresh_reproduce_the_old_uptraining():
