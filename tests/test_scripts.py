@@ -5,6 +5,8 @@ import json
 import pytest
 from conftest import run_entry, stdlib_text
 
+from lm import perf
+
 pytestmark = pytest.mark.slow  # each test starts a benchmark script
 
 
@@ -50,16 +52,47 @@ def test_bench_train_smoke(tmp_path, text_file):
         '--set=train.batch_size=4',
         '--set=data.seq_len=16',
         '--set=train.steps_per_call=2',
+        '--torch_baseline=false',
         f'--json={tmp_path / "t.json"}',
     )
     rows = json.loads((tmp_path / 't.json').read_text())
     assert [r['variant'] for r in rows] == ['mha', 'mla']
+    assert f'on {perf.cpu_model()},' in stdout.splitlines()[0]  # the header names the CPU
+    assert 'eager PyTorch baseline: off' in stdout and 'torch ÷ ours' not in stdout
+    assert all(r['torch_over_ours'] is None for r in rows)
     for r in rows:
         for key in ('step_time_ms', 'tokens_per_sec', 'model_flops_per_token', 'peak_flops', 'mfu'):
             assert r[key] > 0, key
         assert r['tokens_per_sec'] == pytest.approx(4 * 16 / (r['step_time_ms'] / 1e3))
         assert r['steps_per_call'] == 2
     assert 'MFU' in stdout and stdout.count('\n| ') == 3
+
+
+def test_bench_train_torch_ratio(tmp_path, text_file):
+    """With PyTorch importable, the baseline runs interleaved and each row gets the ratio."""
+    pytest.importorskip('torch')  # optional: the baseline needs PyTorch, lm does not
+    stdout = run(
+        'bench_train.py',
+        f'--data_path={text_file}',
+        '--variants=mha',
+        '--steps=4',
+        '--warmup=1',
+        '--rounds=2',
+        '--set=train.batch_size=4',
+        '--set=data.seq_len=16',
+        '--set=train.steps_per_call=2',
+        f'--json={tmp_path / "t.json"}',
+    )
+    (row,) = json.loads((tmp_path / 't.json').read_text())
+    assert row['torch_step_time_ms'] > 0
+    assert row['torch_over_ours'] == pytest.approx(row['torch_step_time_ms'] / row['step_time_ms'])
+    lines = stdout.splitlines()
+    assert f'on {perf.cpu_model()},' in lines[0]
+    assert 'eager PyTorch' in lines[1] and 'interleaved' in lines[1]
+    header = next(ln for ln in lines if ln.startswith('| variant'))
+    assert header.endswith('| torch ms | torch ÷ ours |')
+    mha = next(ln for ln in lines if ln.startswith('| mha |'))
+    assert mha.endswith(f'| {row["torch_over_ours"]:.2f}x |')
 
 
 def test_bench_torch_baseline_smoke():
