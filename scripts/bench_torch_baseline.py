@@ -5,20 +5,72 @@ on one machine. Needs `pip install torch` (not a dependency of lm). scripts/benc
 the same baseline interleaved with ours and prints the ratio; this script times it alone.
 
   python scripts/bench_torch_baseline.py --steps=60
+
+With --target_loss it instead trains the baseline on the recipe's data (configs/
+shakespeare_char.py: its split, batches, steps, learning rates) and prints the validation loss
+of the whole split every --eval_every steps, with the seconds since training started, until the
+loss reaches the target (time to quality; vocabulary: the recipe's byte tokenizer):
+
+  python scripts/bench_torch_baseline.py --target_loss=1.886 --eval_every=100 \
+      --data_path=data/tinyshakespeare.txt
 """
 
 import numpy as np
 from absl import flags
 
 from lm import perf, torch_baseline
-from lm.cli import run_app
+from lm.cli import RecipeFlags, bootstrap, run_app
+from lm.data import load_corpus, load_tokenizer
+
+RECIPE = RecipeFlags(__name__)
 
 _STEPS = flags.DEFINE_integer('steps', 60, 'Timed steps (median reported).')
 _WARMUP = flags.DEFINE_integer('warmup', 5, 'Untimed steps.')
 _THREADS = flags.DEFINE_integer('threads', 0, 'torch.set_num_threads; 0 = torch default.')
+_TARGET = flags.DEFINE_float('target_loss', 0.0, 'Train until this validation loss; 0 = time.')
+_EVAL_EVERY = flags.DEFINE_integer('eval_every', 100, 'Steps between evaluations (--target_loss).')
+
+
+def time_to_loss() -> int:
+    c = RECIPE.config('mha')
+    bootstrap(c, compilation_cache=False)
+    corpus = load_corpus(c.data)
+    shape = torch_baseline.Shape(
+        vocab=load_tokenizer(c.data).vocab_size,
+        n_layer=c.model.num_layers,
+        n_head=c.model.num_heads,
+        n_embd=c.model.d_model,
+        block=c.data.seq_len,
+        batch=c.train.batch_size,
+    )
+    print(
+        f'eager PyTorch nanoGPT baseline, time to validation loss {_TARGET.value} '
+        f'on {perf.cpu_model()}'
+    )
+    print('| step | validation loss (whole split) | seconds since training started |')
+    print('|---|---|---|')
+    rows = torch_baseline.train_to_loss(
+        corpus.tokens['train'],
+        corpus.tokens['validation'],
+        shape,
+        target=_TARGET.value,
+        steps=c.train.steps,
+        eval_every=_EVAL_EVERY.value,
+        lr=c.train.lr,
+        min_lr=c.train.min_lr,
+        warmup=c.train.warmup_steps,
+        seed=c.seed,
+        eval_batch_size=c.eval_batch_size,
+        threads=_THREADS.value,
+    )
+    for r in rows:
+        print(f'| {r["step"]} | {r["val_loss"]:.4f} | {r["seconds"]:.1f} |', flush=True)
+    return 0
 
 
 def run() -> int:
+    if _TARGET.value > 0:
+        return time_to_loss()
     shape = torch_baseline.Shape()
     stepper = torch_baseline.make_stepper(shape, threads=_THREADS.value)
     torch_baseline.time_steps(stepper, _WARMUP.value)
