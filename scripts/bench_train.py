@@ -45,6 +45,10 @@ _TORCH = flags.DEFINE_bool(
     'torch_baseline', True, 'Time the eager PyTorch baseline interleaved (CPU, torch importable).'
 )
 
+_TORCH_THREADS = flags.DEFINE_integer(
+    'torch_threads', 0, "The baseline's torch.set_num_threads; 0 = torch default."
+)
+
 _steppers: dict[torch_baseline.Shape, torch_baseline.Stepper] = {}
 
 
@@ -58,7 +62,7 @@ def baseline_stepper(c) -> torch_baseline.Stepper:
         batch=c.train.batch_size,
     )
     if shape not in _steppers:
-        _steppers[shape] = torch_baseline.make_stepper(shape)
+        _steppers[shape] = torch_baseline.make_stepper(shape, threads=_TORCH_THREADS.value)
         torch_baseline.time_steps(_steppers[shape], _WARMUP.value)
     return _steppers[shape]
 
