@@ -1,6 +1,7 @@
 """Benchmark scripts run end to end at tiny size (timings are not checked, only the output)."""
 
 import json
+import math
 
 import pytest
 from conftest import run_entry, stdlib_text
@@ -99,6 +100,28 @@ def test_bench_torch_baseline_smoke():
     pytest.importorskip('torch')  # optional: the baseline needs PyTorch, lm does not
     stdout = run('bench_torch_baseline.py', '--steps=2', '--warmup=1')
     assert '| torch eager |' in stdout and 'ms/step' in stdout
+
+
+def test_bench_torch_baseline_time_to_loss(text_file):
+    """--target_loss trains the baseline on the recipe's data and evaluates every N steps until
+    the target (here never reached: every evaluation up to the last step is printed)."""
+    pytest.importorskip('torch')
+    stdout = run(
+        'bench_torch_baseline.py',
+        f'--data_path={text_file}',
+        '--target_loss=0.001',
+        '--eval_every=2',
+        '--set=train.steps=4',
+        '--set=train.warmup_steps=1',
+        '--set=train.batch_size=4',
+        '--set=data.seq_len=16',
+        '--set=eval_batch_size=8',
+    )
+    rows = [ln.split(' | ') for ln in stdout.splitlines() if ln[:3] in ('| 0', '| 2', '| 4')]
+    assert [r[0] for r in rows] == ['| 0', '| 2', '| 4']
+    losses = [float(r[1]) for r in rows]
+    assert losses[0] == pytest.approx(math.log(258), rel=0.05)  # nanoGPT init: near uniform
+    assert losses[-1] < losses[0]
 
 
 def test_bench_xla_options_smoke(text_file):
