@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 
 import jax
@@ -25,6 +27,30 @@ PEAK_FLOPS = {
     'TPU v6 lite': 918e12,
     'TPU v6e': 918e12,
 }
+
+
+def cpu_model() -> str:
+    """The host CPU's model name and core count, e.g. 'AMD EPYC (2 cores)' (from
+    /proc/cpuinfo where there is one, else the platform module)."""
+    name = ''
+    try:
+        with open('/proc/cpuinfo', encoding='utf-8') as f:
+            for line in f:
+                if line.lower().startswith('model name'):
+                    name = line.split(':', 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine() or 'unknown CPU'
+    return f'{name} ({os.cpu_count()} cores)'
+
+
+def device_description() -> str:
+    """What the run computes on: the CPU model for CPU devices, else the accelerator kind, with
+    the device count, e.g. '2 x cpu on AMD EPYC (2 cores)' or '1 x NVIDIA H100 80GB HBM3'."""
+    device = jax.devices()[0]
+    where = f'{jax.device_count()} x {device.device_kind}'
+    return f'{where} on {cpu_model()}' if device.platform == 'cpu' else where
 
 
 def first_device_mesh() -> jax.sharding.Mesh:

@@ -1,99 +1,87 @@
 """The eager PyTorch baseline of issue 7: nanoGPT's model and CPU recipe for Tiny Shakespeare
 (4 layers, 4 heads, d_model 128, context 64, batch 12, GELU MLP, LayerNorm without bias,
 learned positions, AdamW), timed the way scripts/bench_train.py times ours, so the two compare
-on one machine. Needs `pip install torch` (not a dependency of lm).
+on one machine. Needs `pip install torch` (not a dependency of lm). scripts/bench_train.py runs
+the same baseline interleaved with ours and prints the ratio; this script times it alone.
 
   python scripts/bench_torch_baseline.py --steps=60
-"""
 
-import time
+With --target_loss it instead trains the baseline on the recipe's data (configs/
+shakespeare_char.py: its split, batches, steps, learning rates) and prints the validation loss
+of the whole split every --eval_every steps, with the seconds since training started, until the
+loss reaches the target (time to quality; vocabulary: the recipe's byte tokenizer):
+
+  python scripts/bench_torch_baseline.py --target_loss=1.886 --eval_every=100 \
+      --data_path=data/tinyshakespeare.txt
+"""
 
 import numpy as np
 from absl import flags
 
-from lm import perf
-from lm.cli import run_app
+from lm import perf, torch_baseline
+from lm.cli import RecipeFlags, bootstrap, run_app
+from lm.data import load_corpus, load_tokenizer
+
+RECIPE = RecipeFlags(__name__)
 
 _STEPS = flags.DEFINE_integer('steps', 60, 'Timed steps (median reported).')
 _WARMUP = flags.DEFINE_integer('warmup', 5, 'Untimed steps.')
 _THREADS = flags.DEFINE_integer('threads', 0, 'torch.set_num_threads; 0 = torch default.')
+_TARGET = flags.DEFINE_float('target_loss', 0.0, 'Train until this validation loss; 0 = time.')
+_EVAL_EVERY = flags.DEFINE_integer('eval_every', 100, 'Steps between evaluations (--target_loss).')
 
 
-def build(torch, vocab=65, n_layer=4, n_head=4, n_embd=128, block=64):
-    nn, F = torch.nn, torch.nn.functional
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1 = nn.LayerNorm(n_embd, bias=False)
-            self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=False)
-            self.c_proj = nn.Linear(n_embd, n_embd, bias=False)
-            self.ln_2 = nn.LayerNorm(n_embd, bias=False)
-            self.c_fc = nn.Linear(n_embd, 4 * n_embd, bias=False)
-            self.mlp_proj = nn.Linear(4 * n_embd, n_embd, bias=False)
-
-        def forward(self, x):
-            B, T, C = x.shape
-            q, k, v = self.c_attn(self.ln_1(x)).split(n_embd, dim=2)
-            q, k, v = (t.view(B, T, n_head, C // n_head).transpose(1, 2) for t in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte = nn.Embedding(vocab, n_embd)
-            self.wpe = nn.Embedding(block, n_embd)
-            self.h = nn.ModuleList(Block() for _ in range(n_layer))
-            self.ln_f = nn.LayerNorm(n_embd, bias=False)
-            self.lm_head = nn.Linear(n_embd, vocab, bias=False)
-            self.lm_head.weight = self.wte.weight  # tied, as nanoGPT
-
-        def forward(self, idx, targets):
-            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-            for blk in self.h:
-                x = blk(x)
-            logits = self.lm_head(self.ln_f(x))
-            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-    return GPT()
+def time_to_loss() -> int:
+    c = RECIPE.config('mha')
+    bootstrap(c, compilation_cache=False)
+    corpus = load_corpus(c.data)
+    shape = torch_baseline.Shape(
+        vocab=load_tokenizer(c.data).vocab_size,
+        n_layer=c.model.num_layers,
+        n_head=c.model.num_heads,
+        n_embd=c.model.d_model,
+        block=c.data.seq_len,
+        batch=c.train.batch_size,
+    )
+    print(
+        f'eager PyTorch nanoGPT baseline, time to validation loss {_TARGET.value} '
+        f'on {perf.cpu_model()}'
+    )
+    print('| step | validation loss (whole split) | seconds since training started |')
+    print('|---|---|---|')
+    rows = torch_baseline.train_to_loss(
+        corpus.tokens['train'],
+        corpus.tokens['validation'],
+        shape,
+        target=_TARGET.value,
+        steps=c.train.steps,
+        eval_every=_EVAL_EVERY.value,
+        lr=c.train.lr,
+        min_lr=c.train.min_lr,
+        warmup=c.train.warmup_steps,
+        seed=c.seed,
+        eval_batch_size=c.eval_batch_size,
+        threads=_THREADS.value,
+    )
+    for r in rows:
+        print(f'| {r["step"]} | {r["val_loss"]:.4f} | {r["seconds"]:.1f} |', flush=True)
+    return 0
 
 
 def run() -> int:
-    import torch  # optional: only this script needs it
-
-    if _THREADS.value:
-        torch.set_num_threads(_THREADS.value)
-    torch.manual_seed(0)
-    model = build(torch)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
-    x = torch.randint(0, 65, (12, 64))
-    y = torch.randint(0, 65, (12, 64))
-
-    def step():
-        loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss.item()
-
-    for _ in range(_WARMUP.value):
-        step()
-    times = []
-    for _ in range(_STEPS.value):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    n = sum(p.numel() for p in model.parameters())
-    fpt = 6 * n + 12 * 4 * 4 * 32 * 64  # PaLM App. B, as lm.accounting
-    dt = float(np.median(times))
+    if _TARGET.value > 0:
+        return time_to_loss()
+    shape = torch_baseline.Shape()
+    stepper = torch_baseline.make_stepper(shape, threads=_THREADS.value)
+    torch_baseline.time_steps(stepper, _WARMUP.value)
+    dt = float(np.median(torch_baseline.time_steps(stepper, _STEPS.value)))
     peak, source = perf.peak_flops()
-    tps = 12 * 64 / dt
+    tps = shape.batch * shape.block / dt
+    fpt = stepper.flops_per_token
     print(
-        f'eager PyTorch {torch.__version__} nanoGPT baseline: {n:,} params, '
-        f'{torch.get_num_threads()} threads, peak {peak / 1e9:,.0f} GFLOP/s ({source})'
+        f'eager PyTorch {stepper.version} nanoGPT baseline on {perf.cpu_model()}: '
+        f'{stepper.params:,} params, {stepper.threads} threads, '
+        f'peak {peak / 1e9:,.0f} GFLOP/s ({source})'
     )
     print(
         f'| torch eager | {dt * 1e3:.1f} ms/step | {tps:,.0f} tokens/s | '

@@ -7,10 +7,19 @@ divided by K), the host time to dispatch a step, the median step time with the d
 pipeline included (batch built on the host and transferred every step), tokens/s, model FLOPs
 per token (6N + 12·L·H·Q·T, PaLM App. B), achieved FLOP/s and MFU against the peak measured in
 the same process (CPU: float32 2048³ jnp.dot; GPU/TPU: the per-device table in lm/perf.py).
+The header names the CPU model (and the accelerator kind).
+
+On a CPU with PyTorch importable it also times the eager PyTorch nanoGPT baseline
+(lm/torch_baseline.py: nanoGPT's model at this config's width, depth, heads, context and batch,
+nanoGPT's 65-character vocabulary) in the same process, interleaved with ours: the timed steps
+are split into --rounds rounds, each running our steps then as many baseline steps, and each
+row gives the baseline's median over the rounds of that variant and the ratio (PyTorch ms/step
+÷ ours: above 1 means ours is faster). Without PyTorch it says so in one line.
 
   python scripts/bench_train.py
   python scripts/bench_train.py --variants=mha --steps=100 --json=bench.json
   python scripts/bench_train.py --config=configs/gpt125m.py --variants=mha   # on a GPU
+  python scripts/bench_train.py --torch_baseline=false   # ours only
 """
 
 import json
@@ -20,7 +29,7 @@ import jax
 import numpy as np
 from absl import flags
 
-from lm import accounting, perf
+from lm import accounting, perf, torch_baseline
 from lm.cli import RecipeFlags, bootstrap, run_app
 from lm.data import call_batch
 from lm.experiment import prepare
@@ -31,12 +40,38 @@ _VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Varian
 _STEPS = flags.DEFINE_integer('steps', 60, 'Timed steps (median reported).')
 _WARMUP = flags.DEFINE_integer('warmup', 5, 'Untimed steps after compiling.')
 _JSON = flags.DEFINE_string('json', '', 'Also write the rows as JSON here.')
+_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Rounds alternating ours and the PyTorch baseline.')
+_TORCH = flags.DEFINE_bool(
+    'torch_baseline', True, 'Time the eager PyTorch baseline interleaved (CPU, torch importable).'
+)
+
+_TORCH_THREADS = flags.DEFINE_integer(
+    'torch_threads', 0, "The baseline's torch.set_num_threads; 0 = torch default."
+)
+
+_steppers: dict[torch_baseline.Shape, torch_baseline.Stepper] = {}
 
 
-def bench(variant: str, peak_total: float) -> dict:
+def baseline_stepper(c) -> torch_baseline.Stepper:
+    """The PyTorch baseline at config c's shape (built once per shape, warmed up)."""
+    shape = torch_baseline.Shape(
+        n_layer=c.model.num_layers,
+        n_head=c.model.num_heads,
+        n_embd=c.model.d_model,
+        block=c.data.seq_len,
+        batch=c.train.batch_size,
+    )
+    if shape not in _steppers:
+        _steppers[shape] = torch_baseline.make_stepper(shape, threads=_TORCH_THREADS.value)
+        torch_baseline.time_steps(_steppers[shape], _WARMUP.value)
+    return _steppers[shape]
+
+
+def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
     exp = prepare(RECIPE.config(variant))
     c, ctx = exp.config, exp.ctx
     k = c.train.steps_per_call
+    stepper = baseline_stepper(c) if with_torch else None
     with jax.set_mesh(ctx.mesh):
         state = init_state(ctx, exp.model_cfg, c.seed)
         step_fn = make_train_step(ctx, c.train.grad_accum_steps, k)
@@ -61,13 +96,17 @@ def bench(variant: str, peak_total: float) -> dict:
         for _ in range(-(-_WARMUP.value // k)):
             state, metrics = compiled(state, batch)
         jax.block_until_ready(state)
-        step_times, dispatch = [], []
-        for _ in range(calls):
-            t = time.perf_counter()
-            state, metrics = compiled(state, batch)
-            dispatch.append((time.perf_counter() - t) / k)
-            jax.block_until_ready(metrics)
-            step_times.append((time.perf_counter() - t) / k)
+        step_times, dispatch, torch_times = [], [], []
+        rounds = max(1, min(_ROUNDS.value, calls))
+        for r in range(rounds):
+            for _ in range(calls * (r + 1) // rounds - calls * r // rounds):
+                t = time.perf_counter()
+                state, metrics = compiled(state, batch)
+                dispatch.append((time.perf_counter() - t) / k)
+                jax.block_until_ready(metrics)
+                step_times.append((time.perf_counter() - t) / k)
+            if stepper is not None:
+                torch_times += torch_baseline.time_steps(stepper, -(-_STEPS.value // rounds))
         with_data = []
         for call in range(calls):
             t = time.perf_counter()
@@ -77,6 +116,7 @@ def bench(variant: str, peak_total: float) -> dict:
     dt = float(np.median(step_times))
     tokens = c.train.batch_size * c.data.seq_len
     fpt = accounting.flops_per_token(exp.model_cfg, c.data.seq_len)
+    torch_ms = float(np.median(torch_times)) * 1e3 if torch_times else None
     return {
         'variant': variant,
         'steps_per_call': k,
@@ -90,31 +130,57 @@ def bench(variant: str, peak_total: float) -> dict:
         'peak_flops': peak_total,
         'mfu': perf.mfu(tokens / dt, fpt, peak_total),
         'params': accounting.param_counts(exp.model_cfg)['total'],
+        'torch_step_time_ms': torch_ms,
+        'torch_over_ours': torch_ms / (dt * 1e3) if torch_ms else None,
     }
+
+
+def torch_status() -> tuple[bool, str]:
+    """(whether to time the PyTorch baseline, a one-line reason when not)."""
+    if not _TORCH.value:
+        return False, 'eager PyTorch baseline: off (--torch_baseline=false)'
+    if jax.devices()[0].platform != 'cpu':
+        return False, 'eager PyTorch baseline: not timed (it runs on the CPU; this run is not)'
+    if not torch_baseline.available():
+        return False, 'eager PyTorch baseline: not timed (torch is not importable)'
+    return True, ''
 
 
 def run() -> int:
     bootstrap(RECIPE.config(_VARIANTS.value[0]), compilation_cache=False)
     peak_total, source = perf.peak_flops()
-    rows = [bench(v, peak_total) for v in _VARIANTS.value]
+    with_torch, why_not = torch_status()
+    rows = [bench(v, peak_total, with_torch) for v in _VARIANTS.value]
     print(
-        f'train-step benchmark: {jax.device_count()} x {jax.devices()[0].device_kind}, '
+        f'train-step benchmark: {perf.device_description()}, '
         f'config {RECIPE.name}, peak {peak_total / 1e9:,.0f} GFLOP/s '
         f'({source}); medians over {_STEPS.value} steps (calls of steps/call steps, each '
         'timed and divided by it)'
     )
+    if with_torch:
+        s = next(iter(_steppers.values()))
+        print(
+            f'eager PyTorch {s.version} nanoGPT baseline ({s.threads} threads), interleaved '
+            f'with ours in {_ROUNDS.value} rounds per variant; torch ÷ ours > 1: ours is faster'
+        )
+    else:
+        print(why_not)
+    extra = ' torch ms | torch ÷ ours |' if with_torch else ''
     print(
         '| variant | params | steps/call | compile s | step ms | dispatch ms/step | '
-        'step ms with data | tokens/s | MFLOPs/token | GFLOP/s | MFU |'
+        'step ms with data | tokens/s | MFLOPs/token | GFLOP/s | MFU |' + extra
     )
-    print('|---|---|---|---|---|---|---|---|---|---|---|')
+    print('|---|---|---|---|---|---|---|---|---|---|---|' + '---|' * (2 if with_torch else 0))
     for r in rows:
+        cells = (
+            f' {r["torch_step_time_ms"]:.1f} | {r["torch_over_ours"]:.2f}x |' if with_torch else ''
+        )
         print(
             f'| {r["variant"]} | {r["params"]:,} | {r["steps_per_call"]} | {r["compile_s"]:.1f} | '
             f'{r["step_time_ms"]:.1f} | {r["dispatch_ms"]:.2f} | '
             f'{r["step_time_with_data_ms"]:.1f} | {r["tokens_per_sec"]:,.0f} | '
             f'{r["model_flops_per_token"] / 1e6:.2f} | {r["achieved_flops"] / 1e9:.1f} | '
-            f'{r["mfu"]:.1%} |'
+            f'{r["mfu"]:.1%} |' + cells
         )
     if _JSON.value:
         with open(_JSON.value, 'w') as f:

@@ -1,9 +1,12 @@
 """Benchmark scripts run end to end at tiny size (timings are not checked, only the output)."""
 
 import json
+import math
 
 import pytest
 from conftest import run_entry, stdlib_text
+
+from lm import perf
 
 pytestmark = pytest.mark.slow  # each test starts a benchmark script
 
@@ -50,10 +53,14 @@ def test_bench_train_smoke(tmp_path, text_file):
         '--set=train.batch_size=4',
         '--set=data.seq_len=16',
         '--set=train.steps_per_call=2',
+        '--torch_baseline=false',
         f'--json={tmp_path / "t.json"}',
     )
     rows = json.loads((tmp_path / 't.json').read_text())
     assert [r['variant'] for r in rows] == ['mha', 'mla']
+    assert f'on {perf.cpu_model()},' in stdout.splitlines()[0]  # the header names the CPU
+    assert 'eager PyTorch baseline: off' in stdout and 'torch ÷ ours' not in stdout
+    assert all(r['torch_over_ours'] is None for r in rows)
     for r in rows:
         for key in ('step_time_ms', 'tokens_per_sec', 'model_flops_per_token', 'peak_flops', 'mfu'):
             assert r[key] > 0, key
@@ -62,10 +69,59 @@ def test_bench_train_smoke(tmp_path, text_file):
     assert 'MFU' in stdout and stdout.count('\n| ') == 3
 
 
+def test_bench_train_torch_ratio(tmp_path, text_file):
+    """With PyTorch importable, the baseline runs interleaved and each row gets the ratio."""
+    pytest.importorskip('torch')  # optional: the baseline needs PyTorch, lm does not
+    stdout = run(
+        'bench_train.py',
+        f'--data_path={text_file}',
+        '--variants=mha',
+        '--steps=4',
+        '--warmup=1',
+        '--rounds=2',
+        '--set=train.batch_size=4',
+        '--set=data.seq_len=16',
+        '--set=train.steps_per_call=2',
+        f'--json={tmp_path / "t.json"}',
+    )
+    (row,) = json.loads((tmp_path / 't.json').read_text())
+    assert row['torch_step_time_ms'] > 0
+    assert row['torch_over_ours'] == pytest.approx(row['torch_step_time_ms'] / row['step_time_ms'])
+    lines = stdout.splitlines()
+    assert f'on {perf.cpu_model()},' in lines[0]
+    assert 'eager PyTorch' in lines[1] and 'interleaved' in lines[1]
+    header = next(ln for ln in lines if ln.startswith('| variant'))
+    assert header.endswith('| torch ms | torch ÷ ours |')
+    mha = next(ln for ln in lines if ln.startswith('| mha |'))
+    assert mha.endswith(f'| {row["torch_over_ours"]:.2f}x |')
+
+
 def test_bench_torch_baseline_smoke():
     pytest.importorskip('torch')  # optional: the baseline needs PyTorch, lm does not
     stdout = run('bench_torch_baseline.py', '--steps=2', '--warmup=1')
     assert '| torch eager |' in stdout and 'ms/step' in stdout
+
+
+def test_bench_torch_baseline_time_to_loss(text_file):
+    """--target_loss trains the baseline on the recipe's data and evaluates every N steps until
+    the target (here never reached: every evaluation up to the last step is printed)."""
+    pytest.importorskip('torch')
+    stdout = run(
+        'bench_torch_baseline.py',
+        f'--data_path={text_file}',
+        '--target_loss=0.001',
+        '--eval_every=2',
+        '--set=train.steps=4',
+        '--set=train.warmup_steps=1',
+        '--set=train.batch_size=4',
+        '--set=data.seq_len=16',
+        '--set=eval_batch_size=8',
+    )
+    rows = [ln.split(' | ') for ln in stdout.splitlines() if ln[:3] in ('| 0', '| 2', '| 4')]
+    assert [r[0] for r in rows] == ['| 0', '| 2', '| 4']
+    losses = [float(r[1]) for r in rows]
+    assert losses[0] == pytest.approx(math.log(258), rel=0.05)  # nanoGPT init: near uniform
+    assert losses[-1] < losses[0]
 
 
 def test_bench_xla_options_smoke(text_file):
