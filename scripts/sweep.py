@@ -200,8 +200,8 @@ def run() -> int:
     match = fairness(module)
     runs = plan(_CONFIG.value, sweep_dir, module, match)
     with WorkdirLock(sweep_dir, '--sweep_dir'):
+        check_same_fairness(sweep_dir, match)  # the more specific refusal first
         check_earlier_runs(runs)
-        check_same_fairness(sweep_dir, match)
         print(f'{len(runs)} runs in {sweep_dir}')
         t = time.time()
         tb_dir = os.path.join(sweep_dir, 'tb')
