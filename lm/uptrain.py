@@ -171,27 +171,33 @@ def convert_opt_state(opt_state, params: dict, num_kv_heads: int, method: str):
     `params` (the moments) converted by `convert_moments`; counts and the rest kept."""
     treedef = jax.tree.structure(params)
 
-    def visit(node):
+    def moments(node):
         if isinstance(node, dict) and jax.tree.structure(node) == treedef:
             return convert_moments(node, num_kv_heads, method)
-        if isinstance(node, tuple) and hasattr(node, '_fields'):
-            return type(node)(*(visit(x) for x in node))
-        if isinstance(node, (tuple, list)):
-            return type(node)(visit(x) for x in node)
-        if isinstance(node, dict):
-            return {k: visit(v) for k, v in node.items()}
-        return node
+        return None
 
-    return visit(opt_state)
+    return _map_opt_state(opt_state, moments)
 
 
 def with_schedule_count(opt_state, step: int):
     """`opt_state` with the learning-rate schedule's step counts set to `step` (a fresh state of
     a run continuing at `step`: Adam's own count stays 0, the schedule reads the global step)."""
 
-    def visit(node):
+    def schedule_count(node):
         if isinstance(node, optax.ScaleByScheduleState):
             return node._replace(count=jnp.full_like(node.count, step))
+        return None
+
+    return _map_opt_state(opt_state, schedule_count)
+
+
+def _map_opt_state(opt_state, replace):
+    """`opt_state` (optax's namedtuples, tuples, lists and dicts) rebuilt with every node for
+    which `replace(node)` is not None replaced by that value."""
+
+    def visit(node):
+        if (new := replace(node)) is not None:
+            return new
         if isinstance(node, tuple) and hasattr(node, '_fields'):
             return type(node)(*(visit(x) for x in node))
         if isinstance(node, (tuple, list)):

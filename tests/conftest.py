@@ -109,3 +109,14 @@ def small_text(tmp_path):
     path = tmp_path / 'small.txt'
     path.write_text(stdlib_text(60_000), encoding='utf-8')
     return path
+
+
+def sweep_file(tmp_path, config, points):
+    """A sweep file: `config` as its base and `points` from get_points()."""
+    path = tmp_path / 'sweep_cfg.py'
+    path.write_text(
+        'import json\n\nimport ml_collections\n\n\ndef get_config():\n'
+        f'    return ml_collections.ConfigDict(json.loads({config.to_json()!r}))\n\n\n'
+        f'def get_points():\n    return {points!r}\n'
+    )
+    return path

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, read_scalars, tiny_train_config, write_config_file
+from conftest import ROOT, read_scalars, sweep_file, tiny_train_config, write_config_file
 
 from lm.checkpoint import Checkpointer, read_latest_meta
 from lm.experiment import check_loop_config, prepare
@@ -314,16 +314,6 @@ def test_resume_under_a_changed_config_is_refused_unless_allowed(tmp_path, text)
     assert 'resuming under a changed config: train.b2: 0.95 -> 0.99; train.lr' in out.stderr
     assert read_latest_meta(str(work))['config']['train']['lr'] == 1e-3
     assert result['step'] == 8
-
-
-def sweep_file(tmp_path, config, points):
-    path = tmp_path / 'sweep_cfg.py'
-    path.write_text(
-        'import json\n\nimport ml_collections\n\n\ndef get_config():\n'
-        f'    return ml_collections.ConfigDict(json.loads({config.to_json()!r}))\n\n\n'
-        f'def get_points():\n    return {points!r}\n'
-    )
-    return path
 
 
 def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):

@@ -6,22 +6,12 @@ import math
 import os
 
 import pytest
-from conftest import run_entry, tiny_config, tiny_train_config
+from conftest import run_entry, sweep_file, tiny_config, tiny_train_config
 
 from lm.accounting import param_counts
 from lm.fairness import match_parameters, reference_config
 from lm.model import model_config
 from lm.sweep import parse_grid, point_config, run_name, summarise
-
-
-def sweep_file(tmp_path, config, points):
-    path = tmp_path / 'sweep_cfg.py'
-    path.write_text(
-        'import json\n\nimport ml_collections\n\n\ndef get_config():\n'
-        f'    return ml_collections.ConfigDict(json.loads({config.to_json()!r}))\n\n\n'
-        f'def get_points():\n    return {points!r}\n'
-    )
-    return path
 
 
 def sweep(*args):
