@@ -160,9 +160,10 @@ def check_same_fairness(sweep_dir: str, match: str) -> None:
                 f'--match={match}: {sweep_dir} holds a --match={before} sweep; use another '
                 '--sweep_dir'
             )
-    os.makedirs(sweep_dir, exist_ok=True)
-    with open(path, 'w') as f:
-        f.write(match + '\n')
+    else:  # written once: a refused re-run leaves the sweep directory untouched
+        os.makedirs(sweep_dir, exist_ok=True)
+        with open(path, 'w') as f:
+            f.write(match + '\n')
 
 
 def execute(run: dict, tb_dir: str) -> str:
