@@ -74,8 +74,9 @@ def _check_batch_divides(config: ml_collections.ConfigDict) -> int:
     return dp
 
 
-def prepare(config: ml_collections.ConfigDict) -> Experiment:
-    """Checks every setting (one-line errors), tokenises the data, builds mesh and shardings."""
+def check_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """An upgraded private copy of `config` after checking every setting that needs no data
+    (one-line errors): cheap, so entry points call it before taking a workdir or compiling."""
     old_eval_batches = config.get('eval_batches')
     config = upgrade_config(config.to_dict())  # private copy; vocab_size is recorded
     if old_eval_batches is not None:
@@ -91,6 +92,12 @@ def prepare(config: ml_collections.ConfigDict) -> Experiment:
     check_model_config(config.model)  # model errors before reading any data
     set_cpu_devices(config.mesh)
     check_eval_config(config, _check_batch_divides(config))
+    return config
+
+
+def prepare(config: ml_collections.ConfigDict) -> Experiment:
+    """Checks every setting (`check_config`), tokenises the data, builds mesh and shardings."""
+    config = check_config(config)
     corpus = load_corpus(config.data)
     check_corpus_size(corpus, config.train.batch_size, config.data.seq_len)
     cfg = model_config(config.model, corpus.tokenizer.vocab_size)

@@ -22,7 +22,7 @@ from lm.checkpoint import Checkpointer, read_latest_meta
 from lm.config import ModelConfig
 from lm.data import call_batch
 from lm.evaluation import eval_batch_size, evaluate
-from lm.experiment import Experiment, checkpoint_meta, prepare, restore
+from lm.experiment import Experiment, check_config, checkpoint_meta, prepare, restore
 from lm.loss_spike import LossSpikeGuard
 from lm.sharding import set_cpu_devices
 from lm.summary import Summary, run_logdir
@@ -113,6 +113,7 @@ def train(
     `<workdir>/results.json` (`write_results`). Resuming under a config that differs from the
     checkpoint's (`lm.workdir.config_changes`) needs `allow_config_change`."""
     set_cpu_devices(config.mesh)  # before jax.process_index() starts a backend
+    config = check_config(config)  # a bad setting is refused even while the workdir is busy
     with WorkdirLock(workdir, owner=jax.process_index() == 0):
         exp = prepare(config)
         _check_resume_config(exp, workdir, allow_config_change)
