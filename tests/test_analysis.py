@@ -336,6 +336,7 @@ def cli(*args):
     )
 
 
+@pytest.mark.slow
 def test_analyze_heads_cli(tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 
@@ -392,6 +393,7 @@ def test_analyze_heads_cli(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_analyze_heads_cli_rejects_a_run_without_checkpoints(tmp_path):
     res = cli(f'--workdir={tmp_path}', f'--out={tmp_path / "o"}')
     assert res.returncode == 1 and 'Traceback' not in res.stderr

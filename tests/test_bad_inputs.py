@@ -302,6 +302,7 @@ def outcomes(ctx):
     return runs, before, tree_digest(ctx.root)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(('row', 'pattern'), [(r[0], r[3]) for r in ROWS], ids=[r[0] for r in ROWS])
 def test_bad_input_is_one_line_error_and_touches_nothing(outcomes, row, pattern):
     runs, before, after = outcomes
@@ -315,6 +316,7 @@ def test_bad_input_is_one_line_error_and_touches_nothing(outcomes, row, pattern)
     assert after == before  # nothing already written (run, data caches, configs) was touched
 
 
+@pytest.mark.slow
 def test_data_path_that_the_source_ignores_is_warned_about(ctx):
     out = run_entry(
         ctx,

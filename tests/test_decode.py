@@ -84,6 +84,7 @@ def test_cache_sizes_equal_the_accounting_formulas(variant):
         assert cache_elements_per_token(caches) == 2 * 2 * 2 * 8  # L · 2 · g · d_h
 
 
+@pytest.mark.slow
 def test_greedy_generation_follows_the_argmax_and_stops_at_eos():
     cfg, model, decoder = model_and_decoder(attention='gqa', num_kv_heads=2, seed=4)
     outs = decoder.generate(PROMPTS, max_new_tokens=6)

@@ -67,6 +67,7 @@ def test_get_data_verifies_the_checksum_and_says_when_offline(tmp_path, monkeypa
     assert (out / 'toy.txt').read_bytes() == b'changed' and len(list(out.iterdir())) == 1
 
 
+@pytest.mark.slow
 def test_get_data_command_refuses_a_wrong_file_in_one_line(tmp_path):
     (tmp_path / 'wrong.txt').write_text('not Shakespeare\n')
     out = run(
@@ -97,6 +98,7 @@ def test_data_dir_is_ignored_and_nothing_points_outside_the_repository():
     assert offenders == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('script', ENTRY_POINTS)
 def test_help_exits_0_and_lists_the_flags(script):
     out = run(script, '--help', timeout=120)
@@ -108,6 +110,7 @@ def test_help_exits_0_and_lists_the_flags(script):
         assert {'workdir', 'config', 'distributed', 'process_id'} <= set(own)
 
 
+@pytest.mark.slow
 def test_readme_lists_config_values_as_documented():
     readme = (ROOT / 'README.md').read_text()
     (command,) = re.findall(r'^python -c "(from lm\.config import .*)"$', readme, flags=re.M)
@@ -116,6 +119,7 @@ def test_readme_lists_config_values_as_documented():
     assert 'num_kv_heads: 2' in out.stdout and 'cpu_devices: 2' in out.stdout
 
 
+@pytest.mark.slow
 def test_readme_eight_simulated_devices_command_runs(tmp_path):
     """The README's 8-CPU-device command as written (the recipe sets cpu_devices=2 and the
     command's --config.mesh.cpu_devices=8 wins), with a tiny model and 2 steps."""

@@ -175,7 +175,10 @@ ROUND_TRIPS = {
 }
 
 
-@pytest.mark.parametrize('case', ROUND_TRIPS)
+@pytest.mark.parametrize(
+    'case',  # one case in the fast tier, the others in the full suite
+    [c if c == 'mla_qlora' else pytest.param(c, marks=pytest.mark.slow) for c in ROUND_TRIPS],
+)
 def test_import_of_export_is_bitwise_equal(tmp_path, case):
     write_run(tmp_path / 'run', **ROUND_TRIPS[case])
     export_hf(str(tmp_path / 'run'), str(tmp_path / 'hf'))
@@ -252,6 +255,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_sharded_index_placed_on_mesh(tmp_path):
     """A sharded safetensors index on a 2 x 2 (fsdp x tensor) mesh of 4 CPU devices: each
     device's block is read on its own (a quarter of q_proj per read), the logits still match."""
@@ -476,6 +480,7 @@ def test_uptrain_of_a_step0_import_needs_steps(tmp_path, monkeypatch):
         uptrain.convert_checkpoint(str(tmp_path / 'w'), str(tmp_path / 'up'), 2, 'mean')
 
 
+@pytest.mark.slow
 def test_command_refusal_is_one_line(tmp_path):
     d = edited_fixture(
         tmp_path, 'deepseek_qlora', edit_config=lambda c: c.update(first_k_dense_replace=1)
@@ -549,6 +554,7 @@ def transformers_logits(directory, tokens):
         return model(torch.from_numpy(np.asarray(tokens, np.int64))).logits.float().numpy()
 
 
+@pytest.mark.slow
 def test_commands_end_to_end(tmp_path):
     """import MHA -> eval -> generate -> train -> uptrain to GQA -> train -> export, with the
     scripts as a user runs them; the export reads back bitwise (and, live, loads in
@@ -602,6 +608,7 @@ def test_commands_end_to_end(tmp_path):
 # -- live: fresh random models in transformers --------------------------------------------------
 
 
+@pytest.mark.slow
 @live
 @pytest.mark.parametrize('name', NAMES)
 def test_live_parity_and_export(tmp_path, name):

@@ -89,6 +89,7 @@ class Alarm:
 # 1. One run at a time owns a workdir.
 
 
+@pytest.mark.slow
 def test_a_second_process_is_refused_naming_the_owner(tmp_path, text):
     config = tiny_train_config(tmp_path, text, **{'train.steps': 4})
     cfg_file = write_config_file(config, tmp_path / 'cfg.py')
@@ -127,6 +128,7 @@ def test_a_second_process_is_refused_naming_the_owner(tmp_path, text):
     assert not dst.exists()  # the lock's own directory is removed when left empty
 
 
+@pytest.mark.slow
 def test_a_killed_owner_does_not_block_the_next_run(tmp_path, text):
     work = tmp_path / 'run'
     killed = cli(
@@ -154,6 +156,7 @@ def test_a_lock_on_a_file_or_an_unwritable_place_is_one_line(tmp_path):
 # 2. Seeds are checked up front; a failing background thread ends the run.
 
 
+@pytest.mark.slow
 def test_a_negative_seed_is_refused_before_anything_is_written(tmp_path, text):
     config = tiny_train_config(tmp_path, text)
     cfg_file = write_config_file(config, tmp_path / 'cfg.py')
@@ -173,6 +176,7 @@ def test_a_negative_seed_is_refused_before_anything_is_written(tmp_path, text):
         check_loop_config(config)
 
 
+@pytest.mark.slow
 def test_an_error_in_the_batch_thread_ends_the_run(tmp_path, text, monkeypatch):
     import lm.train_loop
 
@@ -205,6 +209,7 @@ def mha_run(tmp_path, text):
     return tmp_path / 'mha'
 
 
+@pytest.mark.slow
 def test_uptrain_flags_are_checked_before_writing(tmp_path, mha_run, monkeypatch):
     dst = tmp_path / 'dst'
     line = one_line_error(
@@ -285,6 +290,7 @@ def test_config_fingerprint_and_changes(tmp_path, text):
     assert config_changes(saved, config) == []
 
 
+@pytest.mark.slow
 def test_resume_under_a_changed_config_is_refused_unless_allowed(tmp_path, text):
     config = tiny_train_config(tmp_path, text)
     work = tmp_path / 'run'
@@ -316,6 +322,7 @@ def test_resume_under_a_changed_config_is_refused_unless_allowed(tmp_path, text)
     assert result['step'] == 8
 
 
+@pytest.mark.slow
 def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
     config = tiny_train_config(
         tmp_path, text, **{'train.steps': 2, 'eval_every': 2, 'checkpoint_every': 2}
@@ -453,6 +460,7 @@ runpy.run_path('train.py', run_name='__main__')
 """
 
 
+@pytest.mark.slow
 def test_a_failed_asynchronous_save_stops_the_run_in_one_line(tmp_path, text):
     config = tiny_train_config(
         tmp_path,
@@ -480,6 +488,7 @@ def test_a_failed_asynchronous_save_stops_the_run_in_one_line(tmp_path, text):
 # 8. The loss-spike guard.
 
 
+@pytest.mark.slow
 def test_loss_spike_stops_the_run_and_keeps_the_checkpoint_before_it(tmp_path, text):
     diverging = {
         'train.steps': 150,

@@ -3,6 +3,7 @@
 import os
 import re
 
+import pytest
 from conftest import ROOT
 
 
@@ -11,6 +12,7 @@ def python_blocks():
     return re.findall(r'```python\n(.*?)```', text, flags=re.S)
 
 
+@pytest.mark.slow
 def test_readme_python_snippets_run(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     blocks = python_blocks()

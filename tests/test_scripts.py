@@ -47,7 +47,7 @@ def test_bench_train_smoke(tmp_path, text_file):
     stdout = run(
         'bench_train.py',
         f'--data_path={text_file}',
-        '--variants=mha,mla',
+        '--variants=mla',
         '--steps=2',
         '--warmup=1',
         '--set=train.batch_size=4',
@@ -57,7 +57,7 @@ def test_bench_train_smoke(tmp_path, text_file):
         f'--json={tmp_path / "t.json"}',
     )
     rows = json.loads((tmp_path / 't.json').read_text())
-    assert [r['variant'] for r in rows] == ['mha', 'mla']
+    assert [r['variant'] for r in rows] == ['mla']
     assert f'on {perf.cpu_model()},' in stdout.splitlines()[0]  # the header names the CPU
     assert 'eager PyTorch baseline: off' in stdout and 'torch ÷ ours' not in stdout
     assert all(r['torch_over_ours'] is None for r in rows)
@@ -128,7 +128,6 @@ def test_bench_xla_options_smoke(text_file):
     stdout = run(
         'bench_xla_options.py',
         f'--data_path={text_file}',
-        '--option=noynn:xla_cpu_experimental_ynn_fusion_type=',
         '--option=eigen1:xla_cpu_multi_thread_eigen=false',
         '--rounds=1',
         '--calls=1',
@@ -138,7 +137,7 @@ def test_bench_xla_options_smoke(text_file):
     )
     assert '2 steps per call' in stdout
     rows = [ln for ln in stdout.splitlines() if ln.startswith('| ') and 'ms' not in ln]
-    assert [r.split(' | ')[0] for r in rows] == ['| base', '| noynn', '| eigen1']
+    assert [r.split(' | ')[0] for r in rows] == ['| base', '| eigen1']
     assert rows[0].endswith('| 1.00x |')
 
 

@@ -274,6 +274,9 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
         assert noise not in out.stderr, out.stderr
     tb = read_scalars(tmp_path / 'run' / 'tb', 'eval/loss')
     np.testing.assert_allclose(result['loss'], tb[8], rtol=1e-6)
+    final = json.loads((tmp_path / 'run' / 'results.json').read_text())['eval']
+    assert result['tokens'] == final['tokens']  # the whole split, as in training
+    np.testing.assert_allclose(result['loss_stderr'], final['loss_stderr'], rtol=1e-6)
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_tokens=32')  # another set
     assert out.returncode == 0, out.stderr[-2000:]
     other = json.loads(out.stdout.strip().splitlines()[-1])

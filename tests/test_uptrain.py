@@ -245,6 +245,7 @@ def _recorded_batches(monkeypatch) -> dict:
     return seen
 
 
+@pytest.mark.slow
 def test_uptraining_continues_the_source_run(tmp_path, small_text, monkeypatch):
     """Source (8 steps) -> GQA-2 at step 8 -> 4 more steps: batches of steps 8..11 of the source
     recipe, the source's final learning rate, pooled Adam moments, TensorBoard steps after 8."""

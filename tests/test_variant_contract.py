@@ -135,6 +135,7 @@ def test_accounting_and_uptraining_ask_the_variant(toy):
     assert _hparams(tiny_config(), cfg, n)['kv_heads'] == '2 shared'
 
 
+@pytest.mark.slow
 def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
     bad = tiny_train_config(
         tmp_path, small_text, **{'model.attention': 'toy_shared_kv', 'model.num_kv_heads': 3}
