@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import ml_collections
+import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -24,6 +25,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_array(self, text: str) -> np.ndarray:
+        """`encode(text)` as a 1-D integer array (what the token cache writes)."""
+        ...
+
     def decode(self, ids: Iterable[int]) -> str: ...
 
 
@@ -37,6 +42,9 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode('utf-8'))
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode('utf-8'), np.uint8)
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(i for i in ids if i < 256).decode('utf-8', errors='replace')
@@ -72,6 +80,9 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.tok.encode(text).ids, np.int64)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids))

@@ -20,10 +20,10 @@ from tqdm import tqdm
 from lm import accounting, attention, perf
 from lm.checkpoint import Checkpointer, read_latest_meta
 from lm.config import ModelConfig
-from lm.data import call_batch
 from lm.evaluation import eval_batch_size, evaluate
 from lm.experiment import Experiment, check_config, checkpoint_meta, prepare, restore
 from lm.loss_spike import LossSpikeGuard
+from lm.sampling import call_batch
 from lm.sharding import set_cpu_devices
 from lm.summary import Summary, run_logdir
 from lm.train_step import (

@@ -61,7 +61,7 @@ def test_several_text_files_are_concatenated(tmp_path):
 def test_cache_is_reused_and_keyed_by_content(tmp_path, monkeypatch):
     path = write(tmp_path, 'a.txt', 'hello world ' * 50)
     first = load_corpus(data_config(tmp_path, source='text', path=path))
-    monkeypatch.setattr('lm.data._write_split', lambda *a: pytest.fail('tokenised twice'))
+    monkeypatch.setattr('lm.data_cache.write_split', lambda *a: pytest.fail('tokenised twice'))
     again = load_corpus(data_config(tmp_path, source='text', path=path))
     assert again.fingerprint == first.fingerprint
     monkeypatch.undo()
