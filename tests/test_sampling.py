@@ -1,10 +1,16 @@
 """'epochs' sampling: a seeded permutation of non-overlapping windows, every window once per
 epoch, batches a pure function of (seed, step) across epoch boundaries and hosts."""
 
+import os
+import shutil
+
 import numpy as np
 import pytest
+from conftest import read_scalars, stdlib_text, tiny_train_config
 
+from lm.experiment import prepare
 from lm.sampling import call_batch, num_windows, permute, train_batch
+from lm.train_loop import train
 
 
 @pytest.mark.parametrize('n', [1, 2, 3, 17, 1000, 4099])
@@ -49,3 +55,28 @@ def test_random_sampling_is_unchanged():
     np.testing.assert_array_equal(
         batch, train_batch(tokens, seed=3, step=5, batch_size=8, seq_len=16, sampling='random')
     )
+
+
+@pytest.mark.slow
+def test_a_run_with_epochs_and_document_masks_resumes_exactly_mid_epoch(tmp_path):
+    path = tmp_path / 'short.txt'
+    path.write_text(stdlib_text(1_200), encoding='utf-8')  # 1 081 train tokens: 67 windows
+    overrides = {'data.sampling': 'epochs', 'data.document_mask': True, 'train.steps': 24}
+    overrides.update(checkpoint_every=8, eval_every=24, log_every=4)
+    config = tiny_train_config(tmp_path, path, **overrides)
+    assert prepare(config).ctx.document_eos == 256  # the byte tokenizer's EOS
+    train(config, str(tmp_path / 'a'))
+    epochs = read_scalars(tmp_path / 'a' / 'tb', 'data/epochs')
+    assert sorted(epochs) == [4, 8, 12, 16, 20, 24]
+    np.testing.assert_allclose(epochs[24], 24 * 4 / 67, rtol=1e-6)  # past one epoch at 16.75
+    assert read_scalars(tmp_path / 'a' / 'tb', 'data/tokens_seen')[24] == 24 * 4 * 16
+    # Resume from step 8 (mid-epoch) through the epoch boundary: the same batches, bitwise.
+    shutil.copytree(tmp_path / 'a', tmp_path / 'b')
+    for name in ('checkpoints/16', 'checkpoints/24', 'tb'):
+        shutil.rmtree(tmp_path / 'b' / name)
+    os.remove(tmp_path / 'b' / 'results.json')
+    assert train(config, str(tmp_path / 'b'))['step'] == 24
+    want = read_scalars(tmp_path / 'a' / 'tb', 'train/loss')
+    got = read_scalars(tmp_path / 'b' / 'tb', 'train/loss')
+    assert sorted(got) == list(range(9, 25))
+    assert [got[s] for s in range(9, 25)] == [want[s] for s in range(9, 25)]
