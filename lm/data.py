@@ -51,7 +51,7 @@ DECODE_ERRORS = ('strict', 'replace')
 HF_SAMPLE_BY = ('line', 'paragraph', 'document')
 SAMPLINGS = ('random', 'epochs')
 READ_BYTES = 1 << 22  # bytes of a text file read (and decoded) at a time
-PIECE_CHARS = 1 << 20  # a text split is tokenised in pieces of about this many characters
+PIECE_CHARS = 1 << 16  # a text split is tokenised in pieces of about this many characters
 _SAFE_CUT = re.compile(r'(?<=\S) (?=\S)')  # a space between two non-space characters
 _TEST_DIRS = {'test', 'tests', 'idle_test', 'site-packages', 'dist-packages', '__pycache__'}
 
@@ -186,31 +186,31 @@ def _decoded(path: str, errors: str, digest=None) -> Iterator[str]:
                 return
 
 
-def _cut(buffer: str) -> int | None:
-    """Where to end a piece of `buffer`: the first space at or after PIECE_CHARS that sits
-    between two non-space characters (byte-level BPE's pre-tokenizer, GPT-2's pattern, always
-    splits there, so pieces tokenise exactly as the whole text); at PIECE_CHARS if 64 pieces'
-    worth hold no such space; None = wait for more text."""
-    if match := _SAFE_CUT.search(buffer, PIECE_CHARS):
+def _cut(buffer: str, start: int) -> int | None:
+    """Where a piece of `buffer` that starts at `start` ends: the first space at or after
+    start + PIECE_CHARS that sits between two non-space characters (byte-level BPE's
+    pre-tokenizer, GPT-2's pattern, always splits there, so pieces tokenise exactly as the whole
+    text); at start + PIECE_CHARS if 64 pieces' worth hold no such space; None = read more."""
+    if match := _SAFE_CUT.search(buffer, start + PIECE_CHARS):
         return match.start()
-    return PIECE_CHARS if len(buffer) >= 64 * PIECE_CHARS else None
+    return start + PIECE_CHARS if len(buffer) - start >= 64 * PIECE_CHARS else None
 
 
 def _text_pieces(paths: list[str], errors: str, start: int, stop: int) -> Iterator[Piece]:
     """Characters [start, stop) of the files' concatenated text, one document in pieces of
-    about PIECE_CHARS characters (`_cut`), streamed: memory holds a read and a few pieces."""
-    buffer, pos = '', 0
+    about PIECE_CHARS characters (`_cut`), streamed: memory holds a read and a piece."""
+    buffer, first, pos = '', 0, 0  # buffer[first:] is not yet handed out
     for text in itertools.chain.from_iterable(_decoded(p, errors) for p in paths):
         lo, hi = max(start - pos, 0), min(stop - pos, len(text))
         pos += len(text)
         if lo < hi:
-            buffer += text[lo:hi]
-        while len(buffer) > PIECE_CHARS and (cut := _cut(buffer)) is not None:
-            yield buffer[:cut], False
-            buffer = buffer[cut:]
+            buffer, first = buffer[first:] + text[lo:hi], 0
+        while len(buffer) - first > PIECE_CHARS and (cut := _cut(buffer, first)) is not None:
+            yield buffer[first:cut], False
+            first = cut
         if pos >= stop:
             break
-    yield buffer, True
+    yield buffer[first:], True
 
 
 @dataclasses.dataclass
