@@ -100,10 +100,6 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
         raise ValueError(
             f'config.data.num_proc must be an integer >= 0 (0 = every CPU), got {num!r}'
         )
-    if not isinstance(data.document_mask, bool):
-        raise ValueError(
-            f'config.data.document_mask must be True or False, got {data.document_mask!r}'
-        )
     check_tokenizer_config(data)
     if data.source == 'text':
         if not text_paths(data):

@@ -247,6 +247,8 @@ def test_eval_tokens_spreads_whole_windows_over_the_split():
         (dict(tokenizer='sentencepiece'), ValueError, r'config.data.tokenizer must be'),
         (dict(tokenizer='/missing/tokenizer.json'), FileNotFoundError, r'is not a file'),
         (dict(val_fraction=1.5), ValueError, r'val_fraction must be in \(0, 1\)'),
+        (dict(sampling='shuffle'), ValueError, r"config.data.sampling must be one of \('random'"),
+        (dict(num_proc=-1), ValueError, r'config.data.num_proc must be an integer >= 0'),
     ],
 )
 def test_bad_data_settings(tmp_path, overrides, error, message):

@@ -211,3 +211,21 @@ def test_a_truncated_token_file_is_a_one_line_error_naming_it(tmp_path):
         message
     )
     assert 'to rebuild it' in message
+
+
+def test_progress_lines_give_the_rate_and_time_left(tmp_path, monkeypatch, caplog):
+    progress = lm.data_cache.Progress('train', 100_000_000)
+    progress.done = 25_000_000
+    assert progress.line(progress.start + 5.0) == (
+        'train: 25.0 MB of ~100.0 MB, 5.0 MB/s, ETA 15 s'
+    )
+    unknown = lm.data_cache.Progress('validation', None)  # an hf source: size unknown
+    unknown.done = 3_000_000
+    assert unknown.line(unknown.start + 2.0) == 'validation: 3.0 MB, 1.5 MB/s'
+    monkeypatch.setattr(lm.data_cache, 'LOG_EVERY_S', 0.0)
+    monkeypatch.setattr(lm.data_cache, 'TASK_CHARS', 1000)
+    (tmp_path / 'a.txt').write_text(stdlib_text(5_000), encoding='utf-8')
+    with caplog.at_level('INFO'):
+        load_corpus(data_config(tmp_path, source='text', path=str(tmp_path / 'a.txt')))
+    assert 'data: tokenising train: ' in caplog.text and ' MB/s, ETA ' in caplog.text
+    assert 'data: tokenised validation: ' in caplog.text
