@@ -12,9 +12,10 @@ that builds and then read its cache.
 A source hands over a split as a stream of pieces (text, document ends here). Pieces are grouped
 into tasks of about `TASK_CHARS` characters; each task becomes one array of tokens, appended to
 the split's file in order, so memory holds a few tasks however large the source is. With
-`num_proc` > 1, once a split has passed `POOL_AFTER_BYTES` the rest of its tasks go to a pool of
-spawned processes (at most 2 tasks per process in flight), still appended in order: the file is
-byte-for-byte the serial one.
+`num_proc` > 1 and a CPU-bound tokenizer (`Tokenizer.parallel`: BPE, not bytes), once a split
+has passed `POOL_AFTER_BYTES` the rest of its tasks go to a pool of spawned processes (at most
+2 tasks per process in flight), still appended in order: the file is byte-for-byte the serial
+one.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def write_split(
     f, pieces: Iterable[Piece], tok: Tokenizer, dtype: np.dtype, num_proc: int, progress: Progress
 ) -> int:
     """Tokenises `pieces` and appends the tokens to the binary file `f`; returns the UTF-8 byte
-    count. Serial up to `POOL_AFTER_BYTES`, then (num_proc > 1) a pool of num_proc processes."""
+    count. Serial up to `POOL_AFTER_BYTES`, then (num_proc > 1, and a tokenizer for which
+    workers pay: `tok.parallel`) a pool of num_proc processes."""
     num_bytes = 0
     tasks = _tasks(pieces, TASK_CHARS)
     for task in tasks:
@@ -126,7 +128,7 @@ def write_split(
         tokens.tofile(f)
         num_bytes += n
         progress.update(n)
-        if num_proc > 1 and num_bytes >= POOL_AFTER_BYTES:
+        if num_proc > 1 and tok.parallel and num_bytes >= POOL_AFTER_BYTES:
             break
     else:
         return num_bytes

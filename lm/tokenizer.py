@@ -22,6 +22,7 @@ class Tokenizer(Protocol):
     name: str  # identifies the exact vocabulary; part of the data cache fingerprint
     vocab_size: int
     eos_id: int
+    parallel: bool  # encoding is CPU-bound enough that worker processes pay (lm.data_cache)
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -39,6 +40,7 @@ class ByteTokenizer:
     vocab_size = 258
     eos_id = 256
     pad_id = 257
+    parallel = False  # a UTF-8 encode: cheaper here than handing the text to a worker
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode('utf-8'))
@@ -52,6 +54,8 @@ class ByteTokenizer:
 
 class HFTokenizer:
     """A Hugging Face `tokenizers.Tokenizer` (from a tokenizer.json, or trained by `train_bpe`)."""
+
+    parallel = True
 
     def __init__(self, tok: tokenizers.Tokenizer, name: str, eos_token: str = ''):
         self.tok = tok
