@@ -4,10 +4,10 @@ bounded memory, optionally by a pool of worker processes, by exactly one process
 Layout: `<split>.bin` (raw uint16 / uint32 tokens, EOS after every document) and `meta.json`
 (dtype, UTF-8 bytes and tokens per split). meta.json is the completed marker: it is written
 last, after every token file is complete and synced, so a directory without it is an unfinished
-(crashed, killed) build that is never read, only rebuilt. A builder holds `<fingerprint>.lock`
-(an fcntl lock from `filelock`, released by the OS if the builder dies) beside the directory:
-processes of one run, hosts sharing a filesystem, or two runs started at once wait for the one
-that builds and then read its cache.
+(crashed, killed) build that is never read, only rebuilt. A builder holds an fcntl lock on
+`<fingerprint>.lock` beside the directory (released by the OS if the builder dies; the file is
+removed when the build ends): processes of one run, hosts sharing a filesystem, or two runs
+started at once wait for the one that builds and then read its cache.
 
 A source hands over a split as a stream of pieces (text, document ends here). Pieces are grouped
 into tasks of about `TASK_CHARS` characters; each task becomes one array of tokens, appended to
@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import json
 import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-import filelock
 import numpy as np
 from absl import logging
 
@@ -153,17 +153,28 @@ def _append(f, result: tuple[np.ndarray, int], progress: Progress) -> int:
 
 @contextlib.contextmanager
 def exclusive(path: str, what: str) -> Iterator[None]:
-    """Holds the fcntl lock file `path` (waiting, with a log line, while another process does)."""
-    lock = filelock.FileLock(path)
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        logging.info('data: waiting for another process building %s (lock %s)', what, path)
-        lock.acquire()
+    """Holds an exclusive fcntl lock on the file `path` (created, waiting with a log line while
+    another process holds it). The holder removes the file before it lets go, so nothing stays
+    behind; a waiter that then gets the lock of a removed file tries again on the path."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logging.info('data: waiting for another process building %s (lock %s)', what, path)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            break
+        os.close(fd)
     try:
         yield
     finally:
-        lock.release()
+        os.remove(path)  # before the lock is released: a waiter sees it gone and starts over
+        os.close(fd)
 
 
 def load_or_build(

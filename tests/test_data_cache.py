@@ -171,6 +171,7 @@ def test_two_processes_building_one_cache_build_it_once(tmp_path):
         np.testing.assert_array_equal(corpus.tokens[split], want[split])
     seen = f'TOKENS {len(want["train"])} {want["train"].sum()}'
     assert all(seen in out for out in outputs), outputs  # both read the one correct cache
+    assert len(os.listdir(tmp_path / 'cache')) == 1  # the cache directory; no lock file left
 
 
 @pytest.mark.slow
