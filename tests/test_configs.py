@@ -82,7 +82,7 @@ def test_gpt125m_is_gpt2_small_sized():
 
 
 def test_data_sampling_sweep_points_are_valid():
-    from lm.experiment import check_config
+    from lm.data import check_data_config
 
     path = ROOT / 'configs' / 'sweeps' / 'data_sampling.py'
     spec = importlib.util.spec_from_file_location('sweep_file', path)
@@ -93,6 +93,7 @@ def test_data_sampling_sweep_points_are_valid():
     for point in module.get_points():
         config = point_config(base, {k: v for k, v in point.items() if k != 'name'})
         assert invalid_reason(config) is None, point
-        config = check_config(config)
+        check_data_config(config.data)
+        valid_model(config)
         settings.append((config.data.sampling, config.data.document_mask, config.eval_tokens))
     assert settings == [('random', False, 0), ('epochs', False, 0), ('epochs', True, 0)]
