@@ -98,7 +98,7 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
     num = data.num_proc
     if isinstance(num, bool) or not isinstance(num, int) or num < 0:
         raise ValueError(
-            f'config.data.num_proc must be an integer >= 0 (0 = every CPU), got {num!r}'
+            f'config.data.num_proc must be an integer >= 0 (0 = every CPU, up to 16), got {num!r}'
         )
     check_tokenizer_config(data)
     if data.source == 'text':
@@ -338,9 +338,12 @@ def _tokenizer(data: ml_collections.ConfigDict, source: Source) -> Tokenizer:
     return HFTokenizer.from_file(data.tokenizer, data.eos_token)
 
 
+MAX_AUTO_PROC = 16  # num_proc = 0 stops here: each spawned worker imports the entry point anew
+
+
 def num_proc(data: ml_collections.ConfigDict) -> int:
-    """Tokenisation processes: `config.data.num_proc`, or every CPU if 0."""
-    return data.num_proc or os.cpu_count() or 1
+    """Tokenisation processes: `config.data.num_proc`, or if 0 every CPU up to MAX_AUTO_PROC."""
+    return data.num_proc or min(os.cpu_count() or 1, MAX_AUTO_PROC)
 
 
 def load_tokenizer(data: ml_collections.ConfigDict) -> Tokenizer:
