@@ -61,6 +61,9 @@ def get_config() -> ml_collections.ConfigDict:
     data.bpe_vocab_size = 4096  # bpe: vocabulary size to train.
     data.seq_len = 256  # Tokens per training sequence (context length T).
     data.cache_dir = ''  # Where token memmaps and trained tokenizers go; '' = ~/.cache/lm.
+    data.num_proc = 0  # BPE tokenisation processes past 16 MB; 0 = every CPU (<= 16), 1 = serial.
+    data.sampling = 'random'  # 'random' windows (with replacement) | 'epochs' (each once/epoch).
+    data.document_mask = False  # Attend only within a document (EOS-separated) in each window.
 
     train = config.train = ml_collections.ConfigDict()
     train.batch_size = 32  # Global sequences per optimizer step (all devices, all hosts).

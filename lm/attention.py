@@ -32,6 +32,13 @@ def causal_mask(T: int, S: int | None = None) -> jax.Array:
     return jnp.arange(S)[None, :] <= jnp.arange(T)[:, None] + (S - T)
 
 
+def document_mask(segment_ids_BT: jax.Array) -> jax.Array:
+    """[B, T, T] causal mask within documents: query t attends key s <= t of its own segment
+    (segment_ids_BT: the document each position of a packed window belongs to)."""
+    same_BTS = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+    return same_BTS & causal_mask(segment_ids_BT.shape[1])[None]
+
+
 def cache_mask(kv_valid_BS: jax.Array, slot: jax.Array, T: int) -> jax.Array:
     """[B, T, S] mask for T new queries written at cache slots slot..slot+T-1: a query attends
     valid slots at or before its own (kv_valid_BS marks filled, non-padding slots)."""
@@ -93,7 +100,8 @@ class AttentionVariant(nnx.Module):
     """The contract of an attention variant. Subclass it, set `names`, implement the methods
     that raise here, and decorate the class with `@register`.
 
-    Model: `__init__(cfg, rngs=...)`, `__call__(x_BTE, positions_BT) -> y_BTE` and, for KV-cache
+    Model: `__init__(cfg, rngs=...)`, `__call__(x_BTE, positions_BT, segment_ids_BT=None) -> y_BTE`
+    (segment ids given: attend only within a document, `document_mask`) and, for KV-cache
     decoding, `init_cache` plus `extend` (T new tokens written into the cache at `slot`).
     Static facts, read without building the module: `resolve` (check the variant's knobs and
     fill in derived ones), `kv_cache_elements` and `kv_heads` (what the cache holds: accounting,
@@ -141,7 +149,9 @@ class AttentionVariant(nnx.Module):
         `poolable_kv_heads`)."""
         raise NotImplementedError
 
-    def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+    def __call__(
+        self, x_BTE: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array | None = None
+    ) -> jax.Array:
         raise NotImplementedError
 
     def extend(
@@ -287,11 +297,14 @@ class GroupedQueryAttention(AttentionVariant):
         s_BGRTS = jnp.where(causal_mask(T)[None, None, None], s_BGRTS, jnp.finfo(jnp.float32).min)
         return jax.nn.softmax(s_BGRTS, axis=-1).reshape(B, H, T, T)
 
-    def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+    def __call__(
+        self, x_BTE: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array | None = None
+    ) -> jax.Array:
         cfg = self.cfg
         q_BTHD, k_BTGD, v_BTGD = self._qkv(x_BTE, positions_BT)
+        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
         out_BTHD = grouped_attention(
-            q_BTHD, k_BTGD, v_BTGD, scale=cfg.head_dim**-0.5, impl=cfg.attention_impl
+            q_BTHD, k_BTGD, v_BTGD, scale=cfg.head_dim**-0.5, mask=mask, impl=cfg.attention_impl
         )
         return self.o_proj(out_BTHD)
 
@@ -488,10 +501,13 @@ class MultiHeadLatentAttention(AttentionVariant):
     def scale(self) -> float:
         return (self.cfg.qk_nope_head_dim + self.cfg.qk_rope_head_dim) ** -0.5
 
-    def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+    def __call__(
+        self, x_BTE: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array | None = None
+    ) -> jax.Array:
         q_nope, q_pe = self.queries(x_BTE, positions_BT)
         c_BSC, k_pe_BSP = self.latents(x_BTE, positions_BT)
-        return self._expanded(q_nope, q_pe, c_BSC, k_pe_BSP, mask=None)
+        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
+        return self._expanded(q_nope, q_pe, c_BSC, k_pe_BSP, mask=mask)
 
     def extend(
         self,

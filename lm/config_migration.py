@@ -33,6 +33,9 @@ ADDED_KEYS = {
     'train.ramp_steps': 0,
     'uptrain.schedule': 'rewarm',
     'uptrain.optimizer_state': 'fresh',
+    'data.num_proc': 1,
+    'data.sampling': 'random',
+    'data.document_mask': False,
 }
 
 # dotted key of an earlier version -> the key that replaced it (`upgrade_config` converts it)

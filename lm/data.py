@@ -1,26 +1,28 @@
-"""Text sources, tokenisation into a cached memmap, and batches that are pure functions of
-(seed, step, process).
+"""Text sources, tokenised once into a cached memmap (`lm.data_cache`); batches and evaluation
+windows are in `lm.sampling`.
 
 Sources (`config.data.source`):
 - 'stdlib': the running Python's standard-library .py files (no tests, no site-packages), split
   into train / validation by a stable hash of each file's relative path. Needs no download.
 - 'text': local text files, concatenated; the last `val_fraction` of characters is validation.
+  Files are streamed (read, decoded and tokenised a few MB at a time), so their size is not
+  bounded by memory; each split is one document.
 - 'hf': a Hugging Face `datasets` dataset (hub name or a local builder such as 'text' with
-  `data.path` as data_files), optionally streamed.
+  `data.path` as data_files), optionally streamed; one document per row.
 
 Each split is tokenised once into `<cache_dir>/<fingerprint>/<split>.bin` (uint16 or uint32),
-where the fingerprint covers the source's contents and the tokenizer. A training batch is the
-`step`-th draw of random windows from a generator seeded with (seed, step); process p of P takes
-rows [p·B/P, (p+1)·B/P), so resuming is exact and hosts read disjoint rows. Evaluation scores
-non-overlapping windows of the held-out split (`eval_windows`), each target token once.
+where the fingerprint covers the source's contents and the tokenizer.
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
+import re
 import sysconfig
 from collections.abc import Callable, Iterator
 
@@ -28,6 +30,14 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from lm.data_cache import SPLITS, Piece, exclusive, load_or_build
+from lm.sampling import (  # noqa: F401 - re-exported: their home was this module
+    call_batch,
+    eval_batches,
+    eval_windows,
+    train_batch,
+    window_targets,
+)
 from lm.tokenizer import (
     ByteTokenizer,
     HFTokenizer,
@@ -39,7 +49,10 @@ from lm.tokenizer import (
 SOURCES = ('stdlib', 'text', 'hf')
 DECODE_ERRORS = ('strict', 'replace')
 HF_SAMPLE_BY = ('line', 'paragraph', 'document')
-SPLITS = ('train', 'validation')
+SAMPLINGS = ('random', 'epochs')
+READ_BYTES = 1 << 22  # bytes of a text file read (and decoded) at a time
+PIECE_CHARS = 1 << 16  # a text split is tokenised in pieces of about this many characters
+_SAFE_CUT = re.compile(r'(?<=\S) (?=\S)')  # a space between two non-space characters
 _TEST_DIRS = {'test', 'tests', 'idle_test', 'site-packages', 'dist-packages', '__pycache__'}
 
 
@@ -79,6 +92,13 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
     if data.hf_sample_by not in HF_SAMPLE_BY:
         raise ValueError(
             f'config.data.hf_sample_by must be one of {HF_SAMPLE_BY}, got {data.hf_sample_by!r}'
+        )
+    if data.sampling not in SAMPLINGS:
+        raise ValueError(f'config.data.sampling must be one of {SAMPLINGS}, got {data.sampling!r}')
+    num = data.num_proc
+    if isinstance(num, bool) or not isinstance(num, int) or num < 0:
+        raise ValueError(
+            f'config.data.num_proc must be an integer >= 0 (0 = every CPU, up to 16), got {num!r}'
         )
     check_tokenizer_config(data)
     if data.source == 'text':
@@ -131,47 +151,118 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def _read_bytes(path: str) -> bytes:
+def _not_utf8(path: str, byte: int, offset: int) -> str:
+    return (
+        f'config.data.path: {path!r} is not UTF-8 text (byte 0x{byte:02x} at offset {offset}); '
+        "set config.data.decode_errors='replace' to read it anyway"
+    )
+
+
+def _decoded(path: str, errors: str, digest=None) -> Iterator[str]:
+    """The UTF-8 text of `path`, read and decoded `READ_BYTES` at a time (exactly as one
+    `bytes.decode`); `digest` (a hashlib object) is fed the raw bytes. With errors='strict', a
+    byte that is not UTF-8 is a one-line error naming the file and its offset."""
+    decoder = codecs.getincrementaldecoder('utf-8')(errors)
+    offset = 0
     with open(path, 'rb') as f:
-        return f.read()
+        while True:
+            raw = f.read(READ_BYTES)
+            if digest is not None:
+                digest.update(raw)
+            pending = len(decoder.getstate()[0])  # bytes of a character split between reads
+            try:
+                text = decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                where = offset - pending + e.start
+                raise ValueError(_not_utf8(path, e.object[e.start], where)) from None
+            offset += len(raw)
+            if text:
+                yield text
+            if not raw:
+                return
 
 
-def decode_text(raw: bytes, path: str, errors: str) -> str:
-    """`raw` as UTF-8 text; with errors='strict', a one-line error naming the file and the
-    offset of the first byte that is not UTF-8 (binary data, a token .bin, another encoding)."""
-    try:
-        return raw.decode('utf-8', errors=errors)
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f'config.data.path: {path!r} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset '
-            f"{e.start}); set config.data.decode_errors='replace' to read it anyway"
-        ) from None
+def _cut(buffer: str, start: int) -> int | None:
+    """Where a piece of `buffer` that starts at `start` ends: the first space at or after
+    start + PIECE_CHARS that sits between two non-space characters (byte-level BPE's
+    pre-tokenizer, GPT-2's pattern, always splits there, so pieces tokenise exactly as the whole
+    text); at start + PIECE_CHARS if 64 pieces' worth hold no such space; None = read more."""
+    if match := _SAFE_CUT.search(buffer, start + PIECE_CHARS):
+        return match.start()
+    return start + PIECE_CHARS if len(buffer) - start >= 64 * PIECE_CHARS else None
 
 
-def _source(data: ml_collections.ConfigDict) -> tuple[str, Callable[[str], Iterator[str]]]:
-    """(fingerprint of the source's contents and settings, split -> iterator over documents)."""
+def _text_pieces(paths: list[str], errors: str, start: int, stop: int) -> Iterator[Piece]:
+    """Characters [start, stop) of the files' concatenated text, one document in pieces of
+    about PIECE_CHARS characters (`_cut`), streamed: memory holds a read and a piece."""
+    buffer, first, pos = '', 0, 0  # buffer[first:] is not yet handed out
+    for text in itertools.chain.from_iterable(_decoded(p, errors) for p in paths):
+        lo, hi = max(start - pos, 0), min(stop - pos, len(text))
+        pos += len(text)
+        if lo < hi:
+            buffer, first = buffer[first:] + text[lo:hi], 0
+        while len(buffer) - first > PIECE_CHARS and (cut := _cut(buffer, first)) is not None:
+            yield buffer[first:cut], False
+            first = cut
+        if pos >= stop:
+            break
+    yield buffer[first:], True
+
+
+@dataclasses.dataclass
+class Source:
+    """What the cache needs from a source: its fingerprint and each split's documents."""
+
+    fingerprint: str  # covers the source's contents and settings
+    pieces: Callable[[str], Iterator[Piece]]  # split -> (text, document ends) pieces
+    size: Callable[[str], int | None]  # split -> about how many UTF-8 bytes (None = unknown)
+
+
+def _stdlib_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Callable]:
+    files = _stdlib_files()
+    key = [(rel, os.path.getsize(full)) for rel, full in files]
+
+    def in_split(rel: str, split: str) -> bool:
+        return _in_validation(rel, data.val_fraction) == (split == 'validation')
+
+    def pieces(split: str) -> Iterator[Piece]:
+        for rel, full in files:
+            if in_split(rel, split):
+                yield _read(full), True
+
+    def size(split: str) -> int:
+        return sum(os.path.getsize(full) for rel, full in files if in_split(rel, split))
+
+    return key, pieces, size
+
+
+def _text_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Callable]:
+    """The files are hashed and checked for UTF-8 in one streaming pass before anything is
+    tokenised; the last `val_fraction` of their characters is validation."""
+    paths = text_paths(data)
+    key, chars = [], 0
+    for p in paths:
+        digest = hashlib.sha256()
+        chars += sum(len(text) for text in _decoded(p, data.decode_errors, digest))
+        key.append(digest.hexdigest())
+    cut = int(chars * (1 - data.val_fraction))
+    total = sum(os.path.getsize(p) for p in paths)
+
+    def pieces(split: str) -> Iterator[Piece]:
+        start, stop = (0, cut) if split == 'train' else (cut, chars)
+        return _text_pieces(paths, data.decode_errors, start, stop)
+
+    def size(split: str) -> int:
+        return round(total * (1 - data.val_fraction if split == 'train' else data.val_fraction))
+
+    return key, pieces, size
+
+
+def _source(data: ml_collections.ConfigDict) -> Source:
     if data.source == 'stdlib':
-        files = _stdlib_files()
-        key = [(rel, os.path.getsize(full)) for rel, full in files]
-
-        def docs(split: str) -> Iterator[str]:
-            for rel, full in files:
-                if _in_validation(rel, data.val_fraction) == (split == 'validation'):
-                    yield _read(full)
-
+        key, pieces, size = _stdlib_source(data)
     elif data.source == 'text':
-        paths = text_paths(data)
-        key = []
-        for p in paths:  # hashed and checked for UTF-8 before anything is tokenised
-            raw = _read_bytes(p)
-            key.append(hashlib.sha256(raw).hexdigest())
-            decode_text(raw, p, data.decode_errors)
-
-        def docs(split: str) -> Iterator[str]:
-            text = ''.join(decode_text(_read_bytes(p), p, data.decode_errors) for p in paths)
-            cut = int(len(text) * (1 - data.val_fraction))
-            yield text[:cut] if split == 'train' else text[cut:]
-
+        key, pieces, size = _text_source(data)
     else:
         key = [
             data.hf_name,
@@ -185,11 +276,14 @@ def _source(data: ml_collections.ConfigDict) -> tuple[str, Callable[[str], Itera
         if data.hf_name == 'text' and data.hf_sample_by != 'line':
             key.append(data.hf_sample_by)
 
-        def docs(split: str) -> Iterator[str]:
-            yield from _hf_docs(data, split)
+        def pieces(split: str) -> Iterator[Piece]:
+            return ((doc, True) for doc in _hf_docs(data, split))
+
+        def size(split: str) -> None:
+            return None
 
     settings = [data.source, data.val_fraction, key]
-    return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16], docs
+    return Source(hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16], pieces, size)
 
 
 def _hf_docs(data: ml_collections.ConfigDict, split: str) -> Iterator[str]:
@@ -224,56 +318,50 @@ def _hf_docs(data: ml_collections.ConfigDict, split: str) -> Iterator[str]:
         yield row[data.hf_text_column]
 
 
-def _tokenizer(data: ml_collections.ConfigDict, source_fp: str, docs) -> Tokenizer:
+def _tokenizer(data: ml_collections.ConfigDict, source: Source) -> Tokenizer:
     if data.tokenizer == 'byte':
         return ByteTokenizer()
     if data.tokenizer == 'bpe':
         path = os.path.join(
-            cache_dir(data), 'tokenizers', f'bpe-{source_fp}-{data.bpe_vocab_size}.json'
+            cache_dir(data), 'tokenizers', f'bpe-{source.fingerprint}-{data.bpe_vocab_size}.json'
         )
-        if os.path.isfile(path):
-            try:
-                return HFTokenizer.from_file(path)
-            except ValueError as e:
-                raise ValueError(f'{e}; delete {path!r} to train it again') from None
-        return train_bpe(docs('train'), data.bpe_vocab_size, path)
+        if not os.path.isfile(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with exclusive(path + '.lock', f'the tokenizer {path}'):
+                if not os.path.isfile(path):  # else trained while this process waited
+                    texts = (text for text, _ in source.pieces('train'))
+                    return train_bpe(texts, data.bpe_vocab_size, path)
+        try:
+            return HFTokenizer.from_file(path)
+        except ValueError as e:
+            raise ValueError(f'{e}; delete {path!r} to train it again') from None
     return HFTokenizer.from_file(data.tokenizer, data.eos_token)
 
 
-def _write_split(path: str, docs: Iterator[str], tok: Tokenizer, dtype: np.dtype) -> int:
-    """Tokenises docs (EOS after each) into a raw binary file; returns the UTF-8 byte count."""
-    num_bytes = 0
-    with open(path, 'wb') as f:
-        for doc in docs:
-            num_bytes += len(doc.encode('utf-8'))
-            np.asarray(tok.encode(doc) + [tok.eos_id], dtype).tofile(f)
-    return num_bytes
+MAX_AUTO_PROC = 16  # num_proc = 0 stops here: each spawned worker imports the entry point anew
+
+
+def num_proc(data: ml_collections.ConfigDict) -> int:
+    """Tokenisation processes: `config.data.num_proc`, or if 0 every CPU up to MAX_AUTO_PROC."""
+    return data.num_proc or min(os.cpu_count() or 1, MAX_AUTO_PROC)
 
 
 def load_tokenizer(data: ml_collections.ConfigDict) -> Tokenizer:
     """The tokenizer `config.data` describes (a BPE is trained only if not cached)."""
     check_data_config(data)
-    source_fp, docs = _source(data)
-    return _tokenizer(data, source_fp, docs)
+    return _tokenizer(data, _source(data))
 
 
 def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
-    """Tokenised train and validation splits, built once and cached by fingerprint."""
+    """Tokenised train and validation splits, built once (by one process) and cached by
+    fingerprint (`lm.data_cache`)."""
     check_data_config(data)
-    source_fp, docs = _source(data)
-    tok = _tokenizer(data, source_fp, docs)
-    fingerprint = hashlib.sha256(f'{source_fp}-{tok.name}'.encode()).hexdigest()[:16]
+    source = _source(data)
+    tok = _tokenizer(data, source)
+    fingerprint = hashlib.sha256(f'{source.fingerprint}-{tok.name}'.encode()).hexdigest()[:16]
     directory = os.path.join(cache_dir(data), fingerprint)
-    meta_path = os.path.join(directory, 'meta.json')
     dtype = np.dtype(np.uint16 if tok.vocab_size <= 2**16 else np.uint32)
-    if not os.path.isfile(meta_path):
-        try:
-            _build_cache(directory, docs, tok, dtype)
-        except PermissionError as e:
-            raise ValueError(
-                f'config.data.cache_dir: cannot write the token cache {directory!r} ({e.strerror})'
-            ) from None
-    meta, tokens = _open_cache(directory)
+    meta, tokens = load_or_build(directory, source.pieces, tok, dtype, num_proc(data), source.size)
     logging.info(
         'data: %s source, %s; train %s tokens (%s bytes), validation %s tokens (%s bytes); '
         'tokenizer %s, %s tokens',
@@ -289,60 +377,6 @@ def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
     return Corpus(tokens, meta['num_bytes'], tok, fingerprint)
 
 
-def _build_cache(directory: str, docs, tok: Tokenizer, dtype: np.dtype) -> None:
-    """Tokenises both splits into `directory`; a source that fails mid-way (offline, say)
-    leaves no partial file behind."""
-    created = not os.path.isdir(directory)
-    os.makedirs(directory, exist_ok=True)
-    meta = {'dtype': dtype.name, 'num_bytes': {}, 'num_tokens': {}}
-    tmp = ''
-    try:
-        for split in SPLITS:
-            tmp = os.path.join(directory, f'{split}.bin.{os.getpid()}')
-            meta['num_bytes'][split] = _write_split(tmp, docs(split), tok, dtype)
-            meta['num_tokens'][split] = os.path.getsize(tmp) // dtype.itemsize
-            os.replace(tmp, os.path.join(directory, f'{split}.bin'))
-        meta_path = os.path.join(directory, 'meta.json')
-        with open(meta_path + f'.{os.getpid()}', 'w') as f:
-            json.dump(meta, f)
-        os.replace(meta_path + f'.{os.getpid()}', meta_path)
-    except BaseException:
-        if tmp and os.path.exists(tmp):
-            os.remove(tmp)
-        if created and not os.listdir(directory):
-            os.rmdir(directory)
-        raise
-
-
-def _open_cache(directory: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """meta.json and the token memmaps of a cache directory; a damaged file (empty,
-    truncated, not JSON) is a one-line error naming it."""
-    meta_path = os.path.join(directory, 'meta.json')
-    fix = f'delete {directory!r} to rebuild it'
-    try:
-        with open(meta_path) as f:
-            meta = json.load(f)
-        np.dtype(meta['dtype'])
-        meta['num_bytes']['train'], meta['num_bytes']['validation']
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f'data cache file {meta_path!r} is corrupt ({e}); {fix}') from None
-    tokens = {}
-    for split in SPLITS:
-        path = os.path.join(directory, f'{split}.bin')
-        size = os.path.getsize(path) if os.path.isfile(path) else -1
-        itemsize = np.dtype(meta['dtype']).itemsize
-        want = meta.get('num_tokens', {}).get(split)  # absent in caches written before it
-        if size <= 0 or size % itemsize or (want is not None and size != want * itemsize):
-            state = 'missing' if size < 0 else 'empty' if size == 0 else f'{size} bytes'
-            raise ValueError(
-                f'data cache file {path!r} is damaged ({state}'
-                + (f', expected {want * itemsize} bytes' if want is not None else '')
-                + f'); {fix}'
-            )
-        tokens[split] = np.memmap(path, dtype=meta['dtype'], mode='r')
-    return meta, tokens
-
-
 def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:
     """The source must hold at least one batch of windows in each split."""
     need = batch_size * seq_len + 1
@@ -352,101 +386,3 @@ def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:
                 f'the {split} split has {len(corpus.tokens[split])} tokens, fewer than one batch '
                 f'(config.train.batch_size={batch_size} x config.data.seq_len={seq_len} + 1)'
             )
-
-
-def _rows(global_rows: int, process_index: int, process_count: int) -> slice:
-    per = global_rows // process_count
-    return slice(process_index * per, (process_index + 1) * per)
-
-
-def train_batch(
-    tokens: np.ndarray,
-    *,
-    seed: int,
-    step: int,
-    batch_size: int,
-    seq_len: int,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> np.ndarray:
-    """This process's rows of step `step`'s batch: int32 [batch_size / process_count, T + 1]."""
-    starts = np.random.default_rng([seed, step]).integers(0, len(tokens) - seq_len, batch_size)
-    starts = starts[_rows(batch_size, process_index, process_count)]
-    return np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
-
-
-def call_batch(
-    tokens: np.ndarray,
-    *,
-    seed: int,
-    step: int,
-    steps: int,
-    batch_size: int,
-    seq_len: int,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> np.ndarray:
-    """This process's rows for one train-step call running steps step..step+steps-1:
-    `train_batch` [B/P, T + 1] for a single step, stacked [steps, B/P, T + 1] for several."""
-    rows = [
-        train_batch(
-            tokens,
-            seed=seed,
-            step=step + i,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            process_index=process_index,
-            process_count=process_count,
-        )
-        for i in range(steps)
-    ]
-    return rows[0] if steps == 1 else np.stack(rows)
-
-
-def eval_windows(num_tokens: int, seq_len: int, eval_tokens: int = 0) -> np.ndarray:
-    """Start offsets of the evaluation windows of a split of `num_tokens` tokens.
-
-    The split's num_tokens - 1 next-token targets are cut into W = ceil((num_tokens - 1) / T)
-    non-overlapping windows of T = seq_len (the last one partial), so every target is scored
-    exactly once. `eval_tokens` > 0 keeps ceil(eval_tokens / T) of them (at most W), spread
-    evenly over the whole split (window floor(i · W / k) for i < k) rather than its start.
-    """
-    num_windows = -(-(num_tokens - 1) // seq_len)
-    starts = np.arange(num_windows, dtype=np.int64) * seq_len
-    if eval_tokens:
-        k = min(num_windows, -(-eval_tokens // seq_len))
-        starts = starts[np.arange(k, dtype=np.int64) * num_windows // k]
-    return starts
-
-
-def window_targets(num_tokens: int, starts: np.ndarray, seq_len: int) -> np.ndarray:
-    """Targets each window scores: T, or fewer for the split's last window."""
-    return np.minimum(seq_len, num_tokens - 1 - starts)
-
-
-def eval_batches(
-    tokens: np.ndarray,
-    starts: np.ndarray,
-    *,
-    batch_size: int,
-    seq_len: int,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """This process's rows of each evaluation batch: (tokens int32 [B/P, T + 1], target weights
-    float32 [B/P, T]), windows `starts` in order, B per batch.
-
-    Every batch has the same shape (one compiled eval step): the split's last window is padded
-    with token 0 and the last batch with whole padding rows, all of weight 0.
-    """
-    n = len(tokens)
-    counts = window_targets(n, starts, seq_len)
-    rows = _rows(batch_size, process_index, process_count)
-    for first in range(0, len(starts), batch_size):
-        batch = np.zeros((batch_size, seq_len + 1), np.int32)
-        weights = np.zeros((batch_size, seq_len), np.float32)
-        chunk = slice(first, first + batch_size)
-        for r, (s, c) in enumerate(zip(starts[chunk], counts[chunk], strict=True)):
-            batch[r, : c + 1] = tokens[s : s + c + 1]
-            weights[r, :c] = 1.0
-        yield batch[rows], weights[rows]

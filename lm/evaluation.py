@@ -2,7 +2,7 @@
 
 One protocol everywhere (in-training `eval/*`, eval.py, sweeps, ablations): the split's target
 tokens in non-overlapping windows of the training context, each scored exactly once
-(`lm.data.eval_windows`; `config.eval_tokens` > 0 = that many tokens' windows spread evenly over
+(`lm.sampling.eval_windows`; `config.eval_tokens` > 0 = that many tokens' windows spread evenly over
 the split), batched `eval_batch_size` windows at a time. The set is a pure function of the split,
 the context and `eval_tokens`: identical for every run on the same data and any process count.
 """
@@ -16,7 +16,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from lm.data import Corpus, eval_batches, eval_windows, window_targets
+from lm.data import Corpus
+from lm.sampling import eval_batches, eval_windows, window_targets
 from lm.sharding import global_batch
 
 
@@ -61,7 +62,7 @@ def evaluate(
     eval_tokens: int,
     batch_sharding: jax.sharding.NamedSharding,
 ) -> dict[str, float]:
-    """Mean next-token loss over the evaluation windows of `split` (`lm.data.eval_windows`),
+    """Mean next-token loss over the evaluation windows of `split` (`lm.sampling.eval_windows`),
     with its standard error over windows and the number of target tokens scored.
 
     bits/byte = loss / ln 2 · tokens/byte of the split, so runs with different tokenizers

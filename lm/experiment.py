@@ -102,7 +102,10 @@ def prepare(config: ml_collections.ConfigDict) -> Experiment:
     check_corpus_size(corpus, config.train.batch_size, config.data.seq_len)
     cfg = model_config(config.model, corpus.tokenizer.vocab_size)
     config.model.vocab_size = cfg.vocab_size
-    return Experiment(config, cfg, corpus, step_context(config, cfg))
+    ctx = step_context(config, cfg)
+    if config.data.document_mask:
+        ctx = dataclasses.replace(ctx, document_eos=corpus.tokenizer.eos_id)
+    return Experiment(config, cfg, corpus, ctx)
 
 
 def checkpoint_meta(

@@ -15,8 +15,9 @@ import numpy as np
 from flax import nnx
 
 from lm import analysis
-from lm.data import eval_windows, load_corpus, window_targets
+from lm.data import load_corpus
 from lm.experiment import restore_run
+from lm.sampling import eval_windows, window_targets
 
 SCORES = ('previous_token', 'induction', 'duplicate_token', 'sink', 'entropy')
 CSV_COLUMNS = ('run', 'layer', 'head', *SCORES)
@@ -315,7 +316,7 @@ def summary_markdown(runs: list[RunHeads]) -> str:
 
 
 def _whole_windows(tokens: np.ndarray, T: int, batch: int, max_batches: int) -> list[np.ndarray]:
-    """Batches [batch, T + 1] of the evaluation protocol's windows (`lm.data.eval_windows`) that
+    """Batches [batch, T + 1] of the evaluation protocol's windows (`lm.sampling.eval_windows`) that
     hold T whole targets (scores by position need every position): the first `max_batches`
     batches, or all (0)."""
     starts = eval_windows(len(tokens), T)

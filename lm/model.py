@@ -74,8 +74,11 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg)
         self.mlp = SwiGLU(cfg, rngs=rngs)
 
-    def __call__(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
-        x_BTE = x_BTE + self.attn(self.attn_norm(x_BTE), positions_BT)
+    def __call__(
+        self, x_BTE: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array | None = None
+    ) -> jax.Array:
+        where = (positions_BT,) if segment_ids_BT is None else (positions_BT, segment_ids_BT)
+        x_BTE = x_BTE + self.attn(self.attn_norm(x_BTE), *where)
         return x_BTE + self.mlp(self.mlp_norm(x_BTE))
 
     def extend(self, x_BTE, positions_BT, cache, slot, kv_valid_BS, absorb=True):
@@ -106,16 +109,19 @@ class Transformer(nnx.Module):
         tokens_BT: jax.Array,
         positions_BT: jax.Array | None = None,
         constrain: Constrain = no_constraint,
+        segment_ids_BT: jax.Array | None = None,
     ) -> jax.Array:
         """`constrain(x, logical_axes)` pins activation shardings; the trainer passes one built
-        from the mesh rules (lm/sharding.py), the default leaves them to the compiler."""
+        from the mesh rules (lm/sharding.py), the default leaves them to the compiler.
+        `segment_ids_BT` (the document of each position of a packed row) restricts attention
+        to each token's own document; None = plain causal attention."""
         cfg = self.cfg
         dtype = DTYPES[cfg.dtype]
         if positions_BT is None:
             positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
         x_BTE = constrain(jnp.take(self.embed[...], tokens_BT, axis=0).astype(dtype), ACT_AXES)
         for block in self.blocks:
-            x_BTE = constrain(block(x_BTE, positions_BT), ACT_AXES)
+            x_BTE = constrain(block(x_BTE, positions_BT, segment_ids_BT), ACT_AXES)
         return self._logits(x_BTE)
 
     def extend(

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import ml_collections
+import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -21,8 +22,13 @@ class Tokenizer(Protocol):
     name: str  # identifies the exact vocabulary; part of the data cache fingerprint
     vocab_size: int
     eos_id: int
+    parallel: bool  # encoding is CPU-bound enough that worker processes pay (lm.data_cache)
 
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """`encode(text)` as a 1-D integer array (what the token cache writes)."""
+        ...
 
     def decode(self, ids: Iterable[int]) -> str: ...
 
@@ -34,9 +40,13 @@ class ByteTokenizer:
     vocab_size = 258
     eos_id = 256
     pad_id = 257
+    parallel = False  # a UTF-8 encode: cheaper here than handing the text to a worker
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode('utf-8'))
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode('utf-8'), np.uint8)
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(i for i in ids if i < 256).decode('utf-8', errors='replace')
@@ -44,6 +54,8 @@ class ByteTokenizer:
 
 class HFTokenizer:
     """A Hugging Face `tokenizers.Tokenizer` (from a tokenizer.json, or trained by `train_bpe`)."""
+
+    parallel = True
 
     def __init__(self, tok: tokenizers.Tokenizer, name: str, eos_token: str = ''):
         self.tok = tok
@@ -72,6 +84,9 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.tok.encode(text).ids, np.int64)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids))

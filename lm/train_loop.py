@@ -20,10 +20,10 @@ from tqdm import tqdm
 from lm import accounting, attention, perf
 from lm.checkpoint import Checkpointer, read_latest_meta
 from lm.config import ModelConfig
-from lm.data import call_batch
 from lm.evaluation import eval_batch_size, evaluate
 from lm.experiment import Experiment, check_config, checkpoint_meta, prepare, restore
 from lm.loss_spike import LossSpikeGuard
+from lm.sampling import call_batch, num_windows
 from lm.sharding import set_cpu_devices
 from lm.summary import Summary, run_logdir
 from lm.train_step import (
@@ -68,6 +68,7 @@ def _prefetch(exp: Experiment, start: int, sizes: list[int], depth: int = 2):
                         seq_len=c.data.seq_len,
                         process_index=jax.process_index(),
                         process_count=jax.process_count(),
+                        sampling=c.data.sampling,
                     )
                 )
                 step += n
@@ -153,6 +154,11 @@ class _Meter:
         self.tb, self.total, self.checkpoints = tb, c.train.steps, checkpoints
         self.spikes = spikes
         self.tokens_per_step = c.train.batch_size * c.data.seq_len
+        # epochs = windows read / non-overlapping windows in the split (for 'random' sampling:
+        # in expectation)
+        self.epochs_per_step = c.train.batch_size / num_windows(
+            len(exp.corpus.tokens['train']), c.data.seq_len
+        )
         self.flops_per_token = accounting.flops_per_token(exp.model_cfg, c.data.seq_len)
         self.peak, _ = perf.peak_flops(c.train.peak_flops)
         self.pending: list = []  # (last step of a call, its metrics on device)
@@ -209,7 +215,14 @@ class _Meter:
         utilisation = perf.mfu(tps, self.flops_per_token, self.peak)
         s, m = self.last
         self.tb.scalars(
-            s, {'perf/step_time': dt, 'perf/tokens_per_sec': tps, 'perf/mfu': utilisation}
+            s,
+            {
+                'perf/step_time': dt,
+                'perf/tokens_per_sec': tps,
+                'perf/mfu': utilisation,
+                'data/tokens_seen': s * self.tokens_per_step,
+                'data/epochs': s * self.epochs_per_step,
+            },
         )
         logging.info(
             'step %d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms/step | '
@@ -444,6 +457,8 @@ def _hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) ->
             'data.source': c.data.source,
             'data.tokenizer': c.data.tokenizer,
             'data.seq_len': c.data.seq_len,
+            'data.sampling': c.data.sampling,
+            'data.document_mask': c.data.document_mask,
             'eval_tokens': c.eval_tokens,
         }
     )

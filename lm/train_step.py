@@ -44,6 +44,7 @@ class StepContext:
     mesh: Mesh
     constrain: Callable  # activation sharding constraint passed to the model
     lr_schedule: optax.Schedule | None = None  # the optimizer's, for the logged 'lr'
+    document_eos: int | None = None  # EOS id: attend within documents only; None = causal
 
 
 def _abstract_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
@@ -113,10 +114,28 @@ def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
     return logz - jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
 
 
+def documents(tokens_BT: jax.Array, eos_id: int) -> tuple[jax.Array, jax.Array]:
+    """(segment ids, positions) [B, T] of packed rows: an EOS ends its document, the token after
+    it starts the next one at position 0."""
+    B, T = tokens_BT.shape
+    ends_BT = (tokens_BT == eos_id).astype(jnp.int32)
+    segments_BT = jnp.cumsum(ends_BT, axis=1) - ends_BT  # an EOS belongs to the document it ends
+    t_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    starts_BT = jnp.concatenate([jnp.ones((B, 1), jnp.int32), ends_BT[:, :-1]], axis=1)
+    first_BT = jax.lax.cummax(jnp.where(starts_BT == 1, t_BT, 0), axis=1)
+    return segments_BT, t_BT - first_BT
+
+
 def token_losses(ctx: StepContext, params: dict, batch_BT1: jax.Array) -> jax.Array:
-    """Next-token losses [B, T] of the model `params` on a batch of T + 1 tokens per row."""
+    """Next-token losses [B, T] of the model `params` on a batch of T + 1 tokens per row; with
+    `ctx.document_eos`, each token sees only its own document, from position 0."""
     model = nnx.merge(ctx.graphdef, params)
-    logits = model(batch_BT1[:, :-1], constrain=ctx.constrain)
+    tokens_BT = batch_BT1[:, :-1]
+    if ctx.document_eos is None:
+        logits = model(tokens_BT, constrain=ctx.constrain)
+    else:
+        segments_BT, positions_BT = documents(tokens_BT, ctx.document_eos)
+        logits = model(tokens_BT, positions_BT, ctx.constrain, segments_BT)
     return cross_entropy(logits, batch_BT1[:, 1:])
 
 

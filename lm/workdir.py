@@ -37,6 +37,7 @@ RESUMABLE_KEYS = (
     'async_checkpointing',
     'compilation_cache_dir',
     'data.cache_dir',
+    'data.num_proc',
     'mesh.',
 )
 

@@ -79,3 +79,21 @@ def test_gpt125m_is_gpt2_small_sized():
     cfg = valid_model(load_config_file(str(ROOT / 'configs' / 'gpt125m.py')))
     assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.dtype) == (12, 768, 12, 'bfloat16')
     assert 120e6 < param_counts(cfg)['total'] < 130e6
+
+
+def test_data_sampling_sweep_points_are_valid():
+    from lm.data import check_data_config
+
+    path = ROOT / 'configs' / 'sweeps' / 'data_sampling.py'
+    spec = importlib.util.spec_from_file_location('sweep_file', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base = module.get_config()
+    settings = []
+    for point in module.get_points():
+        config = point_config(base, {k: v for k, v in point.items() if k != 'name'})
+        assert invalid_reason(config) is None, point
+        check_data_config(config.data)
+        valid_model(config)
+        settings.append((config.data.sampling, config.data.document_mask, config.eval_tokens))
+    assert settings == [('random', False, 0), ('epochs', False, 0), ('epochs', True, 0)]

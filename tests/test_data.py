@@ -61,7 +61,7 @@ def test_several_text_files_are_concatenated(tmp_path):
 def test_cache_is_reused_and_keyed_by_content(tmp_path, monkeypatch):
     path = write(tmp_path, 'a.txt', 'hello world ' * 50)
     first = load_corpus(data_config(tmp_path, source='text', path=path))
-    monkeypatch.setattr('lm.data._write_split', lambda *a: pytest.fail('tokenised twice'))
+    monkeypatch.setattr('lm.data_cache.write_split', lambda *a: pytest.fail('tokenised twice'))
     again = load_corpus(data_config(tmp_path, source='text', path=path))
     assert again.fingerprint == first.fingerprint
     monkeypatch.undo()
@@ -247,6 +247,8 @@ def test_eval_tokens_spreads_whole_windows_over_the_split():
         (dict(tokenizer='sentencepiece'), ValueError, r'config.data.tokenizer must be'),
         (dict(tokenizer='/missing/tokenizer.json'), FileNotFoundError, r'is not a file'),
         (dict(val_fraction=1.5), ValueError, r'val_fraction must be in \(0, 1\)'),
+        (dict(sampling='shuffle'), ValueError, r"config.data.sampling must be one of \('random'"),
+        (dict(num_proc=-1), ValueError, r'config.data.num_proc must be an integer >= 0'),
     ],
 )
 def test_bad_data_settings(tmp_path, overrides, error, message):

@@ -145,3 +145,24 @@ def test_bench_xla_options_rejects_a_malformed_option():
     out = run_entry('scripts/bench_xla_options.py', '--option=a:x', timeout=120)
     assert out.returncode == 1 and 'Traceback' not in out.stderr
     assert out.stderr.strip().splitlines()[-1] == "error: --option='a:x': 'x' is not key=value"
+
+
+def test_bench_data_smoke(tmp_path, text_file):
+    stdout = run(
+        'bench_data.py',
+        f'--text={text_file}',
+        f'--workdir={tmp_path / "work"}',
+        '--tokenizers=byte',
+        '--num_proc=1,2',
+        '--batches=2',
+        '--repeats=1',
+        f'--json={tmp_path / "d.json"}',
+    )
+    rows = json.loads((tmp_path / 'd.json').read_text())
+    tokenise, loader = rows[:2], rows[2:]
+    assert [(r['tokenizer'], r['processes']) for r in tokenise] == [('byte', 1), ('byte', 2)]
+    assert all(r['same_as_first'] and r['mb_per_s'] > 0 for r in tokenise)
+    assert tokenise[0]['tokens'] == 40_002  # every byte and two EOS
+    assert [r['sampling'] for r in loader] == ['random', 'epochs']
+    assert all(r['batches_per_s'] > 0 and r['steps_per_s_needed'] > 0 for r in loader)
+    assert stdout.count('\n| ') == 6  # two tables: a header and two rows each
