@@ -33,6 +33,11 @@ ADDED_KEYS = {
     'train.ramp_steps': 0,
     'uptrain.schedule': 'rewarm',
     'uptrain.optimizer_state': 'fresh',
+    'uptrain.grouping': 'contiguous',
+    'uptrain.target': '',
+    'uptrain.groups': '',
+    'uptrain.rope_pairs': '',
+    'uptrain.calibration_tokens': 8192,
 }
 
 # dotted key of an earlier version -> the key that replaced it (`upgrade_config` converts it)
