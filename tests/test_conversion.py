@@ -50,8 +50,13 @@ def with_layers(params, fn):
     return out
 
 
-@pytest.mark.parametrize('model', [dict(attention='mha', qkv_bias=True, o_bias=True),
-                                   dict(attention='gqa', num_kv_heads=4, num_heads=8)])  # fmt: skip
+@pytest.mark.parametrize(
+    'model',
+    [
+        dict(attention='mha', qkv_bias=True, o_bias=True),
+        dict(attention='gqa', num_kv_heads=4, num_heads=8),
+    ],
+)
 def test_permuting_heads_keeps_the_function(model):
     cfg, params = source(**model)
     for block in params['blocks'].values():  # non-zero biases, so their permutation counts
@@ -67,14 +72,20 @@ def test_permuting_heads_keeps_the_function(model):
     np.testing.assert_array_equal(out['blocks'][0]['attn']['k_proj']['kernel'], k[:, perm])
     # similarity grouping to g = H heads (no sharing) is the source model itself
     if cfg.num_kv_heads == cfg.num_heads:
-        groups = conversion.similarity_groups(params, cfg.num_heads, 'mean', calibration(cfg, params))
+        groups = conversion.similarity_groups(
+            params, cfg.num_heads, 'mean', calibration(cfg, params)
+        )
         same = convert_params(params, cfg, cfg.num_heads, 'mean', groups=groups)
         np.testing.assert_allclose(logits(cfg, same), logits(cfg, params), atol=ATOL)
 
 
 def test_choose_groups_exhaustive_and_greedy():
     assert [head_merging.num_partitions(G, r) for G, r in [(4, 2), (8, 2), (8, 4), (16, 2)]] == [
-        3, 105, 35, 2027025]  # fmt: skip
+        3,
+        105,
+        35,
+        2027025,
+    ]
     sim = np.eye(4)
     sim[0, 3] = sim[3, 0] = 0.9
     sim[1, 2] = sim[2, 1] = 0.5
@@ -233,9 +244,10 @@ def test_mla_rope_ladder_and_its_frequencies():
     for s in mla_conversion.rope_strides(D, P):
         pairs = mla_conversion.kept_dims(D, P, s)[0][: P // 2]
         np.testing.assert_allclose(
-            rope_inv_freq(P // 2, theta ** (s * P / D)), rope_inv_freq(D // 2, theta)[pairs],
+            rope_inv_freq(P // 2, theta ** (s * P / D)),
+            rope_inv_freq(D // 2, theta)[pairs],
             rtol=1e-6,
-        )  # fmt: skip
+        )
     contribution = np.zeros((2, 8))
     contribution[:, [0, 3, 6]] = 1.0  # stride 3 keeps the most
     assert mla_conversion.choose_stride(contribution, P) == 3
@@ -246,27 +258,55 @@ def test_mla_rope_ladder_and_its_frequencies():
     [
         (Plan(2, 'mean', grouping='nearest'), 'convert', r'--grouping must be one of'),
         (Plan(2, 'mean', target='xyz'), 'convert', r'--target must be empty .* got .xyz.'),
-        (Plan(2, 'mean', grouping='similarity', target='mla', kv_lora_rank=8,
-              qk_rope_head_dim=4), 'fresh', r'--method=mean does not apply to --target=mla'),
-        (Plan(0, 'joint_svd', grouping='similarity', target='mla', kv_lora_rank=8,
-              qk_rope_head_dim=4), 'fresh', r'--grouping=similarity does not apply'),
-        (Plan(2, 'joint_svd', target='mla', kv_lora_rank=8, qk_rope_head_dim=4), 'fresh',
-         r'--num_kv_heads does not apply to --target=mla'),
-        (Plan(0, 'joint_svd', target='mla', qk_rope_head_dim=4), 'fresh',
-         r'--kv_lora_rank must be >= 1'),
-        (Plan(0, 'joint_svd', target='mla', kv_lora_rank=8, qk_rope_head_dim=3), 'fresh',
-         r'--qk_rope_head_dim must be an even number >= 2'),
-        (Plan(0, 'joint_svd', target='mla', kv_lora_rank=8, qk_rope_head_dim=4), 'convert',
-         r'no AdamW history: pass --optimizer_state=fresh'),
+        (
+            Plan(
+                2, 'mean', grouping='similarity', target='mla', kv_lora_rank=8, qk_rope_head_dim=4
+            ),
+            'fresh',
+            r'--method=mean does not apply to --target=mla',
+        ),
+        (
+            Plan(
+                0,
+                'joint_svd',
+                grouping='similarity',
+                target='mla',
+                kv_lora_rank=8,
+                qk_rope_head_dim=4,
+            ),
+            'fresh',
+            r'--grouping=similarity does not apply',
+        ),
+        (
+            Plan(2, 'joint_svd', target='mla', kv_lora_rank=8, qk_rope_head_dim=4),
+            'fresh',
+            r'--num_kv_heads does not apply to --target=mla',
+        ),
+        (
+            Plan(0, 'joint_svd', target='mla', qk_rope_head_dim=4),
+            'fresh',
+            r'--kv_lora_rank must be >= 1',
+        ),
+        (
+            Plan(0, 'joint_svd', target='mla', kv_lora_rank=8, qk_rope_head_dim=3),
+            'fresh',
+            r'--qk_rope_head_dim must be an even number >= 2',
+        ),
+        (
+            Plan(0, 'joint_svd', target='mla', kv_lora_rank=8, qk_rope_head_dim=4),
+            'convert',
+            r'no AdamW history: pass --optimizer_state=fresh',
+        ),
         (Plan(2, 'aligned'), 'convert', r'--method=aligned rotates .* --optimizer_state=fresh'),
         (Plan(2, 'random', grouping='similarity'), 'convert', r'no effect with --method=random'),
         (Plan(2, 'mean', kv_lora_rank=8), 'convert', r'apply only to a --target with a KV latent'),
     ],
-)  # fmt: skip
+)
 def test_bad_combinations_are_one_line_errors(plan, optimizer_state, message):
     with pytest.raises(ValueError, match=message) as err:
-        check_flags(plan.num_kv_heads, plan.method, None, None, 0, 'continue', optimizer_state,
-                    plan)  # fmt: skip
+        check_flags(
+            plan.num_kv_heads, plan.method, None, None, 0, 'continue', optimizer_state, plan
+        )
     assert '\n' not in str(err.value)
 
 
@@ -294,16 +334,33 @@ def test_converted_mla_checkpoint_decodes_with_its_latent_cache(tmp_path, small_
     )
     train(config, str(tmp_path / 'mha'))
     with pytest.raises(ValueError, match='no AdamW history'):
-        convert_checkpoint(str(tmp_path / 'mha'), str(tmp_path / 'x'), 0, '', target='mla',
-                           kv_lora_rank=8, qk_rope_head_dim=4)  # fmt: skip
+        convert_checkpoint(
+            str(tmp_path / 'mha'),
+            str(tmp_path / 'x'),
+            0,
+            '',
+            target='mla',
+            kv_lora_rank=8,
+            qk_rope_head_dim=4,
+        )
     assert not (tmp_path / 'x').exists()
     up = convert_checkpoint(
-        str(tmp_path / 'mha'), str(tmp_path / 'mla'), 0, '', optimizer_state='fresh',
-        target='mla', kv_lora_rank=8, qk_rope_head_dim=4, calibration_tokens=64,
-    )  # fmt: skip
+        str(tmp_path / 'mha'),
+        str(tmp_path / 'mla'),
+        0,
+        '',
+        optimizer_state='fresh',
+        target='mla',
+        kv_lora_rank=8,
+        qk_rope_head_dim=4,
+        calibration_tokens=64,
+    )
     assert (up.model.attention, up.model.kv_lora_rank, up.model.qk_nope_head_dim) == ('mla', 8, 4)
     assert (up.uptrain.method, up.uptrain.target, up.uptrain.calibration_tokens) == (
-        'joint_svd', 'mla', 64)  # fmt: skip
+        'joint_svd',
+        'mla',
+        64,
+    )
     assert len(up.uptrain.rope_pairs.split(',')) == 2
     restored = restore_run(str(tmp_path / 'mla'))
     model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
@@ -312,10 +369,12 @@ def test_converted_mla_checkpoint_decodes_with_its_latent_cache(tmp_path, small_
     prompt = np.array([[3, 5, 7, 11, 2]], np.int32)
     caches = init_caches(cfg, 1, 8)
     assert cache_elements_per_token(caches) == cfg.num_layers * (8 + 4)  # C + P per layer
-    logits_p, caches, kv_valid = decoder.prefill(decoder.params, prompt, np.zeros(1, np.int32),
-                                                 caches)  # fmt: skip
-    step, caches, _ = decoder.step(decoder.params, np.array([9], np.int32), 5,
-                                   np.zeros(1, np.int32), caches, kv_valid)  # fmt: skip
+    logits_p, caches, kv_valid = decoder.prefill(
+        decoder.params, prompt, np.zeros(1, np.int32), caches
+    )
+    step, caches, _ = decoder.step(
+        decoder.params, np.array([9], np.int32), 5, np.zeros(1, np.int32), caches, kv_valid
+    )
     full = np.asarray(model(np.array([[3, 5, 7, 11, 2, 9]], np.int32)))[0]
     np.testing.assert_allclose(logits_p[0], full[:5], atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(step[0], full[5], atol=2e-5, rtol=1e-4)
