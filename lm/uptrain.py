@@ -38,7 +38,14 @@ from flax import nnx
 from lm import attention, conversion, head_merging
 from lm.checkpoint import Checkpointer, read_latest_meta
 from lm.config import DTYPES, ModelConfig
-from lm.conversion import SCHEDULES, check_conversion, check_flags, check_steps
+from lm.conversion import (
+    SCHEDULES,
+    Plan,
+    check_conversion,
+    check_flags,
+    check_steps,
+    resolve_method,
+)
 from lm.data import load_corpus
 from lm.experiment import check_loop_config, checkpoint_meta, restore_run, step_context
 from lm.model import model_config
@@ -260,8 +267,8 @@ def convert_checkpoint(
     or uptrain.fraction of the source's); returns that config. Every flag is checked
     before anything is written, and `dst` is owned meanwhile (`WorkdirLock`); the checkpoint is
     built beside its place and moved in when complete, so a failure leaves `dst` as it was."""
-    method = conversion.resolve_method(target, method)
-    plan = conversion.Plan(num_kv_heads, method, grouping, target, kv_lora_rank, qk_rope_head_dim)
+    method = resolve_method(target, method)
+    plan = Plan(num_kv_heads, method, grouping, target, kv_lora_rank, qk_rope_head_dim)
     check_flags(num_kv_heads, method, step, fraction, seed, schedule, optimizer_state, plan)
     if calibration_tokens is not None and calibration_tokens < 1:
         raise ValueError(f'--calibration_tokens must be >= 1, got {calibration_tokens}')

@@ -8,16 +8,13 @@ import numpy as np
 import pytest
 import scipy.linalg
 import scipy.stats
-from conftest import tiny_config, tiny_train_config
+from conftest import tiny_config
 from flax import nnx
 
 from lm import conversion, head_merging, mla_conversion
 from lm.conversion import Plan
-from lm.decode import Decoder, cache_elements_per_token, init_caches
-from lm.experiment import restore_run
 from lm.model import build_model, model_config
-from lm.train_loop import train
-from lm.uptrain import check_conversion, check_flags, convert_checkpoint, convert_params
+from lm.uptrain import check_conversion, check_flags, convert_params
 
 TOKENS = jax.random.randint(jax.random.key(7), (2, 12), 0, 61)
 ATOL = 2e-5  # float32 logits of a re-associated but equal computation
@@ -325,56 +322,3 @@ def test_latent_conversion_source_errors(model, C, P, message):
     plan = Plan(0, 'joint_svd', target='mla', kv_lora_rank=C, qk_rope_head_dim=P)
     with pytest.raises(ValueError, match=message):
         check_conversion(cfg, 0, 'joint_svd', plan)
-
-
-@pytest.mark.slow
-def test_converted_mla_checkpoint_decodes_with_its_latent_cache(tmp_path, small_text):
-    config = tiny_train_config(
-        tmp_path, small_text, **{'model.attention': 'mha', 'model.num_kv_heads': 0}
-    )
-    train(config, str(tmp_path / 'mha'))
-    with pytest.raises(ValueError, match='no AdamW history'):
-        convert_checkpoint(
-            str(tmp_path / 'mha'),
-            str(tmp_path / 'x'),
-            0,
-            '',
-            target='mla',
-            kv_lora_rank=8,
-            qk_rope_head_dim=4,
-        )
-    assert not (tmp_path / 'x').exists()
-    up = convert_checkpoint(
-        str(tmp_path / 'mha'),
-        str(tmp_path / 'mla'),
-        0,
-        '',
-        optimizer_state='fresh',
-        target='mla',
-        kv_lora_rank=8,
-        qk_rope_head_dim=4,
-        calibration_tokens=64,
-    )
-    assert (up.model.attention, up.model.kv_lora_rank, up.model.qk_nope_head_dim) == ('mla', 8, 4)
-    assert (up.uptrain.method, up.uptrain.target, up.uptrain.calibration_tokens) == (
-        'joint_svd',
-        'mla',
-        64,
-    )
-    assert len(up.uptrain.rope_pairs.split(',')) == 2
-    restored = restore_run(str(tmp_path / 'mla'))
-    model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
-    decoder = Decoder(model, absorb=True)
-    cfg = restored.model_cfg
-    prompt = np.array([[3, 5, 7, 11, 2]], np.int32)
-    caches = init_caches(cfg, 1, 8)
-    assert cache_elements_per_token(caches) == cfg.num_layers * (8 + 4)  # C + P per layer
-    logits_p, caches, kv_valid = decoder.prefill(
-        decoder.params, prompt, np.zeros(1, np.int32), caches
-    )
-    step, caches, _ = decoder.step(
-        decoder.params, np.array([9], np.int32), 5, np.zeros(1, np.int32), caches, kv_valid
-    )
-    full = np.asarray(model(np.array([[3, 5, 7, 11, 2, 9]], np.int32)))[0]
-    np.testing.assert_allclose(logits_p[0], full[:5], atol=2e-5, rtol=1e-4)
-    np.testing.assert_allclose(step[0], full[5], atol=2e-5, rtol=1e-4)

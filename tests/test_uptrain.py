@@ -17,6 +17,7 @@ from test_train import read_hparams
 import lm.train_loop
 from lm.checkpoint import Checkpointer
 from lm.data import load_corpus, train_batch
+from lm.decode import Decoder, cache_elements_per_token, init_caches
 from lm.experiment import restore_run
 from lm.model import build_model, model_config
 from lm.optimizer import lr_schedule, make_optimizer
@@ -383,6 +384,64 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     )
     assert bad.returncode == 1 and 'not divisible by --num_kv_heads=3' in bad.stderr
     assert 'Traceback' not in bad.stderr + empty.stderr + again.stderr
+    # Beyond mean-pooling (lm/conversion.py): similarity grouping with aligned merging, and MLA.
+    out = run_entry(
+        'scripts/uptrain.py',
+        f'--src={tmp_path / "mha"}',
+        f'--dst={tmp_path / "aligned"}',
+        '--num_kv_heads=2',
+        '--grouping=similarity',
+        '--method=aligned',
+        '--optimizer_state=fresh',
+        '--calibration_tokens=64',
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 'gqa with 2 KV heads by aligned (similarity grouping)' in out.stdout
+    groups = restore_run(str(tmp_path / 'aligned')).config.uptrain.groups.split(';')
+    assert len(groups) == 2 and all(len(layer.split('|')) == 2 for layer in groups)
+    mla = ['--target=mla', '--kv_lora_rank=8', '--qk_rope_head_dim=4', '--calibration_tokens=64']
+    bad = run_entry(
+        'scripts/uptrain.py',
+        f'--src={tmp_path / "mha"}',
+        f'--dst={tmp_path / "z"}',
+        *mla,
+        '--grouping=similarity',
+        '--optimizer_state=fresh',
+    )
+    assert bad.returncode == 1 and not (tmp_path / 'z').exists()
+    assert bad.stderr.splitlines()[-1] == (
+        'error: --grouping=similarity does not apply to --target=mla (no heads are merged)'
+    )
+    out = run_entry(
+        'scripts/uptrain.py',
+        f'--src={tmp_path / "mha"}',
+        f'--dst={tmp_path / "mla"}',
+        *mla,
+        '--optimizer_state=fresh',
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 'mla with latent 8+4 KV heads by joint_svd' in out.stdout
+    check_mla_decoding(tmp_path / 'mla')
+
+
+def check_mla_decoding(workdir):
+    """The converted MLA checkpoint decodes with its absorbed latent cache, C + P = 8 + 4
+    elements per token per layer, as its full forward pass computes."""
+    restored = restore_run(str(workdir))
+    cfg = restored.model_cfg
+    assert (cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim) == (8, 4, 4)
+    assert restored.config.uptrain.rope_pairs.count(',') == 1  # two frequency pairs kept
+    model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
+    decoder = Decoder(model, absorb=True)
+    caches = init_caches(cfg, 1, 8)
+    assert cache_elements_per_token(caches) == cfg.num_layers * (8 + 4)
+    tokens = np.array([[3, 5, 7, 11, 2, 9]], np.int32)
+    pad = np.zeros(1, np.int32)
+    prefill, caches, kv_valid = decoder.prefill(decoder.params, tokens[:, :5], pad, caches)
+    step, _, _ = decoder.step(decoder.params, tokens[:, 5], 5, pad, caches, kv_valid)
+    full = np.asarray(model(tokens))[0]
+    np.testing.assert_allclose(prefill[0], full[:5], atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(step[0], full[5], atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.slow
