@@ -73,7 +73,7 @@ def check_plan_flags(plan: Plan, optimizer_state: str) -> None:
             f'a KV latent {sorted(attention.VARIANTS)}, got {plan.target!r}'
         )
     if not plan.latent:
-        _check_pool_flags(plan, optimizer_state)
+        _check_pool_flags(plan)
         return
     t = f'--target={plan.target}'
     if plan.method not in LATENT_METHODS:
@@ -94,7 +94,7 @@ def check_plan_flags(plan: Plan, optimizer_state: str) -> None:
         )
 
 
-def _check_pool_flags(plan: Plan, optimizer_state: str) -> None:
+def _check_pool_flags(plan: Plan) -> None:
     if plan.method not in POOL_METHODS:
         raise ValueError(f'--method must be one of {POOL_METHODS}, got {plan.method!r}')
     if plan.num_kv_heads < 1:
@@ -105,11 +105,6 @@ def _check_pool_flags(plan: Plan, optimizer_state: str) -> None:
         )
     if plan.grouping == 'similarity' and plan.method == 'random':
         raise ValueError('--grouping=similarity has no effect with --method=random (fresh K/V)')
-    if plan.method == 'aligned' and optimizer_state != 'fresh':
-        raise ValueError(
-            '--method=aligned rotates W_Q, W_K, W_V and W_O, whose AdamW moments cannot be '
-            'rotated: pass --optimizer_state=fresh'
-        )
 
 
 def check_latent_source(src: ModelConfig, plan: Plan) -> None:

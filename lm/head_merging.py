@@ -158,46 +158,97 @@ def rope_procrustes(cross_DD: np.ndarray) -> np.ndarray:
     return q_DD
 
 
-def _rotate(proj: dict, heads, q_DD: np.ndarray, axis: int) -> dict:
-    """`proj` with the head-axis entries `heads` of its kernel (and bias) multiplied by q_DD on
-    the right (axis 1: [E, heads, D] kernels) or, for o_proj (axis 0), by q_DDᵀ on the left."""
-    out = {}
+def _rotate(proj: dict, heads: list[int], q_DD: np.ndarray, rows: bool) -> dict:
+    """`proj` with the head-axis entries `heads` of its kernel and bias multiplied by q_DD on the
+    right ([E, heads, D] kernels, [heads, D] biases) or, `rows` (o_proj [H, D, E]), by q_DDᵀ on
+    the left; o_proj's bias [E] has no head axis and stays."""
+    out = dict(proj)
     for k, v in proj.items():
-        if k == 'bias' and axis == 0:
-            out[k] = v  # o_proj's bias [E]
+        if rows and k == 'bias':
             continue
         w = np.array(v, np.float64)
-        sel = (slice(None), heads) if (k == 'kernel' and axis == 1) else (heads,)
-        if axis == 0:  # [H, D, E]: rows D of each head
-            w[sel] = np.einsum('DF,HDE->HFE', q_DD, w[sel])
+        if rows:
+            # w'[h, f, e] = sum_d q[d, f] · w[h, d, e]
+            w[heads] = np.einsum('DF,HDE->HFE', q_DD, w[heads])
+        elif k == 'kernel':
+            w[:, heads] = w[:, heads] @ q_DD
         else:
-            w[sel] = w[sel] @ q_DD
+            w[heads] = w[heads] @ q_DD
         out[k] = jnp.asarray(w, v.dtype)
     return out
 
 
-def align_groups(attn: dict, x_ME: np.ndarray, r: int) -> dict:
-    """The layer with every KV head of each run of r consecutive heads rotated onto the run's
-    first head (keys: `rope_procrustes`, values: `procrustes`, fitted on inputs x_ME) and the
-    rotations folded into the reading query heads' q_proj (keys) and o_proj rows (values):
-    the same function, with heads to be mean-pooled aligned."""
-    G, H = attn['k_proj']['kernel'].shape[1], attn['q_proj']['kernel'].shape[1]
-    R = H // G
+def alignment_rotations(attn: dict, x_ME: np.ndarray, r: int) -> dict[int, tuple]:
+    """{KV head: (Q_K, Q_V)} rotating every head of each run of r consecutive KV heads onto the
+    run's first head: keys by `rope_procrustes`, values by `procrustes`, fitted on the layer's
+    attention inputs x_ME (raw, uncentred projections: the mean is pooled too)."""
+    G = attn['k_proj']['kernel'].shape[1]
     cross = {}
     for name in ('k_proj', 'v_proj'):
         y_MGD = projections(attn[name], x_ME)
         # cross[g, d, h, e] = sum_m y[m, g, d] · y[m, h, e]
         cross[name] = np.einsum('MGD,MHE->GDHE', y_MGD, y_MGD)
+    return {
+        head: (
+            rope_procrustes(cross['k_proj'][head, :, head - head % r, :]),
+            procrustes(cross['v_proj'][head, :, head - head % r, :]),
+        )
+        for head in range(G)
+        if head % r
+    }
+
+
+def rotate_heads(attn: dict, rotations: dict[int, tuple], second_moment: bool = False) -> dict:
+    """The layer with KV head j's keys rotated by Q_K (and its query heads' q_proj with them)
+    and its values by Q_V (its query heads' o_proj rows by Q_Vᵀ): the same function.
+    `second_moment`: `attn` is Adam's nu, which is carried by Q∘Q (elementwise squares), exact
+    when the gradient's coordinates are uncorrelated; first moments rotate like the weights."""
+    G, H = attn['k_proj']['kernel'].shape[1], attn['q_proj']['kernel'].shape[1]
+    R = H // G
     out = dict(attn)
-    for head in range(G):
-        ref = head - head % r
-        if head == ref:
-            continue
+    for head, (q_k, q_v) in rotations.items():
+        if second_moment:
+            q_k, q_v = q_k**2, q_v**2
         queries = list(range(head * R, (head + 1) * R))
-        q_k = rope_procrustes(cross['k_proj'][head, :, ref, :])
-        q_v = procrustes(cross['v_proj'][head, :, ref, :])
-        out['k_proj'] = _rotate(out['k_proj'], [head], q_k, 1)
-        out['q_proj'] = _rotate(out['q_proj'], queries, q_k, 1)
-        out['v_proj'] = _rotate(out['v_proj'], [head], q_v, 1)
-        out['o_proj'] = _rotate(out['o_proj'], queries, q_v, 0)
+        out['k_proj'] = _rotate(out['k_proj'], [head], q_k, rows=False)
+        out['q_proj'] = _rotate(out['q_proj'], queries, q_k, rows=False)
+        out['v_proj'] = _rotate(out['v_proj'], [head], q_v, rows=False)
+        out['o_proj'] = _rotate(out['o_proj'], queries, q_v, rows=True)
+    return out
+
+
+def align_groups(attn: dict, x_ME: np.ndarray, r: int) -> dict:
+    """The layer with the heads of each run of r consecutive KV heads aligned to the run's first
+    (`alignment_rotations`, folded by `rotate_heads`): the same function, ready to mean-pool."""
+    return rotate_heads(attn, alignment_rotations(attn, x_ME, r))
+
+
+def alignments(params: dict, num_kv_heads: int, groups: list | None, inputs: list) -> list:
+    """[L] {KV head: (Q_K, Q_V)}: method 'aligned''s rotations of each layer's heads (permuted
+    to `groups`) onto their group's first head, fitted on the attention inputs `inputs`."""
+    params = permute_and_rotate(params, groups, None)
+    rotations = []
+    for block, x_ME in zip(params['blocks'].values(), inputs, strict=True):
+        r = block['attn']['k_proj']['kernel'].shape[1] // num_kv_heads
+        rotations.append(alignment_rotations(block['attn'], x_ME, r))
+    return rotations
+
+
+def permute_and_rotate(
+    tree: dict, groups: list | None, rotations: list | None, second: bool = False
+) -> dict:
+    """`tree` (parameters or an Adam moment) with each layer's heads permuted so that
+    `groups[layer]` are consecutive, then rotated by `rotations[layer]` (`second`: a second
+    moment, `rotate_heads`); the same function for parameters."""
+    if groups is None and rotations is None:
+        return tree
+    out = dict(tree)
+    out['blocks'] = {}
+    for i, (layer, block) in enumerate(tree['blocks'].items()):
+        attn = block['attn']
+        if groups is not None:
+            attn = permute_heads(attn, group_permutation(groups[i]))
+        if rotations is not None:
+            attn = rotate_heads(attn, rotations[i], second)
+        out['blocks'][layer] = {**block, 'attn': attn}
     return out

@@ -22,6 +22,7 @@ converted like the weights (zeroed for 'random'), 'fresh' starts the moments ane
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import shutil
@@ -66,15 +67,12 @@ def merge_kv_heads(x: jax.Array, head_axis: int, num_kv_heads: int, method: str)
     return jnp.take(grouped, 0, axis=head_axis + 1)
 
 
-def _map_kv(params: dict, fn: Callable[[dict], dict], groups: list | None = None) -> dict:
-    """`params` with fn applied to every layer's k_proj and v_proj dicts, after permuting the
-    layer's heads so that `groups[layer]` (if given) are consecutive; the rest shared."""
+def _map_kv(params: dict, fn: Callable[[dict], dict]) -> dict:
+    """`params` with fn applied to every layer's k_proj and v_proj dicts; the rest shared."""
     out = dict(params)
     out['blocks'] = {}
-    for i, (layer, block) in enumerate(params['blocks'].items()):
+    for layer, block in params['blocks'].items():
         attn = dict(block['attn'])
-        if groups is not None:
-            attn = head_merging.permute_heads(attn, head_merging.group_permutation(groups[i]))
         for name in ('k_proj', 'v_proj'):
             attn[name] = fn(dict(attn[name]))
         out['blocks'][layer] = {**block, 'attn': attn}
@@ -96,21 +94,23 @@ def convert_params(
     seed: int = 0,
     groups: list | None = None,
     inputs: list | None = None,
+    rotations: list | None = None,
 ) -> dict:
     """The parameter tree (pure dict, as checkpointed) with every layer's k_proj / v_proj
     converted to `num_kv_heads` heads, merging `groups[layer]` (default: consecutive runs; the
-    heads are permuted first, `head_merging.permute_heads`); 'aligned' fits its rotations on
-    the layers' attention inputs `inputs` ([M, E] each). Unchanged parameters are shared."""
+    heads are permuted first, `head_merging.permute_heads`). 'aligned' rotates heads first by
+    `rotations` (default: `alignments` fitted on the layers' attention inputs `inputs`, [M, E]
+    each), then mean-pools. Unchanged parameters are shared, not copied."""
     check_conversion(src, num_kv_heads, method)
-    if method == 'aligned':
+    if method == 'aligned' and rotations is None:
         if inputs is None:
             raise ValueError("method='aligned' needs the layers' calibration inputs")
-        r = src.num_kv_heads // num_kv_heads
-        align = lambda a, x: head_merging.align_groups(a, x, r)  # noqa: E731
-        params = _map_layers(params, groups, align, inputs)
-        groups = None  # already permuted
+        rotations = head_merging.alignments(params, num_kv_heads, groups, inputs)
+    params = head_merging.permute_and_rotate(
+        params, groups, rotations if method == 'aligned' else None
+    )
     if method != 'random':
-        return _map_kv(params, lambda proj: _merge_proj(proj, num_kv_heads, method), groups)
+        return _map_kv(params, lambda proj: _merge_proj(proj, num_kv_heads, method))
     key = jax.random.key(seed)
 
     def fresh(proj: dict) -> dict:
@@ -126,27 +126,21 @@ def convert_params(
     return _map_kv(params, fresh)
 
 
-def _map_layers(params: dict, groups: list | None, fn, inputs: list) -> dict:
-    """`params` with every layer's attention dict permuted to `groups[layer]` (if given), then
-    replaced by fn(attn, inputs[layer])."""
-    out = dict(params)
-    out['blocks'] = {}
-    for i, (layer, block) in enumerate(params['blocks'].items()):
-        attn = block['attn']
-        if groups is not None:
-            attn = head_merging.permute_heads(attn, head_merging.group_permutation(groups[i]))
-        out['blocks'][layer] = {**block, 'attn': fn(attn, inputs[i])}
-    return out
-
-
 def convert_moments(
-    moments: dict, num_kv_heads: int, method: str, groups: list | None = None
+    moments: dict,
+    num_kv_heads: int,
+    method: str,
+    groups: list | None = None,
+    rotations: list | None = None,
+    second: bool = False,
 ) -> dict:
-    """An optimizer moment tree mirroring the parameters (Adam's mu or nu) converted like
-    `convert_params` converts the weights: heads permuted to `groups` and K/V moments pooled by
+    """An optimizer moment tree mirroring the parameters (Adam's mu, or nu if `second`)
+    converted like `convert_params` converts the weights: heads permuted to `groups`, rotated
+    by `rotations` ('aligned': mu exactly, nu by the squared rotations), K/V moments pooled by
     `method`, zero for 'random' (the fresh K/V have no history); other moments shared."""
     if method != 'random':
-        return _map_kv(moments, lambda proj: _merge_proj(proj, num_kv_heads, method), groups)
+        moments = head_merging.permute_and_rotate(moments, groups, rotations, second)
+        return _map_kv(moments, lambda proj: _merge_proj(proj, num_kv_heads, method))
 
     def zero(proj: dict) -> dict:
         return {
@@ -158,15 +152,28 @@ def convert_moments(
 
 
 def convert_opt_state(
-    opt_state, params: dict, num_kv_heads: int, method: str, groups: list | None = None
+    opt_state,
+    params: dict,
+    num_kv_heads: int,
+    method: str,
+    groups: list | None = None,
+    rotations: list | None = None,
 ):
     """The optax state `opt_state` (namedtuples, tuples and dicts) with every subtree shaped like
-    `params` (the moments) converted by `convert_moments`; counts and the rest kept."""
+    `params` (the moments; Adam's nu as a second moment) converted by `convert_moments`;
+    counts and the rest kept."""
     treedef = jax.tree.structure(params)
+    convert = functools.partial(
+        convert_moments, num_kv_heads=num_kv_heads, method=method, groups=groups
+    )
+    rotations = rotations if method == 'aligned' else None
 
     def moments(node):
+        if isinstance(node, optax.ScaleByAdamState):
+            mu = convert(node.mu, rotations=rotations)
+            return node._replace(mu=mu, nu=convert(node.nu, rotations=rotations, second=True))
         if isinstance(node, dict) and jax.tree.structure(node) == treedef:
-            return convert_moments(node, num_kv_heads, method, groups)
+            return convert(node, rotations=rotations)
         return None
 
     return _map_opt_state(opt_state, moments)
@@ -302,9 +309,9 @@ def convert_checkpoint(
 
 
 def _converted_params(source, plan: conversion.Plan, seed: int, calibration_tokens: int):
-    """(parameters, groups or None, model settings or None, provenance) of the conversion."""
+    """(parameters, (groups, rotations) or Nones, model settings or None, provenance)."""
     params, cfg = source.state['params'], source.model_cfg
-    inputs, groups, settings, record = None, None, None, {}
+    inputs, groups, rotations, settings, record = None, None, None, None, {}
     if plan.needs_calibration:
         model = nnx.merge(source.ctx.graphdef, params)
         tokens = load_corpus(source.config.data).tokens['train']
@@ -313,12 +320,15 @@ def _converted_params(source, plan: conversion.Plan, seed: int, calibration_toke
         record['calibration_tokens'] = calibration_tokens
     if plan.latent:
         params, settings, pairs = conversion.latent_conversion(params, cfg, plan, inputs)
-        return params, None, settings, {**record, 'rope_pairs': pairs}
+        return params, (None, None), settings, {**record, 'rope_pairs': pairs}
     if plan.grouping == 'similarity':
         groups = conversion.similarity_groups(params, plan.num_kv_heads, plan.method, inputs)
         record['groups'] = conversion.format_groups(groups)
-    params = convert_params(params, cfg, plan.num_kv_heads, plan.method, seed, groups, inputs)
-    return params, groups, settings, record
+    if plan.method == 'aligned':
+        rotations = head_merging.alignments(params, plan.num_kv_heads, groups, inputs)
+    g, method = plan.num_kv_heads, plan.method
+    params = convert_params(params, cfg, g, method, seed, groups, rotations=rotations)
+    return params, (groups, rotations), settings, record
 
 
 def _convert(
@@ -342,7 +352,7 @@ def _convert(
     if calibration_tokens is None:
         calibration_tokens = src_config.uptrain.calibration_tokens
     src_config.uptrain.update(schedule=schedule, optimizer_state=optimizer_state)
-    params, groups, settings, record = _converted_params(source, plan, seed, calibration_tokens)
+    params, recipe, settings, record = _converted_params(source, plan, seed, calibration_tokens)
     config = uptrain_config(
         src_config,
         plan.num_kv_heads,
@@ -360,7 +370,7 @@ def _convert(
     ctx = step_context(config, dst_cfg, mesh=source.ctx.mesh)
     if optimizer_state == 'convert':
         opt_state = convert_opt_state(
-            state['opt_state'], state['params'], plan.num_kv_heads, plan.method, groups
+            state['opt_state'], state['params'], plan.num_kv_heads, plan.method, *recipe
         )
     else:
         opt_state = with_schedule_count(ctx.tx.init(params), source.step)

@@ -392,7 +392,6 @@ def test_uptrain_end_to_end(tmp_path, small_text):
         '--num_kv_heads=2',
         '--grouping=similarity',
         '--method=aligned',
-        '--optimizer_state=fresh',
         '--calibration_tokens=64',
     )
     assert out.returncode == 0, out.stderr[-3000:]
