@@ -454,17 +454,20 @@ def test_ablation_script_smoke(tmp_path):
         '--steps=6',
         '--seeds=2',
         '--fractions=0.5',
-        '--methods=mean,first',
+        '--methods=mean,similarity-aligned',
         '--targets=1',
+        '--mla_ranks=8',
     ]
     out = run_entry('scripts/uptrain_ablation.py', *args, f'--report={tmp_path / "table.md"}')
     assert out.returncode == 0, out.stderr[-3000:]
     table = (tmp_path / 'table.md').read_text()
     for row in (
         '| MHA (source) | — | — | 6 |',
-        '| MQA | first | 0.5 (3) | 9 |',
+        '| MQA | similarity-aligned | 0.5 (3) | 9 |',
         '| MQA | from scratch | — | 9 |',  # exactly the source + uptraining budget
-        '| MQA | 0.5 | mean | first |',  # paired method comparison
+        '| MQA | 0.5 | mean | similarity-aligned |',  # paired method comparison
+        '| MLA-8 | joint_svd | 0.5 (3) | 9 |',
+        '| MLA-8 | from scratch | — | 9 |',
     ):
         assert row in table, table
     assert '| MQA | from scratch | — | 6 |' not in table
@@ -475,5 +478,8 @@ def test_ablation_script_smoke(tmp_path):
         table
     )  # Δ vs scratch with its interval
     again = run_entry('scripts/uptrain_ablation.py', *args)
+    # KV cache bytes per token beside each loss: 4 layers x (2 x 32) bf16 for MQA, (8 + 8) for MLA
+    assert re.search(r'\| MQA \| from scratch \| — \| 9 \| .* \| 512 \|$', table, re.M), table
+    assert re.search(r'\| MLA-8 \| from scratch \| — \| 9 \| .* \| 128 \|$', table, re.M), table
     assert again.returncode == 0 and table.strip() in again.stdout  # cached, same numbers
     assert 'eval loss' not in again.stderr  # nothing retrained
