@@ -30,6 +30,7 @@ OPTIMIZER_STATES = ('convert', 'fresh')
 LATENT_METHODS = ('joint_svd',)
 GROUPINGS = ('contiguous', 'similarity')
 CALIBRATION_BATCH = 16  # windows per forward pass when reading calibration inputs
+_probe = nnx.jit(analysis.attention_inputs)  # one compilation per model shape and process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,11 +213,10 @@ def calibration_inputs(model: Transformer, tokens: np.ndarray, seq_len: int, num
         )
     windows = -(-num_tokens // seq_len)
     starts = np.linspace(0, len(tokens) - seq_len, windows).astype(np.int64)
-    probe = nnx.jit(analysis.attention_inputs)
     chunks = []
     for i in range(0, windows, CALIBRATION_BATCH):
         rows = np.stack([tokens[s : s + seq_len] for s in starts[i : i + CALIBRATION_BATCH]])
-        inputs, _ = probe(model, jnp.asarray(rows.astype(np.int32)))
+        inputs, _ = _probe(model, jnp.asarray(rows.astype(np.int32)))
         chunks.append([np.asarray(x, np.float32).reshape(-1, x.shape[-1]) for x in inputs])
     return [np.concatenate(layer) for layer in zip(*chunks, strict=True)]
 

@@ -47,6 +47,11 @@ _METHODS = flags.DEFINE_list(
 )
 _MLA_RANKS = flags.DEFINE_list('mla_ranks', [], 'MHA -> MLA arms: latent ranks C (none: no MLA).')
 _MLA_ROPE = flags.DEFINE_integer('mla_rope_dim', 8, 'MHA -> MLA arms: qk_rope_head_dim.')
+_CALIBRATION = flags.DEFINE_integer(
+    'calibration_tokens',
+    None,
+    "Training tokens the similarity / aligned / MLA conversions fit on; default: the config's.",
+)
 _OPT_STATE = flags.DEFINE_string(
     'optimizer_state',
     'convert',
@@ -57,6 +62,7 @@ _EVAL_TOKENS = flags.DEFINE_integer(
 )
 _REPORT = flags.DEFINE_string('report', '', 'Also write the markdown tables to this file.')
 
+PLAN_FIELDS = ('num_kv_heads', 'method', 'grouping', 'target', 'kv_lora_rank', 'qk_rope_head_dim')
 CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'shakespeare_char.py'
 )
@@ -91,22 +97,22 @@ def mla_config(rank: int, seed: int, steps: int):
 
 def arms(targets: list[int]) -> dict[str, tuple]:
     """{target label: (scratch config fn(seed, steps), {method: convert_checkpoint kwargs})}."""
-    out = {}
+    out, calibration = {}, {'calibration_tokens': _CALIBRATION.value}
     for g in targets:
         methods = {}
         for name in _METHODS.value:
             grouping, _, method = name.rpartition('-')
             kwargs = dict(num_kv_heads=g, method=method, grouping=grouping or 'contiguous')
-            methods[name] = {**kwargs, 'optimizer_state': _OPT_STATE.value}
+            methods[name] = {**kwargs, 'optimizer_state': _OPT_STATE.value, **calibration}
         label = 'MQA' if g == 1 else f'GQA-{g}'
         out[label] = (lambda s, t, g=g: pooled_config(g, s, t), methods)
     for rank in map(int, _MLA_RANKS.value):
         kwargs = dict(num_kv_heads=0, method='joint_svd', target='mla', kv_lora_rank=rank)
-        kwargs.update(qk_rope_head_dim=_MLA_ROPE.value, optimizer_state='fresh')
+        kwargs.update(qk_rope_head_dim=_MLA_ROPE.value, optimizer_state='fresh', **calibration)
         out[f'MLA-{rank}'] = (lambda s, t, c=rank: mla_config(c, s, t), {'joint_svd': kwargs})
     for _, methods in out.values():  # a bad method or combination fails before any training
         for kw in methods.values():
-            plan = Plan(**{k: v for k, v in kw.items() if k != 'optimizer_state'})
+            plan = Plan(**{k: v for k, v in kw.items() if k in PLAN_FIELDS})
             state = kw['optimizer_state']
             check_flags(plan.num_kv_heads, plan.method, None, 0.0, 0, 'continue', state, plan)
     return out

@@ -384,20 +384,7 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     )
     assert bad.returncode == 1 and 'not divisible by --num_kv_heads=3' in bad.stderr
     assert 'Traceback' not in bad.stderr + empty.stderr + again.stderr
-    # Beyond mean-pooling (lm/conversion.py): similarity grouping with aligned merging, and MLA.
-    out = run_entry(
-        'scripts/uptrain.py',
-        f'--src={tmp_path / "mha"}',
-        f'--dst={tmp_path / "aligned"}',
-        '--num_kv_heads=2',
-        '--grouping=similarity',
-        '--method=aligned',
-        '--calibration_tokens=64',
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert 'gqa with 2 KV heads by aligned (similarity grouping)' in out.stdout
-    groups = restore_run(str(tmp_path / 'aligned')).config.uptrain.groups.split(';')
-    assert len(groups) == 2 and all(len(layer.split('|')) == 2 for layer in groups)
+    # MHA -> MLA (lm/conversion.py); similarity grouping and aligned merging: the ablation smoke.
     mla = ['--target=mla', '--kv_lora_rank=8', '--qk_rope_head_dim=4', '--calibration_tokens=64']
     bad = run_entry(
         'scripts/uptrain.py',
@@ -457,6 +444,7 @@ def test_ablation_script_smoke(tmp_path):
         '--methods=mean,similarity-aligned',
         '--targets=1',
         '--mla_ranks=8',
+        '--calibration_tokens=256',
     ]
     out = run_entry('scripts/uptrain_ablation.py', *args, f'--report={tmp_path / "table.md"}')
     assert out.returncode == 0, out.stderr[-3000:]
@@ -481,5 +469,11 @@ def test_ablation_script_smoke(tmp_path):
     # KV cache bytes per token beside each loss: 4 layers x (2 x 32) bf16 for MQA, (8 + 8) for MLA
     assert re.search(r'\| MQA \| from scratch \| — \| 9 \| .* \| 512 \|$', table, re.M), table
     assert re.search(r'\| MLA-8 \| from scratch \| — \| 9 \| .* \| 128 \|$', table, re.M), table
+    up = restore_run(str(tmp_path / 'abl' / 'MQA_similarity-aligned_a0.5_s0')).config.uptrain
+    assert (up.method, up.grouping, up.groups) == (
+        'aligned',
+        'similarity',
+        '0,1,2,3;' * 3 + '0,1,2,3',
+    )
     assert again.returncode == 0 and table.strip() in again.stdout  # cached, same numbers
     assert 'eval loss' not in again.stderr  # nothing retrained
