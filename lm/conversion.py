@@ -119,8 +119,8 @@ def check_latent_source(src: ModelConfig, plan: Plan) -> None:
     rank = min(src.d_model, src.num_kv_heads * (2 * D - P))
     if C > rank:
         raise ValueError(
-            f"--kv_lora_rank={C} is larger than the rank of the source's [W_K,nope | W_V], "
-            f'min(d_model, num_kv_heads · (2 · head_dim − qk_rope_head_dim)) = {rank}'
+            f"--kv_lora_rank={C} is larger than the largest rank of the source's [W_K,nope | "
+            f'W_V], min(d_model, num_kv_heads · (2 · head_dim − qk_rope_head_dim)) = {rank}'
         )
     if src.qkv_bias or src.o_bias:
         raise ValueError(

@@ -313,11 +313,12 @@ def test_uptraining_continues_the_source_run(tmp_path, small_text, monkeypatch):
     acc = event_accumulator.EventAccumulator(str(tb / 'gqa'))
     acc.Reload()
     hparams = read_hparams(acc)
-    assert {k: hparams[k][1] for k in list(hparams)[6:10]} == {
+    assert {k: hparams[k][1] for k in list(hparams)[6:11]} == {
         'uptrain.source': str(src),
         'uptrain.method': 'mean',
         'uptrain.schedule': 'continue',
         'uptrain.optimizer_state': 'convert',
+        'uptrain.grouping': 'contiguous',
     }
     assert json.loads((dst / 'results.json').read_text())['step'] == 12
 
