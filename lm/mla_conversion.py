@@ -111,14 +111,14 @@ def mla_layer(attn: dict, x_ME: np.ndarray, C: int, P: int, stride: int, eps: fl
     w_dkv_EC, w_uk_CGN, w_uv_CGD = joint_svd(wk_EGD[..., nope_dims], wv_EGD, C)
     w_kr_EP = wk_EGD[..., rope_dims].mean(axis=1)
     scale_C = latent_scale(x_ME.astype(np.float64) @ w_dkv_EC, eps)
-    wq_EHK = np.concatenate([wq_EHD[..., nope_dims], wq_EHD[..., rope_dims]], axis=-1)
-    w_b_CHK = np.concatenate([np.repeat(w_uk_CGN, R, axis=1), np.repeat(w_uv_CGD, R, axis=1)], -1)
-    w_a_EK = np.concatenate([w_dkv_EC, w_kr_EP], axis=1)
+    q_kernel = np.concatenate([wq_EHD[..., nope_dims], wq_EHD[..., rope_dims]], axis=-1)
+    b_kernel = np.concatenate([np.repeat(w_uk_CGN, R, axis=1), np.repeat(w_uv_CGD, R, axis=1)], -1)
+    a_kernel = np.concatenate([w_dkv_EC, w_kr_EP], axis=1)
     dtype = attn['q_proj']['kernel'].dtype
     return {
-        'q_proj': {'kernel': jnp.asarray(wq_EHK, dtype)},
-        'kv_a_proj_with_mqa': {'kernel': jnp.asarray(w_a_EK, dtype)},
+        'q_proj': {'kernel': jnp.asarray(q_kernel, dtype)},
+        'kv_a_proj_with_mqa': {'kernel': jnp.asarray(a_kernel, dtype)},
         'kv_a_layernorm': {'scale': jnp.asarray(scale_C, dtype)},
-        'kv_b_proj': {'kernel': jnp.asarray(w_b_CHK, dtype)},
+        'kv_b_proj': {'kernel': jnp.asarray(b_kernel, dtype)},
         'o_proj': {'kernel': attn['o_proj']['kernel']},
     }
