@@ -108,7 +108,12 @@ def get_config() -> ml_collections.ConfigDict:
     uptrain.warmup_steps = -1  # Uptraining warmup; -1 = 10% of its steps (rewarm), none (continue).
     uptrain.schedule = 'continue'  # 'continue': the source's lr schedule; 'rewarm': warm up anew.
     uptrain.optimizer_state = 'convert'  # 'convert': source's Adam moments, K/V pooled; 'fresh'.
-    uptrain.method = ''  # Set by scripts/uptrain.py: 'mean' | 'first' | 'random' conversion.
+    uptrain.method = ''  # Set by scripts/uptrain.py: 'mean'|'first'|'random'|'aligned'|'joint_svd'.
+    uptrain.grouping = 'contiguous'  # Which KV heads merge: 'contiguous' | 'similarity' (issue 17).
+    uptrain.target = ''  # Set by scripts/uptrain.py: the converted attention ('gqa'|'mqa'|'mla').
+    uptrain.groups = ''  # Set by scripts/uptrain.py (similarity): merged heads, '0,2|1,3;...'.
+    uptrain.rope_pairs = ''  # Set by scripts/uptrain.py (mla target): source RoPE pairs kept.
+    uptrain.calibration_tokens = 8192  # Source train tokens fitting similarity/aligned/mla.
     uptrain.source_workdir = ''  # Set by scripts/uptrain.py: the run this one was converted from.
     uptrain.source_step = -1  # Set by scripts/uptrain.py: the source checkpoint's step.
 

@@ -106,11 +106,13 @@ class AttentionVariant(nnx.Module):
     Static facts, read without building the module: `resolve` (check the variant's knobs and
     fill in derived ones), `kv_cache_elements` and `kv_heads` (what the cache holds: accounting,
     tables), `score_dims` (FLOP counts). Capabilities: `poolable_kv_heads` (uptraining may pool
-    its K/V heads, lm/uptrain.py) and `parse_spec` (short variant names such as 'gqa2').
+    its K/V heads, lm/uptrain.py), `latent_kv` (a conversion target with a KV latent,
+    lm/conversion.py) and `parse_spec` (short variant names such as 'gqa2').
     """
 
     names: ClassVar[tuple[str, ...]] = ()  # the `config.model.attention` values it implements
     poolable_kv_heads: ClassVar[bool] = False  # has K/V heads that can be merged (uptraining)
+    latent_kv: ClassVar[bool] = False  # K/V from a shared latent + RoPE key (lm/conversion.py)
 
     @staticmethod
     def resolve(cfg: ModelConfig) -> ModelConfig:
@@ -348,6 +350,7 @@ class MultiHeadLatentAttention(AttentionVariant):
     """
 
     names = ('mla',)
+    latent_kv = True
 
     @staticmethod
     def resolve(cfg: ModelConfig) -> ModelConfig:

@@ -36,6 +36,11 @@ ADDED_KEYS = {
     'data.num_proc': 1,
     'data.sampling': 'random',
     'data.document_mask': False,
+    'uptrain.grouping': 'contiguous',
+    'uptrain.target': '',
+    'uptrain.groups': '',
+    'uptrain.rope_pairs': '',
+    'uptrain.calibration_tokens': 8192,
 }
 
 # dotted key of an earlier version -> the key that replaced it (`upgrade_config` converts it)

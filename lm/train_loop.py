@@ -449,6 +449,7 @@ def _hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) ->
         'uptrain.method': c.uptrain.method or 'none',
         'uptrain.schedule': c.uptrain.schedule if c.uptrain.method else 'none',
         'uptrain.optimizer_state': c.uptrain.optimizer_state if c.uptrain.method else 'none',
+        'uptrain.grouping': c.uptrain.grouping if c.uptrain.method else 'none',
     }
     values.update({f'model.{k}': v for k, v in dataclasses.asdict(cfg).items()})
     values.update({f'train.{k}': v for k, v in c.train.items()})

@@ -4,7 +4,12 @@ Query head i of H reads KV head i // (H / g) (contiguous groups). Converting g_s
 g_dst (g_src divisible by g_dst) merges each run of r = g_src / g_dst consecutive source heads:
 - 'mean': their K and V projections (and biases) are averaged — the paper's method;
 - 'first': the first head of each run is kept;
-- 'random': K and V are re-initialised (the ablation's lower bound).
+- 'random': K and V are re-initialised (the ablation's lower bound);
+- 'aligned': each head's K / V basis rotated onto its group's first head, then 'mean'
+  (lm/head_merging.py).
+`grouping='similarity'` merges the most similar heads instead of consecutive ones (permuting
+heads first, lm/head_merging.py); a latent target converts to MLA instead (lm/mla_conversion.py).
+Both options and their checks: lm/conversion.py.
 
 The converted run continues the source's global step: its first checkpoint is the source's step,
 and it trains on the source recipe's batches for the steps after it (new data, never a replay).
@@ -17,6 +22,7 @@ converted like the weights (zeroed for 'random'), 'fresh' starts the moments ane
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import shutil
@@ -28,74 +34,27 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from absl import logging
+from flax import nnx
 
-from lm import attention
+from lm import attention, conversion, head_merging
 from lm.checkpoint import Checkpointer, read_latest_meta
 from lm.config import DTYPES, ModelConfig
+from lm.conversion import (
+    SCHEDULES,
+    Plan,
+    check_conversion,
+    check_flags,
+    check_steps,
+    resolve_method,
+)
+from lm.data import load_corpus
 from lm.experiment import check_loop_config, checkpoint_meta, restore_run, step_context
 from lm.model import model_config
 from lm.optimizer import check_train_config
 from lm.workdir import WorkdirLock
 
-METHODS = ('mean', 'first', 'random')
-SCHEDULES = ('continue', 'rewarm')
-OPTIMIZER_STATES = ('convert', 'fresh')
+METHODS = conversion.POOL_METHODS  # for K/V pooling: 'mean', 'first', 'random', 'aligned'
 PARTIAL = '.uptrain-partial-'  # a conversion is written here, inside --dst, then moved in
-
-
-def check_conversion(src: ModelConfig, num_kv_heads: int, method: str) -> None:
-    """One-line errors for a conversion that cannot work, before any array is read."""
-    if method not in METHODS:
-        raise ValueError(f'--method must be one of {METHODS}, got {method!r}')
-    if not attention.variant(src).poolable_kv_heads:
-        raise ValueError(
-            f"the source checkpoint uses attention='{src.attention}', which has no K/V heads to "
-            'pool; only MHA/GQA/MQA checkpoints convert to fewer KV heads'
-        )
-    g_src, H = src.num_kv_heads, src.num_heads
-    if num_kv_heads < 1:
-        raise ValueError(f'--num_kv_heads must be >= 1, got {num_kv_heads}')
-    if num_kv_heads > g_src:
-        raise ValueError(
-            f"--num_kv_heads={num_kv_heads} is larger than the source's {g_src} KV "
-            'heads; conversion only merges heads'
-        )
-    if H % num_kv_heads:
-        raise ValueError(
-            f"the source's num_heads={H} is not divisible by --num_kv_heads={num_kv_heads}"
-        )
-    if g_src % num_kv_heads:
-        raise ValueError(
-            f"the source's {g_src} KV heads are not divisible by --num_kv_heads={num_kv_heads}"
-        )
-
-
-def check_flags(
-    num_kv_heads: int,
-    method: str,
-    step: int | None,
-    fraction: float | None,
-    seed: int,
-    schedule: str = 'continue',
-    optimizer_state: str = 'convert',
-) -> None:
-    """One-line errors for flags that are wrong whatever the source, before anything is read."""
-    if method not in METHODS:
-        raise ValueError(f'--method must be one of {METHODS}, got {method!r}')
-    if schedule not in SCHEDULES:
-        raise ValueError(f'--schedule must be one of {SCHEDULES}, got {schedule!r}')
-    if optimizer_state not in OPTIMIZER_STATES:
-        raise ValueError(
-            f'--optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}'
-        )
-    if num_kv_heads < 1:
-        raise ValueError(f'--num_kv_heads must be >= 1, got {num_kv_heads}')
-    if step is not None and step < 0:
-        raise ValueError(f'--step must be >= 0, got {step}')
-    if fraction is not None and not (math.isfinite(fraction) and fraction >= 0):
-        raise ValueError(f'--fraction must be a finite number >= 0, got {fraction}')
-    if not 0 <= seed < 2**32:
-        raise ValueError(f'--seed must be in [0, 2**32), got {seed}')
 
 
 def merge_kv_heads(x: jax.Array, head_axis: int, num_kv_heads: int, method: str) -> jax.Array:
@@ -103,7 +62,7 @@ def merge_kv_heads(x: jax.Array, head_axis: int, num_kv_heads: int, method: str)
     G = x.shape[head_axis]
     r = G // num_kv_heads
     grouped = x.reshape(x.shape[:head_axis] + (num_kv_heads, r) + x.shape[head_axis + 1 :])
-    if method == 'mean':
+    if method in ('mean', 'aligned'):
         return grouped.mean(axis=head_axis + 1, dtype=jnp.float32).astype(x.dtype)
     return jnp.take(grouped, 0, axis=head_axis + 1)
 
@@ -128,11 +87,28 @@ def _merge_proj(proj: dict, num_kv_heads: int, method: str) -> dict:
 
 
 def convert_params(
-    params: dict, src: ModelConfig, num_kv_heads: int, method: str, seed: int = 0
+    params: dict,
+    src: ModelConfig,
+    num_kv_heads: int,
+    method: str,
+    seed: int = 0,
+    groups: list | None = None,
+    inputs: list | None = None,
+    rotations: list | None = None,
 ) -> dict:
     """The parameter tree (pure dict, as checkpointed) with every layer's k_proj / v_proj
-    converted to `num_kv_heads` heads. Other parameters are shared, not copied."""
+    converted to `num_kv_heads` heads, merging `groups[layer]` (default: consecutive runs; the
+    heads are permuted first, `head_merging.permute_heads`). 'aligned' rotates heads first by
+    `rotations` (default: `alignments` fitted on the layers' attention inputs `inputs`, [M, E]
+    each), then mean-pools. Unchanged parameters are shared, not copied."""
     check_conversion(src, num_kv_heads, method)
+    if method == 'aligned' and rotations is None:
+        if inputs is None:
+            raise ValueError("method='aligned' needs the layers' calibration inputs")
+        rotations = head_merging.alignments(params, num_kv_heads, groups, inputs)
+    params = head_merging.permute_and_rotate(
+        params, groups, rotations if method == 'aligned' else None
+    )
     if method != 'random':
         return _map_kv(params, lambda proj: _merge_proj(proj, num_kv_heads, method))
     key = jax.random.key(seed)
@@ -150,11 +126,20 @@ def convert_params(
     return _map_kv(params, fresh)
 
 
-def convert_moments(moments: dict, num_kv_heads: int, method: str) -> dict:
-    """An optimizer moment tree mirroring the parameters (Adam's mu or nu) converted like
-    `convert_params` converts the weights: K/V moments pooled by `method`, zero for 'random'
-    (the fresh K/V have no history); every other moment shared, not copied."""
+def convert_moments(
+    moments: dict,
+    num_kv_heads: int,
+    method: str,
+    groups: list | None = None,
+    rotations: list | None = None,
+    second: bool = False,
+) -> dict:
+    """An optimizer moment tree mirroring the parameters (Adam's mu, or nu if `second`)
+    converted like `convert_params` converts the weights: heads permuted to `groups`, rotated
+    by `rotations` ('aligned': mu exactly, nu by the squared rotations), K/V moments pooled by
+    `method`, zero for 'random' (the fresh K/V have no history); other moments shared."""
     if method != 'random':
+        moments = head_merging.permute_and_rotate(moments, groups, rotations, second)
         return _map_kv(moments, lambda proj: _merge_proj(proj, num_kv_heads, method))
 
     def zero(proj: dict) -> dict:
@@ -166,14 +151,29 @@ def convert_moments(moments: dict, num_kv_heads: int, method: str) -> dict:
     return _map_kv(moments, zero)
 
 
-def convert_opt_state(opt_state, params: dict, num_kv_heads: int, method: str):
+def convert_opt_state(
+    opt_state,
+    params: dict,
+    num_kv_heads: int,
+    method: str,
+    groups: list | None = None,
+    rotations: list | None = None,
+):
     """The optax state `opt_state` (namedtuples, tuples and dicts) with every subtree shaped like
-    `params` (the moments) converted by `convert_moments`; counts and the rest kept."""
+    `params` (the moments; Adam's nu as a second moment) converted by `convert_moments`;
+    counts and the rest kept."""
     treedef = jax.tree.structure(params)
+    convert = functools.partial(
+        convert_moments, num_kv_heads=num_kv_heads, method=method, groups=groups
+    )
+    rotations = rotations if method == 'aligned' else None
 
     def moments(node):
+        if isinstance(node, optax.ScaleByAdamState):
+            mu = convert(node.mu, rotations=rotations)
+            return node._replace(mu=mu, nu=convert(node.nu, rotations=rotations, second=True))
         if isinstance(node, dict) and jax.tree.structure(node) == treedef:
-            return convert_moments(node, num_kv_heads, method)
+            return convert(node, rotations=rotations)
         return None
 
     return _map_opt_state(opt_state, moments)
@@ -209,25 +209,16 @@ def _map_opt_state(opt_state, replace):
     return visit(opt_state)
 
 
-def check_steps(source_step: int | None, steps: int | None) -> None:
-    """One-line errors for uptraining steps that cannot be set (a step-0 source needs them)."""
-    if steps is None and source_step == 0:
-        raise ValueError(
-            'the source checkpoint is at step 0 (imported, e.g. by scripts/convert_hf.py), so '
-            'uptrain.fraction of its steps is 0: pass --steps'
-        )
-    if steps is not None and steps < 0:
-        raise ValueError(f'--steps must be >= 0, got {steps}')
-
-
 def uptrain_config(
     source: ml_collections.ConfigDict,
     num_kv_heads: int,
     source_step: int,
     steps: int | None = None,
+    model_settings: dict | None = None,
     **provenance,
 ) -> ml_collections.ConfigDict:
-    """The converted run's config: attention and KV heads updated; it continues from step
+    """The converted run's config: attention and KV heads updated (or `model_settings`, e.g. a
+    latent conversion's, applied); it continues from step
     `source_step` for `steps` more (default: `uptrain.fraction` × source_step) under
     `uptrain.schedule`; provenance recorded.
 
@@ -237,7 +228,8 @@ def uptrain_config(
     this run's steps. 'rewarm': warmup to train.lr over uptrain.warmup_steps (-1: 10% of the
     uptraining steps) from source_step, cosine to min_lr at the last step."""
     config = ml_collections.ConfigDict(copy.deepcopy(source.to_dict()))
-    config.model.update(attention.VARIANTS[source.model.attention].pooled(num_kv_heads))
+    pooled = model_settings or attention.VARIANTS[source.model.attention].pooled(num_kv_heads)
+    config.model.update(pooled)
     up, train = config.uptrain, config.train
     if up.schedule not in SCHEDULES:
         raise ValueError(f'config.uptrain.schedule must be one of {SCHEDULES}, got {up.schedule!r}')
@@ -254,7 +246,7 @@ def uptrain_config(
     train.steps = source_step + steps
     config.eval_every = min(config.eval_every, max(steps, 1))
     config.checkpoint_every = min(config.checkpoint_every, max(steps, 1))
-    up.update(source_step=source_step, **provenance)
+    up.update(source_step=source_step, target=config.model.attention, **provenance)
     return config
 
 
@@ -269,23 +261,33 @@ def convert_checkpoint(
     steps: int | None = None,
     schedule: str = 'continue',
     optimizer_state: str = 'convert',
+    grouping: str = 'contiguous',
+    target: str = '',
+    kv_lora_rank: int = 0,
+    qk_rope_head_dim: int = 0,
+    calibration_tokens: int | None = None,
 ) -> ml_collections.ConfigDict:
-    """Converts `src`'s checkpoint to `num_kv_heads` KV heads and writes it as a new run in
+    """Converts `src`'s checkpoint to `num_kv_heads` KV heads (merged by `method` after
+    `grouping`), or to a latent `target` (lm/conversion.py), and writes it as a new run in
     `dst` whose first checkpoint is at the source's step (optimizer state per
     `optimizer_state`, config from `uptrain_config` under `schedule`, `steps` uptraining steps
     or uptrain.fraction of the source's); returns that config. Every flag is checked
     before anything is written, and `dst` is owned meanwhile (`WorkdirLock`); the checkpoint is
     built beside its place and moved in when complete, so a failure leaves `dst` as it was."""
-    check_flags(num_kv_heads, method, step, fraction, seed, schedule, optimizer_state)
+    method = resolve_method(target, method)
+    plan = Plan(num_kv_heads, method, grouping, target, kv_lora_rank, qk_rope_head_dim)
+    check_flags(num_kv_heads, method, step, fraction, seed, schedule, optimizer_state, plan)
+    if calibration_tokens is not None and calibration_tokens < 1:
+        raise ValueError(f'--calibration_tokens must be >= 1, got {calibration_tokens}')
     latest = read_latest_meta(src)
     check_steps(step if step is not None else latest and latest['data_step'], steps)
     with WorkdirLock(dst, '--dst'):
         dst_ckpts = os.path.join(dst, 'checkpoints')
         if os.path.isdir(dst_ckpts) and os.listdir(dst_ckpts):
             raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
-        config, state, meta = _convert(
-            src, num_kv_heads, method, step, fraction, seed, steps, schedule, optimizer_state
-        )
+        options = dict(fraction=fraction, seed=seed, steps=steps, schedule=schedule)
+        options.update(optimizer_state=optimizer_state, calibration_tokens=calibration_tokens)
+        config, state, meta = _convert(src, step, plan, **options)
         for name in os.listdir(dst):  # left by a conversion that was killed
             if name.startswith(PARTIAL):
                 shutil.rmtree(os.path.join(dst, name), ignore_errors=True)
@@ -306,39 +308,70 @@ def convert_checkpoint(
     return config
 
 
+def _converted_params(source, plan: conversion.Plan, seed: int, calibration_tokens: int):
+    """(parameters, (groups, rotations) or Nones, model settings or None, provenance)."""
+    params, cfg = source.state['params'], source.model_cfg
+    inputs, groups, rotations, settings, record = None, None, None, None, {}
+    if plan.needs_calibration:
+        model = nnx.merge(source.ctx.graphdef, params)
+        tokens = load_corpus(source.config.data).tokens['train']
+        seq_len = source.config.data.seq_len
+        inputs = conversion.calibration_inputs(model, tokens, seq_len, calibration_tokens)
+        record['calibration_tokens'] = calibration_tokens
+    if plan.latent:
+        params, settings, pairs = conversion.latent_conversion(params, cfg, plan, inputs)
+        return params, (None, None), settings, {**record, 'rope_pairs': pairs}
+    if plan.grouping == 'similarity':
+        groups = conversion.similarity_groups(params, plan.num_kv_heads, plan.method, inputs)
+        record['groups'] = conversion.format_groups(groups)
+    if plan.method == 'aligned':
+        rotations = head_merging.alignments(params, plan.num_kv_heads, groups, inputs)
+    g, method = plan.num_kv_heads, plan.method
+    params = convert_params(params, cfg, g, method, seed, groups, rotations=rotations)
+    return params, (groups, rotations), settings, record
+
+
 def _convert(
     src: str,
-    num_kv_heads: int,
-    method: str,
     step: int | None,
+    plan: conversion.Plan,
     fraction: float | None,
     seed: int,
     steps: int | None,
     schedule: str,
     optimizer_state: str,
+    calibration_tokens: int | None,
 ) -> tuple[ml_collections.ConfigDict, dict, dict]:
     """(config, state, checkpoint side-car) of the converted run's first step (the source's)."""
     source = restore_run(
-        src, step, lambda cfg: check_conversion(cfg, num_kv_heads, method), '--src'
+        src, step, lambda cfg: check_conversion(cfg, plan.num_kv_heads, plan.method, plan), '--src'
     )
     src_config, src_cfg, state = source.config, source.model_cfg, source.state
     if fraction is not None:
         src_config.uptrain.fraction = fraction
+    if calibration_tokens is None:
+        calibration_tokens = src_config.uptrain.calibration_tokens
     src_config.uptrain.update(schedule=schedule, optimizer_state=optimizer_state)
+    params, recipe, settings, record = _converted_params(source, plan, seed, calibration_tokens)
     config = uptrain_config(
         src_config,
-        num_kv_heads,
+        plan.num_kv_heads,
         source.step,
         steps,
-        method=method,
+        settings,
+        method=plan.method,
+        grouping=plan.grouping,
         source_workdir=os.path.abspath(src),
+        **record,
     )
     check_train_config(config.train)
     check_loop_config(config)
-    ctx = step_context(config, model_config(config.model), mesh=source.ctx.mesh)
-    params = convert_params(state['params'], src_cfg, num_kv_heads, method, seed)
+    dst_cfg = model_config(config.model)
+    ctx = step_context(config, dst_cfg, mesh=source.ctx.mesh)
     if optimizer_state == 'convert':
-        opt_state = convert_opt_state(state['opt_state'], state['params'], num_kv_heads, method)
+        opt_state = convert_opt_state(
+            state['opt_state'], state['params'], plan.num_kv_heads, plan.method, *recipe
+        )
     else:
         opt_state = with_schedule_count(ctx.tx.init(params), source.step)
     new_state = jax.device_put(
@@ -351,14 +384,15 @@ def _convert(
         ctx.state_sharding,
     )
     logging.info(
-        'converted %s step %d (%s, %d KV heads) to %d KV heads by %s; schedule %s, %s optimizer '
-        'state',
+        'converted %s step %d (%s, %d KV heads) to %s by %s (%s grouping); schedule %s, %s '
+        'optimizer state',
         src,
         source.step,
         src_cfg.attention,
         src_cfg.num_kv_heads,
-        num_kv_heads,
-        method,
+        attention.variant(dst_cfg).kv_heads(dst_cfg),
+        plan.method,
+        plan.grouping,
         schedule,
         optimizer_state,
     )

@@ -9,21 +9,63 @@ weights; fresh: new ones), and the source config with attention / num_kv_heads u
 continues from step N on the batches the source recipe would use next (new data, no replay),
 under --schedule=continue (the source's learning-rate schedule carried on) or rewarm (warmup to
 the peak anew, cosine over the uptraining steps).
+
+Beyond contiguous mean-pooling (docs/uptraining.md, "Conversion methods"):
+
+  # merge the most similar KV heads, each rotated onto its group's first head first
+  python scripts/uptrain.py --src=runs/mha --dst=runs/gqa2_al --num_kv_heads=2 \
+      --grouping=similarity --method=aligned --optimizer_state=fresh
+  # MHA / GQA -> MLA (MHA2MLA): latent rank 64, RoPE on 8 dims of a shared key
+  python scripts/uptrain.py --src=runs/mha --dst=runs/mla64 --target=mla --kv_lora_rank=64 \
+      --qk_rope_head_dim=8 --optimizer_state=fresh
 """
 
 from absl import flags
 
+from lm.attention import variant
 from lm.cli import bootstrap, check_writable_dir, run_app
 from lm.experiment import stored_config
-from lm.uptrain import check_flags, convert_checkpoint
+from lm.model import model_config
+from lm.uptrain import Plan, check_flags, convert_checkpoint, resolve_method
+
+
+def kv_heads(config) -> str:
+    """What the converted model's cache holds per layer ('2'; 'latent 64+8')."""
+    cfg = model_config(config.model)
+    return variant(cfg).kv_heads(cfg)
+
 
 _SRC = flags.DEFINE_string('src', None, 'Workdir of the source (MHA) run.', required=True)
 _DST = flags.DEFINE_string('dst', None, 'New workdir for the converted run.', required=True)
 _STEP = flags.DEFINE_integer('step', None, 'Source checkpoint step; default: the latest.')
 _KV = flags.DEFINE_integer(
-    'num_kv_heads', None, 'KV heads g after conversion (1 = MQA).', required=True
+    'num_kv_heads', 0, 'KV heads g after conversion (1 = MQA); unset for --target=mla.'
 )
-_METHOD = flags.DEFINE_string('method', 'mean', "'mean' | 'first' | 'random'.")
+_METHOD = flags.DEFINE_string(
+    'method',
+    '',
+    "'mean' | 'first' | 'random' | 'aligned' (Procrustes-aligned mean); --target=mla: "
+    "'joint_svd'. Default: 'mean', or 'joint_svd' for --target=mla.",
+)
+_GROUPING = flags.DEFINE_string(
+    'grouping',
+    'contiguous',
+    "Which KV heads merge: 'contiguous' (Ainslie et al.) or 'similarity' (most similar heads, "
+    "by the head-analysis KV-head similarity on the source's training text).",
+)
+_TARGET = flags.DEFINE_string(
+    'target', '', "'' = fewer K/V heads (GQA / MQA); 'mla' = MHA2MLA latent attention."
+)
+_KV_LORA = flags.DEFINE_integer('kv_lora_rank', 0, '--target=mla: latent rank C.')
+_ROPE_DIM = flags.DEFINE_integer(
+    'qk_rope_head_dim', 0, '--target=mla: RoPE width of the shared key (even; frequency pairs x 2).'
+)
+_CALIBRATION = flags.DEFINE_integer(
+    'calibration_tokens',
+    None,
+    "Source training tokens that similarity / aligned / mla fit on; default: the config's "
+    'uptrain.calibration_tokens.',
+)
 _FRACTION = flags.DEFINE_float(
     'fraction',
     None,
@@ -51,14 +93,17 @@ _STEPS = flags.DEFINE_integer(
 
 
 def run() -> int:
+    method = resolve_method(_TARGET.value, _METHOD.value)
+    plan = Plan(_KV.value, method, _GROUPING.value, _TARGET.value, _KV_LORA.value, _ROPE_DIM.value)
     check_flags(
         _KV.value,
-        _METHOD.value,
+        method,
         _STEP.value,
         _FRACTION.value,
         _SEED.value,
         _SCHEDULE.value,
         _OPT_STATE.value,
+        plan,
     )
     check_writable_dir(_DST.value, '--dst')
     bootstrap(stored_config(_SRC.value, '--src'))
@@ -73,10 +118,16 @@ def run() -> int:
         _STEPS.value,
         _SCHEDULE.value,
         _OPT_STATE.value,
+        grouping=_GROUPING.value,
+        target=_TARGET.value,
+        kv_lora_rank=_KV_LORA.value,
+        qk_rope_head_dim=_ROPE_DIM.value,
+        calibration_tokens=_CALIBRATION.value,
     )
     print(
-        f'wrote {_DST.value}: {config.model.attention} with {config.model.num_kv_heads} KV '
-        f'heads at step {config.uptrain.source_step} ({_SCHEDULE.value} schedule, '
+        f'wrote {_DST.value}: {config.model.attention} with {kv_heads(config)} KV heads by '
+        f'{config.uptrain.method} ({config.uptrain.grouping} grouping) at step '
+        f'{config.uptrain.source_step} ({_SCHEDULE.value} schedule, '
         f'{_OPT_STATE.value} optimizer state, to step {config.train.steps}); next: '
         f'python train.py --workdir={_DST.value}'
     )

@@ -1,12 +1,15 @@
 """The uptraining ablation of Ainslie et al. (2023), Fig. 4 / Table, at small scale.
 
 Train MHA on Tiny Shakespeare (configs/shakespeare_char.py) for --steps N; convert it to GQA-2
-and MQA by mean-pooling, keeping the first head, or re-initialising K/V; uptrain each for a
-fraction alpha of N (round(alpha·N) steps); compare with GQA-2 / MQA trained from scratch for
-exactly the same total, N + round(alpha·N) steps of the same batch, at every alpha. Every arm
-runs for --seeds seeds and is evaluated on the whole validation split (--eval_tokens); the tables
-show mean, sample std and 95% t-interval over seeds, and paired differences between arms (same
-seed = same source, initialisation and data order) marked where resolved at 95%.
+and MQA by mean-pooling, keeping the first head, or re-initialising K/V (and, with --methods,
+by aligned merging and with similarity grouping: 'similarity-mean', 'similarity-aligned'), and
+to MLA at each latent rank of --mla_ranks (MHA2MLA, RoPE on --mla_rope_dim dims); uptrain each
+for a fraction alpha of N (round(alpha·N) steps); compare with the same target trained from
+scratch for exactly the same total, N + round(alpha·N) steps of the same batch, at every alpha.
+Every arm runs for --seeds seeds and is evaluated on the whole validation split (--eval_tokens);
+the tables show mean, sample std and 95% t-interval over seeds, and paired differences between
+arms (same seed = same source, initialisation and data order) marked where resolved at 95%,
+with each model's KV-cache bytes per token (bfloat16, all layers) beside its loss.
 
   python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --report=docs/uptraining_table.md
@@ -22,11 +25,13 @@ import time
 from absl import flags, logging
 
 from lm import stats
+from lm.accounting import kv_cache_bytes_per_token
 from lm.attention import VARIANTS
 from lm.cli import bootstrap, run_app
 from lm.config import load_config_file
+from lm.model import check_model_config
 from lm.train_loop import train
-from lm.uptrain import METHODS, convert_checkpoint
+from lm.uptrain import METHODS, Plan, check_flags, convert_checkpoint
 
 _DATA = flags.DEFINE_string('data_path', 'data/tinyshakespeare.txt', 'Text file.')
 _OUT = flags.DEFINE_string('out_dir', 'runs/uptrain_ablation', 'Workdirs and TensorBoard.')
@@ -34,12 +39,30 @@ _STEPS = flags.DEFINE_integer('steps', 1000, 'MHA pre-training steps N.')
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per point.')
 _FRACTIONS = flags.DEFINE_list('fractions', ['0', '0.05', '0.1'], 'Uptraining fractions alpha.')
 _TARGETS = flags.DEFINE_list('targets', ['2', '1'], 'KV heads after conversion (1 = MQA).')
-_METHODS = flags.DEFINE_list('methods', list(METHODS), 'Conversion methods.')
+_METHODS = flags.DEFINE_list(
+    'methods',
+    ['mean', 'first', 'random'],
+    f"Conversion methods {METHODS}, each optionally as 'similarity-<method>' (similarity "
+    'grouping instead of contiguous).',
+)
+_MLA_RANKS = flags.DEFINE_list('mla_ranks', [], 'MHA -> MLA arms: latent ranks C (none: no MLA).')
+_MLA_ROPE = flags.DEFINE_integer('mla_rope_dim', 8, 'MHA -> MLA arms: qk_rope_head_dim.')
+_CALIBRATION = flags.DEFINE_integer(
+    'calibration_tokens',
+    None,
+    "Training tokens the similarity / aligned / MLA conversions fit on; default: the config's.",
+)
+_OPT_STATE = flags.DEFINE_string(
+    'optimizer_state',
+    'convert',
+    "GQA / MQA arms: 'convert' (the source's AdamW moments) or 'fresh'; MLA arms are fresh.",
+)
 _EVAL_TOKENS = flags.DEFINE_integer(
     'eval_tokens', 0, 'Validation tokens per evaluation (lm.evaluation); 0 = the whole split.'
 )
 _REPORT = flags.DEFINE_string('report', '', 'Also write the markdown tables to this file.')
 
+PLAN_FIELDS = ('num_kv_heads', 'method', 'grouping', 'target', 'kv_lora_rank', 'qk_rope_head_dim')
 CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'shakespeare_char.py'
 )
@@ -60,6 +83,39 @@ def pooled_config(num_kv_heads: int, seed: int, steps: int):
     config = base_config('mha', seed, steps)
     config.model.update(VARIANTS[config.model.attention].pooled(num_kv_heads))
     return config
+
+
+def mla_config(rank: int, seed: int, steps: int):
+    """The source (MHA) config as the MLA that conversion to latent rank `rank` builds (its RoPE
+    base left as the source's), trained from scratch."""
+    config = base_config('mha', seed, steps)
+    D, P = check_model_config(config.model).head_dim, _MLA_ROPE.value
+    config.model.update(attention='mla', num_kv_heads=0, kv_lora_rank=rank, q_lora_rank=0)
+    config.model.update(qk_nope_head_dim=D - P, qk_rope_head_dim=P, v_head_dim=D)
+    return config
+
+
+def arms(targets: list[int]) -> dict[str, tuple]:
+    """{target label: (scratch config fn(seed, steps), {method: convert_checkpoint kwargs})}."""
+    out, calibration = {}, {'calibration_tokens': _CALIBRATION.value}
+    for g in targets:
+        methods = {}
+        for name in _METHODS.value:
+            grouping, _, method = name.rpartition('-')
+            kwargs = dict(num_kv_heads=g, method=method, grouping=grouping or 'contiguous')
+            methods[name] = {**kwargs, 'optimizer_state': _OPT_STATE.value, **calibration}
+        label = 'MQA' if g == 1 else f'GQA-{g}'
+        out[label] = (lambda s, t, g=g: pooled_config(g, s, t), methods)
+    for rank in map(int, _MLA_RANKS.value):
+        kwargs = dict(num_kv_heads=0, method='joint_svd', target='mla', kv_lora_rank=rank)
+        kwargs.update(qk_rope_head_dim=_MLA_ROPE.value, optimizer_state='fresh', **calibration)
+        out[f'MLA-{rank}'] = (lambda s, t, c=rank: mla_config(c, s, t), {'joint_svd': kwargs})
+    for _, methods in out.values():  # a bad method or combination fails before any training
+        for kw in methods.values():
+            plan = Plan(**{k: v for k, v in kw.items() if k in PLAN_FIELDS})
+            state = kw['optimizer_state']
+            check_flags(plan.num_kv_heads, plan.method, None, 0.0, 0, 'continue', state, plan)
+    return out
 
 
 def cached_run(name: str, start) -> float:
@@ -95,9 +151,7 @@ def run() -> int:
     t0 = time.time()
     n, seeds = _STEPS.value, range(_SEEDS.value)
     fractions = [float(a) for a in _FRACTIONS.value]
-    methods = _METHODS.value
-    targets = [int(g) for g in _TARGETS.value]
-    label = {g: 'MQA' if g == 1 else f'GQA-{g}' for g in targets}
+    by_label = arms([int(g) for g in _TARGETS.value])
     up_steps = {alpha: round(alpha * n) for alpha in fractions}  # as lm.uptrain.uptrain_config
     results: dict[tuple, dict[int, float]] = {}  # arm -> {seed: final eval loss}
     for seed in seeds:
@@ -105,27 +159,32 @@ def run() -> int:
         results.setdefault(('MHA', 'scratch', 0.0), {})[seed] = cached_run(
             src, lambda w, tb, s=seed: train(base_config('mha', s, n), w, tb)
         )
-        for g in targets:
-            for method in methods:
+        for label, (scratch, methods) in by_label.items():
+            for method, kwargs in methods.items():
                 for alpha in fractions:
-                    name = f'{label[g]}_{method}_a{alpha:g}_s{seed}'
 
-                    def uptrain(w, tb, g=g, method=method, alpha=alpha, s=seed, src=src):
-                        config = convert_checkpoint(
-                            os.path.join(_OUT.value, src), w, g, method, fraction=alpha, seed=s
-                        )
+                    def uptrain(w, tb, kwargs=kwargs, alpha=alpha, s=seed, src=src):
+                        src_dir = os.path.join(_OUT.value, src)
+                        config = convert_checkpoint(src_dir, w, fraction=alpha, seed=s, **kwargs)
                         return train(config, w, tb)
 
-                    results.setdefault((label[g], method, alpha), {})[seed] = cached_run(
-                        name, uptrain
+                    results.setdefault((label, method, alpha), {})[seed] = cached_run(
+                        f'{label}_{method}_a{alpha:g}_s{seed}', uptrain
                     )
             for total in sorted({n + k for k in up_steps.values()}):
                 # From scratch at the same token budget as source + uptraining (same batch).
-                results.setdefault((label[g], 'scratch', total), {})[seed] = cached_run(
-                    f'{label[g]}_scratch_{total}_s{seed}',
-                    lambda w, tb, s=seed, g=g, t=total: train(pooled_config(g, s, t), w, tb),
+                results.setdefault((label, 'scratch', total), {})[seed] = cached_run(
+                    f'{label}_scratch_{total}_s{seed}',
+                    lambda w, tb, s=seed, t=total, make=scratch: train(make(s, t), w, tb),
                 )
-    table = tables(results, n, len(seeds), fractions, methods, targets, label, up_steps)
+    scratch_configs = {'MHA': lambda s, t: base_config('mha', s, t)}
+    scratch_configs.update({label: make for label, (make, _) in by_label.items()})
+    kv_bytes = {
+        label: kv_cache_bytes_per_token(check_model_config(make(0, n).model))
+        for label, make in scratch_configs.items()
+    }
+    methods = {label: list(m) for label, (_, m) in by_label.items()}
+    table = tables(results, n, len(seeds), fractions, methods, up_steps, kv_bytes)
     print(table)
     print(f'wall time: {time.time() - t0:.0f} s')
     if _REPORT.value:
@@ -134,51 +193,58 @@ def run() -> int:
     return 0
 
 
-def tables(results, n, num_seeds, fractions, methods, targets, label, up_steps) -> str:
-    """The ablation table (with each arm's paired difference to from-scratch training at the
-    same total budget) and the paired method comparisons; ✓ = resolved at 95%."""
+def tables(results, n, num_seeds, fractions, methods, up_steps, kv_bytes) -> str:
+    """The ablation table (with each arm's paired difference to from-scratch training of the
+    same target at the same total budget, and the target's KV-cache bytes per token) and the
+    paired method comparisons; ✓ = resolved at 95%."""
     lines = [
         f'Final eval loss over {num_seeds} seeds (same seed = same MHA source, initialisation and '
         'data order): mean ± sample std (ddof 1), 95% t-interval; Δ = paired difference over '
-        'seeds with its 95% interval, ✓ = resolved (the interval excludes 0).',
+        'seeds with its 95% interval, ✓ = resolved (the interval excludes 0); KV cache: bytes '
+        'per token over all layers in bfloat16.',
         '',
         '| model | conversion | α (uptraining steps) | total steps | eval loss | 95% CI | '
-        'Δ vs from scratch, same total steps |',
-        '|---|---|---|---|---|---|---|',
-        f'| MHA (source) | — | — | {n} | {fmt(results[("MHA", "scratch", 0.0)])} | — |',
+        'Δ vs from scratch, same total steps | KV cache B/token |',
+        '|---|---|---|---|---|---|---|---|',
+        f'| MHA (source) | — | — | {n} | {fmt(results[("MHA", "scratch", 0.0)])} | — | '
+        f'{kv_bytes["MHA"]} |',
     ]
-    for g in targets:
-        for method in methods:
+    for label, names in methods.items():
+        for method in names:
             for alpha in fractions:
                 arm, scratch = (
-                    results[(label[g], method, alpha)],
-                    results[(label[g], 'scratch', n + up_steps[alpha])],
+                    results[(label, method, alpha)],
+                    results[(label, 'scratch', n + up_steps[alpha])],
                 )
                 lines.append(
-                    f'| {label[g]} | {method} | {alpha:g} ({up_steps[alpha]}) | '
-                    f'{n + up_steps[alpha]} | {fmt(arm)} | {fmt_diff(arm, scratch)} |'
+                    f'| {label} | {method} | {alpha:g} ({up_steps[alpha]}) | '
+                    f'{n + up_steps[alpha]} | {fmt(arm)} | {fmt_diff(arm, scratch)} | '
+                    f'{kv_bytes[label]} |'
                 )
         for total in sorted({n + k for k in up_steps.values()}):
             lines.append(
-                f'| {label[g]} | from scratch | — | {total} | '
-                f'{fmt(results[(label[g], "scratch", total)])} | — |'
+                f'| {label} | from scratch | — | {total} | '
+                f'{fmt(results[(label, "scratch", total)])} | — | {kv_bytes[label]} |'
             )
-    if len(methods) > 1:
+    comparisons = [
+        (label, alpha, a, b)
+        for label, names in methods.items()
+        for alpha in fractions
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+    ]
+    if comparisons:
         lines += [
             '',
             '| model | α | a | b | Δ loss a − b (95% CI) | ordering |',
             '|---|---|---|---|---|---|',
         ]
-        for g in targets:
-            for alpha in fractions:
-                for i, a in enumerate(methods):
-                    for b in methods[i + 1 :]:
-                        ra, rb = results[(label[g], a, alpha)], results[(label[g], b, alpha)]
-                        d = stats.paired_difference(ra, rb)
-                        lines.append(
-                            f'| {label[g]} | {alpha:g} | {a} | {b} | {fmt_diff(ra, rb)} | '
-                            f'{stats.ordering(a, b, d)} |'
-                        )
+    for label, alpha, a, b in comparisons:
+        ra, rb = results[(label, a, alpha)], results[(label, b, alpha)]
+        d = stats.paired_difference(ra, rb)
+        lines.append(
+            f'| {label} | {alpha:g} | {a} | {b} | {fmt_diff(ra, rb)} | {stats.ordering(a, b, d)} |'
+        )
     return '\n'.join(lines)
 
 

@@ -88,6 +88,7 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
         'uptrain.method': ('string_value', 'none'),
         'uptrain.schedule': ('string_value', 'none'),
         'uptrain.optimizer_state': ('string_value', 'none'),
+        'uptrain.grouping': ('string_value', 'none'),
         'model.tie_embeddings': ('bool_value', True),
     }
     # numbers are numbers (sortable, filterable), and the integer ones whole

@@ -17,6 +17,7 @@ from test_train import read_hparams
 import lm.train_loop
 from lm.checkpoint import Checkpointer
 from lm.data import load_corpus, train_batch
+from lm.decode import Decoder, cache_elements_per_token, init_caches
 from lm.experiment import restore_run
 from lm.model import build_model, model_config
 from lm.optimizer import lr_schedule, make_optimizer
@@ -313,11 +314,12 @@ def test_uptraining_continues_the_source_run(tmp_path, small_text, monkeypatch):
     acc = event_accumulator.EventAccumulator(str(tb / 'gqa'))
     acc.Reload()
     hparams = read_hparams(acc)
-    assert {k: hparams[k][1] for k in list(hparams)[6:10]} == {
+    assert {k: hparams[k][1] for k in list(hparams)[6:11]} == {
         'uptrain.source': str(src),
         'uptrain.method': 'mean',
         'uptrain.schedule': 'continue',
         'uptrain.optimizer_state': 'convert',
+        'uptrain.grouping': 'contiguous',
     }
     assert json.loads((dst / 'results.json').read_text())['step'] == 12
 
@@ -384,6 +386,50 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     )
     assert bad.returncode == 1 and 'not divisible by --num_kv_heads=3' in bad.stderr
     assert 'Traceback' not in bad.stderr + empty.stderr + again.stderr
+    # MHA -> MLA (lm/conversion.py); similarity grouping and aligned merging: the ablation smoke.
+    mla = ['--target=mla', '--kv_lora_rank=8', '--qk_rope_head_dim=4', '--calibration_tokens=64']
+    bad = run_entry(
+        'scripts/uptrain.py',
+        f'--src={tmp_path / "mha"}',
+        f'--dst={tmp_path / "z"}',
+        *mla,
+        '--grouping=similarity',
+        '--optimizer_state=fresh',
+    )
+    assert bad.returncode == 1 and not (tmp_path / 'z').exists()
+    assert bad.stderr.splitlines()[-1] == (
+        'error: --grouping=similarity does not apply to --target=mla (no heads are merged)'
+    )
+    out = run_entry(
+        'scripts/uptrain.py',
+        f'--src={tmp_path / "mha"}',
+        f'--dst={tmp_path / "mla"}',
+        *mla,
+        '--optimizer_state=fresh',
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 'mla with latent 8+4 KV heads by joint_svd' in out.stdout
+    check_mla_decoding(tmp_path / 'mla')
+
+
+def check_mla_decoding(workdir):
+    """The converted MLA checkpoint decodes with its absorbed latent cache, C + P = 8 + 4
+    elements per token per layer, as its full forward pass computes."""
+    restored = restore_run(str(workdir))
+    cfg = restored.model_cfg
+    assert (cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim) == (8, 4, 4)
+    assert restored.config.uptrain.rope_pairs.count(',') == 1  # two frequency pairs kept
+    model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
+    decoder = Decoder(model, absorb=True)
+    caches = init_caches(cfg, 1, 8)
+    assert cache_elements_per_token(caches) == cfg.num_layers * (8 + 4)
+    tokens = np.array([[3, 5, 7, 11, 2, 9]], np.int32)
+    pad = np.zeros(1, np.int32)
+    prefill, caches, kv_valid = decoder.prefill(decoder.params, tokens[:, :5], pad, caches)
+    step, _, _ = decoder.step(decoder.params, tokens[:, 5], 5, pad, caches, kv_valid)
+    full = np.asarray(model(tokens))[0]
+    np.testing.assert_allclose(prefill[0], full[:5], atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(step[0], full[5], atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.slow
@@ -397,17 +443,21 @@ def test_ablation_script_smoke(tmp_path):
         '--steps=6',
         '--seeds=2',
         '--fractions=0.5',
-        '--methods=mean,first',
+        '--methods=mean,similarity-aligned',
         '--targets=1',
+        '--mla_ranks=8',
+        '--calibration_tokens=256',
     ]
     out = run_entry('scripts/uptrain_ablation.py', *args, f'--report={tmp_path / "table.md"}')
     assert out.returncode == 0, out.stderr[-3000:]
     table = (tmp_path / 'table.md').read_text()
     for row in (
         '| MHA (source) | — | — | 6 |',
-        '| MQA | first | 0.5 (3) | 9 |',
+        '| MQA | similarity-aligned | 0.5 (3) | 9 |',
         '| MQA | from scratch | — | 9 |',  # exactly the source + uptraining budget
-        '| MQA | 0.5 | mean | first |',  # paired method comparison
+        '| MQA | 0.5 | mean | similarity-aligned |',  # paired method comparison
+        '| MLA-8 | joint_svd | 0.5 (3) | 9 |',
+        '| MLA-8 | from scratch | — | 9 |',
     ):
         assert row in table, table
     assert '| MQA | from scratch | — | 6 |' not in table
@@ -418,5 +468,14 @@ def test_ablation_script_smoke(tmp_path):
         table
     )  # Δ vs scratch with its interval
     again = run_entry('scripts/uptrain_ablation.py', *args)
+    # KV cache bytes per token beside each loss: 4 layers x (2 x 32) bf16 for MQA, (8 + 8) for MLA
+    assert re.search(r'\| MQA \| from scratch \| — \| 9 \| .* \| 512 \|$', table, re.M), table
+    assert re.search(r'\| MLA-8 \| from scratch \| — \| 9 \| .* \| 128 \|$', table, re.M), table
+    up = restore_run(str(tmp_path / 'abl' / 'MQA_similarity-aligned_a0.5_s0')).config.uptrain
+    assert (up.method, up.grouping, up.groups) == (
+        'aligned',
+        'similarity',
+        '0,1,2,3;' * 3 + '0,1,2,3',
+    )
     assert again.returncode == 0 and table.strip() in again.stdout  # cached, same numbers
     assert 'eval loss' not in again.stderr  # nothing retrained
