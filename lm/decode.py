@@ -4,7 +4,7 @@ token inside one jitted `lax.while_loop`.
 Prompts of different lengths are left-padded to the longest, T. Row b's padding occupies cache
 slots [0, pad_b) and is never attended; its tokens sit at positions 0, 1, ... as in a forward
 pass of the unpadded prompt. Decode step i writes slot T + i for every row. Each attention
-variant owns its cache layout (`init_cache` / `extend` in lm/attention.py): K and V per KV head
+variant owns its cache layout (its `init_cache` / `extend`, lm/attention.py): K and V per KV head
 for MHA / GQA / MQA, the latent c_KV and the shared RoPE key for MLA.
 """
 

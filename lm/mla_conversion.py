@@ -1,6 +1,6 @@
 """MHA / GQA → multi-head latent attention (MHA2MLA, arXiv 2502.14837), as pure functions over
 one layer's attention parameters, mapped onto lm's MLA layout (`MultiHeadLatentAttention` in
-lm/attention.py, DeepSeek's names, q_lora_rank = 0):
+lm/latent_attention.py, DeepSeek's names, q_lora_rank = 0):
 
   q_proj [E, H, N + P]           per head [q_nope; q_rope]     ← source W_Q columns
   kv_a_proj_with_mqa [E, C + P]  [W_DKV, W_KR]                 ← joint SVD factor; mean RoPE key

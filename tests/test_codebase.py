@@ -21,9 +21,10 @@ def test_functions_fit_on_a_screen(path):
     assert not long, long
 
 
+# attention*.py and latent_attention.py define the variants and their contract (names, examples).
 # hf.py maps named Hugging Face architectures (Llama <-> MHA/GQA/MQA, DeepseekV3 <-> MLA): the
 # file format itself is tied to the variant, so it names them.
-NAMING_ALLOWED = ('attention.py', 'hf.py')
+NAMING_ALLOWED = ('attention.py', 'attention_base.py', 'latent_attention.py', 'hf.py')
 
 
 def test_only_lm_attention_names_variants():
