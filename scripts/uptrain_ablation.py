@@ -14,7 +14,10 @@ with each model's KV-cache bytes per token (bfloat16, all layers) beside its los
   python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --report=docs/uptraining_table.md
 
-Finished runs are skipped when the command is repeated (results are cached per run).
+Finished runs are skipped when the command is repeated (results are cached per run); an
+--out_dir whose runs were made with other settings (--steps, --schedule, --optimizer_state,
+--set, ...) is refused, so compare `--schedule=continue` with `--schedule=rewarm` in two
+--out_dirs. `--set=key=value` changes the recipe of every run (e.g. `--set=model.num_layers=2`).
 """
 
 import json
@@ -28,7 +31,7 @@ from lm import stats
 from lm.accounting import kv_cache_bytes_per_token
 from lm.attention import VARIANTS
 from lm.cli import bootstrap, run_app
-from lm.config import load_config_file
+from lm.config import load_config_file, with_overrides
 from lm.model import check_model_config
 from lm.train_loop import train
 from lm.uptrain import METHODS, Plan, check_flags, convert_checkpoint
@@ -61,6 +64,12 @@ _EVAL_TOKENS = flags.DEFINE_integer(
     'eval_tokens', 0, 'Validation tokens per evaluation (lm.evaluation); 0 = the whole split.'
 )
 _REPORT = flags.DEFINE_string('report', '', 'Also write the markdown tables to this file.')
+_SCHEDULE = flags.DEFINE_enum(
+    'schedule', 'continue', ['continue', 'rewarm'], 'Uptraining schedule (config.uptrain.schedule).'
+)
+_SET = flags.DEFINE_multi_string(
+    'set', [], 'key=value override of the recipe for every run (e.g. model.num_layers=2).'
+)
 
 PLAN_FIELDS = ('num_kv_heads', 'method', 'grouping', 'target', 'kv_lora_rank', 'qk_rope_head_dim')
 CONFIG = os.path.join(
@@ -69,7 +78,7 @@ CONFIG = os.path.join(
 
 
 def base_config(variant: str, seed: int, steps: int):
-    config = load_config_file(CONFIG, variant)
+    config = with_overrides(load_config_file(CONFIG, variant), _SET.value)
     config.seed = seed
     config.data.path = _DATA.value
     config.train.steps = steps
@@ -104,34 +113,64 @@ def arms(targets: list[int]) -> dict[str, tuple]:
             grouping, _, method = name.rpartition('-')
             kwargs = dict(num_kv_heads=g, method=method, grouping=grouping or 'contiguous')
             methods[name] = {**kwargs, 'optimizer_state': _OPT_STATE.value, **calibration}
+            methods[name]['schedule'] = _SCHEDULE.value
         label = 'MQA' if g == 1 else f'GQA-{g}'
         out[label] = (lambda s, t, g=g: pooled_config(g, s, t), methods)
     for rank in map(int, _MLA_RANKS.value):
         kwargs = dict(num_kv_heads=0, method='joint_svd', target='mla', kv_lora_rank=rank)
         kwargs.update(qk_rope_head_dim=_MLA_ROPE.value, optimizer_state='fresh', **calibration)
+        kwargs['schedule'] = _SCHEDULE.value
         out[f'MLA-{rank}'] = (lambda s, t, c=rank: mla_config(c, s, t), {'joint_svd': kwargs})
     for _, methods in out.values():  # a bad method or combination fails before any training
         for kw in methods.values():
             plan = Plan(**{k: v for k, v in kw.items() if k in PLAN_FIELDS})
             state = kw['optimizer_state']
-            check_flags(plan.num_kv_heads, plan.method, None, 0.0, 0, 'continue', state, plan)
+            check_flags(plan.num_kv_heads, plan.method, None, 0.0, 0, kw['schedule'], state, plan)
     return out
 
 
+def settings() -> dict:
+    """Every flag that changes a run's result beyond its name (arm, alpha, seed)."""
+    return {
+        'data_path': os.path.abspath(_DATA.value),
+        'steps': _STEPS.value,
+        'eval_tokens': _EVAL_TOKENS.value,
+        'schedule': _SCHEDULE.value,
+        'optimizer_state': _OPT_STATE.value,
+        'calibration_tokens': _CALIBRATION.value,
+        'mla_rope_dim': _MLA_ROPE.value,
+        'set': list(_SET.value),
+    }
+
+
+def check_out_dir() -> None:
+    """Refuses an --out_dir whose finished runs were made with other settings (before any
+    training, deleting nothing)."""
+    for name in sorted(os.listdir(_OUT.value)) if os.path.isdir(_OUT.value) else []:
+        path = os.path.join(_OUT.value, name, 'result.json')
+        if os.path.exists(path):
+            with open(path) as f:
+                saved = json.load(f).get('settings')
+            if saved != settings():
+                changed = sorted(k for k in settings() if (saved or {}).get(k) != settings()[k])
+                raise ValueError(
+                    f'--out_dir: {_OUT.value} holds runs made with other settings '
+                    f'({", ".join(changed)}); use another --out_dir'
+                )
+
+
 def cached_run(name: str, start) -> float:
-    """Final eval loss of run `name`; `start(workdir, tb_dir)` trains it unless cached with the
-    same evaluation protocol (`--eval_tokens`)."""
+    """Final eval loss of run `name`; `start(workdir, tb_dir)` trains it unless it finished
+    earlier (`check_out_dir` has checked the settings it was made with)."""
     workdir = os.path.join(_OUT.value, name)
     result_path = os.path.join(workdir, 'result.json')
     if os.path.exists(result_path):
         with open(result_path) as f:
-            cached = json.load(f)
-        if cached.get('eval_tokens') == _EVAL_TOKENS.value:
-            return cached['eval']['loss']
-    shutil.rmtree(workdir, ignore_errors=True)
+            return json.load(f)['eval']['loss']
+    shutil.rmtree(workdir, ignore_errors=True)  # an unfinished run of these settings
     metrics = start(workdir, os.path.join(_OUT.value, 'tb'))['eval']
     with open(result_path, 'w') as f:
-        json.dump({'eval': metrics, 'eval_tokens': _EVAL_TOKENS.value}, f)
+        json.dump({'eval': metrics, 'settings': settings()}, f)
     logging.info('%s: eval loss %.4f', name, metrics['loss'])
     return metrics['loss']
 
@@ -148,6 +187,7 @@ def fmt_diff(a: dict[int, float], b: dict[int, float]) -> str:
 
 def run() -> int:
     bootstrap(base_config('mha', 0, 1), compilation_cache=False)
+    check_out_dir()
     t0 = time.time()
     n, seeds = _STEPS.value, range(_SEEDS.value)
     fractions = [float(a) for a in _FRACTIONS.value]

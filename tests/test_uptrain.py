@@ -447,6 +447,8 @@ def test_ablation_script_smoke(tmp_path):
         '--targets=1',
         '--mla_ranks=8',
         '--calibration_tokens=256',
+        '--set=model.num_layers=1',  # a small recipe: one layer of width 64 (4 heads of 16)
+        '--set=model.d_model=64',
     ]
     out = run_entry('scripts/uptrain_ablation.py', *args, f'--report={tmp_path / "table.md"}')
     assert out.returncode == 0, out.stderr[-3000:]
@@ -468,14 +470,19 @@ def test_ablation_script_smoke(tmp_path):
         table
     )  # Δ vs scratch with its interval
     again = run_entry('scripts/uptrain_ablation.py', *args)
-    # KV cache bytes per token beside each loss: 4 layers x (2 x 32) bf16 for MQA, (8 + 8) for MLA
-    assert re.search(r'\| MQA \| from scratch \| — \| 9 \| .* \| 512 \|$', table, re.M), table
-    assert re.search(r'\| MLA-8 \| from scratch \| — \| 9 \| .* \| 128 \|$', table, re.M), table
+    # KV cache bytes per token beside each loss: 1 layer x (2 x 16) bf16 for MQA, (8 + 8) for MLA
+    assert re.search(r'\| MQA \| from scratch \| — \| 9 \| .* \| 64 \|$', table, re.M), table
+    assert re.search(r'\| MLA-8 \| from scratch \| — \| 9 \| .* \| 32 \|$', table, re.M), table
     up = restore_run(str(tmp_path / 'abl' / 'MQA_similarity-aligned_a0.5_s0')).config.uptrain
     assert (up.method, up.grouping, up.groups) == (
         'aligned',
         'similarity',
-        '0,1,2,3;' * 3 + '0,1,2,3',
+        '0,1,2,3',
     )
     assert again.returncode == 0 and table.strip() in again.stdout  # cached, same numbers
     assert 'eval loss' not in again.stderr  # nothing retrained
+    other = run_entry('scripts/uptrain_ablation.py', *args, '--schedule=rewarm')
+    assert other.returncode == 1 and other.stderr.strip().splitlines()[-1] == (
+        f'error: --out_dir: {tmp_path / "abl"} holds runs made with other settings (schedule); '
+        'use another --out_dir'
+    )
