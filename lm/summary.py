@@ -25,7 +25,7 @@ def run_logdir(workdir: str, tb_dir: str = '') -> str:
 
 class Summary:
     def __init__(self, logdir: str):
-        self.writer = None
+        self.writer, self.files = None, 0
         if jax.process_index() == 0:
             from tensorboardX import SummaryWriter
 
@@ -39,7 +39,7 @@ class Summary:
             from tensorboardX.summary import scalar
 
             merged = SummaryProto(value=[scalar(t, v).value[0] for t, v in values.items()])
-            self.writer.file_writer.add_summary(merged, step)
+            self._file_writer().add_summary(merged, step)
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
         if self.writer:
@@ -57,12 +57,23 @@ class Summary:
             from tensorboardX.summary import hparams
 
             for s in hparams(values, dict.fromkeys(HPARAM_METRICS, 0.0)):
-                self.writer.file_writer.add_summary(s)
+                self._file_writer().add_summary(s)
+
+    def _file_writer(self):
+        """tensorboardX's file writer, recreated (on a new event file) after a `flush`."""
+        return self.writer._get_file_writer()
 
     def flush(self) -> None:
+        """Writes every event logged so far to disk before returning. tensorboardX's own
+        flush() leaves events queued for its writer thread unwritten, so the writer is closed
+        (which drains that queue); the next event starts a new event file of the same run."""
         if self.writer:
-            self.writer.flush()
+            self.writer.close()
+            self.files += 1  # a new event file never reuses the name of one made this second
+            self.writer._filename_suffix = f'.{self.files}'
 
     def close(self) -> None:
         if self.writer:
             self.writer.close()
+            self.files += 1  # a new event file never reuses the name of one made this second
+            self.writer._filename_suffix = f'.{self.files}'

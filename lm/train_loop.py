@@ -391,8 +391,10 @@ class _Run:
         meta = checkpoint_meta(
             exp.config, exp.corpus.fingerprint, step, exp.ctx.abstract_state['params']
         )
+        # The curve up to a checkpoint survives a kill -9: flushed before the save starts, as
+        # an asynchronous save may publish the checkpoint before this thread runs again.
+        self.tb.flush()
         self.ckpt.save(step, self.state, meta)
-        self.tb.flush()  # the curve up to a checkpoint survives a kill -9
 
 
 def _log_model(exp: Experiment, tb: Summary) -> None:
