@@ -77,8 +77,7 @@ class Block(nnx.Module):
     def __call__(
         self, x_BTE: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array | None = None
     ) -> jax.Array:
-        where = (positions_BT,) if segment_ids_BT is None else (positions_BT, segment_ids_BT)
-        x_BTE = x_BTE + self.attn(self.attn_norm(x_BTE), *where)
+        x_BTE = x_BTE + self.attn(self.attn_norm(x_BTE), positions_BT, segment_ids_BT)
         return x_BTE + self.mlp(self.mlp_norm(x_BTE))
 
     def extend(self, x_BTE, positions_BT, cache, slot, kv_valid_BS, absorb=True):

@@ -13,12 +13,19 @@ from conftest import tiny_config, tiny_train_config
 from flax import nnx
 
 from lm import accounting, attention, sweep
-from lm.attention import AttentionVariant, cache_mask, grouped_attention, write_cache
+from lm.attention import (
+    AttentionVariant,
+    cache_mask,
+    document_mask,
+    grouped_attention,
+    write_cache,
+)
 from lm.config import ModelConfig
 from lm.decode import Decoder, cache_elements_per_token, init_caches
 from lm.layers import Dense, residual_scale, rope
 from lm.model import build_model, model_config
-from lm.train_loop import _hparams, train
+from lm.run_log import hparams
+from lm.train_loop import train
 from lm.uptrain import check_conversion
 
 
@@ -65,10 +72,11 @@ class SharedKV(AttentionVariant):
             self.kv_proj(x_BTE), positions_BT, theta
         )
 
-    def __call__(self, x_BTE, positions_BT):
+    def __call__(self, x_BTE, positions_BT, segment_ids_BT=None):
         q_BTHD, kv_BTGD = self._qkv(x_BTE, positions_BT)
         scale = self.cfg.head_dim**-0.5
-        return self.o_proj(grouped_attention(q_BTHD, kv_BTGD, kv_BTGD, scale=scale))
+        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
+        return self.o_proj(grouped_attention(q_BTHD, kv_BTGD, kv_BTGD, mask=mask, scale=scale))
 
     def extend(self, x_BTE, positions_BT, cache, slot, kv_valid_BS, absorb=True):
         q_BTHD, kv_BTGD = self._qkv(x_BTE, positions_BT)
@@ -132,7 +140,7 @@ def test_accounting_and_uptraining_ask_the_variant(toy):
     assert accounting.flops_per_token(cfg, 16) == 6 * n + 6 * L * H * (D + D) * 16
     with pytest.raises(ValueError, match=r"attention='toy_shared_kv', which has no K/V heads"):
         check_conversion(cfg, 1, 'mean')
-    assert _hparams(tiny_config(), cfg, n)['kv_heads'] == '2 shared'
+    assert hparams(tiny_config(), cfg, n)['kv_heads'] == '2 shared'
 
 
 @pytest.mark.slow
