@@ -53,12 +53,13 @@ def grouped_attention(
 
     mask: broadcastable to [B, T, S], True = attend; None means causal. impl 'einsum' reshapes the
     queries to [B, T, G, R, D] so each KV head serves its R query heads without being repeated;
-    'dot_product' calls `jax.nn.dot_product_attention` (cuDNN flash attention on GPU), which also
-    takes fewer KV heads natively.
+    'dot_product' calls `jax.nn.dot_product_attention` with XLA's implementation (JAX picks it
+    for implementation=None, on GPU too) and 'cudnn' asks it for cuDNN's fused flash attention
+    (GPU, bfloat16/float16); both take fewer KV heads natively.
     """
     B, T, H, D = q_BTHD.shape
     G, U = k_BSGD.shape[2], v_BSGU.shape[3]
-    if impl == 'dot_product':
+    if impl in ('dot_product', 'cudnn'):
         v_pad = jnp.pad(v_BSGU, ((0, 0), (0, 0), (0, 0), (0, D - U))) if U < D else v_BSGU
         out = jax.nn.dot_product_attention(
             q_BTHD,
@@ -67,6 +68,7 @@ def grouped_attention(
             scale=scale,
             is_causal=mask is None,
             mask=None if mask is None else jnp.broadcast_to(mask, (B, T, k_BSGD.shape[1]))[:, None],
+            implementation='cudnn' if impl == 'cudnn' else None,
         )
         return out[..., :U]
     q_BTGRD = q_BTHD.reshape(B, T, G, H // G, D)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
-ATTENTION_IMPLS = ('einsum', 'dot_product')
+ATTENTION_IMPLS = ('einsum', 'dot_product', 'cudnn')
 ROPE_SCALINGS = ('', 'llama3')
 
 
@@ -93,6 +93,11 @@ class ModelConfig:
             raise ValueError(
                 f'config.model.attention_impl must be one of {ATTENTION_IMPLS}, '
                 f'got {self.attention_impl!r}'
+            )
+        if self.attention_impl == 'cudnn' and self.dtype not in ('bfloat16', 'float16'):
+            raise ValueError(
+                "config.model.attention_impl='cudnn' needs config.model.dtype bfloat16 or "
+                f'float16 (cuDNN fused attention), got {self.dtype!r}'
             )
         if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
             raise ValueError('config.model.rope_theta, norm_eps and init_std must all be > 0')

@@ -91,6 +91,11 @@ def check_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
     check_data_config(config.data)
     check_model_config(config.model)  # model errors before reading any data
     set_cpu_devices(config.mesh)
+    if config.model.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
+        raise ValueError(
+            "config.model.attention_impl='cudnn' needs a GPU (cuDNN fused attention), but this "
+            f"run's backend is {jax.default_backend()}: use 'dot_product' or 'einsum'"
+        )
     check_eval_config(config, _check_batch_divides(config))
     return config
 

@@ -49,6 +49,8 @@ _TORCH_THREADS = flags.DEFINE_integer(
     'torch_threads', 0, "The baseline's torch.set_num_threads; 0 = torch default."
 )
 
+# The custom-call target of cuDNN's fused (flash) attention in a compiled GPU program.
+CUDNN_FMHA = '__cudnn$fmha'
 _steppers: dict[torch_baseline.Shape, torch_baseline.Stepper] = {}
 
 
@@ -92,6 +94,7 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
         t = time.perf_counter()
         compiled = step_fn.lower(state, batch).compile()
         compile_s = time.perf_counter() - t
+        fused_attention = CUDNN_FMHA in compiled.as_text()
         calls = -(-_STEPS.value // k)
         for _ in range(-(-_WARMUP.value // k)):
             state, metrics = compiled(state, batch)
@@ -121,6 +124,7 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
         'variant': variant,
         'steps_per_call': k,
         'compile_s': compile_s,
+        'cudnn_fused_attention': fused_attention,
         'step_time_ms': dt * 1e3,
         'dispatch_ms': float(np.median(dispatch)) * 1e3,
         'step_time_with_data_ms': float(np.median(with_data)) * 1e3,
@@ -150,28 +154,24 @@ def run() -> int:
     bootstrap(RECIPE.config(_VARIANTS.value[0]), compilation_cache=False)
     peak_total, source = perf.peak_flops()
     with_torch, why_not = torch_status()
-    rows = [bench(v, peak_total, with_torch) for v in _VARIANTS.value]
     print(
         f'train-step benchmark: {perf.device_description()}, '
         f'config {RECIPE.name}, peak {peak_total / 1e9:,.0f} GFLOP/s '
         f'({source}); medians over {_STEPS.value} steps (calls of steps/call steps, each '
         'timed and divided by it)'
     )
-    if with_torch:
-        s = next(iter(_steppers.values()))
-        print(
-            f'eager PyTorch {s.version} nanoGPT baseline ({s.threads} threads), interleaved '
-            f'with ours in {_ROUNDS.value} rounds per variant; torch ÷ ours > 1: ours is faster'
-        )
-    else:
+    if not with_torch:
         print(why_not)
     extra = ' torch ms | torch ÷ ours |' if with_torch else ''
     print(
         '| variant | params | steps/call | compile s | step ms | dispatch ms/step | '
-        'step ms with data | tokens/s | MFLOPs/token | GFLOP/s | MFU |' + extra
+        'step ms with data | tokens/s | MFLOPs/token | GFLOP/s | MFU | cuDNN attention |' + extra
     )
-    print('|---|---|---|---|---|---|---|---|---|---|---|' + '---|' * (2 if with_torch else 0))
-    for r in rows:
+    print('|---|---|---|---|---|---|---|---|---|---|---|---|' + '---|' * (2 if with_torch else 0))
+    rows = []
+    for variant in _VARIANTS.value:  # each row as soon as it is measured
+        r = bench(variant, peak_total, with_torch)
+        rows.append(r)
         cells = (
             f' {r["torch_step_time_ms"]:.1f} | {r["torch_over_ours"]:.2f}x |' if with_torch else ''
         )
@@ -180,7 +180,14 @@ def run() -> int:
             f'{r["step_time_ms"]:.1f} | {r["dispatch_ms"]:.2f} | '
             f'{r["step_time_with_data_ms"]:.1f} | {r["tokens_per_sec"]:,.0f} | '
             f'{r["model_flops_per_token"] / 1e6:.2f} | {r["achieved_flops"] / 1e9:.1f} | '
-            f'{r["mfu"]:.1%} |' + cells
+            f'{r["mfu"]:.1%} | {"yes" if r["cudnn_fused_attention"] else "no"} |' + cells,
+            flush=True,
+        )
+    if with_torch:
+        s = next(iter(_steppers.values()))
+        print(
+            f'eager PyTorch {s.version} nanoGPT baseline ({s.threads} threads), interleaved '
+            f'with ours in {_ROUNDS.value} rounds per variant; torch ÷ ours > 1: ours is faster'
         )
     if _JSON.value:
         with open(_JSON.value, 'w') as f:

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU measurements of docs/performance.md, in two parts that each fit a 10-minute slot:
+#
+#   bash scripts/bench_gpu.sh train OUT_DIR   # environment, 125M train step, decode at 8k context
+#   bash scripts/bench_gpu.sh rest OUT_DIR    # cuDNN attention: train step, tests, profile; fast tier
+#
+# Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
+# Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
+# H100, 2026-11-23: results and what they show in docs/performance.md.
+set -u
+part=${1:?usage: bench_gpu.sh train|rest OUT_DIR}
+out=${2:?usage: bench_gpu.sh train|rest OUT_DIR}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name: $*"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  echo "== $name: rc $? in $((SECONDS - t0)) s"
+  tail -n 12 "$out/$name.log"
+}
+
+case $part in
+train)
+  step env 60 bash -c 'date -u; nvidia-smi; python3 -c "import jax, flax, optax, orbax.checkpoint as o;
+print(jax.__version__, flax.__version__, optax.__version__, jax.devices())"'
+  step train_dot_product 300 python3 scripts/bench_train.py --config=configs/gpt125m.py \
+    --variants=mha,gqa4,mqa,mla --steps=30 --set=model.attention_impl=dot_product \
+    --json="$out/train_dot_product.json"
+  step train_einsum 130 python3 scripts/bench_train.py --config=configs/gpt125m.py \
+    --variants=mha --steps=30 --set=model.attention_impl=einsum --json="$out/train_einsum.json"
+  step decode 120 python3 scripts/bench_decode.py --contexts=8192 --batch=8 \
+    --variants=mha,gqa4,mqa,mla --dtype=bfloat16 --d_model=768 --num_layers=12 \
+    --json="$out/decode.json"
+  ;;
+rest)
+  step train_cudnn 230 python3 scripts/bench_train.py --config=configs/gpt125m.py \
+    --variants=mha,gqa4,mla --steps=20 --set=model.attention_impl=cudnn \
+    --json="$out/train_cudnn.json"
+  XLA_PYTHON_CLIENT_PREALLOCATE=false step test_gpu 70 python3 -m pytest tests/test_gpu.py \
+    -q -n 4 -p no:cacheprovider
+  step profile 80 python3 scripts/profile_train.py --config=configs/gpt125m.py --variant=mha \
+    --steps=5 --top=20 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile
+  XLA_PYTHON_CLIENT_PREALLOCATE=false step tests 140 python3 -m pytest -m 'not slow' -q -n 12 \
+    -p no:cacheprovider --deselect tests/test_gpu.py
+  ;;
+*)
+  echo "unknown part $part (train|rest)" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,120 @@
+"""attention_impl='cudnn' (cuDNN fused attention through jax.nn.dot_product_attention): refused
+off the GPU in one line; on a GPU, the same function as the float32 einsum path to bfloat16
+rounding — forward, gradients, document masks and cached decoding. The GPU tests are skipped on
+a machine without one (CI); they run with the fast tier on a GPU (scripts/bench_gpu.sh)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_config
+from flax import nnx
+
+from lm.attention import parse_variant
+from lm.decode import Decoder, init_caches
+from lm.experiment import check_config
+from lm.model import build_model, model_config
+from lm.train_step import documents
+
+ON_GPU = jax.default_backend() == 'gpu'
+gpu_only = pytest.mark.skipif(not ON_GPU, reason='needs a GPU (cuDNN fused attention)')
+VARIANTS = ['mha', 'gqa2', 'mqa', 'mla']
+# cuDNN wants head widths that are multiples of 8: d_h 16 (mha/gqa/mqa), 16 + 16 and 16 (mla).
+WIDTHS = dict(d_model=64, mlp_dim=128, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16)
+
+
+def config_for(variant: str, impl: str, dtype: str):
+    return tiny_config(**parse_variant(variant), **WIDTHS, attention_impl=impl, dtype=dtype)
+
+
+def models(variant: str) -> tuple[nnx.Module, nnx.Module]:
+    """(cuDNN in bfloat16, einsum in float32) with the same parameters."""
+    fast = build_model(model_config(config_for(variant, 'cudnn', 'bfloat16').model), seed=0)
+    ref = build_model(model_config(config_for(variant, 'einsum', 'float32').model), seed=0)
+    return fast, ref
+
+
+def jitted(model):
+    """The model's forward pass as a jitted function of (tokens, positions, segment ids)."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def run(tokens_BT, positions_BT=None, segment_ids_BT=None):
+        return nnx.merge(graphdef, state)(tokens_BT, positions_BT, segment_ids_BT=segment_ids_BT)
+
+    return run
+
+
+def close(got, want, what: str) -> None:
+    """bfloat16 has an 8-bit mantissa: within 5% of the reference's largest magnitude."""
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 0.05, f'{what}: max error {err:.3g} of the largest |value|'
+
+
+@pytest.mark.skipif(ON_GPU, reason='the refusal is for machines without a GPU')
+def test_cudnn_is_refused_without_a_gpu():
+    with pytest.raises(ValueError, match=r"attention_impl='cudnn' needs a GPU"):
+        check_config(config_for('mha', 'cudnn', 'bfloat16'))
+
+
+def test_cudnn_needs_a_half_precision_dtype():
+    with pytest.raises(ValueError, match=r"'cudnn' needs config.model.dtype bfloat16 or float16"):
+        model_config(config_for('mha', 'cudnn', 'float32').model)
+
+
+@gpu_only
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_cudnn_forward_and_gradients_match_einsum(variant):
+    fast, ref = models(variant)
+    tokens = jax.random.randint(jax.random.key(1), (2, 64), 0, 61)
+
+    def loss_and_grads(model):
+        graphdef, params = nnx.split(model, nnx.Param)
+
+        def loss(p):
+            logp_BTV = jax.nn.log_softmax(nnx.merge(graphdef, p)(tokens[:, :-1]))
+            return -jnp.take_along_axis(logp_BTV, tokens[:, 1:, None], axis=-1).mean()
+
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    close(jitted(fast)(tokens), jitted(ref)(tokens), f'{variant} logits')
+    compiled = jitted(fast).lower(tokens).compile().as_text()
+    assert '__cudnn$fmha' in compiled, 'cuDNN fused attention is not in the compiled program'
+    (_, g_fast), (_, g_ref) = loss_and_grads(fast), loss_and_grads(ref)
+    for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_ref), strict=True):
+        close(a, b, f'{variant} gradient')
+
+
+@gpu_only
+@pytest.mark.parametrize('variant', ['gqa2', 'mla'])
+def test_cudnn_document_mask_matches_einsum(variant):
+    fast, ref = models(variant)
+    eos = 0
+    tokens = jax.random.randint(jax.random.key(2), (2, 64), 1, 61).at[:, [10, 30, 47]].set(eos)
+    segments, positions = documents(tokens, eos)
+
+    close(
+        jitted(fast)(tokens, positions, segments),
+        jitted(ref)(tokens, positions, segments),
+        f'{variant} with document mask',
+    )
+
+
+@gpu_only
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_cudnn_cached_decoding_matches_einsum(variant):
+    fast, ref = models(variant)
+    tokens = np.asarray(jax.random.randint(jax.random.key(3), (2, 24), 0, 61), np.int32)
+    pad = np.zeros(2, np.int32)
+    outs = []
+    for model in (fast, ref):
+        decoder = Decoder(model)
+        caches = init_caches(decoder.cfg, 2, 32)
+        logits, caches, valid = decoder.prefill(decoder.params, tokens[:, :16], pad, caches)
+        steps = [logits[:, -1]]
+        for i in range(16, 24):
+            step, caches, valid = decoder.step(decoder.params, tokens[:, i], i, pad, caches, valid)
+            steps.append(step)
+        outs.append(np.stack(steps, 1))
+    close(outs[0], outs[1], f'{variant} cached decoding')
