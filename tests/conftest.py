@@ -15,6 +15,15 @@ from lm.config import write_config_file as lm_write_config_file
 
 # Broadcasting must be explicit in lm/ (a silent [E] * [B, T, E] hides shape bugs).
 jax.config.update('jax_numpy_rank_promotion', 'raise')
+# The tests check float32 math against float32/float64 references: on a GPU, JAX's default
+# float32 matmul is TF32 (a 10-bit mantissa, errors ~1e-3), so ask for full float32 there too
+# (no change on the CPU). tests/test_gpu.py checks the bfloat16/cuDNN path at its own tolerance.
+jax.config.update('jax_default_matmul_precision', 'highest')
+# Bitwise-equal resumes on a GPU need deterministic reductions (scatter-add gradients use
+# atomics otherwise); the flag is read when the GPU backend starts and is ignored on the CPU.
+os.environ['XLA_FLAGS'] = (
+    os.environ.get('XLA_FLAGS', '') + ' --xla_gpu_deterministic_ops=true'
+).strip()
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'JAX_NUMPY_RANK_PROMOTION': 'raise'}
