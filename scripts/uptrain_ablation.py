@@ -17,7 +17,9 @@ with each model's KV-cache bytes per token (bfloat16, all layers) beside its los
 Finished runs are skipped when the command is repeated (results are cached per run); an
 --out_dir whose runs were made with other settings (--steps, --schedule, --optimizer_state,
 --set, ...) is refused, so compare `--schedule=continue` with `--schedule=rewarm` in two
---out_dirs. `--set=key=value` changes the recipe of every run (e.g. `--set=model.num_layers=2`).
+--out_dirs; `--reuse=<the first>` copies its MHA sources and from-scratch baselines (which do not
+depend on the schedule) instead of training them again. `--set=key=value` changes the recipe of
+every run (e.g. `--set=model.num_layers=2`).
 """
 
 import json
@@ -70,6 +72,14 @@ _SCHEDULE = flags.DEFINE_enum(
 _SET = flags.DEFINE_multi_string(
     'set', [], 'key=value override of the recipe for every run (e.g. model.num_layers=2).'
 )
+_REUSE = flags.DEFINE_string(
+    'reuse',
+    '',
+    'An earlier --out_dir whose finished from-scratch runs (MHA sources, from-scratch baselines) '
+    'are copied instead of retrained where their settings match.',
+)
+# What a from-scratch run depends on; uptraining runs depend on every setting.
+SCRATCH_SETTINGS = ('data_path', 'steps', 'eval_tokens', 'set')
 
 PLAN_FIELDS = ('num_kv_heads', 'method', 'grouping', 'target', 'kv_lora_rank', 'qk_rope_head_dim')
 CONFIG = os.path.join(
@@ -143,20 +153,36 @@ def settings() -> dict:
     }
 
 
+def from_scratch(name: str) -> bool:
+    """Whether run `name` is an MHA source or a from-scratch baseline (no conversion)."""
+    return name.startswith('mha_s') or '_scratch_' in name
+
+
+def changed_settings(name: str, saved: dict | None) -> list[str]:
+    """The settings that run `name` depends on and that differ between `saved` and now."""
+    now = settings()
+    keys = SCRATCH_SETTINGS if from_scratch(name) else now
+    return sorted(k for k in keys if (saved or {}).get(k) != now[k])
+
+
+def saved_settings(workdir: str) -> dict | None:
+    with open(os.path.join(workdir, 'result.json')) as f:
+        return json.load(f).get('settings')
+
+
 def check_out_dir() -> None:
     """Refuses an --out_dir whose finished runs were made with other settings (before any
     training, deleting nothing)."""
     for name in sorted(os.listdir(_OUT.value)) if os.path.isdir(_OUT.value) else []:
-        path = os.path.join(_OUT.value, name, 'result.json')
-        if os.path.exists(path):
-            with open(path) as f:
-                saved = json.load(f).get('settings')
-            if saved != settings():
-                changed = sorted(k for k in settings() if (saved or {}).get(k) != settings()[k])
+        if os.path.exists(os.path.join(_OUT.value, name, 'result.json')):
+            changed = changed_settings(name, saved_settings(os.path.join(_OUT.value, name)))
+            if changed:
                 raise ValueError(
                     f'--out_dir: {_OUT.value} holds runs made with other settings '
                     f'({", ".join(changed)}); use another --out_dir'
                 )
+    if _REUSE.value and not os.path.isdir(_REUSE.value):
+        raise ValueError(f'--reuse: {_REUSE.value} is not a directory (an earlier --out_dir)')
 
 
 def cached_run(name: str, start) -> float:
@@ -164,6 +190,13 @@ def cached_run(name: str, start) -> float:
     earlier (`check_out_dir` has checked the settings it was made with)."""
     workdir = os.path.join(_OUT.value, name)
     result_path = os.path.join(workdir, 'result.json')
+    earlier = os.path.join(_REUSE.value, name) if _REUSE.value else ''
+    if not os.path.exists(result_path) and from_scratch(name) and earlier:
+        if os.path.exists(os.path.join(earlier, 'result.json')):
+            if not changed_settings(name, saved_settings(earlier)):
+                shutil.rmtree(workdir, ignore_errors=True)
+                shutil.copytree(earlier, workdir)
+                logging.info('%s: copied from %s', name, earlier)
     if os.path.exists(result_path):
         with open(result_path) as f:
             return json.load(f)['eval']['loss']

@@ -486,3 +486,16 @@ def test_ablation_script_smoke(tmp_path):
         f'error: --out_dir: {tmp_path / "abl"} holds runs made with other settings (schedule); '
         'use another --out_dir'
     )
+    # The other schedule in its own --out_dir, reusing the sources and from-scratch baselines.
+    rewarm = [*args[:1], f'--out_dir={tmp_path / "rewarm"}', *args[2:], '--schedule=rewarm']
+    out = run_entry('scripts/uptrain_ablation.py', *rewarm, f'--reuse={tmp_path / "abl"}')
+    assert out.returncode == 0, out.stderr[-3000:]
+    trained = set(re.findall(r'\] (\S+): eval loss', out.stderr))
+    copied = set(re.findall(r'\] (\S+): copied from', out.stderr))
+    assert copied == {'mha_s0', 'mha_s1', 'MQA_scratch_9_s0', 'MQA_scratch_9_s1'} | {
+        f'MLA-8_scratch_9_s{s}' for s in (0, 1)
+    }, out.stderr[-3000:]
+    assert trained and not trained & copied and all('_a0.5_' in name for name in trained)
+    assert restore_run(str(tmp_path / 'rewarm' / 'MQA_mean_a0.5_s1')).config.uptrain.schedule == (
+        'rewarm'
+    )
