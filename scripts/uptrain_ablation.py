@@ -202,6 +202,8 @@ def cached_run(name: str, start) -> float:
             return json.load(f)['eval']['loss']
     shutil.rmtree(workdir, ignore_errors=True)  # an unfinished run of these settings
     metrics = start(workdir, os.path.join(_OUT.value, 'tb'))['eval']
+    if not os.path.exists(os.path.join(workdir, 'results.json')):  # written at the last step
+        raise SystemExit(f'{name}: stopped before its last step (SIGTERM?); nothing cached')
     with open(result_path, 'w') as f:
         json.dump({'eval': metrics, 'settings': settings()}, f)
     logging.info('%s: eval loss %.4f', name, metrics['loss'])
