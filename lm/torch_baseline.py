@@ -37,6 +37,13 @@ def available() -> bool:
     return importlib.util.find_spec('torch') is not None
 
 
+def version_and_threads(threads: int = 0) -> tuple[str, int]:
+    """(PyTorch's version, the threads a stepper made with `threads` uses; 0 = torch's default)."""
+    import torch  # optional: only the baseline needs it
+
+    return torch.__version__, threads or torch.get_num_threads()
+
+
 def build(torch, s: Shape):
     """nanoGPT's GPT of shape `s` (a torch.nn.Module whose forward returns the mean loss)."""
     nn, F = torch.nn, torch.nn.functional

@@ -160,7 +160,13 @@ def run() -> int:
         f'({source}); medians over {_STEPS.value} steps (calls of steps/call steps, each '
         'timed and divided by it)'
     )
-    if not with_torch:
+    if with_torch:
+        version, threads = torch_baseline.version_and_threads(_TORCH_THREADS.value)
+        print(
+            f'eager PyTorch {version} nanoGPT baseline ({threads} threads), interleaved '
+            f'with ours in {_ROUNDS.value} rounds per variant; torch ÷ ours > 1: ours is faster'
+        )
+    else:
         print(why_not)
     extra = ' torch ms | torch ÷ ours |' if with_torch else ''
     print(
@@ -182,12 +188,6 @@ def run() -> int:
             f'{r["model_flops_per_token"] / 1e6:.2f} | {r["achieved_flops"] / 1e9:.1f} | '
             f'{r["mfu"]:.1%} | {"yes" if r["cudnn_fused_attention"] else "no"} |' + cells,
             flush=True,
-        )
-    if with_torch:
-        s = next(iter(_steppers.values()))
-        print(
-            f'eager PyTorch {s.version} nanoGPT baseline ({s.threads} threads), interleaved '
-            f'with ours in {_ROUNDS.value} rounds per variant; torch ÷ ours > 1: ours is faster'
         )
     if _JSON.value:
         with open(_JSON.value, 'w') as f:
