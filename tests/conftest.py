@@ -9,6 +9,7 @@ import sys
 
 import jax
 import pytest
+from flax import nnx
 
 from lm.config import load_config_file, with_values
 from lm.config import write_config_file as lm_write_config_file
@@ -97,6 +98,17 @@ def tiny_train_config(tmp_path, text_path, **overrides):
     )
     config.model.vocab_size = 0
     return with_values(config, overrides)
+
+
+def jitted(model):
+    """The model's forward pass as a jitted function of (tokens, positions, segment ids)."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def run(tokens_BT, positions_BT=None, segment_ids_BT=None):
+        return nnx.merge(graphdef, state)(tokens_BT, positions_BT, segment_ids_BT=segment_ids_BT)
+
+    return run
 
 
 def write_config_file(config, path):

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import jitted, tiny_config
 from flax import nnx
 
 from lm.attention import parse_variant
@@ -38,16 +38,6 @@ def alone(model, docs, T):
     (what follows a token cannot change its output): [documents, T, V]."""
     padded = np.stack([np.pad(doc, (0, T - len(doc))) for doc in docs])
     return np.asarray(jitted(model)(jnp.asarray(padded)))
-
-
-def jitted(model):
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def run(tokens_BT, positions_BT=None, segment_ids_BT=None):
-        return nnx.merge(graphdef, state)(tokens_BT, positions_BT, segment_ids_BT=segment_ids_BT)
-
-    return run
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import jitted, tiny_config
 from flax import nnx
 
 from lm.attention import parse_variant
@@ -32,17 +32,6 @@ def models(variant: str) -> tuple[nnx.Module, nnx.Module]:
     fast = build_model(model_config(config_for(variant, 'cudnn', 'bfloat16').model), seed=0)
     ref = build_model(model_config(config_for(variant, 'einsum', 'float32').model), seed=0)
     return fast, ref
-
-
-def jitted(model):
-    """The model's forward pass as a jitted function of (tokens, positions, segment ids)."""
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def run(tokens_BT, positions_BT=None, segment_ids_BT=None):
-        return nnx.merge(graphdef, state)(tokens_BT, positions_BT, segment_ids_BT=segment_ids_BT)
-
-    return run
 
 
 def close(got, want, what: str) -> None:
