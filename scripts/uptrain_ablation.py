@@ -14,6 +14,12 @@ with each model's KV-cache bytes per token (bfloat16, all layers) beside its los
   python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --report=docs/uptraining_table.md
 
+--scratch_fractions limits the from-scratch baselines to the budgets of some alphas (they are
+most of the cost: each trains N + round(alpha·N) steps); rows without one show "— (not
+trained)". --parallel=K runs K seeds at once, each in its own process (log:
+<out_dir>/seed<k>.log), then prints the table from the cached results; on 2 CPU cores K = 2
+overlaps one seed's compiles and evaluations with the other's training (about 1.3x).
+
 Finished runs are skipped when the command is repeated (results are cached per run); an
 --out_dir whose runs were made with other settings (--steps, --schedule, --optimizer_state,
 --set, ...) is refused, so compare `--schedule=continue` with `--schedule=rewarm` in two
@@ -25,7 +31,10 @@ every run (e.g. `--set=model.num_layers=2`).
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from absl import flags, logging
 
@@ -43,6 +52,12 @@ _OUT = flags.DEFINE_string('out_dir', 'runs/uptrain_ablation', 'Workdirs and Ten
 _STEPS = flags.DEFINE_integer('steps', 1000, 'MHA pre-training steps N.')
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per point.')
 _FRACTIONS = flags.DEFINE_list('fractions', ['0', '0.05', '0.1'], 'Uptraining fractions alpha.')
+_SCRATCH_FRACTIONS = flags.DEFINE_list(
+    'scratch_fractions',
+    None,
+    'The alphas whose total budget N + round(alpha*N) gets from-scratch baselines of every target '
+    '(default: all of --fractions; empty: none).',
+)
 _TARGETS = flags.DEFINE_list('targets', ['2', '1'], 'KV heads after conversion (1 = MQA).')
 _METHODS = flags.DEFINE_list(
     'methods',
@@ -77,6 +92,18 @@ _REUSE = flags.DEFINE_string(
     '',
     'An earlier --out_dir whose finished from-scratch runs (MHA sources, from-scratch baselines) '
     'are copied instead of retrained where their settings match.',
+)
+_COMPARE = flags.DEFINE_string(
+    'compare_with',
+    '',
+    'An earlier --out_dir (e.g. the other --schedule): also print the paired difference, this '
+    'run minus that one, of every conversion arm both hold for every seed.',
+)
+_PARALLEL = flags.DEFINE_integer(
+    'parallel', 1, 'Seeds run at once, each in its own process (logs: <out_dir>/seed<k>.log).'
+)
+_ONLY_SEED = flags.DEFINE_integer(
+    'only_seed', None, 'Run only this seed (what --parallel starts per seed); prints no table.'
 )
 # What a from-scratch run depends on; uptraining runs depend on every setting.
 SCRATCH_SETTINGS = ('data_path', 'steps', 'eval_tokens', 'set')
@@ -181,8 +208,11 @@ def check_out_dir() -> None:
                     f'--out_dir: {_OUT.value} holds runs made with other settings '
                     f'({", ".join(changed)}); use another --out_dir'
                 )
-    if _REUSE.value and not os.path.isdir(_REUSE.value):
-        raise ValueError(f'--reuse: {_REUSE.value} is not a directory (an earlier --out_dir)')
+    for flag in (_REUSE, _COMPARE):
+        if flag.value and not os.path.isdir(flag.value):
+            raise ValueError(
+                f'--{flag.name}: {flag.value} is not a directory (an earlier --out_dir)'
+            )
 
 
 def cached_run(name: str, start) -> float:
@@ -204,8 +234,9 @@ def cached_run(name: str, start) -> float:
     metrics = start(workdir, os.path.join(_OUT.value, 'tb'))['eval']
     if not os.path.exists(os.path.join(workdir, 'results.json')):  # written at the last step
         raise SystemExit(f'{name}: stopped before its last step (SIGTERM?); nothing cached')
-    with open(result_path, 'w') as f:
+    with open(result_path + '.tmp', 'w') as f:  # atomic: seeds running in parallel read it
         json.dump({'eval': metrics, 'settings': settings()}, f)
+    os.replace(result_path + '.tmp', result_path)
     logging.info('%s: eval loss %.4f', name, metrics['loss'])
     return metrics['loss']
 
@@ -220,16 +251,58 @@ def fmt_diff(a: dict[int, float], b: dict[int, float]) -> str:
     return f'{d.mean:+.4f} {d.interval()}{" ✓" if d.resolved else ""}'
 
 
+def run_seeds_in_parallel(seeds: range) -> None:
+    """Runs every seed's arms in its own process, --parallel at a time (one XLA process per seed
+    overlaps one seed's compiles and evaluations with another's training)."""
+
+    def one(seed: int) -> tuple[int, int, str]:
+        log = os.path.join(_OUT.value, f'seed{seed}.log')
+        args = [*sys.argv[1:], f'--only_seed={seed}', '--parallel=1', '--report=']
+        with open(log, 'w') as f:
+            code = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), *args],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            ).returncode
+        return seed, code, log
+
+    os.makedirs(_OUT.value, exist_ok=True)
+    with ThreadPoolExecutor(_PARALLEL.value) as pool:
+        for seed, code, log in pool.map(one, seeds):
+            if code:
+                raise SystemExit(f'seed {seed} failed (exit {code}); its log: {log}')
+            logging.info('seed %d done (%s)', seed, log)
+
+
+def fraction_list(values: list[str], flag: str) -> list[float]:
+    try:
+        return [float(a) for a in values]
+    except ValueError:
+        raise ValueError(f'{flag}: expected numbers (alphas), got {",".join(values)}') from None
+
+
 def run() -> int:
-    bootstrap(base_config('mha', 0, 1), compilation_cache=False)
+    bootstrap(base_config('mha', 0, 1))
     check_out_dir()
     t0 = time.time()
     n, seeds = _STEPS.value, range(_SEEDS.value)
-    fractions = [float(a) for a in _FRACTIONS.value]
+    fractions = fraction_list(_FRACTIONS.value, '--fractions')
+    scratch_fractions = fractions
+    if _SCRATCH_FRACTIONS.value is not None:
+        scratch_fractions = fraction_list(_SCRATCH_FRACTIONS.value, '--scratch_fractions')
+    if not set(scratch_fractions) <= set(fractions):
+        raise ValueError('--scratch_fractions: every alpha must also be in --fractions')
+    if _PARALLEL.value < 1:
+        raise ValueError(f'--parallel: expected >= 1, got {_PARALLEL.value}')
+    if _ONLY_SEED.value is not None and _ONLY_SEED.value not in seeds:
+        raise ValueError(f'--only_seed: expected one of 0..{len(seeds) - 1} (--seeds)')
     by_label = arms([int(g) for g in _TARGETS.value])
     up_steps = {alpha: round(alpha * n) for alpha in fractions}  # as lm.uptrain.uptrain_config
+    totals = sorted({n + up_steps[alpha] for alpha in scratch_fractions})
+    if _PARALLEL.value > 1 and _ONLY_SEED.value is None:
+        run_seeds_in_parallel(seeds)  # the loop below then finds every run cached
     results: dict[tuple, dict[int, float]] = {}  # arm -> {seed: final eval loss}
-    for seed in seeds:
+    for seed in seeds if _ONLY_SEED.value is None else [_ONLY_SEED.value]:
         src = f'mha_s{seed}'
         results.setdefault(('MHA', 'scratch', 0.0), {})[seed] = cached_run(
             src, lambda w, tb, s=seed: train(base_config('mha', s, n), w, tb)
@@ -246,12 +319,15 @@ def run() -> int:
                     results.setdefault((label, method, alpha), {})[seed] = cached_run(
                         f'{label}_{method}_a{alpha:g}_s{seed}', uptrain
                     )
-            for total in sorted({n + k for k in up_steps.values()}):
+            for total in totals:
                 # From scratch at the same token budget as source + uptraining (same batch).
                 results.setdefault((label, 'scratch', total), {})[seed] = cached_run(
                     f'{label}_scratch_{total}_s{seed}',
                     lambda w, tb, s=seed, t=total, make=scratch: train(make(s, t), w, tb),
                 )
+    if _ONLY_SEED.value is not None:
+        print(f'seed {_ONLY_SEED.value} done in {time.time() - t0:.0f} s (no table: one seed)')
+        return 0
     scratch_configs = {'MHA': lambda s, t: base_config('mha', s, t)}
     scratch_configs.update({label: make for label, (make, _) in by_label.items()})
     kv_bytes = {
@@ -259,7 +335,9 @@ def run() -> int:
         for label, make in scratch_configs.items()
     }
     methods = {label: list(m) for label, (_, m) in by_label.items()}
-    table = tables(results, n, len(seeds), fractions, methods, up_steps, kv_bytes)
+    table = tables(results, n, len(seeds), fractions, methods, up_steps, totals, kv_bytes)
+    if _COMPARE.value:
+        table += '\n\n' + compare_table(results, _COMPARE.value)
     print(table)
     print(f'wall time: {time.time() - t0:.0f} s')
     if _REPORT.value:
@@ -268,10 +346,40 @@ def run() -> int:
     return 0
 
 
-def tables(results, n, num_seeds, fractions, methods, up_steps, kv_bytes) -> str:
+def compare_table(results: dict[tuple, dict[int, float]], other: str) -> str:
+    """Paired differences (same seed = same source) between this --out_dir's conversion arms and
+    the same arms in `other`, read from its cached results; ✓ = resolved at 95%."""
+    rows, theirs = [], None
+    for (label, method, alpha), ours in results.items():
+        paths = {s: os.path.join(other, f'{label}_{method}_a{alpha:g}_s{s}') for s in ours}
+        if method == 'scratch' or not all(
+            os.path.exists(f'{p}/result.json') for p in paths.values()
+        ):
+            continue
+        that = {}
+        for s, path in paths.items():
+            with open(os.path.join(path, 'result.json')) as f:
+                saved = json.load(f)
+            that[s], theirs = saved['eval']['loss'], saved['settings']
+        rows.append(f'| {label} | {method} | {alpha:g} | {fmt_diff(ours, that)} | {len(ours)} |')
+    now = settings()
+    changed = ', '.join(f'{k} {theirs[k]} there' for k in now if theirs and theirs.get(k) != now[k])
+    return '\n'.join(
+        [
+            f'Paired difference over seeds, this run ({_OUT.value}) minus {other} '
+            f'({changed or "same settings"}); ✓ = resolved at 95% (the interval excludes 0).',
+            '',
+            '| model | conversion | α | Δ loss this − that (95% CI) | seeds |',
+            '|---|---|---|---|---|',
+            *rows,
+        ]
+    )
+
+
+def tables(results, n, num_seeds, fractions, methods, up_steps, totals, kv_bytes) -> str:
     """The ablation table (with each arm's paired difference to from-scratch training of the
-    same target at the same total budget, and the target's KV-cache bytes per token) and the
-    paired method comparisons; ✓ = resolved at 95%."""
+    same target at the same total budget where `totals` has it, and the target's KV-cache bytes
+    per token) and the paired method comparisons; ✓ = resolved at 95%."""
     lines = [
         f'Final eval loss over {num_seeds} seeds (same seed = same MHA source, initialisation and '
         'data order): mean ± sample std (ddof 1), 95% t-interval; Δ = paired difference over '
@@ -287,16 +395,15 @@ def tables(results, n, num_seeds, fractions, methods, up_steps, kv_bytes) -> str
     for label, names in methods.items():
         for method in names:
             for alpha in fractions:
-                arm, scratch = (
-                    results[(label, method, alpha)],
-                    results[(label, 'scratch', n + up_steps[alpha])],
-                )
+                arm = results[(label, method, alpha)]
+                scratch = results.get((label, 'scratch', n + up_steps[alpha]))
                 lines.append(
                     f'| {label} | {method} | {alpha:g} ({up_steps[alpha]}) | '
-                    f'{n + up_steps[alpha]} | {fmt(arm)} | {fmt_diff(arm, scratch)} | '
+                    f'{n + up_steps[alpha]} | {fmt(arm)} | '
+                    f'{fmt_diff(arm, scratch) if scratch else "— (not trained)"} | '
                     f'{kv_bytes[label]} |'
                 )
-        for total in sorted({n + k for k in up_steps.values()}):
+        for total in totals:
             lines.append(
                 f'| {label} | from scratch | — | {total} | '
                 f'{fmt(results[(label, "scratch", total)])} | — | {kv_bytes[label]} |'

@@ -3,13 +3,26 @@ script end to end, and its errors."""
 
 import json
 import re
+import signal
+import subprocess
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import read_scalars, run_entry, tiny_config, tiny_train_config, write_config_file
+from conftest import (
+    ENV,
+    ROOT,
+    entry_command,
+    read_scalars,
+    run_entry,
+    tiny_config,
+    tiny_train_config,
+    write_config_file,
+)
 from flax import nnx
 from tensorboard.backend.event_processing import event_accumulator
 from test_train import read_hparams
@@ -487,11 +500,15 @@ def test_ablation_script_smoke(tmp_path):
         'use another --out_dir'
     )
     # The other schedule in its own --out_dir, reusing the sources and from-scratch baselines.
+    # Seeds in parallel processes (--parallel): each seed's log is <out_dir>/seed<k>.log.
     rewarm = [*args[:1], f'--out_dir={tmp_path / "rewarm"}', *args[2:], '--schedule=rewarm']
-    out = run_entry('scripts/uptrain_ablation.py', *rewarm, f'--reuse={tmp_path / "abl"}')
+    out = run_entry(
+        'scripts/uptrain_ablation.py', *rewarm, f'--reuse={tmp_path / "abl"}', '--parallel=2'
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    trained = set(re.findall(r'\] (\S+): eval loss', out.stderr))
-    copied = set(re.findall(r'\] (\S+): copied from', out.stderr))
+    logs = ''.join((tmp_path / 'rewarm' / f'seed{s}.log').read_text() for s in (0, 1))
+    trained = set(re.findall(r'\] (\S+): eval loss', logs))
+    copied = set(re.findall(r'\] (\S+): copied from', logs))
     assert copied == {'mha_s0', 'mha_s1', 'MQA_scratch_9_s0', 'MQA_scratch_9_s1'} | {
         f'MLA-8_scratch_9_s{s}' for s in (0, 1)
     }, out.stderr[-3000:]
@@ -499,3 +516,64 @@ def test_ablation_script_smoke(tmp_path):
     assert restore_run(str(tmp_path / 'rewarm' / 'MQA_mean_a0.5_s1')).config.uptrain.schedule == (
         'rewarm'
     )
+    assert '| MQA | mean | 0.5 (3) | 9 |' in out.stdout
+    # --compare_with: the paired difference of each arm between the two schedules' --out_dirs.
+    cmp = run_entry('scripts/uptrain_ablation.py', *rewarm, f'--compare_with={tmp_path / "abl"}')
+    assert cmp.returncode == 0 and 'eval loss' not in cmp.stderr, cmp.stderr[-3000:]
+
+    def loss(out_dir, seed):
+        path = tmp_path / out_dir / f'MQA_mean_a0.5_s{seed}' / 'result.json'
+        return json.loads(path.read_text())['eval']['loss']
+
+    want = np.mean([loss('rewarm', s) - loss('abl', s) for s in (0, 1)])
+    assert f'| MQA | mean | 0.5 | {want:+.4f} [' in cmp.stdout, cmp.stdout
+    assert '(schedule continue there)' in cmp.stdout, cmp.stdout
+    # --scratch_fractions: from-scratch baselines only at these alphas' budgets (none here).
+    no_scratch = [*args[:4], '--fractions=0', '--scratch_fractions=', '--methods=mean', *args[6:]]
+    out = run_entry('scripts/uptrain_ablation.py', *no_scratch, '--mla_ranks=')
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert '| MQA | mean | 0 (0) | 6 |' in out.stdout and '— (not trained)' in out.stdout
+    assert 'from scratch |' not in out.stdout
+    bad = run_entry('scripts/uptrain_ablation.py', *args, '--scratch_fractions=0.3')
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (
+        'error: --scratch_fractions: every alpha must also be in --fractions'
+    )
+
+
+@pytest.mark.slow
+def test_ablation_run_stopped_by_sigterm_is_not_cached(tmp_path, small_text):
+    """A run stopped before its last step (SIGTERM) leaves no cached result, so repeating the
+    command retrains it instead of using its partial loss."""
+    out_dir = tmp_path / 'abl'
+    proc = subprocess.Popen(
+        entry_command(
+            'scripts/uptrain_ablation.py',
+            f'--data_path={small_text}',
+            f'--out_dir={out_dir}',
+            '--steps=100000',
+            '--seeds=1',
+            '--set=model.num_layers=1',
+            '--set=model.d_model=64',
+        ),
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    deadline = time.time() + 120
+    while not any('compiled the train step' in line for line in lines):  # the source trains
+        assert time.time() < deadline and proc.poll() is None, ''.join(lines)[-2000:]
+        time.sleep(0.1)
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    time.sleep(0.5)
+    err = ''.join(lines)
+    assert proc.returncode == 1, err[-2000:]
+    assert err.strip().splitlines()[-1] == (
+        'mha_s0: stopped before its last step (SIGTERM?); nothing cached'
+    )
+    assert not (out_dir / 'mha_s0' / 'result.json').exists()
