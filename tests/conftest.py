@@ -4,8 +4,11 @@ tests run in a fresh clone)."""
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import jax
 import pytest
@@ -50,6 +53,30 @@ def run_entry(script, *args, env=None, timeout=600, check=False):
 def entry_command(script, *args):
     """The argv `run_entry` would run, for tests that start the process themselves."""
     return [sys.executable, str(ROOT / script), *map(str, args)]
+
+
+def sigterm_while_training(script, *args) -> tuple[int, str]:
+    """Starts an entry point, sends it SIGTERM a second after it compiled its train step, and
+    returns (exit code, stderr)."""
+    proc = subprocess.Popen(
+        entry_command(script, *args),
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    deadline = time.time() + 120
+    while not any('compiled the train step' in line for line in lines):  # about to train
+        assert time.time() < deadline and proc.poll() is None, ''.join(lines)[-2000:]
+        time.sleep(0.1)
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    time.sleep(0.5)  # the reader thread drains stderr
+    return proc.returncode, ''.join(lines)
 
 
 def stdlib_text(num_chars: int) -> str:

@@ -5,7 +5,6 @@ import re
 import shutil
 import signal
 import subprocess
-import threading
 import time
 
 import jax
@@ -16,6 +15,7 @@ from conftest import (
     ROOT,
     entry_command,
     read_scalars,
+    sigterm_while_training,
     tiny_train_config,
     write_config_file,
 )
@@ -205,26 +205,10 @@ def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, small_text):
         **{'train.steps': 100_000, 'checkpoint_every': 50_000, 'eval_every': 50_000},
     )
     cfg_file = write_config_file(config, tmp_path / 'cfg.py')
-    proc = subprocess.Popen(
-        entry_command('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "run"}'),
-        cwd=ROOT,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    code, err = sigterm_while_training(
+        'train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "run"}'
     )
-    lines = []
-    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
-    deadline = time.time() + 120
-    while not any('compiled the train step' in line for line in lines):  # about to train
-        assert time.time() < deadline and proc.poll() is None
-        time.sleep(0.1)
-    time.sleep(1)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=120)
-    time.sleep(0.5)
-    err = ''.join(lines)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert code == 128 + signal.SIGTERM, err[-2000:]
     assert 'SIGTERM at step' in err and 'Traceback' not in err
     steps = Checkpointer(str(tmp_path / 'run')).steps()
     assert len(steps) == 1 and 0 < steps[0] < 100_000

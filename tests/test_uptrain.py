@@ -3,10 +3,6 @@ script end to end, and its errors."""
 
 import json
 import re
-import signal
-import subprocess
-import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -14,11 +10,9 @@ import numpy as np
 import optax
 import pytest
 from conftest import (
-    ENV,
-    ROOT,
-    entry_command,
     read_scalars,
     run_entry,
+    sigterm_while_training,
     tiny_config,
     tiny_train_config,
     write_config_file,
@@ -545,34 +539,16 @@ def test_ablation_run_stopped_by_sigterm_is_not_cached(tmp_path, small_text):
     """A run stopped before its last step (SIGTERM) leaves no cached result, so repeating the
     command retrains it instead of using its partial loss."""
     out_dir = tmp_path / 'abl'
-    proc = subprocess.Popen(
-        entry_command(
-            'scripts/uptrain_ablation.py',
-            f'--data_path={small_text}',
-            f'--out_dir={out_dir}',
-            '--steps=100000',
-            '--seeds=1',
-            '--set=model.num_layers=1',
-            '--set=model.d_model=64',
-        ),
-        cwd=ROOT,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    code, err = sigterm_while_training(
+        'scripts/uptrain_ablation.py',
+        f'--data_path={small_text}',
+        f'--out_dir={out_dir}',
+        '--steps=100000',
+        '--seeds=1',
+        '--set=model.num_layers=1',
+        '--set=model.d_model=64',
     )
-    lines = []
-    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
-    deadline = time.time() + 120
-    while not any('compiled the train step' in line for line in lines):  # the source trains
-        assert time.time() < deadline and proc.poll() is None, ''.join(lines)[-2000:]
-        time.sleep(0.1)
-    time.sleep(1)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=120)
-    time.sleep(0.5)
-    err = ''.join(lines)
-    assert proc.returncode == 1, err[-2000:]
+    assert code == 1, err[-2000:]
     assert err.strip().splitlines()[-1] == (
         'mha_s0: stopped before its last step (SIGTERM?); nothing cached'
     )
