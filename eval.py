@@ -1,6 +1,6 @@
 """Evaluate a run's checkpoint and log the result next to its training curves.
 
-The protocol is the run's own (`lm.evaluation`: config.eval_tokens and eval_batch_size), so on
+The protocol is the run's own (`lm.train.evaluation`: config.eval_tokens and eval_batch_size), so on
 the run's validation split this gives exactly the loss its training logged at that step.
 
   python eval.py --workdir=runs/quickstart                  # latest checkpoint, validation split
@@ -14,13 +14,13 @@ import json
 from absl import flags
 from ml_collections import config_flags
 
-from lm.checkpoint import Checkpointer
 from lm.cli import bootstrap, check_writable_dir, define_distributed_flags, run_app
 from lm.config_migration import upgrade_config
-from lm.evaluation import eval_batch_size, evaluate
-from lm.experiment import prepare, restore, stored_config
-from lm.summary import Summary, run_logdir
-from lm.train_step import make_eval_step
+from lm.train.checkpoint import Checkpointer
+from lm.train.evaluation import eval_batch_size, evaluate
+from lm.train.run import prepare, restore, stored_config
+from lm.train.step import make_eval_step
+from lm.train.summary import Summary, run_logdir
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory holding checkpoints/.', required=True

@@ -5,14 +5,13 @@
       --config.data.path=data/tinyshakespeare.txt --config.train.steps=500
 
 Re-running the same command on a workdir that holds a checkpoint resumes from it; a changed
-config is refused unless --allow_config_change (see lm.workdir.RESUMABLE_KEYS). One run at a
+config is refused unless --allow_config_change (see lm.train.workdir.RESUMABLE_KEYS). One run at a
 time owns a workdir.
 """
 
 from absl import flags
 from ml_collections import config_flags
 
-from lm.checkpoint import read_latest_meta
 from lm.cli import (
     bootstrap,
     check_config_keys,
@@ -20,10 +19,11 @@ from lm.cli import (
     define_distributed_flags,
     run_app,
 )
-from lm.data import cache_dir
-from lm.experiment import stored_config
-from lm.summary import run_logdir
-from lm.train_loop import train
+from lm.data.corpus import cache_dir
+from lm.train.checkpoint import read_latest_meta
+from lm.train.loop import train
+from lm.train.run import stored_config
+from lm.train.summary import run_logdir
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config',

@@ -16,7 +16,7 @@ def get_config() -> ml_collections.ConfigDict:
     model.vocab_size = 0  # Vocabulary size; 0 = take it from the tokenizer.
     model.d_model = 256  # Width E of the residual stream.
     model.num_layers = 4  # Number of transformer blocks L.
-    model.attention = 'gqa'  # Attention variant: 'mha' | 'gqa' | 'mqa' | 'mla' (lm/attention.py).
+    model.attention = 'gqa'  # Attention variant: 'mha' | 'gqa' | 'mqa' | 'mla' (lm/model/).
     model.num_heads = 8  # Query heads H.
     model.num_kv_heads = 0  # KV heads g (gqa); 0 = implied: H for mha, 1 for mqa. Unused by mla.
     model.head_dim = 0  # Per-head width d_h for mha/gqa/mqa; 0 = d_model // num_heads.

@@ -11,8 +11,8 @@ The optional argument picks the attention variant: mha (default), gqa<g> (e.g. g
 
 import os
 
-from lm.attention import parse_variant
 from lm.config import load_config_file
+from lm.model.attention import parse_variant
 
 
 def get_config(variant: str = 'mha'):

@@ -18,7 +18,7 @@ from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from lm.config import load_config_file, with_overrides
 from lm.sharding import set_cpu_devices
-from lm.workdir import RunError
+from lm.train.workdir import RunError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,6 +1,6 @@
 """Device mesh from `config.mesh` and logical-axis rules that map parameter axes onto it.
 
-Parameters carry logical axis names (`lm/layers.py`); `config.mesh.rules` maps each name to
+Parameters carry logical axis names (`lm/model/layers.py`); `config.mesh.rules` maps each name to
 mesh axes ('data', 'fsdp', 'tensor', comma-separated, '' = replicated), MaxText-style, so a
 run is re-sharded by editing config only. A dimension that a rule would split unevenly (MQA's
 single KV head over a tensor axis of 4, say) is replicated instead, with one log line.

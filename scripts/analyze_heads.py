@@ -9,18 +9,18 @@ entropy), OUT/kv_similarity.csv (run, layer, kind, head_a, head_b, value), OUT/s
 heatmaps (layer x head per score, one panel per run), one example attention map per layer and
 run, KV-head similarity and loss by position; each run's scores and images also go to its
 TensorBoard directory at its checkpoint step. A run is WORKDIR or WORKDIR@STEP (--step applies
-to --workdir). Scores are defined in lm/analysis.py.
+to --workdir). Scores are defined in lm/analysis/scores.py.
 """
 
 import os
 
 from absl import flags
 
-from lm import head_plots, head_report
-from lm.checkpoint import read_latest_meta
+from lm.analysis import plots, report
 from lm.cli import run_app, use_compilation_cache
-from lm.experiment import stored_config
-from lm.summary import run_logdir
+from lm.train.checkpoint import read_latest_meta
+from lm.train.run import stored_config
+from lm.train.summary import run_logdir
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run to analyse.', required=True)
 _STEP = flags.DEFINE_integer('step', None, "--workdir's checkpoint step; default: the latest.")
@@ -50,13 +50,13 @@ def run() -> int:
     if _MAX_BATCHES.value < 0:
         raise ValueError(f'--max_batches must be >= 0 (0 = all), got {_MAX_BATCHES.value}')
     specs = [(_WORKDIR.value, _STEP.value, '--workdir')]
-    specs += [(*head_report.parse_run(c), f'--compare={c}') for c in _COMPARE.value]
+    specs += [(*report.parse_run(c), f'--compare={c}') for c in _COMPARE.value]
     for workdir, _, flag in specs:
         if read_latest_meta(workdir) is None:
             raise FileNotFoundError(f'{flag}: {workdir} holds no checkpoint')
     use_compilation_cache(stored_config(_WORKDIR.value).compilation_cache_dir)
     runs = [
-        head_report.analyse_run(
+        report.analyse_run(
             workdir,
             step,
             batch=_BATCH.value,
@@ -69,26 +69,26 @@ def run() -> int:
     ]
     out = _OUT.value
     os.makedirs(out, exist_ok=True)
-    head_report.write_csv(runs, os.path.join(out, 'heads.csv'))
-    head_report.write_kv_csv(runs, os.path.join(out, 'kv_similarity.csv'))
+    report.write_csv(runs, os.path.join(out, 'heads.csv'))
+    report.write_kv_csv(runs, os.path.join(out, 'kv_similarity.csv'))
     with open(os.path.join(out, 'summary.md'), 'w') as f:
-        f.write(head_report.summary_markdown(runs))
-    for score in (*head_report.SCORES, 'first_position'):
-        head_plots.save(head_plots.score_figure(score, runs), os.path.join(out, f'{score}.png'))
-    head_plots.save(head_plots.loss_figure(runs), os.path.join(out, 'loss_by_position.png'))
+        f.write(report.summary_markdown(runs))
+    for score in (*report.SCORES, 'first_position'):
+        plots.save(plots.score_figure(score, runs), os.path.join(out, f'{score}.png'))
+    plots.save(plots.loss_figure(runs), os.path.join(out, 'loss_by_position.png'))
     for r in runs:
-        name = head_report.file_label(r.label)
+        name = report.file_label(r.label)
         images = {}
-        for score in (*head_report.SCORES, 'first_position'):
-            images[score] = head_plots.save(head_plots.score_figure(score, [r]))
+        for score in (*report.SCORES, 'first_position'):
+            images[score] = plots.save(plots.score_figure(score, [r]))
         for layer in range(len(r.example_probs)):
             path = os.path.join(out, f'attention_{name}_L{layer}.png')
-            fig = head_plots.attention_figure(r, layer)
-            images[f'attention_L{layer}'] = head_plots.save(fig, path)
+            fig = plots.attention_figure(r, layer)
+            images[f'attention_L{layer}'] = plots.save(fig, path)
         if r.kv is not None:
             path = os.path.join(out, f'kv_similarity_{name}.png')
-            images['kv_similarity'] = head_plots.save(head_plots.kv_figure(r), path)
-        head_plots.log_run(r, run_logdir(r.workdir, _TB_DIR.value), images)
+            images['kv_similarity'] = plots.save(plots.kv_figure(r), path)
+        plots.log_run(r, run_logdir(r.workdir, _TB_DIR.value), images)
         print(f'{r.label}: ICL score {r.icl_score:.3f}, sink rate {r.sink_rate:.3f}')
     print(f'wrote {out}/heads.csv, summary.md and PNGs; TensorBoard: heads/*')
     return 0

@@ -4,11 +4,12 @@ with peak memory, and loader batches/s at the configs/gpt125m.py shape against w
 The text is public and on every machine: this Python's standard-library .py files (the
 `stdlib` source's order), concatenated and repeated until the file holds --make_mb MB. BPE is a
 byte-level BPE of --bpe_vocab ids trained here on the file's first 8 MB. Each (tokenizer,
-processes) point builds a fresh cache (`lm.data.load_corpus`, source 'text') in its own spawned
+processes) point builds a fresh cache (`lm.data.corpus.load_corpus`, source 'text') in its own
+spawned
 process, so its peak RSS (VmHWM) is its own (the largest pool worker's is ru_maxrss of the
 waited children, an upper bound); the time includes the hashing / UTF-8 pass that precedes
 tokenisation (what a run waits for). Every pooled cache is checked to be byte-identical to the
-serial one. The loader is `lm.sampling.call_batch` (what the training loop's batch thread runs)
+serial one. The loader is `lm.data.windows.call_batch` (what the training loop's batch thread runs)
 on the byte cache, median of --repeats timings of --batches batches.
 
   python scripts/bench_data.py                                # the tables in docs/data.md
@@ -27,9 +28,9 @@ import time
 from absl import flags
 
 from lm.config import load_config_file
-from lm.data import _stdlib_files, load_corpus
-from lm.sampling import call_batch
-from lm.tokenizer import train_bpe
+from lm.data.corpus import _stdlib_files, load_corpus
+from lm.data.tokenizer import train_bpe
+from lm.data.windows import call_batch
 
 _MAKE_MB = flags.DEFINE_integer('make_mb', 1024, 'Size of the repeated stdlib text file in MB.')
 _TEXT = flags.DEFINE_string('text', '', 'Use this text file instead of making one.')
@@ -163,9 +164,9 @@ def tokenise_rows(text_path: str, directory: str) -> list[dict]:
 def loader_rows(text_path: str, directory: str) -> list[dict]:
     # imported here: the spawned build processes import this file, and their peak memory
     # should not include JAX
-    from lm.accounting import flops_per_token
-    from lm.model import model_config
-    from lm.perf import PEAK_FLOPS
+    from lm.model.accounting import flops_per_token
+    from lm.model.transformer import model_config
+    from lm.train.perf import PEAK_FLOPS
 
     config = load_config_file(os.path.join(ROOT, 'configs', 'gpt125m.py'))
     B, T = config.train.batch_size, config.data.seq_len
@@ -205,7 +206,7 @@ def main() -> None:
     text_path = _TEXT.value or os.path.join(directory, f'stdlib-{_MAKE_MB.value}mb.txt')
     if not _TEXT.value and not os.path.isfile(text_path):
         make_text(text_path, _MAKE_MB.value)
-    from lm.perf import cpu_model
+    from lm.train.perf import cpu_model
 
     print(f'{cpu_model()}, {time.strftime("%Y-%m-%d")}; text {text_path}\n')
     print(
@@ -215,7 +216,7 @@ def main() -> None:
     print('|---|---|---|---|---|---|---|---|---|---|')
     rows = tokenise_rows(text_path, directory)
     print(
-        f'\nloader: lm.sampling.call_batch, median of {_REPEATS.value} x {_BATCHES.value} '
+        f'\nloader: lm.data.windows.call_batch, median of {_REPEATS.value} x {_BATCHES.value} '
         f'batches; step rate of a {_DEVICE.value} at {_MFU.value:.0%} MFU (gpt125m)\n'
     )
     print('| sampling | batch | batches/s | steps/s needed | headroom |')

@@ -18,12 +18,12 @@ import jax
 import numpy as np
 from absl import flags
 
-from lm.accounting import kv_cache_bytes_per_token, param_counts
-from lm.attention import parse_variant
 from lm.cli import run_app
 from lm.config import load_config_file
-from lm.decode import Decoder, init_caches
-from lm.model import build_model, model_config
+from lm.infer.decode import Decoder, init_caches
+from lm.model.accounting import kv_cache_bytes_per_token, param_counts
+from lm.model.attention import parse_variant
+from lm.model.transformer import build_model, model_config
 
 _CONTEXTS = flags.DEFINE_list('contexts', ['256', '1024', '4096', '8192'], 'Cache fill lengths.')
 _VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Attention variants.')

@@ -18,9 +18,10 @@ loss reaches the target (time to quality; vocabulary: the recipe's byte tokenize
 import numpy as np
 from absl import flags
 
-from lm import perf, torch_baseline
 from lm.cli import RecipeFlags, bootstrap, run_app
-from lm.data import load_corpus, load_tokenizer
+from lm.data.corpus import load_corpus, load_tokenizer
+from lm.experiments import torch_baseline
+from lm.train import perf
 
 RECIPE = RecipeFlags(__name__)
 

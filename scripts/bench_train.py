@@ -6,11 +6,12 @@ reports the train step's compile time, the median step time over --steps steps a
 divided by K), the host time to dispatch a step, the median step time with the data
 pipeline included (batch built on the host and transferred every step), tokens/s, model FLOPs
 per token (6N + 12·L·H·Q·T, PaLM App. B), achieved FLOP/s and MFU against the peak measured in
-the same process (CPU: float32 2048³ jnp.dot; GPU/TPU: the per-device table in lm/perf.py).
+the same process (CPU: float32 2048³ jnp.dot; GPU/TPU: the per-device table in lm/train/perf.py).
 The header names the CPU model (and the accelerator kind).
 
 On a CPU with PyTorch importable it also times the eager PyTorch nanoGPT baseline
-(lm/torch_baseline.py: nanoGPT's model at this config's width, depth, heads, context and batch,
+(lm/experiments/torch_baseline.py: nanoGPT's model at this config's width, depth, heads, context
+and batch,
 nanoGPT's 65-character vocabulary) in the same process, interleaved with ours: the timed steps
 are split into --rounds rounds, each running our steps then as many baseline steps, and each
 row gives the baseline's median over the rounds of that variant and the ratio (PyTorch ms/step
@@ -29,11 +30,13 @@ import jax
 import numpy as np
 from absl import flags
 
-from lm import accounting, perf, torch_baseline
 from lm.cli import RecipeFlags, bootstrap, run_app
-from lm.data import call_batch
-from lm.experiment import prepare
-from lm.train_step import device_call_batch, init_state, make_train_step
+from lm.data.corpus import call_batch
+from lm.experiments import torch_baseline
+from lm.model import accounting
+from lm.train import perf
+from lm.train.run import prepare
+from lm.train.step import device_call_batch, init_state, make_train_step
 
 RECIPE = RecipeFlags(__name__)
 _VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Variants to time.')

@@ -18,9 +18,9 @@ import numpy as np
 from absl import flags
 
 from lm.cli import RecipeFlags, bootstrap, run_app
-from lm.data import call_batch
-from lm.experiment import prepare
-from lm.train_step import device_call_batch, init_state, make_train_step
+from lm.data.corpus import call_batch
+from lm.train.run import prepare
+from lm.train.step import device_call_batch, init_state, make_train_step
 
 RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')

@@ -16,9 +16,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from lm.cli import REPO_ROOT, parse_flags, run_reporting_errors
-from lm.experiment import stored_config
-from lm.hf_io import export_hf, import_hf
+from lm.convert.hf_io import export_hf, import_hf
 from lm.sharding import set_cpu_devices
+from lm.train.run import stored_config
 
 _HF_DIR = flags.DEFINE_string(
     'hf_dir', None, 'import: HF directory or hub id to read; export: directory to write.'

@@ -9,9 +9,9 @@ from absl import flags
 from flax import nnx
 
 from lm.cli import bootstrap, run_app
-from lm.data import load_tokenizer
-from lm.decode import Decoder, parse_sampling
-from lm.experiment import restore_run, stored_config
+from lm.data.corpus import load_tokenizer
+from lm.infer.decode import Decoder, parse_sampling
+from lm.train.run import restore_run, stored_config
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory holding checkpoints/.', required=True

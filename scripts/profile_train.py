@@ -22,10 +22,10 @@ import jax
 from absl import flags
 
 from lm.cli import RecipeFlags, bootstrap, run_app
-from lm.data import train_batch
-from lm.experiment import prepare
+from lm.data.corpus import train_batch
 from lm.sharding import global_batch
-from lm.train_step import init_state, make_train_step
+from lm.train.run import prepare
+from lm.train.step import init_state, make_train_step
 
 RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')

@@ -30,13 +30,13 @@ from concurrent.futures import ThreadPoolExecutor
 from absl import flags
 from ml_collections import config_flags
 
-from lm.checkpoint import read_latest_meta
 from lm.cli import check_config_keys, check_writable_dir, run_app
 from lm.config import write_config_file
-from lm.experiment import check_loop_config
-from lm.fairness import MATCHES, match_parameters, reference_config
-from lm.sweep import invalid_reason, parse_grid, point_config, run_name, summarise
-from lm.workdir import WorkdirLock, config_changes
+from lm.experiments.fairness import MATCHES, match_parameters, reference_config
+from lm.experiments.sweep import invalid_reason, parse_grid, point_config, run_name, summarise
+from lm.train.checkpoint import read_latest_meta
+from lm.train.run import check_loop_config
+from lm.train.workdir import WorkdirLock, config_changes
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Base config file; a sweep file may also define get_points().'
@@ -121,7 +121,8 @@ def plan(base, sweep_dir: str, module, match: str = 'width') -> list[dict]:
 
 def check_earlier_runs(runs: list[dict]) -> None:
     """Refuses, in one line and before any run, a sweep whose runs already hold checkpoints
-    trained under settings that differ from this sweep's (beyond lm.workdir.RESUMABLE_KEYS)."""
+    trained under settings that differ from this sweep's (beyond
+    lm.train.workdir.RESUMABLE_KEYS)."""
     stale = []
     for r in runs:
         try:

@@ -22,11 +22,11 @@ Beyond contiguous mean-pooling (docs/uptraining.md, "Conversion methods"):
 
 from absl import flags
 
-from lm.attention import variant
 from lm.cli import bootstrap, check_writable_dir, run_app
-from lm.experiment import stored_config
-from lm.model import model_config
-from lm.uptrain import Plan, check_flags, convert_checkpoint, resolve_method
+from lm.convert.uptrain import Plan, check_flags, convert_checkpoint, resolve_method
+from lm.model.attention import variant
+from lm.model.transformer import model_config
+from lm.train.run import stored_config
 
 
 def kv_heads(config) -> str:

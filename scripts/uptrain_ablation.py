@@ -38,14 +38,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from absl import flags, logging
 
-from lm import stats
-from lm.accounting import kv_cache_bytes_per_token
-from lm.attention import VARIANTS
 from lm.cli import bootstrap, run_app
 from lm.config import load_config_file, with_overrides
-from lm.model import check_model_config
-from lm.train_loop import train
-from lm.uptrain import METHODS, Plan, check_flags, convert_checkpoint
+from lm.convert.uptrain import METHODS, Plan, check_flags, convert_checkpoint
+from lm.experiments import stats
+from lm.model.accounting import kv_cache_bytes_per_token
+from lm.model.attention import VARIANTS
+from lm.model.transformer import check_model_config
+from lm.train.loop import train
 
 _DATA = flags.DEFINE_string('data_path', 'data/tinyshakespeare.txt', 'Text file.')
 _OUT = flags.DEFINE_string('out_dir', 'runs/uptrain_ablation', 'Workdirs and TensorBoard.')
@@ -78,7 +78,7 @@ _OPT_STATE = flags.DEFINE_string(
     "GQA / MQA arms: 'convert' (the source's AdamW moments) or 'fresh'; MLA arms are fresh.",
 )
 _EVAL_TOKENS = flags.DEFINE_integer(
-    'eval_tokens', 0, 'Validation tokens per evaluation (lm.evaluation); 0 = the whole split.'
+    'eval_tokens', 0, 'Validation tokens per evaluation (lm.train.evaluation); 0 = the whole split.'
 )
 _REPORT = flags.DEFINE_string('report', '', 'Also write the markdown tables to this file.')
 _SCHEDULE = flags.DEFINE_enum(
@@ -297,7 +297,7 @@ def run() -> int:
     if _ONLY_SEED.value is not None and _ONLY_SEED.value not in seeds:
         raise ValueError(f'--only_seed: expected one of 0..{len(seeds) - 1} (--seeds)')
     by_label = arms([int(g) for g in _TARGETS.value])
-    up_steps = {alpha: round(alpha * n) for alpha in fractions}  # as lm.uptrain.uptrain_config
+    up_steps = {alpha: round(alpha * n) for alpha in fractions}  # as uptrain_config
     totals = sorted({n + up_steps[alpha] for alpha in scratch_fractions})
     if _PARALLEL.value > 1 and _ONLY_SEED.value is None:
         run_seeds_in_parallel(seeds)  # the loop below then finds every run cached

@@ -82,7 +82,7 @@ def sigterm_while_training(script, *args) -> tuple[int, str]:
 def stdlib_text(num_chars: int) -> str:
     """The first `num_chars` characters of this Python's standard-library .py files, in the
     fixed order of the `stdlib` data source: real, varied text that every machine has."""
-    from lm.data import _stdlib_files
+    from lm.data.corpus import _stdlib_files
 
     parts, size = [], 0
     for _, full in _stdlib_files():

@@ -15,11 +15,11 @@ import jax.numpy as jnp
 from conftest import tiny_train_config
 from jax.sharding import AxisType
 
-from lm import perf
-from lm.data import train_batch
-from lm.experiment import prepare
+from lm.data.corpus import train_batch
 from lm.sharding import global_batch
-from lm.train_step import init_state, make_train_step
+from lm.train import perf
+from lm.train.run import prepare
+from lm.train.step import init_state, make_train_step
 
 
 def run(spec: dict, run_spec: dict) -> dict:

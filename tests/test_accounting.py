@@ -2,13 +2,13 @@
 
 from conftest import tiny_config
 
-from lm.accounting import (
+from lm.model.accounting import (
     flops_per_token,
     kv_cache_bytes_per_token,
     kv_cache_elements_per_token,
     param_counts,
 )
-from lm.model import model_config
+from lm.model.transformer import model_config
 
 
 def big(**model):

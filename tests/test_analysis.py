@@ -1,4 +1,4 @@
-"""Head analysis (lm/analysis.py, scripts/analyze_heads.py): scores against per-position loop
+"""Head analysis (lm/analysis/scores.py, scripts/analyze_heads.py): scores against per-position loop
 references, hand-built heads, the probe against the model's own attention output, and the CLI
 on a tiny trained run."""
 
@@ -16,8 +16,8 @@ import reference
 from conftest import ROOT, read_scalars, tiny_config, tiny_train_config
 from reference import p, rmsnorm, rope
 
-from lm import analysis
-from lm.model import build_model, model_config
+from lm.analysis import scores as analysis
+from lm.model.transformer import build_model, model_config
 
 
 @pytest.fixture
@@ -340,7 +340,7 @@ def cli(*args):
 def test_analyze_heads_cli(tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 
-    from lm.train_loop import train
+    from lm.train.loop import train
 
     text = write_text(tmp_path / 'text.txt')
     config = tiny_train_config(
@@ -403,7 +403,7 @@ def test_analyze_heads_cli_rejects_a_run_without_checkpoints(tmp_path):
 
 
 def test_parse_run():
-    from lm.head_report import parse_run
+    from lm.analysis.report import parse_run
 
     assert parse_run('runs/a', 7) == ('runs/a', 7)
     assert parse_run('runs/a@12') == ('runs/a', 12)

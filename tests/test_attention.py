@@ -11,8 +11,8 @@ import reference
 from conftest import tiny_config
 from flax import nnx
 
-from lm.attention import make_attention
-from lm.model import build_model, model_config
+from lm.model.attention import make_attention
+from lm.model.transformer import build_model, model_config
 
 CASES = {
     'mha': dict(attention='mha'),

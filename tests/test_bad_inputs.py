@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import ROOT, stdlib_text, tiny_train_config, write_config_file
 
-from lm.train_loop import train
+from lm.train.loop import train
 
 
 def tree_digest(root: pathlib.Path) -> dict[str, str]:

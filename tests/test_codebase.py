@@ -1,4 +1,4 @@
-"""Structure rules of lm/ that keep it easy to extend (see lm/attention.py and DEVGUIDE)."""
+"""Structure rules of lm/ that keep it easy to extend (see lm/model/attention.py and DEVGUIDE)."""
 
 import ast
 import re
@@ -6,10 +6,10 @@ import re
 import pytest
 from conftest import ROOT
 
-MODULES = sorted((ROOT / 'lm').glob('*.py'))
+MODULES = sorted((ROOT / 'lm').rglob('*.py'))
 
 
-@pytest.mark.parametrize('path', MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize('path', MODULES, ids=lambda p: p.relative_to(ROOT / 'lm').as_posix())
 def test_functions_fit_on_a_screen(path):
     tree = ast.parse(path.read_text())
     long = [
@@ -24,16 +24,16 @@ def test_functions_fit_on_a_screen(path):
 # attention*.py and latent_attention.py define the variants and their contract (names, examples).
 # hf.py maps named Hugging Face architectures (Llama <-> MHA/GQA/MQA, DeepseekV3 <-> MLA): the
 # file format itself is tied to the variant, so it names them.
-NAMING_ALLOWED = ('attention.py', 'attention_base.py', 'latent_attention.py', 'hf.py')
+NAMING_ALLOWED = ('model/attention.py', 'model/variant.py', 'model/mla.py', 'convert/hf.py')
 
 
 def test_only_lm_attention_names_variants():
-    """Everything else asks the variant class (lm.attention.variant(cfg)) what it can do."""
+    """Everything else asks the variant class (lm.model.attention.variant(cfg)) what it can do."""
     names = re.compile(r"""['"](mha|gqa|mqa|mla)\d*['"]""")
     offenders = [
-        f'{path.name}:{i}: {line.strip()}'
+        f'{path.relative_to(ROOT)}:{i}: {line.strip()}'
         for path in MODULES
-        if path.name not in NAMING_ALLOWED
+        if path.relative_to(ROOT / 'lm').as_posix() not in NAMING_ALLOWED
         for i, line in enumerate(path.read_text().splitlines(), 1)
         if names.search(line)
     ]

@@ -8,7 +8,7 @@ from conftest import ROOT, tiny_config
 
 from lm.config import get_key, load_config_file, set_key, with_overrides, with_values
 from lm.config_migration import REPLACED_KEYS, upgrade_config
-from lm.model import check_model_config, model_config
+from lm.model.transformer import check_model_config, model_config
 
 BAD = [
     (

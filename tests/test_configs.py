@@ -6,8 +6,8 @@ import pytest
 from conftest import ROOT
 
 from lm.config import load_config_file
-from lm.model import model_config
-from lm.sweep import invalid_reason, point_config
+from lm.experiments.sweep import invalid_reason, point_config
+from lm.model.transformer import model_config
 
 
 def valid_model(config):
@@ -74,7 +74,7 @@ def test_sweep_file_points_are_valid():
 
 
 def test_gpt125m_is_gpt2_small_sized():
-    from lm.accounting import param_counts
+    from lm.model.accounting import param_counts
 
     cfg = valid_model(load_config_file(str(ROOT / 'configs' / 'gpt125m.py')))
     assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.dtype) == (12, 768, 12, 'bfloat16')
@@ -82,7 +82,7 @@ def test_gpt125m_is_gpt2_small_sized():
 
 
 def test_data_sampling_sweep_points_are_valid():
-    from lm.data import check_data_config
+    from lm.data.corpus import check_data_config
 
     path = ROOT / 'configs' / 'sweeps' / 'data_sampling.py'
     spec = importlib.util.spec_from_file_location('sweep_file', path)

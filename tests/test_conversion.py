@@ -11,10 +11,12 @@ import scipy.stats
 from conftest import tiny_config
 from flax import nnx
 
-from lm import conversion, head_merging, mla_conversion
-from lm.conversion import Plan
-from lm.model import build_model, model_config
-from lm.uptrain import check_conversion, check_flags, convert_params
+from lm.convert import head_merging
+from lm.convert import methods as conversion
+from lm.convert import mla as mla_conversion
+from lm.convert.methods import Plan
+from lm.convert.uptrain import check_conversion, check_flags, convert_params
+from lm.model.transformer import build_model, model_config
 
 TOKENS = jax.random.randint(jax.random.key(7), (2, 12), 0, 61)
 ATOL = 2e-5  # float32 logits of a re-associated but equal computation
@@ -262,7 +264,7 @@ def test_mla_logit_error_falls_as_the_latent_grows():
 
 def test_mla_rope_ladder_and_its_frequencies():
     """Slot i of the MLA's RoPE (width P, base θ') turns at the rate of source pair i·s."""
-    from lm.layers import rope_inv_freq
+    from lm.model.layers import rope_inv_freq
 
     D, P, theta = 16, 6, 10_000.0
     assert mla_conversion.rope_strides(D, P) == [1, 2, 3]

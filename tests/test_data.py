@@ -7,7 +7,7 @@ import pytest
 from conftest import stdlib_text, tiny_config
 
 from lm.config_migration import upgrade_config
-from lm.data import (
+from lm.data.corpus import (
     _in_validation,
     _stdlib_files,
     check_corpus_size,
@@ -18,7 +18,7 @@ from lm.data import (
     train_batch,
     window_targets,
 )
-from lm.tokenizer import ByteTokenizer
+from lm.data.tokenizer import ByteTokenizer
 
 
 def data_config(tmp_path, **overrides):
@@ -61,7 +61,7 @@ def test_several_text_files_are_concatenated(tmp_path):
 def test_cache_is_reused_and_keyed_by_content(tmp_path, monkeypatch):
     path = write(tmp_path, 'a.txt', 'hello world ' * 50)
     first = load_corpus(data_config(tmp_path, source='text', path=path))
-    monkeypatch.setattr('lm.data_cache.write_split', lambda *a: pytest.fail('tokenised twice'))
+    monkeypatch.setattr('lm.data.cache.write_split', lambda *a: pytest.fail('tokenised twice'))
     again = load_corpus(data_config(tmp_path, source='text', path=path))
     assert again.fingerprint == first.fingerprint
     monkeypatch.undo()
@@ -268,7 +268,7 @@ def test_empty_file_and_too_small_source(tmp_path):
 
 
 def test_call_batch_stacks_consecutive_steps_and_is_train_batch_for_one():
-    from lm.data import call_batch, train_batch
+    from lm.data.corpus import call_batch, train_batch
 
     tokens = np.arange(1000, dtype=np.int32)
     kw = dict(seed=3, batch_size=4, seq_len=8, process_index=1, process_count=2)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from conftest import ENV, ROOT, stdlib_text, tiny_config
 
-import lm.data
-import lm.data_cache
-from lm.data import _source, load_corpus
-from lm.tokenizer import train_bpe
+import lm.data.cache
+import lm.data.corpus
+from lm.data.corpus import _source, load_corpus
+from lm.data.tokenizer import train_bpe
 
 
 def data_config(root, **overrides):
@@ -34,9 +34,9 @@ def odd_text() -> bytes:
 
 def streamed_small(monkeypatch):
     """Reads, pieces and tasks far smaller than the text, as a multi-GB file meets them."""
-    monkeypatch.setattr(lm.data, 'READ_BYTES', 999)  # reads end inside multi-byte characters
-    monkeypatch.setattr(lm.data, 'PIECE_CHARS', 1000)
-    monkeypatch.setattr(lm.data_cache, 'TASK_CHARS', 3000)
+    monkeypatch.setattr(lm.data.corpus, 'READ_BYTES', 999)  # reads end inside multi-byte characters
+    monkeypatch.setattr(lm.data.corpus, 'PIECE_CHARS', 1000)
+    monkeypatch.setattr(lm.data.cache, 'TASK_CHARS', 3000)
 
 
 @pytest.mark.parametrize('tokenizer', ['byte', 'bpe'])
@@ -86,12 +86,12 @@ def test_parallel_tokenisation_writes_the_serial_cache(tmp_path, monkeypatch):
     (tmp_path / 'a.txt').write_text(text, encoding='utf-8')
     tok_path = str(tmp_path / 'tok.json')
     train_bpe(iter([text]), 600, tok_path)
-    monkeypatch.setattr(lm.data, 'PIECE_CHARS', 1000)
-    monkeypatch.setattr(lm.data_cache, 'TASK_CHARS', 2000)
-    monkeypatch.setattr(lm.data_cache, 'POOL_AFTER_BYTES', 5000)
+    monkeypatch.setattr(lm.data.corpus, 'PIECE_CHARS', 1000)
+    monkeypatch.setattr(lm.data.cache, 'TASK_CHARS', 2000)
+    monkeypatch.setattr(lm.data.cache, 'POOL_AFTER_BYTES', 5000)
     from_pool = []
-    append = lm.data_cache._append
-    monkeypatch.setattr(lm.data_cache, '_append', lambda *a: from_pool.append(1) or append(*a))
+    append = lm.data.cache._append
+    monkeypatch.setattr(lm.data.cache, '_append', lambda *a: from_pool.append(1) or append(*a))
     corpora = {
         n: load_corpus(
             data_config(
@@ -113,12 +113,12 @@ def test_parallel_tokenisation_writes_the_serial_cache(tmp_path, monkeypatch):
 BUILDER = """
 import json, os, sys, time
 import ml_collections
-import lm.data, lm.data_cache
+import lm.data.corpus, lm.data.cache
 
 data = ml_collections.ConfigDict(json.loads(sys.argv[1]))
 root, name, mode = sys.argv[2:5]
-lm.data_cache.TASK_CHARS = 2000
-encode, build = lm.data_cache.encode_pieces, lm.data_cache.build
+lm.data.cache.TASK_CHARS = 2000
+encode, build = lm.data.cache.encode_pieces, lm.data.cache.build
 
 def slow_encode(*args):  # a slow tokenizer, so that two builds would overlap
     time.sleep(0.02)
@@ -128,13 +128,13 @@ def loud_build(*args):
     print('BUILDING', flush=True)
     build(*args)
 
-lm.data_cache.encode_pieces, lm.data_cache.build = slow_encode, loud_build
+lm.data.cache.encode_pieces, lm.data.cache.build = slow_encode, loud_build
 if mode == 'crash':  # dies as the completed marker is written: every token file is done
-    lm.data_cache.json.dump = lambda *args, **kwargs: os._exit(3)
+    lm.data.cache.json.dump = lambda *args, **kwargs: os._exit(3)
 open(os.path.join(root, 'ready-' + name), 'w').close()
 while not os.path.exists(os.path.join(root, 'go')):
     time.sleep(0.01)
-corpus = lm.data.load_corpus(data)
+corpus = lm.data.corpus.load_corpus(data)
 train = corpus.tokens['train']
 print('TOKENS', len(train), int(train.astype('int64').sum()), flush=True)
 """
@@ -187,8 +187,8 @@ def test_an_interrupted_build_is_not_reused(tmp_path, monkeypatch):
     assert {'train.bin', 'validation.bin'} <= set(os.listdir(directory))  # whole token files
     assert not (directory / 'meta.json').exists()
     builds = []
-    build = lm.data_cache.build
-    monkeypatch.setattr(lm.data_cache, 'build', lambda *a: builds.append(1) or build(*a))
+    build = lm.data.cache.build
+    monkeypatch.setattr(lm.data.cache, 'build', lambda *a: builds.append(1) or build(*a))
     corpus = load_corpus(data)
     assert builds == [1]  # rebuilt, not read
     for split, want in byte_reference(text).items():
@@ -215,16 +215,16 @@ def test_a_truncated_token_file_is_a_one_line_error_naming_it(tmp_path):
 
 
 def test_progress_lines_give_the_rate_and_time_left(tmp_path, monkeypatch, caplog):
-    progress = lm.data_cache.Progress('train', 100_000_000)
+    progress = lm.data.cache.Progress('train', 100_000_000)
     progress.done = 25_000_000
     assert progress.line(progress.start + 5.0) == (
         'train: 25.0 MB of ~100.0 MB, 5.0 MB/s, ETA 15 s'
     )
-    unknown = lm.data_cache.Progress('validation', None)  # an hf source: size unknown
+    unknown = lm.data.cache.Progress('validation', None)  # an hf source: size unknown
     unknown.done = 3_000_000
     assert unknown.line(unknown.start + 2.0) == 'validation: 3.0 MB, 1.5 MB/s'
-    monkeypatch.setattr(lm.data_cache, 'LOG_EVERY_S', 0.0)
-    monkeypatch.setattr(lm.data_cache, 'TASK_CHARS', 1000)
+    monkeypatch.setattr(lm.data.cache, 'LOG_EVERY_S', 0.0)
+    monkeypatch.setattr(lm.data.cache, 'TASK_CHARS', 1000)
     (tmp_path / 'a.txt').write_text(stdlib_text(5_000), encoding='utf-8')
     with caplog.at_level('INFO'):
         load_corpus(data_config(tmp_path, source='text', path=str(tmp_path / 'a.txt')))

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from conftest import run_entry, tiny_config, tiny_train_config
 
-from lm.accounting import kv_cache_bytes_per_token, kv_cache_elements_per_token
-from lm.decode import Decoder, Sampling, cache_elements_per_token, init_caches, parse_sampling
-from lm.model import build_model, model_config
-from lm.train_loop import train
+from lm.infer.decode import Decoder, Sampling, cache_elements_per_token, init_caches, parse_sampling
+from lm.model.accounting import kv_cache_bytes_per_token, kv_cache_elements_per_token
+from lm.model.transformer import build_model, model_config
+from lm.train.loop import train
 
 VARIANTS = {
     'mha': dict(attention='mha'),

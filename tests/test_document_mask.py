@@ -8,9 +8,9 @@ import pytest
 from conftest import jitted, tiny_config
 from flax import nnx
 
-from lm.attention import parse_variant
-from lm.model import build_model, model_config, no_constraint
-from lm.train_step import StepContext, cross_entropy, documents, token_losses
+from lm.model.attention import parse_variant
+from lm.model.transformer import build_model, model_config, no_constraint
+from lm.train.step import StepContext, cross_entropy, documents, token_losses
 
 EOS = 60  # the last id of tiny_config's vocabulary of 61
 

@@ -10,11 +10,11 @@ import pytest
 from conftest import ROOT, read_scalars, tiny_train_config
 
 from lm.config_migration import upgrade_config
-from lm.data import eval_windows, window_targets
-from lm.evaluation import eval_batch_size, evaluate, ratio_stderr
-from lm.experiment import prepare
-from lm.train_loop import train
-from lm.train_step import init_state, make_eval_step, token_losses
+from lm.data.corpus import eval_windows, window_targets
+from lm.train.evaluation import eval_batch_size, evaluate, ratio_stderr
+from lm.train.loop import train
+from lm.train.run import prepare
+from lm.train.step import init_state, make_eval_step, token_losses
 
 WORDS = 'the of and to a in that is was he for it with as his on be at by I'.split()
 

@@ -10,11 +10,11 @@ import pytest
 from conftest import jitted, tiny_config
 from flax import nnx
 
-from lm.attention import parse_variant
-from lm.decode import Decoder, init_caches
-from lm.experiment import check_config
-from lm.model import build_model, model_config
-from lm.train_step import documents
+from lm.infer.decode import Decoder, init_caches
+from lm.model.attention import parse_variant
+from lm.model.transformer import build_model, model_config
+from lm.train.run import check_config
+from lm.train.step import documents
 
 ON_GPU = jax.default_backend() == 'gpu'
 gpu_only = pytest.mark.skipif(not ON_GPU, reason='needs a GPU (cuDNN fused attention)')

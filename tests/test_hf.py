@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints in and out (lm/hf.py, lm/hf_io.py, scripts/convert_hf.py).
+"""Hugging Face checkpoints in and out (lm/convert/hf.py, lm/convert/hf_io.py,
+scripts/convert_hf.py).
 
 Parity is against transformers' own outputs: committed fixtures (tests/fixtures/hf, made by
 make_fixtures.py there with the versions in versions.json) so CI needs no torch; the live tests
@@ -21,16 +22,16 @@ from conftest import ROOT, tiny_config
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from lm import hf, uptrain
-from lm.checkpoint import Checkpointer
 from lm.config import load_config_file
-from lm.decode import Decoder, parse_sampling
-from lm.experiment import checkpoint_meta, restore_run, step_context
-from lm.hf_io import SafetensorsReader, export_hf, import_hf
-from lm.layers import rope_inv_freq
-from lm.model import model_config
-from lm.train_step import init_state
-from lm.uptrain import uptrain_config
+from lm.convert import hf, uptrain
+from lm.convert.hf_io import SafetensorsReader, export_hf, import_hf
+from lm.convert.uptrain import uptrain_config
+from lm.infer.decode import Decoder, parse_sampling
+from lm.model.layers import rope_inv_freq
+from lm.model.transformer import model_config
+from lm.train.checkpoint import Checkpointer
+from lm.train.run import checkpoint_meta, restore_run, step_context
+from lm.train.step import init_state
 
 FIXTURES = ROOT / 'tests' / 'fixtures' / 'hf'
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / 'config.json').is_file())
@@ -224,9 +225,9 @@ MESH_WORKER = r"""
 import json, sys
 import numpy as np
 from flax import nnx
-from lm import hf_io
+from lm.convert import hf_io
 from lm.config import load_config_file
-from lm.experiment import restore_run
+from lm.train.run import restore_run
 from lm.sharding import set_cpu_devices
 
 src, workdir, base = sys.argv[1:4]

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from conftest import ROOT, read_scalars, sweep_file, tiny_train_config, write_config_file
 
-from lm.checkpoint import Checkpointer, read_latest_meta
-from lm.experiment import check_loop_config, prepare
-from lm.train_loop import train
-from lm.uptrain import convert_checkpoint
-from lm.workdir import (
+from lm.convert.uptrain import convert_checkpoint
+from lm.train.checkpoint import Checkpointer, read_latest_meta
+from lm.train.loop import train
+from lm.train.run import check_loop_config, prepare
+from lm.train.workdir import (
     LOCK_NAME,
     RunError,
     WorkdirLock,
@@ -134,7 +134,7 @@ def test_a_killed_owner_does_not_block_the_next_run(tmp_path, text):
     killed = cli(
         '-c',
         'import os, signal\n'
-        'from lm.workdir import WorkdirLock\n'
+        'from lm.train.workdir import WorkdirLock\n'
         f'WorkdirLock({str(work)!r}).__enter__()\n'
         'os.kill(os.getpid(), signal.SIGKILL)\n',
     )
@@ -178,16 +178,16 @@ def test_a_negative_seed_is_refused_before_anything_is_written(tmp_path, text):
 
 @pytest.mark.slow
 def test_an_error_in_the_batch_thread_ends_the_run(tmp_path, text, monkeypatch):
-    import lm.train_loop
+    import lm.train.loop
 
-    real = lm.train_loop.call_batch
+    real = lm.train.loop.call_batch
 
     def failing(*args, step, **kwargs):
         if step >= 2:
             raise OSError(5, 'Input/output error')
         return real(*args, step=step, **kwargs)
 
-    monkeypatch.setattr(lm.train_loop, 'call_batch', failing)
+    monkeypatch.setattr(lm.train.loop, 'call_batch', failing)
     config = tiny_train_config(tmp_path, text)
     with Alarm(120), pytest.raises(RunError) as e:
         train(config, str(tmp_path / 'run'))
@@ -246,13 +246,13 @@ def test_uptrain_flags_are_checked_before_writing(tmp_path, mha_run, monkeypatch
             convert_checkpoint(str(mha_run), str(dst), 2, **{'method': 'mean', **kwargs})
         assert not dst.exists()
     # A write that fails half-way leaves the destination as it was.
-    import lm.uptrain
+    import lm.convert.uptrain
 
     def full_disk(self, step, state, meta):
         os.makedirs(os.path.join(self.directory, str(step)))
         raise OSError(28, 'No space left on device')
 
-    monkeypatch.setattr(lm.uptrain.Checkpointer, 'save', full_disk)
+    monkeypatch.setattr(lm.convert.uptrain.Checkpointer, 'save', full_disk)
     with pytest.raises(OSError, match='No space left'):
         convert_checkpoint(str(mha_run), str(dst), 2, 'mean')
     assert not dst.exists()

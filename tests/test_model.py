@@ -7,7 +7,7 @@ import pytest
 from conftest import tiny_config
 from flax import nnx
 
-from lm.model import build_model, model_config
+from lm.model.transformer import build_model, model_config
 
 VARIANTS = {
     'mha': dict(attention='mha'),
@@ -81,7 +81,7 @@ def test_same_seed_same_params_different_seed_different():
 
 
 def test_fused_dense_equals_separate_projections():
-    from lm.layers import Dense, fused_dense
+    from lm.model.layers import Dense, fused_dense
 
     cfg = model_config(tiny_config(attention='gqa', num_kv_heads=2).model)
     rngs = nnx.Rngs(3)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from conftest import read_scalars, stdlib_text, tiny_train_config
 
-from lm.experiment import prepare
-from lm.sampling import call_batch, num_windows, permute, train_batch
-from lm.train_loop import train
+from lm.data.windows import call_batch, num_windows, permute, train_batch
+from lm.train.loop import train
+from lm.train.run import prepare
 
 
 @pytest.mark.parametrize('n', [1, 2, 3, 17, 1000, 4099])

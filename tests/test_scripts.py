@@ -6,7 +6,7 @@ import math
 import pytest
 from conftest import run_entry, stdlib_text
 
-from lm import perf
+from lm.train import perf
 
 pytestmark = pytest.mark.slow  # each test starts a benchmark script
 

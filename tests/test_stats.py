@@ -1,10 +1,10 @@
-"""lm.stats against hand-computed values (t quantiles from printed tables)."""
+"""lm.experiments.stats against hand-computed values (t quantiles from printed tables)."""
 
 import math
 
 import pytest
 
-from lm import stats
+from lm.experiments import stats
 
 
 def test_t_quantiles_match_the_table():

@@ -8,10 +8,10 @@ import os
 import pytest
 from conftest import run_entry, sweep_file, tiny_config, tiny_train_config
 
-from lm.accounting import param_counts
-from lm.fairness import match_parameters, reference_config
-from lm.model import model_config
-from lm.sweep import parse_grid, point_config, run_name, summarise
+from lm.experiments.fairness import match_parameters, reference_config
+from lm.experiments.sweep import parse_grid, point_config, run_name, summarise
+from lm.model.accounting import param_counts
+from lm.model.transformer import model_config
 
 
 def sweep(*args):
@@ -131,7 +131,7 @@ def test_equal_parameter_mode_lands_within_one_percent(d_model, heads):
 
 def fake_run(tmp_path, point, seed, loss, attention='mha', **model):
     """A finished run as the summary reads it: results.json and the config saved with its
-    checkpoint (lm.checkpoint.read_latest_meta reads the JSON side-car)."""
+    checkpoint (lm.train.checkpoint.read_latest_meta reads the JSON side-car)."""
     workdir = tmp_path / f'{point}_s{seed}'
     meta = workdir / 'checkpoints' / '8' / 'meta'
     meta.mkdir(parents=True)

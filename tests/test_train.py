@@ -21,10 +21,10 @@ from conftest import (
 )
 from conftest import run_entry as run_cli
 
-from lm.checkpoint import Checkpointer
-from lm.experiment import prepare, restore, restore_run, stored_config
-from lm.train_loop import call_sizes, train
-from lm.train_step import init_state, make_train_step
+from lm.train.checkpoint import Checkpointer
+from lm.train.loop import call_sizes, train
+from lm.train.run import prepare, restore, restore_run, stored_config
+from lm.train.step import init_state, make_train_step
 
 
 def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
@@ -252,7 +252,8 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    # One evaluation protocol (lm.evaluation): eval.py on the run's own validation split is the
+    # One evaluation protocol (lm.train.evaluation): eval.py on the run's own validation split is
+    # the
     # same measurement as the in-training eval, so it writes the same tag and value.
     assert result['step'] == 8 and result['tag'] == 'eval'
     for noise in ('libtpu', 'read only'):  # startup noise is gone

@@ -21,14 +21,8 @@ from flax import nnx
 from tensorboard.backend.event_processing import event_accumulator
 from test_train import read_hparams
 
-import lm.train_loop
-from lm.checkpoint import Checkpointer
-from lm.data import load_corpus, train_batch
-from lm.decode import Decoder, cache_elements_per_token, init_caches
-from lm.experiment import restore_run
-from lm.model import build_model, model_config
-from lm.optimizer import lr_schedule, make_optimizer
-from lm.uptrain import (
+import lm.train.loop
+from lm.convert.uptrain import (
     check_conversion,
     check_flags,
     convert_checkpoint,
@@ -38,6 +32,12 @@ from lm.uptrain import (
     uptrain_config,
     with_schedule_count,
 )
+from lm.data.corpus import load_corpus, train_batch
+from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
+from lm.model.transformer import build_model, model_config
+from lm.train.checkpoint import Checkpointer
+from lm.train.optimizer import lr_schedule, make_optimizer
+from lm.train.run import restore_run
 
 
 def params_of(model):
@@ -240,7 +240,7 @@ def test_converted_optimizer_state_for_random_zeroes_kv_moments():
 def _recorded_batches(monkeypatch) -> dict:
     """{step: batch} of every batch the training loop hands to the train step."""
     seen = {}
-    real = lm.train_loop.call_batch
+    real = lm.train.loop.call_batch
 
     def recording(tokens, **kw):
         batch = real(tokens, **kw)
@@ -249,7 +249,7 @@ def _recorded_batches(monkeypatch) -> dict:
             seen[kw['step'] + i] = rows_i
         return batch
 
-    monkeypatch.setattr(lm.train_loop, 'call_batch', recording)
+    monkeypatch.setattr(lm.train.loop, 'call_batch', recording)
     return seen
 
 
@@ -264,7 +264,7 @@ def test_uptraining_continues_the_source_run(tmp_path, small_text, monkeypatch):
     )
     src, dst, tb = tmp_path / 'mha', tmp_path / 'gqa', tmp_path / 'tb'
     seen = _recorded_batches(monkeypatch)
-    lm.train_loop.train(config, str(src), str(tb))
+    lm.train.loop.train(config, str(src), str(tb))
     assert sorted(seen) == list(range(8))
     source_seen, seen_up = dict(seen), seen
     seen_up.clear()
@@ -291,7 +291,7 @@ def test_uptraining_continues_the_source_run(tmp_path, small_text, monkeypatch):
         for x, y in zip(jax.tree.leaves(ma), jax.tree.leaves(mb), strict=True):
             np.testing.assert_array_equal(x, y)  # every other moment bitwise the source's
 
-    lm.train_loop.train(up, str(dst), str(tb))
+    lm.train.loop.train(up, str(dst), str(tb))
     # the source recipe's batches of steps 8..11: new data, none of the source's 0..7 replayed
     assert sorted(seen_up) == [8, 9, 10, 11]
     tokens = load_corpus(config.data).tokens['train']
@@ -393,7 +393,8 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     )
     assert bad.returncode == 1 and 'not divisible by --num_kv_heads=3' in bad.stderr
     assert 'Traceback' not in bad.stderr + empty.stderr + again.stderr
-    # MHA -> MLA (lm/conversion.py); similarity grouping and aligned merging: the ablation smoke.
+    # MHA -> MLA (lm/convert/methods.py); similarity grouping and aligned merging: the ablation
+    # smoke.
     mla = ['--target=mla', '--kv_lora_rank=8', '--qk_rope_head_dim=4', '--calibration_tokens=64']
     bad = run_entry(
         'scripts/uptrain.py',

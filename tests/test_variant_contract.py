@@ -12,21 +12,22 @@ import pytest
 from conftest import tiny_config, tiny_train_config
 from flax import nnx
 
-from lm import accounting, attention, sweep
-from lm.attention import (
+from lm.convert.uptrain import check_conversion
+from lm.experiments import sweep
+from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
+from lm.model import accounting, attention
+from lm.model.attention import (
     AttentionVariant,
     cache_mask,
     document_mask,
     grouped_attention,
     write_cache,
 )
-from lm.config import ModelConfig
-from lm.decode import Decoder, cache_elements_per_token, init_caches
-from lm.layers import Dense, residual_scale, rope
-from lm.model import build_model, model_config
-from lm.run_log import hparams
-from lm.train_loop import train
-from lm.uptrain import check_conversion
+from lm.model.config import ModelConfig
+from lm.model.layers import Dense, residual_scale, rope
+from lm.model.transformer import build_model, model_config
+from lm.train.loop import train
+from lm.train.run_log import hparams
 
 
 class SharedKV(AttentionVariant):

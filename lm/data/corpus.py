@@ -1,0 +1,388 @@
+"""Text sources, tokenised once into a cached memmap (`lm.data.cache`); batches and evaluation
+windows are in `lm.data.windows`.
+
+Sources (`config.data.source`):
+- 'stdlib': the running Python's standard-library .py files (no tests, no site-packages), split
+  into train / validation by a stable hash of each file's relative path. Needs no download.
+- 'text': local text files, concatenated; the last `val_fraction` of characters is validation.
+  Files are streamed (read, decoded and tokenised a few MB at a time), so their size is not
+  bounded by memory; each split is one document.
+- 'hf': a Hugging Face `datasets` dataset (hub name or a local builder such as 'text' with
+  `data.path` as data_files), optionally streamed; one document per row.
+
+Each split is tokenised once into `<cache_dir>/<fingerprint>/<split>.bin` (uint16 or uint32),
+where the fingerprint covers the source's contents and the tokenizer.
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import re
+import sysconfig
+from collections.abc import Callable, Iterator
+
+import ml_collections
+import numpy as np
+from absl import logging
+
+from lm.data.cache import SPLITS, Piece, exclusive, load_or_build
+from lm.data.tokenizer import (
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    check_tokenizer_config,
+    train_bpe,
+)
+from lm.data.windows import (  # noqa: F401 - re-exported: their home was this module
+    call_batch,
+    eval_batches,
+    eval_windows,
+    train_batch,
+    window_targets,
+)
+
+SOURCES = ('stdlib', 'text', 'hf')
+DECODE_ERRORS = ('strict', 'replace')
+HF_SAMPLE_BY = ('line', 'paragraph', 'document')
+SAMPLINGS = ('random', 'epochs')
+READ_BYTES = 1 << 22  # bytes of a text file read (and decoded) at a time
+PIECE_CHARS = 1 << 16  # a text split is tokenised in pieces of about this many characters
+_SAFE_CUT = re.compile(r'(?<=\S) (?=\S)')  # a space between two non-space characters
+_TEST_DIRS = {'test', 'tests', 'idle_test', 'site-packages', 'dist-packages', '__pycache__'}
+
+
+@dataclasses.dataclass
+class Corpus:
+    """Tokenised splits plus what evaluation needs to convert nats/token into bits/byte."""
+
+    tokens: dict[str, np.ndarray]  # split -> 1-D token memmap
+    num_bytes: dict[str, int]  # split -> UTF-8 bytes of raw text behind those tokens
+    tokenizer: Tokenizer
+    fingerprint: str
+
+    def bytes_per_token(self, split: str) -> float:
+        return self.num_bytes[split] / len(self.tokens[split])
+
+
+def cache_dir(data: ml_collections.ConfigDict) -> str:
+    return os.path.expanduser(data.cache_dir or '~/.cache/lm')
+
+
+def text_paths(data: ml_collections.ConfigDict) -> list[str]:
+    return [p.strip() for p in data.path.split(',') if p.strip()]
+
+
+def check_data_config(data: ml_collections.ConfigDict) -> None:
+    """One-line errors for bad data settings, before anything is read or compiled."""
+    if data.source not in SOURCES:
+        raise ValueError(f'config.data.source must be one of {SOURCES}, got {data.source!r}')
+    if not 0 < data.val_fraction < 1:
+        raise ValueError(f'config.data.val_fraction must be in (0, 1), got {data.val_fraction}')
+    if data.seq_len <= 0:
+        raise ValueError(f'config.data.seq_len must be > 0, got {data.seq_len}')
+    if data.decode_errors not in DECODE_ERRORS:
+        raise ValueError(
+            f'config.data.decode_errors must be one of {DECODE_ERRORS}, got {data.decode_errors!r}'
+        )
+    if data.hf_sample_by not in HF_SAMPLE_BY:
+        raise ValueError(
+            f'config.data.hf_sample_by must be one of {HF_SAMPLE_BY}, got {data.hf_sample_by!r}'
+        )
+    if data.sampling not in SAMPLINGS:
+        raise ValueError(f'config.data.sampling must be one of {SAMPLINGS}, got {data.sampling!r}')
+    num = data.num_proc
+    if isinstance(num, bool) or not isinstance(num, int) or num < 0:
+        raise ValueError(
+            f'config.data.num_proc must be an integer >= 0 (0 = every CPU, up to 16), got {num!r}'
+        )
+    check_tokenizer_config(data)
+    if data.source == 'text':
+        if not text_paths(data):
+            raise ValueError("config.data.path must name at least one text file for source='text'")
+    if data.source in ('text', 'hf'):
+        for path in text_paths(data):
+            if os.path.isdir(path):
+                raise ValueError(
+                    f'config.data.path: {path!r} is a directory; name text files (comma-separated)'
+                )
+            if not os.path.isfile(path):
+                hint = ''
+                if os.path.basename(path) == 'tinyshakespeare.txt':
+                    hint = ' (fetch it: python scripts/get_data.py tinyshakespeare)'
+                raise FileNotFoundError(f'config.data.path: {path!r} does not exist{hint}')
+            if data.source == 'text' and os.path.getsize(path) == 0:
+                raise ValueError(f'config.data.path: {path!r} is empty')
+    if data.source == 'hf' and not data.hf_name:
+        raise ValueError("config.data.hf_name must be set for source='hf'")
+    if data.source == 'stdlib' and data.path:
+        logging.log_first_n(
+            logging.WARNING,
+            "config.data.path=%r is ignored: source='stdlib' reads this Python's own .py "
+            "files (set config.data.source='text' to train on it)",
+            1,
+            data.path,
+        )
+
+
+def _stdlib_files() -> list[tuple[str, str]]:
+    root = sysconfig.get_paths()['stdlib']
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _TEST_DIRS)
+        for name in sorted(filenames):
+            if name.endswith('.py') and not name.startswith('test_'):
+                full = os.path.join(dirpath, name)
+                files.append((os.path.relpath(full, root), full))
+    return files
+
+
+def _in_validation(key: str, val_fraction: float) -> bool:
+    h = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+    return h % 10_000 < val_fraction * 10_000
+
+
+def _read(path: str) -> str:
+    with open(path, encoding='utf-8', errors='replace') as f:
+        return f.read()
+
+
+def _not_utf8(path: str, byte: int, offset: int) -> str:
+    return (
+        f'config.data.path: {path!r} is not UTF-8 text (byte 0x{byte:02x} at offset {offset}); '
+        "set config.data.decode_errors='replace' to read it anyway"
+    )
+
+
+def _decoded(path: str, errors: str, digest=None) -> Iterator[str]:
+    """The UTF-8 text of `path`, read and decoded `READ_BYTES` at a time (exactly as one
+    `bytes.decode`); `digest` (a hashlib object) is fed the raw bytes. With errors='strict', a
+    byte that is not UTF-8 is a one-line error naming the file and its offset."""
+    decoder = codecs.getincrementaldecoder('utf-8')(errors)
+    offset = 0
+    with open(path, 'rb') as f:
+        while True:
+            raw = f.read(READ_BYTES)
+            if digest is not None:
+                digest.update(raw)
+            pending = len(decoder.getstate()[0])  # bytes of a character split between reads
+            try:
+                text = decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                where = offset - pending + e.start
+                raise ValueError(_not_utf8(path, e.object[e.start], where)) from None
+            offset += len(raw)
+            if text:
+                yield text
+            if not raw:
+                return
+
+
+def _cut(buffer: str, start: int) -> int | None:
+    """Where a piece of `buffer` that starts at `start` ends: the first space at or after
+    start + PIECE_CHARS that sits between two non-space characters (byte-level BPE's
+    pre-tokenizer, GPT-2's pattern, always splits there, so pieces tokenise exactly as the whole
+    text); at start + PIECE_CHARS if 64 pieces' worth hold no such space; None = read more."""
+    if match := _SAFE_CUT.search(buffer, start + PIECE_CHARS):
+        return match.start()
+    return start + PIECE_CHARS if len(buffer) - start >= 64 * PIECE_CHARS else None
+
+
+def _text_pieces(paths: list[str], errors: str, start: int, stop: int) -> Iterator[Piece]:
+    """Characters [start, stop) of the files' concatenated text, one document in pieces of
+    about PIECE_CHARS characters (`_cut`), streamed: memory holds a read and a piece."""
+    buffer, first, pos = '', 0, 0  # buffer[first:] is not yet handed out
+    for text in itertools.chain.from_iterable(_decoded(p, errors) for p in paths):
+        lo, hi = max(start - pos, 0), min(stop - pos, len(text))
+        pos += len(text)
+        if lo < hi:
+            buffer, first = buffer[first:] + text[lo:hi], 0
+        while len(buffer) - first > PIECE_CHARS and (cut := _cut(buffer, first)) is not None:
+            yield buffer[first:cut], False
+            first = cut
+        if pos >= stop:
+            break
+    yield buffer[first:], True
+
+
+@dataclasses.dataclass
+class Source:
+    """What the cache needs from a source: its fingerprint and each split's documents."""
+
+    fingerprint: str  # covers the source's contents and settings
+    pieces: Callable[[str], Iterator[Piece]]  # split -> (text, document ends) pieces
+    size: Callable[[str], int | None]  # split -> about how many UTF-8 bytes (None = unknown)
+
+
+def _stdlib_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Callable]:
+    files = _stdlib_files()
+    key = [(rel, os.path.getsize(full)) for rel, full in files]
+
+    def in_split(rel: str, split: str) -> bool:
+        return _in_validation(rel, data.val_fraction) == (split == 'validation')
+
+    def pieces(split: str) -> Iterator[Piece]:
+        for rel, full in files:
+            if in_split(rel, split):
+                yield _read(full), True
+
+    def size(split: str) -> int:
+        return sum(os.path.getsize(full) for rel, full in files if in_split(rel, split))
+
+    return key, pieces, size
+
+
+def _text_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Callable]:
+    """The files are hashed and checked for UTF-8 in one streaming pass before anything is
+    tokenised; the last `val_fraction` of their characters is validation."""
+    paths = text_paths(data)
+    key, chars = [], 0
+    for p in paths:
+        digest = hashlib.sha256()
+        chars += sum(len(text) for text in _decoded(p, data.decode_errors, digest))
+        key.append(digest.hexdigest())
+    cut = int(chars * (1 - data.val_fraction))
+    total = sum(os.path.getsize(p) for p in paths)
+
+    def pieces(split: str) -> Iterator[Piece]:
+        start, stop = (0, cut) if split == 'train' else (cut, chars)
+        return _text_pieces(paths, data.decode_errors, start, stop)
+
+    def size(split: str) -> int:
+        return round(total * (1 - data.val_fraction if split == 'train' else data.val_fraction))
+
+    return key, pieces, size
+
+
+def _source(data: ml_collections.ConfigDict) -> Source:
+    if data.source == 'stdlib':
+        key, pieces, size = _stdlib_source(data)
+    elif data.source == 'text':
+        key, pieces, size = _text_source(data)
+    else:
+        key = [
+            data.hf_name,
+            data.hf_config,
+            data.hf_split,
+            data.hf_eval_split,
+            data.path,
+            data.hf_text_column,
+            data.hf_max_docs,
+        ]
+        if data.hf_name == 'text' and data.hf_sample_by != 'line':
+            key.append(data.hf_sample_by)
+
+        def pieces(split: str) -> Iterator[Piece]:
+            return ((doc, True) for doc in _hf_docs(data, split))
+
+        def size(split: str) -> None:
+            return None
+
+    settings = [data.source, data.val_fraction, key]
+    return Source(hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16], pieces, size)
+
+
+def _hf_docs(data: ml_collections.ConfigDict, split: str) -> Iterator[str]:
+    import datasets  # heavy import, only for this source
+
+    held_out = split == 'validation' and not data.hf_eval_split
+    name = data.hf_eval_split if split == 'validation' and data.hf_eval_split else data.hf_split
+    kwargs = {'sample_by': data.hf_sample_by} if data.hf_name == 'text' else {}
+    try:
+        ds = datasets.load_dataset(
+            data.hf_name,
+            data.hf_config or None,
+            split=name,
+            streaming=data.hf_streaming,
+            data_files=text_paths(data) or None,
+            **kwargs,
+        )
+    except (ConnectionError, OSError) as e:  # offline, unknown name, unreachable hub
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f'config.data.hf_name={data.hf_name!r} could not be loaded ({first}); offline, '
+            'use a local builder: --config.data.hf_name=text --config.data.path=FILE'
+        ) from None
+    every = round(1 / data.val_fraction)
+    count = 0
+    for i, row in enumerate(ds):
+        if not data.hf_eval_split and (i % every == every - 1) != held_out:
+            continue
+        if data.hf_max_docs and count >= data.hf_max_docs:
+            break
+        count += 1
+        yield row[data.hf_text_column]
+
+
+def _tokenizer(data: ml_collections.ConfigDict, source: Source) -> Tokenizer:
+    if data.tokenizer == 'byte':
+        return ByteTokenizer()
+    if data.tokenizer == 'bpe':
+        path = os.path.join(
+            cache_dir(data), 'tokenizers', f'bpe-{source.fingerprint}-{data.bpe_vocab_size}.json'
+        )
+        if not os.path.isfile(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with exclusive(path + '.lock', f'the tokenizer {path}'):
+                if not os.path.isfile(path):  # else trained while this process waited
+                    texts = (text for text, _ in source.pieces('train'))
+                    return train_bpe(texts, data.bpe_vocab_size, path)
+        try:
+            return HFTokenizer.from_file(path)
+        except ValueError as e:
+            raise ValueError(f'{e}; delete {path!r} to train it again') from None
+    return HFTokenizer.from_file(data.tokenizer, data.eos_token)
+
+
+MAX_AUTO_PROC = 16  # num_proc = 0 stops here: each spawned worker imports the entry point anew
+
+
+def num_proc(data: ml_collections.ConfigDict) -> int:
+    """Tokenisation processes: `config.data.num_proc`, or if 0 every CPU up to MAX_AUTO_PROC."""
+    return data.num_proc or min(os.cpu_count() or 1, MAX_AUTO_PROC)
+
+
+def load_tokenizer(data: ml_collections.ConfigDict) -> Tokenizer:
+    """The tokenizer `config.data` describes (a BPE is trained only if not cached)."""
+    check_data_config(data)
+    return _tokenizer(data, _source(data))
+
+
+def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
+    """Tokenised train and validation splits, built once (by one process) and cached by
+    fingerprint (`lm.data.cache`)."""
+    check_data_config(data)
+    source = _source(data)
+    tok = _tokenizer(data, source)
+    fingerprint = hashlib.sha256(f'{source.fingerprint}-{tok.name}'.encode()).hexdigest()[:16]
+    directory = os.path.join(cache_dir(data), fingerprint)
+    dtype = np.dtype(np.uint16 if tok.vocab_size <= 2**16 else np.uint32)
+    meta, tokens = load_or_build(directory, source.pieces, tok, dtype, num_proc(data), source.size)
+    logging.info(
+        'data: %s source, %s; train %s tokens (%s bytes), validation %s tokens (%s bytes); '
+        'tokenizer %s, %s tokens',
+        data.source,
+        data.hf_name or data.path or 'stdlib .py files',
+        f'{len(tokens["train"]):,}',
+        f'{meta["num_bytes"]["train"]:,}',
+        f'{len(tokens["validation"]):,}',
+        f'{meta["num_bytes"]["validation"]:,}',
+        tok.name,
+        f'{tok.vocab_size:,}',
+    )
+    return Corpus(tokens, meta['num_bytes'], tok, fingerprint)
+
+
+def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:
+    """The source must hold at least one batch of windows in each split."""
+    need = batch_size * seq_len + 1
+    for split in SPLITS:
+        if len(corpus.tokens[split]) < need:
+            raise ValueError(
+                f'the {split} split has {len(corpus.tokens[split])} tokens, fewer than one batch '
+                f'(config.train.batch_size={batch_size} x config.data.seq_len={seq_len} + 1)'
+            )

@@ -1,0 +1,225 @@
+"""KV-cache decoding for every attention variant: prefill a batch of prompts, then sample token by
+token inside one jitted `lax.while_loop`.
+
+Prompts of different lengths are left-padded to the longest, T. Row b's padding occupies cache
+slots [0, pad_b) and is never attended; its tokens sit at positions 0, 1, ... as in a forward
+pass of the unpadded prompt. Decode step i writes slot T + i for every row. Each attention
+variant owns its cache layout (its `init_cache` / `extend`, lm/model/attention.py): K and V per KV
+head
+for MHA / GQA / MQA, the latent c_KV and the shared RoPE key for MLA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from lm.model import attention
+from lm.model.config import DTYPES, ModelConfig
+from lm.model.transformer import Transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """temperature 0 = greedy; top_k 0 and top_p 1 = no truncation."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not self.temperature >= 0 or self.temperature == float('inf'):  # NaN fails >= 0
+            raise ValueError(
+                f'sampling temperature must be a finite number >= 0, got {self.temperature}'
+            )
+        if self.top_k < 0:
+            raise ValueError(f'sampling top_k must be >= 0 (0 = off), got {self.top_k}')
+        if not 0 < self.top_p <= 1:  # also refuses NaN
+            raise ValueError(f'sampling top_p must be in (0, 1], got {self.top_p}')
+
+
+def parse_sampling(spec: str) -> Sampling:
+    """'greedy', or comma-separated options such as 'temperature=0.8,top_k=40,top_p=0.95'."""
+    if spec.strip() in ('', 'greedy'):
+        return Sampling()
+    types = {'temperature': float, 'top_k': int, 'top_p': float}
+    options = {}
+    for item in spec.split(','):
+        name, _, value = item.partition('=')
+        name = name.strip()
+        if name not in types:
+            raise ValueError(
+                f'unknown sampling option {name!r} in {spec!r}; expected '
+                f"'greedy' or {sorted(types)} as name=value pairs"
+            )
+        try:
+            options[name] = types[name](value)
+        except ValueError:
+            raise ValueError(
+                f'sampling option {name}={value!r} is not a {types[name].__name__}'
+            ) from None
+    return Sampling(**options)
+
+
+def init_caches(cfg: ModelConfig, batch: int, length: int) -> list[dict[str, jax.Array]]:
+    """One zeroed cache per layer, in the compute dtype."""
+    cls = attention.variant(cfg)
+    return [cls.init_cache(cfg, batch, length, DTYPES[cfg.dtype]) for _ in range(cfg.num_layers)]
+
+
+def cache_elements_per_token(caches: list[dict[str, jax.Array]]) -> int:
+    """Elements the live cache arrays hold per token (all layers), measured from their shapes."""
+    return sum(int(np.prod(a.shape[2:])) for c in caches for a in c.values())
+
+
+def _sample(logits_BV: jax.Array, key: jax.Array, temperature, top_k, top_p) -> jax.Array:
+    """One token per row: greedy when temperature == 0, else temperature / top-k / top-p."""
+    V = logits_BV.shape[-1]
+    scaled = logits_BV / jnp.maximum(temperature, 1e-6)
+    sorted_BV = jnp.sort(scaled, axis=-1)[:, ::-1]
+    kth = jnp.take(sorted_BV, jnp.clip(top_k - 1, 0, V - 1), axis=-1)[:, None]
+    scaled = jnp.where((top_k > 0) & (scaled < kth), -jnp.inf, scaled)
+    # top-p: keep the most likely tokens until their mass reaches top_p (at least one).
+    probs_sorted = jax.nn.softmax(jnp.sort(scaled, axis=-1)[:, ::-1], axis=-1)
+    keep = jnp.cumsum(probs_sorted, axis=-1) - probs_sorted < top_p
+    cutoff = jnp.min(jnp.where(keep, jnp.sort(scaled, axis=-1)[:, ::-1], jnp.inf), axis=-1)
+    scaled = jnp.where(scaled < cutoff[:, None], -jnp.inf, scaled)
+    sampled = jax.random.categorical(key, scaled, axis=-1)
+    return jnp.where(temperature > 0, sampled, jnp.argmax(logits_BV, axis=-1)).astype(jnp.int32)
+
+
+class Decoder:
+    """Jitted prefill, single decode steps, and a whole generation loop for one model."""
+
+    def __init__(self, model: Transformer, absorb: bool = True):
+        self.cfg = model.cfg
+        self.graphdef, self.params = nnx.split(model, nnx.Param)
+        self.absorb = absorb
+        self.prefill = jax.jit(self._prefill)
+        self.step = jax.jit(self._step)
+        self.loop = jax.jit(self._loop)
+
+    def _extend(self, params, tokens_BT, positions_BT, caches, slot, kv_valid_BS):
+        model = nnx.merge(self.graphdef, params)
+        return model.extend(tokens_BT, positions_BT, caches, slot, kv_valid_BS, self.absorb)
+
+    def _prefill(self, params, tokens_BT, pad_B, caches):
+        """Left-padded prompts [B, T] -> (logits [B, T, V], caches, kv_valid [B, S])."""
+        B, T = tokens_BT.shape
+        S = caches[0][next(iter(caches[0]))].shape[1]
+        t = jnp.arange(T)[None, :]
+        positions = jnp.maximum(t - pad_B[:, None], 0)
+        slots = jnp.arange(S)[None, :]
+        kv_valid = (slots >= pad_B[:, None]) & (slots < T)
+        logits, caches = self._extend(params, tokens_BT, positions, caches, 0, kv_valid)
+        return logits, caches, kv_valid
+
+    def _step(self, params, tokens_B, slot, pad_B, caches, kv_valid_BS):
+        """Feeds one token per row at cache slot `slot` -> (logits [B, V], caches, kv_valid)."""
+        kv_valid_BS = jax.lax.dynamic_update_slice_in_dim(
+            kv_valid_BS, jnp.ones((kv_valid_BS.shape[0], 1), bool), slot, 1
+        )
+        positions = (slot - pad_B)[:, None]
+        logits, caches = self._extend(
+            params, tokens_B[:, None], positions, caches, slot, kv_valid_BS
+        )
+        return logits[:, 0], caches, kv_valid_BS
+
+    def _loop(
+        self,
+        params,
+        logits_BV,
+        caches,
+        kv_valid_BS,
+        pad_B,
+        prompt_len,
+        max_new,
+        eos_id,
+        key,
+        temperature,
+        top_k,
+        top_p,
+    ):
+        """Samples up to `max_new` tokens per row (stopping rows at `eos_id`); returns [B, S]
+        tokens (the first max_new columns used) and per-row counts. All arguments are traced, so
+        this compiles once per (batch, cache length)."""
+        B, S = kv_valid_BS.shape
+
+        def cond(carry):
+            i, done = carry[0], carry[1]
+            return (i < max_new) & ~jnp.all(done)
+
+        def body(carry):
+            i, done, counts, out, logits, caches, kv_valid, key = carry
+            key, sub = jax.random.split(key)
+            tok = _sample(logits, sub, temperature, top_k, top_p)
+            out = jax.lax.dynamic_update_slice_in_dim(out, jnp.where(done, 0, tok)[:, None], i, 1)
+            counts = counts + ~done
+            done = done | (tok == eos_id)
+            logits, caches, kv_valid = self._step(
+                params, tok, prompt_len + i, pad_B, caches, kv_valid
+            )
+            return i + 1, done, counts, out, logits, caches, kv_valid, key
+
+        carry = (
+            jnp.int32(0),
+            jnp.zeros(B, bool),
+            jnp.zeros(B, jnp.int32),
+            jnp.zeros((B, S), jnp.int32),
+            logits_BV,
+            caches,
+            kv_valid_BS,
+            key,
+        )
+        carry = jax.lax.while_loop(cond, body, carry)
+        return carry[3], carry[2]
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        sampling: Sampling = Sampling(),
+        eos_id: int | None = None,
+        seed: int = 0,
+        cache_len: int | None = None,
+    ) -> list[list[int]]:
+        """Continues each prompt by up to `max_new_tokens` tokens (fewer if it emits eos_id,
+        which is included). The cache holds `cache_len` tokens (default: just enough)."""
+        if not prompts:
+            raise ValueError('no prompts given')
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f'prompt {i} is empty; every prompt needs at least one token')
+        if max_new_tokens < 1:
+            raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}')
+        T = max(len(p) for p in prompts)
+        S = cache_len or T + max_new_tokens
+        if T + max_new_tokens > S:
+            raise ValueError(
+                f'prompt of {T} tokens + max_new_tokens={max_new_tokens} is longer '
+                f'than the cache ({S} tokens)'
+            )
+        pad = np.array([T - len(p) for p in prompts], np.int32)
+        tokens = np.array([[0] * (T - len(p)) + list(p) for p in prompts], np.int32)
+        caches = init_caches(self.cfg, len(prompts), S)
+        logits, caches, kv_valid = self.prefill(self.params, tokens, pad, caches)
+        out, counts = self.loop(
+            self.params,
+            logits[:, -1],
+            caches,
+            kv_valid,
+            pad,
+            np.int32(T),
+            np.int32(max_new_tokens),
+            np.int32(-1 if eos_id is None else eos_id),
+            jax.random.key(seed),
+            np.float32(sampling.temperature),
+            np.int32(sampling.top_k),
+            np.float32(sampling.top_p),
+        )
+        out, counts = np.asarray(out), np.asarray(counts)
+        return [out[b, : counts[b]].tolist() for b in range(len(prompts))]

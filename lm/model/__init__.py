@@ -1,0 +1,4 @@
+"""The model wing: the model config schema (`config`), layers, the attention-variant contract
+(`variant`), one file per variant (`attention` holds GQA and the factory, `mla`), the decoder
+(`transformer`) and the accounting of parameters, KV-cache bytes and FLOPs. Imports no other wing.
+"""

@@ -1,0 +1,119 @@
+"""ModelConfig: the typed, resolved view of `config.model` that the model code reads
+(built by `lm.model.transformer.model_config`; the schema is configs/base.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import ml_collections
+
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+ATTENTION_IMPLS = ('einsum', 'dot_product', 'cudnn')
+ROPE_SCALINGS = ('', 'llama3')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Every model knob; see configs/base.py for what each one means.
+
+    Built by `lm.model.transformer.model_config`, the one resolver: `num_kv_heads`, `head_dim`,
+    `mlp_dim`
+    and `vocab_size` then hold the values the model uses, never the 0 = "derive it" of the config
+    file (MLA's `num_kv_heads` is 0: its cache holds no K/V heads).
+    """
+
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    attention: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    attention_impl: str
+    qkv_bias: bool
+    o_bias: bool
+    mlp_dim: int
+    rope_theta: float
+    rope_scaling: str
+    rope_scaling_factor: float
+    rope_low_freq_factor: float
+    rope_high_freq_factor: float
+    rope_original_max_len: int
+    norm_eps: float
+    tie_embeddings: bool
+    init_std: float
+    param_dtype: str
+    dtype: str
+    kv_lora_rank: int
+    q_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    latent_norm_eps: float
+
+    @classmethod
+    def from_config(cls, model: ml_collections.ConfigDict) -> ModelConfig:
+        """Builds the config from `config.model`, checking the knobs shared by every variant."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        given = set(model.keys())
+        if unknown := sorted(given - fields):
+            raise ValueError(
+                f'config.model has unknown key(s) {unknown}; known keys: {sorted(fields)}'
+            )
+        if missing := sorted(fields - given):
+            raise ValueError(f'config.model is missing key(s) {missing}')
+        cfg = cls(**{k: model[k] for k in fields})
+        cfg.check_shared()
+        mlp_dim = cfg.mlp_dim or _round_up(8 * cfg.d_model // 3, 64)
+        return dataclasses.replace(cfg, mlp_dim=mlp_dim)
+
+    def check_shared(self) -> None:
+        """Raises ValueError naming the first knob that is out of range."""
+        for name in ('d_model', 'num_layers', 'num_heads'):
+            if getattr(self, name) <= 0:
+                raise ValueError(f'config.model.{name} must be > 0, got {getattr(self, name)}')
+        for name in ('vocab_size', 'num_kv_heads', 'head_dim', 'mlp_dim'):
+            if getattr(self, name) < 0:
+                raise ValueError(f'config.model.{name} must be >= 0, got {getattr(self, name)}')
+        for name in ('param_dtype', 'dtype'):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(
+                    f'config.model.{name} must be one of {sorted(DTYPES)}, '
+                    f'got {getattr(self, name)!r}'
+                )
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f'config.model.attention_impl must be one of {ATTENTION_IMPLS}, '
+                f'got {self.attention_impl!r}'
+            )
+        if self.attention_impl == 'cudnn' and self.dtype not in ('bfloat16', 'float16'):
+            raise ValueError(
+                "config.model.attention_impl='cudnn' needs config.model.dtype bfloat16 or "
+                f'float16 (cuDNN fused attention), got {self.dtype!r}'
+            )
+        if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
+            raise ValueError('config.model.rope_theta, norm_eps and init_std must all be > 0')
+        if self.latent_norm_eps < 0:
+            raise ValueError(
+                f'config.model.latent_norm_eps must be >= 0 (0 = norm_eps), '
+                f'got {self.latent_norm_eps}'
+            )
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(
+                f'config.model.rope_scaling must be one of {ROPE_SCALINGS}, '
+                f'got {self.rope_scaling!r}'
+            )
+        if self.rope_scaling == 'llama3' and not (
+            self.rope_scaling_factor > 0
+            and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+            and self.rope_original_max_len > 0
+        ):
+            raise ValueError(
+                "config.model.rope_scaling='llama3' needs rope_scaling_factor > 0, "
+                '0 < rope_low_freq_factor < rope_high_freq_factor and rope_original_max_len > 0'
+            )
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple

@@ -1,0 +1,163 @@
+"""The decoder-only language model: embedding, pre-norm blocks, final norm, output head.
+
+Block: x += attention(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). The attention module comes from the
+factory in `lm/model/attention.py`, so this file does not change when a variant is added.
+
+Shape legend, one meaning per letter, used as suffixes (`q_BTHD`) and in einsum strings across lm/:
+  B batch rows                     T query positions (sequence length; T1 = T + 1 with targets)
+  S key positions (cache slots)    E d_model, the residual stream width
+  H query heads                    G KV heads
+  R query heads per KV head, H / G D per-head query/key width
+  U per-head value width           V vocabulary size
+  F SwiGLU hidden width            L layers
+  C MLA KV latent rank             N MLA query/key width without RoPE (qk_nope_head_dim)
+  P MLA decoupled RoPE width       A micro-batches per step (gradient accumulation)
+  K optimizer steps per jitted call
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from lm.model import attention
+from lm.model.config import DTYPES, ModelConfig
+from lm.model.layers import Dense, RMSNorm, SwiGLU
+
+Constrain = Callable[[jax.Array, tuple[str | None, ...]], jax.Array]
+ACT_AXES = ('batch', 'length', None)  # logical axes of the residual stream [B, T, E]
+
+
+def no_constraint(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+    return x
+
+
+def model_config(
+    model: ml_collections.ConfigDict, tokenizer_vocab: int | None = None
+) -> ModelConfig:
+    """The one resolver: `config.model` (+ the tokenizer's vocabulary size) -> the ModelConfig
+    the model is built from, every knob checked (one-line ValueError, before any array is built)
+    and every derived one filled in. vocab_size 0 takes the tokenizer's size; a given size must
+    hold the tokenizer's tokens."""
+    cfg = check_model_config(model)
+    vocab = cfg.vocab_size or tokenizer_vocab or 0
+    if vocab <= 0:
+        raise ValueError(
+            'config.model.vocab_size must be > 0, or 0 to take it from the tokenizer '
+            f'(none given), got {cfg.vocab_size}'
+        )
+    if tokenizer_vocab and vocab < tokenizer_vocab:
+        raise ValueError(
+            f'config.model.vocab_size={vocab} is smaller than the tokenizer '
+            f'vocabulary ({tokenizer_vocab})'
+        )
+    return dataclasses.replace(cfg, vocab_size=vocab)
+
+
+def check_model_config(model: ml_collections.ConfigDict) -> ModelConfig:
+    """`model_config` before the tokenizer is known: every check but the vocabulary's (so a bad
+    setting fails before any data is read). vocab_size stays as given (0 = not yet known)."""
+    return attention.resolve(ModelConfig.from_config(model))
+
+
+class Block(nnx.Module):
+    """One pre-norm transformer block."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.d_model, cfg)
+        self.attn = attention.make_attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg)
+        self.mlp = SwiGLU(cfg, rngs=rngs)
+
+    def __call__(
+        self, x_BTE: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array | None = None
+    ) -> jax.Array:
+        x_BTE = x_BTE + self.attn(self.attn_norm(x_BTE), positions_BT, segment_ids_BT)
+        return x_BTE + self.mlp(self.mlp_norm(x_BTE))
+
+    def extend(self, x_BTE, positions_BT, cache, slot, kv_valid_BS, absorb=True):
+        """The block for T new tokens against this layer's KV cache (see `Transformer.extend`)."""
+        h_BTE, cache = self.attn.extend(
+            self.attn_norm(x_BTE), positions_BT, cache, slot, kv_valid_BS, absorb
+        )
+        x_BTE = x_BTE + h_BTE
+        return x_BTE + self.mlp(self.mlp_norm(x_BTE)), cache
+
+
+class Transformer(nnx.Module):
+    """tokens [B, T] -> logits [B, T, vocab] (float32)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        V, E = cfg.vocab_size, cfg.d_model
+        table = cfg.init_std * jax.random.normal(rngs.params(), (V, E), DTYPES[cfg.param_dtype])
+        self.embed = nnx.Param(table, axes=('vocab', 'embed'))
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(E, cfg)
+        self.lm_head = (
+            None if cfg.tie_embeddings else Dense((E,), (V,), ('embed', 'vocab'), cfg, rngs=rngs)
+        )
+
+    def __call__(
+        self,
+        tokens_BT: jax.Array,
+        positions_BT: jax.Array | None = None,
+        constrain: Constrain = no_constraint,
+        segment_ids_BT: jax.Array | None = None,
+    ) -> jax.Array:
+        """`constrain(x, logical_axes)` pins activation shardings; the trainer passes one built
+        from the mesh rules (lm/sharding.py), the default leaves them to the compiler.
+        `segment_ids_BT` (the document of each position of a packed row) restricts attention
+        to each token's own document; None = plain causal attention."""
+        cfg = self.cfg
+        dtype = DTYPES[cfg.dtype]
+        if positions_BT is None:
+            positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
+        x_BTE = constrain(jnp.take(self.embed[...], tokens_BT, axis=0).astype(dtype), ACT_AXES)
+        for block in self.blocks:
+            x_BTE = constrain(block(x_BTE, positions_BT, segment_ids_BT), ACT_AXES)
+        return self._logits(x_BTE)
+
+    def extend(
+        self,
+        tokens_BT: jax.Array,
+        positions_BT: jax.Array,
+        caches: list[dict],
+        slot: jax.Array,
+        kv_valid_BS: jax.Array,
+        absorb: bool = True,
+    ) -> tuple[jax.Array, list[dict]]:
+        """Logits for T new tokens per row, written into the per-layer caches at slots
+        slot..slot+T-1 (prefill: T = prompt length; decode: T = 1). kv_valid_BS marks the cache
+        slots that hold real (non-padding) tokens, the new ones included."""
+        x_BTE = jnp.take(self.embed[...], tokens_BT, axis=0).astype(DTYPES[self.cfg.dtype])
+        new_caches = []
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x_BTE, cache = block.extend(x_BTE, positions_BT, cache, slot, kv_valid_BS, absorb)
+            new_caches.append(cache)
+        return self._logits(x_BTE), new_caches
+
+    def _logits(self, x_BTE: jax.Array) -> jax.Array:
+        dtype = DTYPES[self.cfg.dtype]
+        x_BTE = self.final_norm(x_BTE)
+        if self.lm_head is None:
+            # Tied head: logits = x · embedᵀ.
+            logits = jnp.einsum(
+                'BTE,VE->BTV',
+                x_BTE,
+                self.embed[...].astype(dtype),
+                preferred_element_type=jnp.float32,
+            )
+        else:
+            logits = self.lm_head(x_BTE)
+        return logits.astype(jnp.float32)
+
+
+def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    """A freshly initialised model (parameters drawn from `seed`)."""
+    return Transformer(cfg, rngs=nnx.Rngs(params=seed))

@@ -1,0 +1,182 @@
+"""The attention-variant contract (`AttentionVariant`), the registry the factory in
+lm/model/attention.py reads (`VARIANTS`, `register`), and the pieces every variant shares: masks,
+the
+KV-cache write and the grouped attention kernel. Shape letters: see the legend in
+lm/model/transformer.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lm.model.config import ModelConfig
+
+
+def causal_mask(T: int, S: int | None = None) -> jax.Array:
+    """[T, S] boolean, True where query t may attend key s (s <= t, aligned at the end)."""
+    S = T if S is None else S
+    return jnp.arange(S)[None, :] <= jnp.arange(T)[:, None] + (S - T)
+
+
+def document_mask(segment_ids_BT: jax.Array) -> jax.Array:
+    """[B, T, T] causal mask within documents: query t attends key s <= t of its own segment
+    (segment_ids_BT: the document each position of a packed window belongs to)."""
+    same_BTS = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+    return same_BTS & causal_mask(segment_ids_BT.shape[1])[None]
+
+
+def cache_mask(kv_valid_BS: jax.Array, slot: jax.Array, T: int) -> jax.Array:
+    """[B, T, S] mask for T new queries written at cache slots slot..slot+T-1: a query attends
+    valid slots at or before its own (kv_valid_BS marks filled, non-padding slots)."""
+    S = kv_valid_BS.shape[1]
+    causal_TS = jnp.arange(S)[None, :] <= slot + jnp.arange(T)[:, None]
+    return kv_valid_BS[:, None, :] & causal_TS[None]
+
+
+def write_cache(cache_BS_: jax.Array, new_BT_: jax.Array, slot: jax.Array) -> jax.Array:
+    """Writes T new entries into a [B, S, ...] cache at slots slot..slot+T-1."""
+    return jax.lax.dynamic_update_slice_in_dim(cache_BS_, new_BT_.astype(cache_BS_.dtype), slot, 1)
+
+
+def grouped_attention(
+    q_BTHD: jax.Array,
+    k_BSGD: jax.Array,
+    v_BSGU: jax.Array,
+    *,
+    scale: float,
+    mask: jax.Array | None = None,
+    impl: str = 'einsum',
+) -> jax.Array:
+    """Softmax attention where H query heads share G = k.shape[2] KV heads; returns [B, T, H, U].
+
+    mask: broadcastable to [B, T, S], True = attend; None means causal. impl 'einsum' reshapes the
+    queries to [B, T, G, R, D] so each KV head serves its R query heads without being repeated;
+    'dot_product' calls `jax.nn.dot_product_attention` with XLA's implementation (JAX picks it
+    for implementation=None, on GPU too) and 'cudnn' asks it for cuDNN's fused flash attention
+    (GPU, bfloat16/float16); both take fewer KV heads natively.
+    """
+    B, T, H, D = q_BTHD.shape
+    G, U = k_BSGD.shape[2], v_BSGU.shape[3]
+    if impl in ('dot_product', 'cudnn'):
+        v_pad = jnp.pad(v_BSGU, ((0, 0), (0, 0), (0, 0), (0, D - U))) if U < D else v_BSGU
+        out = jax.nn.dot_product_attention(
+            q_BTHD,
+            k_BSGD,
+            v_pad,
+            scale=scale,
+            is_causal=mask is None,
+            mask=None if mask is None else jnp.broadcast_to(mask, (B, T, k_BSGD.shape[1]))[:, None],
+            implementation='cudnn' if impl == 'cudnn' else None,
+        )
+        return out[..., :U]
+    q_BTGRD = q_BTHD.reshape(B, T, G, H // G, D)
+    # scores[b, g, r, t, s] = <q[b, t, g, r], k[b, s, g]>: one KV head per group of R queries.
+    s_BGRTS = (
+        jnp.einsum('BTGRD,BSGD->BGRTS', q_BTGRD, k_BSGD, preferred_element_type=jnp.float32) * scale
+    )
+    if mask is None:
+        mask = causal_mask(T, k_BSGD.shape[1])
+    mask_B11TS = jnp.broadcast_to(mask, (B, T, k_BSGD.shape[1]))[:, None, None]
+    s_BGRTS = jnp.where(mask_B11TS, s_BGRTS, jnp.finfo(jnp.float32).min)
+    p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BSGU.dtype)
+    # out[b, t, g, r] = sum_s p[b, g, r, t, s] · v[b, s, g]
+    out_BTGRU = jnp.einsum('BGRTS,BSGU->BTGRU', p_BGRTS, v_BSGU)
+    return out_BTGRU.reshape(B, T, H, U)
+
+
+class AttentionVariant(nnx.Module):
+    """The contract of an attention variant. Subclass it, set `names`, implement the methods
+    that raise here, and decorate the class with `@register`.
+
+    Model: `__init__(cfg, rngs=...)`, `__call__(x_BTE, positions_BT, segment_ids_BT=None) -> y_BTE`
+    (segment ids given: attend only within a document, `document_mask`) and, for KV-cache
+    decoding, `init_cache` plus `extend` (T new tokens written into the cache at `slot`).
+    Static facts, read without building the module: `resolve` (check the variant's knobs and
+    fill in derived ones), `kv_cache_elements` and `kv_heads` (what the cache holds: accounting,
+    tables), `score_dims` (FLOP counts). Capabilities: `poolable_kv_heads` (uptraining may pool
+    its K/V heads, lm/convert/uptrain.py), `latent_kv` (a conversion target with a KV latent,
+    lm/convert/methods.py) and `parse_spec` (short variant names such as 'gqa2').
+    """
+
+    names: ClassVar[tuple[str, ...]] = ()  # the `config.model.attention` values it implements
+    poolable_kv_heads: ClassVar[bool] = False  # has K/V heads that can be merged (uptraining)
+    latent_kv: ClassVar[bool] = False  # K/V from a shared latent + RoPE key (lm/convert/methods.py)
+
+    @staticmethod
+    def resolve(cfg: ModelConfig) -> ModelConfig:
+        """Checks the variant's knobs (one-line ValueError) and fills in the derived ones."""
+        raise NotImplementedError
+
+    @staticmethod
+    def kv_cache_elements(cfg: ModelConfig) -> int:
+        """Cached elements per token per layer."""
+        raise NotImplementedError
+
+    @staticmethod
+    def kv_heads(cfg: ModelConfig) -> str:
+        """What the cache holds per token and layer, for tables and HParams ('2' K/V heads,
+        'latent 128+16')."""
+        raise NotImplementedError
+
+    @staticmethod
+    def score_dims(cfg: ModelConfig) -> tuple[int, int]:
+        """(q·k width, value width) per query head, for FLOP counts."""
+        raise NotImplementedError
+
+    @staticmethod
+    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> dict[str, jax.Array]:
+        """Per-layer decoding cache: arrays of shape [B, S, ...]."""
+        raise NotImplementedError
+
+    @classmethod
+    def parse_spec(cls, spec: str) -> dict[str, Any] | None:
+        """`config.model` settings for a short variant name ('mla'), None if not this variant's."""
+        return {'attention': spec} if spec in cls.names else None
+
+    @classmethod
+    def pooled(cls, num_kv_heads: int) -> dict[str, Any]:
+        """`config.model` settings of this variant pooled to `num_kv_heads` K/V heads (only when
+        `poolable_kv_heads`)."""
+        raise NotImplementedError
+
+    def __call__(
+        self, x_BTE: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array | None = None
+    ) -> jax.Array:
+        raise NotImplementedError
+
+    def extend(
+        self,
+        x_BTE: jax.Array,
+        positions_BT: jax.Array,
+        cache: dict,
+        slot: jax.Array,
+        kv_valid_BS: jax.Array,
+        absorb: bool = True,
+    ) -> tuple[jax.Array, dict]:
+        """Attention for T new tokens written into the cache at slots slot..slot+T-1; queries
+        attend valid slots (`kv_valid_BS`) at or before their own. `absorb` is a hint a variant
+        may ignore (MLA: weight absorption)."""
+        raise NotImplementedError
+
+
+VARIANTS: dict[str, type[AttentionVariant]] = {}  # config.model.attention -> class
+
+
+def register(cls: type[AttentionVariant]) -> type[AttentionVariant]:
+    """Class decorator: makes `cls` the implementation of each of its `names`."""
+    for name in cls.names:
+        if name in VARIANTS and VARIANTS[name] is not cls:
+            raise ValueError(f'attention variant {name!r} is already registered')
+        VARIANTS[name] = cls
+    return cls
+
+
+def unregister(cls: type[AttentionVariant]) -> None:
+    """Removes `cls`'s names from the registry (tests register toy variants)."""
+    for name in cls.names:
+        if VARIANTS.get(name) is cls:
+            del VARIANTS[name]

@@ -1,0 +1,221 @@
+"""Orbax checkpoints of the train state plus a JSON side-car (config, data position, shapes,
+array checksums)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+from orbax.checkpoint import checkpoint_managers
+
+from lm.train.checksum import array_checksums, mismatches
+from lm.train.workdir import RunError
+
+PINNED = 'pinned.json'  # in the checkpoints directory: {step: why}; never rotated away
+
+
+class Checkpointer:
+    """`<workdir>/checkpoints`: every save holds 'state' (params, optimizer state, step, RNG) and
+    'meta' (the resolved config, the data fingerprint and step, parameter shapes, a checksum
+    of every array). The last `keep` saves are kept, and any step pinned with `pin`."""
+
+    def __init__(
+        self, workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False
+    ):
+        self.directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+        self._pending: int | None = None  # step of an asynchronous save not yet confirmed
+        self._failed = False
+        keep_policy = checkpoint_managers.LatestN(None if read_only else keep)
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=checkpoint_managers.AnyPreservationPolicy(
+                [keep_policy, checkpoint_managers.CustomSteps(sorted(self.pinned()))]
+            ),
+            save_interval_steps=0 if read_only else 1,
+            create=not read_only,
+            read_only=read_only,
+            enable_async_checkpointing=async_save and not read_only,
+        )
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=('state', 'meta')
+        )
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def save(self, step: int, state: dict, meta: dict) -> None:
+        """Saves `state` as `step` (in the background when asynchronous); a failed write, of
+        this save or of an earlier one, raises RunError naming its step and cause."""
+        self.check(wait=True)
+        meta = {**meta, 'checksums': array_checksums(state)}
+        try:
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+                ),
+                force=True,
+            )
+        except Exception as e:  # noqa: BLE001 - any failed write ends the run in one line
+            raise self._write_error(step, e) from e
+        self._pending = step
+        if not self.manager.is_saving_in_progress():
+            self.check(wait=True)
+
+    def check(self, wait: bool = False) -> None:
+        """Raises RunError if the last asynchronous save has failed (disk full, ...): called
+        every step, so a failure ends the run at the step after it is known. `wait` blocks
+        until that save is done."""
+        if self._pending is None or (not wait and self.manager.is_saving_in_progress()):
+            return
+        step, self._pending = self._pending, None
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001
+            raise self._write_error(step, e) from e
+        if not os.path.isdir(os.path.join(self.directory, str(step))):
+            raise self._write_error(step, FileNotFoundError('it was not finalized'))
+
+    def _write_error(self, step: int, error: Exception) -> RunError:
+        self._failed = True
+        cause = str(error).splitlines()[0] if str(error) else ''
+        return RunError(
+            f'the checkpoint of step {step} could not be written to {self.directory} '
+            f'({type(error).__name__}: {cause}); stopping (checkpoints kept: '
+            f'{[s for s in self.steps() if s != step]})'
+        )
+
+    def wait(self) -> None:
+        """Waits for a save in flight (after a reported failure: returns at once)."""
+        if not self._failed:
+            self.check(wait=True)
+
+    def close(self) -> None:
+        if not self._failed:
+            self.manager.close()
+            return
+        with contextlib.suppress(Exception):  # orbax re-raises the failure already reported
+            self.manager.close()
+
+    def pinned(self) -> dict[int, str]:
+        """{step: why} of the checkpoints kept whatever `keep` says (see `pin`)."""
+        path = os.path.join(self.directory, PINNED)
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            return {int(k): v for k, v in json.load(f).items()}
+
+    def pin(self, step: int, why: str) -> None:
+        """Keeps checkpoint `step` from rotation by this and later Checkpointers of the
+        workdir (it is not deleted to make room for newer saves)."""
+        if jax.process_index() != 0:
+            return
+        pinned = {**self.pinned(), step: why}
+        path = os.path.join(self.directory, PINNED)
+        with open(path + '.tmp', 'w') as f:
+            json.dump({str(k): v for k, v in sorted(pinned.items())}, f, indent=1)
+        os.replace(path + '.tmp', path)
+
+    def read_meta(self, step: int) -> dict:
+        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
+            'meta'
+        ]
+
+    def restore(
+        self, abstract_state: dict, step: int | None = None, check_meta: Callable | None = None
+    ) -> tuple[int, dict, dict]:
+        """(step, state, meta) from `step`, or from the newest readable checkpoint.
+
+        `check_meta(meta)` runs before the state is read (shape checks); its errors propagate.
+        A latest checkpoint that is truncated or unreadable is skipped with a warning and moved
+        aside to `<step>.unreadable` (kept, not deleted), so training can write that step again.
+        """
+        if step is not None and step not in self.steps():
+            raise FileNotFoundError(
+                f'no checkpoint for step {step} in {self.directory}; available: {self.steps()}'
+            )
+        unreadable = []
+        for s in [step] if step is not None else self.steps()[::-1]:
+            try:
+                meta = self.read_meta(s)
+            except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
+                unreadable.append(self._skip(s, e, step))
+                continue
+            if check_meta is not None:
+                check_meta(meta)
+            try:
+                restored = self.manager.restore(
+                    s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
+                )
+                if bad := mismatches(meta.get('checksums', {}), restored['state']):
+                    raise ValueError(
+                        f'checksum mismatch in {bad[0]}'
+                        + (f' and {len(bad) - 1} more arrays' if len(bad) > 1 else '')
+                        + f' of the checkpoint at step {s} in {self.directory}'
+                    )
+            except Exception as e:  # noqa: BLE001
+                unreadable.append(self._skip(s, e, step))
+                continue
+            self._move_aside(unreadable)
+            return s, restored['state'], meta
+        raise FileNotFoundError(f'no readable checkpoint in {self.directory}')
+
+    def _skip(self, s: int, error: Exception, requested: int | None) -> int:
+        if requested is not None:
+            raise error
+        first_line = str(error).splitlines()[0][:200] if str(error) else ''
+        logging.warning(
+            'checkpoint at step %d in %s is unreadable (%s: %s); falling back to the previous one',
+            s,
+            self.directory,
+            type(error).__name__,
+            first_line,
+        )
+        return s
+
+    def _move_aside(self, steps: list[int]) -> None:
+        if not steps:
+            return
+        if jax.process_index() == 0:
+            for s in steps:
+                target, n = os.path.join(self.directory, f'{s}.unreadable'), 1
+                while os.path.exists(target):  # kept from an earlier fall-back
+                    n += 1
+                    target = os.path.join(self.directory, f'{s}.unreadable.{n}')
+                os.rename(os.path.join(self.directory, str(s)), target)
+        self.manager.reload()
+
+
+def read_latest_meta(workdir: str) -> dict | None:
+    """The JSON side-car of `workdir`'s newest checkpoint, or None, read without starting a JAX
+    backend (so device settings from the saved config can still be applied)."""
+    directory = epath.Path(os.path.abspath(os.path.join(workdir, 'checkpoints')))
+    if not directory.exists():
+        return None
+    steps = sorted(ocp.path.step.checkpoint_steps(directory))
+    if not steps:
+        return None
+    return ocp.JsonCheckpointHandler().restore(directory / str(steps[-1]) / 'meta')
+
+
+def param_shapes(abstract_params: dict) -> dict[str, list[int]]:
+    """{'blocks/0/attn/q_proj/kernel': [E, H, D], ...} for a (pure dict) parameter tree."""
+    flat = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+    return {'/'.join(str(getattr(k, 'key', k)) for k in path): list(x.shape) for path, x in flat}
+
+
+def check_same_shapes(saved: dict[str, list[int]], current: dict[str, list[int]], where: str):
+    """Raises naming the first parameter whose shape (or presence) differs."""
+    for name in sorted(set(saved) | set(current)):
+        a, b = saved.get(name), current.get(name)
+        if a != b:
+            raise ValueError(
+                f'{where} was made by a different model: parameter {name} has shape '
+                f'{tuple(a) if a else "(absent)"} there but {tuple(b) if b else "(absent)"} in '
+                'this config'
+            )

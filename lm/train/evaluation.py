@@ -1,0 +1,98 @@
+"""Held-out evaluation: loss (nats/token) with its standard error, perplexity and bits per byte.
+
+One protocol everywhere (in-training `eval/*`, eval.py, sweeps, ablations): the split's target
+tokens in non-overlapping windows of the training context, each scored exactly once
+(`lm.data.windows.eval_windows`; `config.eval_tokens` > 0 = that many tokens' windows spread evenly
+over
+the split), batched `eval_batch_size` windows at a time. The set is a pure function of the split,
+the context and `eval_tokens`: identical for every run on the same data and any process count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import ml_collections
+import numpy as np
+
+from lm.data.corpus import Corpus
+from lm.data.windows import eval_batches, eval_windows, window_targets
+from lm.sharding import global_batch
+
+
+def eval_batch_size(config: ml_collections.ConfigDict) -> int:
+    """Windows per eval call: `config.eval_batch_size`, or the training micro-batch if 0."""
+    return config.eval_batch_size or config.train.batch_size // config.train.grad_accum_steps
+
+
+def check_eval_config(config: ml_collections.ConfigDict, data_parallel: int) -> None:
+    """One-line errors for the evaluation settings (needs the mesh's data-parallel size)."""
+    for name in ('eval_tokens', 'eval_batch_size'):
+        if config[name] < 0:
+            raise ValueError(f'config.{name} must be >= 0, got {config[name]}')
+    size = eval_batch_size(config)
+    if size % data_parallel or size % jax.process_count():
+        raise ValueError(
+            f'config.eval_batch_size={config.eval_batch_size} (-> {size} windows per call) must '
+            f'be divisible by the data-parallel size {data_parallel} and by the '
+            f'{jax.process_count()} processes'
+        )
+
+
+def ratio_stderr(sums: np.ndarray, counts: np.ndarray) -> float:
+    """Standard error of sum(sums) / sum(counts) over windows (the ratio estimator's, which is
+    std(window means, ddof 1) / sqrt(W) when every window has the same count); nan if W < 2."""
+    w = len(sums)
+    if w < 2:
+        return math.nan
+    loss = sums.sum() / counts.sum()
+    resid = sums - loss * counts
+    return float(math.sqrt(w / (w - 1) * np.sum(resid**2)) / counts.sum())
+
+
+def evaluate(
+    eval_step: Callable,
+    params: dict,
+    corpus: Corpus,
+    split: str,
+    *,
+    batch_size: int,
+    seq_len: int,
+    eval_tokens: int,
+    batch_sharding: jax.sharding.NamedSharding,
+) -> dict[str, float]:
+    """Mean next-token loss over the evaluation windows of `split` (`lm.data.windows.eval_windows`),
+    with its standard error over windows and the number of target tokens scored.
+
+    bits/byte = loss / ln 2 · tokens/byte of the split, so runs with different tokenizers
+    compare on the same text.
+    """
+    tokens = corpus.tokens[split]
+    starts = eval_windows(len(tokens), seq_len, eval_tokens)
+    counts = window_targets(len(tokens), starts, seq_len).astype(np.float64)
+    sums = []
+    for batch, weights in eval_batches(
+        tokens,
+        starts,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    ):
+        out = eval_step(
+            params, global_batch(batch, batch_sharding), global_batch(weights, batch_sharding)
+        )
+        # Fetched before the next call: XLA:CPU's in-process collectives (several CPU devices)
+        # can deadlock when many multi-device executions are queued at once.
+        sums.append(np.asarray(out.addressable_data(0), np.float64))
+    window_sums = np.concatenate(sums)[: len(starts)]  # padding rows (weight 0) dropped
+    loss = float(window_sums.sum() / counts.sum())
+    return {
+        'loss': loss,
+        'loss_stderr': ratio_stderr(window_sums, counts),
+        'perplexity': math.exp(min(loss, 700.0)),
+        'bits_per_byte': loss / math.log(2) / corpus.bytes_per_token(split),
+        'tokens': int(counts.sum()),
+    }

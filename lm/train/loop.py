@@ -1,0 +1,289 @@
+"""The training loop: resume or init, steps, eval, checkpoints, TensorBoard and progress."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from lm.data.windows import call_batch
+from lm.sharding import set_cpu_devices
+from lm.train.checkpoint import Checkpointer, read_latest_meta
+from lm.train.evaluation import eval_batch_size, evaluate
+from lm.train.loss_spike import LossSpikeGuard
+from lm.train.run import Experiment, check_config, checkpoint_meta, prepare, restore
+from lm.train.run_log import Meter, log_model, write_results
+from lm.train.step import (
+    call_sharding,
+    device_call_batch,
+    init_state,
+    make_eval_step,
+    make_train_step,
+)
+from lm.train.summary import Summary, run_logdir
+from lm.train.workdir import RunError, WorkdirLock, check_config_change
+
+
+def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...]):
+    """Steps per train-step call from `start` to `stop`: `steps_per_call` wherever that many fit
+    before the next multiple of any of `every` (log, eval, checkpoint) or `stop`, single steps
+    otherwise, so that every such step ends a call."""
+    step = start
+    while step < stop:
+        boundary = min([stop] + [(step // e + 1) * e for e in every])
+        n = steps_per_call if step + steps_per_call <= boundary else 1
+        yield n
+        step += n
+
+
+def _prefetch(exp: Experiment, start: int, sizes: list[int], depth: int = 2):
+    """Yields this process's numpy batch of each call (`lm.data.corpus.call_batch`) from a
+    background
+    thread; an exception there is raised here, as a RunError naming the step."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    c = exp.config
+
+    def produce():
+        step = start
+        try:
+            for n in sizes:
+                q.put(
+                    call_batch(
+                        exp.corpus.tokens['train'],
+                        seed=c.seed,
+                        step=step,
+                        steps=n,
+                        batch_size=c.train.batch_size,
+                        seq_len=c.data.seq_len,
+                        process_index=jax.process_index(),
+                        process_count=jax.process_count(),
+                        sampling=c.data.sampling,
+                    )
+                )
+                step += n
+        except BaseException as e:  # noqa: BLE001 - handed to the training thread
+            first = str(e).splitlines()[0] if str(e) else ''
+            error = RunError(
+                f'making the batch of step {step + 1} failed: {type(e).__name__}: {first}'
+            )
+            error.__cause__ = e
+            q.put(error)
+
+    threading.Thread(target=produce, daemon=True).start()
+    for _ in sizes:
+        batch = q.get()
+        if isinstance(batch, RunError):
+            raise batch
+        yield batch
+
+
+class _StopRequest:
+    """Turns SIGTERM / SIGINT into a flag the loop checks between steps."""
+
+    def __init__(self):
+        self.signum = 0
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    tb_dir: str = '',
+    allow_config_change: bool = False,
+) -> dict:
+    """Trains (or resumes) the run in `workdir`, which it owns meanwhile (`WorkdirLock`); returns
+    the last eval metrics and end state. A run that reaches `train.steps` writes
+    `<workdir>/results.json` (`write_results`). Resuming under a config that differs from the
+    checkpoint's (`lm.train.workdir.config_changes`) needs `allow_config_change`."""
+    set_cpu_devices(config.mesh)  # before jax.process_index() starts a backend
+    config = check_config(config)  # a bad setting is refused even while the workdir is busy
+    with WorkdirLock(workdir, owner=jax.process_index() == 0):
+        exp = prepare(config)
+        _check_resume_config(exp, workdir, allow_config_change)
+        stop = _StopRequest()  # from here on, SIGTERM / SIGINT end the run at a step boundary
+        try:
+            with jax.set_mesh(exp.ctx.mesh):
+                return _Run(exp, workdir, tb_dir, stop).train()
+        finally:
+            stop.restore()
+
+
+def _check_resume_config(exp: Experiment, workdir: str, allow: bool) -> None:
+    """Refuses (or, when allowed, logs) a resume under a changed config."""
+    try:
+        meta = read_latest_meta(workdir)
+    except Exception:  # noqa: BLE001 - an unreadable latest checkpoint: restore falls back
+        meta = None
+    where = f'the checkpoint in {os.path.join(workdir, "checkpoints")}'
+    if changes := check_config_change(meta and meta['config'], exp.config, where, allow):
+        logging.warning('resuming under a changed config: %s', '; '.join(changes))
+
+
+class _StepCache:
+    """Compiled train steps by steps per call, each compiled ahead of time on first use (its
+    compile time is logged and left out of the meter's window)."""
+
+    def __init__(self, exp: Experiment, meter: Meter):
+        self.exp, self.meter, self.fns = exp, meter, {}
+
+    def __call__(self, n: int) -> Callable:
+        if n not in self.fns:
+            c, ctx = self.exp.config, self.exp.ctx
+            t = time.perf_counter()
+            shape = (c.train.batch_size, c.data.seq_len + 1)
+            batch = jax.ShapeDtypeStruct(
+                shape if n == 1 else (n, *shape), np.int32, sharding=call_sharding(ctx, n)
+            )
+            fn = make_train_step(ctx, c.train.grad_accum_steps, n)
+            self.fns[n] = fn.lower(ctx.abstract_state, batch).compile()
+            dt = time.perf_counter() - t
+            logging.info('compiled the train step (%d step(s) per call) in %.1f s', n, dt)
+            self.meter.exclude(dt)
+        return self.fns[n]
+
+
+class _Run:
+    """One training run: restore or init, then calls of the train step, with logging, eval and
+    checkpoints at their intervals. Holds the state between the pieces."""
+
+    def __init__(self, exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest):
+        c = exp.config
+        self.exp, self.workdir, self.stop = exp, workdir, stop
+        os.makedirs(workdir, exist_ok=True)
+        self.ckpt = Checkpointer(workdir, c.keep_checkpoints, c.async_checkpointing)
+        self.tb = Summary(run_logdir(workdir, tb_dir))
+        self.eval_fn = make_eval_step(exp.ctx)
+
+    def train(self) -> dict:
+        c = self.exp.config
+        self.start, self.state = self._restore_or_init()
+        log_model(self.exp, self.tb)
+        spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
+        self.meter = Meter(self.exp, self.tb, self.start, self.ckpt.steps, spikes)
+        first = self.start in (0, c.uptrain.source_step)  # a new run, or a converted one
+        self.last_eval = self._evaluate(self.start) if first else {}
+        self.meter.restart()  # the first window times steps only
+        step = self.start
+        try:
+            step = self._steps()
+        finally:
+            self.meter.bar.close()
+            self.ckpt.wait()
+            self.ckpt.close()
+            self.tb.flush()
+            self.tb.close()
+        finished = step == c.train.steps and (step > self.start or first)
+        if finished and not self.stop.signum and jax.process_index() == 0:
+            write_results(self.workdir, step, self.last_eval, self.meter.median_tokens_per_sec(), c)
+        return {
+            'step': step,
+            'eval': self.last_eval,
+            'signal': self.stop.signum,
+            'state': self.state,
+        }
+
+    def _restore_or_init(self) -> tuple[int, dict]:
+        exp = self.exp
+        if not self.ckpt.steps():
+            return 0, init_state(exp.ctx, exp.model_cfg, exp.config.seed)
+        step, state, meta = restore(self.ckpt, exp.ctx)
+        if meta['data_fingerprint'] != exp.corpus.fingerprint:
+            logging.warning('resuming on different data than the checkpoint was trained on')
+        logging.info('resumed from %s at step %d', self.ckpt.directory, step)
+        return step, state
+
+    def _steps(self) -> int:
+        """Runs the calls from the start to `train.steps` (or a stop signal); returns the step."""
+        c, ctx = self.exp.config, self.exp.ctx
+        compiled = _StepCache(self.exp, self.meter)
+        every = (c.log_every, c.eval_every, c.checkpoint_every)
+        sizes = list(call_sizes(self.start, c.train.steps, c.train.steps_per_call, every))
+        step = self.start
+        for batch in _prefetch(self.exp, self.start, sizes):
+            n = 1 if batch.ndim == 2 else batch.shape[0]
+            self.state, metrics = compiled(n)(self.state, device_call_batch(ctx, batch))
+            step += n
+            self.meter.record(step, n, metrics)
+            self.ckpt.check()  # an asynchronous save that failed ends the run here
+            if self._boundary(step):
+                break
+        self.meter.drain()
+        return step
+
+    def _boundary(self, step: int) -> bool:
+        """Logs, checkpoints and evaluates when `step` is due; True when a signal ends the run."""
+        c = self.exp.config
+        due = {
+            name: step % every == 0 or step == c.train.steps
+            for name, every in (
+                ('log', c.log_every),
+                ('eval', c.eval_every),
+                ('ckpt', c.checkpoint_every),
+            )
+        }
+        if not (any(due.values()) or self.stop.signum):
+            return False
+        jax.block_until_ready(self.state['step'])
+        self.meter.drain()
+        if due['log']:
+            self.meter.log()
+        if due['ckpt'] or self.stop.signum:
+            self._save(step)
+        if due['eval']:
+            self.last_eval = self._evaluate(step)
+        if due['eval'] or due['ckpt']:
+            self.meter.restart()
+        if self.stop.signum:
+            name = signal.Signals(self.stop.signum).name
+            logging.warning('%s at step %d: checkpoint saved, exiting', name, step)
+        return bool(self.stop.signum)
+
+    def _evaluate(self, step: int) -> dict:
+        exp, c = self.exp, self.exp.config
+        metrics = evaluate(
+            self.eval_fn,
+            self.state['params'],
+            exp.corpus,
+            'validation',
+            batch_size=eval_batch_size(c),
+            seq_len=c.data.seq_len,
+            eval_tokens=c.eval_tokens,
+            batch_sharding=exp.ctx.batch_sharding,
+        )
+        self.tb.scalars(step, {f'eval/{k}': v for k, v in metrics.items()})
+        logging.info(
+            'eval at step %d: loss %.4f ± %.4f (stderr over windows, %d tokens), '
+            'perplexity %.3f, %.4f bits/byte',
+            step,
+            metrics['loss'],
+            metrics['loss_stderr'],
+            metrics['tokens'],
+            metrics['perplexity'],
+            metrics['bits_per_byte'],
+        )
+        return metrics
+
+    def _save(self, step: int) -> None:
+        exp = self.exp
+        meta = checkpoint_meta(
+            exp.config, exp.corpus.fingerprint, step, exp.ctx.abstract_state['params']
+        )
+        # The curve up to a checkpoint survives a kill -9: flushed before the save starts, as
+        # an asynchronous save may publish the checkpoint before this thread runs again.
+        self.tb.flush()
+        self.ckpt.save(step, self.state, meta)

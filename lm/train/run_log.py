@@ -1,0 +1,201 @@
+"""What a run records besides checkpoints: train metrics and throughput (`Meter`), the model
+and its HParams (`log_model`), and `results.json` of a finished run (`write_results`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from tqdm import tqdm
+
+from lm.data.windows import num_windows
+from lm.model import accounting, attention
+from lm.model.config import ModelConfig
+from lm.train import perf
+from lm.train.loss_spike import LossSpikeGuard
+from lm.train.run import Experiment
+from lm.train.summary import Summary
+from lm.train.workdir import config_fingerprint
+
+
+class Meter:
+    """Train metrics and throughput: queues each call's metrics and fetches them one call late
+    (`drain`: checked, one TensorBoard point per step, progress bar), and times the steps
+    since the last `restart` for the periodic log line (`log`)."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        tb: Summary,
+        start: int,
+        checkpoints: Callable,
+        spikes: LossSpikeGuard,
+    ):
+        c = exp.config
+        self.tb, self.total, self.checkpoints = tb, c.train.steps, checkpoints
+        self.spikes = spikes
+        self.tokens_per_step = c.train.batch_size * c.data.seq_len
+        # epochs = windows read / non-overlapping windows in the split (for 'random' sampling:
+        # in expectation)
+        self.epochs_per_step = c.train.batch_size / num_windows(
+            len(exp.corpus.tokens['train']), c.data.seq_len
+        )
+        self.flops_per_token = accounting.flops_per_token(exp.model_cfg, c.data.seq_len)
+        self.peak, _ = perf.peak_flops(c.train.peak_flops)
+        self.pending: list = []  # (last step of a call, its metrics on device)
+        self.speeds: list[float] = []  # tokens/s of each timed window
+        self.last: tuple[int, dict] = (start, {})
+        self.bar = tqdm(
+            total=self.total,
+            initial=start,
+            disable=jax.process_index() != 0,
+            mininterval=1.0,
+            unit='step',
+        )
+        self.restart()
+
+    def restart(self) -> None:
+        self.t, self.steps = time.perf_counter(), 0
+
+    def exclude(self, seconds: float) -> None:
+        """Leaves `seconds` (a compile) out of the current window."""
+        self.t += seconds
+
+    def record(self, step: int, n: int, metrics: dict) -> None:
+        """Queues the metrics of a call of `n` steps ending at `step` (fetched next call)."""
+        self.drain()
+        self.pending.append((step, metrics))
+        self.steps += n
+
+    def drain(self) -> None:
+        """Fetches queued metrics, checks them, logs them (one TensorBoard point per step)."""
+        while self.pending:
+            last, fetched = self.pending.pop(0)
+            fetched = {k: np.atleast_1d(v) for k, v in jax.device_get(fetched).items()}
+            n = len(fetched['loss'])
+            for i in range(n):
+                s, m = last - n + 1 + i, {k: float(v[i]) for k, v in fetched.items()}
+                if not (np.isfinite(m['loss']) and np.isfinite(m['grad_norm'])):
+                    raise FloatingPointError(
+                        f'non-finite loss ({m["loss"]}) or gradient norm ({m["grad_norm"]}) at '
+                        f'step {s}; stopping without saving that state (last checkpoint: '
+                        f'{self.checkpoints()})'
+                    )
+                self.spikes.observe(s, m['loss'])
+                self.tb.scalars(s, {f'train/{k}': v for k, v in m.items()})  # loss, grad_norm, lr
+                self.bar.set_postfix(loss=f'{m["loss"]:.4f}', refresh=False)
+                self.bar.update(1)
+                self.last = (s, m)
+
+    def log(self) -> None:
+        """Step time, tokens/s and MFU of the window since the last restart, and a log line."""
+        dt = (time.perf_counter() - self.t) / max(self.steps, 1)
+        tps = self.tokens_per_step / dt
+        if self.steps > 0:
+            self.speeds.append(tps)
+        utilisation = perf.mfu(tps, self.flops_per_token, self.peak)
+        s, m = self.last
+        self.tb.scalars(
+            s,
+            {
+                'perf/step_time': dt,
+                'perf/tokens_per_sec': tps,
+                'perf/mfu': utilisation,
+                'data/tokens_seen': s * self.tokens_per_step,
+                'data/epochs': s * self.epochs_per_step,
+            },
+        )
+        logging.info(
+            'step %d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms/step | '
+            '%.0f tok/s | MFU %.1f%%',
+            s,
+            self.total,
+            m['loss'],
+            m['grad_norm'],
+            m['lr'],
+            dt * 1e3,
+            tps,
+            utilisation * 100,
+        )
+        self.restart()
+
+    def median_tokens_per_sec(self) -> float | None:
+        return float(np.median(self.speeds)) if self.speeds else None
+
+
+def log_model(exp: Experiment, tb: Summary) -> None:
+    """The run's config and HParams to TensorBoard; model size, FLOPs and peak to the log."""
+    c, cfg = exp.config, exp.model_cfg
+    counts = accounting.param_counts(cfg)
+    peak_total, peak_source = perf.peak_flops(c.train.peak_flops)
+    tb.text('config', '```\n' + c.to_json(indent=2) + '\n```')
+    tb.hparams(hparams(c, cfg, counts['total']))
+    logging.info(
+        'model: %s params (%s), %.3g FLOPs/token; peak %.3g FLOP/s on %d devices (%s)',
+        f'{counts["total"]:,}',
+        ', '.join(f'{k} {v:,}' for k, v in counts.items() if k != 'total'),
+        accounting.flops_per_token(cfg, c.data.seq_len),
+        peak_total,
+        jax.device_count(),
+        peak_source,
+    )
+
+
+def write_results(
+    workdir: str,
+    step: int,
+    last_eval: dict,
+    tokens_per_sec: float | None,
+    config: ml_collections.ConfigDict,
+) -> None:
+    """`<workdir>/results.json` of a finished run: its last step, final eval metrics, median
+    training throughput and config fingerprint (sweeps read it, and skip runs that have one)."""
+    results = {
+        'step': step,
+        'eval': last_eval,
+        'tokens_per_sec': tokens_per_sec,
+        'config_fingerprint': config_fingerprint(config),
+    }
+    path = os.path.join(workdir, 'results.json')
+    with open(path + '.tmp', 'w') as f:
+        json.dump(results, f, indent=1)
+    os.replace(path + '.tmp', path)
+
+
+def hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) -> dict:
+    """Flat scalar hyper-parameters for TensorBoard's HParams tab: first what runs are compared
+    by (attention, heads, what the KV cache holds and its size, parameters, seed, uptraining
+    origin), then every model, train and data setting. Integers stay Python ints."""
+    values = {
+        'attention': cfg.attention,
+        'num_heads': int(cfg.num_heads),
+        'kv_heads': attention.variant(cfg).kv_heads(cfg),  # what the cache holds
+        'kv_cache_bytes_per_token': int(accounting.kv_cache_bytes_per_token(cfg, 'bfloat16')),
+        'params': int(num_params),
+        'seed': int(c.seed),
+        'uptrain.source': c.uptrain.source_workdir or 'none',
+        'uptrain.method': c.uptrain.method or 'none',
+        'uptrain.schedule': c.uptrain.schedule if c.uptrain.method else 'none',
+        'uptrain.optimizer_state': c.uptrain.optimizer_state if c.uptrain.method else 'none',
+        'uptrain.grouping': c.uptrain.grouping if c.uptrain.method else 'none',
+    }
+    values.update({f'model.{k}': v for k, v in dataclasses.asdict(cfg).items()})
+    values.update({f'train.{k}': v for k, v in c.train.items()})
+    values.update(
+        {
+            'data.source': c.data.source,
+            'data.tokenizer': c.data.tokenizer,
+            'data.seq_len': c.data.seq_len,
+            'data.sampling': c.data.sampling,
+            'data.document_mask': c.data.document_mask,
+            'eval_tokens': c.eval_tokens,
+        }
+    )
+    return values

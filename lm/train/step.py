@@ -1,0 +1,220 @@
+"""The functional hot path: a train state pytree, its shardings, and jitted train / eval steps.
+
+The model is split once into a static graph and a pure dict of parameters; the state is
+{'params', 'opt_state', 'step', 'rng'}, created directly with its shardings (never whole on
+one device) and donated to every step. ('rng' is unused by the steps but kept: every saved
+checkpoint holds it, and restoring reads the same tree.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from lm.model.config import ModelConfig
+from lm.model.transformer import Transformer
+from lm.sharding import (
+    activation_constraint,
+    batch_sharding,
+    global_batch,
+    param_shardings,
+    stacked_sharding,
+)
+
+State = dict
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """The static half of training, which the jitted steps close over: the model graph, the
+    optimizer and its schedule, the mesh and every sharding."""
+
+    graphdef: nnx.GraphDef
+    tx: optax.GradientTransformation
+    abstract_state: State  # ShapeDtypeStructs carrying the shardings below
+    state_sharding: State
+    batch_sharding: NamedSharding
+    mesh: Mesh
+    constrain: Callable  # activation sharding constraint passed to the model
+    lr_schedule: optax.Schedule | None = None  # the optimizer's, for the logged 'lr'
+    document_eos: int | None = None  # EOS id: attend within documents only; None = causal
+
+
+def _abstract_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+
+
+def _init_fn(cfg: ModelConfig, tx: optax.GradientTransformation, seed: int) -> Callable:
+    def init() -> State:
+        params = nnx.to_pure_dict(
+            nnx.state(Transformer(cfg, rngs=nnx.Rngs(params=seed)), nnx.Param)
+        )
+        return {
+            'params': params,
+            'opt_state': tx.init(params),
+            'step': jnp.zeros((), jnp.int32),
+            'rng': jax.random.key_data(jax.random.key(seed)),
+        }
+
+    return init
+
+
+def make_step_context(
+    cfg: ModelConfig,
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    rules: dict,
+    seed: int,
+    lr_schedule: optax.Schedule | None = None,
+) -> StepContext:
+    """Abstract state and shardings for model `cfg` trained by `tx` on `mesh` (nothing is
+    allocated); `lr_schedule` is `tx`'s, so steps can report the rate they used."""
+    graphdef, abstract = _abstract_params(cfg)
+    p_shard = param_shardings(abstract, mesh, rules)
+    shapes = jax.eval_shape(_init_fn(cfg, tx, seed))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_shard = optax.tree_utils.tree_map_params(
+        tx,
+        lambda _, s: s,
+        shapes['opt_state'],
+        p_shard,
+        transform_non_params=lambda _: replicated,
+    )
+    sharding = {'params': p_shard, 'opt_state': opt_shard, 'step': replicated, 'rng': replicated}
+    abstract_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, sharding
+    )
+    return StepContext(
+        graphdef,
+        tx,
+        abstract_state,
+        sharding,
+        batch_sharding(mesh, rules),
+        mesh,
+        activation_constraint(mesh, rules),
+        lr_schedule,
+    )
+
+
+def init_state(ctx: StepContext, cfg: ModelConfig, seed: int) -> State:
+    """A fresh state, each array created directly in its sharding."""
+    return jax.jit(_init_fn(cfg, ctx.tx, seed), out_shardings=ctx.state_sharding)()
+
+
+def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+    """Per-token negative log-likelihood in nats, [B, T]."""
+    logz = jax.nn.logsumexp(logits_BTV, axis=-1)
+    return logz - jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+
+
+def documents(tokens_BT: jax.Array, eos_id: int) -> tuple[jax.Array, jax.Array]:
+    """(segment ids, positions) [B, T] of packed rows: an EOS ends its document, the token after
+    it starts the next one at position 0."""
+    B, T = tokens_BT.shape
+    ends_BT = (tokens_BT == eos_id).astype(jnp.int32)
+    segments_BT = jnp.cumsum(ends_BT, axis=1) - ends_BT  # an EOS belongs to the document it ends
+    t_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    starts_BT = jnp.concatenate([jnp.ones((B, 1), jnp.int32), ends_BT[:, :-1]], axis=1)
+    first_BT = jax.lax.cummax(jnp.where(starts_BT == 1, t_BT, 0), axis=1)
+    return segments_BT, t_BT - first_BT
+
+
+def token_losses(ctx: StepContext, params: dict, batch_BT1: jax.Array) -> jax.Array:
+    """Next-token losses [B, T] of the model `params` on a batch of T + 1 tokens per row; with
+    `ctx.document_eos`, each token sees only its own document, from position 0."""
+    model = nnx.merge(ctx.graphdef, params)
+    tokens_BT = batch_BT1[:, :-1]
+    if ctx.document_eos is None:
+        logits = model(tokens_BT, constrain=ctx.constrain)
+    else:
+        segments_BT, positions_BT = documents(tokens_BT, ctx.document_eos)
+        logits = model(tokens_BT, positions_BT, ctx.constrain, segments_BT)
+    return cross_entropy(logits, batch_BT1[:, 1:])
+
+
+def call_sharding(ctx: StepContext, steps_per_call: int) -> NamedSharding:
+    """Sharding of one train-step call's batch: [B, T+1], or [K, B, T+1] for K steps per call."""
+    if steps_per_call == 1:
+        return ctx.batch_sharding
+    return stacked_sharding(ctx.batch_sharding)
+
+
+def device_call_batch(ctx: StepContext, local: np.ndarray) -> jax.Array:
+    """A call's global batch on the mesh from this process's rows (`lm.data.corpus.call_batch`)."""
+    steps = 1 if local.ndim == 2 else local.shape[0]
+    return global_batch(local, call_sharding(ctx, steps), batch_axis=local.ndim - 2)
+
+
+def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int = 1) -> Callable:
+    """(state, batch [B, T+1] int32) -> (state, metrics); state donated.
+
+    Metrics: 'loss', 'grad_norm' and, when `ctx` carries the optimizer's schedule, the 'lr' this
+    step used (computed on the device, so the host does no per-step schedule maths).
+
+    With grad_accum_steps = A, the batch is split into A micro-batches of B/A rows (row r goes
+    to micro-batch r mod A, which keeps each device's rows local) and gradients are averaged.
+    With steps_per_call = K > 1 the call takes the batches of K consecutive steps, [K, B, T+1]
+    (sharded as `call_sharding(ctx, K)`), runs the K optimizer steps in one
+    `lax.scan` and returns metrics of shape [K]: the same updates as K calls, one dispatch.
+    """
+    grad_fn = jax.value_and_grad(lambda p, b: token_losses(ctx, p, b).mean())
+
+    def step(state: State, batch_BT1: jax.Array) -> tuple[State, dict]:
+        params = state['params']
+        if grad_accum_steps == 1:
+            loss, grads = grad_fn(params, batch_BT1)
+        else:
+            B, T1 = batch_BT1.shape
+            # row r goes to micro-batch r mod A: [B, T1] -> [B/A, A, T1] -> [A, B/A, T1]
+            micro_ABT1 = batch_BT1.reshape(B // grad_accum_steps, grad_accum_steps, T1)
+            micro_ABT1 = micro_ABT1.transpose(1, 0, 2)
+
+            def accumulate(carry, micro):
+                loss, grads = grad_fn(params, micro)
+                return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+            zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+            (loss, grads), _ = jax.lax.scan(accumulate, zero, micro_ABT1)
+            loss, grads = jax.tree.map(lambda x: x / grad_accum_steps, (loss, grads))
+        updates, opt_state = ctx.tx.update(grads, state['opt_state'], params)
+        new_state = {
+            'params': optax.apply_updates(params, updates),
+            'opt_state': opt_state,
+            'step': state['step'] + 1,
+            'rng': state['rng'],
+        }
+        metrics = {'loss': loss, 'grad_norm': optax.tree.norm(grads)}
+        if ctx.lr_schedule is not None:
+            metrics['lr'] = ctx.lr_schedule(state['step'])
+        return new_state, metrics
+
+    def steps(state: State, batches_KBT1: jax.Array) -> tuple[State, dict]:
+        return jax.lax.scan(step, state, batches_KBT1)
+
+    return jax.jit(
+        step if steps_per_call == 1 else steps,
+        in_shardings=(ctx.state_sharding, call_sharding(ctx, steps_per_call)),
+        out_shardings=(ctx.state_sharding, None),
+        donate_argnums=0,
+    )
+
+
+def make_eval_step(ctx: StepContext) -> Callable:
+    """(params, batch [B, T+1] int32, weights [B, T] float32) -> [B] weighted nats per row,
+    replicated on every device (each process reads all rows)."""
+
+    def step(params: dict, batch_BT1: jax.Array, weights_BT: jax.Array) -> jax.Array:
+        return (token_losses(ctx, params, batch_BT1) * weights_BT).sum(axis=-1)
+
+    return jax.jit(
+        step,
+        in_shardings=(ctx.state_sharding['params'], ctx.batch_sharding, ctx.batch_sharding),
+        out_shardings=NamedSharding(ctx.mesh, PartitionSpec()),
+    )
