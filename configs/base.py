@@ -109,7 +109,7 @@ def get_config() -> ml_collections.ConfigDict:
     uptrain.schedule = 'continue'  # 'continue': the source's lr schedule; 'rewarm': warm up anew.
     uptrain.optimizer_state = 'convert'  # 'convert': source's Adam moments, K/V pooled; 'fresh'.
     uptrain.method = ''  # Set by scripts/uptrain.py: 'mean'|'first'|'random'|'aligned'|'joint_svd'.
-    uptrain.grouping = 'contiguous'  # Which KV heads merge: 'contiguous' | 'similarity' (issue 17).
+    uptrain.grouping = 'contiguous'  # Which KV heads merge: 'contiguous' | 'similarity'.
     uptrain.target = ''  # Set by scripts/uptrain.py: the converted attention ('gqa'|'mqa'|'mla').
     uptrain.groups = ''  # Set by scripts/uptrain.py (similarity): merged heads, '0,2|1,3;...'.
     uptrain.rope_pairs = ''  # Set by scripts/uptrain.py (mla target): source RoPE pairs kept.

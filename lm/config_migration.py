@@ -50,7 +50,7 @@ REPLACED_KEYS = {'eval_batches': 'eval_tokens'}
 def _upgrade_eval_batches(config: ml_collections.ConfigDict) -> None:
     """An old `eval_batches = N` becomes `eval_tokens`: 0 (whole split) stays 0; N > 0 keeps its
     cost, N · batch_size · seq_len tokens, now spread evenly over the whole split instead of
-    taken from its start (the first windows were not representative; issue 14). An explicit
+    taken from its start (the first windows were not representative). An explicit
     `eval_tokens` > 0 beside it wins."""
     if 'eval_batches' not in config:
         return

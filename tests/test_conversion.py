@@ -1,4 +1,4 @@
-"""Conversion beyond contiguous mean-pooling (issue 17): similarity grouping, aligned merging and
+"""Conversion beyond contiguous mean-pooling: similarity grouping, aligned merging and
 MHA / GQA → MLA. Exact equivalences are tested as such (float32 rounding); references are
 independent (scipy's Procrustes, a brute-force angle search, explicit matrix products)."""
 

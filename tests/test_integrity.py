@@ -1,4 +1,4 @@
-"""Data loss, hangs and silently wrong results (issue 12): workdir ownership, seeds and
+"""Data loss, hangs and silently wrong results: workdir ownership, seeds and
 background-thread errors, uptrain flag checks, sweep seeds and stale runs, config changes on
 resume, checkpoint checksums, failed asynchronous saves, and the loss-spike guard."""
 

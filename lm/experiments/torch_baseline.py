@@ -1,4 +1,4 @@
-"""The eager PyTorch baseline of issue 7: nanoGPT's model (LayerNorm without bias, GELU MLP,
+"""The eager PyTorch baseline: nanoGPT's model (LayerNorm without bias, GELU MLP,
 learned positions, tied head) trained by AdamW with gradient clipping, one step at a time.
 
 PyTorch is optional (not a dependency of lm): it is imported inside the functions, so importing
