@@ -55,6 +55,12 @@ def set_key(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
     node[leaf] = value
 
 
+def _a_type(kind: type) -> str:
+    """A type named with its article, for messages: 'an int', 'a float', 'a bool'."""
+    name = kind.__name__
+    return f'{"an" if name[0] in "aeiou" else "a"} {name}'
+
+
 def parse_value(key: str, raw: str, like: Any, flag: str = 'config') -> Any:
     """`raw` parsed with the type of `like`, the config's current value at `key`."""
     if isinstance(like, ml_collections.ConfigDict):
@@ -66,7 +72,7 @@ def parse_value(key: str, raw: str, like: Any, flag: str = 'config') -> Any:
             return raw.lower() in ('true', '1')
         return type(like)(raw)
     except ValueError:
-        raise ValueError(f'{flag} {key}: {raw!r} is not a {type(like).__name__}') from None
+        raise ValueError(f'{flag} {key}: {raw!r} is not {_a_type(type(like))}') from None
 
 
 def parse_assignment(

@@ -124,7 +124,11 @@ def test_dotted_key_helpers():
     assert with_values(config, {'model.d_model': 64}).model.d_model == 64
     with pytest.raises(ValueError, match=r"--set: unknown config key 'model.nope'"):
         with_overrides(config, ['model.nope=1'])
-    with pytest.raises(ValueError, match=r"--set model.num_heads: 'x' is not a int"):
+    with pytest.raises(ValueError, match=r"--set model.num_heads: 'x' is not an int"):
         with_overrides(config, ['model.num_heads=x'])
+    with pytest.raises(ValueError, match=r"--set train.lr: 'x' is not a float"):
+        with_overrides(config, ['train.lr=x'])
+    with pytest.raises(ValueError, match=r"--set model.qkv_bias: 'maybe' is not a bool"):
+        with_overrides(config, ['model.qkv_bias=maybe'])
     with pytest.raises(ValueError, match=r"config: unknown config key 'train.nope'"):
         set_key(config, 'train.nope', 1)

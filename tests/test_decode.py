@@ -138,8 +138,10 @@ def test_one_line_errors():
         parse_sampling('beam=4')
     with pytest.raises(ValueError, match=r'top_p must be in \(0, 1\]'):
         parse_sampling('top_p=1.5')
-    with pytest.raises(ValueError, match=r"top_k=.*'x' is not a int"):
+    with pytest.raises(ValueError, match=r"top_k=.*'x' is not an int"):
         parse_sampling('top_k=x')
+    with pytest.raises(ValueError, match=r"temperature=.*'x' is not a float"):
+        parse_sampling('temperature=x')
 
 
 @pytest.mark.slow

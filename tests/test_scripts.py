@@ -43,11 +43,33 @@ def text_file(tmp_path):
     return path
 
 
-def test_bench_train_smoke(tmp_path, text_file):
+def shakespeare_mha_flops(seq_len: int) -> tuple[int, int]:
+    """(N, training FLOPs per token) of configs/shakespeare_char.py's MHA model, counted by hand:
+    E = 128, L = 4, H = 4 heads of Q = 32, SwiGLU width F = 384 (8/3 · 128 rounded up to 64),
+    V = 258 (the byte tokenizer), tied embedding. FLOPs per token: 6N + 12·L·H·Q·T (PaLM App. B;
+    the tied embedding counts once, as the output head)."""
+    e, layers, heads, q, f, v = 128, 4, 4, 32, 384, 258
+    per_layer = 4 * e * e + 3 * e * f + 2 * e  # q/k/v/o, gate/up/down, two RMSNorm scales
+    n = layers * per_layer + e + v * e  # + final RMSNorm + embedding
+    return n, 6 * n + 12 * layers * heads * q * seq_len
+
+
+def table_row(stdout: str, variant: str) -> dict[str, str]:
+    """The printed table's row of `variant`, keyed by the header's column names."""
+    lines = stdout.splitlines()
+    header = next(ln for ln in lines if ln.startswith('| variant |'))
+    row = next(ln for ln in lines if ln.startswith(f'| {variant} |'))
+    names = [c.strip() for c in header.strip('|').split('|')]
+    return dict(zip(names, (c.strip() for c in row.strip('|').split('|')), strict=True))
+
+
+def test_bench_train_flops_and_mfu_match_a_hand_count(tmp_path, text_file):
+    """Parameters, FLOPs per token, tokens/s and MFU of the MHA row against a hand count of the
+    model (not accounting.py) and the tokens of a step (batch 4 × context 16)."""
     stdout = run(
         'bench_train.py',
         f'--data_path={text_file}',
-        '--variants=mla',
+        '--variants=mha',
         '--steps=2',
         '--warmup=1',
         '--set=train.batch_size=4',
@@ -56,22 +78,24 @@ def test_bench_train_smoke(tmp_path, text_file):
         '--torch_baseline=false',
         f'--json={tmp_path / "t.json"}',
     )
-    rows = json.loads((tmp_path / 't.json').read_text())
-    assert [r['variant'] for r in rows] == ['mla']
+    (r,) = json.loads((tmp_path / 't.json').read_text())
+    n, flops = shakespeare_mha_flops(seq_len=16)
+    assert (r['params'], r['model_flops_per_token']) == (n, flops)
+    tokens_per_sec = 4 * 16 / (r['step_time_ms'] / 1e3)
+    assert r['tokens_per_sec'] == pytest.approx(tokens_per_sec, rel=1e-9)
+    assert r['mfu'] == pytest.approx(tokens_per_sec * flops / r['peak_flops'], rel=1e-9)
+    printed = table_row(stdout, 'mha')
+    assert printed['params'] == f'{n:,}' and printed['MFLOPs/token'] == f'{flops / 1e6:.2f}'
+    assert printed['MFU'] == f'{tokens_per_sec * flops / r["peak_flops"]:.1%}'
+    assert printed['steps/call'] == '2' and printed['cuDNN attention'] == 'no'
     assert f'on {perf.cpu_model()},' in stdout.splitlines()[0]  # the header names the CPU
-    assert 'eager PyTorch baseline: off' in stdout and 'torch ÷ ours' not in stdout
-    assert all(r['torch_over_ours'] is None for r in rows)
-    for r in rows:
-        for key in ('step_time_ms', 'tokens_per_sec', 'model_flops_per_token', 'peak_flops', 'mfu'):
-            assert r[key] > 0, key
-        assert r['tokens_per_sec'] == pytest.approx(4 * 16 / (r['step_time_ms'] / 1e3))
-        assert r['steps_per_call'] == 2
-    assert 'MFU' in stdout and stdout.count('\n| ') == 2  # header + one row
+    assert 'eager PyTorch baseline: off' in stdout and 'torch ms' not in stdout
 
 
-def test_bench_train_torch_ratio(tmp_path, text_file):
-    """With PyTorch importable, the baseline runs interleaved and each row gets the ratio."""
-    pytest.importorskip('torch')  # optional: the baseline needs PyTorch, lm does not
+def test_bench_train_times_the_torch_baseline_when_importable(tmp_path, text_file):
+    """With PyTorch importable the baseline is timed in the same process with the threads asked
+    for, and the printed ratio is the printed PyTorch ms/step over ours."""
+    torch = pytest.importorskip('torch')  # optional: the baseline needs PyTorch, lm does not
     stdout = run(
         'bench_train.py',
         f'--data_path={text_file}',
@@ -79,21 +103,20 @@ def test_bench_train_torch_ratio(tmp_path, text_file):
         '--steps=4',
         '--warmup=1',
         '--rounds=2',
+        '--torch_threads=1',
         '--set=train.batch_size=4',
         '--set=data.seq_len=16',
         '--set=train.steps_per_call=2',
-        f'--json={tmp_path / "t.json"}',
     )
-    (row,) = json.loads((tmp_path / 't.json').read_text())
-    assert row['torch_step_time_ms'] > 0
-    assert row['torch_over_ours'] == pytest.approx(row['torch_step_time_ms'] / row['step_time_ms'])
     lines = stdout.splitlines()
-    assert f'on {perf.cpu_model()},' in lines[0]
-    assert 'eager PyTorch' in lines[1] and 'interleaved' in lines[1]
-    header = next(ln for ln in lines if ln.startswith('| variant'))
-    assert header.endswith('| torch ms | torch ÷ ours |')
-    mha = next(ln for ln in lines if ln.startswith('| mha |'))
-    assert mha.endswith(f'| {row["torch_over_ours"]:.2f}x |')
+    assert lines[1].startswith(f'eager PyTorch {torch.__version__} nanoGPT baseline (1 threads)')
+    printed = table_row(stdout, 'mha')
+    torch_ms, ours_ms = float(printed['torch ms']), float(printed['step ms'])
+    assert torch_ms > 0
+    ratio = float(printed['torch ÷ ours'].removesuffix('x'))
+    # each printed number is rounded: ms to 0.1, the ratio to 0.01
+    bound = 0.05 / ours_ms * (1 + torch_ms / ours_ms) + 0.005
+    assert abs(ratio - torch_ms / ours_ms) <= bound
 
 
 def test_bench_torch_baseline_smoke():

@@ -80,7 +80,7 @@ def test_grid_errors_before_any_run(tmp_path, small_text):
     cfg = sweep_file(tmp_path, tiny_train_config(tmp_path, small_text), [{}])
     for grid, message in [
         ('model.num_hedas=4,8', "error: --grid: unknown config key 'model.num_hedas'"),
-        ('model.num_heads=4,eight', "error: --grid model.num_heads: 'eight' is not a int"),
+        ('model.num_heads=4,eight', "error: --grid model.num_heads: 'eight' is not an int"),
         ('model.num_heads', "error: --grid 'model.num_heads': expected key=value1,value2,..."),
         ('model=1', "error: --grid: 'model' is a section, not a value"),
     ]:
@@ -96,7 +96,7 @@ def test_grid_product_and_names(tmp_path, small_text):
     assert len(points) == 8 and points[1] == {'model.num_heads': 4, 'model.num_kv_heads': 2}
     assert run_name(points[1]) == 'h4_kv2'
     assert run_name({'model.attention': 'mla', 'train.lr': 0.001}) == 'mla_lr0.001'
-    with pytest.raises(ValueError, match=r"'1.5' is not a int"):
+    with pytest.raises(ValueError, match=r"'1.5' is not an int"):
         parse_grid(config, ['model.num_heads=1.5'])
 
 

@@ -59,9 +59,8 @@ def parse_sampling(spec: str) -> Sampling:
         try:
             options[name] = types[name](value)
         except ValueError:
-            raise ValueError(
-                f'sampling option {name}={value!r} is not a {types[name].__name__}'
-            ) from None
+            kind = 'an int' if types[name] is int else 'a float'
+            raise ValueError(f'sampling option {name}={value!r} is not {kind}') from None
     return Sampling(**options)
 
 
