@@ -1,6 +1,6 @@
-"""Config plumbing: ModelConfig (the typed view of `config.model` the model code reads; resolved
-by `lm.model.transformer.model_config`), config files, and dotted-key access and overrides
-('model.num_heads=8') used by the command line, sweeps and tests.
+"""Config plumbing: config files, and dotted-key access and overrides ('model.num_heads=8') used by
+the command line, sweeps and tests. The typed view of `config.model` the model reads is
+`lm.model.config.ModelConfig`.
 
 The schema is configs/base.py: every key with a one-line comment. Configs saved with older
 checkpoints are brought up to it by lm/config_migration.py."""
