@@ -20,10 +20,13 @@ Beyond contiguous mean-pooling (docs/uptraining.md, "Conversion methods"):
       --qk_rope_head_dim=8 --optimizer_state=fresh
 """
 
+import re
+
 from absl import flags
 
-from lm.cli import bootstrap, check_writable_dir, run_app
-from lm.convert.uptrain import Plan, check_flags, convert_checkpoint, resolve_method
+from lm.cli import USER_ERRORS, bootstrap, check_writable_dir, run_app
+from lm.convert.methods import KEYS
+from lm.convert.uptrain import SOURCE, WORKDIR, ConversionOptions, convert_checkpoint
 from lm.model.attention import variant
 from lm.model.transformer import model_config
 from lm.train.run import stored_config
@@ -92,38 +95,49 @@ _STEPS = flags.DEFINE_integer(
 )
 
 
-def run() -> int:
-    method = resolve_method(_TARGET.value, _METHOD.value)
-    plan = Plan(_KV.value, method, _GROUPING.value, _TARGET.value, _KV_LORA.value, _ROPE_DIM.value)
-    check_flags(
-        _KV.value,
-        method,
-        _STEP.value,
-        _FRACTION.value,
-        _SEED.value,
-        _SCHEDULE.value,
-        _OPT_STATE.value,
-        plan,
-    )
-    check_writable_dir(_DST.value, '--dst')
-    bootstrap(stored_config(_SRC.value, '--src'))
-    config = convert_checkpoint(
-        _SRC.value,
-        _DST.value,
-        _KV.value,
-        _METHOD.value,
-        _STEP.value,
-        _FRACTION.value,
-        _SEED.value,
-        _STEPS.value,
-        _SCHEDULE.value,
-        _OPT_STATE.value,
-        grouping=_GROUPING.value,
+# The library's errors name config keys (KEYS); this script's user sees its flags, each named
+# as its option but --step, plus the two workdirs.
+FLAGS = {KEYS[name]: f'--{name}' for name in KEYS} | {
+    KEYS['source_step']: '--step',
+    SOURCE: '--src',
+    WORKDIR: '--dst',
+}
+_KEY = re.compile(
+    r'(?<![\w./])(' + '|'.join(map(re.escape, sorted(FLAGS, key=len, reverse=True))) + r')(?![\w/])'
+)
+
+
+def with_flags(message: str) -> str:
+    """`message` with every config key of FLAGS named by its flag."""
+    return _KEY.sub(lambda m: FLAGS[m.group(1)], message)
+
+
+def options() -> ConversionOptions:
+    return ConversionOptions(
         target=_TARGET.value,
+        num_kv_heads=_KV.value,
         kv_lora_rank=_KV_LORA.value,
         qk_rope_head_dim=_ROPE_DIM.value,
+        method=_METHOD.value,
+        grouping=_GROUPING.value,
         calibration_tokens=_CALIBRATION.value,
+        source_step=_STEP.value,
+        steps=_STEPS.value,
+        fraction=_FRACTION.value,
+        schedule=_SCHEDULE.value,
+        optimizer_state=_OPT_STATE.value,
+        seed=_SEED.value,
     )
+
+
+def run() -> int:
+    try:
+        conversion = options()
+        check_writable_dir(_DST.value, '--dst')
+        bootstrap(stored_config(_SRC.value, '--src'))
+        config = convert_checkpoint(_SRC.value, conversion, _DST.value)
+    except USER_ERRORS as e:
+        raise type(e)(with_flags(str(e))) from None
     print(
         f'wrote {_DST.value}: {config.model.attention} with {kv_heads(config)} KV heads by '
         f'{config.uptrain.method} ({config.uptrain.grouping} grouping) at step '

@@ -28,6 +28,7 @@ depend on the schedule) instead of training them again. `--set=key=value` change
 every run (e.g. `--set=model.num_layers=2`).
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -40,7 +41,7 @@ from absl import flags, logging
 
 from lm.cli import bootstrap, run_app
 from lm.config import load_config_file, with_overrides
-from lm.convert.uptrain import METHODS, Plan, check_flags, convert_checkpoint
+from lm.convert.uptrain import METHODS, ConversionOptions, convert_checkpoint
 from lm.experiments import stats
 from lm.model.accounting import kv_cache_bytes_per_token
 from lm.model.attention import VARIANTS
@@ -108,7 +109,6 @@ _ONLY_SEED = flags.DEFINE_integer(
 # What a from-scratch run depends on; uptraining runs depend on every setting.
 SCRATCH_SETTINGS = ('data_path', 'steps', 'eval_tokens', 'set')
 
-PLAN_FIELDS = ('num_kv_heads', 'method', 'grouping', 'target', 'kv_lora_rank', 'qk_rope_head_dim')
 CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'shakespeare_char.py'
 )
@@ -142,27 +142,32 @@ def mla_config(rank: int, seed: int, steps: int):
 
 
 def arms(targets: list[int]) -> dict[str, tuple]:
-    """{target label: (scratch config fn(seed, steps), {method: convert_checkpoint kwargs})}."""
-    out, calibration = {}, {'calibration_tokens': _CALIBRATION.value}
+    """{target label: (scratch config fn(seed, steps), {method: ConversionOptions})}; a bad
+    method or combination fails here, before any training."""
+    out, common = {}, dict(calibration_tokens=_CALIBRATION.value, schedule=_SCHEDULE.value)
     for g in targets:
         methods = {}
         for name in _METHODS.value:
             grouping, _, method = name.rpartition('-')
-            kwargs = dict(num_kv_heads=g, method=method, grouping=grouping or 'contiguous')
-            methods[name] = {**kwargs, 'optimizer_state': _OPT_STATE.value, **calibration}
-            methods[name]['schedule'] = _SCHEDULE.value
+            methods[name] = ConversionOptions(
+                num_kv_heads=g,
+                method=method,
+                grouping=grouping or 'contiguous',
+                optimizer_state=_OPT_STATE.value,
+                **common,
+            )
         label = 'MQA' if g == 1 else f'GQA-{g}'
         out[label] = (lambda s, t, g=g: pooled_config(g, s, t), methods)
     for rank in map(int, _MLA_RANKS.value):
-        kwargs = dict(num_kv_heads=0, method='joint_svd', target='mla', kv_lora_rank=rank)
-        kwargs.update(qk_rope_head_dim=_MLA_ROPE.value, optimizer_state='fresh', **calibration)
-        kwargs['schedule'] = _SCHEDULE.value
-        out[f'MLA-{rank}'] = (lambda s, t, c=rank: mla_config(c, s, t), {'joint_svd': kwargs})
-    for _, methods in out.values():  # a bad method or combination fails before any training
-        for kw in methods.values():
-            plan = Plan(**{k: v for k, v in kw.items() if k in PLAN_FIELDS})
-            state = kw['optimizer_state']
-            check_flags(plan.num_kv_heads, plan.method, None, 0.0, 0, kw['schedule'], state, plan)
+        options = ConversionOptions(
+            target='mla',
+            kv_lora_rank=rank,
+            qk_rope_head_dim=_MLA_ROPE.value,
+            method='joint_svd',
+            optimizer_state='fresh',
+            **common,
+        )
+        out[f'MLA-{rank}'] = (lambda s, t, c=rank: mla_config(c, s, t), {'joint_svd': options})
     return out
 
 
@@ -308,13 +313,13 @@ def run() -> int:
             src, lambda w, tb, s=seed: train(base_config('mha', s, n), w, tb)
         )
         for label, (scratch, methods) in by_label.items():
-            for method, kwargs in methods.items():
+            for method, options in methods.items():
                 for alpha in fractions:
 
-                    def uptrain(w, tb, kwargs=kwargs, alpha=alpha, s=seed, src=src):
+                    def uptrain(w, tb, options=options, alpha=alpha, s=seed, src=src):
                         src_dir = os.path.join(_OUT.value, src)
-                        config = convert_checkpoint(src_dir, w, fraction=alpha, seed=s, **kwargs)
-                        return train(config, w, tb)
+                        options = dataclasses.replace(options, fraction=alpha, seed=s)
+                        return train(convert_checkpoint(src_dir, options, w), w, tb)
 
                     results.setdefault((label, method, alpha), {})[seed] = cached_run(
                         f'{label}_{method}_a{alpha:g}_s{seed}', uptrain

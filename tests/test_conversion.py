@@ -14,8 +14,8 @@ from flax import nnx
 from lm.convert import head_merging
 from lm.convert import methods as conversion
 from lm.convert import mla as mla_conversion
-from lm.convert.methods import Plan
-from lm.convert.uptrain import check_conversion, check_flags, convert_params
+from lm.convert.methods import ConversionOptions
+from lm.convert.uptrain import check_conversion, convert_params
 from lm.model.transformer import build_model, model_config
 
 TOKENS = jax.random.randint(jax.random.key(7), (2, 12), 0, 61)
@@ -213,10 +213,12 @@ def test_aligned_first_moment_rotates_like_the_gradient():
 
 
 def mla_conversion_of(cfg, params, C, P=4, inputs=None):
-    plan = Plan(0, 'joint_svd', target='mla', kv_lora_rank=C, qk_rope_head_dim=P)
-    check_conversion(cfg, 0, 'joint_svd', plan)
+    options = ConversionOptions(
+        target='mla', kv_lora_rank=C, qk_rope_head_dim=P, optimizer_state='fresh'
+    )
+    check_conversion(cfg, options)
     inputs = calibration(cfg, params) if inputs is None else inputs
-    out, settings, pairs = conversion.latent_conversion(params, cfg, plan, inputs)
+    out, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs)
     config = tiny_config(attention='mla')
     config.model.update(settings)
     return model_config(config.model), out, pairs
@@ -280,67 +282,82 @@ def test_mla_rope_ladder_and_its_frequencies():
     assert mla_conversion.choose_stride(contribution, P) == 3
 
 
+MLA = dict(target='mla', kv_lora_rank=8, qk_rope_head_dim=4, optimizer_state='fresh')
+
+
 @pytest.mark.parametrize(
-    'plan,optimizer_state,message',
+    'options,message',
     [
-        (Plan(2, 'mean', grouping='nearest'), 'convert', r'--grouping must be one of'),
-        (Plan(2, 'mean', target='xyz'), 'convert', r'--target must be empty .* got .xyz.'),
+        (dict(num_kv_heads=2, grouping='nearest'), r'^config.uptrain.grouping must be one of'),
+        (dict(num_kv_heads=2, target='xyz'), r'^config.uptrain.target must be empty .* got .xyz.'),
         (
-            Plan(
-                2, 'mean', grouping='similarity', target='mla', kv_lora_rank=8, qk_rope_head_dim=4
-            ),
-            'fresh',
-            r'--method=mean does not apply to --target=mla',
+            dict(MLA, method='mean'),
+            r'^config.uptrain.method=mean does not apply to config.uptrain.target=mla',
         ),
         (
-            Plan(
-                0,
-                'joint_svd',
-                grouping='similarity',
-                target='mla',
-                kv_lora_rank=8,
-                qk_rope_head_dim=4,
-            ),
-            'fresh',
-            r'--grouping=similarity does not apply',
+            dict(MLA, grouping='similarity'),
+            r'^config.uptrain.grouping=similarity does not apply to config.uptrain.target=mla',
         ),
         (
-            Plan(2, 'joint_svd', target='mla', kv_lora_rank=8, qk_rope_head_dim=4),
-            'fresh',
-            r'--num_kv_heads does not apply to --target=mla',
+            dict(MLA, num_kv_heads=2),
+            r'^config.model.num_kv_heads does not apply to config.uptrain.target=mla',
+        ),
+        (dict(MLA, kv_lora_rank=0), r'^config.model.kv_lora_rank must be >= 1 .*got 0$'),
+        (
+            dict(MLA, qk_rope_head_dim=3),
+            r'^config.model.qk_rope_head_dim must be an even number >= 2 .*got 3$',
         ),
         (
-            Plan(0, 'joint_svd', target='mla', qk_rope_head_dim=4),
-            'fresh',
-            r'--kv_lora_rank must be >= 1',
+            dict(MLA, optimizer_state='convert'),
+            r'no AdamW history: set config.uptrain.optimizer_state=fresh$',
         ),
         (
-            Plan(0, 'joint_svd', target='mla', kv_lora_rank=8, qk_rope_head_dim=3),
-            'fresh',
-            r'--qk_rope_head_dim must be an even number >= 2',
+            dict(num_kv_heads=2, method='random', grouping='similarity'),
+            r'^config.uptrain.grouping=similarity has no effect with config.uptrain.method=random',
         ),
         (
-            Plan(0, 'joint_svd', target='mla', kv_lora_rank=8, qk_rope_head_dim=4),
-            'convert',
-            r'no AdamW history: pass --optimizer_state=fresh',
+            dict(num_kv_heads=2, kv_lora_rank=8),
+            r'^config.model.kv_lora_rank and config.model.qk_rope_head_dim apply only to a '
+            r'config.uptrain.target with a KV latent$',
         ),
-        (Plan(2, 'random', grouping='similarity'), 'convert', r'no effect with --method=random'),
-        (Plan(2, 'mean', kv_lora_rank=8), 'convert', r'apply only to a --target with a KV latent'),
+        (dict(num_kv_heads=0), r'^config.model.num_kv_heads must be >= 1, got 0$'),
+        (dict(num_kv_heads=2, method='joint_svd'), r'^config.uptrain.method must be one of'),
+        (dict(num_kv_heads=2, calibration_tokens=0), r'calibration_tokens must be >= 1, got 0$'),
+        (dict(num_kv_heads=2, source_step=-1), r'^config.uptrain.source_step must be >= 0'),
+        (dict(num_kv_heads=2, steps=-2), r'^ConversionOptions.steps must be >= 0, got -2$'),
+        (dict(num_kv_heads=2, fraction=float('inf')), r'^config.uptrain.fraction must be a fin'),
+        (dict(num_kv_heads=2, seed=2**32), r'^ConversionOptions.seed must be in \[0, 2\*\*32\)'),
     ],
 )
-def test_bad_combinations_are_one_line_errors(plan, optimizer_state, message):
+def test_bad_options_are_one_line_errors_naming_config_keys(options, message):
     with pytest.raises(ValueError, match=message) as err:
-        check_flags(
-            plan.num_kv_heads, plan.method, None, None, 0, 'continue', optimizer_state, plan
-        )
-    assert '\n' not in str(err.value)
+        ConversionOptions(**options)
+    assert '\n' not in str(err.value) and '--' not in str(err.value)
+
+
+def test_options_default_method_is_the_targets():
+    assert ConversionOptions(num_kv_heads=2).method == 'mean'
+    assert ConversionOptions(**MLA).method == 'joint_svd'
+    assert not ConversionOptions(num_kv_heads=2).needs_calibration
+    assert ConversionOptions(num_kv_heads=2, method='aligned').needs_calibration
+    assert ConversionOptions(**MLA).latent and ConversionOptions(**MLA).needs_calibration
 
 
 @pytest.mark.parametrize(
     'model,C,P,message',
     [
-        (dict(attention='gqa', num_kv_heads=1), 13, 4, r'--kv_lora_rank=13 is larger than .* = 12'),
-        (dict(attention='mha', num_heads=8), 4, 4, r'--qk_rope_head_dim=4 must be smaller'),
+        (
+            dict(attention='gqa', num_kv_heads=1),
+            13,
+            4,
+            r'^config.model.kv_lora_rank=13 is larger than .* = 12$',
+        ),
+        (
+            dict(attention='mha', num_heads=8),
+            4,
+            4,
+            r"^config.model.qk_rope_head_dim=4 must be smaller than the source's head_dim=4",
+        ),
         (dict(attention='mha', qkv_bias=True), 8, 4, r'qkv_bias / o_bias'),
         (dict(attention='mha', rope_scaling='llama3'), 8, 4, r"rope_scaling='llama3'"),
         (dict(attention='mla'), 8, 4, r"attention='mla', which has no K/V heads"),
@@ -348,6 +365,6 @@ def test_bad_combinations_are_one_line_errors(plan, optimizer_state, message):
 )
 def test_latent_conversion_source_errors(model, C, P, message):
     cfg = model_config(tiny_config(**model).model)
-    plan = Plan(0, 'joint_svd', target='mla', kv_lora_rank=C, qk_rope_head_dim=P)
+    options = ConversionOptions(**dict(MLA, kv_lora_rank=C, qk_rope_head_dim=P))
     with pytest.raises(ValueError, match=message):
-        check_conversion(cfg, 0, 'joint_svd', plan)
+        check_conversion(cfg, options)

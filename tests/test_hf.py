@@ -472,13 +472,14 @@ def test_refused_exports(case):
 
 def test_uptrain_of_a_step0_import_needs_steps(tmp_path, monkeypatch):
     config = tiny_config(attention='mha')
-    with pytest.raises(ValueError, match='pass --steps'):
+    with pytest.raises(ValueError, match='set ConversionOptions.steps'):
         uptrain_config(config, 2, 0)
     assert uptrain_config(config, 2, 0, steps=3).train.steps == 3
     import_hf(str(FIXTURES / 'llama_mha'), str(tmp_path / 'w'), base_config())
     monkeypatch.setattr(uptrain, 'restore_run', None)  # refused before any array is read
-    with pytest.raises(ValueError, match='pass --steps'):
-        uptrain.convert_checkpoint(str(tmp_path / 'w'), str(tmp_path / 'up'), 2, 'mean')
+    with pytest.raises(ValueError, match='set ConversionOptions.steps'):
+        options = uptrain.ConversionOptions(num_kv_heads=2)
+        uptrain.convert_checkpoint(str(tmp_path / 'w'), options, str(tmp_path / 'up'))
 
 
 @pytest.mark.slow

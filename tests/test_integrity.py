@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, read_scalars, sweep_file, tiny_train_config, write_config_file
 
-from lm.convert.uptrain import convert_checkpoint
+from lm.convert.uptrain import ConversionOptions, convert_checkpoint
 from lm.train.checkpoint import Checkpointer, read_latest_meta
 from lm.train.loop import train
 from lm.train.run import check_loop_config, prepare
@@ -234,16 +234,20 @@ def test_uptrain_flags_are_checked_before_writing(tmp_path, mha_run, monkeypatch
     )
     assert line == "error: --schedule must be one of ('continue', 'rewarm'), got 'restart'"
     assert not dst.exists()
-    for kwargs, message in [
-        (dict(fraction=float('nan')), r'--fraction must be a finite number >= 0, got nan'),
-        (dict(step=-1), r'--step must be >= 0, got -1'),
-        (dict(step=5), r'--src: no checkpoint for step 5 in .*; available: \[4, 8\]'),
-        (dict(seed=-1), r'--seed must be in \[0, 2\*\*32\), got -1'),
-        (dict(method='median'), r'--method must be one of'),
-        (dict(optimizer_state='keep'), r"--optimizer_state must be one of \('convert', 'fresh'\)"),
+    # The library names the options' config keys.
+    for options, message in [
+        (dict(fraction=float('nan')), r'^config.uptrain.fraction must be a finite number >= 0'),
+        (dict(source_step=-1), r'^config.uptrain.source_step must be >= 0, got -1$'),
+        (
+            dict(source_step=5),
+            r'^config.uptrain.source_workdir: no checkpoint for step 5 in .*; available: \[4, 8\]',
+        ),
+        (dict(seed=-1), r'^ConversionOptions.seed must be in \[0, 2\*\*32\), got -1$'),
+        (dict(method='median'), r'^config.uptrain.method must be one of'),
+        (dict(optimizer_state='keep'), r"^config.uptrain.optimizer_state must be one of \('conv"),
     ]:
         with pytest.raises((ValueError, FileNotFoundError), match=message):
-            convert_checkpoint(str(mha_run), str(dst), 2, **{'method': 'mean', **kwargs})
+            convert_checkpoint(str(mha_run), ConversionOptions(num_kv_heads=2, **options), str(dst))
         assert not dst.exists()
     # A write that fails half-way leaves the destination as it was.
     import lm.convert.uptrain
@@ -254,14 +258,16 @@ def test_uptrain_flags_are_checked_before_writing(tmp_path, mha_run, monkeypatch
 
     monkeypatch.setattr(lm.convert.uptrain.Checkpointer, 'save', full_disk)
     with pytest.raises(OSError, match='No space left'):
-        convert_checkpoint(str(mha_run), str(dst), 2, 'mean')
+        convert_checkpoint(str(mha_run), ConversionOptions(num_kv_heads=2), str(dst))
     assert not dst.exists()
     dst.mkdir()
     with pytest.raises(OSError, match='No space left'):
-        convert_checkpoint(str(mha_run), str(dst), 2, 'mean')
+        convert_checkpoint(str(mha_run), ConversionOptions(num_kv_heads=2), str(dst))
     assert list(dst.iterdir()) == []  # an existing (empty) destination stays as it was
     monkeypatch.undo()
-    config = convert_checkpoint(str(mha_run), str(dst), 2, 'mean', fraction=0.5)
+    config = convert_checkpoint(
+        str(mha_run), ConversionOptions(num_kv_heads=2, fraction=0.5), str(dst)
+    )
     # it continues the source's step 8 for 0.5 x 8 steps more
     assert config.train.steps == 12 and sorted(p.name for p in dst.iterdir()) == ['checkpoints']
     assert Checkpointer(str(dst)).steps() == [8]

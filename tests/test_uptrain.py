@@ -23,8 +23,8 @@ from test_train import read_hparams
 
 import lm.train.loop
 from lm.convert.uptrain import (
+    ConversionOptions,
     check_conversion,
-    check_flags,
     convert_checkpoint,
     convert_opt_state,
     convert_params,
@@ -129,38 +129,42 @@ def test_gqa8_to_gqa2_and_random_method():
 @pytest.mark.parametrize(
     'model,g,method,message',
     [
-        (dict(attention='mha'), 3, 'mean', r'num_heads=4 is not divisible by --num_kv_heads=3'),
+        (
+            dict(attention='mha'),
+            3,
+            'mean',
+            r'^config.model.num_kv_heads=3 does not divide config.model.num_heads=4$',
+        ),
         (
             dict(attention='gqa', num_kv_heads=2),
             4,
             'mean',
-            r'--num_kv_heads=4 is larger than the '
-            r"source's 2 KV heads",
+            r"^config.model.num_kv_heads=4 is larger than the source's 2 KV heads",
         ),
         (
             dict(attention='mha', num_heads=6, d_model=36),
             4,
             'mean',
-            r'num_heads=6 is not divisible',
+            r'^config.model.num_kv_heads=4 does not divide config.model.num_heads=6$',
         ),
         (dict(attention='mha', num_heads=12, d_model=48), 4, 'mean', None),
         (
             dict(attention='gqa', num_heads=12, num_kv_heads=6, d_model=48),
             4,
             'mean',
-            r"the source's 6 KV heads are not divisible by --num_kv_heads=4",
+            r"^config.model.num_kv_heads=4 does not divide the source's 6 KV heads$",
         ),
         (dict(attention='mla'), 1, 'mean', r"uses attention='mla', which has no K/V heads"),
-        (dict(attention='mha'), 2, 'median', r'--method must be one of'),
+        (dict(attention='mha'), 2, 'median', r'^config.uptrain.method must be one of'),
     ],
 )
 def test_conversion_errors(model, g, method, message):
     cfg = model_config(tiny_config(**model).model)
     if message is None:
-        check_conversion(cfg, g, method)
+        check_conversion(cfg, ConversionOptions(num_kv_heads=g, method=method))
         return
     with pytest.raises(ValueError, match=message):
-        check_conversion(cfg, g, method)
+        check_conversion(cfg, ConversionOptions(num_kv_heads=g, method=method))
 
 
 def test_uptrain_config_sets_schedule_and_provenance():
@@ -231,10 +235,10 @@ def test_converted_optimizer_state_for_random_zeroes_kv_moments():
     assert mu['k_proj']['kernel'].shape == (32, 2, 8) and not mu['k_proj']['kernel'].any()
     assert out[0].nu['blocks'][1]['attn']['q_proj'] is state[0].nu['blocks'][1]['attn']['q_proj']
     assert int(out[0].count) == 1
-    with pytest.raises(ValueError, match=r"--schedule must be one of \('continue', 'rewarm'\)"):
-        check_flags(2, 'mean', None, None, 0, 'restart', 'convert')
-    with pytest.raises(ValueError, match=r'--optimizer_state must be one of'):
-        check_flags(2, 'mean', None, None, 0, 'continue', 'keep')
+    with pytest.raises(ValueError, match=r"^config.uptrain.schedule must be one of \('continue',"):
+        ConversionOptions(num_kv_heads=2, schedule='restart')
+    with pytest.raises(ValueError, match=r"^config.uptrain.optimizer_state must be one of \('co"):
+        ConversionOptions(num_kv_heads=2, optimizer_state='keep')
 
 
 def _recorded_batches(monkeypatch) -> dict:
@@ -269,7 +273,7 @@ def test_uptraining_continues_the_source_run(tmp_path, small_text, monkeypatch):
     source_seen, seen_up = dict(seen), seen
     seen_up.clear()
 
-    up = convert_checkpoint(str(src), str(dst), 2, 'mean')
+    up = convert_checkpoint(str(src), ConversionOptions(num_kv_heads=2), str(dst))
     assert (up.train.steps, up.uptrain.schedule, up.uptrain.optimizer_state) == (
         12,
         'continue',
@@ -391,8 +395,22 @@ def test_uptrain_end_to_end(tmp_path, small_text):
         f'--dst={tmp_path / "y"}',
         '--num_kv_heads=3',
     )
-    assert bad.returncode == 1 and 'not divisible by --num_kv_heads=3' in bad.stderr
-    assert 'Traceback' not in bad.stderr + empty.stderr + again.stderr
+    assert bad.stderr.splitlines()[-1] == (
+        'error: --num_kv_heads=3 does not divide config.model.num_heads=4'
+    )
+    # The library names config keys; the script shows its flags (--src for the source workdir).
+    step = run_entry(
+        'scripts/uptrain.py',
+        f'--src={tmp_path / "mha"}',
+        f'--dst={tmp_path / "y"}',
+        '--num_kv_heads=2',
+        '--step=5',
+    )
+    assert re.fullmatch(
+        r'error: --src: no checkpoint for step 5 in .*; available: \[40\]',
+        step.stderr.splitlines()[-1],
+    )
+    assert 'Traceback' not in bad.stderr + empty.stderr + again.stderr + step.stderr
     # MHA -> MLA (lm/convert/methods.py); similarity grouping and aligned merging: the ablation
     # smoke.
     mla = ['--target=mla', '--kv_lora_rank=8', '--qk_rope_head_dim=4', '--calibration_tokens=64']

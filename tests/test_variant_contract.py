@@ -12,7 +12,7 @@ import pytest
 from conftest import tiny_config, tiny_train_config
 from flax import nnx
 
-from lm.convert.uptrain import check_conversion
+from lm.convert.uptrain import ConversionOptions, check_conversion
 from lm.experiments import sweep
 from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
 from lm.model import accounting, attention
@@ -140,7 +140,7 @@ def test_accounting_and_uptraining_ask_the_variant(toy):
     n = accounting.param_counts(cfg)['total']
     assert accounting.flops_per_token(cfg, 16) == 6 * n + 6 * L * H * (D + D) * 16
     with pytest.raises(ValueError, match=r"attention='toy_shared_kv', which has no K/V heads"):
-        check_conversion(cfg, 1, 'mean')
+        check_conversion(cfg, ConversionOptions(num_kv_heads=1))
     assert hparams(tiny_config(), cfg, n)['kv_heads'] == '2 shared'
 
 

@@ -1,12 +1,14 @@
-"""Conversion options beyond Ainslie et al.'s contiguous mean-pooling (scripts/uptrain.py):
-which KV heads share (`grouping`), aligned merging (`method='aligned'`) and MHA / GQA → MLA
-(`target` a variant with a KV latent), their checks, and the calibration text they fit on.
+"""Conversion options (`ConversionOptions`, scripts/uptrain.py builds them from its flags) and
+the methods beyond Ainslie et al.'s contiguous mean-pooling: which KV heads share (`grouping`),
+aligned merging (`method='aligned'`) and MHA / GQA → MLA (`target` a variant with a KV latent),
+their checks, and the calibration text they fit on.
 
-The maths lives in lm/convert/head_merging.py (grouping, alignment) and lm/convert/mla.py (MHA2MLA);
-this module checks a `Plan` (one-line errors, before any array is read), reads the calibration
-inputs, and applies the maths to every layer of a checkpointed parameter tree. Calibration
-inputs are every layer's attention input (the normalised residual stream, as the head-analysis
-probe `lm.analysis.scores.attention_inputs` reads it) on `uptrain.calibration_tokens` tokens of the
+The maths lives in lm/convert/head_merging.py (grouping, alignment) and lm/convert/mla.py
+(MHA2MLA); this module checks the options (one-line errors naming the config keys that record
+them, before any array is read), reads the calibration inputs, and applies the maths to every
+layer of a checkpointed parameter tree. Calibration inputs are every layer's attention input
+(the normalised residual stream, as the head-analysis probe
+`lm.analysis.scores.attention_inputs` reads it) on `uptrain.calibration_tokens` tokens of the
 source run's training split, in windows of its seq_len spread evenly over the split: real text
 the source was trained on, none of the validation split the converted run is evaluated on.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -35,18 +38,62 @@ CALIBRATION_BATCH = 16  # windows per forward pass when reading calibration inpu
 _probe = nnx.jit(analysis.attention_inputs)  # one compilation per model shape and process
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What a conversion does. target '' pools the source's K/V heads to `num_kv_heads` (GQA /
-    MQA); a target naming a variant with a KV latent (`latent_kv`) converts to it, with
-    `kv_lora_rank` C and `qk_rope_head_dim` P, by `LATENT_METHODS`."""
+# Each option's config key in the converted run, which errors name (scripts/uptrain.py shows its
+# flags instead); `steps` and `seed` are recorded nowhere, so errors name the option itself.
+KEYS = {
+    'target': 'config.uptrain.target',
+    'num_kv_heads': 'config.model.num_kv_heads',
+    'kv_lora_rank': 'config.model.kv_lora_rank',
+    'qk_rope_head_dim': 'config.model.qk_rope_head_dim',
+    'method': 'config.uptrain.method',
+    'grouping': 'config.uptrain.grouping',
+    'calibration_tokens': 'config.uptrain.calibration_tokens',
+    'source_step': 'config.uptrain.source_step',
+    'steps': 'ConversionOptions.steps',
+    'fraction': 'config.uptrain.fraction',
+    'schedule': 'config.uptrain.schedule',
+    'optimizer_state': 'config.uptrain.optimizer_state',
+    'seed': 'ConversionOptions.seed',
+}
+_k = types.SimpleNamespace(**KEYS)  # the keys by attribute, for the messages
 
-    num_kv_heads: int
-    method: str
-    grouping: str = 'contiguous'
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConversionOptions:
+    """What a conversion does and how the converted run goes on, checked when built (one-line
+    errors naming `KEYS`, whatever the source).
+
+    target '' pools the source's K/V heads to `num_kv_heads` (GQA / MQA) by `method`
+    (`POOL_METHODS`) after `grouping`; a target naming a variant with a KV latent (`latent_kv`)
+    converts to it, with `kv_lora_rank` C and `qk_rope_head_dim` P, by `LATENT_METHODS`. method
+    '' becomes the target's default ('mean'; 'joint_svd' for a latent). The converted run starts
+    at the source's `source_step` (None: its latest checkpoint) and trains `steps` more (None:
+    `fraction` of the source's steps; None: the source config's uptrain.fraction) under
+    `schedule` with `optimizer_state`; `seed` draws method 'random's fresh K/V. None for
+    `calibration_tokens`: the source config's."""
+
     target: str = ''
+    num_kv_heads: int = 0
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
+    method: str = ''
+    grouping: str = 'contiguous'
+    calibration_tokens: int | None = None
+    source_step: int | None = None
+    steps: int | None = None
+    fraction: float | None = None
+    schedule: str = 'continue'
+    optimizer_state: str = 'convert'
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, 'method', self.method or _default_method(self.target))
+        _check_run(self)
+        _check_target(self)
+        if self.latent:
+            _check_latent(self)
+        else:
+            _check_pool(self)
 
     @property
     def latent(self) -> bool:
@@ -57,72 +104,94 @@ class Plan:
         return self.latent or self.grouping != 'contiguous' or self.method == 'aligned'
 
 
-def resolve_method(target: str, method: str) -> str:
-    """--method as given, '' meaning the target's default ('mean'; joint SVD for a latent)."""
-    if method:
-        return method
+def _default_method(target: str) -> str:
     latent = bool(target) and getattr(attention.VARIANTS.get(target), 'latent_kv', False)
     return LATENT_METHODS[0] if latent else POOL_METHODS[0]
 
 
-def check_plan_flags(plan: Plan, optimizer_state: str) -> None:
-    """One-line errors for option combinations that are wrong whatever the source."""
-    if plan.grouping not in GROUPINGS:
-        raise ValueError(f'--grouping must be one of {GROUPINGS}, got {plan.grouping!r}')
-    cls = attention.VARIANTS.get(plan.target) if plan.target else None
-    if plan.target and not (cls and (cls.latent_kv or cls.poolable_kv_heads)):
+def _one_of(opts: ConversionOptions, name: str, allowed: tuple) -> None:
+    if getattr(opts, name) not in allowed:
+        raise ValueError(f'{KEYS[name]} must be one of {allowed}, got {getattr(opts, name)!r}')
+
+
+def _check_run(opts: ConversionOptions) -> None:
+    """The options of the converted run and its inputs: schedule, optimizer state, steps, seed,
+    calibration tokens."""
+    _one_of(opts, 'schedule', SCHEDULES)
+    _one_of(opts, 'optimizer_state', OPTIMIZER_STATES)
+    for name in ('source_step', 'steps'):
+        if getattr(opts, name) is not None and getattr(opts, name) < 0:
+            raise ValueError(f'{KEYS[name]} must be >= 0, got {getattr(opts, name)}')
+    if opts.fraction is not None and not (math.isfinite(opts.fraction) and opts.fraction >= 0):
+        raise ValueError(f'{_k.fraction} must be a finite number >= 0, got {opts.fraction}')
+    if not 0 <= opts.seed < 2**32:
+        raise ValueError(f'{_k.seed} must be in [0, 2**32), got {opts.seed}')
+    if opts.calibration_tokens is not None and opts.calibration_tokens < 1:
+        raise ValueError(f'{_k.calibration_tokens} must be >= 1, got {opts.calibration_tokens}')
+
+
+def _check_target(opts: ConversionOptions) -> None:
+    _one_of(opts, 'grouping', GROUPINGS)
+    cls = attention.VARIANTS.get(opts.target) if opts.target else None
+    if opts.target and not (cls and (cls.latent_kv or cls.poolable_kv_heads)):
         raise ValueError(
-            f'--target must be empty (fewer K/V heads) or an attention variant with K/V heads or '
-            f'a KV latent {sorted(attention.VARIANTS)}, got {plan.target!r}'
-        )
-    if not plan.latent:
-        _check_pool_flags(plan)
-        return
-    t = f'--target={plan.target}'
-    if plan.method not in LATENT_METHODS:
-        raise ValueError(f'--method={plan.method} does not apply to {t}: use {LATENT_METHODS}')
-    if plan.grouping != 'contiguous':
-        raise ValueError(f'--grouping={plan.grouping} does not apply to {t} (no heads are merged)')
-    if plan.num_kv_heads:
-        raise ValueError(f'--num_kv_heads does not apply to {t}; leave it unset')
-    if plan.kv_lora_rank < 1:
-        raise ValueError(f'--kv_lora_rank must be >= 1 for {t}, got {plan.kv_lora_rank}')
-    if plan.qk_rope_head_dim < 2 or plan.qk_rope_head_dim % 2:
-        raise ValueError(
-            f'--qk_rope_head_dim must be an even number >= 2 for {t}, got {plan.qk_rope_head_dim}'
-        )
-    if optimizer_state != 'fresh':
-        raise ValueError(
-            f'{t} builds new parameters with no AdamW history: pass --optimizer_state=fresh'
+            f'{_k.target} must be empty (fewer K/V heads) or an attention variant with K/V '
+            f'heads or a KV latent {sorted(attention.VARIANTS)}, got {opts.target!r}'
         )
 
 
-def _check_pool_flags(plan: Plan) -> None:
-    if plan.method not in POOL_METHODS:
-        raise ValueError(f'--method must be one of {POOL_METHODS}, got {plan.method!r}')
-    if plan.num_kv_heads < 1:
-        raise ValueError(f'--num_kv_heads must be >= 1, got {plan.num_kv_heads}')
-    if plan.kv_lora_rank or plan.qk_rope_head_dim:
+def _check_latent(opts: ConversionOptions) -> None:
+    t = f'{_k.target}={opts.target}'
+    if opts.method not in LATENT_METHODS:
+        raise ValueError(f'{_k.method}={opts.method} does not apply to {t}: use {LATENT_METHODS}')
+    if opts.grouping != 'contiguous':
         raise ValueError(
-            '--kv_lora_rank and --qk_rope_head_dim apply only to a --target with a KV latent'
+            f'{_k.grouping}={opts.grouping} does not apply to {t} (no heads are merged)'
         )
-    if plan.grouping == 'similarity' and plan.method == 'random':
-        raise ValueError('--grouping=similarity has no effect with --method=random (fresh K/V)')
+    if opts.num_kv_heads:
+        raise ValueError(f'{_k.num_kv_heads} does not apply to {t}; leave it unset')
+    if opts.kv_lora_rank < 1:
+        raise ValueError(f'{_k.kv_lora_rank} must be >= 1 for {t}, got {opts.kv_lora_rank}')
+    if opts.qk_rope_head_dim < 2 or opts.qk_rope_head_dim % 2:
+        raise ValueError(
+            f'{_k.qk_rope_head_dim} must be an even number >= 2 for {t}, '
+            f'got {opts.qk_rope_head_dim}'
+        )
+    if opts.optimizer_state != 'fresh':
+        raise ValueError(
+            f'{t} builds new parameters with no AdamW history: set {_k.optimizer_state}=fresh'
+        )
 
 
-def check_latent_source(src: ModelConfig, plan: Plan) -> None:
+def _check_pool(opts: ConversionOptions) -> None:
+    _one_of(opts, 'method', POOL_METHODS)
+    if opts.num_kv_heads < 1:
+        raise ValueError(f'{_k.num_kv_heads} must be >= 1, got {opts.num_kv_heads}')
+    if opts.kv_lora_rank or opts.qk_rope_head_dim:
+        raise ValueError(
+            f'{_k.kv_lora_rank} and {_k.qk_rope_head_dim} apply only to a '
+            f'{_k.target} with a KV latent'
+        )
+    if opts.grouping == 'similarity' and opts.method == 'random':
+        raise ValueError(
+            f'{_k.grouping}=similarity has no effect with {_k.method}=random (fresh K/V)'
+        )
+
+
+def check_latent_source(src: ModelConfig, opts: ConversionOptions) -> None:
     """One-line errors for a latent conversion the source's shapes cannot take."""
-    D, P, C = src.head_dim, plan.qk_rope_head_dim, plan.kv_lora_rank
+    D, P, C = src.head_dim, opts.qk_rope_head_dim, opts.kv_lora_rank
     if P >= D:
         raise ValueError(
-            f"--qk_rope_head_dim={P} must be smaller than the source's head_dim={D} (the rest "
-            'of each head becomes the latent part)'
+            f"{_k.qk_rope_head_dim}={P} must be smaller than the source's head_dim={D} "
+            '(the rest of each head becomes the latent part)'
         )
     rank = min(src.d_model, src.num_kv_heads * (2 * D - P))
     if C > rank:
         raise ValueError(
-            f"--kv_lora_rank={C} is larger than the largest rank of the source's [W_K,nope | "
-            f'W_V], min(d_model, num_kv_heads · (2 · head_dim − qk_rope_head_dim)) = {rank}'
+            f"{_k.kv_lora_rank}={C} is larger than the largest rank of the source's "
+            '[W_K,nope | W_V], min(d_model, num_kv_heads · (2 · head_dim − qk_rope_head_dim)) '
+            f'= {rank}'
         )
     if src.qkv_bias or src.o_bias:
         raise ValueError(
@@ -135,63 +204,25 @@ def check_latent_source(src: ModelConfig, plan: Plan) -> None:
         )
 
 
-def check_conversion(
-    src: ModelConfig, num_kv_heads: int, method: str, plan: Plan | None = None
-) -> None:
-    """One-line errors for a conversion that cannot work, before any array is read."""
+def check_conversion(src: ModelConfig, opts: ConversionOptions) -> None:
+    """One-line errors for a conversion the source cannot take, before any array is read."""
     if not attention.variant(src).poolable_kv_heads:
         raise ValueError(
             f"the source checkpoint uses attention='{src.attention}', which has no K/V heads to "
             'pool; only MHA/GQA/MQA checkpoints convert to fewer KV heads or a latent'
         )
-    if plan is not None and plan.latent:
-        check_latent_source(src, plan)
+    if opts.latent:
+        check_latent_source(src, opts)
         return
-    if method not in POOL_METHODS:
-        raise ValueError(f'--method must be one of {POOL_METHODS}, got {method!r}')
-    g_src, H = src.num_kv_heads, src.num_heads
-    if num_kv_heads < 1:
-        raise ValueError(f'--num_kv_heads must be >= 1, got {num_kv_heads}')
-    if num_kv_heads > g_src:
+    g, g_src, H, key = opts.num_kv_heads, src.num_kv_heads, src.num_heads, _k.num_kv_heads
+    if g > g_src:
         raise ValueError(
-            f"--num_kv_heads={num_kv_heads} is larger than the source's {g_src} KV "
-            'heads; conversion only merges heads'
+            f"{key}={g} is larger than the source's {g_src} KV heads; conversion only merges heads"
         )
-    if H % num_kv_heads:
-        raise ValueError(
-            f"the source's num_heads={H} is not divisible by --num_kv_heads={num_kv_heads}"
-        )
-    if g_src % num_kv_heads:
-        raise ValueError(
-            f"the source's {g_src} KV heads are not divisible by --num_kv_heads={num_kv_heads}"
-        )
-
-
-def check_flags(
-    num_kv_heads: int,
-    method: str,
-    step: int | None,
-    fraction: float | None,
-    seed: int,
-    schedule: str = 'continue',
-    optimizer_state: str = 'convert',
-    plan: Plan | None = None,
-) -> None:
-    """One-line errors for flags that are wrong whatever the source, before anything is read
-    (`plan`: the conversion options, default contiguous pooling by `method`)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f'--schedule must be one of {SCHEDULES}, got {schedule!r}')
-    if optimizer_state not in OPTIMIZER_STATES:
-        raise ValueError(
-            f'--optimizer_state must be one of {OPTIMIZER_STATES}, got {optimizer_state!r}'
-        )
-    check_plan_flags(plan or Plan(num_kv_heads, method), optimizer_state)
-    if step is not None and step < 0:
-        raise ValueError(f'--step must be >= 0, got {step}')
-    if fraction is not None and not (math.isfinite(fraction) and fraction >= 0):
-        raise ValueError(f'--fraction must be a finite number >= 0, got {fraction}')
-    if not 0 <= seed < 2**32:
-        raise ValueError(f'--seed must be in [0, 2**32), got {seed}')
+    if H % g:
+        raise ValueError(f'{key}={g} does not divide config.model.num_heads={H}')
+    if g_src % g:
+        raise ValueError(f"{key}={g} does not divide the source's {g_src} KV heads")
 
 
 def check_steps(source_step: int | None, steps: int | None) -> None:
@@ -199,10 +230,10 @@ def check_steps(source_step: int | None, steps: int | None) -> None:
     if steps is None and source_step == 0:
         raise ValueError(
             'the source checkpoint is at step 0 (imported, e.g. by scripts/convert_hf.py), so '
-            'uptrain.fraction of its steps is 0: pass --steps'
+            f'config.uptrain.fraction of its steps is 0: set {_k.steps}'
         )
     if steps is not None and steps < 0:
-        raise ValueError(f'--steps must be >= 0, got {steps}')
+        raise ValueError(f'{_k.steps} must be >= 0, got {steps}')
 
 
 def calibration_inputs(model: Transformer, tokens: np.ndarray, seq_len: int, num_tokens: int):
@@ -210,7 +241,7 @@ def calibration_inputs(model: Transformer, tokens: np.ndarray, seq_len: int, num
     seq_len tokens spread evenly over `tokens` (a split's token array)."""
     if len(tokens) < seq_len or num_tokens < 1:
         raise ValueError(
-            f'uptrain.calibration_tokens={num_tokens} must be >= 1 and the training split '
+            f'{_k.calibration_tokens}={num_tokens} must be >= 1 and the training split '
             f'({len(tokens)} tokens) must hold a window of {seq_len}'
         )
     windows = -(-num_tokens // seq_len)
@@ -240,11 +271,11 @@ def format_groups(groups: list) -> str:
 
 
 def latent_conversion(
-    params: dict, src: ModelConfig, plan: Plan, inputs: list
+    params: dict, src: ModelConfig, options: ConversionOptions, inputs: list
 ) -> tuple[dict, dict, str]:
     """(parameters, `config.model` settings, kept RoPE pairs as 'j,j,...') of the MLA model
     converted from `params` (lm/convert/mla.py): the RoPE stride chosen on all layers."""
-    C, P, D = plan.kv_lora_rank, plan.qk_rope_head_dim, src.head_dim
+    C, P, D = options.kv_lora_rank, options.qk_rope_head_dim, src.head_dim
     blocks = list(params['blocks'].values())
     contribution = sum(
         mla.pair_contribution(block['attn'], x_ME)
@@ -258,7 +289,7 @@ def latent_conversion(
         for (layer, block), x in zip(params['blocks'].items(), inputs, strict=True)
     }
     settings = {
-        'attention': plan.target,
+        'attention': options.target,
         'num_kv_heads': 0,
         'kv_lora_rank': C,
         'q_lora_rank': 0,

@@ -9,8 +9,8 @@ g_dst (g_src divisible by g_dst) merges each run of r = g_src / g_dst consecutiv
   (lm/convert/head_merging.py).
 `grouping='similarity'` merges the most similar heads instead of consecutive ones (permuting
 heads first, lm/convert/head_merging.py); a latent target converts to MLA instead
-(lm/convert/mla.py).
-Both options and their checks: lm/convert/methods.py.
+(lm/convert/mla.py). What a conversion does is one `ConversionOptions` (lm/convert/methods.py,
+with its checks); `convert_checkpoint` applies it to a run's checkpoint.
 
 The converted run continues the source's global step: its first checkpoint is the source's step,
 and it trains on the source recipe's batches for the steps after it (new data, never a replay).
@@ -39,14 +39,7 @@ from flax import nnx
 
 from lm.convert import head_merging
 from lm.convert import methods as conversion
-from lm.convert.methods import (
-    SCHEDULES,
-    Plan,
-    check_conversion,
-    check_flags,
-    check_steps,
-    resolve_method,
-)
+from lm.convert.methods import SCHEDULES, ConversionOptions, check_conversion, check_steps
 from lm.data.corpus import load_corpus
 from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
@@ -57,7 +50,9 @@ from lm.train.run import check_loop_config, checkpoint_meta, restore_run, step_c
 from lm.train.workdir import WorkdirLock
 
 METHODS = conversion.POOL_METHODS  # for K/V pooling: 'mean', 'first', 'random', 'aligned'
-PARTIAL = '.uptrain-partial-'  # a conversion is written here, inside --dst, then moved in
+PARTIAL = '.uptrain-partial-'  # a conversion is written here, inside its workdir, then moved in
+SOURCE = 'config.uptrain.source_workdir'  # what errors call the source workdir (as recorded)
+WORKDIR = 'workdir'  # and the converted run's (convert_checkpoint's argument)
 
 
 def merge_kv_heads(x: jax.Array, head_axis: int, num_kv_heads: int, method: str) -> jax.Array:
@@ -104,7 +99,7 @@ def convert_params(
     heads are permuted first, `head_merging.permute_heads`). 'aligned' rotates heads first by
     `rotations` (default: `alignments` fitted on the layers' attention inputs `inputs`, [M, E]
     each), then mean-pools. Unchanged parameters are shared, not copied."""
-    check_conversion(src, num_kv_heads, method)
+    check_conversion(src, ConversionOptions(num_kv_heads=num_kv_heads, method=method))
     if method == 'aligned' and rotations is None:
         if inputs is None:
             raise ValueError("method='aligned' needs the layers' calibration inputs")
@@ -254,47 +249,27 @@ def uptrain_config(
 
 
 def convert_checkpoint(
-    src: str,
-    dst: str,
-    num_kv_heads: int,
-    method: str,
-    step: int | None = None,
-    fraction: float | None = None,
-    seed: int = 0,
-    steps: int | None = None,
-    schedule: str = 'continue',
-    optimizer_state: str = 'convert',
-    grouping: str = 'contiguous',
-    target: str = '',
-    kv_lora_rank: int = 0,
-    qk_rope_head_dim: int = 0,
-    calibration_tokens: int | None = None,
+    source_workdir: str, options: ConversionOptions, workdir: str
 ) -> ml_collections.ConfigDict:
-    """Converts `src`'s checkpoint to `num_kv_heads` KV heads (merged by `method` after
-    `grouping`), or to a latent `target` (lm/convert/methods.py), and writes it as a new run in
-    `dst` whose first checkpoint is at the source's step (optimizer state per
-    `optimizer_state`, config from `uptrain_config` under `schedule`, `steps` uptraining steps
-    or uptrain.fraction of the source's); returns that config. Every flag is checked
-    before anything is written, and `dst` is owned meanwhile (`WorkdirLock`); the checkpoint is
-    built beside its place and moved in when complete, so a failure leaves `dst` as it was."""
-    method = resolve_method(target, method)
-    plan = Plan(num_kv_heads, method, grouping, target, kv_lora_rank, qk_rope_head_dim)
-    check_flags(num_kv_heads, method, step, fraction, seed, schedule, optimizer_state, plan)
-    if calibration_tokens is not None and calibration_tokens < 1:
-        raise ValueError(f'--calibration_tokens must be >= 1, got {calibration_tokens}')
-    latest = read_latest_meta(src)
-    check_steps(step if step is not None else latest and latest['data_step'], steps)
-    with WorkdirLock(dst, '--dst'):
-        dst_ckpts = os.path.join(dst, 'checkpoints')
+    """Converts `source_workdir`'s checkpoint as `options` say and writes it as a new run in
+    `workdir` whose first checkpoint is at the source's step (config from `uptrain_config`);
+    returns that config. Everything that can be checked is checked before anything is written,
+    and `workdir` is owned meanwhile (`WorkdirLock`); the checkpoint is built beside its place
+    and moved in when complete, so a failure leaves `workdir` as it was."""
+    latest = read_latest_meta(source_workdir)
+    step = options.source_step
+    check_steps(step if step is not None else latest and latest['data_step'], options.steps)
+    with WorkdirLock(workdir, WORKDIR):
+        dst_ckpts = os.path.join(workdir, 'checkpoints')
         if os.path.isdir(dst_ckpts) and os.listdir(dst_ckpts):
-            raise FileExistsError(f'--dst: {dst} already holds checkpoints; choose a new workdir')
-        options = dict(fraction=fraction, seed=seed, steps=steps, schedule=schedule)
-        options.update(optimizer_state=optimizer_state, calibration_tokens=calibration_tokens)
-        config, state, meta = _convert(src, step, plan, **options)
-        for name in os.listdir(dst):  # left by a conversion that was killed
+            raise FileExistsError(
+                f'{WORKDIR}: {workdir} already holds checkpoints; choose a new directory'
+            )
+        config, state, meta = _convert(source_workdir, options)
+        for name in os.listdir(workdir):  # left by a conversion that was killed
             if name.startswith(PARTIAL):
-                shutil.rmtree(os.path.join(dst, name), ignore_errors=True)
-        partial = tempfile.mkdtemp(prefix=PARTIAL, dir=dst)
+                shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
+        partial = tempfile.mkdtemp(prefix=PARTIAL, dir=workdir)
         try:
             out = Checkpointer(partial, async_save=False)
             out.save(config.uptrain.source_step, state, meta)
@@ -304,88 +279,94 @@ def convert_checkpoint(
             shutil.rmtree(partial, ignore_errors=True)
     logging.info(
         'wrote %s; uptraining from step %d to %d',
-        dst,
+        workdir,
         config.uptrain.source_step,
         config.train.steps,
     )
     return config
 
 
-def _converted_params(source, plan: conversion.Plan, seed: int, calibration_tokens: int):
+def _converted_params(source, options: ConversionOptions):
     """(parameters, (groups, rotations) or Nones, model settings or None, provenance)."""
     params, cfg = source.state['params'], source.model_cfg
     inputs, groups, rotations, settings, record = None, None, None, None, {}
-    if plan.needs_calibration:
+    if options.needs_calibration:
         model = nnx.merge(source.ctx.graphdef, params)
         tokens = load_corpus(source.config.data).tokens['train']
-        seq_len = source.config.data.seq_len
-        inputs = conversion.calibration_inputs(model, tokens, seq_len, calibration_tokens)
-        record['calibration_tokens'] = calibration_tokens
-    if plan.latent:
-        params, settings, pairs = conversion.latent_conversion(params, cfg, plan, inputs)
+        seq_len, num_tokens = source.config.data.seq_len, options.calibration_tokens
+        if num_tokens is None:
+            num_tokens = source.config.uptrain.calibration_tokens
+        inputs = conversion.calibration_inputs(model, tokens, seq_len, num_tokens)
+        record['calibration_tokens'] = num_tokens
+    if options.latent:
+        params, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs)
         return params, (None, None), settings, {**record, 'rope_pairs': pairs}
-    if plan.grouping == 'similarity':
-        groups = conversion.similarity_groups(params, plan.num_kv_heads, plan.method, inputs)
+    g, method = options.num_kv_heads, options.method
+    if options.grouping == 'similarity':
+        groups = conversion.similarity_groups(params, g, method, inputs)
         record['groups'] = conversion.format_groups(groups)
-    if plan.method == 'aligned':
-        rotations = head_merging.alignments(params, plan.num_kv_heads, groups, inputs)
-    g, method = plan.num_kv_heads, plan.method
-    params = convert_params(params, cfg, g, method, seed, groups, rotations=rotations)
+    if method == 'aligned':
+        rotations = head_merging.alignments(params, g, groups, inputs)
+    params = convert_params(params, cfg, g, method, options.seed, groups, rotations=rotations)
     return params, (groups, rotations), settings, record
 
 
-def _convert(
-    src: str,
-    step: int | None,
-    plan: conversion.Plan,
-    fraction: float | None,
-    seed: int,
-    steps: int | None,
-    schedule: str,
-    optimizer_state: str,
-    calibration_tokens: int | None,
-) -> tuple[ml_collections.ConfigDict, dict, dict]:
-    """(config, state, checkpoint side-car) of the converted run's first step (the source's)."""
-    source = restore_run(
-        src, step, lambda cfg: check_conversion(cfg, plan.num_kv_heads, plan.method, plan), '--src'
-    )
-    src_config, src_cfg, state = source.config, source.model_cfg, source.state
-    if fraction is not None:
-        src_config.uptrain.fraction = fraction
-    if calibration_tokens is None:
-        calibration_tokens = src_config.uptrain.calibration_tokens
-    src_config.uptrain.update(schedule=schedule, optimizer_state=optimizer_state)
-    params, recipe, settings, record = _converted_params(source, plan, seed, calibration_tokens)
+def _converted_config(
+    src: str, source, options: ConversionOptions, settings: dict | None, record: dict
+) -> ml_collections.ConfigDict:
+    """The converted run's config: `uptrain_config` of the source's (restored from workdir `src`)
+    with the options and the conversion's `settings` and provenance `record`, checked."""
+    src_config = source.config
+    if options.fraction is not None:
+        src_config.uptrain.fraction = options.fraction
+    src_config.uptrain.update(schedule=options.schedule, optimizer_state=options.optimizer_state)
     config = uptrain_config(
         src_config,
-        plan.num_kv_heads,
+        options.num_kv_heads,
         source.step,
-        steps,
+        options.steps,
         settings,
-        method=plan.method,
-        grouping=plan.grouping,
+        method=options.method,
+        grouping=options.grouping,
         source_workdir=os.path.abspath(src),
         **record,
     )
     check_train_config(config.train)
     check_loop_config(config)
-    dst_cfg = model_config(config.model)
-    ctx = step_context(config, dst_cfg, mesh=source.ctx.mesh)
-    if optimizer_state == 'convert':
+    return config
+
+
+def _converted_state(source, options: ConversionOptions, ctx, params: dict, recipe: tuple) -> dict:
+    """The converted run's first state (the source's step and rng), placed on `ctx`'s shardings:
+    the source's optimizer state converted like the weights, or a fresh one at the source's step
+    (`options.optimizer_state`)."""
+    state = source.state
+    if options.optimizer_state == 'convert':
         opt_state = convert_opt_state(
-            state['opt_state'], state['params'], plan.num_kv_heads, plan.method, *recipe
+            state['opt_state'], state['params'], options.num_kv_heads, options.method, *recipe
         )
     else:
         opt_state = with_schedule_count(ctx.tx.init(params), source.step)
-    new_state = jax.device_put(
-        {
-            'params': params,
-            'opt_state': opt_state,
-            'step': jnp.asarray(source.step, jnp.int32),
-            'rng': state['rng'],
-        },
-        ctx.state_sharding,
+    new_state = {
+        'params': params,
+        'opt_state': opt_state,
+        'step': jnp.asarray(source.step, jnp.int32),
+        'rng': state['rng'],
+    }
+    return jax.device_put(new_state, ctx.state_sharding)
+
+
+def _convert(src: str, options: ConversionOptions) -> tuple[ml_collections.ConfigDict, dict, dict]:
+    """(config, state, checkpoint side-car) of the converted run's first step (the source's)."""
+    source = restore_run(
+        src, options.source_step, lambda cfg: check_conversion(cfg, options), SOURCE
     )
+    params, recipe, settings, record = _converted_params(source, options)
+    config = _converted_config(src, source, options, settings, record)
+    dst_cfg = model_config(config.model)
+    ctx = step_context(config, dst_cfg, mesh=source.ctx.mesh)
+    new_state = _converted_state(source, options, ctx, params, recipe)
+    src_cfg = source.model_cfg
     logging.info(
         'converted %s step %d (%s, %d KV heads) to %s by %s (%s grouping); schedule %s, %s '
         'optimizer state',
@@ -394,10 +375,10 @@ def _convert(
         src_cfg.attention,
         src_cfg.num_kv_heads,
         attention.variant(dst_cfg).kv_heads(dst_cfg),
-        plan.method,
-        plan.grouping,
-        schedule,
-        optimizer_state,
+        options.method,
+        options.grouping,
+        options.schedule,
+        options.optimizer_state,
     )
     meta = checkpoint_meta(
         config, source.meta['data_fingerprint'], source.step, ctx.abstract_state['params']
