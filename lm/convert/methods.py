@@ -240,10 +240,11 @@ def format_groups(groups: list) -> str:
 
 
 def latent_conversion(
-    params: dict, src: ModelConfig, plan: Plan, inputs: list
+    params: dict, src: ModelConfig, plan: Plan, inputs: list, latent_norm_eps: float
 ) -> tuple[dict, dict, str]:
     """(parameters, `config.model` settings, kept RoPE pairs as 'j,j,...') of the MLA model
-    converted from `params` (lm/convert/mla.py): the RoPE stride chosen on all layers."""
+    converted from `params` (lm/convert/mla.py): the RoPE stride chosen on all layers.
+    `latent_norm_eps`: the converted config's `config.model.mla.latent_norm_eps` (0 = norm_eps)."""
     C, P, D = plan.kv_lora_rank, plan.qk_rope_head_dim, src.head_dim
     blocks = list(params['blocks'].values())
     contribution = sum(
@@ -251,20 +252,23 @@ def latent_conversion(
         for block, x_ME in zip(blocks, inputs, strict=True)
     )
     stride = mla.choose_stride(contribution, P)
-    eps = src.latent_norm_eps or src.norm_eps
+    eps = latent_norm_eps or src.norm_eps
     out = dict(params)
     out['blocks'] = {
         layer: {**block, 'attn': mla.mla_layer(block['attn'], x, C, P, stride, eps)}
         for (layer, block), x in zip(params['blocks'].items(), inputs, strict=True)
     }
-    settings = {
-        'attention': plan.target,
-        'num_kv_heads': 0,
+    section = {
         'kv_lora_rank': C,
         'q_lora_rank': 0,
         'qk_nope_head_dim': D - P,
         'qk_rope_head_dim': P,
         'v_head_dim': D,
+    }
+    settings = {
+        'attention': plan.target,
+        'num_kv_heads': 0,
+        attention.VARIANTS[plan.target].config_section: section,
         'rope_theta': float(src.rope_theta ** (stride * P / D)),
     }
     pairs = mla.kept_dims(D, P, stride)[0][: P // 2]

@@ -322,7 +322,9 @@ def _converted_params(source, plan: conversion.Plan, seed: int, calibration_toke
         inputs = conversion.calibration_inputs(model, tokens, seq_len, calibration_tokens)
         record['calibration_tokens'] = calibration_tokens
     if plan.latent:
-        params, settings, pairs = conversion.latent_conversion(params, cfg, plan, inputs)
+        target = attention.VARIANTS[plan.target].read_section(source.config.model)
+        eps = target.latent_norm_eps  # the converted run's: the source config's section
+        params, settings, pairs = conversion.latent_conversion(params, cfg, plan, inputs, eps)
         return params, (None, None), settings, {**record, 'rope_pairs': pairs}
     if plan.grouping == 'similarity':
         groups = conversion.similarity_groups(params, plan.num_kv_heads, plan.method, inputs)
