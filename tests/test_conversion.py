@@ -216,9 +216,10 @@ def mla_conversion_of(cfg, params, C, P=4, inputs=None):
     plan = Plan(0, 'joint_svd', target='mla', kv_lora_rank=C, qk_rope_head_dim=P)
     check_conversion(cfg, 0, 'joint_svd', plan)
     inputs = calibration(cfg, params) if inputs is None else inputs
-    out, settings, pairs = conversion.latent_conversion(params, cfg, plan, inputs)
     config = tiny_config(attention='mla')
-    config.model.update(settings)
+    eps = config.model.mla.latent_norm_eps
+    out, settings, pairs = conversion.latent_conversion(params, cfg, plan, inputs, eps)
+    config.model.update(settings)  # the MLA knobs land in config.model.mla
     return model_config(config.model), out, pairs
 
 

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints <-> lm: config translation and the parameter mapping, as pure data.
 
 Each attention variant says which HF architecture it maps to (`AttentionVariant.hf_mappings`,
-lm/model/hf_mapping.py: Llama for 'mha' / 'gqa' / 'mqa', DeepSeek-V3 for 'mla'); this module
+lm/model/hf_mapping.py: Llama for MHA / GQA / MQA, DeepSeek-V3 for MLA); this module
 adds what every architecture shares (embedding, norms, SwiGLU MLP, RoPE) and asks the registry:
 import picks the variant by config.json's `model_type` (or `architectures`), export asks
 `attention.variant(cfg)`. A variant without a mapping is refused, never exported as another.
