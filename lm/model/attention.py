@@ -56,7 +56,6 @@ __all__ = [
     'make_attention',
     'parse_variant',
     'register',
-    'resolve',
     'sections',
     'unregister',
     'variant',
@@ -238,11 +237,6 @@ def baseline() -> dict[str, Any]:
     """`config.model` settings of multi-head attention, the baseline that KV sharing is
     compared against (equal-parameter sweeps match every point to it)."""
     return parse_variant('mha')
-
-
-def resolve(cfg: ModelConfig) -> ModelConfig:
-    """Checks the variant's knobs and fills in the derived ones (num_kv_heads, head_dim)."""
-    return variant(cfg).resolve(cfg)
 
 
 def make_attention(cfg: ModelConfig, *, rngs: nnx.Rngs) -> AttentionVariant:
