@@ -35,13 +35,14 @@ def get_config() -> ml_collections.ConfigDict:
     model.init_std = 0.02  # Std of the token embedding init (projections use 1/sqrt(fan_in)).
     model.param_dtype = 'float32'  # Dtype parameters are stored (and optimised) in.
     model.dtype = 'float32'  # Compute dtype: 'float32' or 'bfloat16'; logits are float32.
-    # MLA (DeepSeek-V2 §2.1) knobs, used only when attention = 'mla':
-    model.kv_lora_rank = 128  # d_c: rank of the joint KV latent c_KV (what the cache stores).
-    model.q_lora_rank = 0  # d_c': rank of the query latent; 0 = queries straight from h_t.
-    model.qk_nope_head_dim = 32  # Per-head key/query width without RoPE (up-projected from c_KV).
-    model.qk_rope_head_dim = 16  # d_h^R: decoupled RoPE width; the RoPE key is shared by heads.
-    model.v_head_dim = 32  # Per-head value width.
-    model.latent_norm_eps = 0.0  # Epsilon of MLA's q/kv latent RMSNorms; 0 = norm_eps.
+    # MLA's own section (DeepSeek-V2 §2.1), read only when attention = 'mla':
+    mla = model.mla = ml_collections.ConfigDict()  # --config.model.mla.kv_lora_rank=64 etc.
+    mla.kv_lora_rank = 128  # d_c: rank of the joint KV latent c_KV (what the cache stores).
+    mla.q_lora_rank = 0  # d_c': rank of the query latent; 0 = queries straight from h_t.
+    mla.qk_nope_head_dim = 32  # Per-head key/query width without RoPE (up-projected from c_KV).
+    mla.qk_rope_head_dim = 16  # d_h^R: decoupled RoPE width; the RoPE key is shared by heads.
+    mla.v_head_dim = 32  # Per-head value width.
+    mla.latent_norm_eps = 0.0  # Epsilon of MLA's q/kv latent RMSNorms; 0 = norm_eps.
 
     data = config.data = ml_collections.ConfigDict()
     data.source = 'stdlib'  # 'stdlib' (this Python's own .py files) | 'text' | 'hf'.

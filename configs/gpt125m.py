@@ -20,10 +20,9 @@ def get_config(variant: str = 'mha'):
         head_dim=0,
         dtype='bfloat16',
         vocab_size=50304,
-        kv_lora_rank=256,
-        qk_nope_head_dim=64,
-        qk_rope_head_dim=32,
-        v_head_dim=64,
+    )
+    config.model.mla.update(
+        kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64
     )
     config.data.update(seq_len=1024)
     config.train.update(batch_size=16, steps=5000, warmup_steps=500, lr=6e-4, min_lr=6e-5, b2=0.95)

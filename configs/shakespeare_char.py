@@ -23,7 +23,9 @@ def get_config(variant: str = 'mha'):
     except ValueError as e:
         raise ValueError(f'configs/shakespeare_char.py: {e}') from None
     # MLA at this width: d_c = 4·d_h and d_h^R = d_h / 2 as in DeepSeek-V2, with d_h = 32.
-    config.model.update(kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
+    config.model.mla.update(
+        kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32
+    )
     config.data.update(source='text', tokenizer='byte', seq_len=64)
     config.train.update(
         batch_size=12,

@@ -1,7 +1,9 @@
 """Configs saved with older checkpoints, brought up to today's schema (configs/base.py).
 
 Every key added to configs/base.py after checkpoints were first written is listed here with
-the value that reproduces how runs behaved before it existed. tests/old_configs/ holds frozen
+the value that reproduces how runs behaved before it existed, and every key that moved with the
+key that replaced it (MLA's knobs moved into the `model.mla` section). tests/old_configs/ holds
+frozen
 configs of earlier versions; tests check each upgrades to exactly today's keys, so a key added
 without an entry here fails them.
 """
@@ -20,7 +22,7 @@ ADDED_KEYS = {
     'model.rope_low_freq_factor': 1.0,
     'model.rope_high_freq_factor': 4.0,
     'model.rope_original_max_len': 8192,
-    'model.latent_norm_eps': 0.0,
+    'model.mla.latent_norm_eps': 0.0,
     'data.eos_token': '',
     'train.max_loss_ratio': 0.0,
     'eval_tokens': 0,
@@ -43,8 +45,42 @@ ADDED_KEYS = {
     'uptrain.calibration_tokens': 8192,
 }
 
+# dotted key of an earlier version -> the same setting's key today (value kept)
+MOVED_KEYS = {
+    f'model.{name}': f'model.mla.{name}'
+    for name in (
+        'kv_lora_rank',
+        'q_lora_rank',
+        'qk_nope_head_dim',
+        'qk_rope_head_dim',
+        'v_head_dim',
+        'latent_norm_eps',
+    )
+}
 # dotted key of an earlier version -> the key that replaced it (`upgrade_config` converts it)
-REPLACED_KEYS = {'eval_batches': 'eval_tokens'}
+REPLACED_KEYS = {'eval_batches': 'eval_tokens', **MOVED_KEYS}
+
+
+def _node(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.ConfigDict, str]:
+    """(the section holding dotted `key`, made if absent; the key's last name)."""
+    *parents, leaf = key.split('.')
+    node = config
+    for name in parents:
+        if name not in node:
+            node[name] = ml_collections.ConfigDict()
+        node = node[name]
+    return node, leaf
+
+
+def _move_keys(config: ml_collections.ConfigDict) -> None:
+    """Each `MOVED_KEYS` key present moves to its new place with its value."""
+    for old, new in MOVED_KEYS.items():
+        section, leaf = _node(config, old)
+        if leaf in section:
+            value = section[leaf]
+            del section[leaf]
+            node, name = _node(config, new)
+            node[name] = value
 
 
 def _upgrade_eval_batches(config: ml_collections.ConfigDict) -> None:
@@ -61,15 +97,14 @@ def _upgrade_eval_batches(config: ml_collections.ConfigDict) -> None:
 
 
 def upgrade_config(saved: dict) -> ml_collections.ConfigDict:
-    """A config saved with a checkpoint (or an older config file), with the keys added since it
-    was written filled in and `eval_batches` converted to `eval_tokens`."""
+    """A config saved with a checkpoint (or an older config file), with moved keys in their new
+    places, the keys added since it was written filled in and `eval_batches` converted to
+    `eval_tokens`."""
     config = ml_collections.ConfigDict(saved)
     _upgrade_eval_batches(config)
+    _move_keys(config)
     for key, value in ADDED_KEYS.items():
-        *parents, leaf = key.split('.')
-        node = config
-        for name in parents:
-            node = node[name]
+        node, leaf = _node(config, key)
         if leaf not in node:
             node[leaf] = value
     return config

@@ -49,10 +49,9 @@ def model_for(variant: str):
         num_layers=_LAYERS.value,
         num_heads=8,
         dtype=_DTYPE.value,
-        kv_lora_rank=E // 2,
-        qk_nope_head_dim=E // 8,
-        qk_rope_head_dim=E // 16,
-        v_head_dim=E // 8,
+    )
+    config.model.mla.update(
+        kv_lora_rank=E // 2, qk_nope_head_dim=E // 8, qk_rope_head_dim=E // 16, v_head_dim=E // 8
     )
     config.model.update(parse_variant(variant))
     return model_config(config.model)

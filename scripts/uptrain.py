@@ -59,7 +59,9 @@ _GROUPING = flags.DEFINE_string(
 _TARGET = flags.DEFINE_string(
     'target', '', "'' = fewer K/V heads (GQA / MQA); 'mla' = MHA2MLA latent attention."
 )
-_KV_LORA = flags.DEFINE_integer('kv_lora_rank', 0, '--target=mla: latent rank C.')
+_KV_LORA = flags.DEFINE_integer(
+    'kv_lora_rank', 0, '--target=mla: latent rank C (config.model.mla.kv_lora_rank).'
+)
 _ROPE_DIM = flags.DEFINE_integer(
     'qk_rope_head_dim', 0, '--target=mla: RoPE width of the shared key (even; frequency pairs x 2).'
 )

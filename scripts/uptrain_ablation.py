@@ -67,7 +67,7 @@ _METHODS = flags.DEFINE_list(
     'grouping instead of contiguous).',
 )
 _MLA_RANKS = flags.DEFINE_list('mla_ranks', [], 'MHA -> MLA arms: latent ranks C (none: no MLA).')
-_MLA_ROPE = flags.DEFINE_integer('mla_rope_dim', 8, 'MHA -> MLA arms: qk_rope_head_dim.')
+_MLA_ROPE = flags.DEFINE_integer('mla_rope_dim', 8, 'MHA -> MLA arms: model.mla.qk_rope_head_dim.')
 _CALIBRATION = flags.DEFINE_integer(
     'calibration_tokens',
     None,
@@ -136,8 +136,9 @@ def mla_config(rank: int, seed: int, steps: int):
     base left as the source's), trained from scratch."""
     config = base_config('mha', seed, steps)
     D, P = check_model_config(config.model).head_dim, _MLA_ROPE.value
-    config.model.update(attention='mla', num_kv_heads=0, kv_lora_rank=rank, q_lora_rank=0)
-    config.model.update(qk_nope_head_dim=D - P, qk_rope_head_dim=P, v_head_dim=D)
+    config.model.update(attention='mla', num_kv_heads=0)
+    config.model.mla.update(kv_lora_rank=rank, q_lora_rank=0)
+    config.model.mla.update(qk_nope_head_dim=D - P, qk_rope_head_dim=P, v_head_dim=D)
     return config
 
 

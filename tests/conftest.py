@@ -94,22 +94,15 @@ def stdlib_text(num_chars: int) -> str:
 
 
 def tiny_config(**model_overrides):
-    """configs/base.py with a tiny model (vocab 61, d_model 32, 2 layers, 4 heads)."""
+    """configs/base.py with a tiny model (vocab 61, d_model 32, 2 layers, 4 heads). Keys of
+    MLA's section may be given flat (`q_lora_rank=8`): they go to `config.model.mla`."""
     config = load_config_file(os.fspath(ROOT / 'configs' / 'base.py'))
     config.compilation_cache_dir = ''  # tests compile afresh (test_train checks the cache)
-    config.model.update(
-        vocab_size=61,
-        d_model=32,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=0,
-        mlp_dim=64,
-        kv_lora_rank=16,
-        qk_nope_head_dim=8,
-        qk_rope_head_dim=4,
-        v_head_dim=6,
-    )
-    config.model.update(model_overrides)
+    config.model.update(vocab_size=61, d_model=32, num_layers=2, num_heads=4, num_kv_heads=0)
+    config.model.update(mlp_dim=64)
+    config.model.mla.update(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)
+    for key, value in model_overrides.items():
+        (config.model.mla if key in config.model.mla else config.model)[key] = value
     return config
 
 

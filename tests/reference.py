@@ -75,9 +75,9 @@ def gqa(attn, cfg, x, pos):
 
 def mla(attn, cfg, x, pos):
     """MLA with full per-head K and V materialised from the latent c_KV."""
-    H, C, Dn = cfg.num_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim
-    eps = cfg.latent_norm_eps or cfg.norm_eps
-    if cfg.q_lora_rank:
+    H, C, Dn = cfg.num_heads, cfg.section.kv_lora_rank, cfg.section.qk_nope_head_dim
+    eps = cfg.section.latent_norm_eps or cfg.norm_eps
+    if cfg.section.q_lora_rank:
         cq = rmsnorm(x @ p(attn.q_a_proj.kernel), p(attn.q_a_layernorm.scale), eps)
         q = np.einsum('btc,chk->bthk', cq, p(attn.q_b_proj.kernel))
     else:
@@ -89,7 +89,7 @@ def mla(attn, cfg, x, pos):
     kv = np.einsum('btc,chk->bthk', c, p(attn.kv_b_proj.kernel))
     k = np.concatenate([kv[..., :Dn], np.repeat(k_pe, H, axis=2)], axis=-1)
     v = kv[..., Dn:]
-    o = softmax_attention(q, k, v, (Dn + cfg.qk_rope_head_dim) ** -0.5)
+    o = softmax_attention(q, k, v, (Dn + cfg.section.qk_rope_head_dim) ** -0.5)
     return np.einsum('bthd,hde->bte', o, p(attn.o_proj.kernel))
 
 

@@ -12,9 +12,7 @@ from lm.model.transformer import model_config
 
 
 def big(**model):
-    config = tiny_config(vocab_size=128, mlp_dim=64)
-    config.model.update(model)
-    return model_config(config.model)
+    return model_config(tiny_config(**{'vocab_size': 128, 'mlp_dim': 64, **model}).model)
 
 
 def test_llama31_8b_attention_params_per_layer():

@@ -224,7 +224,7 @@ def reference_values(attn, cfg, x):
     """Per-query-head values [B, S, H, Dv] in float64, written from the parameters."""
     H = cfg.num_heads
     if cfg.attention == 'mla':
-        C, Dn = cfg.kv_lora_rank, cfg.qk_nope_head_dim
+        C, Dn = cfg.section.kv_lora_rank, cfg.section.qk_nope_head_dim
         kv_a = x @ p(attn.kv_a_proj_with_mqa.kernel)
         c = rmsnorm(kv_a[..., :C], p(attn.kv_a_layernorm.scale), cfg.norm_eps)
         return np.einsum('btc,chk->bthk', c, p(attn.kv_b_proj.kernel))[..., Dn:]
@@ -238,8 +238,8 @@ def reference_probs(attn, cfg, x, pos):
     """Causal attention probabilities [B, H, T, S] in float64, K heads repeated explicitly."""
     H = cfg.num_heads
     if cfg.attention == 'mla':
-        C, Dn = cfg.kv_lora_rank, cfg.qk_nope_head_dim
-        if cfg.q_lora_rank:
+        C, Dn = cfg.section.kv_lora_rank, cfg.section.qk_nope_head_dim
+        if cfg.section.q_lora_rank:
             cq = rmsnorm(x @ p(attn.q_a_proj.kernel), p(attn.q_a_layernorm.scale), cfg.norm_eps)
             q = np.einsum('btc,chk->bthk', cq, p(attn.q_b_proj.kernel))
         else:
@@ -250,7 +250,7 @@ def reference_probs(attn, cfg, x, pos):
         k_pe = rope(kv_a[:, :, None, C:], pos, cfg.rope_theta)
         k_nope = np.einsum('btc,chk->bthk', c, p(attn.kv_b_proj.kernel))[..., :Dn]
         k = np.concatenate([k_nope, np.repeat(k_pe, H, axis=2)], axis=-1)
-        scale = (Dn + cfg.qk_rope_head_dim) ** -0.5
+        scale = (Dn + cfg.section.qk_rope_head_dim) ** -0.5
     else:
         q = np.einsum('bte,ehd->bthd', x, p(attn.q_proj.kernel))
         k = np.einsum('bte,egd->btgd', x, p(attn.k_proj.kernel))

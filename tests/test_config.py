@@ -1,5 +1,7 @@
-"""Bad model configs fail with a ValueError naming the setting, before any array is built."""
+"""Bad model configs fail with a ValueError naming the setting, before any array is built;
+variant sections, old configs and the dotted-key helpers."""
 
+import dataclasses
 import json
 
 import ml_collections
@@ -7,8 +9,10 @@ import pytest
 from conftest import ROOT, tiny_config
 
 from lm.config import get_key, load_config_file, set_key, with_overrides, with_values
-from lm.config_migration import REPLACED_KEYS, upgrade_config
+from lm.config_migration import MOVED_KEYS, REPLACED_KEYS, upgrade_config
+from lm.model.mla import MLAConfig
 from lm.model.transformer import check_model_config, model_config
+from lm.train.run_log import hparams, shown_config
 
 BAD = [
     (
@@ -22,11 +26,15 @@ BAD = [
     (dict(attention='mqa', num_kv_heads=2), r"num_kv_heads=2 contradicts attention='mqa'"),
     (dict(attention='sliding'), r"config.model.attention must be one of .*'sliding'"),
     (dict(attention='mha', head_dim=7), r'head_dim=7 must be even for RoPE'),
-    (dict(attention='mla', qk_rope_head_dim=5), r'qk_rope_head_dim=5 must be even'),
-    (dict(attention='mla', kv_lora_rank=0), r'kv_lora_rank must be > 0'),
-    (dict(attention='mla', qk_nope_head_dim=-1), r'qk_nope_head_dim must be > 0'),
-    (dict(attention='mla', v_head_dim=0), r'v_head_dim must be > 0'),
-    (dict(attention='mla', q_lora_rank=-2), r'q_lora_rank must be >= 0'),
+    (
+        dict(attention='mla', qk_rope_head_dim=5),
+        r'config.model.mla.qk_rope_head_dim=5 must be even',
+    ),
+    (dict(attention='mla', kv_lora_rank=0), r'config.model.mla.kv_lora_rank must be > 0'),
+    (dict(attention='mla', qk_nope_head_dim=-1), r'config.model.mla.qk_nope_head_dim must be > 0'),
+    (dict(attention='mla', v_head_dim=0), r'config.model.mla.v_head_dim must be > 0'),
+    (dict(attention='mla', q_lora_rank=-2), r'config.model.mla.q_lora_rank must be >= 0'),
+    (dict(attention='mla', latent_norm_eps=-1.0), r'config.model.mla.latent_norm_eps must be >= 0'),
     (dict(attention='mla', num_kv_heads=2), r"num_kv_heads=2 does not apply to attention='mla'"),
     (
         dict(attention='mha', d_model=30),
@@ -55,6 +63,26 @@ def test_unknown_and_missing_keys():
     del config.model['num_expert']
     del config.model['rope_theta']
     with pytest.raises(ValueError, match=r"missing key\(s\) \['rope_theta'\]"):
+        model_config(config.model)
+
+
+def test_variant_sections_are_read_by_their_variant_only():
+    """MLA reads its own section; an MHA run carries none, whatever the MLA keys hold."""
+    mla = model_config(tiny_config(attention='mla', kv_lora_rank=12).model)
+    assert (mla.section.kv_lora_rank, mla.section.qk_rope_head_dim) == (12, 4)
+    assert model_config(tiny_config(attention='mha', kv_lora_rank=-1).model).section is None
+    config = tiny_config(attention='mla')
+    config.model.mla.unlock()
+    config.model.mla.kv_rank = 4
+    with pytest.raises(ValueError, match=r"config.model.mla has unknown key\(s\) \['kv_rank'\]"):
+        model_config(config.model)
+    del config.model.mla['kv_rank']
+    del config.model.mla['v_head_dim']
+    with pytest.raises(ValueError, match=r"config.model.mla is missing key\(s\) \['v_head_dim'\]"):
+        model_config(config.model)
+    config.model.unlock()
+    del config.model['mla']
+    with pytest.raises(ValueError, match=r"config.model.mla is missing \(attention='mla'"):
         model_config(config.model)
 
 
@@ -90,7 +118,7 @@ OLD_CONFIGS = sorted((ROOT / 'tests' / 'old_configs').glob('*.json'))
 
 
 def test_there_are_frozen_old_configs():
-    assert [p.name for p in OLD_CONFIGS] == ['v1.json']
+    assert [p.name for p in OLD_CONFIGS] == ['v1.json', 'v2.json']
 
 
 @pytest.mark.parametrize('path', OLD_CONFIGS, ids=lambda p: p.name)
@@ -102,8 +130,19 @@ def test_configs_of_earlier_versions_upgrade_to_exactly_todays_keys(path):
     assert flat_keys(upgraded.to_dict()) == flat_keys(today)
     for key in flat_keys(saved) - set(REPLACED_KEYS):  # saved values are kept
         assert get_key(upgraded, key) == get_key(ml_collections.ConfigDict(saved), key)
+    for old, new in MOVED_KEYS.items():  # moved ones keep theirs in their new place
+        if old in flat_keys(saved):
+            assert get_key(upgraded, new) == get_key(ml_collections.ConfigDict(saved), old)
     upgraded.model.num_kv_heads = 2  # v1 saved base.py's gqa with 0 KV heads: set one
     assert model_config(upgraded.model).vocab_size == saved['model']['vocab_size']
+
+
+def test_flat_mla_keys_of_an_old_mla_run_move_into_its_section():
+    saved = json.loads(OLD_CONFIGS[-1].read_text())
+    saved['model'].update(attention='mla', kv_lora_rank=24, latent_norm_eps=1e-6)
+    cfg = model_config(upgrade_config(saved).model)
+    assert (cfg.section.kv_lora_rank, cfg.section.latent_norm_eps) == (24, 1e-6)
+    assert cfg.section.qk_rope_head_dim == saved['model']['qk_rope_head_dim']
 
 
 def test_upgrade_fills_added_keys_with_their_old_behaviour():
@@ -132,3 +171,16 @@ def test_dotted_key_helpers():
         with_overrides(config, ['model.qkv_bias=maybe'])
     with pytest.raises(ValueError, match=r"config: unknown config key 'train.nope'"):
         set_key(config, 'train.nope', 1)
+
+
+def test_hparams_and_config_text_show_only_the_active_variants_section():
+    mla_keys = {f.name for f in dataclasses.fields(MLAConfig)}
+    mha = tiny_config(attention='mha')
+    values = hparams(mha, model_config(mha.model), 1)
+    assert not [k for k in values if k.split('.')[-1] in mla_keys or k.startswith('model.mla')]
+    assert 'mla' not in shown_config(mha).model and 'mla' in mha.model  # the run's own: kept
+    mla = tiny_config(attention='mla', kv_lora_rank=12)
+    values = hparams(mla, model_config(mla.model), 1)
+    assert {k for k in values if k.startswith('model.mla.')} == {f'model.mla.{k}' for k in mla_keys}
+    assert values['model.mla.kv_lora_rank'] == 12 and values['kv_heads'] == 'latent 12+4'
+    assert shown_config(mla).model.mla.kv_lora_rank == 12

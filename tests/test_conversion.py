@@ -218,9 +218,10 @@ def mla_conversion_of(cfg, params, C, P=4, inputs=None):
     )
     check_conversion(cfg, options)
     inputs = calibration(cfg, params) if inputs is None else inputs
-    out, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs)
     config = tiny_config(attention='mla')
-    config.model.update(settings)
+    eps = config.model.mla.latent_norm_eps
+    out, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs, eps)
+    config.model.update(settings)  # the MLA knobs land in config.model.mla
     return model_config(config.model), out, pairs
 
 

@@ -27,6 +27,7 @@ from lm.convert import hf, uptrain
 from lm.convert.hf_io import SafetensorsReader, export_hf, import_hf
 from lm.convert.uptrain import uptrain_config
 from lm.infer.decode import Decoder, parse_sampling
+from lm.model.hf_mapping import interleave_columns
 from lm.model.layers import rope_inv_freq
 from lm.model.transformer import model_config
 from lm.train.checkpoint import Checkpointer
@@ -129,13 +130,13 @@ def test_rope_interleave_is_a_column_permutation(tmp_path):
     (other / 'config.json').write_text(json.dumps(cfg_json))
     tensors = load_file(src / 'model.safetensors')
     Dn, Dr, C = cfg_json['qk_nope_head_dim'], cfg_json['qk_rope_head_dim'], cfg_json['kv_lora_rank']
-    back = np.argsort(hf.interleave_columns(Dn + Dr, Dr))
+    back = np.argsort(interleave_columns(Dn + Dr, Dr))
     for name, w in tensors.items():
         if name.endswith('q_proj.weight'):
             H = cfg_json['num_attention_heads']
             tensors[name] = w.reshape(H, Dn + Dr, -1)[:, back].reshape(w.shape)
         if name.endswith('kv_a_proj_with_mqa.weight'):
-            tensors[name] = w[np.argsort(hf.interleave_columns(C + Dr, Dr))]
+            tensors[name] = w[np.argsort(interleave_columns(C + Dr, Dr))]
     save_file(tensors, other / 'model.safetensors', metadata={'format': 'pt'})
     import_hf(str(src), str(tmp_path / 'a'), base_config())
     import_hf(str(other), str(tmp_path / 'b'), base_config())

@@ -443,7 +443,9 @@ def check_mla_decoding(workdir):
     elements per token per layer, as its full forward pass computes."""
     restored = restore_run(str(workdir))
     cfg = restored.model_cfg
-    assert (cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim) == (8, 4, 4)
+    mla = cfg.section
+    assert (mla.kv_lora_rank, mla.qk_rope_head_dim, mla.qk_nope_head_dim) == (8, 4, 4)
+    assert 'mla' in restored.config.model and 'kv_lora_rank' not in restored.config.model
     assert restored.config.uptrain.rope_pairs.count(',') == 1  # two frequency pairs kept
     model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
     decoder = Decoder(model, absorb=True)

@@ -1,17 +1,22 @@
 """The attention-variant contract: a toy variant, one class registered here, works in the
 factory, the model, KV-cache decoding, accounting, uptraining checks, training, sweeps and plots
-without editing any module of lm/."""
+without editing any module of lm/; export refuses it (it declares no Hugging Face mapping)."""
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config, tiny_train_config
+from conftest import ROOT, tiny_config, tiny_train_config
 from flax import nnx
+from jax.extend import core as jax_core
 
+from lm.convert import hf
 from lm.convert.uptrain import ConversionOptions, check_conversion
 from lm.experiments import sweep
 from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
@@ -131,17 +136,72 @@ def test_decoding_follows_the_full_forward(toy):
     assert cache_elements_per_token(caches) == accounting.kv_cache_elements_per_token(cfg)
 
 
-def test_accounting_and_uptraining_ask_the_variant(toy):
-    cfg = toy_cfg()
-    L, E, H, G, D = cfg.num_layers, cfg.d_model, cfg.num_heads, 2, cfg.head_dim
-    assert accounting.param_counts(cfg)['attention'] == L * (E * H * D + E * G * D + H * D * E)
-    assert accounting.kv_cache_elements_per_token(cfg) == L * G * D
-    assert accounting.kv_cache_bytes_per_token(cfg, 'bfloat16') == 2 * L * G * D
-    n = accounting.param_counts(cfg)['total']
-    assert accounting.flops_per_token(cfg, 16) == 6 * n + 6 * L * H * (D + D) * 16
+def param_size(module) -> int:
+    return sum(x.size for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+def dot_general_flops(jaxpr) -> int:
+    """2 · (contracted size) · (output size) summed over the dot_generals of `jaxpr` and of
+    the jaxprs nested in it (jit, custom_vjp, ...)."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == 'dot_general':
+            (contracted, _), _ = eqn.params['dimension_numbers']
+            lhs = eqn.invars[0].aval.shape
+            out = eqn.outvars[0].aval.shape
+            total += 2 * math.prod(lhs[i] for i in contracted) * math.prod(out)
+        assert eqn.primitive.name not in ('scan', 'while'), 'loops would need a trip count'
+        total += sum(dot_general_flops(sub) for sub in jax_core.jaxprs_in_params(eqn.params))
+    return total
+
+
+def test_accounting_uptraining_and_export_ask_the_variant(toy):
+    """Accounting against measurements of the built model: its parameter arrays, the cache
+    arrays the variant's init_cache makes, and the matmul FLOPs of its jitted forward."""
+    cfg = toy_cfg(tie_embeddings=False)
+    model = build_model(cfg)
+    blocks = list(model.blocks)
+    measured = {
+        'embedding': model.embed.size,
+        'attention': sum(param_size(b.attn) for b in blocks),
+        'mlp': sum(param_size(b.mlp) for b in blocks),
+        'norm': param_size(model.final_norm)
+        + sum(param_size(b.attn_norm) + param_size(b.mlp_norm) for b in blocks),
+        'lm_head': param_size(model.lm_head),
+        'total': param_size(model),
+    }
+    assert accounting.param_counts(cfg) == measured
+
+    B, S = 3, 5
+    cache = toy.init_cache(cfg, B, S, jnp.bfloat16)
+    per_layer = sum(x.size for x in cache.values()) // (B * S)
+    assert accounting.kv_cache_elements_per_token(cfg) == cfg.num_layers * per_layer
+    nbytes = sum(x.nbytes for x in cache.values()) // (B * S)
+    assert accounting.kv_cache_bytes_per_token(cfg, 'bfloat16') == cfg.num_layers * nbytes
+
+    # Forward FLOPs counted on the traced computation: every matmul, the masked half of the
+    # T x T scores included (PaLM's convention; the embedding lookup is a gather, not a matmul).
+    # Accounting's training FLOPs are 3x the forward's (backward = 2x forward) and its N counts
+    # every parameter, so they exceed the matmuls by exactly 2 FLOPs per RMSNorm scale, which
+    # multiplies elementwise: the comparison is exact, with that term stated.
+    T = 16
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda state, tokens: nnx.merge(graphdef, state)(tokens))
+    jaxpr = jax.make_jaxpr(forward)(state, jnp.zeros((B, T), jnp.int32)).jaxpr
+    forward_per_token = dot_general_flops(jaxpr) // (B * T)
+    assert forward_per_token * B * T == dot_general_flops(jaxpr)
+    norm_flops = 2 * measured['norm']
+    assert accounting.flops_per_token(cfg, T) == 3 * (forward_per_token + norm_flops)
+
     with pytest.raises(ValueError, match=r"attention='toy_shared_kv', which has no K/V heads"):
         check_conversion(cfg, ConversionOptions(num_kv_heads=1))
-    assert hparams(tiny_config(), cfg, n)['kv_heads'] == '2 shared'
+    assert hparams(tiny_config(), cfg, measured['total'])['kv_heads'] == '2 shared'
+    with pytest.raises(ValueError) as refused:  # never exported as some other architecture
+        hf.hf_from_model(cfg, 64)
+    assert str(refused.value) == (
+        "config.model.attention='toy_shared_kv' (SharedKV) has no Hugging Face mapping; export "
+        'supports DeepseekV3ForCausalLM (deepseek_v3: mla), LlamaForCausalLM (llama: mha/gqa/mqa)'
+    )
 
 
 @pytest.mark.slow
@@ -170,3 +230,25 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
     gqa = {**rows['toy'], 'point': 'gqa', 'attention': 'gqa', 'kv_cache_bytes_per_token': 64}
     labels = sweep._plot([rows['toy'], gqa], str(tmp_path / 'plot.png'))
     assert labels == ['GQA', 'TOY_SHARED_KV']  # every kind gets a marker, registry order
+
+    # The export command refuses the trained toy run in one line, writing nothing.
+    out = tmp_path / 'hf'
+    script = ROOT / 'scripts' / 'convert_hf.py'
+    argv = [str(script), 'export', f'--workdir={tmp_path / "toy"}', f'--hf_dir={out}']
+    code = (
+        'import runpy, sys; sys.path.insert(0, "tests"); '
+        'from test_variant_contract import SharedKV; from lm.model import attention; '
+        f'attention.register(SharedKV); sys.argv = {argv!r}; '
+        f'runpy.run_path({str(script)!r}, run_name="__main__")'
+    )
+    env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+    done = subprocess.run(
+        [sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: config.model.attention='toy_shared_kv' (SharedKV) has no Hugging Face mapping; "
+        'export supports DeepseekV3ForCausalLM (deepseek_v3: mla), LlamaForCausalLM (llama: '
+        'mha/gqa/mqa)'
+    )
+    assert not out.exists()

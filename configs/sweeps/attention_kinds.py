@@ -14,7 +14,7 @@ def get_config():
     config = load_config_file(os.path.join(os.path.dirname(__file__), '..', 'shakespeare_char.py'))
     config.model.update(num_heads=8, head_dim=16, num_kv_heads=0)
     # MLA: d_c = 4·d_h, d_h^R = d_h / 2 (DeepSeek-V2's ratios) with d_h = 16.
-    config.model.update(kv_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    config.model.mla.update(kv_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
     # Fetched by `python scripts/get_data.py tinyshakespeare`.
     config.data.path = os.path.join(
         os.path.dirname(__file__), '..', '..', 'data', 'tinyshakespeare.txt'

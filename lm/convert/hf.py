@@ -1,14 +1,13 @@
 """Hugging Face checkpoints <-> lm: config translation and the parameter mapping, as pure data.
 
-Llama (`LlamaForCausalLM`) is lm's 'mha' / 'gqa' / 'mqa' (contiguous KV groups, rotate-half
-RoPE: no permutation); DeepSeek-V3 (`DeepseekV3ForCausalLM`, dense layers only) is lm's 'mla'.
-An HF `weight` is [out, in]; an lm kernel is [in..., out...] with heads split out:
-`q_proj` -> [E, H, D], `k_proj` / `v_proj` -> [E, G, D], `o_proj` -> [H, D, E],
-`kv_b_proj` -> [C, H, Dn + Dv] ([k_nope; v] per head). DeepSeek with `rope_interleave=True`
-keeps each RoPE pair adjacent; lm keeps pair (i, i + Dr/2), so the RoPE columns of `q_proj` /
-`q_b_proj` and `kv_a_proj_with_mqa` are permuted by [0, 2, ..., Dr-2, 1, 3, ..., Dr-1].
+Each attention variant says which HF architecture it maps to (`AttentionVariant.hf_mappings`,
+lm/model/hf_mapping.py: Llama for MHA / GQA / MQA, DeepSeek-V3 for MLA); this module
+adds what every architecture shares (embedding, norms, SwiGLU MLP, RoPE) and asks the registry:
+import picks the variant by config.json's `model_type` (or `architectures`), export asks
+`attention.variant(cfg)`. A variant without a mapping is refused, never exported as another.
+An HF `weight` is [out, in]; an lm kernel is [in..., out...] (layouts: lm/model/hf_mapping.py).
 
-What lm cannot express is refused in one line naming the config.json field.
+What lm cannot express is refused in one line naming the config.json field or config key.
 Reading and writing files is `lm/convert/hf_io.py`.
 """
 
@@ -18,11 +17,10 @@ import dataclasses
 
 import numpy as np
 
+from lm.model import attention
 from lm.model.config import ModelConfig
+from lm.model.hf_mapping import HFMapping, Tensor, refuse
 
-LLAMA, DEEPSEEK = 'llama', 'deepseek_v3'
-ARCHITECTURES = {LLAMA: 'LlamaForCausalLM', DEEPSEEK: 'DeepseekV3ForCausalLM'}
-DEEPSEEK_LATENT_EPS = 1e-6  # DeepseekV3's q_a_layernorm / kv_a_layernorm eps (not configurable)
 TORCH_DTYPES = {'float32': 'float32', 'bfloat16': 'bfloat16', 'float16': 'float16'}
 _REQUIRED = (
     'vocab_size',
@@ -31,17 +29,50 @@ _REQUIRED = (
     'num_attention_heads',
     'intermediate_size',
 )
-_MLA_REQUIRED = ('kv_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
 _LLAMA3_KEYS = {
     'factor': 'rope_scaling_factor',
     'low_freq_factor': 'rope_low_freq_factor',
     'high_freq_factor': 'rope_high_freq_factor',
     'original_max_position_embeddings': 'rope_original_max_len',
 }
+_ROPE_TYPES = {'': 'default', 'llama3': 'llama3'}  # config.model.rope_scaling -> HF rope_type
 
 
-def _refuse(field: str, value, why: str) -> ValueError:
-    return ValueError(f'config.json {field}={value!r}: {why}')
+def mappings() -> dict[HFMapping, list[str]]:
+    """Every registered variant's HF architectures, each with the attention kinds it serves."""
+    out: dict[HFMapping, list[str]] = {}
+    for kind, cls in attention.VARIANTS.items():
+        for mapping in cls.hf_mappings:
+            out.setdefault(mapping, []).append(kind)
+    return out
+
+
+def _supported() -> str:
+    return ', '.join(
+        f'{m.architecture} ({m.model_type}: {"/".join(kinds)})' for m, kinds in mappings().items()
+    )
+
+
+def export_mapping(cfg: ModelConfig) -> HFMapping:
+    """The HF architecture `cfg`'s attention variant exports to; a one-line ValueError for a
+    variant that has none."""
+    cls = attention.variant(cfg)
+    if not cls.hf_mappings:
+        raise ValueError(
+            f'config.model.attention={cfg.attention!r} ({cls.__name__}) has no Hugging Face '
+            f'mapping; export supports {_supported()}'
+        )
+    return cls.hf_mappings[0]
+
+
+def import_mapping(hf: dict) -> HFMapping:
+    """The mapping of config.json's `model_type` (else of its `architectures`), through the
+    registered variants; a one-line ValueError naming the supported ones."""
+    model_type, archs = hf.get('model_type'), hf.get('architectures') or []
+    for mapping in mappings():
+        if mapping.model_type == model_type or (not model_type and mapping.architecture in archs):
+            return mapping
+    raise refuse('model_type', model_type, f'lm imports {_supported()}')
 
 
 def _rope(hf: dict) -> tuple[float, dict]:
@@ -54,98 +85,81 @@ def _rope(hf: dict) -> tuple[float, dict]:
     return float(theta), {'rope_type': rope_type, **params}
 
 
-def model_from_hf(hf: dict) -> tuple[dict, bool]:
-    """(lm `config.model` values, rope_interleave) for a config.json; ValueError naming the
-    first field lm cannot express."""
-    model_type = hf.get('model_type')
-    if model_type not in ARCHITECTURES:
-        raise _refuse(
-            'model_type', model_type, f'lm imports {sorted(ARCHITECTURES)} (Llama and DeepSeek-V3)'
-        )
-    required = _REQUIRED + (_MLA_REQUIRED if model_type == DEEPSEEK else ())
-    if missing := [k for k in required if not isinstance(hf.get(k), int)]:
+def _check_shared_fields(hf: dict, mapping: HFMapping) -> None:
+    """One-line errors for the shared config.json fields lm cannot express."""
+    if missing := [k for k in _REQUIRED + mapping.required if not isinstance(hf.get(k), int)]:
         raise ValueError(f'config.json lacks integer field(s) {missing}')
     if hf.get('hidden_act', 'silu') != 'silu':
-        raise _refuse('hidden_act', hf['hidden_act'], "lm's MLP is SwiGLU ('silu')")
+        raise refuse('hidden_act', hf['hidden_act'], "lm's MLP is SwiGLU ('silu')")
     if hf.get('mlp_bias'):
-        raise _refuse('mlp_bias', hf['mlp_bias'], 'lm has no MLP biases')
+        raise refuse('mlp_bias', hf['mlp_bias'], 'lm has no MLP biases')
+
+
+def _rope_from_hf(hf: dict, mapping: HFMapping) -> dict:
+    """The `config.model` RoPE settings of config.json, as far as `mapping` carries them."""
     theta, scaling = _rope(hf)
     if scaling.get('partial_rotary_factor', 1.0) != 1.0:
-        raise _refuse(
+        raise refuse(
             'rope_parameters.partial_rotary_factor',
             scaling['partial_rotary_factor'],
             'lm rotates the whole head',
         )
-    H, L = hf['num_attention_heads'], hf['num_hidden_layers']
+    types = {_ROPE_TYPES[s]: s for s in mapping.rope_scalings}
+    if scaling['rope_type'] not in types:
+        why = f'lm imports {mapping.architecture} with rope types {sorted(types)}'
+        raise refuse('rope_scaling.rope_type', scaling['rope_type'], why)
+    model = {'rope_theta': theta, 'rope_scaling': types[scaling['rope_type']]}
+    if model['rope_scaling'] == 'llama3':
+        for key, name in _LLAMA3_KEYS.items():
+            if key not in scaling:
+                raise refuse(f'rope_scaling.{key}', None, "rope type 'llama3' needs it")
+            model[name] = float(scaling[key])
+        model['rope_original_max_len'] = int(scaling['original_max_position_embeddings'])
+    return model
+
+
+def model_from_hf(hf: dict) -> tuple[dict, bool]:
+    """(lm `config.model` values, rope_interleave) for a config.json; ValueError naming the
+    first field lm cannot express."""
+    mapping = import_mapping(hf)
+    _check_shared_fields(hf, mapping)
     model = {
         'vocab_size': hf['vocab_size'],
         'd_model': hf['hidden_size'],
-        'num_layers': L,
-        'num_heads': H,
+        'num_layers': hf['num_hidden_layers'],
+        'num_heads': hf['num_attention_heads'],
         'mlp_dim': hf['intermediate_size'],
-        'rope_theta': theta,
         'norm_eps': float(hf.get('rms_norm_eps', 1e-6)),
         'tie_embeddings': bool(hf.get('tie_word_embeddings', False)),
-        'rope_scaling': '',
         'qkv_bias': False,
         'o_bias': False,
+        **_rope_from_hf(hf, mapping),
     }
-    rope_type = scaling['rope_type']
-    if model_type == LLAMA:
-        if rope_type == 'llama3':
-            model['rope_scaling'] = 'llama3'
-            for key, name in _LLAMA3_KEYS.items():
-                if key not in scaling:
-                    raise _refuse(f'rope_scaling.{key}', None, "rope type 'llama3' needs it")
-                model[name] = float(scaling[key])
-            model['rope_original_max_len'] = int(scaling['original_max_position_embeddings'])
-        elif rope_type != 'default':
-            raise _refuse('rope_scaling.rope_type', rope_type, "lm supports 'default' and 'llama3'")
-        G = hf.get('num_key_value_heads') or H
-        model['attention'] = 'mha' if G == H else ('mqa' if G == 1 else 'gqa')
-        model['num_kv_heads'] = G
-        model['head_dim'] = hf.get('head_dim') or hf['hidden_size'] // H
-        model['qkv_bias'] = model['o_bias'] = bool(hf.get('attention_bias', False))
-        return model, False
-    if rope_type != 'default':
-        raise _refuse(
-            'rope_scaling.rope_type', rope_type, 'lm imports DeepSeek-V3 with plain RoPE only'
+    settings, rope_interleave = mapping.from_hf(hf)
+    model.update(settings)
+    return model, rope_interleave
+
+
+def _rope_to_hf(cfg: ModelConfig, mapping: HFMapping) -> dict:
+    if cfg.rope_scaling not in mapping.rope_scalings:
+        raise ValueError(
+            f'config.model.rope_scaling={cfg.rope_scaling!r} with attention={cfg.attention!r} '
+            f'has no {mapping.architecture} equivalent'
         )
-    if hf.get('attention_bias'):
-        raise _refuse('attention_bias', True, 'lm has no biases on DeepSeek q_a/kv_a/o projections')
-    dense = hf.get('first_k_dense_replace', 3)
-    if dense is not None and dense < L:
-        raise _refuse(
-            'first_k_dense_replace',
-            dense,
-            f'layers {dense}..{L - 1} of {L} are MoE layers; lm imports dense layers only',
-        )
-    model.update(
-        attention='mla',
-        num_kv_heads=0,
-        kv_lora_rank=hf['kv_lora_rank'],
-        q_lora_rank=hf.get('q_lora_rank') or 0,
-        qk_nope_head_dim=hf['qk_nope_head_dim'],
-        qk_rope_head_dim=hf['qk_rope_head_dim'],
-        v_head_dim=hf['v_head_dim'],
-        latent_norm_eps=DEEPSEEK_LATENT_EPS,
-    )
-    return model, bool(hf.get('rope_interleave', True))
+    rope = {'rope_type': _ROPE_TYPES[cfg.rope_scaling], 'rope_theta': cfg.rope_theta}
+    if cfg.rope_scaling:
+        rope.update({key: getattr(cfg, name) for key, name in _LLAMA3_KEYS.items()})
+    return rope
 
 
 def hf_from_model(cfg: ModelConfig, max_position_embeddings: int, **extra) -> dict:
     """The config.json of an lm model (`extra`: token ids and the like); ValueError naming
-    the first knob that transformers' Llama / DeepseekV3 cannot express."""
-    if cfg.rope_scaling and cfg.attention == 'mla':
-        raise ValueError(
-            "config.model.rope_scaling='llama3' with attention='mla' has no DeepseekV3 equivalent"
-        )
-    if cfg.rope_scaling:
-        rope = {'rope_type': 'llama3', 'rope_theta': cfg.rope_theta}
-        rope.update({key: getattr(cfg, name) for key, name in _LLAMA3_KEYS.items()})
-    else:
-        rope = {'rope_type': 'default', 'rope_theta': cfg.rope_theta}
-    common = {
+    the first knob that its HF architecture cannot express, or the variant that has none."""
+    mapping = export_mapping(cfg)
+    rope = _rope_to_hf(cfg, mapping)
+    return {
+        'architectures': [mapping.architecture],
+        'model_type': mapping.model_type,
         'vocab_size': cfg.vocab_size,
         'hidden_size': cfg.d_model,
         'intermediate_size': cfg.mlp_dim,
@@ -165,111 +179,25 @@ def hf_from_model(cfg: ModelConfig, max_position_embeddings: int, **extra) -> di
         'dtype': TORCH_DTYPES[cfg.param_dtype],
         'use_cache': True,
         **extra,
+        **mapping.to_hf(cfg),
     }
-    if cfg.attention != 'mla':
-        if cfg.qkv_bias != cfg.o_bias:
-            raise ValueError(
-                f'config.model.qkv_bias={cfg.qkv_bias} with o_bias={cfg.o_bias} has no Llama '
-                'equivalent (attention_bias sets biases on q, k, v and o together)'
-            )
-        return {
-            'architectures': [ARCHITECTURES[LLAMA]],
-            'model_type': LLAMA,
-            **common,
-            'num_key_value_heads': cfg.num_kv_heads,
-            'head_dim': cfg.head_dim,
-            'attention_bias': cfg.qkv_bias,
-            'mlp_bias': False,
-        }
-    latent_eps = cfg.latent_norm_eps or cfg.norm_eps
-    if latent_eps != DEEPSEEK_LATENT_EPS:
-        raise ValueError(
-            f'config.model.latent_norm_eps resolves to {latent_eps}, but DeepseekV3 fixes its '
-            f'latent norms at {DEEPSEEK_LATENT_EPS}; train MLA runs to export with '
-            f'latent_norm_eps={DEEPSEEK_LATENT_EPS}'
-        )
-    return {
-        'architectures': [ARCHITECTURES[DEEPSEEK]],
-        'model_type': DEEPSEEK,
-        **common,
-        'num_key_value_heads': cfg.num_heads,
-        'kv_lora_rank': cfg.kv_lora_rank,
-        'q_lora_rank': cfg.q_lora_rank or None,
-        'qk_nope_head_dim': cfg.qk_nope_head_dim,
-        'qk_rope_head_dim': cfg.qk_rope_head_dim,
-        'v_head_dim': cfg.v_head_dim,
-        'head_dim': cfg.qk_rope_head_dim,
-        'rope_interleave': True,
-        'first_k_dense_replace': cfg.num_layers,
-        'attention_bias': False,
-    }
-
-
-@dataclasses.dataclass(frozen=True)
-class Tensor:
-    """One lm parameter and the HF tensor it comes from.
-
-    lm = W.T.reshape(lm shape) for a `linear` weight W [out, in] (W.reshape(lm shape)
-    otherwise), then `columns` (if set) picks the last axis: lm[..., j] = that[..., columns[j]].
-    `n_in`: how many leading lm axes are HF input axes (linear weights only).
-    """
-
-    lm: tuple  # path in the lm parameter tree, e.g. ('blocks', 0, 'attn', 'q_proj', 'kernel')
-    hf: str  # tensor name in the safetensors file(s)
-    linear: bool
-    n_in: int = 0
-    columns: np.ndarray | None = None
-
-
-def interleave_columns(width: int, rope_dim: int) -> np.ndarray:
-    """Last-axis index from lm's layout to DeepSeek's interleaved one: the last `rope_dim` of
-    `width` columns are [0, 2, ..., Dr-2, 1, 3, ..., Dr-1] (offset), the rest kept."""
-    pe = np.concatenate([np.arange(0, rope_dim, 2), np.arange(1, rope_dim, 2)])
-    return np.concatenate([np.arange(width - rope_dim), width - rope_dim + pe])
 
 
 def tensor_map(cfg: ModelConfig, rope_interleave: bool = False) -> list[Tensor]:
-    """Every lm parameter of `cfg` with its HF source, in HF file order."""
+    """Every lm parameter of `cfg` with its HF source, in HF file order (the attention's from
+    its variant's mapping)."""
+    attn = export_mapping(cfg).attention_tensors(cfg, rope_interleave)
     out = [Tensor(('embed',), 'model.embed_tokens.weight', False)]
-    mla = cfg.attention == 'mla'
-    q_cols = mla_cols = None
-    if mla and rope_interleave:
-        Dn, Dr = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
-        q_cols = interleave_columns(Dn + Dr, Dr)
-        mla_cols = interleave_columns(cfg.kv_lora_rank + Dr, Dr)
     for i in range(cfg.num_layers):
-        hf, lm = f'model.layers.{i}.', ('blocks', i)
-
-        def add(lm_tail, hf_name, linear=True, n_in=1, columns=None, _lm=lm, _hf=hf):
-            out.append(Tensor(_lm + lm_tail, _hf + hf_name, linear, n_in, columns))
-
-        add(('attn_norm', 'scale'), 'input_layernorm.weight', linear=False)
-        if not mla:
-            for name in ('q_proj', 'k_proj', 'v_proj'):
-                add(('attn', name, 'kernel'), f'self_attn.{name}.weight')
-                if cfg.qkv_bias:
-                    add(('attn', name, 'bias'), f'self_attn.{name}.bias', linear=False)
-            add(('attn', 'o_proj', 'kernel'), 'self_attn.o_proj.weight', n_in=2)
-            if cfg.o_bias:
-                add(('attn', 'o_proj', 'bias'), 'self_attn.o_proj.bias', linear=False)
-        else:
-            if cfg.q_lora_rank:
-                add(('attn', 'q_a_proj', 'kernel'), 'self_attn.q_a_proj.weight')
-                add(('attn', 'q_a_layernorm', 'scale'), 'self_attn.q_a_layernorm.weight', False)
-                add(('attn', 'q_b_proj', 'kernel'), 'self_attn.q_b_proj.weight', columns=q_cols)
-            else:
-                add(('attn', 'q_proj', 'kernel'), 'self_attn.q_proj.weight', columns=q_cols)
-            add(
-                ('attn', 'kv_a_proj_with_mqa', 'kernel'),
-                'self_attn.kv_a_proj_with_mqa.weight',
-                columns=mla_cols,
-            )
-            add(('attn', 'kv_a_layernorm', 'scale'), 'self_attn.kv_a_layernorm.weight', False)
-            add(('attn', 'kv_b_proj', 'kernel'), 'self_attn.kv_b_proj.weight')
-            add(('attn', 'o_proj', 'kernel'), 'self_attn.o_proj.weight', n_in=2)
-        add(('mlp_norm', 'scale'), 'post_attention_layernorm.weight', linear=False)
+        lm, hf = ('blocks', i), f'model.layers.{i}.'
+        out.append(Tensor((*lm, 'attn_norm', 'scale'), hf + 'input_layernorm.weight', False))
+        for t in attn:
+            out.append(dataclasses.replace(t, lm=(*lm, 'attn', *t.lm), hf=f'{hf}self_attn.{t.hf}'))
+        out.append(
+            Tensor((*lm, 'mlp_norm', 'scale'), hf + 'post_attention_layernorm.weight', False)
+        )
         for name in ('gate_proj', 'up_proj', 'down_proj'):
-            add(('mlp', name, 'kernel'), f'mlp.{name}.weight')
+            out.append(Tensor((*lm, 'mlp', name, 'kernel'), f'{hf}mlp.{name}.weight', True, 1))
     out.append(Tensor(('final_norm', 'scale'), 'model.norm.weight', False))
     if not cfg.tie_embeddings:
         out.append(Tensor(('lm_head', 'kernel'), 'lm_head.weight', True, 1))
@@ -317,6 +245,6 @@ def to_hf(t: Tensor, x: np.ndarray) -> np.ndarray:
 
 
 def exports_interleaved_rope(cfg: ModelConfig) -> bool:
-    """Whether export writes RoPE columns interleaved: DeepseekV3 (MLA) checkpoints carry
-    `rope_interleave=True`; Llama's rotate-half layout is lm's own."""
-    return cfg.attention == 'mla'
+    """Whether export writes RoPE columns interleaved (DeepseekV3 checkpoints carry
+    `rope_interleave=True`; Llama's rotate-half layout is lm's own)."""
+    return export_mapping(cfg).interleaved_rope

@@ -3,8 +3,9 @@ safetensors and tokenizer.json; `export_hf` writes a run's checkpoint back as an
 
 Tensors are read one at a time (single file or sharded index) and each device's block is read
 straight into its sharding on the run's mesh, so no host ever holds a whole checkpoint; dtypes
-are kept (bf16 stays bf16). Export streams one tensor at a time into safetensors shards.
-The layouts and refusals are in `lm/convert/hf.py`.
+are kept (bf16 stays bf16). Export streams one tensor at a time into safetensors shards
+(the files themselves: `lm/convert/safetensors_files.py`). The layouts and refusals are in
+`lm/convert/hf.py` and the variants' own mappings (lm/model/hf_mapping.py).
 """
 
 from __future__ import annotations
@@ -20,18 +21,18 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
-from safetensors import safe_open
 
 from lm.convert import hf
+from lm.convert.safetensors_files import SafetensorsReader, ShardWriter
 from lm.data.corpus import check_data_config, load_tokenizer
 from lm.data.tokenizer import HFTokenizer
+from lm.model.config import ModelConfig
 from lm.model.transformer import model_config
 from lm.sharding import make_mesh
 from lm.train.checkpoint import Checkpointer
 from lm.train.optimizer import check_train_config
 from lm.train.run import check_loop_config, checkpoint_meta, restore_run, step_context
 
-SAFETENSORS_DTYPES = {'F32': 'float32', 'BF16': 'bfloat16', 'F16': 'float16'}
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json')
 HF_SUBDIR = 'hf'  # <workdir>/hf: the imported tokenizer files and the source config.json
 _HUB_PATTERNS = ['config.json', '*.safetensors', 'model.safetensors.index.json', *TOKENIZER_FILES]
@@ -58,54 +59,6 @@ def resolve_hf_dir(hf_dir: str) -> str:
         f'--hf_dir={hf_dir!r} is not a local directory and could not be fetched from the hub '
         f'or found in its cache ({errors[0]})'
     )
-
-
-class SafetensorsReader:
-    """The tensors of `model.safetensors` or of the shards a `model.safetensors.index.json`
-    names; reads any block of one tensor without reading the rest."""
-
-    def __init__(self, directory: str):
-        index = os.path.join(directory, 'model.safetensors.index.json')
-        single = os.path.join(directory, 'model.safetensors')
-        if os.path.isfile(index):
-            with open(index) as f:
-                weight_map = json.load(f)['weight_map']
-            self.files = {n: os.path.join(directory, p) for n, p in weight_map.items()}
-        elif os.path.isfile(single):
-            with safe_open(single, 'numpy') as f:
-                self.files = {n: single for n in f.keys()}
-        else:
-            raise FileNotFoundError(
-                f'{directory} has neither model.safetensors nor model.safetensors.index.json '
-                '(only safetensors checkpoints are read)'
-            )
-        self._open: dict[str, object] = {}
-
-    def _slice(self, name: str):
-        path = self.files[name]
-        if path not in self._open:
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f'{path} (named in the safetensors index) is missing')
-            self._open[path] = safe_open(path, 'numpy')
-        return self._open[path].get_slice(name)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._slice(name).get_shape())
-
-    def dtype(self, name: str) -> str:
-        code = self._slice(name).get_dtype()
-        if code not in SAFETENSORS_DTYPES:
-            raise ValueError(
-                f'tensor {name} has dtype {code}; lm reads {sorted(SAFETENSORS_DTYPES)}'
-            )
-        return SAFETENSORS_DTYPES[code]
-
-    def read(self, name: str, rows: slice, cols: slice | None) -> np.ndarray:
-        s = self._slice(name)
-        return s[rows] if cols is None else s[rows, cols]
-
-    def close(self) -> None:
-        self._open.clear()
 
 
 def _check_tensors(reader: SafetensorsReader, tensors: list[hf.Tensor], hf_config: dict) -> None:
@@ -208,26 +161,18 @@ def _eos_token(directory: str, hf_config: dict, tokenizer: HFTokenizer) -> str:
     return ''
 
 
-def import_hf(
-    hf_dir: str,
-    workdir: str,
-    base: ml_collections.ConfigDict,
-    tokenizer_path: str = '',
-) -> ml_collections.ConfigDict:
-    """Writes `workdir` as a step-0 lm run of the HF model in `hf_dir` (a directory or hub id):
-    `base` with its model section from config.json, `data.tokenizer` the model's tokenizer.json
-    (copied into <workdir>/hf/), parameters in the checkpoint's dtype. Returns the config."""
-    ckpt_dir = os.path.join(workdir, 'checkpoints')
-    if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
-        raise FileExistsError(f'--workdir: {workdir} already holds checkpoints; choose a new one')
+def _read_hf_config(hf_dir: str) -> tuple[str, dict]:
+    """(the local directory of `hf_dir`, its config.json)."""
     directory = resolve_hf_dir(hf_dir)
     config_path = os.path.join(directory, 'config.json')
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f'{config_path} does not exist')
     with open(config_path) as f:
-        hf_config = json.load(f)
-    model, rope_interleave = hf.model_from_hf(hf_config)
-    tokenizer_path = tokenizer_path or os.path.join(directory, 'tokenizer.json')
+        return directory, json.load(f)
+
+
+def _read_tokenizer(tokenizer_path: str, vocab_size: int) -> HFTokenizer:
+    """The tokenizer.json at `tokenizer_path`, refused when it does not fit `vocab_size`."""
     if not os.path.isfile(tokenizer_path):
         raise FileNotFoundError(
             f'{tokenizer_path} does not exist (a sentencepiece tokenizer.model only?): pass '
@@ -235,32 +180,39 @@ def import_hf(
             'AutoTokenizer.from_pretrained(DIR).save_pretrained(OUT)'
         )
     tokenizer = HFTokenizer.from_file(tokenizer_path)
-    if tokenizer.vocab_size > model['vocab_size']:
+    if tokenizer.vocab_size > vocab_size:
         raise ValueError(
             f'{tokenizer_path} has {tokenizer.vocab_size} tokens, more than config.json '
-            f'vocab_size={model["vocab_size"]}'
+            f'vocab_size={vocab_size}'
         )
-    reader = SafetensorsReader(directory)
-    config = ml_collections.ConfigDict(base.to_dict())
-    config.model.update(model)
-    config.model.param_dtype = reader.dtype('model.embed_tokens.weight')
-    cfg = model_config(config.model)
-    tensors = hf.tensor_map(cfg, rope_interleave)
-    _check_tensors(reader, tensors, hf_config)
+    return tokenizer
 
+
+def _copy_hf_files(directory: str, tokenizer_path: str, workdir: str) -> str:
+    """Copies the tokenizer files and config.json (as source_config.json) into <workdir>/hf;
+    returns the copied tokenizer.json's absolute path."""
     out_hf = os.path.join(workdir, HF_SUBDIR)
     os.makedirs(out_hf, exist_ok=True)
     shutil.copyfile(tokenizer_path, os.path.join(out_hf, 'tokenizer.json'))
     for name in TOKENIZER_FILES[1:]:
         if os.path.isfile(os.path.join(directory, name)):
             shutil.copyfile(os.path.join(directory, name), os.path.join(out_hf, name))
-    shutil.copyfile(config_path, os.path.join(out_hf, 'source_config.json'))
-    config.data.tokenizer = os.path.abspath(os.path.join(out_hf, 'tokenizer.json'))
-    config.data.eos_token = _eos_token(directory, hf_config, tokenizer)
-    check_loop_config(config)  # the run's other settings fail here, not in train.py
-    check_train_config(config.train)
-    check_data_config(config.data)
+    shutil.copyfile(
+        os.path.join(directory, 'config.json'), os.path.join(out_hf, 'source_config.json')
+    )
+    return os.path.abspath(os.path.join(out_hf, 'tokenizer.json'))
 
+
+def _save_step0(
+    config: ml_collections.ConfigDict,
+    cfg: ModelConfig,
+    reader: SafetensorsReader,
+    tensors: list[hf.Tensor],
+    workdir: str,
+    source: str,
+) -> None:
+    """Writes the step-0 checkpoint: the parameters read into their shardings on the run's
+    mesh, fresh optimizer state."""
     mesh = make_mesh(config.mesh)
     setup = step_context(config, cfg, mesh)
     tx = setup.tx
@@ -278,100 +230,63 @@ def import_hf(
             ),
         }
         out = Checkpointer(workdir, async_save=False)
-        meta = checkpoint_meta(config, f'hf:{hf_dir}', 0, setup.abstract_state['params'])
-        out.save(0, state, meta)
+        out.save(0, state, checkpoint_meta(config, source, 0, setup.abstract_state['params']))
         out.close()
+
+
+def import_hf(
+    hf_dir: str,
+    workdir: str,
+    base: ml_collections.ConfigDict,
+    tokenizer_path: str = '',
+) -> ml_collections.ConfigDict:
+    """Writes `workdir` as a step-0 lm run of the HF model in `hf_dir` (a directory or hub id):
+    `base` with its model section from config.json (the variant the registry maps its
+    `model_type` to), `data.tokenizer` the model's tokenizer.json (copied into <workdir>/hf/),
+    parameters in the checkpoint's dtype. Returns the config."""
+    ckpt_dir = os.path.join(workdir, 'checkpoints')
+    if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+        raise FileExistsError(f'--workdir: {workdir} already holds checkpoints; choose a new one')
+    directory, hf_config = _read_hf_config(hf_dir)
+    model, rope_interleave = hf.model_from_hf(hf_config)
+    tokenizer_path = tokenizer_path or os.path.join(directory, 'tokenizer.json')
+    tokenizer = _read_tokenizer(tokenizer_path, model['vocab_size'])
+    reader = SafetensorsReader(directory)
+    config = ml_collections.ConfigDict(base.to_dict())
+    config.model.update(model)
+    config.model.param_dtype = reader.dtype('model.embed_tokens.weight')
+    cfg = model_config(config.model)
+    tensors = hf.tensor_map(cfg, rope_interleave)
+    _check_tensors(reader, tensors, hf_config)
+
+    config.data.tokenizer = _copy_hf_files(directory, tokenizer_path, workdir)
+    config.data.eos_token = _eos_token(directory, hf_config, tokenizer)
+    check_loop_config(config)  # the run's other settings fail here, not in train.py
+    check_train_config(config.train)
+    check_data_config(config.data)
+    _save_step0(config, cfg, reader, tensors, workdir, f'hf:{hf_dir}')
     logging.info('imported %s (%s) into %s', hf_dir, cfg.attention, workdir)
     return config
 
 
-class _ShardWriter:
-    """Streams tensors into safetensors files of at most `max_bytes` each (plus an index when
-    there is more than one); the header is written first from the known shapes."""
-
-    def __init__(self, directory: str, entries: list[tuple[str, tuple, np.dtype]], max_bytes: int):
-        self.directory = directory
-        groups: list[list] = [[]]
-        size = 0
-        for name, shape, dtype in entries:
-            nbytes = math.prod(shape) * dtype.itemsize
-            if groups[-1] and size + nbytes > max_bytes:
-                groups.append([])
-                size = 0
-            groups[-1].append((name, shape, dtype, nbytes))
-            size += nbytes
-        n = len(groups)
-        self.files = (
-            ['model.safetensors']
-            if n == 1
-            else [f'model-{i + 1:05d}-of-{n:05d}.safetensors' for i in range(n)]
-        )
-        self.groups = groups
-        self.codes = {jnp.dtype(v): k for k, v in SAFETENSORS_DTYPES.items()}
-
-    def write(self, values) -> None:
-        """`values`: the tensors' arrays in entry order (an iterator, one at a time)."""
-        weight_map, total = {}, 0
-        for file, group in zip(self.files, self.groups, strict=True):
-            header, offset = {'__metadata__': {'format': 'pt'}}, 0
-            for name, shape, dtype, nbytes in group:
-                header[name] = {
-                    'dtype': self.codes[np.dtype(dtype)],
-                    'shape': list(shape),
-                    'data_offsets': [offset, offset + nbytes],
-                }
-                offset += nbytes
-                weight_map[name] = file
-            raw = json.dumps(header).encode()
-            raw += b' ' * (-len(raw) % 8)
-            with open(os.path.join(self.directory, file), 'wb') as f:
-                f.write(len(raw).to_bytes(8, 'little'))
-                f.write(raw)
-                for name, shape, dtype, _ in group:
-                    value = next(values)
-                    if value.shape != tuple(shape) or value.dtype != dtype:
-                        raise RuntimeError(f'{name}: got {value.shape} {value.dtype}')
-                    f.write(np.ascontiguousarray(value).tobytes())
-            total += offset
-        if len(self.files) > 1:
-            with open(os.path.join(self.directory, 'model.safetensors.index.json'), 'w') as f:
-                json.dump(
-                    {'metadata': {'total_size': total}, 'weight_map': weight_map}, f, indent=1
-                )
-
-
-def export_hf(
-    workdir: str, out_dir: str, step: int | None = None, max_shard_bytes: int = 5 * 2**30
-) -> str:
-    """Writes `workdir`'s checkpoint (latest or `step`) to `out_dir` as a Hugging Face
-    directory: config.json (Llama or DeepseekV3), safetensors, and tokenizer files when the
-    run's tokenizer is a tokenizer.json or a BPE trained here. Returns `out_dir`."""
-    if jax.process_count() > 1:
-        raise ValueError('export runs in one process (it gathers one tensor at a time)')
-    # What transformers cannot express is refused before any array is read.
-    restored = restore_run(workdir, step, check=lambda cfg: hf.hf_from_model(cfg, 1))
-    config, cfg = restored.config, restored.model_cfg
-    source = {}
-    tok_dir = ''
+def _run_tokenizer(config: ml_collections.ConfigDict) -> tuple[str, dict, HFTokenizer | None]:
+    """(directory of the run's tokenizer.json or '', its source config.json or {}, the
+    tokenizer to export: a tokenizer.json or a BPE trained here, else None)."""
+    tok_dir, source, tokenizer = '', {}, None
     if config.data.tokenizer.endswith('.json'):
         tok_dir = os.path.dirname(os.path.abspath(config.data.tokenizer))
         source_path = os.path.join(tok_dir, 'source_config.json')
         if os.path.isfile(source_path):
             with open(source_path) as f:
                 source = json.load(f)
-    extra = {k: source[k] for k in ('bos_token_id', 'eos_token_id', 'pad_token_id') if k in source}
-    tokenizer = None
-    if config.data.tokenizer.endswith('.json'):
         tokenizer = HFTokenizer.from_file(config.data.tokenizer, config.data.eos_token)
     elif config.data.tokenizer == 'bpe':  # trained on the run's data (cached after training)
         tokenizer = load_tokenizer(config.data)
-    if tokenizer is not None:
-        extra.setdefault('eos_token_id', tokenizer.eos_id)
-    max_len = source.get('max_position_embeddings', config.data.seq_len)
-    hf_config = hf.hf_from_model(cfg, max_len, **extra)
-    os.makedirs(out_dir, exist_ok=True)
-    tensors = hf.tensor_map(cfg, rope_interleave=hf.exports_interleaved_rope(cfg))
-    params = restored.state['params']
+    return tok_dir, source, tokenizer
+
+
+def _write_tensors(out_dir: str, tensors: list[hf.Tensor], params: dict, max_bytes: int) -> None:
+    """Streams `params` into safetensors shards, one tensor in host memory at a time."""
 
     def leaf(t: hf.Tensor):
         node = params
@@ -383,25 +298,54 @@ def export_hf(
     for t in tensors:
         x = leaf(t)
         entries.append((t.hf, _hf_shape(t, x.shape), np.dtype(x.dtype)))
-    writer = _ShardWriter(out_dir, entries, max_shard_bytes)
+    writer = ShardWriter(out_dir, entries, max_bytes)
     writer.write(hf.to_hf(t, np.asarray(jax.device_get(leaf(t)))) for t in tensors)
+
+
+def _write_tokenizer(out_dir: str, tokenizer: HFTokenizer, tok_dir: str, max_len: int) -> None:
+    """tokenizer.json, the imported tokenizer files beside it, and a tokenizer_config.json."""
+    tokenizer.tok.save(os.path.join(out_dir, 'tokenizer.json'))
+    for name in TOKENIZER_FILES[1:]:
+        if tok_dir and os.path.isfile(os.path.join(tok_dir, name)):
+            shutil.copyfile(os.path.join(tok_dir, name), os.path.join(out_dir, name))
+    if not os.path.isfile(os.path.join(out_dir, 'tokenizer_config.json')):
+        with open(os.path.join(out_dir, 'tokenizer_config.json'), 'w') as f:
+            json.dump(
+                {
+                    'tokenizer_class': 'PreTrainedTokenizerFast',
+                    'eos_token': tokenizer.tok.id_to_token(tokenizer.eos_id),
+                    'model_max_length': max_len,
+                },
+                f,
+                indent=2,
+            )
+
+
+def export_hf(
+    workdir: str, out_dir: str, step: int | None = None, max_shard_bytes: int = 5 * 2**30
+) -> str:
+    """Writes `workdir`'s checkpoint (latest or `step`) to `out_dir` as a Hugging Face
+    directory: config.json (the architecture the run's attention variant maps to: Llama or
+    DeepseekV3), safetensors, and tokenizer files when the run's tokenizer is a tokenizer.json
+    or a BPE trained here. Returns `out_dir`."""
+    if jax.process_count() > 1:
+        raise ValueError('export runs in one process (it gathers one tensor at a time)')
+    # What transformers cannot express, or a variant with no mapping, is refused before any
+    # array is read.
+    restored = restore_run(workdir, step, check=lambda cfg: hf.hf_from_model(cfg, 1))
+    config, cfg = restored.config, restored.model_cfg
+    tok_dir, source, tokenizer = _run_tokenizer(config)
+    extra = {k: source[k] for k in ('bos_token_id', 'eos_token_id', 'pad_token_id') if k in source}
+    if tokenizer is not None:
+        extra.setdefault('eos_token_id', tokenizer.eos_id)
+    max_len = source.get('max_position_embeddings', config.data.seq_len)
+    hf_config = hf.hf_from_model(cfg, max_len, **extra)
+    os.makedirs(out_dir, exist_ok=True)
+    tensors = hf.tensor_map(cfg, rope_interleave=hf.exports_interleaved_rope(cfg))
+    _write_tensors(out_dir, tensors, restored.state['params'], max_shard_bytes)
     with open(os.path.join(out_dir, 'config.json'), 'w') as f:
         json.dump(hf_config, f, indent=2)
     if tokenizer is not None:
-        tokenizer.tok.save(os.path.join(out_dir, 'tokenizer.json'))
-        for name in TOKENIZER_FILES[1:]:
-            if tok_dir and os.path.isfile(os.path.join(tok_dir, name)):
-                shutil.copyfile(os.path.join(tok_dir, name), os.path.join(out_dir, name))
-        if not os.path.isfile(os.path.join(out_dir, 'tokenizer_config.json')):
-            with open(os.path.join(out_dir, 'tokenizer_config.json'), 'w') as f:
-                json.dump(
-                    {
-                        'tokenizer_class': 'PreTrainedTokenizerFast',
-                        'eos_token': tokenizer.tok.id_to_token(tokenizer.eos_id),
-                        'model_max_length': max_len,
-                    },
-                    f,
-                    indent=2,
-                )
+        _write_tokenizer(out_dir, tokenizer, tok_dir, max_len)
     logging.info('exported %s step %d to %s', workdir, restored.step, out_dir)
     return out_dir

@@ -43,8 +43,8 @@ _probe = nnx.jit(analysis.attention_inputs)  # one compilation per model shape a
 KEYS = {
     'target': 'config.uptrain.target',
     'num_kv_heads': 'config.model.num_kv_heads',
-    'kv_lora_rank': 'config.model.kv_lora_rank',
-    'qk_rope_head_dim': 'config.model.qk_rope_head_dim',
+    'kv_lora_rank': 'config.model.mla.kv_lora_rank',
+    'qk_rope_head_dim': 'config.model.mla.qk_rope_head_dim',
     'method': 'config.uptrain.method',
     'grouping': 'config.uptrain.grouping',
     'calibration_tokens': 'config.uptrain.calibration_tokens',
@@ -271,10 +271,11 @@ def format_groups(groups: list) -> str:
 
 
 def latent_conversion(
-    params: dict, src: ModelConfig, options: ConversionOptions, inputs: list
+    params: dict, src: ModelConfig, options: ConversionOptions, inputs: list, latent_norm_eps: float
 ) -> tuple[dict, dict, str]:
     """(parameters, `config.model` settings, kept RoPE pairs as 'j,j,...') of the MLA model
-    converted from `params` (lm/convert/mla.py): the RoPE stride chosen on all layers."""
+    converted from `params` (lm/convert/mla.py): the RoPE stride chosen on all layers.
+    `latent_norm_eps`: the converted config's `config.model.mla.latent_norm_eps` (0 = norm_eps)."""
     C, P, D = options.kv_lora_rank, options.qk_rope_head_dim, src.head_dim
     blocks = list(params['blocks'].values())
     contribution = sum(
@@ -282,21 +283,25 @@ def latent_conversion(
         for block, x_ME in zip(blocks, inputs, strict=True)
     )
     stride = mla.choose_stride(contribution, P)
-    eps = src.latent_norm_eps or src.norm_eps
+    eps = latent_norm_eps or src.norm_eps
     out = dict(params)
     out['blocks'] = {
         layer: {**block, 'attn': mla.mla_layer(block['attn'], x, C, P, stride, eps)}
         for (layer, block), x in zip(params['blocks'].items(), inputs, strict=True)
     }
-    settings = {
-        'attention': options.target,
-        'num_kv_heads': 0,
+    section = {
         'kv_lora_rank': C,
         'q_lora_rank': 0,
         'qk_nope_head_dim': D - P,
         'qk_rope_head_dim': P,
         'v_head_dim': D,
+    }
+    settings = {
+        'attention': options.target,
+        'num_kv_heads': 0,
+        attention.VARIANTS[options.target].config_section: section,
         'rope_theta': float(src.rope_theta ** (stride * P / D)),
     }
     pairs = mla.kept_dims(D, P, stride)[0][: P // 2]
     return out, settings, ','.join(map(str, pairs))
+

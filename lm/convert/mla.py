@@ -1,6 +1,6 @@
 """MHA / GQA → multi-head latent attention (MHA2MLA, arXiv 2502.14837), as pure functions over
 one layer's attention parameters, mapped onto lm's MLA layout (`MultiHeadLatentAttention` in
-lm/model/mla.py, DeepSeek's names, q_lora_rank = 0):
+lm/model/mla.py, DeepSeek's names, `config.model.mla.q_lora_rank` = 0):
 
   q_proj [E, H, N + P]           per head [q_nope; q_rope]     ← source W_Q columns
   kv_a_proj_with_mqa [E, C + P]  [W_DKV, W_KR]                 ← joint SVD factor; mean RoPE key
@@ -8,7 +8,8 @@ lm/model/mla.py, DeepSeek's names, q_lora_rank = 0):
   kv_b_proj [C, H, N + D]        per head [W_UK; W_UV]         ← joint SVD factor
   o_proj [H, D, E]               unchanged (v_head_dim = D)
 
-with P = qk_rope_head_dim, N = qk_nope_head_dim = D − P and C = kv_lora_rank. Steps:
+with P = qk_rope_head_dim, N = qk_nope_head_dim = D − P and C = kv_lora_rank (the converted
+run's `config.model.mla` section). Steps:
 
 1. Partial RoPE. lm's MLA has one RoPE key per token shared by every head, rotated by its own
    frequency ladder θ'^(−2i/P), i < P/2. So the kept frequency pairs are the same for all heads

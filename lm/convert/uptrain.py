@@ -299,7 +299,9 @@ def _converted_params(source, options: ConversionOptions):
         inputs = conversion.calibration_inputs(model, tokens, seq_len, num_tokens)
         record['calibration_tokens'] = num_tokens
     if options.latent:
-        params, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs)
+        target = attention.VARIANTS[options.target].read_section(source.config.model)
+        eps = target.latent_norm_eps  # the converted run's: the source config's section
+        params, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs, eps)
         return params, (None, None), settings, {**record, 'rope_pairs': pairs}
     g, method = options.num_kv_heads, options.method
     if options.grouping == 'similarity':

@@ -30,7 +30,7 @@ SHORT = {
     'model.num_layers': 'l',
     'model.d_model': 'd',
     'model.head_dim': 'hd',
-    'model.kv_lora_rank': 'dc',
+    'model.mla.kv_lora_rank': 'dc',
     'train.lr': 'lr',
     'train.batch_size': 'b',
     'data.seq_len': 't',

@@ -1,4 +1,5 @@
 """The model wing: the model config schema (`config`), layers, the attention-variant contract
-(`variant`), one file per variant (`attention` holds GQA and the factory, `mla`), the decoder
-(`transformer`) and the accounting of parameters, KV-cache bytes and FLOPs. Imports no other wing.
+(`variant`), one file per variant (`attention` holds GQA and the factory, `mla`), the variants'
+Hugging Face mappings as data (`hf_mapping`), the decoder (`transformer`) and the accounting of
+parameters, KV-cache bytes and FLOPs. Imports no other wing.
 """

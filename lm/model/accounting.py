@@ -1,7 +1,8 @@
 """Parameter counts, KV-cache sizes and FLOPs per token for a model config (no arrays built).
 
 KV cache per token: L · elements per layer, which is 2·h·d_h (MHA), 2·g·d_h (GQA), 2·d_h (MQA)
-and d_c + d_h^R (MLA); each variant states its own in `lm/model/attention.py`.
+and d_c + d_h^R (MLA); each variant states its own (`kv_cache_elements`, `score_dims`), reading
+its own config section (MLA's ranks: `cfg.section`).
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str = 'bfloat16') -> int:
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     """Training FLOPs per token, PaLM App. B: 6N + 12·L·H·Q·T.
 
-    N counts the weights used in matmuls (the input embedding is a lookup, unless tied to the
-    output head). The attention term is written 6·L·H·(Q_qk + Q_v)·T so MLA's unequal q·k and
-    value widths count correctly; it equals 12·L·H·Q·T when they are equal.
+    N counts every parameter but the input embedding (a lookup, unless tied to the output
+    head): the matmul weights, and the RMSNorm scales at 2 forward FLOPs each, though they
+    multiply elementwise. The attention term is written 6·L·H·(Q_qk + Q_v)·T so MLA's unequal
+    q·k and value widths count correctly; it equals 12·L·H·Q·T when they are equal.
     """
     counts = param_counts(cfg)
     n = counts['total'] - (0 if cfg.tie_embeddings else counts['embedding'])

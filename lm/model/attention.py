@@ -21,9 +21,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from flax import nnx
 
 from lm.model.config import ModelConfig
+from lm.model.hf_mapping import LLAMA
 from lm.model.layers import Dense, fused_dense, residual_scale, rope
 from lm.model.mla import MultiHeadLatentAttention
 from lm.model.variant import (
@@ -33,7 +35,9 @@ from lm.model.variant import (
     causal_mask,
     document_mask,
     grouped_attention,
+    inactive_sections,
     register,
+    sections,
     unregister,
     write_cache,
 )
@@ -48,10 +52,11 @@ __all__ = [
     'causal_mask',
     'document_mask',
     'grouped_attention',
+    'inactive_sections',
     'make_attention',
     'parse_variant',
     'register',
-    'resolve',
+    'sections',
     'unregister',
     'variant',
     'write_cache',
@@ -204,9 +209,11 @@ class GroupedQueryAttention(AttentionVariant):
         )
         return self.o_proj(out_BTHD), cache
 
+    hf_mappings = (LLAMA,)
 
-def variant(cfg: ModelConfig) -> type[AttentionVariant]:
-    """The attention class named by `cfg.attention`."""
+
+def variant(cfg: ModelConfig | ml_collections.ConfigDict) -> type[AttentionVariant]:
+    """The attention class named by `cfg.attention` (a ModelConfig or `config.model`)."""
     if cfg.attention not in VARIANTS:
         raise ValueError(
             f'config.model.attention must be one of {sorted(VARIANTS)}, got {cfg.attention!r}'
@@ -230,11 +237,6 @@ def baseline() -> dict[str, Any]:
     """`config.model` settings of multi-head attention, the baseline that KV sharing is
     compared against (equal-parameter sweeps match every point to it)."""
     return parse_variant('mha')
-
-
-def resolve(cfg: ModelConfig) -> ModelConfig:
-    """Checks the variant's knobs and fills in the derived ones (num_kv_heads, head_dim)."""
-    return variant(cfg).resolve(cfg)
 
 
 def make_attention(cfg: ModelConfig, *, rngs: nnx.Rngs) -> AttentionVariant:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
+from typing import Any
 
 import jax.numpy as jnp
 import ml_collections
@@ -18,9 +20,11 @@ class ModelConfig:
     """Every model knob; see configs/base.py for what each one means.
 
     Built by `lm.model.transformer.model_config`, the one resolver: `num_kv_heads`, `head_dim`,
-    `mlp_dim`
-    and `vocab_size` then hold the values the model uses, never the 0 = "derive it" of the config
-    file (MLA's `num_kv_heads` is 0: its cache holds no K/V heads).
+    `mlp_dim` and `vocab_size` then hold the values the model uses, never the 0 = "derive it" of
+    the config file (MLA's `num_kv_heads` is 0: its cache holds no K/V heads). `section` is the
+    active variant's own `config.model.<name>` section as its frozen dataclass
+    (`AttentionVariant.config_class`; MLA's ranks), None for a variant without one; the
+    sections of the other variants are not carried.
     """
 
     vocab_size: int
@@ -45,25 +49,27 @@ class ModelConfig:
     init_std: float
     param_dtype: str
     dtype: str
-    kv_lora_rank: int
-    q_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    latent_norm_eps: float
+    section: Any = None
 
     @classmethod
-    def from_config(cls, model: ml_collections.ConfigDict) -> ModelConfig:
-        """Builds the config from `config.model`, checking the knobs shared by every variant."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        given = set(model.keys())
+    def from_config(
+        cls,
+        model: ml_collections.ConfigDict,
+        section: Any = None,
+        sections: Collection[str] = (),
+    ) -> ModelConfig:
+        """Builds the config from `config.model`, checking the knobs shared by every variant.
+        `sections`: the names of the variants' own sections in `config.model` (not fields here);
+        `section`: the active variant's, already read by it."""
+        fields = {f.name for f in dataclasses.fields(cls)} - {'section'}
+        given = set(model.keys()) - set(sections)
         if unknown := sorted(given - fields):
             raise ValueError(
                 f'config.model has unknown key(s) {unknown}; known keys: {sorted(fields)}'
             )
         if missing := sorted(fields - given):
             raise ValueError(f'config.model is missing key(s) {missing}')
-        cfg = cls(**{k: model[k] for k in fields})
+        cfg = cls(**{k: model[k] for k in fields}, section=section)
         cfg.check_shared()
         mlp_dim = cfg.mlp_dim or _round_up(8 * cfg.d_model // 3, 64)
         return dataclasses.replace(cfg, mlp_dim=mlp_dim)
@@ -94,11 +100,6 @@ class ModelConfig:
             )
         if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
             raise ValueError('config.model.rope_theta, norm_eps and init_std must all be > 0')
-        if self.latent_norm_eps < 0:
-            raise ValueError(
-                f'config.model.latent_norm_eps must be >= 0 (0 = norm_eps), '
-                f'got {self.latent_norm_eps}'
-            )
         if self.rope_scaling not in ROPE_SCALINGS:
             raise ValueError(
                 f'config.model.rope_scaling must be one of {ROPE_SCALINGS}, '

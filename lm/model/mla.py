@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lm.model.config import ModelConfig
+from lm.model.hf_mapping import DEEPSEEK_V3
 from lm.model.layers import Dense, RMSNorm, residual_scale, rope
 from lm.model.variant import (
     AttentionVariant,
@@ -20,6 +21,18 @@ from lm.model.variant import (
     register,
     write_cache,
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class MLAConfig:
+    """MLA's own section, `config.model.mla` (each key's meaning: configs/base.py)."""
+
+    kv_lora_rank: int  # C, the rank of the KV latent c_KV
+    q_lora_rank: int  # rank of the query latent c_Q; 0 = queries straight from h
+    qk_nope_head_dim: int  # N, per-head query/key width without RoPE
+    qk_rope_head_dim: int  # P, the decoupled RoPE width (one RoPE key shared by the heads)
+    v_head_dim: int  # U, per-head value width
+    latent_norm_eps: float  # eps of the latent RMSNorms; 0 = config.model.norm_eps
 
 
 @register
@@ -39,18 +52,26 @@ class MultiHeadLatentAttention(AttentionVariant):
 
     @staticmethod
     def resolve(cfg: ModelConfig) -> ModelConfig:
+        mla = cfg.section
         for name in ('kv_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim'):
-            if getattr(cfg, name) <= 0:
+            if getattr(mla, name) <= 0:
                 raise ValueError(
-                    f"config.model.{name} must be > 0 for attention='mla', got {getattr(cfg, name)}"
+                    f"config.model.mla.{name} must be > 0 for attention='mla', "
+                    f'got {getattr(mla, name)}'
                 )
-        if cfg.q_lora_rank < 0:
+        if mla.q_lora_rank < 0:
             raise ValueError(
-                f'config.model.q_lora_rank must be >= 0 (0 = direct queries), got {cfg.q_lora_rank}'
+                'config.model.mla.q_lora_rank must be >= 0 (0 = direct queries), '
+                f'got {mla.q_lora_rank}'
             )
-        if cfg.qk_rope_head_dim % 2:
+        if mla.qk_rope_head_dim % 2:
             raise ValueError(
-                f'config.model.qk_rope_head_dim={cfg.qk_rope_head_dim} must be even for RoPE'
+                f'config.model.mla.qk_rope_head_dim={mla.qk_rope_head_dim} must be even for RoPE'
+            )
+        if mla.latent_norm_eps < 0:
+            raise ValueError(
+                'config.model.mla.latent_norm_eps must be >= 0 (0 = norm_eps), '
+                f'got {mla.latent_norm_eps}'
             )
         if cfg.num_kv_heads not in (0, cfg.num_heads):
             raise ValueError(
@@ -62,23 +83,24 @@ class MultiHeadLatentAttention(AttentionVariant):
     @staticmethod
     def kv_cache_elements(cfg: ModelConfig) -> int:
         """Cached elements per token per layer: the latent and the shared RoPE key, d_c + d_h^R."""
-        return cfg.kv_lora_rank + cfg.qk_rope_head_dim
+        return cfg.section.kv_lora_rank + cfg.section.qk_rope_head_dim
 
     @staticmethod
     def kv_heads(cfg: ModelConfig) -> str:
-        return f'latent {cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}'
+        return f'latent {cfg.section.kv_lora_rank}+{cfg.section.qk_rope_head_dim}'
 
     @staticmethod
     def score_dims(cfg: ModelConfig) -> tuple[int, int]:
-        return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
+        return cfg.section.qk_nope_head_dim + cfg.section.qk_rope_head_dim, cfg.section.v_head_dim
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        E, H, C = cfg.d_model, cfg.num_heads, cfg.kv_lora_rank
-        Dn, Dr, Dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-        if cfg.q_lora_rank:
-            Cq = cfg.q_lora_rank
+        mla = cfg.section
+        E, H, C = cfg.d_model, cfg.num_heads, mla.kv_lora_rank
+        Dn, Dr, Dv = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+        if mla.q_lora_rank:
+            Cq = mla.q_lora_rank
             self.q_a_proj = Dense((E,), (Cq,), ('embed', 'q_lora'), cfg, rngs=rngs)
-            self.q_a_layernorm = RMSNorm(Cq, cfg, cfg.latent_norm_eps)
+            self.q_a_layernorm = RMSNorm(Cq, cfg, mla.latent_norm_eps)
             self.q_b_proj = Dense(
                 (Cq,), (H, Dn + Dr), ('q_lora', 'heads', 'head_dim'), cfg, rngs=rngs
             )
@@ -86,7 +108,7 @@ class MultiHeadLatentAttention(AttentionVariant):
             self.q_proj = Dense((E,), (H, Dn + Dr), ('embed', 'heads', 'head_dim'), cfg, rngs=rngs)
         # W_DKV and W_KR in one matrix, as DeepSeek stores them: [E, C + Dr].
         self.kv_a_proj_with_mqa = Dense((E,), (C + Dr,), ('embed', 'kv_lora'), cfg, rngs=rngs)
-        self.kv_a_layernorm = RMSNorm(C, cfg, cfg.latent_norm_eps)
+        self.kv_a_layernorm = RMSNorm(C, cfg, mla.latent_norm_eps)
         # W_UK and W_UV in one matrix: [C, H, Dn + Dv].
         self.kv_b_proj = Dense((C,), (H, Dn + Dv), ('kv_lora', 'heads', 'head_dim'), cfg, rngs=rngs)
         self.o_proj = Dense(
@@ -102,32 +124,34 @@ class MultiHeadLatentAttention(AttentionVariant):
     def queries(self, x_BTE: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(q_C [B, T, H, Dn], RoPE'd q_R [B, T, H, Dr])."""
         cfg = self.cfg
-        if cfg.q_lora_rank:
+        if cfg.section.q_lora_rank:
             q_BTHD = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BTE)))
         else:
             q_BTHD = self.q_proj(x_BTE)
-        q_nope, q_pe = jnp.split(q_BTHD, [cfg.qk_nope_head_dim], axis=-1)
+        q_nope, q_pe = jnp.split(q_BTHD, [cfg.section.qk_nope_head_dim], axis=-1)
         return q_nope, rope(q_pe, positions_BT, cfg.rope_theta, cfg)
 
     def latents(self, x_BTE: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
         """What a KV cache holds: (c_KV [B, T, C], RoPE'd shared key k_R [B, T, Dr])."""
         cfg = self.cfg
-        c_BTC, k_pe_BTP = jnp.split(self.kv_a_proj_with_mqa(x_BTE), [cfg.kv_lora_rank], axis=-1)
+        c_BTC, k_pe_BTP = jnp.split(
+            self.kv_a_proj_with_mqa(x_BTE), [cfg.section.kv_lora_rank], axis=-1
+        )
         return self.kv_a_layernorm(c_BTC), rope(k_pe_BTP, positions_BT, cfg.rope_theta, cfg)
 
     @staticmethod
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> dict[str, jax.Array]:
         """Per-layer decoding cache: the latent c_KV [B, S, C] and shared RoPE key [B, S, Dr]."""
         return {
-            'c': jnp.zeros((batch, length, cfg.kv_lora_rank), dtype),
-            'k_pe': jnp.zeros((batch, length, cfg.qk_rope_head_dim), dtype),
+            'c': jnp.zeros((batch, length, cfg.section.kv_lora_rank), dtype),
+            'k_pe': jnp.zeros((batch, length, cfg.section.qk_rope_head_dim), dtype),
         }
 
     def _expanded(self, q_nope, q_pe, c_BSC, k_pe_BSP, mask) -> jax.Array:
         """Attention with per-head K and V materialised from the latent (training, prefill)."""
         cfg = self.cfg
         H = cfg.num_heads
-        k_nope, v_BSHU = jnp.split(self.kv_b_proj(c_BSC), [cfg.qk_nope_head_dim], axis=-1)
+        k_nope, v_BSHU = jnp.split(self.kv_b_proj(c_BSC), [cfg.section.qk_nope_head_dim], axis=-1)
         # [k_C; k_R] with the one RoPE key broadcast to every head.
         k_pe_BSHP = jnp.broadcast_to(
             k_pe_BSP[:, :, None], k_pe_BSP.shape[:2] + (H,) + k_pe_BSP.shape[2:]
@@ -145,7 +169,7 @@ class MultiHeadLatentAttention(AttentionVariant):
         cfg = self.cfg
         dtype = q_nope.dtype
         w_uk_CHN, w_uv_CHU = jnp.split(
-            self.kv_b_proj.kernel[...].astype(dtype), [cfg.qk_nope_head_dim], axis=-1
+            self.kv_b_proj.kernel[...].astype(dtype), [cfg.section.qk_nope_head_dim], axis=-1
         )
         q_lat_BTHC = jnp.einsum('BTHN,CHN->BTHC', q_nope, w_uk_CHN)  # W_UKᵀ q_C per head
         # score = <W_UKᵀ q_C, c_KV> + <q_R, k_R>
@@ -172,7 +196,7 @@ class MultiHeadLatentAttention(AttentionVariant):
         cfg = self.cfg
         q_nope, q_pe = self.queries(x_BTE, positions_BT)
         c_BSC, k_pe_BSR = self.latents(x_BTE, positions_BT)
-        k_nope = jnp.split(self.kv_b_proj(c_BSC), [cfg.qk_nope_head_dim], axis=-1)[0]
+        k_nope = jnp.split(self.kv_b_proj(c_BSC), [cfg.section.qk_nope_head_dim], axis=-1)[0]
         k_pe_BSHR = jnp.broadcast_to(k_pe_BSR[:, :, None], k_nope.shape[:3] + k_pe_BSR.shape[2:])
         q_BTHK = jnp.concatenate([q_nope, q_pe], axis=-1)
         k_BSHK = jnp.concatenate([k_nope, k_pe_BSHR.astype(k_nope.dtype)], axis=-1)
@@ -187,7 +211,7 @@ class MultiHeadLatentAttention(AttentionVariant):
 
     @property
     def scale(self) -> float:
-        return (self.cfg.qk_nope_head_dim + self.cfg.qk_rope_head_dim) ** -0.5
+        return (self.cfg.section.qk_nope_head_dim + self.cfg.section.qk_rope_head_dim) ** -0.5
 
     def __call__(
         self, x_BTE: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array | None = None
@@ -217,3 +241,7 @@ class MultiHeadLatentAttention(AttentionVariant):
         mask = cache_mask(kv_valid_BS, slot, x_BTE.shape[1])
         attend = self._absorbed if absorb else self._expanded
         return attend(q_nope, q_pe, cache['c'], cache['k_pe'], mask), cache
+
+    config_section = 'mla'
+    config_class = MLAConfig
+    hf_mappings = (DEEPSEEK_V3,)

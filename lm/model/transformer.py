@@ -61,8 +61,11 @@ def model_config(
 
 def check_model_config(model: ml_collections.ConfigDict) -> ModelConfig:
     """`model_config` before the tokenizer is known: every check but the vocabulary's (so a bad
-    setting fails before any data is read). vocab_size stays as given (0 = not yet known)."""
-    return attention.resolve(ModelConfig.from_config(model))
+    setting fails before any data is read). vocab_size stays as given (0 = not yet known).
+    The active variant reads its own section of `config.model` and checks it (`resolve`)."""
+    cls = attention.variant(model)
+    cfg = ModelConfig.from_config(model, cls.read_section(model), attention.sections())
+    return cls.resolve(cfg)
 
 
 class Block(nnx.Module):

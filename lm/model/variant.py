@@ -7,6 +7,8 @@ lm/model/transformer.py.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import jax
@@ -14,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lm.model.config import ModelConfig
+from lm.model.hf_mapping import HFMapping
 
 
 def causal_mask(T: int, S: int | None = None) -> jax.Array:
@@ -162,6 +165,29 @@ class AttentionVariant(nnx.Module):
         may ignore (MLA: weight absorption)."""
         raise NotImplementedError
 
+    # What the variant owns besides its computation: its config section and its HF mapping.
+    config_section: ClassVar[str] = ''  # its own `config.model.<config_section>` ('' = none)
+    config_class: ClassVar[type | None] = None  # frozen dataclass of that section's keys
+    hf_mappings: ClassVar[tuple[HFMapping, ...]] = ()  # HF architectures (export: the first)
+
+    @classmethod
+    def read_section(cls, model: Mapping) -> Any:
+        """`config.model.<config_section>` as a `config_class` (None for a variant without a
+        section); one-line ValueError for a missing section or unknown or missing keys. Its
+        values are checked by `resolve`."""
+        if cls.config_class is None:
+            return None
+        where = f'config.model.{cls.config_section}'
+        if cls.config_section not in model:
+            raise ValueError(f'{where} is missing (attention={model["attention"]!r} reads it)')
+        section = model[cls.config_section]
+        fields = {f.name for f in dataclasses.fields(cls.config_class)}
+        if unknown := sorted(set(section.keys()) - fields):
+            raise ValueError(f'{where} has unknown key(s) {unknown}; known keys: {sorted(fields)}')
+        if missing := sorted(fields - set(section.keys())):
+            raise ValueError(f'{where} is missing key(s) {missing}')
+        return cls.config_class(**{k: section[k] for k in fields})
+
 
 VARIANTS: dict[str, type[AttentionVariant]] = {}  # config.model.attention -> class
 
@@ -180,3 +206,14 @@ def unregister(cls: type[AttentionVariant]) -> None:
     for name in cls.names:
         if VARIANTS.get(name) is cls:
             del VARIANTS[name]
+
+
+def sections() -> set[str]:
+    """The names of the registered variants' own `config.model` sections."""
+    return {cls.config_section for cls in VARIANTS.values() if cls.config_section}
+
+
+def inactive_sections(attention: str) -> list[str]:
+    """The `config.model` sections that `attention` does not read (other variants' own)."""
+    active = VARIANTS[attention].config_section if attention in VARIANTS else ''
+    return sorted(sections() - {active})

@@ -135,7 +135,7 @@ def log_model(exp: Experiment, tb: Summary) -> None:
     c, cfg = exp.config, exp.model_cfg
     counts = accounting.param_counts(cfg)
     peak_total, peak_source = perf.peak_flops(c.train.peak_flops)
-    tb.text('config', '```\n' + c.to_json(indent=2) + '\n```')
+    tb.text('config', '```\n' + shown_config(c).to_json(indent=2) + '\n```')
     tb.hparams(hparams(c, cfg, counts['total']))
     logging.info(
         'model: %s params (%s), %.3g FLOPs/token; peak %.3g FLOP/s on %d devices (%s)',
@@ -146,6 +146,16 @@ def log_model(exp: Experiment, tb: Summary) -> None:
         jax.device_count(),
         peak_source,
     )
+
+
+def shown_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`c` as TensorBoard shows it: without the `config.model` sections of variants other than
+    the active one (an MHA run shows no MLA key)."""
+    shown = ml_collections.ConfigDict(c.to_dict())
+    for name in attention.inactive_sections(c.model.attention):
+        if name in shown.model:
+            del shown.model[name]
+    return shown
 
 
 def write_results(
@@ -172,7 +182,8 @@ def write_results(
 def hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) -> dict:
     """Flat scalar hyper-parameters for TensorBoard's HParams tab: first what runs are compared
     by (attention, heads, what the KV cache holds and its size, parameters, seed, uptraining
-    origin), then every model, train and data setting. Integers stay Python ints."""
+    origin), then every model setting (the active variant's section only), train and data
+    setting. Integers stay Python ints."""
     values = {
         'attention': cfg.attention,
         'num_heads': int(cfg.num_heads),
@@ -186,7 +197,11 @@ def hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) -> 
         'uptrain.optimizer_state': c.uptrain.optimizer_state if c.uptrain.method else 'none',
         'uptrain.grouping': c.uptrain.grouping if c.uptrain.method else 'none',
     }
-    values.update({f'model.{k}': v for k, v in dataclasses.asdict(cfg).items()})
+    model = dataclasses.asdict(cfg)
+    section = model.pop('section') or {}
+    values.update({f'model.{k}': v for k, v in model.items()})
+    name = attention.variant(cfg).config_section
+    values.update({f'model.{name}.{k}': v for k, v in section.items()})
     values.update({f'train.{k}': v for k, v in c.train.items()})
     values.update(
         {
