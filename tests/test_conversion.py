@@ -303,10 +303,10 @@ MLA = dict(target='mla', kv_lora_rank=8, qk_rope_head_dim=4, optimizer_state='fr
             dict(MLA, num_kv_heads=2),
             r'^config.model.num_kv_heads does not apply to config.uptrain.target=mla',
         ),
-        (dict(MLA, kv_lora_rank=0), r'^config.model.kv_lora_rank must be >= 1 .*got 0$'),
+        (dict(MLA, kv_lora_rank=0), r'^config.model.mla.kv_lora_rank must be >= 1 .*got 0$'),
         (
             dict(MLA, qk_rope_head_dim=3),
-            r'^config.model.qk_rope_head_dim must be an even number >= 2 .*got 3$',
+            r'^config.model.mla.qk_rope_head_dim must be an even number >= 2 .*got 3$',
         ),
         (
             dict(MLA, optimizer_state='convert'),
@@ -318,7 +318,7 @@ MLA = dict(target='mla', kv_lora_rank=8, qk_rope_head_dim=4, optimizer_state='fr
         ),
         (
             dict(num_kv_heads=2, kv_lora_rank=8),
-            r'^config.model.kv_lora_rank and config.model.qk_rope_head_dim apply only to a '
+            r'^config.model.mla.kv_lora_rank and config.model.mla.qk_rope_head_dim apply only to a '
             r'config.uptrain.target with a KV latent$',
         ),
         (dict(num_kv_heads=0), r'^config.model.num_kv_heads must be >= 1, got 0$'),
@@ -351,13 +351,13 @@ def test_options_default_method_is_the_targets():
             dict(attention='gqa', num_kv_heads=1),
             13,
             4,
-            r'^config.model.kv_lora_rank=13 is larger than .* = 12$',
+            r'^config.model.mla.kv_lora_rank=13 is larger than .* = 12$',
         ),
         (
             dict(attention='mha', num_heads=8),
             4,
             4,
-            r"^config.model.qk_rope_head_dim=4 must be smaller than the source's head_dim=4",
+            r"^config.model.mla.qk_rope_head_dim=4 must be smaller than the source's head_dim=4",
         ),
         (dict(attention='mha', qkv_bias=True), 8, 4, r'qkv_bias / o_bias'),
         (dict(attention='mha', rope_scaling='llama3'), 8, 4, r"rope_scaling='llama3'"),
