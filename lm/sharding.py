@@ -51,6 +51,20 @@ def set_cpu_devices(mesh_config: ml_collections.ConfigDict) -> None:
             ) from None
 
 
+def check_cpu_devices(mesh_config: ml_collections.ConfigDict) -> None:
+    """`config.mesh.cpu_devices` must be >= 0 and, when set, already applied by
+    `set_cpu_devices` (which `lm.cli.bootstrap` calls before JAX starts)."""
+    n = mesh_config.cpu_devices
+    if n < 0:
+        raise ValueError(f'config.mesh.cpu_devices must be >= 0, got {n}')
+    if n and jax.config.jax_num_cpu_devices != n:
+        raise ValueError(
+            f'config.mesh.cpu_devices={n} is not applied (JAX has '
+            f'jax_num_cpu_devices={jax.config.jax_num_cpu_devices}): call '
+            'lm.sharding.set_cpu_devices (lm.cli.bootstrap does) before JAX starts'
+        )
+
+
 def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, ...]:
     """Axis sizes for ('data', 'fsdp', 'tensor'), with one -1 filled by the remaining devices."""
     sizes = [mesh_config[a] for a in MESH_AXES]
@@ -97,7 +111,6 @@ def make_mesh(mesh_config: ml_collections.ConfigDict, devices: list | None = Non
     """The ('data', 'fsdp', 'tensor') mesh over all (or the given) devices."""
     devices = jax.devices() if devices is None else devices
     shape = mesh_shape(mesh_config, len(devices))
-    rules_table(mesh_config)
     return jax.make_mesh(
         shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
     )

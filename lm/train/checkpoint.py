@@ -191,16 +191,25 @@ class Checkpointer:
         self.manager.reload()
 
 
+def saved_steps(workdir: str) -> list[int]:
+    """The steps of `workdir`'s checkpoints, read without starting a JAX backend."""
+    directory = epath.Path(os.path.abspath(os.path.join(workdir, 'checkpoints')))
+    if not directory.exists():
+        return []
+    return sorted(ocp.path.step.checkpoint_steps(directory))
+
+
+def read_step_meta(workdir: str, step: int) -> dict:
+    """The JSON side-car of `workdir`'s checkpoint `step`, read without starting a JAX backend."""
+    directory = epath.Path(os.path.abspath(os.path.join(workdir, 'checkpoints')))
+    return ocp.JsonCheckpointHandler().restore(directory / str(step) / 'meta')
+
+
 def read_latest_meta(workdir: str) -> dict | None:
     """The JSON side-car of `workdir`'s newest checkpoint, or None, read without starting a JAX
     backend (so device settings from the saved config can still be applied)."""
-    directory = epath.Path(os.path.abspath(os.path.join(workdir, 'checkpoints')))
-    if not directory.exists():
-        return None
-    steps = sorted(ocp.path.step.checkpoint_steps(directory))
-    if not steps:
-        return None
-    return ocp.JsonCheckpointHandler().restore(directory / str(steps[-1]) / 'meta')
+    steps = saved_steps(workdir)
+    return read_step_meta(workdir, steps[-1]) if steps else None
 
 
 def param_shapes(abstract_params: dict) -> dict[str, list[int]]:

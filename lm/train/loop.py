@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import threading
@@ -15,21 +14,13 @@ import numpy as np
 from absl import logging
 
 from lm.data.windows import call_batch
-from lm.sharding import set_cpu_devices
-from lm.train.checkpoint import Checkpointer, read_latest_meta
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.loss_spike import LossSpikeGuard
-from lm.train.run import Experiment, check_config, checkpoint_meta, prepare, restore
+from lm.train.run import Run, assemble, checkpoint_meta
 from lm.train.run_log import Meter, log_model, write_results
-from lm.train.step import (
-    call_sharding,
-    device_call_batch,
-    init_state,
-    make_eval_step,
-    make_train_step,
-)
+from lm.train.step import call_sharding, device_call_batch, make_eval_step, make_train_step
 from lm.train.summary import Summary, run_logdir
-from lm.train.workdir import RunError, WorkdirLock, check_config_change
+from lm.train.workdir import RunError
 
 
 def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...]):
@@ -44,12 +35,12 @@ def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...
         step += n
 
 
-def _prefetch(exp: Experiment, start: int, sizes: list[int], depth: int = 2):
+def _prefetch(run: Run, start: int, sizes: list[int], depth: int = 2):
     """Yields this process's numpy batch of each call (`lm.data.corpus.call_batch`) from a
     background
     thread; an exception there is raised here, as a RunError naming the step."""
     q: queue.Queue = queue.Queue(maxsize=depth)
-    c = exp.config
+    c = run.config
 
     def produce():
         step = start
@@ -57,7 +48,7 @@ def _prefetch(exp: Experiment, start: int, sizes: list[int], depth: int = 2):
             for n in sizes:
                 q.put(
                     call_batch(
-                        exp.corpus.tokens['train'],
+                        run.corpus.tokens['train'],
                         seed=c.seed,
                         step=step,
                         steps=n,
@@ -109,41 +100,30 @@ def train(
     """Trains (or resumes) the run in `workdir`, which it owns meanwhile (`WorkdirLock`); returns
     the last eval metrics and end state. A run that reaches `train.steps` writes
     `<workdir>/results.json` (`write_results`). Resuming under a config that differs from the
-    checkpoint's (`lm.train.workdir.config_changes`) needs `allow_config_change`."""
-    set_cpu_devices(config.mesh)  # before jax.process_index() starts a backend
-    config = check_config(config)  # a bad setting is refused even while the workdir is busy
-    with WorkdirLock(workdir, owner=jax.process_index() == 0):
-        exp = prepare(config)
-        _check_resume_config(exp, workdir, allow_config_change)
+    checkpoint's (`lm.train.workdir.config_changes`) needs `allow_config_change`. The process's
+    CPU devices must already be set (`lm.cli.bootstrap`)."""
+    run = assemble(
+        config, state='resume', workdir=workdir, data=True, allow_config_change=allow_config_change
+    )
+    with run:
         stop = _StopRequest()  # from here on, SIGTERM / SIGINT end the run at a step boundary
         try:
-            with jax.set_mesh(exp.ctx.mesh):
-                return _Run(exp, workdir, tb_dir, stop).train()
+            with jax.set_mesh(run.mesh):
+                return _Training(run, workdir, tb_dir, stop).train()
         finally:
             stop.restore()
-
-
-def _check_resume_config(exp: Experiment, workdir: str, allow: bool) -> None:
-    """Refuses (or, when allowed, logs) a resume under a changed config."""
-    try:
-        meta = read_latest_meta(workdir)
-    except Exception:  # noqa: BLE001 - an unreadable latest checkpoint: restore falls back
-        meta = None
-    where = f'the checkpoint in {os.path.join(workdir, "checkpoints")}'
-    if changes := check_config_change(meta and meta['config'], exp.config, where, allow):
-        logging.warning('resuming under a changed config: %s', '; '.join(changes))
 
 
 class _StepCache:
     """Compiled train steps by steps per call, each compiled ahead of time on first use (its
     compile time is logged and left out of the meter's window)."""
 
-    def __init__(self, exp: Experiment, meter: Meter):
-        self.exp, self.meter, self.fns = exp, meter, {}
+    def __init__(self, run: Run, meter: Meter):
+        self.run, self.meter, self.fns = run, meter, {}
 
     def __call__(self, n: int) -> Callable:
         if n not in self.fns:
-            c, ctx = self.exp.config, self.exp.ctx
+            c, ctx = self.run.config, self.run.ctx
             t = time.perf_counter()
             shape = (c.train.batch_size, c.data.seq_len + 1)
             batch = jax.ShapeDtypeStruct(
@@ -157,24 +137,22 @@ class _StepCache:
         return self.fns[n]
 
 
-class _Run:
-    """One training run: restore or init, then calls of the train step, with logging, eval and
+class _Training:
+    """One training run: from its assembled state, calls of the train step, with logging, eval and
     checkpoints at their intervals. Holds the state between the pieces."""
 
-    def __init__(self, exp: Experiment, workdir: str, tb_dir: str, stop: _StopRequest):
-        c = exp.config
-        self.exp, self.workdir, self.stop = exp, workdir, stop
-        os.makedirs(workdir, exist_ok=True)
-        self.ckpt = Checkpointer(workdir, c.keep_checkpoints, c.async_checkpointing)
+    def __init__(self, run: Run, workdir: str, tb_dir: str, stop: _StopRequest):
+        self.run, self.workdir, self.stop = run, workdir, stop
+        self.ckpt = run.checkpointer
         self.tb = Summary(run_logdir(workdir, tb_dir))
-        self.eval_fn = make_eval_step(exp.ctx)
+        self.eval_fn = make_eval_step(run.ctx)
 
     def train(self) -> dict:
-        c = self.exp.config
-        self.start, self.state = self._restore_or_init()
-        log_model(self.exp, self.tb)
+        c = self.run.config
+        self.start, self.state = self.run.step, self.run.state
+        log_model(self.run, self.tb)
         spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
-        self.meter = Meter(self.exp, self.tb, self.start, self.ckpt.steps, spikes)
+        self.meter = Meter(self.run, self.tb, self.start, self.ckpt.steps, spikes)
         first = self.start in (0, c.uptrain.source_step)  # a new run, or a converted one
         self.last_eval = self._evaluate(self.start) if first else {}
         self.meter.restart()  # the first window times steps only
@@ -183,8 +161,7 @@ class _Run:
             step = self._steps()
         finally:
             self.meter.bar.close()
-            self.ckpt.wait()
-            self.ckpt.close()
+            self.ckpt.wait()  # `Run.close` closes it
             self.tb.flush()
             self.tb.close()
         finished = step == c.train.steps and (step > self.start or first)
@@ -197,24 +174,14 @@ class _Run:
             'state': self.state,
         }
 
-    def _restore_or_init(self) -> tuple[int, dict]:
-        exp = self.exp
-        if not self.ckpt.steps():
-            return 0, init_state(exp.ctx, exp.model_cfg, exp.config.seed)
-        step, state, meta = restore(self.ckpt, exp.ctx)
-        if meta['data_fingerprint'] != exp.corpus.fingerprint:
-            logging.warning('resuming on different data than the checkpoint was trained on')
-        logging.info('resumed from %s at step %d', self.ckpt.directory, step)
-        return step, state
-
     def _steps(self) -> int:
         """Runs the calls from the start to `train.steps` (or a stop signal); returns the step."""
-        c, ctx = self.exp.config, self.exp.ctx
-        compiled = _StepCache(self.exp, self.meter)
+        c, ctx = self.run.config, self.run.ctx
+        compiled = _StepCache(self.run, self.meter)
         every = (c.log_every, c.eval_every, c.checkpoint_every)
         sizes = list(call_sizes(self.start, c.train.steps, c.train.steps_per_call, every))
         step = self.start
-        for batch in _prefetch(self.exp, self.start, sizes):
+        for batch in _prefetch(self.run, self.start, sizes):
             n = 1 if batch.ndim == 2 else batch.shape[0]
             self.state, metrics = compiled(n)(self.state, device_call_batch(ctx, batch))
             step += n
@@ -227,7 +194,7 @@ class _Run:
 
     def _boundary(self, step: int) -> bool:
         """Logs, checkpoints and evaluates when `step` is due; True when a signal ends the run."""
-        c = self.exp.config
+        c = self.run.config
         due = {
             name: step % every == 0 or step == c.train.steps
             for name, every in (
@@ -254,16 +221,16 @@ class _Run:
         return bool(self.stop.signum)
 
     def _evaluate(self, step: int) -> dict:
-        exp, c = self.exp, self.exp.config
+        run, c = self.run, self.run.config
         metrics = evaluate(
             self.eval_fn,
             self.state['params'],
-            exp.corpus,
+            run.corpus,
             'validation',
             batch_size=eval_batch_size(c),
             seq_len=c.data.seq_len,
             eval_tokens=c.eval_tokens,
-            batch_sharding=exp.ctx.batch_sharding,
+            batch_sharding=run.ctx.batch_sharding,
         )
         self.tb.scalars(step, {f'eval/{k}': v for k, v in metrics.items()})
         logging.info(
@@ -279,9 +246,9 @@ class _Run:
         return metrics
 
     def _save(self, step: int) -> None:
-        exp = self.exp
+        run = self.run
         meta = checkpoint_meta(
-            exp.config, exp.corpus.fingerprint, step, exp.ctx.abstract_state['params']
+            run.config, run.corpus.fingerprint, step, run.ctx.abstract_state['params']
         )
         # The curve up to a checkpoint survives a kill -9: flushed before the save starts, as
         # an asynchronous save may publish the checkpoint before this thread runs again.

@@ -1,6 +1,7 @@
-"""Runs as data: a validated config with its data and step context (`prepare`), checkpoint
-side-cars, and the one way a run's state is read back (`restore`; `restore_run` when the run's
-own saved config decides the model and mesh)."""
+"""Runs as data: `assemble` builds what a run needs once (checked config, mesh, sharding rules,
+model, step context, data, state) as a frozen `Run`, which training, evaluation, generation,
+export, analysis and uptraining all start from. Also the checkpoint side-car
+(`checkpoint_meta`) and the one way a state is read back (`restore`)."""
 
 from __future__ import annotations
 
@@ -18,23 +19,59 @@ from lm.config_migration import upgrade_config
 from lm.data.corpus import Corpus, check_corpus_size, check_data_config, load_corpus
 from lm.model.config import ModelConfig
 from lm.model.transformer import check_model_config, model_config
-from lm.sharding import data_parallel_size, make_mesh, rules_table, set_cpu_devices
-from lm.train.checkpoint import Checkpointer, check_same_shapes, param_shapes, read_latest_meta
+from lm.sharding import check_cpu_devices, data_parallel_size, make_mesh, rules_table
+from lm.train.checkpoint import (
+    Checkpointer,
+    check_same_shapes,
+    param_shapes,
+    read_latest_meta,
+    read_step_meta,
+    saved_steps,
+)
 from lm.train.evaluation import check_eval_config
 from lm.train.optimizer import check_train_config, lr_schedule, make_optimizer
-from lm.train.step import StepContext, make_step_context
-from lm.train.workdir import config_fingerprint
+from lm.train.step import StepContext, init_state, make_step_context
+from lm.train.workdir import WorkdirLock, check_config_change, config_fingerprint
+
+# What `assemble` gives a run as its state: nothing, a fresh one from config.seed, a workdir's
+# checkpoint, or (training) the workdir's latest checkpoint when it has one, else a fresh one.
+STATES = ('none', 'init', 'restore', 'resume')
 
 
-@dataclasses.dataclass
-class Experiment:
-    """A validated config with its data, model config, mesh and step context (nothing compiled).
-    `config.model.vocab_size` holds the resolved size (what checkpoints save)."""
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What a run needs, built once by `assemble` (nothing compiled). `config.model.vocab_size`
+    holds the resolved size (what checkpoints save)."""
 
     config: ml_collections.ConfigDict
     model_cfg: ModelConfig
-    corpus: Corpus
-    ctx: StepContext
+    rules: dict[str, tuple[str, ...]]  # config.mesh.rules as {logical axis: mesh axes}
+    ctx: StepContext  # on the run's mesh, with these rules
+    corpus: Corpus | None = None  # the tokenised data (assemble(data=True))
+    step: int | None = None  # the step of `state`
+    state: dict | None = None  # {'params', 'opt_state', 'step', 'rng'} in ctx's shardings
+    meta: dict | None = None  # the restored checkpoint's side-car
+    checkpointer: Checkpointer | None = None  # state='resume': the run's own, open for saving
+    lock: WorkdirLock | None = None  # state='resume': the workdir, owned until `close`
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.ctx.mesh
+
+    def close(self) -> None:
+        """Closes the checkpointer and releases the workdir (both only with state='resume')."""
+        try:
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def check_loop_config(config: ml_collections.ConfigDict) -> None:
@@ -51,19 +88,22 @@ def check_loop_config(config: ml_collections.ConfigDict) -> None:
 
 
 def step_context(
-    config: ml_collections.ConfigDict, cfg: ModelConfig, mesh: Mesh | None = None
+    config: ml_collections.ConfigDict,
+    cfg: ModelConfig,
+    mesh: Mesh,
+    rules: dict[str, tuple[str, ...]],
+    document_eos: int | None = None,
 ) -> StepContext:
-    """The step context of `config` for the model `cfg`, on `mesh` (default: from config.mesh).
+    """The step context of `config`'s training for the model `cfg` on `mesh` under `rules`.
     The learning-rate schedule is built here once; the optimizer and the logged 'lr' share it."""
-    mesh = make_mesh(config.mesh) if mesh is None else mesh
     schedule = lr_schedule(config.train)
     tx = make_optimizer(config.train, schedule)
-    return make_step_context(cfg, tx, mesh, rules_table(config.mesh), config.seed, schedule)
+    return make_step_context(cfg, tx, mesh, rules, config.seed, schedule, document_eos)
 
 
-def _check_batch_divides(config: ml_collections.ConfigDict) -> int:
-    """The data-parallel size, after checking the batch divides by it and by the processes."""
-    dp = data_parallel_size(make_mesh(config.mesh), rules_table(config.mesh))
+def check_parallel(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:
+    """The train and eval batches must divide by the data-parallel size and the processes."""
+    dp = data_parallel_size(mesh, rules)
     per_micro = config.train.batch_size // config.train.grad_accum_steps
     if per_micro % dp or config.train.batch_size % jax.process_count():
         raise ValueError(
@@ -71,14 +111,21 @@ def _check_batch_divides(config: ml_collections.ConfigDict) -> int:
             f' per micro-batch) must be divisible by the data-parallel size {dp} and by the '
             f'{jax.process_count()} processes'
         )
-    return dp
+    check_eval_config(config, dp)
 
 
-def check_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """An upgraded private copy of `config` after checking every setting that needs no data
-    (one-line errors): cheap, so entry points call it before taking a workdir or compiling."""
+def check_config(
+    config: ml_collections.ConfigDict | dict, saved: bool = False
+) -> ml_collections.ConfigDict:
+    """An upgraded private copy of `config` after checking every setting that needs neither
+    data nor devices (one-line errors); `assemble` checks the batches against the mesh. A
+    `saved` config (read back from its checkpoint, checked when that run was made) is checked
+    only for what rebuilding its model needs."""
     old_eval_batches = config.get('eval_batches')
-    config = upgrade_config(config.to_dict())  # private copy; vocab_size is recorded
+    config = upgrade_config(config if isinstance(config, dict) else config.to_dict())
+    if saved:
+        check_model_config(config.model)
+        return config
     if old_eval_batches is not None:
         logging.warning(
             'config.eval_batches=%d is replaced by config.eval_tokens: evaluating %d tokens '
@@ -90,27 +137,136 @@ def check_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
     check_train_config(config.train)
     check_data_config(config.data)
     check_model_config(config.model)  # model errors before reading any data
-    set_cpu_devices(config.mesh)
+    check_cpu_devices(config.mesh)
     if config.model.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
         raise ValueError(
             "config.model.attention_impl='cudnn' needs a GPU (cuDNN fused attention), but this "
             f"run's backend is {jax.default_backend()}: use 'dot_product' or 'einsum'"
         )
-    check_eval_config(config, _check_batch_divides(config))
     return config
 
 
-def prepare(config: ml_collections.ConfigDict) -> Experiment:
-    """Checks every setting (`check_config`), tokenises the data, builds mesh and shardings."""
-    config = check_config(config)
-    corpus = load_corpus(config.data)
-    check_corpus_size(corpus, config.train.batch_size, config.data.seq_len)
-    cfg = model_config(config.model, corpus.tokenizer.vocab_size)
+def assemble(
+    source: ml_collections.ConfigDict | str,
+    *,
+    state: str = 'none',
+    workdir: str | None = None,
+    step: int | None = None,
+    data: bool = False,
+    check: Callable[[ModelConfig], None] | None = None,
+    allow_config_change: bool = False,
+    flag: str = '--workdir',
+) -> Run:
+    """The one way a run is built: its config checked (`check_config`), sharding rules and mesh
+    made, `data` tokenised, the model config resolved, `check(model_config)` run, the step
+    context and the `state` (one of STATES) built, each once.
+
+    `source` is a config, or a workdir whose checkpoint `step` (default: the newest) gives both
+    the config and, with state='restore', the state. A config's 'restore' and 'resume' read
+    `workdir`; 'resume' (training) first takes the workdir (`WorkdirLock`, released by
+    `Run.close`) and refuses a config changed since its checkpoint unless
+    `allow_config_change`. `flag` names the workdir in errors."""
+    if state not in STATES:
+        raise ValueError(f'state must be one of {STATES}, got {state!r}')
+    saved = isinstance(source, str)
+    workdir = source if saved else workdir
+    if state in ('restore', 'resume') and workdir is None:
+        raise ValueError(f"state={state!r} needs a workdir to read the checkpoint from")
+    config = check_config(stored_config(workdir, flag, step) if saved else source, saved)
+    rules = rules_table(config.mesh)
+    mesh = make_mesh(config.mesh)
+    if not saved:
+        check_parallel(config, mesh, rules)
+    lock = None
+    if state == 'resume':
+        lock = WorkdirLock(workdir, owner=jax.process_index() == 0).__enter__()
+    try:
+        corpus, cfg = _data_and_model(config, data, check)
+        eos = corpus.tokenizer.eos_id if corpus and config.data.document_mask else None
+        ctx = step_context(config, cfg, mesh, rules, eos)
+        parts = Run(config, cfg, rules, ctx, corpus)
+        if state == 'resume':
+            return _resume(parts, workdir, lock, allow_config_change)
+        return _with_state(parts, state, workdir, step, flag)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _data_and_model(
+    config: ml_collections.ConfigDict, data: bool, check: Callable | None
+) -> tuple[Corpus | None, ModelConfig]:
+    """(the corpus or None, the model config); `config.model.vocab_size` is resolved."""
+    corpus = None
+    if data:
+        corpus = load_corpus(config.data)
+        check_corpus_size(corpus, config.train.batch_size, config.data.seq_len)
+    cfg = model_config(config.model, corpus.tokenizer.vocab_size if corpus else None)
     config.model.vocab_size = cfg.vocab_size
-    ctx = step_context(config, cfg)
-    if config.data.document_mask:
-        ctx = dataclasses.replace(ctx, document_eos=corpus.tokenizer.eos_id)
-    return Experiment(config, cfg, corpus, ctx)
+    if check is not None:
+        check(cfg)
+    return corpus, cfg
+
+
+def _with_state(parts: Run, state: str, workdir: str | None, step: int | None, flag: str) -> Run:
+    """`parts` with the state 'none', 'init' or 'restore' asks for."""
+    if state == 'none':
+        return parts
+    if state == 'init':
+        fresh = init_state(parts.ctx, parts.model_cfg, parts.config.seed)
+        return dataclasses.replace(parts, step=0, state=fresh)
+    ckpt = Checkpointer(workdir, read_only=True)
+    try:
+        _check_step(ckpt.steps(), step, ckpt.directory, flag)
+        restored_step, restored, meta = restore(ckpt, parts.ctx, step)
+    finally:
+        ckpt.close()
+    return dataclasses.replace(parts, step=restored_step, state=restored, meta=meta)
+
+
+def _resume(parts: Run, workdir: str, lock: WorkdirLock, allow_config_change: bool) -> Run:
+    """`parts` training in `workdir`: its latest checkpoint restored, else a fresh state, with
+    the run's checkpointer (open) and lock."""
+    _check_resume_config(parts.config, workdir, allow_config_change)
+    c = parts.config
+    os.makedirs(workdir, exist_ok=True)
+    ckpt = Checkpointer(workdir, c.keep_checkpoints, c.async_checkpointing)
+    try:
+        if not ckpt.steps():
+            fresh = init_state(parts.ctx, parts.model_cfg, c.seed)
+            return dataclasses.replace(parts, step=0, state=fresh, checkpointer=ckpt, lock=lock)
+        step, state, meta = restore(ckpt, parts.ctx)
+    except BaseException:
+        ckpt.close()
+        raise
+    if parts.corpus is not None and meta['data_fingerprint'] != parts.corpus.fingerprint:
+        logging.warning('resuming on different data than the checkpoint was trained on')
+    logging.info('resumed from %s at step %d', ckpt.directory, step)
+    return dataclasses.replace(
+        parts, step=step, state=state, meta=meta, checkpointer=ckpt, lock=lock
+    )
+
+
+def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow: bool) -> None:
+    """Refuses (or, when allowed, logs) a resume under a changed config."""
+    try:
+        meta = read_latest_meta(workdir)
+    except Exception:  # noqa: BLE001 - an unreadable latest checkpoint: restore falls back
+        meta = None
+    where = f'the checkpoint in {os.path.join(workdir, "checkpoints")}'
+    if changes := check_config_change(meta and meta['config'], config, where, allow):
+        logging.warning('resuming under a changed config: %s', '; '.join(changes))
+
+
+def _check_step(steps: list[int], step: int | None, directory: str, flag: str) -> None:
+    """One-line errors for a workdir without checkpoints, or without checkpoint `step`."""
+    if not steps:
+        raise FileNotFoundError(f'{flag}: {directory} holds no checkpoint')
+    if step is not None and step not in steps:
+        raise FileNotFoundError(
+            f'{flag}: no checkpoint for step {step} in {directory}; available: {steps}'
+        )
 
 
 def checkpoint_meta(
@@ -143,52 +299,12 @@ def restore(
     )
 
 
-@dataclasses.dataclass
-class Restored:
-    """A run's checkpoint with the config, model config and step context it was saved under."""
-
-    config: ml_collections.ConfigDict
-    model_cfg: ModelConfig
-    ctx: StepContext
-    step: int
-    state: dict
-    meta: dict
-
-
-def restore_run(
-    workdir: str,
-    step: int | None = None,
-    check: Callable[[ModelConfig], None] | None = None,
-    flag: str = '--workdir',
-) -> Restored:
-    """Restores `workdir`'s latest (or `step`) checkpoint on the mesh of its saved config.
-    `check(model_config)` runs before any array is read."""
-    ckpt = Checkpointer(workdir, read_only=True)
-    try:
-        if not ckpt.steps():
-            raise FileNotFoundError(f'{flag}: {ckpt.directory} holds no checkpoint')
-        if step is not None and step not in ckpt.steps():
-            raise FileNotFoundError(
-                f'{flag}: no checkpoint for step {step} in {ckpt.directory}; '
-                f'available: {ckpt.steps()}'
-            )
-        meta = ckpt.read_meta(step if step is not None else ckpt.steps()[-1])
-        config = upgrade_config(meta['config'])
-        cfg = model_config(config.model)
-        if check is not None:
-            check(cfg)
-        ctx = step_context(config, cfg)
-        restored_step, state, meta = restore(ckpt, ctx, step)
-        return Restored(config, cfg, ctx, restored_step, state, meta)
-    finally:
-        ckpt.close()
-
-
-def stored_config(workdir: str, flag: str = '--workdir') -> ml_collections.ConfigDict:
-    """The config saved with the latest checkpoint in `workdir` (to resume without --config),
-    read without starting a JAX backend."""
-    meta = read_latest_meta(workdir)
-    if meta is None:
-        directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
-        raise FileNotFoundError(f'{flag}: {directory} holds no checkpoint')
-    return upgrade_config(meta['config'])
+def stored_config(
+    workdir: str, flag: str = '--workdir', step: int | None = None
+) -> ml_collections.ConfigDict:
+    """The config saved with `workdir`'s checkpoint `step` (default: the latest), e.g. to resume
+    without --config, read without starting a JAX backend."""
+    directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+    steps = saved_steps(workdir)
+    _check_step(steps, step, directory, flag)
+    return upgrade_config(read_step_meta(workdir, steps[-1] if step is None else step)['config'])

@@ -20,7 +20,7 @@ from lm.model import accounting, attention
 from lm.model.config import ModelConfig
 from lm.train import perf
 from lm.train.loss_spike import LossSpikeGuard
-from lm.train.run import Experiment
+from lm.train.run import Run
 from lm.train.summary import Summary
 from lm.train.workdir import config_fingerprint
 
@@ -32,22 +32,22 @@ class Meter:
 
     def __init__(
         self,
-        exp: Experiment,
+        run: Run,
         tb: Summary,
         start: int,
         checkpoints: Callable,
         spikes: LossSpikeGuard,
     ):
-        c = exp.config
+        c = run.config
         self.tb, self.total, self.checkpoints = tb, c.train.steps, checkpoints
         self.spikes = spikes
         self.tokens_per_step = c.train.batch_size * c.data.seq_len
         # epochs = windows read / non-overlapping windows in the split (for 'random' sampling:
         # in expectation)
         self.epochs_per_step = c.train.batch_size / num_windows(
-            len(exp.corpus.tokens['train']), c.data.seq_len
+            len(run.corpus.tokens['train']), c.data.seq_len
         )
-        self.flops_per_token = accounting.flops_per_token(exp.model_cfg, c.data.seq_len)
+        self.flops_per_token = accounting.flops_per_token(run.model_cfg, c.data.seq_len)
         self.peak, _ = perf.peak_flops(c.train.peak_flops)
         self.pending: list = []  # (last step of a call, its metrics on device)
         self.speeds: list[float] = []  # tokens/s of each timed window
@@ -130,9 +130,9 @@ class Meter:
         return float(np.median(self.speeds)) if self.speeds else None
 
 
-def log_model(exp: Experiment, tb: Summary) -> None:
+def log_model(run: Run, tb: Summary) -> None:
     """The run's config and HParams to TensorBoard; model size, FLOPs and peak to the log."""
-    c, cfg = exp.config, exp.model_cfg
+    c, cfg = run.config, run.model_cfg
     counts = accounting.param_counts(cfg)
     peak_total, peak_source = perf.peak_flops(c.train.peak_flops)
     tb.text('config', '```\n' + shown_config(c).to_json(indent=2) + '\n```')

@@ -73,9 +73,11 @@ def make_step_context(
     rules: dict,
     seed: int,
     lr_schedule: optax.Schedule | None = None,
+    document_eos: int | None = None,
 ) -> StepContext:
     """Abstract state and shardings for model `cfg` trained by `tx` on `mesh` (nothing is
-    allocated); `lr_schedule` is `tx`'s, so steps can report the rate they used."""
+    allocated); `lr_schedule` is `tx`'s, so steps can report the rate they used; with
+    `document_eos`, losses attend within documents (`token_losses`)."""
     graphdef, abstract = _abstract_params(cfg)
     p_shard = param_shardings(abstract, mesh, rules)
     shapes = jax.eval_shape(_init_fn(cfg, tx, seed))
@@ -100,6 +102,7 @@ def make_step_context(
         mesh,
         activation_constraint(mesh, rules),
         lr_schedule,
+        document_eos,
     )
 
 
