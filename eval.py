@@ -15,10 +15,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.cli import bootstrap, check_writable_dir, define_distributed_flags, run_app
-from lm.config_migration import upgrade_config
-from lm.train.checkpoint import Checkpointer
 from lm.train.evaluation import eval_batch_size, evaluate
-from lm.train.run import prepare, restore, stored_config
+from lm.train.run import assemble, stored_config
 from lm.train.step import make_eval_step
 from lm.train.summary import Summary, run_logdir
 
@@ -52,41 +50,39 @@ def run() -> int:
     check_writable_dir(
         run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir' if _TB_DIR.value else '--workdir'
     )
-    bootstrap(stored_config(_WORKDIR.value))
-    ckpt = Checkpointer(_WORKDIR.value, read_only=True)
-    meta = ckpt.read_meta(_STEP.value if _STEP.value is not None else ckpt.steps()[-1])
-    config = upgrade_config(meta['config'])
+    config = stored_config(_WORKDIR.value, step=_STEP.value)
+    bootstrap(config)
     own_data = _CONFIG.value is None
     if not own_data:
         config.data = _CONFIG.value.data
     own_tokens = config.eval_tokens
     if _TOKENS.value is not None:
         config.eval_tokens = _TOKENS.value
-    exp = prepare(config)
-    step, state, _ = restore(ckpt, exp.ctx, _STEP.value)
-    ckpt.close()
-    metrics = evaluate(
-        make_eval_step(exp.ctx),
-        state['params'],
-        exp.corpus,
-        _SPLIT.value,
-        batch_size=eval_batch_size(exp.config),
-        seq_len=config.data.seq_len,
-        eval_tokens=exp.config.eval_tokens,
-        batch_sharding=exp.ctx.batch_sharding,
+    restored = assemble(
+        config, state='restore', workdir=_WORKDIR.value, step=_STEP.value, data=True
     )
-    same = own_data or exp.corpus.fingerprint == meta['data_fingerprint']
+    metrics = evaluate(
+        make_eval_step(restored.ctx),
+        restored.state['params'],
+        restored.corpus,
+        _SPLIT.value,
+        batch_size=eval_batch_size(restored.config),
+        seq_len=config.data.seq_len,
+        eval_tokens=restored.config.eval_tokens,
+        batch_sharding=restored.ctx.batch_sharding,
+    )
+    same = own_data or restored.corpus.fingerprint == restored.meta['data_fingerprint']
     prefix = (
         'eval'
         if same and _SPLIT.value == 'validation'
-        else (f'eval_{config.data.source}_{exp.corpus.fingerprint[:6]}_{_SPLIT.value}')
+        else (f'eval_{config.data.source}_{restored.corpus.fingerprint[:6]}_{_SPLIT.value}')
     )
-    if exp.config.eval_tokens != own_tokens:  # another protocol: never overwrite the run's
-        prefix += f'_tokens{exp.config.eval_tokens}'
+    if restored.config.eval_tokens != own_tokens:  # another protocol: never overwrite the run's
+        prefix += f'_tokens{restored.config.eval_tokens}'
 
-    print(json.dumps({'step': step, 'split': _SPLIT.value, 'tag': prefix, **metrics}))
+    print(json.dumps({'step': restored.step, 'split': _SPLIT.value, 'tag': prefix, **metrics}))
     tb = Summary(run_logdir(_WORKDIR.value, _TB_DIR.value))
-    tb.scalars(step, {f'{prefix}/{k}': v for k, v in metrics.items()})
+    tb.scalars(restored.step, {f'{prefix}/{k}': v for k, v in metrics.items()})
     tb.close()
     return 0
 

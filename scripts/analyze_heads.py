@@ -17,7 +17,7 @@ import os
 from absl import flags
 
 from lm.analysis import plots, report
-from lm.cli import run_app, use_compilation_cache
+from lm.cli import bootstrap, run_app
 from lm.train.checkpoint import read_latest_meta
 from lm.train.run import stored_config
 from lm.train.summary import run_logdir
@@ -54,7 +54,7 @@ def run() -> int:
     for workdir, _, flag in specs:
         if read_latest_meta(workdir) is None:
             raise FileNotFoundError(f'{flag}: {workdir} holds no checkpoint')
-    use_compilation_cache(stored_config(_WORKDIR.value).compilation_cache_dir)
+    bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
     runs = [
         report.analyse_run(
             workdir,

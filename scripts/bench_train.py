@@ -35,8 +35,8 @@ from lm.data.corpus import call_batch
 from lm.experiments import torch_baseline
 from lm.model import accounting
 from lm.train import perf
-from lm.train.run import prepare
-from lm.train.step import device_call_batch, init_state, make_train_step
+from lm.train.run import assemble
+from lm.train.step import device_call_batch, make_train_step
 
 RECIPE = RecipeFlags(__name__)
 _VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Variants to time.')
@@ -73,12 +73,12 @@ def baseline_stepper(c) -> torch_baseline.Stepper:
 
 
 def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
-    exp = prepare(RECIPE.config(variant))
+    exp = assemble(RECIPE.config(variant), state='init', data=True)
     c, ctx = exp.config, exp.ctx
     k = c.train.steps_per_call
     stepper = baseline_stepper(c) if with_torch else None
     with jax.set_mesh(ctx.mesh):
-        state = init_state(ctx, exp.model_cfg, c.seed)
+        state = exp.state
         step_fn = make_train_step(ctx, c.train.grad_accum_steps, k)
 
         def device_batch(call: int) -> jax.Array:

@@ -19,8 +19,8 @@ from absl import flags
 
 from lm.cli import RecipeFlags, bootstrap, run_app
 from lm.data.corpus import call_batch
-from lm.train.run import prepare
-from lm.train.step import device_call_batch, init_state, make_train_step
+from lm.train.run import assemble
+from lm.train.step import device_call_batch, make_train_step
 
 RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')
@@ -57,7 +57,7 @@ def run() -> int:
     option_sets = dict([('base', {})] + [parse_option(s) for s in _OPTIONS.value])
     config = RECIPE.config(_VARIANT.value)
     bootstrap(config, compilation_cache=False)
-    exp = prepare(config)
+    exp = assemble(config, state='init', data=True)
     c, ctx = exp.config, exp.ctx
     k = c.train.steps_per_call
     local = call_batch(
@@ -69,7 +69,7 @@ def run() -> int:
         seq_len=c.data.seq_len,
     )
     with jax.set_mesh(ctx.mesh):
-        state = init_state(ctx, exp.model_cfg, c.seed)
+        state = exp.state
         batch = device_call_batch(ctx, local)
         lowered = make_train_step(ctx, c.train.grad_accum_steps, k).lower(state, batch)
         compiled = {name: lowered.compile(compiler_options=o) for name, o in option_sets.items()}

@@ -15,9 +15,8 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from lm.cli import REPO_ROOT, parse_flags, run_reporting_errors
+from lm.cli import REPO_ROOT, bootstrap, parse_flags, run_reporting_errors
 from lm.convert.hf_io import export_hf, import_hf
-from lm.sharding import set_cpu_devices
 from lm.train.run import stored_config
 
 _HF_DIR = flags.DEFINE_string(
@@ -42,14 +41,14 @@ def run(argv: list[str]) -> int:
     if not _HF_DIR.value or not _WORKDIR.value:
         raise ValueError(f'{argv[1]} needs --hf_dir and --workdir')
     if argv[1] == 'import':
-        set_cpu_devices(_CONFIG.value.mesh)
+        bootstrap(_CONFIG.value)
         config = import_hf(_HF_DIR.value, _WORKDIR.value, _CONFIG.value, _TOKENIZER.value)
         print(
             f'wrote {_WORKDIR.value}: {config.model.attention}, {config.model.num_layers} layers; '
             f'next: python eval.py --workdir={_WORKDIR.value}'
         )
     else:
-        set_cpu_devices(stored_config(_WORKDIR.value).mesh)
+        bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
         export_hf(_WORKDIR.value, _HF_DIR.value, _STEP.value)
         print(f'wrote {_HF_DIR.value}')
     return 0

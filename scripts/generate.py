@@ -11,7 +11,7 @@ from flax import nnx
 from lm.cli import bootstrap, run_app
 from lm.data.corpus import load_tokenizer
 from lm.infer.decode import Decoder, parse_sampling
-from lm.train.run import restore_run, stored_config
+from lm.train.run import assemble, stored_config
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory holding checkpoints/.', required=True
@@ -47,8 +47,8 @@ def run() -> int:
     if _MAX_NEW.value <= 0:
         raise ValueError(f'--max_new_tokens must be > 0, got {_MAX_NEW.value}')
     sampling = parse_sampling(_SAMPLING.value)
-    bootstrap(stored_config(_WORKDIR.value))
-    restored = restore_run(_WORKDIR.value, _STEP.value)
+    bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
+    restored = assemble(_WORKDIR.value, state='restore', step=_STEP.value)
     tokenizer = load_tokenizer(restored.config.data)
     decoder = Decoder(nnx.merge(restored.ctx.graphdef, restored.state['params']))
     eos = tokenizer.eos_id if _STOP.value else None

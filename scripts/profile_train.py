@@ -24,8 +24,8 @@ from absl import flags
 from lm.cli import RecipeFlags, bootstrap, run_app
 from lm.data.corpus import train_batch
 from lm.sharding import global_batch
-from lm.train.run import prepare
-from lm.train.step import init_state, make_train_step
+from lm.train.run import assemble
+from lm.train.step import make_train_step
 
 RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')
@@ -101,10 +101,10 @@ def categorise(ops: list[str]) -> str:
 def run() -> int:
     config = RECIPE.config(_VARIANT.value)
     bootstrap(config, compilation_cache=False)
-    exp = prepare(config)
+    exp = assemble(config, state='init', data=True)
     c = exp.config
     with jax.set_mesh(exp.ctx.mesh):
-        state = init_state(exp.ctx, exp.model_cfg, c.seed)
+        state = exp.state
         batch = global_batch(
             train_batch(
                 exp.corpus.tokens['train'],

@@ -18,8 +18,8 @@ from jax.sharding import AxisType
 from lm.data.corpus import train_batch
 from lm.sharding import global_batch
 from lm.train import perf
-from lm.train.run import prepare
-from lm.train.step import init_state, make_train_step
+from lm.train.run import assemble
+from lm.train.step import make_train_step
 
 
 def run(spec: dict, run_spec: dict) -> dict:
@@ -27,10 +27,10 @@ def run(spec: dict, run_spec: dict) -> dict:
     overrides = {'mesh.data': d, 'mesh.fsdp': f, 'mesh.tensor': t, 'train.batch_size': 8}
     overrides.update({f'model.{k}': v for k, v in run_spec['model'].items()})
     config = tiny_train_config(pathlib.Path(spec['tmp']), spec['text'], **overrides)
-    exp = prepare(config)
+    exp = assemble(config, state='init', data=True)
     losses = []
     with jax.set_mesh(exp.ctx.mesh):
-        state = init_state(exp.ctx, exp.model_cfg, config.seed)
+        state = exp.state
         step_fn = make_train_step(exp.ctx, 1)
         for s in range(spec['steps']):
             batch = train_batch(

@@ -67,7 +67,7 @@ def test_document_mask_equals_each_document_alone(spec, impl):
 
 
 def test_training_loss_with_document_mask_is_each_documents_own_loss():
-    """The production path: `token_losses` with the run's EOS (set by `prepare` when
+    """The production path: `token_losses` with the run's EOS (set by `assemble` when
     config.data.document_mask). A document's last token (EOS) predicts the next document's
     first from its own document alone."""
     model = build_model(model_config(tiny_config(**parse_variant('gqa2')).model), seed=0)

@@ -13,7 +13,7 @@ from lm.config_migration import upgrade_config
 from lm.data.corpus import eval_windows, window_targets
 from lm.train.evaluation import eval_batch_size, evaluate, ratio_stderr
 from lm.train.loop import train
-from lm.train.run import prepare
+from lm.train.run import assemble
 from lm.train.step import init_state, make_eval_step, token_losses
 
 WORDS = 'the of and to a in that is was he for it with as his on be at by I'.split()
@@ -31,7 +31,7 @@ def words_text(tmp_path):
 
 def test_evaluate_matches_an_unpadded_per_window_reference(tmp_path, words_text):
     config = tiny_train_config(tmp_path, words_text, eval_batch_size=8)
-    exp = prepare(config)
+    exp = assemble(config, data=True)
     val = exp.corpus.tokens['validation']
     starts = eval_windows(len(val), 16, 0)
     assert (len(val) - 1) % 16 and len(starts) % 8  # a partial window and a partial batch
@@ -78,7 +78,7 @@ def test_train_final_eval_covers_the_whole_split(tmp_path, words_text):
     result = train(config, str(tmp_path / 'run'))
     final = json.loads((tmp_path / 'run' / 'results.json').read_text())['eval']
     assert final == result['eval']
-    val_tokens = len(prepare(config).corpus.tokens['validation'])
+    val_tokens = len(assemble(config, data=True).corpus.tokens['validation'])
     assert final['tokens'] == val_tokens - 1  # the whole split, every target once
     tb = tmp_path / 'run' / 'tb'
     assert sorted(read_scalars(tb, 'eval/loss_stderr')) == [0, 4, 8]
@@ -98,13 +98,13 @@ def test_old_eval_batches_becomes_eval_tokens_of_the_same_cost():
 @pytest.mark.parametrize('key', ['eval_tokens', 'eval_batch_size'])
 def test_negative_eval_settings_are_refused(tmp_path, words_text, key):
     with pytest.raises(ValueError, match=rf'^config.{key} must be >= 0, got -1$'):
-        prepare(tiny_train_config(tmp_path, words_text, **{key: -1}))
+        assemble(tiny_train_config(tmp_path, words_text, **{key: -1}), data=True)
 
 
 def test_an_old_config_file_with_eval_batches_still_runs(tmp_path, words_text):
     config = tiny_train_config(tmp_path, words_text)
     config.eval_batches = 2  # as an old config file built on configs/base.py would set it
-    exp = prepare(config)
+    exp = assemble(config, data=True)
     assert exp.config.eval_tokens == 2 * 4 * 16 and 'eval_batches' not in exp.config
     config.eval_tokens = 48  # an explicit eval_tokens wins
-    assert prepare(config).config.eval_tokens == 48
+    assert assemble(config, data=True).config.eval_tokens == 48

@@ -31,8 +31,7 @@ from lm.model.hf_mapping import interleave_columns
 from lm.model.layers import rope_inv_freq
 from lm.model.transformer import model_config
 from lm.train.checkpoint import Checkpointer
-from lm.train.run import checkpoint_meta, restore_run, step_context
-from lm.train.step import init_state
+from lm.train.run import assemble, checkpoint_meta
 
 FIXTURES = ROOT / 'tests' / 'fixtures' / 'hf'
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / 'config.json').is_file())
@@ -58,7 +57,7 @@ def base_config():
 
 
 def model_of(workdir, step=None):
-    restored = restore_run(str(workdir), step)
+    restored = assemble(str(workdir), state='restore', step=step)
     return nnx.merge(restored.ctx.graphdef, restored.state['params']), restored
 
 
@@ -68,7 +67,7 @@ def assert_close_logits(got, want):
 
 
 def flat_params(workdir, step=None):
-    restored = restore_run(str(workdir), step)
+    restored = assemble(str(workdir), state='restore', step=step)
     leaves = jax.tree_util.tree_flatten_with_path(restored.state['params'])[0]
     return {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves}
 
@@ -147,10 +146,9 @@ def write_run(workdir, seed=0, **model):
     """A step-0 lm run with random parameters (biases and norms too), the fixture tokenizer."""
     config = tiny_config(**model)
     config.data.update(tokenizer=str(TOKENIZER), eos_token='</s>')
-    cfg = model_config(config.model)
     config.seed = seed
-    setup = step_context(config, cfg)
-    state = init_state(setup, cfg, seed)
+    run = assemble(config, state='init')
+    state = run.state
     leaves, tree = jax.tree.flatten(state['params'])
     keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
     state['params'] = jax.tree.unflatten(
@@ -161,7 +159,7 @@ def write_run(workdir, seed=0, **model):
         ],
     )
     ckpt = Checkpointer(str(workdir), async_save=False)
-    ckpt.save(0, state, checkpoint_meta(config, 'test', 0, setup.abstract_state['params']))
+    ckpt.save(0, state, checkpoint_meta(run.config, 'test', 0, run.ctx.abstract_state['params']))
     ckpt.close()
 
 
@@ -228,14 +226,14 @@ import numpy as np
 from flax import nnx
 from lm.convert import hf_io
 from lm.config import load_config_file
-from lm.train.run import restore_run
-from lm.sharding import set_cpu_devices
+from lm.cli import bootstrap
+from lm.train.run import assemble
 
 src, workdir, base = sys.argv[1:4]
 config = load_config_file(base)
 config.compilation_cache_dir = ''
 config.mesh.update(cpu_devices=4, data=1, fsdp=2, tensor=2)
-set_cpu_devices(config.mesh)
+bootstrap(config)
 reads = []
 original = hf_io.SafetensorsReader.read
 def read(self, name, rows, cols):
@@ -244,7 +242,7 @@ def read(self, name, rows, cols):
     return block
 hf_io.SafetensorsReader.read = read
 hf_io.import_hf(src, workdir, config)
-restored = restore_run(workdir)
+restored = assemble(workdir, state='restore')
 model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
 q = restored.state['params']['blocks'][0]['attn']['q_proj']['kernel']
 logits = np.asarray(model(np.load(src + '/tokens.npy')))
@@ -477,7 +475,7 @@ def test_uptrain_of_a_step0_import_needs_steps(tmp_path, monkeypatch):
         uptrain_config(config, 2, 0)
     assert uptrain_config(config, 2, 0, steps=3).train.steps == 3
     import_hf(str(FIXTURES / 'llama_mha'), str(tmp_path / 'w'), base_config())
-    monkeypatch.setattr(uptrain, 'restore_run', None)  # refused before any array is read
+    monkeypatch.setattr(uptrain, 'assemble', None)  # refused before any array is read
     with pytest.raises(ValueError, match='set ConversionOptions.steps'):
         options = uptrain.ConversionOptions(num_kv_heads=2)
         uptrain.convert_checkpoint(str(tmp_path / 'w'), options, str(tmp_path / 'up'))

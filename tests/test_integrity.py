@@ -18,7 +18,7 @@ from conftest import ROOT, read_scalars, sweep_file, tiny_train_config, write_co
 from lm.convert.uptrain import ConversionOptions, convert_checkpoint
 from lm.train.checkpoint import Checkpointer, read_latest_meta
 from lm.train.loop import train
-from lm.train.run import check_loop_config, prepare
+from lm.train.run import assemble, check_loop_config
 from lm.train.workdir import (
     LOCK_NAME,
     RunError,
@@ -302,7 +302,7 @@ def test_resume_under_a_changed_config_is_refused_unless_allowed(tmp_path, text)
     work = tmp_path / 'run'
     result = train(config, str(work))
     meta = read_latest_meta(str(work))
-    fingerprint = config_fingerprint(prepare(config).config)
+    fingerprint = config_fingerprint(assemble(config, data=True).config)
     assert meta['config_fingerprint'] == fingerprint
     assert json.loads((work / 'results.json').read_text())['config_fingerprint'] == fingerprint
     before = listing(work)
@@ -405,7 +405,7 @@ def test_a_checkpoint_with_flipped_bytes_is_detected_and_kept_aside(tmp_path, te
     first = train(config, str(work))
     ckpts = work / 'checkpoints'
     flip_bytes(ckpts / '8')
-    abstract = prepare(config).ctx.abstract_state
+    abstract = assemble(config, data=True).ctx.abstract_state
     with pytest.raises(ValueError, match=r"checksum mismatch in \['.+'\].* at step 8"):
         Checkpointer(str(work)).restore(abstract, step=8)
     # Without its checksums, the damaged checkpoint would restore without a word.

@@ -10,7 +10,7 @@ from conftest import read_scalars, stdlib_text, tiny_train_config
 
 from lm.data.windows import call_batch, num_windows, permute, train_batch
 from lm.train.loop import train
-from lm.train.run import prepare
+from lm.train.run import assemble
 
 
 @pytest.mark.parametrize('n', [1, 2, 3, 17, 1000, 4099])
@@ -64,7 +64,7 @@ def test_a_run_with_epochs_and_document_masks_resumes_exactly_mid_epoch(tmp_path
     overrides = {'data.sampling': 'epochs', 'data.document_mask': True, 'train.steps': 24}
     overrides.update(checkpoint_every=8, eval_every=24, log_every=4)
     config = tiny_train_config(tmp_path, path, **overrides)
-    assert prepare(config).ctx.document_eos == 256  # the byte tokenizer's EOS
+    assert assemble(config, data=True).ctx.document_eos == 256  # the byte tokenizer's EOS
     train(config, str(tmp_path / 'a'))
     epochs = read_scalars(tmp_path / 'a' / 'tb', 'data/epochs')
     assert sorted(epochs) == [4, 8, 12, 16, 20, 24]

@@ -23,7 +23,7 @@ from conftest import run_entry as run_cli
 
 from lm.train.checkpoint import Checkpointer
 from lm.train.loop import call_sizes, train
-from lm.train.run import prepare, restore, restore_run, stored_config
+from lm.train.run import assemble, restore, stored_config
 from lm.train.step import init_state, make_train_step
 
 
@@ -53,7 +53,9 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
     results = json.loads((tmp_path / 'run' / 'results.json').read_text())
     assert results['step'] == 8 and results['tokens_per_sec'] > 0
     np.testing.assert_allclose(results['eval']['loss'], evals[8], rtol=1e-6)
-    restored = restore_run(str(tmp_path / 'run'))  # the run's own config decides the model
+    restored = assemble(
+        str(tmp_path / 'run'), state='restore'
+    )  # the run's own config decides the model
     assert restored.step == 8 and restored.model_cfg.num_kv_heads == 2
     for a, b in zip(
         jax.tree.leaves(result['state']['params']),
@@ -116,7 +118,9 @@ def read_hparams(acc) -> dict:
 @pytest.mark.slow
 def test_grad_accumulation_matches_one_big_batch(tmp_path, small_text):
     exps = [
-        prepare(tiny_train_config(tmp_path, small_text, **{'train.grad_accum_steps': a}))
+        assemble(
+            tiny_train_config(tmp_path, small_text, **{'train.grad_accum_steps': a}), data=True
+        )
         for a in (1, 2)
     ]
     batch = np.asarray(exps[0].corpus.tokens['train'][: 4 * 17], np.int32).reshape(4, 17)
@@ -224,7 +228,7 @@ def test_truncated_latest_checkpoint_falls_back(tmp_path, small_text, caplog):
     for f in state_dir.rglob('*'):
         if f.is_file() and f.stat().st_size > 0:
             f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # truncate every file
-    exp = prepare(config)
+    exp = assemble(config, data=True)
     step, state, _ = restore(Checkpointer(workdir), exp.ctx)
     assert step == 4 and 'unreadable' in caplog.text
     # Resuming trains 4 -> 8 again and lands on the same parameters as before.
@@ -301,7 +305,7 @@ def test_checkpoints_saved_under_an_older_config_schema_still_load(tmp_path, sma
     saved = stored_config(str(tmp_path / 'run'))
     assert saved.train.steps_per_call == 1 and saved.compilation_cache_dir == ''
     assert saved.eval_tokens == 1 * 4 * 16 and 'eval_batches' not in saved  # same cost, spread
-    assert restore_run(str(tmp_path / 'run')).step == 8
+    assert assemble(str(tmp_path / 'run'), state='restore').step == 8
     assert train(saved, str(tmp_path / 'run'))['step'] == 8  # resume path, nothing left to do
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_tokens=64')
     assert out.returncode == 0, out.stderr[-2000:]

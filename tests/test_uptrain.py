@@ -37,7 +37,7 @@ from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
 from lm.model.transformer import build_model, model_config
 from lm.train.checkpoint import Checkpointer
 from lm.train.optimizer import lr_schedule, make_optimizer
-from lm.train.run import restore_run
+from lm.train.run import assemble, stored_config
 
 
 def params_of(model):
@@ -280,7 +280,7 @@ def test_uptraining_continues_the_source_run(tmp_path, small_text, monkeypatch):
         'convert',
     )
     assert Checkpointer(str(dst), read_only=True).steps() == [8]
-    a, b = restore_run(str(src)), restore_run(str(dst))
+    a, b = assemble(str(src), state='restore'), assemble(str(dst), state='restore')
     assert int(b.state['step']) == 8
     adam_a, adam_b = a.state['opt_state'][1][0], b.state['opt_state'][1][0]  # clip, then adamw
     assert int(adam_b.count) == int(adam_a.count) == 8
@@ -314,7 +314,7 @@ def test_uptraining_continues_the_source_run(tmp_path, small_text, monkeypatch):
     lrs = read_scalars(tb / 'gqa', 'train/lr')
     np.testing.assert_allclose([lrs[s] for s in (9, 10, 11, 12)], final, rtol=1e-6)
     # recorded: the run's config beside its last checkpoint, its HParams and results.json
-    saved = restore_run(str(dst)).config.uptrain
+    saved = stored_config(str(dst)).uptrain
     assert (saved.schedule, saved.optimizer_state, saved.method, saved.source_step) == (
         'continue',
         'convert',
@@ -441,7 +441,7 @@ def test_uptrain_end_to_end(tmp_path, small_text):
 def check_mla_decoding(workdir):
     """The converted MLA checkpoint decodes with its absorbed latent cache, C + P = 8 + 4
     elements per token per layer, as its full forward pass computes."""
-    restored = restore_run(str(workdir))
+    restored = assemble(str(workdir), state='restore')
     cfg = restored.model_cfg
     mla = cfg.section
     assert (mla.kv_lora_rank, mla.qk_rope_head_dim, mla.qk_nope_head_dim) == (8, 4, 4)
@@ -501,7 +501,7 @@ def test_ablation_script_smoke(tmp_path):
     # KV cache bytes per token beside each loss: 1 layer x (2 x 16) bf16 for MQA, (8 + 8) for MLA
     assert re.search(r'\| MQA \| from scratch \| — \| 9 \| .* \| 64 \|$', table, re.M), table
     assert re.search(r'\| MLA-8 \| from scratch \| — \| 9 \| .* \| 32 \|$', table, re.M), table
-    up = restore_run(str(tmp_path / 'abl' / 'MQA_similarity-aligned_a0.5_s0')).config.uptrain
+    up = stored_config(str(tmp_path / 'abl' / 'MQA_similarity-aligned_a0.5_s0')).uptrain
     assert (up.method, up.grouping, up.groups) == (
         'aligned',
         'similarity',
@@ -532,9 +532,7 @@ def test_ablation_script_smoke(tmp_path):
         f'MLA-8_scratch_9_s{s}' for s in (0, 1)
     }, out.stderr[-3000:]
     assert trained and not trained & copied and all('_a0.5_' in name for name in trained)
-    assert restore_run(str(tmp_path / 'rewarm' / 'MQA_mean_a0.5_s1')).config.uptrain.schedule == (
-        'rewarm'
-    )
+    assert stored_config(str(tmp_path / 'rewarm' / 'MQA_mean_a0.5_s1')).uptrain.schedule == 'rewarm'
     assert '| MQA | mean | 0.5 (3) | 9 |' in out.stdout
 
     def loss(out_dir, seed):

@@ -15,9 +15,8 @@ import numpy as np
 from flax import nnx
 
 from lm.analysis import scores as analysis
-from lm.data.corpus import load_corpus
 from lm.data.windows import eval_windows, window_targets
-from lm.train.run import restore_run
+from lm.train.run import assemble
 
 SCORES = ('previous_token', 'induction', 'duplicate_token', 'sink', 'entropy')
 CSV_COLUMNS = ('run', 'layer', 'head', *SCORES)
@@ -123,9 +122,9 @@ def analyse_run(
 ) -> RunHeads:
     """Restores `workdir` (at `step`, default the latest) and scores every head. Text scores use
     the first `max_batches` batches of `batch` validation windows (0 = the whole split)."""
-    restored = restore_run(workdir, step, flag=flag)
+    restored = assemble(workdir, state='restore', step=step, data=True, flag=flag)
     model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
-    corpus = load_corpus(restored.config.data)
+    corpus = restored.corpus
     T = restored.config.data.seq_len
     windows = _whole_windows(corpus.tokens['validation'], T, batch, max_batches)
     if not windows:

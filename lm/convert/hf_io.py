@@ -24,14 +24,11 @@ from absl import logging
 
 from lm.convert import hf
 from lm.convert.safetensors_files import SafetensorsReader, ShardWriter
-from lm.data.corpus import check_data_config, load_tokenizer
+from lm.data.corpus import load_tokenizer
 from lm.data.tokenizer import HFTokenizer
-from lm.model.config import ModelConfig
 from lm.model.transformer import model_config
-from lm.sharding import make_mesh
 from lm.train.checkpoint import Checkpointer
-from lm.train.optimizer import check_train_config
-from lm.train.run import check_loop_config, checkpoint_meta, restore_run, step_context
+from lm.train.run import Run, assemble, checkpoint_meta
 
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json')
 HF_SUBDIR = 'hf'  # <workdir>/hf: the imported tokenizer files and the source config.json
@@ -204,33 +201,28 @@ def _copy_hf_files(directory: str, tokenizer_path: str, workdir: str) -> str:
 
 
 def _save_step0(
-    config: ml_collections.ConfigDict,
-    cfg: ModelConfig,
-    reader: SafetensorsReader,
-    tensors: list[hf.Tensor],
-    workdir: str,
-    source: str,
+    run: Run, reader: SafetensorsReader, tensors: list[hf.Tensor], workdir: str, source: str
 ) -> None:
     """Writes the step-0 checkpoint: the parameters read into their shardings on the run's
     mesh, fresh optimizer state."""
-    mesh = make_mesh(config.mesh)
-    setup = step_context(config, cfg, mesh)
-    tx = setup.tx
-    with jax.set_mesh(mesh):
+    ctx, seed = run.ctx, run.config.seed
+    with jax.set_mesh(run.mesh):
         params = load_params(
-            reader, tensors, setup.abstract_state['params'], setup.state_sharding['params']
+            reader, tensors, ctx.abstract_state['params'], ctx.state_sharding['params']
         )
         reader.close()
         state = {
             'params': params,
-            'opt_state': jax.jit(tx.init, out_shardings=setup.state_sharding['opt_state'])(params),
-            'step': jax.device_put(jnp.zeros((), jnp.int32), setup.state_sharding['step']),
+            'opt_state': jax.jit(ctx.tx.init, out_shardings=ctx.state_sharding['opt_state'])(
+                params
+            ),
+            'step': jax.device_put(jnp.zeros((), jnp.int32), ctx.state_sharding['step']),
             'rng': jax.device_put(
-                jax.random.key_data(jax.random.key(config.seed)), setup.state_sharding['rng']
+                jax.random.key_data(jax.random.key(seed)), ctx.state_sharding['rng']
             ),
         }
         out = Checkpointer(workdir, async_save=False)
-        out.save(0, state, checkpoint_meta(config, source, 0, setup.abstract_state['params']))
+        out.save(0, state, checkpoint_meta(run.config, source, 0, ctx.abstract_state['params']))
         out.close()
 
 
@@ -261,12 +253,10 @@ def import_hf(
 
     config.data.tokenizer = _copy_hf_files(directory, tokenizer_path, workdir)
     config.data.eos_token = _eos_token(directory, hf_config, tokenizer)
-    check_loop_config(config)  # the run's other settings fail here, not in train.py
-    check_train_config(config.train)
-    check_data_config(config.data)
-    _save_step0(config, cfg, reader, tensors, workdir, f'hf:{hf_dir}')
+    run = assemble(config)  # the run's other settings fail here, not in train.py
+    _save_step0(run, reader, tensors, workdir, f'hf:{hf_dir}')
     logging.info('imported %s (%s) into %s', hf_dir, cfg.attention, workdir)
-    return config
+    return run.config
 
 
 def _run_tokenizer(config: ml_collections.ConfigDict) -> tuple[str, dict, HFTokenizer | None]:
@@ -332,7 +322,9 @@ def export_hf(
         raise ValueError('export runs in one process (it gathers one tensor at a time)')
     # What transformers cannot express, or a variant with no mapping, is refused before any
     # array is read.
-    restored = restore_run(workdir, step, check=lambda cfg: hf.hf_from_model(cfg, 1))
+    restored = assemble(
+        workdir, state='restore', step=step, check=lambda cfg: hf.hf_from_model(cfg, 1)
+    )
     config, cfg = restored.config, restored.model_cfg
     tok_dir, source, tokenizer = _run_tokenizer(config)
     extra = {k: source[k] for k in ('bos_token_id', 'eos_token_id', 'pad_token_id') if k in source}

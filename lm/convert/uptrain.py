@@ -46,7 +46,7 @@ from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import model_config
 from lm.train.checkpoint import Checkpointer, read_latest_meta
 from lm.train.optimizer import check_train_config
-from lm.train.run import check_loop_config, checkpoint_meta, restore_run, step_context
+from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context
 from lm.train.workdir import WorkdirLock
 
 METHODS = conversion.POOL_METHODS  # for K/V pooling: 'mean', 'first', 'random', 'aligned'
@@ -360,13 +360,17 @@ def _converted_state(source, options: ConversionOptions, ctx, params: dict, reci
 
 def _convert(src: str, options: ConversionOptions) -> tuple[ml_collections.ConfigDict, dict, dict]:
     """(config, state, checkpoint side-car) of the converted run's first step (the source's)."""
-    source = restore_run(
-        src, options.source_step, lambda cfg: check_conversion(cfg, options), SOURCE
+    source = assemble(
+        src,
+        state='restore',
+        step=options.source_step,
+        check=lambda cfg: check_conversion(cfg, options),
+        flag=SOURCE,
     )
     params, recipe, settings, record = _converted_params(source, options)
     config = _converted_config(src, source, options, settings, record)
     dst_cfg = model_config(config.model)
-    ctx = step_context(config, dst_cfg, mesh=source.ctx.mesh)
+    ctx = step_context(config, dst_cfg, source.mesh, source.rules)  # the source's mesh
     new_state = _converted_state(source, options, ctx, params, recipe)
     src_cfg = source.model_cfg
     logging.info(

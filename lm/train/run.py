@@ -171,7 +171,7 @@ def assemble(
     saved = isinstance(source, str)
     workdir = source if saved else workdir
     if state in ('restore', 'resume') and workdir is None:
-        raise ValueError(f"state={state!r} needs a workdir to read the checkpoint from")
+        raise ValueError(f'state={state!r} needs a workdir to read the checkpoint from')
     config = check_config(stored_config(workdir, flag, step) if saved else source, saved)
     rules = rules_table(config.mesh)
     mesh = make_mesh(config.mesh)
@@ -181,13 +181,14 @@ def assemble(
     if state == 'resume':
         lock = WorkdirLock(workdir, owner=jax.process_index() == 0).__enter__()
     try:
-        corpus, cfg = _data_and_model(config, data, check)
+        corpus, cfg = _data_and_model(config, data, check, check_size=not saved)
         eos = corpus.tokenizer.eos_id if corpus and config.data.document_mask else None
         ctx = step_context(config, cfg, mesh, rules, eos)
         parts = Run(config, cfg, rules, ctx, corpus)
-        if state == 'resume':
-            return _resume(parts, workdir, lock, allow_config_change)
-        return _with_state(parts, state, workdir, step, flag)
+        with jax.set_mesh(mesh):
+            if state == 'resume':
+                return _resume(parts, workdir, lock, allow_config_change)
+            return _with_state(parts, state, workdir, step, flag)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -195,13 +196,14 @@ def assemble(
 
 
 def _data_and_model(
-    config: ml_collections.ConfigDict, data: bool, check: Callable | None
+    config: ml_collections.ConfigDict, data: bool, check: Callable | None, check_size: bool
 ) -> tuple[Corpus | None, ModelConfig]:
     """(the corpus or None, the model config); `config.model.vocab_size` is resolved."""
     corpus = None
     if data:
         corpus = load_corpus(config.data)
-        check_corpus_size(corpus, config.train.batch_size, config.data.seq_len)
+        if check_size:  # a batch of each split, for training and evaluation
+            check_corpus_size(corpus, config.train.batch_size, config.data.seq_len)
     cfg = model_config(config.model, corpus.tokenizer.vocab_size if corpus else None)
     config.model.vocab_size = cfg.vocab_size
     if check is not None:
