@@ -53,9 +53,8 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
     results = json.loads((tmp_path / 'run' / 'results.json').read_text())
     assert results['step'] == 8 and results['tokens_per_sec'] > 0
     np.testing.assert_allclose(results['eval']['loss'], evals[8], rtol=1e-6)
-    restored = assemble(
-        str(tmp_path / 'run'), state='restore'
-    )  # the run's own config decides the model
+    # the run's own config decides the model
+    restored = assemble(str(tmp_path / 'run'), state='restore')
     assert restored.step == 8 and restored.model_cfg.num_kv_heads == 2
     for a, b in zip(
         jax.tree.leaves(result['state']['params']),
