@@ -11,7 +11,7 @@ import pathlib
 import sys
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from conftest import tiny_train_config
 from jax.sharding import AxisType
 
@@ -56,19 +56,23 @@ def run(spec: dict, run_spec: dict) -> dict:
     }
 
 
-def peak_devices() -> list[int]:
-    """Devices the peak-FLOP/s matmul runs on, measured under this process's widest mesh (a
-    replicated matmul there would time one device's share of the cores)."""
+def peak_matmul() -> dict:
+    """The peak-FLOP/s matmul (`perf.timed_matmul`) of a random matrix under this process's
+    widest mesh: the devices its product is on, and its error against numpy in float64."""
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     mesh = jax.make_mesh((jax.device_count(),), ('data',), axis_types=(AxisType.Auto,))
     with jax.set_mesh(mesh):
-        assert perf.measure_matmul_flops(n=128, repeats=1) > 0
-        with jax.set_mesh(perf.first_device_mesh()):
-            out = jax.jit(jnp.dot)(jnp.ones((8, 8)), jnp.ones((8, 8)))
-    return sorted(d.id for d in out.sharding.device_set)
+        out, seconds = perf.timed_matmul(x, repeats=2)
+    want = x.astype(np.float64) @ x.astype(np.float64)
+    return {
+        'devices': sorted(d.id for d in out.sharding.device_set),
+        'mesh_devices': mesh.size,
+        'max_err': float(np.abs(np.asarray(out, np.float64) - want).max()),
+        'scale': float(np.abs(want).max()),
+        'seconds': seconds,
+    }
 
 
 if __name__ == '__main__':
     spec = json.loads(sys.argv[1])
-    print(
-        json.dumps({'runs': [run(spec, r) for r in spec['runs']], 'peak_devices': peak_devices()})
-    )
+    print(json.dumps({'runs': [run(spec, r) for r in spec['runs']], 'peak': peak_matmul()}))

@@ -9,7 +9,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 # Dense bf16 peak FLOP/s per device from vendor data sheets (no sparsity).
 PEAK_FLOPS = {
@@ -58,23 +58,31 @@ def first_device_mesh() -> jax.sharding.Mesh:
     return jax.make_mesh((1,), ('one',), devices=jax.devices()[:1], axis_types=(AxisType.Explicit,))
 
 
-def measure_matmul_flops(n: int = 2048, repeats: int = 10, dtype=jnp.float32) -> float:
-    """Peak FLOP/s of an n×n×n matmul on the first device: the best of `repeats` timed calls
-    (2·n³ FLOPs each), so a busy moment on a shared machine does not lower the peak.
-
-    It runs on a one-device mesh whatever mesh the caller has set: under a multi-device CPU mesh
-    the matmul would otherwise be replicated, every device computing it on its own share of the
-    cores, and the "peak" would be one device's share."""
-    with jax.set_mesh(first_device_mesh()):
-        a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+def timed_matmul(a_NN: np.ndarray | jax.Array, repeats: int) -> tuple[jax.Array, float]:
+    """(a @ a, the best time of `repeats` calls in seconds), computed on the first device alone
+    whatever mesh the caller has set: under a multi-device CPU mesh the matmul would otherwise
+    be replicated, every device computing it on its own share of the cores, and a peak timed
+    from it would be one device's share."""
+    mesh = first_device_mesh()
+    with jax.set_mesh(mesh):
+        a = jax.device_put(a_NN, NamedSharding(mesh, PartitionSpec()))
         f = jax.jit(jnp.dot)
-        f(a, a).block_until_ready()
+        out = f(a, a).block_until_ready()
         times = []
         for _ in range(repeats):
             t = time.perf_counter()
-            f(a, a).block_until_ready()
+            out = f(a, a).block_until_ready()
             times.append(time.perf_counter() - t)
-    return 2 * n**3 / float(np.min(times))
+    return out, float(np.min(times))
+
+
+def measure_matmul_flops(n: int = 2048, repeats: int = 10, dtype=jnp.float32) -> float:
+    """Peak FLOP/s of an n×n×n matmul on the first device (`timed_matmul`): the best of
+    `repeats` timed calls (2·n³ FLOPs each), so a busy moment on a shared machine does not
+    lower the peak."""
+    with jax.set_mesh(first_device_mesh()):
+        a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    return 2 * n**3 / timed_matmul(a, repeats)[1]
 
 
 def peak_flops(override: float = 0.0) -> tuple[float, str]:
