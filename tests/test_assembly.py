@@ -24,7 +24,9 @@ def counts():
 
 def test_training_and_restoring_in_process_assemble_once(tmp_path, small_text, counts):
     config = tiny_train_config(
-        tmp_path, small_text, **{'train.steps': 2, 'eval_every': 2, 'checkpoint_every': 2}
+        tmp_path,
+        small_text,
+        **{'train.steps': 2, 'eval_every': 2, 'checkpoint_every': 2, 'train.peak_flops': 1e12},
     )
     bootstrap(config)  # what train.py does first
     train(config, str(tmp_path / 'run'))
