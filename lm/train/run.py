@@ -184,11 +184,15 @@ def assemble(
         corpus, cfg = _data_and_model(config, data, check, check_size=not saved)
         eos = corpus.tokenizer.eos_id if corpus and config.data.document_mask else None
         ctx = step_context(config, cfg, mesh, rules, eos)
-        parts = Run(config, cfg, rules, ctx, corpus)
         with jax.set_mesh(mesh):
             if state == 'resume':
-                return _resume(parts, workdir, lock, allow_config_change)
-            return _with_state(parts, state, workdir, step, flag)
+                ckpt, (start, restored, meta) = _resume(
+                    config, cfg, ctx, corpus, workdir, allow_config_change
+                )
+            else:
+                ckpt = None
+                start, restored, meta = _state(state, cfg, ctx, config.seed, workdir, step, flag)
+        return Run(config, cfg, rules, ctx, corpus, start, restored, meta, ckpt, lock)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -211,43 +215,53 @@ def _data_and_model(
     return corpus, cfg
 
 
-def _with_state(parts: Run, state: str, workdir: str | None, step: int | None, flag: str) -> Run:
-    """`parts` with the state 'none', 'init' or 'restore' asks for."""
+def _state(
+    state: str,
+    cfg: ModelConfig,
+    ctx: StepContext,
+    seed: int,
+    workdir: str | None,
+    step: int | None,
+    flag: str,
+) -> tuple[int | None, dict | None, dict | None]:
+    """(step, state, checkpoint side-car) of the state 'none', 'init' (from `seed`) or
+    'restore' (checkpoint `step` of `workdir`, default: the newest readable one)."""
     if state == 'none':
-        return parts
+        return None, None, None
     if state == 'init':
-        fresh = init_state(parts.ctx, parts.model_cfg, parts.config.seed)
-        return dataclasses.replace(parts, step=0, state=fresh)
+        return 0, init_state(ctx, cfg, seed), None
     ckpt = Checkpointer(workdir, read_only=True)
     try:
         _check_step(ckpt.steps(), step, ckpt.directory, flag)
-        restored_step, restored, meta = restore(ckpt, parts.ctx, step)
+        return restore(ckpt, ctx, step)
     finally:
         ckpt.close()
-    return dataclasses.replace(parts, step=restored_step, state=restored, meta=meta)
 
 
-def _resume(parts: Run, workdir: str, lock: WorkdirLock, allow_config_change: bool) -> Run:
-    """`parts` training in `workdir`: its latest checkpoint restored, else a fresh state, with
-    the run's checkpointer (open) and lock."""
-    _check_resume_config(parts.config, workdir, allow_config_change)
-    c = parts.config
+def _resume(
+    config: ml_collections.ConfigDict,
+    cfg: ModelConfig,
+    ctx: StepContext,
+    corpus: Corpus | None,
+    workdir: str,
+    allow_config_change: bool,
+) -> tuple[Checkpointer, tuple[int, dict, dict | None]]:
+    """(the run's checkpointer, open; (step, state, side-car)) of training in `workdir`: its
+    latest checkpoint restored, else a fresh state."""
+    _check_resume_config(config, workdir, allow_config_change)
     os.makedirs(workdir, exist_ok=True)
-    ckpt = Checkpointer(workdir, c.keep_checkpoints, c.async_checkpointing)
+    ckpt = Checkpointer(workdir, config.keep_checkpoints, config.async_checkpointing)
     try:
         if not ckpt.steps():
-            fresh = init_state(parts.ctx, parts.model_cfg, c.seed)
-            return dataclasses.replace(parts, step=0, state=fresh, checkpointer=ckpt, lock=lock)
-        step, state, meta = restore(ckpt, parts.ctx)
+            return ckpt, (0, init_state(ctx, cfg, config.seed), None)
+        step, state, meta = restore(ckpt, ctx)
     except BaseException:
         ckpt.close()
         raise
-    if parts.corpus is not None and meta['data_fingerprint'] != parts.corpus.fingerprint:
+    if corpus is not None and meta['data_fingerprint'] != corpus.fingerprint:
         logging.warning('resuming on different data than the checkpoint was trained on')
     logging.info('resumed from %s at step %d', ckpt.directory, step)
-    return dataclasses.replace(
-        parts, step=step, state=state, meta=meta, checkpointer=ckpt, lock=lock
-    )
+    return ckpt, (step, state, meta)
 
 
 def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow: bool) -> None:
