@@ -115,14 +115,14 @@ def check_parallel(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -
 
 
 def check_config(
-    config: ml_collections.ConfigDict | dict, saved: bool = False
+    config: ml_collections.ConfigDict, saved: bool = False
 ) -> ml_collections.ConfigDict:
     """An upgraded private copy of `config` after checking every setting that needs neither
     data nor devices (one-line errors); `assemble` checks the batches against the mesh. A
     `saved` config (read back from its checkpoint, checked when that run was made) is checked
     only for what rebuilding its model needs."""
     old_eval_batches = config.get('eval_batches')
-    config = upgrade_config(config if isinstance(config, dict) else config.to_dict())
+    config = upgrade_config(config.to_dict())  # private copy; vocab_size is recorded
     if saved:
         check_model_config(config.model)
         return config
