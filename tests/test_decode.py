@@ -1,11 +1,20 @@
 """KV-cache decoding: prefill + incremental steps equal a full forward pass for every variant."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
 from conftest import run_entry, tiny_config, tiny_train_config
 
-from lm.infer.decode import Decoder, Sampling, cache_elements_per_token, init_caches, parse_sampling
+from lm.infer.decode import (
+    GREEDY,
+    Decoder,
+    Sampling,
+    cache_elements_per_token,
+    init_caches,
+    parse_sampling,
+)
 from lm.model.accounting import kv_cache_bytes_per_token, kv_cache_elements_per_token
 from lm.model.transformer import build_model, model_config
 from lm.train.loop import train
@@ -121,7 +130,30 @@ def test_sampling_options():
     a, b = (decoder.generate(PROMPTS, 8, hot, seed=s) for s in (0, 0))
     assert a == b and a != greedy and decoder.generate(PROMPTS, 8, hot, seed=1) != a
     assert parse_sampling('temperature=0.8,top_k=40,top_p=0.95') == Sampling(0.8, 40, 0.95)
-    assert parse_sampling('greedy') == Sampling()
+    assert parse_sampling('greedy') == GREEDY == Sampling(temperature=0.0)
+
+
+def test_a_sampling_option_alone_keeps_the_other_defaults():
+    assert parse_sampling('top_p=0.9') == Sampling(temperature=1.0, top_k=0, top_p=0.9)
+    assert parse_sampling('top_k=5') == Sampling(temperature=1.0, top_k=5, top_p=1.0)
+    _, _, decoder = model_and_decoder(attention='mqa', seed=2)
+    top_p = parse_sampling('top_p=0.99')
+    runs = [decoder.generate(PROMPTS, 12, top_p, seed=s) for s in (1, 2)]
+    assert runs[0] != runs[1], 'top_p alone must sample, so seeds must matter'
+
+
+@pytest.mark.parametrize(
+    'spec, message',
+    [
+        ('temperature=0,top_k=40', 'temperature=0 is greedy decoding, which ignores top_k;'),
+        ('top_p=0.5,temperature=0', 'temperature=0 is greedy decoding, which ignores top_p;'),
+        ('greedy,top_k=3', "'greedy' takes no other options"),
+        ('top_k=3,top_k=4', 'sets top_k twice'),
+    ],
+)
+def test_sampling_specs_that_cancel_are_refused(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_sampling(spec)
 
 
 def test_one_line_errors():

@@ -25,9 +25,10 @@ from lm.model.transformer import Transformer
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-    """temperature 0 = greedy; top_k 0 and top_p 1 = no truncation."""
+    """Sampling settings; the defaults are transformers' (temperature 1.0, no truncation).
+    temperature 0 = greedy (`GREEDY`); top_k 0 and top_p 1 = no truncation."""
 
-    temperature: float = 0.0
+    temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
 
@@ -42,26 +43,48 @@ class Sampling:
             raise ValueError(f'sampling top_p must be in (0, 1], got {self.top_p}')
 
 
+GREEDY = Sampling(temperature=0.0)
+SAMPLING_TYPES = {'temperature': float, 'top_k': int, 'top_p': float}
+
+
+def _sampling_option(spec: str, item: str) -> tuple[str, float | int]:
+    """One 'name=value' item of a sampling spec, typed."""
+    name, _, value = item.partition('=')
+    name = name.strip()
+    if name not in SAMPLING_TYPES:
+        raise ValueError(
+            f'unknown sampling option {name!r} in {spec!r}; expected '
+            f"'greedy' or {sorted(SAMPLING_TYPES)} as name=value pairs"
+        )
+    try:
+        return name, SAMPLING_TYPES[name](value)
+    except ValueError:
+        kind = 'an int' if SAMPLING_TYPES[name] is int else 'a float'
+        raise ValueError(f'sampling option {name}={value!r} is not {kind}') from None
+
+
 def parse_sampling(spec: str) -> Sampling:
-    """'greedy', or comma-separated options such as 'temperature=0.8,top_k=40,top_p=0.95'."""
+    """'greedy', or comma-separated options such as 'temperature=0.8,top_k=40,top_p=0.95'.
+    An option left out keeps its default (temperature 1.0: 'top_p=0.9' samples); options that
+    cancel each other (top_k or top_p with temperature=0, which is greedy) are refused."""
     if spec.strip() in ('', 'greedy'):
-        return Sampling()
-    types = {'temperature': float, 'top_k': int, 'top_p': float}
-    options = {}
+        return GREEDY
+    options: dict[str, float | int] = {}
     for item in spec.split(','):
-        name, _, value = item.partition('=')
-        name = name.strip()
-        if name not in types:
-            raise ValueError(
-                f'unknown sampling option {name!r} in {spec!r}; expected '
-                f"'greedy' or {sorted(types)} as name=value pairs"
-            )
-        try:
-            options[name] = types[name](value)
-        except ValueError:
-            kind = 'an int' if types[name] is int else 'a float'
-            raise ValueError(f'sampling option {name}={value!r} is not {kind}') from None
-    return Sampling(**options)
+        if item.strip() == 'greedy':
+            raise ValueError(f"sampling {spec!r}: 'greedy' takes no other options")
+        name, value = _sampling_option(spec, item)
+        if name in options:
+            raise ValueError(f'sampling {spec!r} sets {name} twice')
+        options[name] = value
+    sampling = Sampling(**options)
+    ignored = [n for n in ('top_k', 'top_p') if n in options]
+    if sampling.temperature == 0 and ignored:
+        raise ValueError(
+            f'sampling {spec!r}: temperature=0 is greedy decoding, which ignores '
+            f'{" and ".join(ignored)}; drop them or set temperature > 0'
+        )
+    return sampling
 
 
 def init_caches(cfg: ModelConfig, batch: int, length: int) -> list[dict[str, jax.Array]]:
@@ -181,7 +204,7 @@ class Decoder:
         self,
         prompts: list[list[int]],
         max_new_tokens: int,
-        sampling: Sampling = Sampling(),
+        sampling: Sampling = GREEDY,
         eos_id: int | None = None,
         seed: int = 0,
         cache_len: int | None = None,
