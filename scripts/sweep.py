@@ -1,4 +1,4 @@
-"""Sweep a config over a grid (and/or the points of a sweep file) and summarise the runs.
+r"""Sweep a config over a grid (and/or the points of a sweep file) and summarise the runs.
 
   python scripts/sweep.py --config=configs/shakespeare_char.py \
       --config.data.path=data/tinyshakespeare.txt --sweep_dir=runs/heads \

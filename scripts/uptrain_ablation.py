@@ -1,4 +1,4 @@
-"""The uptraining ablation of Ainslie et al. (2023), Fig. 4 / Table, at small scale.
+r"""The uptraining ablation of Ainslie et al. (2023), Fig. 4 / Table, at small scale.
 
 Train MHA on Tiny Shakespeare (configs/shakespeare_char.py) for --steps N; convert it to GQA-2
 and MQA by mean-pooling, keeping the first head, or re-initialising K/V (and, with --methods,
