@@ -4,11 +4,12 @@ the uptraining ablation: lm.experiments.ablation).
 
 A run lives in <out_dir>/<name>: `run.json` holds its fingerprint from the moment it starts,
 `result.json` its result with the fingerprint once it finished (written last, atomically, so a
-run stopped half-way caches nothing). Repeating a plan skips every run whose cached fingerprint
-equals its spec's, re-runs a run whose fingerprint changed only in keys its spec calls resumable
-(e.g. more `train.steps`: the run goes on from its checkpoint), and refuses, in one line before
-any run, an out_dir holding a run made with other settings. Runs of one lane run in order (a run
-may need an earlier run of its lane, e.g. a conversion its source); lanes run side by side.
+run stopped half-way, `RunStopped`, caches nothing). Repeating a plan skips every run whose
+cached fingerprint equals its spec's, re-runs one whose fingerprint changed only in keys its spec
+calls resumable (e.g. more `train.steps`: the run goes on from its checkpoint), and refuses, in
+one line before any run, an out_dir holding a run made with other settings. Runs of one lane run
+in order (a run may need an earlier run of its lane, e.g. a conversion its source); lanes run
+side by side.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ STARTED = 'run.json'  # a started run's fingerprint
 
 class RunFailed(RuntimeError):
     """A run that failed on its own: the plan goes on, and the run's line says why."""
+
+
+class RunStopped(RuntimeError):
+    """A run stopped before it finished (e.g. by SIGTERM): nothing is cached and the plan stops."""
 
 
 def _never(key: str) -> bool:
