@@ -224,6 +224,10 @@ def run(
         for spec in batch:
             print(run_one(spec, out_dir, reuse), flush=True)
 
-    with ThreadPoolExecutor(1 if relaunch is not None else parallel) as pool:
-        list(pool.map(lane, by_lane.values()))
+    if relaunch is not None or parallel == 1:  # in this thread: training installs signal handlers
+        for batch in by_lane.values():
+            lane(batch)
+    else:
+        with ThreadPoolExecutor(parallel) as pool:
+            list(pool.map(lane, by_lane.values()))
     return results(specs, out_dir)
