@@ -76,6 +76,9 @@ def test_changed_fingerprint_is_refused_in_one_line(tmp_path):
         'lr: 0.1 -> 0.3; use another --sweep_dir, or delete those runs to redo them'
     )
     assert len(fake.calls) == 2 and (tmp_path / 'a_s0' / 'result.json').exists()
+    (tmp_path / 'a_s0' / 'result.json').write_text('{"eval": {"loss": 1.0}}')  # no fingerprint
+    with pytest.raises(ValueError, match=r'a_s0 was made with other settings: no fingerprint'):
+        runner.run(plan(fake)[:1], str(tmp_path))
 
 
 def test_resume_after_a_partial_plan(tmp_path):

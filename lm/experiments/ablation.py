@@ -268,7 +268,7 @@ def compare_table(
         saved = read_result(os.path.join(other, spec.name))
         if spec.arm[1] != 'scratch' and saved is not None:
             theirs.setdefault(spec.arm, {})[spec.seed] = summary.loss(saved)
-            settings = saved['fingerprint']
+            settings = saved.get('fingerprint', saved.get('settings'))  # older: 'settings'
     rows = []
     for (label, method, alpha), ours in values.items():
         that = theirs.get((label, method, alpha), {})

@@ -122,7 +122,11 @@ def check(specs: list[Spec], out_dir: str, flag: str = '--out_dir') -> None:
         saved = read_result(workdir(out_dir, spec))
         if saved is None and spec.resume:
             saved = _read(os.path.join(workdir(out_dir, spec), STARTED))
-        if saved is not None and (diff := changes(saved['fingerprint'], spec)):
+        if saved is None:
+            continue
+        if 'fingerprint' not in saved:  # made before runs recorded one
+            stale.append((spec, ['no fingerprint recorded']))
+        elif diff := changes(saved['fingerprint'], spec):
             stale.append((spec, diff))
     if stale:
         spec, diff = stale[0]
@@ -136,7 +140,7 @@ def check(specs: list[Spec], out_dir: str, flag: str = '--out_dir') -> None:
 def cached(spec: Spec, run_dir: str) -> dict | None:
     """The result in `run_dir` if it finished with exactly `spec`'s fingerprint."""
     saved = read_result(run_dir)
-    return saved if saved is not None and saved['fingerprint'] == fingerprint(spec) else None
+    return saved if saved is not None and saved.get('fingerprint') == fingerprint(spec) else None
 
 
 def results(specs: list[Spec], out_dir: str) -> dict[str, dict]:
