@@ -184,6 +184,7 @@ def plan(ab: Ablation, out_dir: str) -> list[Spec]:
                 name = f'{label}_scratch_{total}_s{seed}'
                 run = _trainer(name, lambda w, s=seed, t=total, m=make: m(s, t), tb)
                 specs.append(Spec(name, scratch, run, (label, 'scratch', total), seed, lane=lane))
+    # An unfinished run starts clean: a conversion writes into an empty workdir.
     return [dataclasses.replace(s, resume=False) for s in specs]
 
 
