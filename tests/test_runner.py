@@ -150,6 +150,7 @@ def test_summary_numbers_against_a_reference(tmp_path):
     assert summary.cell(values['a']) == (
         f'{mean:.4f} ± {std:.4f} | [{mean - half:.4f}, {mean + half:.4f}]'
     )
+    assert summary.cell({7: 1.5}) == '1.5000 (n = 1) | n/a (1 seed)'  # no '± nan'
     cols = summary.estimate_columns('loss', values['a'])
     assert cols['loss'] == pytest.approx(mean, abs=1e-12)
     assert cols['loss_std'] == pytest.approx(std, abs=1e-12)

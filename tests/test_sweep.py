@@ -56,6 +56,7 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
         assert abs(int(row['params']) / int(rows['mha']['params']) - 1) <= 0.01, row
     assert int(rows['mqa_kv0']['mlp_dim']) > int(rows['mha']['mlp_dim']) == 64
     assert 'mha ~ mqa_kv0 (unresolved)' in md  # one seed of mqa: nothing is resolved
+    assert 'nan' not in md and '(n = 1) | n/a (1 seed) |' in md  # one seed: no '± nan'
 
     from tensorboard.backend.event_processing import event_accumulator
 

@@ -32,10 +32,18 @@ def loss(result: dict) -> float:
     return result['eval']['loss']
 
 
-def cell(values: Values) -> str:
-    """'mean ± std | [lo, hi]': an arm's estimate and its 95% interval as two table cells."""
+def spread(values: Values, digits: int = 4) -> str:
+    """'mean ± std', or 'mean (n = 1)' for one seed, which has no spread."""
     est = stats.estimate(list(values.values()))
-    return f'{est.mean:.4f} ± {est.std:.4f} | {est.interval()}'
+    if est.n < 2:
+        return f'{est.mean:.{digits}f} (n = {est.n})'
+    return f'{est.mean:.{digits}f} ± {est.std:.{digits}f}'
+
+
+def cell(values: Values) -> str:
+    """'mean ± std | [lo, hi]': an arm's estimate and its 95% interval as two table cells
+    ('mean (n = 1) | n/a (1 seed)' for one seed)."""
+    return f'{spread(values)} | {stats.estimate(list(values.values())).interval()}'
 
 
 def diff_cell(a: Values, b: Values) -> str:
