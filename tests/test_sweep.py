@@ -100,6 +100,12 @@ def test_grid_product_and_names(tmp_path, small_text):
     assert run_name({'model.attention': 'mla', 'train.lr': 0.001}) == 'mla_lr0.001'
     with pytest.raises(ValueError, match=r"'1.5' is not an int"):
         parse_grid(config, ['model.num_heads=1.5'])
+    with pytest.raises(ValueError, match=r'--grid: model.num_heads is given twice'):
+        parse_grid(config, ['model.num_heads=4', 'model.num_heads=8'])
+    with pytest.raises(ValueError, match=r"--grid 'seed=1,1': a value is repeated"):
+        parse_grid(config, ['seed=1,1'])
+    with pytest.raises(ValueError, match=r"a value is repeated"):
+        parse_grid(config, ['train.lr=0.001,1e-3'])
 
 
 @pytest.mark.parametrize('d_model,heads', [(32, 4), pytest.param(128, 8, marks=pytest.mark.slow)])

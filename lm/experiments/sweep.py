@@ -46,9 +46,14 @@ SHORT = {
 
 def parse_grid(config: ml_collections.ConfigDict, grids: list[str]) -> list[dict[str, Any]]:
     """`['model.num_heads=4,8', ...]` -> the cartesian product as a list of points."""
-    axes = []
+    axes, keys = [], set()
     for grid in grids:
         key, values = parse_assignment(config, grid, '--grid')
+        if key in keys:
+            raise ValueError(f'--grid: {key} is given twice; list its values once ({key}=a,b)')
+        if len(set(map(repr, values))) < len(values):
+            raise ValueError(f'--grid {grid!r}: a value is repeated; each value once')
+        keys.add(key)
         axes.append([(key, v) for v in values])
     return [dict(combo) for combo in itertools.product(*axes)]
 
