@@ -39,12 +39,11 @@ def teacher_forced_logits(decoder, prompts, continuation):
     pad = np.array([P - len(p) for p in prompts], np.int32)
     tokens = np.array([[0] * (P - len(p)) + p for p in prompts], np.int32)
     caches = init_caches(decoder.cfg, B, P + n + 3)  # a few spare slots that stay empty
-    logits, caches, kv_valid = decoder.prefill(decoder.params, tokens, pad, caches)
+    logits, caches = decoder.prefill(decoder.params, tokens, pad, caches)
     rows = [[logits[b, t] for t in range(pad[b], P)] for b in range(B)]
     for i in range(n):
-        step_logits, caches, kv_valid = decoder.step(
-            decoder.params, continuation[:, i], P + i, pad, caches, kv_valid
-        )
+        assert int(caches[0].slot) == P + i
+        step_logits, caches = decoder.step(decoder.params, continuation[:, i], pad, caches)
         for b in range(B):
             rows[b].append(step_logits[b])
     return [np.stack(r) for r in rows]
@@ -85,7 +84,7 @@ def test_cache_sizes_equal_the_accounting_formulas(variant):
         cfg = model_config(tiny_config(**VARIANTS[variant], dtype=dtype).model)
         caches = init_caches(cfg, batch=3, length=10)
         assert cache_elements_per_token(caches) == kv_cache_elements_per_token(cfg)
-        nbytes = sum(a.nbytes for c in caches for a in c.values())
+        nbytes = sum(a.nbytes for c in caches for a in c.arrays.values())
         assert nbytes == 3 * 10 * kv_cache_bytes_per_token(cfg, dtype)
     if variant == 'mla':
         assert cache_elements_per_token(caches) == 2 * (16 + 4)  # L · (d_c + d_h^R)

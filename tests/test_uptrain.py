@@ -453,8 +453,8 @@ def check_mla_decoding(workdir):
     assert cache_elements_per_token(caches) == cfg.num_layers * (8 + 4)
     tokens = np.array([[3, 5, 7, 11, 2, 9]], np.int32)
     pad = np.zeros(1, np.int32)
-    prefill, caches, kv_valid = decoder.prefill(decoder.params, tokens[:, :5], pad, caches)
-    step, _, _ = decoder.step(decoder.params, tokens[:, 5], 5, pad, caches, kv_valid)
+    prefill, caches = decoder.prefill(decoder.params, tokens[:, :5], pad, caches)
+    step, _ = decoder.step(decoder.params, tokens[:, 5], pad, caches)
     full = np.asarray(model(tokens))[0]
     np.testing.assert_allclose(prefill[0], full[:5], atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(step[0], full[5], atol=2e-5, rtol=1e-4)
