@@ -21,10 +21,17 @@ def test_functions_fit_on_a_screen(path):
     assert not long, long
 
 
-# attention.py, variant.py and mla.py define the variants and their contract (names, examples).
+# attention.py, variant.py, gqa.py and mla.py define the variants and their contract (names,
+# examples).
 # hf_mapping.py is the variants' own Hugging Face mappings (Llama <-> MHA/GQA/MQA, DeepseekV3 <->
 # MLA), which the variants hold: the file format itself is tied to the variant, so it names them.
-NAMING_ALLOWED = ('model/attention.py', 'model/variant.py', 'model/mla.py', 'model/hf_mapping.py')
+NAMING_ALLOWED = (
+    'model/attention.py',
+    'model/variant.py',
+    'model/gqa.py',
+    'model/mla.py',
+    'model/hf_mapping.py',
+)
 
 
 def test_only_lm_attention_names_variants():

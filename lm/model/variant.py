@@ -31,12 +31,12 @@ def document_mask(segment_ids_BT: jax.Array) -> jax.Array:
     return same_BTS & causal_mask(segment_ids_BT.shape[1])[None]
 
 
-def cache_mask(kv_valid_BS: jax.Array, slot: jax.Array, T: int) -> jax.Array:
+def cache_mask(valid_BS: jax.Array, slot: jax.Array, T: int) -> jax.Array:
     """[B, T, S] mask for T new queries written at cache slots slot..slot+T-1: a query attends
-    valid slots at or before its own (kv_valid_BS: False for slots never to be attended)."""
-    S = kv_valid_BS.shape[1]
+    valid slots at or before its own (valid_BS: False for slots never to be attended)."""
+    S = valid_BS.shape[1]
     causal_TS = jnp.arange(S)[None, :] <= slot + jnp.arange(T)[:, None]
-    return kv_valid_BS[:, None, :] & causal_TS[None]
+    return valid_BS[:, None, :] & causal_TS[None]
 
 
 def write_cache(cache_BS_: jax.Array, new_BT_: jax.Array, slot: jax.Array) -> jax.Array:
