@@ -7,10 +7,11 @@
   compression with a decoupled, head-shared RoPE key).
 
 Every variant subclasses `AttentionVariant` (lm/model/variant.py, with the registry and shared
-pieces) and is registered with `@register`. Everything
-outside these files (model, decoding, accounting, uptraining, sweeps, plots) asks the variant
-class (`variant(cfg)`) what it can do, never compares `cfg.attention` with a name. A new
-variant is one registered class. Shape letters: see the legend in lm/model/transformer.py.
+pieces) and is registered with `@register`; it computes attention once, in its `__call__`, for
+training, cached decoding and analysis. Everything outside these files (model, decoding,
+accounting, uptraining, analysis, sweeps, plots) asks the variant class (`variant(cfg)`) what it
+can do, never compares `cfg.attention` with a name. A new variant is one registered class.
+Shape letters: see the legend in lm/model/transformer.py.
 """
 
 from __future__ import annotations
