@@ -1,4 +1,4 @@
-"""Evaluate a run's checkpoint and log the result next to its training curves.
+r"""Evaluate a run's checkpoint and log the result next to its training curves.
 
 The protocol is the run's own (`lm.train.evaluation`: config.eval_tokens and eval_batch_size), so on
 the run's validation split this gives exactly the loss its training logged at that step.

@@ -1,4 +1,4 @@
-"""Train (or resume) a language model from a config file.
+r"""Train (or resume) a language model from a config file.
 
   python train.py --config=configs/quickstart.py --workdir=runs/quickstart
   python train.py --config=configs/shakespeare_char.py:gqa2 --workdir=runs/gqa2 \

@@ -1,10 +1,11 @@
 """nanoGPT's CPU recipe for Tiny Shakespeare (character level) with our block.
 
 4 layers, 4 heads, d_model 128, context 64, batch 12, 2000 steps, lr 1e-3 -> 1e-4 cosine,
-warmup 100, beta2 0.99, byte tokenizer. The text file is given on the command line:
+warmup 100, beta2 0.99, byte tokenizer. The text is data/tinyshakespeare.txt (relative to the
+working directory; fetch it with `python scripts/get_data.py tinyshakespeare`, or point
+--config.data.path elsewhere):
 
-  python train.py --config=configs/shakespeare_char.py:gqa2 --workdir=runs/gqa2 \
-      --config.data.path=data/tinyshakespeare.txt
+  python train.py --config=configs/shakespeare_char.py:gqa2 --workdir=runs/gqa2
 
 The optional argument picks the attention variant: mha (default), gqa<g> (e.g. gqa2), mqa, mla.
 """
@@ -26,7 +27,7 @@ def get_config(variant: str = 'mha'):
     config.model.mla.update(
         kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32
     )
-    config.data.update(source='text', tokenizer='byte', seq_len=64)
+    config.data.update(source='text', path='data/tinyshakespeare.txt', tokenizer='byte', seq_len=64)
     config.train.update(
         batch_size=12,
         steps=2000,

@@ -16,7 +16,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
-from lm.config import load_config_file, with_overrides
+from lm.config import get_key, load_config_file, with_overrides
 from lm.sharding import set_cpu_devices
 from lm.train.workdir import RunError
 
@@ -268,6 +268,15 @@ def _argv_values(argv: list[str], name: str) -> list[str]:
     return values
 
 
+def _check_override_keys(config: ml_collections.ConfigDict, name: str, argv: list[str]) -> None:
+    """One-line ValueError for a `--<name>.<key>=value` whose key is not in `config`."""
+    for arg in argv[1:]:
+        if arg == '--':
+            break
+        if arg.startswith(f'--{name}.'):
+            get_key(config, arg[len(name) + 3 :].partition('=')[0], f'--{name}.*')
+
+
 _HELP = {'--help', '-help', '-?', '--helpshort', '--helpfull', '--helpxml'}
 
 
@@ -278,7 +287,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         for name in list(flags.FLAGS):
             if isinstance(flags.FLAGS[name].parser, ConfigFileFlagParser):
                 for value in _argv_values(argv, name)[-1:]:
-                    check_config_file(value, f'--{name}')
+                    _check_override_keys(check_config_file(value, f'--{name}'), name, argv)
     except ValueError as e:
         print(f'error: {e}', file=sys.stderr)
         sys.exit(1)

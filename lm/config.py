@@ -8,6 +8,7 @@ checkpoints are brought up to it by lm/config_migration.py."""
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib.util
 import os
 from typing import Any
@@ -35,12 +36,26 @@ def write_config_file(config: ml_collections.ConfigDict, path: str) -> str:
     return path
 
 
+def dotted_keys(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
+    """Every leaf key of `config` in dotted form ('model.num_heads', 'model.mla.kv_lora_rank')."""
+    keys = []
+    for name, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            keys += dotted_keys(value, f'{prefix}{name}.')
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
 def get_key(config: ml_collections.ConfigDict, key: str, flag: str = 'config') -> Any:
-    """The value at dotted `key` ('model.num_heads'); ValueError naming `flag` if absent."""
+    """The value at dotted `key` ('model.num_heads'); ValueError naming `flag` and the nearest
+    existing key if absent."""
     node = config
     for part in key.split('.'):
         if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            raise ValueError(f'{flag}: unknown config key {key!r}')
+            near = difflib.get_close_matches(key, dotted_keys(config), n=1, cutoff=0.6)
+            hint = f' (did you mean {near[0]!r}?)' if near else ''
+            raise ValueError(f'{flag}: unknown config key {key!r}{hint}')
         node = node[part]
     return node
 

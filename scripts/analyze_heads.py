@@ -1,4 +1,4 @@
-"""What each attention head does: per-head scores, KV-head similarity and loss by position.
+r"""What each attention head does: per-head scores, KV-head similarity and loss by position.
 
   python scripts/analyze_heads.py --workdir=runs/mha --out=runs/mha/heads
   python scripts/analyze_heads.py --workdir=runs/mha --compare=runs/gqa2@0 \

@@ -10,6 +10,7 @@ accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L for ML
   python scripts/bench_decode.py --contexts=256,1024 --json=decode.json
 """
 
+import dataclasses
 import json
 import os
 import time
@@ -63,21 +64,21 @@ def bench(variant: str, context: int) -> dict:
     B, n = _BATCH.value, _NEW.value
     S = context + n
     key = jax.random.key(0)
-    caches = [
-        {k: jax.random.normal(key, a.shape, a.dtype) for k, a in c.items()}
+    caches = [  # filled up to slot `context`
+        dataclasses.replace(
+            c,
+            arrays={k: jax.random.normal(key, a.shape, a.dtype) for k, a in c.arrays.items()},
+            slot=np.int32(context),
+        )
         for c in init_caches(cfg, B, S)
     ]
-    measured = sum(a.nbytes for c in caches for a in c.values()) / (B * S)
-    kv_valid = np.zeros((B, S), bool)
-    kv_valid[:, :context] = True
+    measured = sum(a.nbytes for c in caches for a in c.arrays.values()) / (B * S)
     logits = np.zeros((B, cfg.vocab_size), np.float32)
     args = (
         decoder.params,
         logits,
         caches,
-        kv_valid,
         np.zeros(B, np.int32),
-        np.int32(context),
         np.int32(n),
         np.int32(-1),
         jax.random.key(1),

@@ -1,4 +1,4 @@
-"""The eager PyTorch baseline: nanoGPT's model and CPU recipe for Tiny Shakespeare
+r"""The eager PyTorch baseline: nanoGPT's model and CPU recipe for Tiny Shakespeare
 (4 layers, 4 heads, d_model 128, context 64, batch 12, GELU MLP, LayerNorm without bias,
 learned positions, AdamW), timed the way scripts/bench_train.py times ours, so the two compare
 on one machine. Needs `pip install torch` (not a dependency of lm). scripts/bench_train.py runs

@@ -1,4 +1,4 @@
-"""A/B of XLA compiler options on the train step, interleaved in one process.
+r"""A/B of XLA compiler options on the train step, interleaved in one process.
 
 The train step of a config (default: configs/shakespeare_char.py, MHA, its steps_per_call) is
 lowered once and compiled once per option set; the compiled programs then take turns for

@@ -1,4 +1,4 @@
-"""Sample text from a trained checkpoint with the KV-cache decoder.
+r"""Sample text from a trained checkpoint with the KV-cache decoder.
 
   python scripts/generate.py --workdir=runs/shakespeare_mha --prompt="ROMEO:" --max_new_tokens=200
   python scripts/generate.py --workdir=runs/gqa2 --prompt="ROMEO:" --prompt="JULIET:" \

@@ -1,4 +1,4 @@
-"""Convert an MHA (or GQA) checkpoint to fewer KV heads and set up a run that uptrains it.
+r"""Convert an MHA (or GQA) checkpoint to fewer KV heads and set up a run that uptrains it.
 
   python scripts/uptrain.py --src=runs/mha --dst=runs/gqa2_up --num_kv_heads=2 --method=mean
   python train.py --workdir=runs/gqa2_up        # uptrains for uptrain.fraction x source steps

@@ -16,6 +16,7 @@ from flax import nnx
 
 from lm.config import load_config_file, with_values
 from lm.config import write_config_file as lm_write_config_file
+from lm.model.attention import AttentionWeights
 
 # Broadcasting must be explicit in lm/ (a silent [E] * [B, T, E] hides shape bugs).
 jax.config.update('jax_numpy_rank_promotion', 'raise')
@@ -129,6 +130,16 @@ def jitted(model):
         return nnx.merge(graphdef, state)(tokens_BT, positions_BT, segment_ids_BT=segment_ids_BT)
 
     return run
+
+
+def sown_weights(attn, x_BTE, positions_BT, **kwargs):
+    """An attention module's call on a copy with `sow_weights` set: ((y, cache), the weights
+    [B, H, T, S] it sowed), as lm.analysis.scores.attention_probs reads them from a model."""
+    probe = nnx.clone(attn)
+    probe.sow_weights = True
+    out, sown = nnx.capture(probe, AttentionWeights)(x_BTE, positions_BT, **kwargs)
+    (weights,) = sown['weights'].get_value()
+    return out, weights
 
 
 def write_config_file(config, path):

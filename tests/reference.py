@@ -48,18 +48,18 @@ def rope(x, pos, theta, cfg=None):
     )
 
 
-def softmax_attention(q, k, v, scale):
-    """q, k [B, T, H, Dk], v [B, T, H, Dv], every head with its own K/V; causal."""
+def causal_weights(q, k, scale):
+    """q, k [B, T, H, Dk], every head with its own keys: causal softmax weights [B, H, T, T]."""
     T = q.shape[1]
     s = np.einsum('bthd,bshd->bhts', q, k) * scale
     s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
     w = np.exp(s - s.max(-1, keepdims=True))
-    w /= w.sum(-1, keepdims=True)
-    return np.einsum('bhts,bshd->bthd', w, v)
+    return w / w.sum(-1, keepdims=True)
 
 
-def gqa(attn, cfg, x, pos):
-    """GroupedQueryAttention with KV heads repeated per query head (head i uses i // (H/g))."""
+def gqa_qkv(attn, cfg, x, pos):
+    """GroupedQueryAttention's q, k, v [B, T, H, D] with KV heads repeated per query head (head
+    i uses i // (H/g)), and the softmax scale."""
     H, G = cfg.num_heads, cfg.num_kv_heads
     q = np.einsum('bte,ehd->bthd', x, p(attn.q_proj.kernel))
     k = np.einsum('bte,egd->btgd', x, p(attn.k_proj.kernel))
@@ -68,13 +68,12 @@ def gqa(attn, cfg, x, pos):
         q, k, v = q + p(attn.q_proj.bias), k + p(attn.k_proj.bias), v + p(attn.v_proj.bias)
     q, k = rope(q, pos, cfg.rope_theta, cfg), rope(k, pos, cfg.rope_theta, cfg)
     k, v = np.repeat(k, H // G, axis=2), np.repeat(v, H // G, axis=2)
-    o = softmax_attention(q, k, v, cfg.head_dim**-0.5)
-    out = np.einsum('bthd,hde->bte', o, p(attn.o_proj.kernel))
-    return out + p(attn.o_proj.bias) if cfg.o_bias else out
+    return q, k, v, cfg.head_dim**-0.5
 
 
-def mla(attn, cfg, x, pos):
-    """MLA with full per-head K and V materialised from the latent c_KV."""
+def mla_qkv(attn, cfg, x, pos):
+    """MLA's q, k [B, T, H, N + P] and v [B, T, H, U], full per-head K and V materialised from
+    the latent c_KV, and the softmax scale."""
     H, C, Dn = cfg.num_heads, cfg.section.kv_lora_rank, cfg.section.qk_nope_head_dim
     eps = cfg.section.latent_norm_eps or cfg.norm_eps
     if cfg.section.q_lora_rank:
@@ -88,13 +87,25 @@ def mla(attn, cfg, x, pos):
     k_pe = rope(kv_a[:, :, None, C:], pos, cfg.rope_theta, cfg)  # one RoPE key, all heads
     kv = np.einsum('btc,chk->bthk', c, p(attn.kv_b_proj.kernel))
     k = np.concatenate([kv[..., :Dn], np.repeat(k_pe, H, axis=2)], axis=-1)
-    v = kv[..., Dn:]
-    o = softmax_attention(q, k, v, (Dn + cfg.section.qk_rope_head_dim) ** -0.5)
-    return np.einsum('bthd,hde->bte', o, p(attn.o_proj.kernel))
+    return q, k, kv[..., Dn:], (Dn + cfg.section.qk_rope_head_dim) ** -0.5
+
+
+def qkv(attn, cfg, x, pos):
+    return (mla_qkv if cfg.attention == 'mla' else gqa_qkv)(attn, cfg, x, pos)
+
+
+def weights(attn, cfg, x, pos):
+    """The attention weights [B, H, T, T] of the module `attn` on x [B, T, E]."""
+    q, k, _, scale = qkv(attn, cfg, x, pos)
+    return causal_weights(q, k, scale)
 
 
 def attention(attn, cfg, x, pos):
-    return (mla if cfg.attention == 'mla' else gqa)(attn, cfg, x, pos)
+    """The module's output [B, T, E]: weights · values, then o_proj."""
+    q, k, v, scale = qkv(attn, cfg, x, pos)
+    o = np.einsum('bhts,bshd->bthd', causal_weights(q, k, scale), v)
+    out = np.einsum('bthd,hde->bte', o, p(attn.o_proj.kernel))
+    return out + p(attn.o_proj.bias) if cfg.o_bias else out
 
 
 def forward(model, cfg, tokens):

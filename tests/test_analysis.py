@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from conftest import ROOT, read_scalars, tiny_config, tiny_train_config
-from reference import p, rmsnorm, rope
+from conftest import ROOT, read_scalars, sown_weights, tiny_config, tiny_train_config
+from flax import nnx
+from reference import p, rmsnorm
 
 from lm.analysis import scores as analysis
 from lm.model.transformer import build_model, model_config
@@ -220,56 +221,10 @@ def randomise_biases(model, rng):
                 proj.bias[...] = jnp.asarray(rng.normal(size=proj.bias.shape), jnp.float32)
 
 
-def reference_values(attn, cfg, x):
-    """Per-query-head values [B, S, H, Dv] in float64, written from the parameters."""
-    H = cfg.num_heads
-    if cfg.attention == 'mla':
-        C, Dn = cfg.section.kv_lora_rank, cfg.section.qk_nope_head_dim
-        kv_a = x @ p(attn.kv_a_proj_with_mqa.kernel)
-        c = rmsnorm(kv_a[..., :C], p(attn.kv_a_layernorm.scale), cfg.norm_eps)
-        return np.einsum('btc,chk->bthk', c, p(attn.kv_b_proj.kernel))[..., Dn:]
-    v = np.einsum('bte,egd->btgd', x, p(attn.v_proj.kernel))
-    if cfg.qkv_bias:
-        v = v + p(attn.v_proj.bias)
-    return np.repeat(v, H // cfg.num_kv_heads, axis=2)
-
-
-def reference_probs(attn, cfg, x, pos):
-    """Causal attention probabilities [B, H, T, S] in float64, K heads repeated explicitly."""
-    H = cfg.num_heads
-    if cfg.attention == 'mla':
-        C, Dn = cfg.section.kv_lora_rank, cfg.section.qk_nope_head_dim
-        if cfg.section.q_lora_rank:
-            cq = rmsnorm(x @ p(attn.q_a_proj.kernel), p(attn.q_a_layernorm.scale), cfg.norm_eps)
-            q = np.einsum('btc,chk->bthk', cq, p(attn.q_b_proj.kernel))
-        else:
-            q = np.einsum('bte,ehk->bthk', x, p(attn.q_proj.kernel))
-        q = np.concatenate([q[..., :Dn], rope(q[..., Dn:], pos, cfg.rope_theta)], axis=-1)
-        kv_a = x @ p(attn.kv_a_proj_with_mqa.kernel)
-        c = rmsnorm(kv_a[..., :C], p(attn.kv_a_layernorm.scale), cfg.norm_eps)
-        k_pe = rope(kv_a[:, :, None, C:], pos, cfg.rope_theta)
-        k_nope = np.einsum('btc,chk->bthk', c, p(attn.kv_b_proj.kernel))[..., :Dn]
-        k = np.concatenate([k_nope, np.repeat(k_pe, H, axis=2)], axis=-1)
-        scale = (Dn + cfg.section.qk_rope_head_dim) ** -0.5
-    else:
-        q = np.einsum('bte,ehd->bthd', x, p(attn.q_proj.kernel))
-        k = np.einsum('bte,egd->btgd', x, p(attn.k_proj.kernel))
-        if cfg.qkv_bias:
-            q, k = q + p(attn.q_proj.bias), k + p(attn.k_proj.bias)
-        q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
-        k = np.repeat(k, H // cfg.num_kv_heads, axis=2)
-        scale = cfg.head_dim**-0.5
-    T = q.shape[1]
-    s = np.einsum('bthd,bshd->bhts', q, k) * scale
-    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
-    w = np.exp(s - s.max(-1, keepdims=True))
-    return w / w.sum(-1, keepdims=True)
-
-
 @pytest.mark.parametrize('variant', VARIANTS)
-def test_probe_probabilities_times_values_give_the_attention_output(variant):
-    """probs(x) · values → o_proj reproduces the module's own forward output (float32,
-    atol 2e-5), for every variant."""
+def test_sown_weights_times_values_give_the_attention_output(variant):
+    """The weights a variant sows (what the probe reads) · float64 values → o_proj reproduces
+    the module's own output on the same call (float32, atol 2e-5), for every variant."""
     cfg = model_config(tiny_config(**VARIANTS[variant]).model)
     model = build_model(cfg, seed=1)
     rng = np.random.default_rng(0)
@@ -277,29 +232,29 @@ def test_probe_probabilities_times_values_give_the_attention_output(variant):
     attn = model.blocks[0].attn
     x = rng.normal(size=(2, 9, cfg.d_model)).astype(np.float32)
     pos = np.broadcast_to(np.arange(9), (2, 9))
-    probs = np.asarray(attn.probs(jnp.asarray(x), jnp.asarray(pos)), np.float64)
-    assert probs.shape == (2, cfg.num_heads, 9, 9)
-    v = reference_values(attn, cfg, x.astype(np.float64))
-    out = np.einsum('bhts,bshd->bthd', probs, v)
+    (y, _), weights = sown_weights(attn, jnp.asarray(x), jnp.asarray(pos))
+    assert weights.shape == (2, cfg.num_heads, 9, 9)
+    v = reference.qkv(attn, cfg, x.astype(np.float64), pos.astype(np.float64))[2]
+    out = np.einsum('bhts,bshd->bthd', np.asarray(weights, np.float64), v)
     out = np.einsum('bthd,hde->bte', out, p(attn.o_proj.kernel))
-    np.testing.assert_allclose(out, np.asarray(attn(jnp.asarray(x), jnp.asarray(pos))), atol=2e-5)
+    np.testing.assert_allclose(out, np.asarray(y), atol=2e-5)
 
 
 @pytest.mark.parametrize('variant', VARIANTS)
 def test_probe_matches_reference_probabilities_in_every_layer(variant):
-    """The probe's walk over the blocks against a float64 NumPy forward (atol 1e-5)."""
+    """The probe (jitted, as the report runs it) against a float64 NumPy forward (atol 1e-5)."""
     cfg = model_config(tiny_config(**VARIANTS[variant]).model)
     model = build_model(cfg, seed=2)
     rng = np.random.default_rng(1)
     randomise_biases(model, rng)
     tokens = rng.integers(0, cfg.vocab_size, (2, 10))
-    got = analysis.attention_probs(model, jnp.asarray(tokens))
+    got = nnx.jit(analysis.attention_probs)(model, jnp.asarray(tokens))
     assert len(got) == cfg.num_layers
     pos = np.broadcast_to(np.arange(10, dtype=np.float64), (2, 10))
     x = p(model.embed)[tokens]
     for layer, block in enumerate(model.blocks):
         h = rmsnorm(x, p(block.attn_norm.scale), cfg.norm_eps)
-        ref = reference_probs(block.attn, cfg, h, pos)
+        ref = reference.weights(block.attn, cfg, h, pos)
         np.testing.assert_allclose(np.asarray(got[layer]), ref, atol=1e-5, err_msg=f'L{layer}')
         x = x + reference.attention(block.attn, cfg, h, pos)
         h = rmsnorm(x, p(block.mlp_norm.scale), cfg.norm_eps)

@@ -1,5 +1,6 @@
-"""Attention variants against the float64 reference in tests/reference.py, and the exact
-equivalences between MHA, GQA and MQA."""
+"""Attention variants against the float64 reference in tests/reference.py (outputs, and the
+weights they sow for analysis, with and without a KV cache), and the exact equivalence between
+GQA / MQA and an MHA that repeats their K/V heads."""
 
 import dataclasses
 
@@ -8,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from conftest import tiny_config
+from conftest import sown_weights, tiny_config
 from flax import nnx
 
-from lm.model.attention import make_attention
+from lm.model.attention import VARIANTS, make_attention, variant
 from lm.model.transformer import build_model, model_config
 
 CASES = {
@@ -57,7 +58,7 @@ def test_attention_matches_reference(case):
     randomize_biases(attn)
     x, pos = inputs(cfg)
     want = reference.attention(attn, cfg, np.asarray(x, np.float64), np.asarray(pos, np.float64))
-    np.testing.assert_allclose(attn(x, pos), want, atol=ATOL, rtol=RTOL)
+    np.testing.assert_allclose(attn(x, pos)[0], want, atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize('case', CASES)
@@ -74,10 +75,39 @@ def test_backends_agree(case):
     cfg = model_config(tiny_config(**CASES[case]).model)
     x, pos = inputs(cfg)
     outs = [
-        make_attention(dataclasses.replace(cfg, attention_impl=impl), rngs=nnx.Rngs(0))(x, pos)
+        make_attention(dataclasses.replace(cfg, attention_impl=impl), rngs=nnx.Rngs(0))(x, pos)[0]
         for impl in ('einsum', 'dot_product')
     ]
     np.testing.assert_allclose(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+
+
+def test_cases_cover_every_registered_variant():
+    assert {CASES[c]['attention'] for c in CASES} == set(VARIANTS)
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_sown_weights_match_reference(case):
+    """The weights a variant sows for analysis, against float64 softmax(q·k) written from the
+    module's parameters (atol 1e-5 on weights in [0, 1]): on the training path, and on the
+    cached path (T tokens prefilled into a cache of T + 3 slots; MLA absorbed and expanded),
+    whose empty slots get weight exactly 0 and whose output is the training path's."""
+    cfg = model_config(tiny_config(**CASES[case]).model)
+    attn = make_attention(cfg, rngs=nnx.Rngs(0))
+    randomize_biases(attn)
+    x, pos = inputs(cfg)
+    B, T = pos.shape
+    want = reference.weights(attn, cfg, np.asarray(x, np.float64), np.asarray(pos, np.float64))
+    (y, _), got = sown_weights(attn, x, pos)
+    assert got.shape == (B, cfg.num_heads, T, T) and got.dtype == jnp.float32
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    for absorb in (True, False):
+        attn.set_attributes(absorb=absorb, raise_if_not_found=False)
+        cache = variant(cfg).init_cache(cfg, B, T + 3, jnp.float32)
+        (y_cached, cache), got = sown_weights(attn, x, pos, cache=cache)
+        np.testing.assert_allclose(got[..., :T], want, atol=1e-5, err_msg=f'absorb={absorb}')
+        np.testing.assert_array_equal(got[..., T:], 0)
+        np.testing.assert_allclose(y_cached, y, atol=ATOL, rtol=RTOL)
+        assert int(cache.slot) == T
 
 
 def outputs(seed=0, **model):
@@ -86,37 +116,39 @@ def outputs(seed=0, **model):
     return cfg, make_attention(cfg, rngs=nnx.Rngs(seed)), x, pos
 
 
-def test_gqa_with_g_equal_heads_is_exactly_mha():
-    _, mha, x, pos = outputs(attention='mha')
-    _, gqa, _, _ = outputs(attention='gqa', num_kv_heads=4)
-    for a, b in zip(jax.tree.leaves(nnx.state(mha)), jax.tree.leaves(nnx.state(gqa)), strict=True):
-        np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(mha(x, pos), gqa(x, pos))
-
-
 @pytest.mark.parametrize(
     'model', [dict(attention='gqa', num_kv_heads=2), dict(attention='mqa')], ids=['gqa2', 'mqa']
 )
 def test_grouped_equals_mha_with_contiguously_repeated_kv_heads(model):
-    """Query head i reads KV head i // (H/g): an MHA whose K/V heads repeat the GQA (or MQA)
-    heads contiguously computes the same function (up to float32 rounding of another einsum)."""
+    """Query head i reads KV head i // (H/g): an MHA (a module of its own, G = H) whose K/V heads
+    repeat the GQA (or MQA) heads contiguously computes the same weights and outputs. The
+    projections agree bit for bit; the score einsum runs as differently shaped XLA dots
+    ([G, R·T] rows against [G] key heads), so a few float32 ulps apart (atol 1e-6)."""
     cfg, grouped, x, pos = outputs(**model)
-    _, mha, _, _ = outputs(attention='mha')
+    _, mha, _, _ = outputs(seed=1, attention='mha')
     for name in ('q_proj', 'o_proj'):
         getattr(mha, name).kernel[...] = getattr(grouped, name).kernel[...]
     R = cfg.num_heads // cfg.num_kv_heads
     for name in ('k_proj', 'v_proj'):
         getattr(mha, name).kernel[...] = jnp.repeat(getattr(grouped, name).kernel[...], R, axis=1)
-    np.testing.assert_allclose(mha(x, pos), grouped(x, pos), atol=1e-6, rtol=1e-6)
+    (y_mha, _), w_mha = sown_weights(mha, x, pos)
+    (y_grouped, _), w_grouped = sown_weights(grouped, x, pos)
+    np.testing.assert_allclose(w_mha, w_grouped, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(y_mha, y_grouped, atol=1e-6, rtol=0)
 
 
 def test_kv_projections_hold_only_kv_heads():
-    cfg, gqa, _, _ = outputs(attention='gqa', num_kv_heads=2)
+    cfg, gqa, x, _ = outputs(attention='gqa', num_kv_heads=2)
     assert gqa.k_proj.kernel.shape == (cfg.d_model, 2, cfg.head_dim)
     assert gqa.q_proj.kernel.shape == (cfg.d_model, 4, cfg.head_dim)
+    k_BTGD, v_BTGD = gqa.kv_projections(x)
+    want_k = np.einsum('bte,egd->btgd', np.asarray(x, np.float64), reference.p(gqa.k_proj.kernel))
+    want_v = np.einsum('bte,egd->btgd', np.asarray(x, np.float64), reference.p(gqa.v_proj.kernel))
+    np.testing.assert_allclose(k_BTGD, want_k, atol=1e-5)  # float32, before RoPE
+    np.testing.assert_allclose(v_BTGD, want_v, atol=1e-5)
 
 
 def test_head_dim_independent_of_d_model():
     cfg, attn, x, pos = outputs(attention='gqa', num_kv_heads=2, head_dim=20)
     assert attn.q_proj.kernel.shape == (32, 4, 20)
-    assert attn(x, pos).shape == x.shape
+    assert attn(x, pos)[0].shape == x.shape

@@ -122,6 +122,18 @@ ROWS = [
         r'configs/base\.py',
     ),
     (
+        'config_key_typo',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.train.stpes=10'],
+        r"--config\.\*: unknown config key 'train\.stpes' \(did you mean 'train\.steps'\?\)$",
+    ),
+    (
+        'config_key_moved_to_a_section',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.model.kv_lora_rank=8'],
+        r"unknown config key 'model\.kv_lora_rank' \(did you mean 'model\.mla\.kv_lora_rank'\?\)$",
+    ),
+    (
         'workdir_read_only',
         TRAIN,
         lambda c: [f'--config={c.good_cfg}', '--workdir=UNWRITABLE'],

@@ -21,10 +21,17 @@ def test_functions_fit_on_a_screen(path):
     assert not long, long
 
 
-# attention.py, variant.py and mla.py define the variants and their contract (names, examples).
+# attention.py, variant.py, gqa.py and mla.py define the variants and their contract (names,
+# examples).
 # hf_mapping.py is the variants' own Hugging Face mappings (Llama <-> MHA/GQA/MQA, DeepseekV3 <->
 # MLA), which the variants hold: the file format itself is tied to the variant, so it names them.
-NAMING_ALLOWED = ('model/attention.py', 'model/variant.py', 'model/mla.py', 'model/hf_mapping.py')
+NAMING_ALLOWED = (
+    'model/attention.py',
+    'model/variant.py',
+    'model/gqa.py',
+    'model/mla.py',
+    'model/hf_mapping.py',
+)
 
 
 def test_only_lm_attention_names_variants():
@@ -38,3 +45,27 @@ def test_only_lm_attention_names_variants():
         if names.search(line)
     ]
     assert not offenders, offenders
+
+
+PYTHON_FILES = sorted(
+    [*MODULES, *(ROOT / 'scripts').glob('*.py'), *(ROOT / 'configs').rglob('*.py')]
+    + [ROOT / 'train.py', ROOT / 'eval.py']
+)
+
+
+def test_docstrings_keep_their_line_continuations():
+    """`--help` prints an entry point's docstring: a shell example continued with a backslash
+    must keep its line breaks (a raw docstring), not collapse into one line of spaces."""
+    collapsed = []
+    for path in PYTHON_FILES:
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            body = getattr(node, 'body', None)
+            if not (isinstance(body, list) and body and isinstance(body[0], ast.Expr)):
+                continue
+            doc = body[0].value
+            if isinstance(doc, ast.Constant) and isinstance(doc.value, str):
+                literal = ast.get_source_segment(source, doc)
+                if literal.count('\n') != doc.value.count('\n'):
+                    collapsed.append(f'{path.relative_to(ROOT)}:{doc.lineno}')
+    assert not collapsed, collapsed

@@ -171,6 +171,17 @@ def test_dotted_key_helpers():
         with_overrides(config, ['model.qkv_bias=maybe'])
     with pytest.raises(ValueError, match=r"config: unknown config key 'train.nope'"):
         set_key(config, 'train.nope', 1)
+    with pytest.raises(
+        ValueError,
+        match=r"--grid: unknown config key 'model.num_hedas' \(did you mean 'model.num_heads'\?\)$",
+    ):
+        with_overrides(config, ['model.num_hedas=4'], '--grid')
+    with pytest.raises(
+        ValueError, match=r"'model.rope_thetta' \(did you mean 'model.rope_theta'\?\)$"
+    ):
+        get_key(config, 'model.rope_thetta')
+    with pytest.raises(ValueError, match=r"unknown config key 'zzz.qqq'$"):  # nothing near
+        get_key(config, 'zzz.qqq')
 
 
 def test_hparams_and_config_text_show_only_the_active_variants_section():

@@ -6,6 +6,7 @@ import pytest
 from conftest import ROOT
 
 from lm.config import load_config_file
+from lm.data.corpus import check_data_config
 from lm.experiments.sweep import invalid_reason, point_config
 from lm.model.transformer import model_config
 
@@ -30,6 +31,19 @@ def test_shakespeare_char_variants(variant, attention, kv):
     assert (cfg.attention, cfg.num_kv_heads, cfg.num_layers, cfg.d_model) == (attention, kv, 4, 128)
     assert (config.data.seq_len, config.train.batch_size, config.train.steps) == (64, 12, 2000)
     assert (config.train.lr, config.train.min_lr, config.train.b2) == (1e-3, 1e-4, 0.99)
+
+
+def test_shakespeare_char_reads_data_tinyshakespeare_and_says_how_to_fetch_it(
+    tmp_path, monkeypatch
+):
+    config = load_config_file(str(ROOT / 'configs' / 'shakespeare_char.py'))
+    assert config.data.path == 'data/tinyshakespeare.txt'
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r'python scripts/get_data\.py tinyshakespeare\)$'):
+        check_data_config(config.data)
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'tinyshakespeare.txt').write_text('First Citizen:\n')
+    check_data_config(config.data)
 
 
 def test_shakespeare_char_unknown_variant():

@@ -1,11 +1,20 @@
 """KV-cache decoding: prefill + incremental steps equal a full forward pass for every variant."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
 from conftest import run_entry, tiny_config, tiny_train_config
 
-from lm.infer.decode import Decoder, Sampling, cache_elements_per_token, init_caches, parse_sampling
+from lm.infer.decode import (
+    GREEDY,
+    Decoder,
+    Sampling,
+    cache_elements_per_token,
+    init_caches,
+    parse_sampling,
+)
 from lm.model.accounting import kv_cache_bytes_per_token, kv_cache_elements_per_token
 from lm.model.transformer import build_model, model_config
 from lm.train.loop import train
@@ -30,12 +39,11 @@ def teacher_forced_logits(decoder, prompts, continuation):
     pad = np.array([P - len(p) for p in prompts], np.int32)
     tokens = np.array([[0] * (P - len(p)) + p for p in prompts], np.int32)
     caches = init_caches(decoder.cfg, B, P + n + 3)  # a few spare slots that stay empty
-    logits, caches, kv_valid = decoder.prefill(decoder.params, tokens, pad, caches)
+    logits, caches = decoder.prefill(decoder.params, tokens, pad, caches)
     rows = [[logits[b, t] for t in range(pad[b], P)] for b in range(B)]
     for i in range(n):
-        step_logits, caches, kv_valid = decoder.step(
-            decoder.params, continuation[:, i], P + i, pad, caches, kv_valid
-        )
+        assert int(caches[0].slot) == P + i
+        step_logits, caches = decoder.step(decoder.params, continuation[:, i], pad, caches)
         for b in range(B):
             rows[b].append(step_logits[b])
     return [np.stack(r) for r in rows]
@@ -76,7 +84,7 @@ def test_cache_sizes_equal_the_accounting_formulas(variant):
         cfg = model_config(tiny_config(**VARIANTS[variant], dtype=dtype).model)
         caches = init_caches(cfg, batch=3, length=10)
         assert cache_elements_per_token(caches) == kv_cache_elements_per_token(cfg)
-        nbytes = sum(a.nbytes for c in caches for a in c.values())
+        nbytes = sum(a.nbytes for c in caches for a in c.arrays.values())
         assert nbytes == 3 * 10 * kv_cache_bytes_per_token(cfg, dtype)
     if variant == 'mla':
         assert cache_elements_per_token(caches) == 2 * (16 + 4)  # L · (d_c + d_h^R)
@@ -121,7 +129,30 @@ def test_sampling_options():
     a, b = (decoder.generate(PROMPTS, 8, hot, seed=s) for s in (0, 0))
     assert a == b and a != greedy and decoder.generate(PROMPTS, 8, hot, seed=1) != a
     assert parse_sampling('temperature=0.8,top_k=40,top_p=0.95') == Sampling(0.8, 40, 0.95)
-    assert parse_sampling('greedy') == Sampling()
+    assert parse_sampling('greedy') == GREEDY == Sampling(temperature=0.0)
+
+
+def test_a_sampling_option_alone_keeps_the_other_defaults():
+    assert parse_sampling('top_p=0.9') == Sampling(temperature=1.0, top_k=0, top_p=0.9)
+    assert parse_sampling('top_k=5') == Sampling(temperature=1.0, top_k=5, top_p=1.0)
+    _, _, decoder = model_and_decoder(attention='mqa', seed=2)
+    top_p = parse_sampling('top_p=0.99')
+    runs = [decoder.generate(PROMPTS, 12, top_p, seed=s) for s in (1, 2)]
+    assert runs[0] != runs[1], 'top_p alone must sample, so seeds must matter'
+
+
+@pytest.mark.parametrize(
+    'spec, message',
+    [
+        ('temperature=0,top_k=40', 'temperature=0 is greedy decoding, which ignores top_k;'),
+        ('top_p=0.5,temperature=0', 'temperature=0 is greedy decoding, which ignores top_p;'),
+        ('greedy,top_k=3', "'greedy' takes no other options"),
+        ('top_k=3,top_k=4', 'sets top_k twice'),
+    ],
+)
+def test_sampling_specs_that_cancel_are_refused(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_sampling(spec)
 
 
 def test_one_line_errors():

@@ -100,10 +100,10 @@ def test_cudnn_cached_decoding_matches_einsum(variant):
     for model in (fast, ref):
         decoder = Decoder(model)
         caches = init_caches(decoder.cfg, 2, 32)
-        logits, caches, valid = decoder.prefill(decoder.params, tokens[:, :16], pad, caches)
+        logits, caches = decoder.prefill(decoder.params, tokens[:, :16], pad, caches)
         steps = [logits[:, -1]]
         for i in range(16, 24):
-            step, caches, valid = decoder.step(decoder.params, tokens[:, i], i, pad, caches, valid)
+            step, caches = decoder.step(decoder.params, tokens[:, i], pad, caches)
             steps.append(step)
         outs.append(np.stack(steps, 1))
     close(outs[0], outs[1], f'{variant} cached decoding')

@@ -407,6 +407,14 @@ def _int8(t):
     t['model.embed_tokens.weight'] = t['model.embed_tokens.weight'].astype(np.int8)
 
 
+def _nan(t):
+    t['model.layers.1.mlp.down_proj.weight'][3, 5] = np.nan
+
+
+def _inf(t):
+    t['model.norm.weight'][0] = -np.inf
+
+
 FILE_REFUSALS = {
     'tie_mismatch': ('llama_mha', _tie_mismatch, None, 'tie_word_embeddings=True'),
     'untied_without_head': ('llama_mha', None, _untie, 'tie_word_embeddings=False'),
@@ -415,6 +423,13 @@ FILE_REFUSALS = {
     'missing_tensor': ('llama_mha', _missing, None, 'k_proj.weight'),
     'wrong_shape': ('llama_mha', _wrong_shape, None, 'k_proj.weight has shape'),
     'int8': ('llama_mha', _int8, None, 'dtype I8'),
+    'nan': (
+        'llama_mha',
+        _nan,
+        None,
+        r'tensor model.layers.1.mlp.down_proj.weight holds non-finite',
+    ),
+    'inf': ('llama_gqa', _inf, None, r'tensor model.norm.weight holds non-finite'),
 }
 
 
@@ -425,6 +440,26 @@ def test_refused_checkpoints(tmp_path, case):
     with pytest.raises(ValueError, match=message) as e:
         import_hf(str(d), str(tmp_path / 'w'), base_config())
     assert '\n' not in str(e.value)
+    assert not (tmp_path / 'w' / 'checkpoints').exists()
+
+
+DAMAGES = {
+    'truncated': (lambda raw: raw[: len(raw) - 100], 'is truncated or damaged: tensor'),
+    'cut_header': (lambda raw: raw[:20], 'hold no complete header'),
+    'empty': (lambda raw: b'', 'hold no complete header'),
+    'garbled_header': (lambda raw: raw[:8] + b'\xff' * 16 + raw[24:], 'damaged safetensors header'),
+}
+
+
+@pytest.mark.parametrize('case', DAMAGES)
+def test_damaged_safetensors_is_one_line_naming_the_file(tmp_path, case):
+    damage, message = DAMAGES[case]
+    d = edited_fixture(tmp_path, 'llama_mha')
+    f = d / 'model.safetensors'
+    f.write_bytes(damage(f.read_bytes()))
+    with pytest.raises(ValueError, match=message) as e:
+        import_hf(str(d), str(tmp_path / 'w'), base_config())
+    assert '\n' not in str(e.value) and str(f) in str(e.value)
     assert not (tmp_path / 'w' / 'checkpoints').exists()
 
 

@@ -9,6 +9,7 @@ import pytest
 from conftest import run_entry, sweep_file, tiny_config, tiny_train_config
 
 from lm.experiments.fairness import match_parameters, reference_config
+from lm.experiments.runner import Spec
 from lm.experiments.sweep import parse_grid, point_config, run_name, summarise
 from lm.model.accounting import param_counts
 from lm.model.transformer import model_config
@@ -55,6 +56,7 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
         assert abs(int(row['params']) / int(rows['mha']['params']) - 1) <= 0.01, row
     assert int(rows['mqa_kv0']['mlp_dim']) > int(rows['mha']['mlp_dim']) == 64
     assert 'mha ~ mqa_kv0 (unresolved)' in md  # one seed of mqa: nothing is resolved
+    assert 'nan' not in md and '(n = 1) | n/a (1 seed) |' in md  # one seed: no '± nan'
 
     from tensorboard.backend.event_processing import event_accumulator
 
@@ -98,6 +100,12 @@ def test_grid_product_and_names(tmp_path, small_text):
     assert run_name({'model.attention': 'mla', 'train.lr': 0.001}) == 'mla_lr0.001'
     with pytest.raises(ValueError, match=r"'1.5' is not an int"):
         parse_grid(config, ['model.num_heads=1.5'])
+    with pytest.raises(ValueError, match=r'--grid: model.num_heads is given twice'):
+        parse_grid(config, ['model.num_heads=4', 'model.num_heads=8'])
+    with pytest.raises(ValueError, match=r"--grid 'seed=1,1': a value is repeated"):
+        parse_grid(config, ['seed=1,1'])
+    with pytest.raises(ValueError, match=r"a value is repeated"):
+        parse_grid(config, ['train.lr=0.001,1e-3'])
 
 
 @pytest.mark.parametrize('d_model,heads', [(32, 4), pytest.param(128, 8, marks=pytest.mark.slow)])
@@ -130,29 +138,20 @@ def test_equal_parameter_mode_lands_within_one_percent(d_model, heads):
 
 
 def fake_run(tmp_path, point, seed, loss, attention='mha', **model):
-    """A finished run as the summary reads it: results.json and the config saved with its
+    """A finished run as the summary reads it: its Spec, its result and the config saved with its
     checkpoint (lm.train.checkpoint.read_latest_meta reads the JSON side-car)."""
-    workdir = tmp_path / f'{point}_s{seed}'
-    meta = workdir / 'checkpoints' / '8' / 'meta'
+    name = f'{point}_s{seed}'
+    meta = tmp_path / name / 'checkpoints' / '8' / 'meta'
     meta.mkdir(parents=True)
     config = tiny_config(attention=attention, **model)
     config.seed = seed
     (meta / 'metadata').write_text(json.dumps({'config': config.to_dict()}))
-    (workdir / 'results.json').write_text(
-        json.dumps(
-            {
-                'step': 8,
-                'eval': {
-                    'loss': loss,
-                    'perplexity': math.exp(loss),
-                    'loss_stderr': 0.01,
-                    'tokens': 1234,
-                },
-                'tokens_per_sec': 100.0,
-            }
-        )
-    )
-    return {'point': point, 'config': config, 'workdir': str(workdir)}
+    result = {
+        'step': 8,
+        'eval': {'loss': loss, 'perplexity': math.exp(loss), 'loss_stderr': 0.01, 'tokens': 1234},
+        'tokens_per_sec': 100.0,
+    }
+    return Spec(name, {}, lambda w: result, arm=point, seed=seed), result
 
 
 def test_summary_reports_intervals_and_resolved_orderings(tmp_path):
@@ -162,7 +161,7 @@ def test_summary_reports_intervals_and_resolved_orderings(tmp_path):
         fake_run(tmp_path, 'gqa', s, x, 'gqa', num_kv_heads=2)
         for s, x in enumerate([1.00, 1.35, 1.05])
     ]
-    rows = summarise(str(tmp_path), runs, 'params')
+    rows = summarise(str(tmp_path), [s for s, _ in runs], {s.name: r for s, r in runs}, 'params')
     mha = rows[0]
     # mean 1.11667, sample std 0.125831, half-width 4.302653 * 0.125831 / sqrt(3) = 0.312581
     assert mha['eval_loss'] == pytest.approx(1.116667, abs=1e-6)

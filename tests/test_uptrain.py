@@ -453,8 +453,8 @@ def check_mla_decoding(workdir):
     assert cache_elements_per_token(caches) == cfg.num_layers * (8 + 4)
     tokens = np.array([[3, 5, 7, 11, 2, 9]], np.int32)
     pad = np.zeros(1, np.int32)
-    prefill, caches, kv_valid = decoder.prefill(decoder.params, tokens[:, :5], pad, caches)
-    step, _, _ = decoder.step(decoder.params, tokens[:, 5], 5, pad, caches, kv_valid)
+    prefill, caches = decoder.prefill(decoder.params, tokens[:, :5], pad, caches)
+    step, _ = decoder.step(decoder.params, tokens[:, 5], pad, caches)
     full = np.asarray(model(tokens))[0]
     np.testing.assert_allclose(prefill[0], full[:5], atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(step[0], full[5], atol=2e-5, rtol=1e-4)
@@ -511,8 +511,9 @@ def test_ablation_script_smoke(tmp_path):
     assert 'eval loss' not in again.stderr  # nothing retrained
     other = run_entry('scripts/uptrain_ablation.py', *args, '--schedule=rewarm')
     assert other.returncode == 1 and other.stderr.strip().splitlines()[-1] == (
-        f'error: --out_dir: {tmp_path / "abl"} holds runs made with other settings (schedule); '
-        'use another --out_dir'
+        f'error: --out_dir: {tmp_path / "abl" / "MQA_mean_a0.5_s0"} (and 5 more runs) was made '
+        "with other settings: schedule: 'continue' -> 'rewarm'; use another --out_dir, or delete "
+        'those runs to redo them'
     )
     # The other schedule in its own --out_dir, reusing the sources and from-scratch baselines.
     # Seeds in parallel processes (--parallel): each seed's log is <out_dir>/seed<k>.log.
@@ -527,7 +528,7 @@ def test_ablation_script_smoke(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     logs = ''.join((tmp_path / 'rewarm' / f'seed{s}.log').read_text() for s in (0, 1))
     trained = set(re.findall(r'\] (\S+): eval loss', logs))
-    copied = set(re.findall(r'\] (\S+): copied from', logs))
+    copied = set(re.findall(r'(?m)^(\S+): copied from', logs))
     assert copied == {'mha_s0', 'mha_s1', 'MQA_scratch_9_s0', 'MQA_scratch_9_s1'} | {
         f'MLA-8_scratch_9_s{s}' for s in (0, 1)
     }, out.stderr[-3000:]

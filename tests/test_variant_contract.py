@@ -1,6 +1,7 @@
 """The attention-variant contract: a toy variant, one class registered here, works in the
-factory, the model, KV-cache decoding, accounting, uptraining checks, training, sweeps and plots
-without editing any module of lm/; export refuses it (it declares no Hugging Face mapping)."""
+factory, the model, KV-cache decoding and head analysis (all through its one `__call__`),
+accounting, uptraining checks, training, sweeps and plots without editing any module of lm/;
+export refuses it (it declares no Hugging Face mapping)."""
 
 import dataclasses
 import math
@@ -12,22 +13,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT, tiny_config, tiny_train_config
+import reference
+from conftest import ROOT, sown_weights, tiny_config, tiny_train_config
 from flax import nnx
 from jax.extend import core as jax_core
 
+from lm.analysis import scores as analysis
 from lm.convert import hf
 from lm.convert.uptrain import ConversionOptions, check_conversion
 from lm.experiments import sweep
 from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
 from lm.model import accounting, attention
-from lm.model.attention import (
-    AttentionVariant,
-    cache_mask,
-    document_mask,
-    grouped_attention,
-    write_cache,
-)
+from lm.model.attention import AttentionVariant, KVCache, document_mask
 from lm.model.config import ModelConfig
 from lm.model.layers import Dense, residual_scale, rope
 from lm.model.transformer import build_model, model_config
@@ -60,8 +57,8 @@ class SharedKV(AttentionVariant):
         return cfg.head_dim, cfg.head_dim
 
     @staticmethod
-    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> dict:
-        return {'kv': jnp.zeros((batch, length, cfg.num_kv_heads, cfg.head_dim), dtype)}
+    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
+        return KVCache.empty(kv=jnp.zeros((batch, length, cfg.num_kv_heads, cfg.head_dim), dtype))
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         E, H, G, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -72,26 +69,26 @@ class SharedKV(AttentionVariant):
         )
         self.cfg = cfg
 
-    def _qkv(self, x_BTE, positions_BT):
+    def __call__(self, x_BTE, positions_BT, *, segment_ids_BT=None, cache=None):
         theta = self.cfg.rope_theta
-        return rope(self.q_proj(x_BTE), positions_BT, theta), rope(
-            self.kv_proj(x_BTE), positions_BT, theta
-        )
-
-    def __call__(self, x_BTE, positions_BT, segment_ids_BT=None):
-        q_BTHD, kv_BTGD = self._qkv(x_BTE, positions_BT)
-        scale = self.cfg.head_dim**-0.5
+        q_BTHD = rope(self.q_proj(x_BTE), positions_BT, theta)
+        kv_BSGD = rope(self.kv_proj(x_BTE), positions_BT, theta)
         mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
-        return self.o_proj(grouped_attention(q_BTHD, kv_BTGD, kv_BTGD, mask=mask, scale=scale))
+        if cache is not None:
+            cache, mask = cache.write(kv=kv_BSGD)
+            kv_BSGD = cache.arrays['kv'].astype(q_BTHD.dtype)
+        out_BTHD = self.attend(q_BTHD, kv_BSGD, kv_BSGD, scale=self.cfg.head_dim**-0.5, mask=mask)
+        return self.o_proj(out_BTHD), cache
 
-    def extend(self, x_BTE, positions_BT, cache, slot, kv_valid_BS, absorb=True):
-        q_BTHD, kv_BTGD = self._qkv(x_BTE, positions_BT)
-        cache = {'kv': write_cache(cache['kv'], kv_BTGD, slot)}
-        kv_BSGD = cache['kv'].astype(q_BTHD.dtype)
-        mask = cache_mask(kv_valid_BS, slot, x_BTE.shape[1])
-        scale = self.cfg.head_dim**-0.5
-        out = grouped_attention(q_BTHD, kv_BSGD, kv_BSGD, scale=scale, mask=mask)
-        return self.o_proj(out), cache
+
+def toy_weights(attn, cfg, x, pos):
+    """float64 reference: softmax(q · k) with the one shared projection as key, repeated per
+    query head, [B, H, T, T]."""
+    q = np.einsum('bte,ehd->bthd', x, reference.p(attn.q_proj.kernel))
+    k = np.einsum('bte,egd->btgd', x, reference.p(attn.kv_proj.kernel))
+    q, k = reference.rope(q, pos, cfg.rope_theta), reference.rope(k, pos, cfg.rope_theta)
+    k = np.repeat(k, cfg.num_heads // cfg.num_kv_heads, axis=2)
+    return reference.causal_weights(q, k, cfg.head_dim**-0.5)
 
 
 @pytest.fixture
@@ -122,7 +119,9 @@ def test_factory_model_and_parsing(toy):
         toy_cfg(num_kv_heads=3)
 
 
-def test_decoding_follows_the_full_forward(toy):
+def test_decoding_and_analysis_use_the_one_computation(toy):
+    """Greedy decoding follows the full forward; the probe reads the weights the toy sows, equal
+    to a float64 reference from its parameters (atol 1e-5), as a module and in the model."""
     cfg = toy_cfg()
     model = build_model(cfg, seed=1)
     prompts = [[5, 9, 2, 7], [4, 4]]
@@ -134,6 +133,21 @@ def test_decoding_follows_the_full_forward(toy):
         np.testing.assert_array_equal(np.argmax(logits[len(prompt) - 1 : -1], -1), new)
     caches = init_caches(cfg, 2, 16)
     assert cache_elements_per_token(caches) == accounting.kv_cache_elements_per_token(cfg)
+
+    attn = model.blocks[0].attn
+    x = jax.random.normal(jax.random.key(3), (2, 7, cfg.d_model))
+    pos = np.broadcast_to(np.arange(7), (2, 7))
+    _, weights = sown_weights(attn, x, pos)
+    want = toy_weights(attn, cfg, np.asarray(x, np.float64), pos.astype(np.float64))
+    np.testing.assert_allclose(weights, want, atol=1e-5)
+    tokens = np.array([[3, 1, 4, 1, 5, 9, 2]], np.int32)
+    probs = analysis.attention_probs(model, jnp.asarray(tokens))
+    assert [p.shape for p in probs] == [(1, cfg.num_heads, 7, 7)] * cfg.num_layers
+    h = reference.rmsnorm(
+        reference.p(model.embed)[tokens], reference.p(model.blocks[0].attn_norm.scale), cfg.norm_eps
+    )
+    want = toy_weights(attn, cfg, h, pos[:1].astype(np.float64))
+    np.testing.assert_allclose(probs[0], want, atol=1e-5)
 
 
 def param_size(module) -> int:
@@ -174,9 +188,9 @@ def test_accounting_uptraining_and_export_ask_the_variant(toy):
 
     B, S = 3, 5
     cache = toy.init_cache(cfg, B, S, jnp.bfloat16)
-    per_layer = sum(x.size for x in cache.values()) // (B * S)
+    per_layer = sum(x.size for x in cache.arrays.values()) // (B * S)
     assert accounting.kv_cache_elements_per_token(cfg) == cfg.num_layers * per_layer
-    nbytes = sum(x.nbytes for x in cache.values()) // (B * S)
+    nbytes = sum(x.nbytes for x in cache.arrays.values()) // (B * S)
     assert accounting.kv_cache_bytes_per_token(cfg, 'bfloat16') == cfg.num_layers * nbytes
 
     # Forward FLOPs counted on the traced computation: every matmul, the masked half of the
@@ -200,7 +214,7 @@ def test_accounting_uptraining_and_export_ask_the_variant(toy):
         hf.hf_from_model(cfg, 64)
     assert str(refused.value) == (
         "config.model.attention='toy_shared_kv' (SharedKV) has no Hugging Face mapping; export "
-        'supports DeepseekV3ForCausalLM (deepseek_v3: mla), LlamaForCausalLM (llama: mha/gqa/mqa)'
+        'supports LlamaForCausalLM (llama: mha/gqa/mqa), DeepseekV3ForCausalLM (deepseek_v3: mla)'
     )
 
 
@@ -248,7 +262,7 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
         "error: config.model.attention='toy_shared_kv' (SharedKV) has no Hugging Face mapping; "
-        'export supports DeepseekV3ForCausalLM (deepseek_v3: mla), LlamaForCausalLM (llama: '
-        'mha/gqa/mqa)'
+        'export supports LlamaForCausalLM (llama: mha/gqa/mqa), DeepseekV3ForCausalLM '
+        '(deepseek_v3: mla)'
     )
     assert not out.exists()

@@ -1,4 +1,4 @@
-"""The first sweep to run: MHA, GQA-4, GQA-2, MQA and MLA at equal depth and width on Tiny
+r"""The first sweep to run: MHA, GQA-4, GQA-2, MQA and MLA at equal depth and width on Tiny
 Shakespeare (8 heads of 16, d_model 128, 4 layers, the shakespeare_char recipe).
 
   python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds \

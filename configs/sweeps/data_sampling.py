@@ -1,4 +1,4 @@
-"""Data order and document boundaries at equal budgets: 'random' windows (with replacement),
+r"""Data order and document boundaries at equal budgets: 'random' windows (with replacement),
 'epochs' (each window once per epoch) and 'epochs' with document masks, on the quickstart
 recipe (this Python's standard library: every file is a document; no download).
 

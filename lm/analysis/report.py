@@ -16,6 +16,7 @@ from flax import nnx
 
 from lm.analysis import scores as analysis
 from lm.data.windows import eval_windows, window_targets
+from lm.model import attention
 from lm.train.run import assemble
 
 SCORES = ('previous_token', 'induction', 'duplicate_token', 'sink', 'entropy')
@@ -82,7 +83,7 @@ def _text_stats(model, tokens_BT1):
     loss_BT = analysis.token_losses(model, tokens_BT1)
     early, late = analysis.icl_positions(tokens_BT.shape[1])
     moments = None
-    if hasattr(model.blocks[0].attn, 'k_proj'):
+    if attention.variant(model.cfg).poolable_kv_heads:
         moments = [
             tuple(analysis.head_moments(x.reshape((-1,) + x.shape[2:])) for x in kv)
             for kv in analysis.kv_projections(model, tokens_BT)

@@ -3,10 +3,10 @@
 Every score is a pure function of causal attention probabilities p_BHTS (query t, key s, S = T,
 rows summing to 1) and returns one number per head, [H], averaged over batch rows and over query
 positions t >= 1 (query 0 can only attend to itself, so it says nothing about a head). The
-probe (`attention_probs`) runs the model's own blocks and asks each layer's attention module for
-its probabilities (`probs`, defined by every variant in lm/model/attention.py), so MHA, GQA, MQA and
-MLA are read with the parameters and numerics of their forward pass; the training step is not
-touched.
+probe (`attention_probs`) runs the model's own forward pass on a copy with `sow_weights` set and
+reads the weights each layer's attention variant sows (the contract in lm/model/variant.py), so
+MHA, GQA, MQA, MLA and any registered variant are read with the parameters and numerics of
+their forward pass; the training step is not touched.
 
 Sources: Olsson et al. 2022, "In-context learning and induction heads" (induction score on
 repeated random tokens, in-context-learning score); Gu et al. 2024, "When attention sink emerges
@@ -22,7 +22,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from lm.model import attention
 from lm.model.config import DTYPES
 from lm.model.transformer import Transformer
 
@@ -118,30 +120,33 @@ def attention_inputs(model: Transformer, tokens_BT: jax.Array) -> tuple[list, ja
     inputs = []
     for block in model.blocks:
         inputs.append(block.attn_norm(x_BTE))
-        x_BTE = block(x_BTE, positions_BT)
+        x_BTE, _ = block(x_BTE, positions_BT)
     return inputs, positions_BT
 
 
 def attention_probs(model: Transformer, tokens_BT: jax.Array) -> list[jax.Array]:
-    """Each layer's attention probabilities [B, H, T, T] (float32) on `tokens_BT`."""
-    inputs, positions_BT = attention_inputs(model, tokens_BT)
-    return [blk.attn.probs(h, positions_BT) for blk, h in zip(model.blocks, inputs, strict=True)]
+    """Each layer's attention probabilities [B, H, T, T] (float32) on `tokens_BT`: the weights
+    its attention variant sows (`AttentionWeights`) in the model's own forward pass, run on a
+    copy of the model with `sow_weights` set."""
+    probe = nnx.clone(model)
+    probe.set_attributes(sow_weights=True)
+    _, sown = nnx.capture(probe, attention.AttentionWeights)(tokens_BT)
+    # one (weights,) tuple per layer, at its module path ('blocks', layer, ...): sorted by layer
+    layers = sorted(nnx.to_flat_state(sown), key=lambda item: item[0])
+    return [sown_weights.get_value()[0] for _, sown_weights in layers]
 
 
 def kv_projections(model: Transformer, tokens_BT: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
     """Each layer's per-KV-head keys and values before RoPE, ([B, T, G, D], [B, T, G, D]): the
-    projections MHA -> GQA conversion averages (lm/convert/uptrain.py). Needs K/V projections with a
-    KV-head axis (mha / gqa / mqa)."""
-    if not hasattr(model.blocks[0].attn, 'k_proj'):
+    projections MHA -> GQA conversion averages (lm/convert/uptrain.py), from the variant's own
+    `kv_projections`. Needs a variant with poolable K/V heads (mha / gqa / mqa)."""
+    if not attention.variant(model.cfg).poolable_kv_heads:
         raise ValueError(
             f'KV-head similarity needs per-head K/V projections (mha/gqa/mqa); attention='
             f"'{model.cfg.attention}' has none"
         )
     inputs, _ = attention_inputs(model, tokens_BT)
-    return [
-        (blk.attn.k_proj(h), blk.attn.v_proj(h))
-        for blk, h in zip(model.blocks, inputs, strict=True)
-    ]
+    return [blk.attn.kv_projections(h) for blk, h in zip(model.blocks, inputs, strict=True)]
 
 
 def head_moments(x_NGD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -12,6 +12,57 @@ import numpy as np
 from safetensors import safe_open
 
 SAFETENSORS_DTYPES = {'F32': 'float32', 'BF16': 'bfloat16', 'F16': 'float16'}
+ITEM_BYTES = {
+    'F64': 8,
+    'F32': 4,
+    'BF16': 2,
+    'F16': 2,
+    'I64': 8,
+    'I32': 4,
+    'I16': 2,
+    'I8': 1,
+    'U8': 1,
+    'BOOL': 1,
+    'F8_E4M3': 1,
+    'F8_E5M2': 1,
+}
+
+
+def check_safetensors(path: str) -> None:
+    """One-line ValueError naming `path` when it is not a whole safetensors file: a header that
+    is cut, not JSON, or names bytes past the end of the file (a truncated download)."""
+    size = os.path.getsize(path)
+    with open(path, 'rb') as f:
+        head = f.read(8)
+        n = int.from_bytes(head, 'little') if len(head) == 8 else -1
+        if not 0 < n <= size - 8:
+            raise ValueError(
+                f'{path} is not a safetensors file (its {size} bytes hold no complete header)'
+            )
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ValueError(f'{path} has a damaged safetensors header (not JSON)') from None
+    data = size - 8 - n
+    for name, entry in header.items():
+        if name == '__metadata__':
+            continue
+        start, end = entry['data_offsets']
+        want = math.prod(entry['shape']) * ITEM_BYTES.get(entry['dtype'], 0)
+        if end > data or (want and end - start != want):
+            raise ValueError(
+                f'{path} is truncated or damaged: tensor {name} needs bytes {start}..{end} of '
+                f'its data, the file holds {data} (download it again)'
+            )
+
+
+def _read_index(index: str) -> dict[str, str]:
+    """The weight map of a `model.safetensors.index.json` (one-line ValueError if damaged)."""
+    try:
+        with open(index) as f:
+            return dict(json.load(f)['weight_map'])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise ValueError(f"{index} is not a safetensors index (JSON with a 'weight_map')") from None
 
 
 class SafetensorsReader:
@@ -22,10 +73,10 @@ class SafetensorsReader:
         index = os.path.join(directory, 'model.safetensors.index.json')
         single = os.path.join(directory, 'model.safetensors')
         if os.path.isfile(index):
-            with open(index) as f:
-                weight_map = json.load(f)['weight_map']
+            weight_map = _read_index(index)
             self.files = {n: os.path.join(directory, p) for n, p in weight_map.items()}
         elif os.path.isfile(single):
+            check_safetensors(single)
             with safe_open(single, 'numpy') as f:
                 self.files = {n: single for n in f.keys()}
         else:
@@ -40,6 +91,7 @@ class SafetensorsReader:
         if path not in self._open:
             if not os.path.isfile(path):
                 raise FileNotFoundError(f'{path} (named in the safetensors index) is missing')
+            check_safetensors(path)
             self._open[path] = safe_open(path, 'numpy')
         return self._open[path].get_slice(name)
 
@@ -55,8 +107,15 @@ class SafetensorsReader:
         return SAFETENSORS_DTYPES[code]
 
     def read(self, name: str, rows: slice, cols: slice | None) -> np.ndarray:
+        """A block of tensor `name`; ValueError when it holds NaN or infinity."""
         s = self._slice(name)
-        return s[rows] if cols is None else s[rows, cols]
+        block = s[rows] if cols is None else s[rows, cols]
+        if not np.isfinite(block.astype(np.float32)).all():
+            raise ValueError(
+                f'{self.files[name]}: tensor {name} holds non-finite values (NaN or inf); '
+                'refusing to import it'
+            )
+        return block
 
     def close(self) -> None:
         self._open.clear()

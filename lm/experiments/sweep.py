@@ -1,28 +1,35 @@
-"""Sweeps: grid parsing and validation, run names, and the summary table and plot.
+"""Sweeps as a plan for the experiment runner: grid parsing and validation, run names, one
+`Spec` per (point, seed), and the summary table and plot.
 
 A point is a dict of dotted config keys to values ({'model.num_heads': 8, ...}); a sweep is the
 points of a sweep file times the cartesian product of `--grid key=v1,v2` flags, times seeds.
-The summary reports each point's loss over seeds and every paired difference between points
-with `lm.experiments.stats` (sample std, 95% t-intervals, resolved orderings).
+Each run trains in its own process (the `train_command` the CLI gives, i.e. train.py) in
+<sweep_dir>/<name>; its fingerprint is its whole config, of which `RESUMABLE_KEYS` (more
+train.steps, ...) may change: the run then resumes from its checkpoint. The summary reports each
+point's loss over seeds and every paired difference between points (lm.experiments.summary).
 """
 
 from __future__ import annotations
 
-import csv
+import importlib.util
 import itertools
 import json
 import os
+import subprocess
+import types
 from typing import Any
 
 import ml_collections
 import numpy as np
 
-from lm.config import parse_assignment, with_values
-from lm.experiments import stats
-from lm.experiments.fairness import DESCRIPTIONS
+from lm.config import parse_assignment, with_values, write_config_file
+from lm.experiments import stats, summary
+from lm.experiments.fairness import DESCRIPTIONS, MATCHES, match_parameters, reference_config
+from lm.experiments.runner import RunFailed, Spec
 from lm.model import accounting, attention
 from lm.model.transformer import check_model_config, model_config
-from lm.train.run import stored_config
+from lm.train.run import check_loop_config, stored_config
+from lm.train.workdir import flat_config, resumable_key
 
 SHORT = {
     'model.num_heads': 'h',
@@ -39,9 +46,14 @@ SHORT = {
 
 def parse_grid(config: ml_collections.ConfigDict, grids: list[str]) -> list[dict[str, Any]]:
     """`['model.num_heads=4,8', ...]` -> the cartesian product as a list of points."""
-    axes = []
+    axes, keys = [], set()
     for grid in grids:
         key, values = parse_assignment(config, grid, '--grid')
+        if key in keys:
+            raise ValueError(f'--grid: {key} is given twice; list its values once ({key}=a,b)')
+        if len(set(map(repr, values))) < len(values):
+            raise ValueError(f'--grid {grid!r}: a value is repeated; each value once')
+        keys.add(key)
         axes.append([(key, v) for v in values])
     return [dict(combo) for combo in itertools.product(*axes)]
 
@@ -75,80 +87,163 @@ def run_name(point: dict[str, Any]) -> str:
     return '_'.join(parts) or 'base'
 
 
-def _results(runs: list[dict]) -> dict[str, list[tuple[int, dict]]]:
-    """point -> [(seed, results.json), ...] in the order points first appear."""
-    by_point: dict[str, list[tuple[int, dict]]] = {}
-    for r in runs:
-        with open(os.path.join(r['workdir'], 'results.json')) as f:
-            by_point.setdefault(r['point'], []).append((r['config'].seed, json.load(f)))
-    return by_point
+def load_sweep_file(path: str) -> types.ModuleType:
+    """The sweep file (a config file that may define get_points() and MATCH) as a module."""
+    spec = importlib.util.spec_from_file_location('_lm_sweep_file', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _reference(rows: list[dict]) -> dict:
-    """The row differences are taken against: the first MHA point, else the first point."""
-    mha = attention.baseline()['attention']
-    return next((r for r in rows if r['attention'] == mha), rows[0])
+def file_points(module: types.ModuleType) -> list[dict]:
+    return module.get_points() if hasattr(module, 'get_points') else [{}]
 
 
-def summarise(sweep_dir: str, runs: list[dict], match: str = 'width') -> list[dict]:
-    """Writes summary.csv, summary_pairs.csv, summary.md and summary.png; returns the rows.
+def fairness(module: types.ModuleType, match: str = '') -> str:
+    """`match` (--match), else the sweep file's MATCH, else 'width'."""
+    match = match or getattr(module, 'MATCH', 'width')
+    if match not in MATCHES:
+        raise ValueError(f'--match / MATCH must be one of {MATCHES}, got {match!r}')
+    return match
 
-    runs: [{'point': name, 'config': ConfigDict, 'workdir': path}, ...] (one per seed).
+
+def _valid_points(base: ml_collections.ConfigDict, points: list[dict]) -> list[tuple]:
+    """[(name, point, config)] of the points whose model can be built; a one-line note for each
+    skipped one."""
+    valid = []
+    for point in points:
+        name = point.get('name') or run_name(point)
+        point = {k: v for k, v in point.items() if k != 'name'}
+        config = point_config(base, point)
+        if reason := invalid_reason(config):
+            print(f'skipping {name}: {reason}')
+            continue
+        valid.append((name, point, config))
+    if not valid:
+        raise ValueError('the sweep has no valid point')
+    return valid
+
+
+def plan(
+    base: ml_collections.ConfigDict,
+    points: list[dict],
+    sweep_dir: str,
+    train_command: list[str],
+    seeds: int = 1,
+    match: str = 'width',
+) -> list[Spec]:
+    """A Spec per (point, seed) after skipping invalid points; with match='params', each point's
+    mlp_dim brings it within 1% of the MHA point's parameters. A point's 'seeds' overrides
+    `seeds`; seed s of a point trains with config.seed + s."""
+    valid = _valid_points(base, points)
+    if match == 'params':
+        configs = [c for _, _, c in valid]
+        matched = match_parameters(
+            configs, reference_config(base, configs), [n for n, _, _ in valid]
+        )
+        valid = [(n, p, c) for (n, p, _), c in zip(valid, matched, strict=True)]
+    tb_dir = os.path.join(sweep_dir, 'tb')
+    specs = []
+    for name, point, config in valid:
+        n = point.get('seeds', seeds)
+        for s in range(n):
+            seeded = point_config(config, {'seed': config.seed + s})  # the point's own seed
+            try:
+                check_loop_config(seeded)
+            except ValueError as e:
+                raise ValueError(f'sweep point {name}: {e}') from None
+            specs.append(
+                Spec(
+                    name=f'{name}_s{s}' if n > 1 else name,
+                    fingerprint=flat_config(seeded),
+                    run=_trainer(seeded, train_command, tb_dir),
+                    arm=name,
+                    seed=seeded.seed,
+                    resumable=resumable_key,
+                )
+            )
+    return specs
+
+
+def _trainer(config: ml_collections.ConfigDict, command: list[str], tb_dir: str):
+    """A Spec's run: `command` (train.py) trains `config` in the workdir, logging to
+    <workdir>/train.log; its result is the run's results.json."""
+
+    def run(workdir: str) -> dict:
+        cfg_file = write_config_file(config, os.path.join(workdir, 'sweep_config.py'))
+        args = [f'--config={cfg_file}', f'--workdir={workdir}', f'--tb_dir={tb_dir}']
+        with open(os.path.join(workdir, 'train.log'), 'a') as log:
+            code = subprocess.call([*command, *args], stdout=log, stderr=subprocess.STDOUT)
+        results = os.path.join(workdir, 'results.json')
+        if code != 0 or not os.path.exists(results):
+            raise RunFailed(f'exit {code}; see {workdir}/train.log')
+        with open(results) as f:
+            return json.load(f)
+
+    return run
+
+
+def check_same_fairness(sweep_dir: str, match: str) -> None:
+    """Records the sweep's fairness in <sweep_dir>/match; a re-run with another one stops with a
+    one-line error."""
+    path = os.path.join(sweep_dir, 'match')
+    if os.path.exists(path):
+        with open(path) as f:
+            before = f.read().strip()
+        if before != match:
+            raise ValueError(
+                f'--match={match}: {sweep_dir} holds a --match={before} sweep; use another '
+                '--sweep_dir'
+            )
+    else:  # written once: a refused re-run leaves the sweep directory untouched
+        os.makedirs(sweep_dir, exist_ok=True)
+        with open(path, 'w') as f:
+            f.write(match + '\n')
+
+
+def _mean_std(mean: float, std: float, n: int) -> str:
+    """'7.812 ± 0.031', or '7.812 (n = 1)' when one seed gives no spread."""
+    return f'{mean:.3f} ± {std:.3f}' if n > 1 else f'{mean:.3f} (n = {n})'
+
+
+def summarise(
+    sweep_dir: str, specs: list[Spec], found: dict[str, dict], match: str = 'width'
+) -> list[dict]:
+    """Writes summary.csv, summary_pairs.csv, summary.md and summary.png from the finished runs
+    (`found`: {name: result}, lm.experiments.runner.results); returns the rows.
+
     Loss per point: mean, sample std (ddof 1) and 95% t-interval over seeds; between points:
     the paired difference over the seeds both ran (same seed = same data order), resolved when
     its 95% interval excludes 0. `match` is the fairness the sweep used (`lm.experiments.fairness`).
     """
-    by_point = _results(runs)
-    workdirs = {}
-    for r in runs:
-        workdirs.setdefault(r['point'], r['workdir'])
-    losses = {p: {s: x['eval']['loss'] for s, x in res} for p, res in by_point.items()}
+    specs = [s for s in specs if s.name in found]
+    losses = summary.by_arm(specs, found, summary.loss)
+    ppl = summary.by_arm(specs, found, lambda r: r['eval']['perplexity'])
     rows = []
-    for name, res in by_point.items():
-        results = [x for _, x in res]
-        model = _point_model(workdirs[name])
-        loss = stats.estimate(list(losses[name].values()))
-        ppl = stats.estimate([x['eval']['perplexity'] for x in results])
+    for point, values in losses.items():
+        results = [found[s.name] for s in specs if s.arm == point]
+        first = next(s for s in specs if s.arm == point)
+        perplexity = summary.estimate_columns('eval_perplexity', ppl[point])
         rows.append(
             {
-                'point': name,
-                **model,
+                'point': point,
+                **_point_model(os.path.join(sweep_dir, first.name)),
                 'tokens_per_sec': float(np.median([x['tokens_per_sec'] for x in results])),
-                'eval_loss': loss.mean,
-                'eval_loss_std': loss.std,
-                'eval_loss_ci_lo': loss.lo,
-                'eval_loss_ci_hi': loss.hi,
+                **summary.estimate_columns('eval_loss', values),
                 'eval_loss_stderr_windows': float(
                     np.mean([x['eval'].get('loss_stderr', np.nan) for x in results])
                 ),
                 'eval_tokens': results[0]['eval'].get('tokens', 0),
-                'eval_perplexity': ppl.mean,
-                'eval_perplexity_std': ppl.std,
-                'seeds': loss.n,
+                'eval_perplexity': perplexity['eval_perplexity'],
+                'eval_perplexity_std': perplexity['eval_perplexity_std'],
+                'seeds': len(values),
             }
         )
-    ref = _reference(rows)
-    pairs = []
-    for i, a in enumerate(rows):
-        for b in rows[i + 1 :]:
-            d = stats.paired_difference(losses[a['point']], losses[b['point']])
-            pairs.append(
-                {
-                    'a': a['point'],
-                    'b': b['point'],
-                    'loss_diff': d.mean,
-                    'loss_diff_std': d.std,
-                    'ci_lo': d.lo,
-                    'ci_hi': d.hi,
-                    'seeds': d.n,
-                    'resolved': d.resolved,
-                    'ordering': stats.ordering(a['point'], b['point'], d),
-                }
-            )
-    _write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
-    _write_csv(os.path.join(sweep_dir, 'summary_pairs.csv'), pairs)
+    pairs = summary.all_pairs(losses)
+    summary.write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
+    summary.write_csv(os.path.join(sweep_dir, 'summary_pairs.csv'), pairs)
     with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
-        f.write(_markdown(rows, pairs, ref, losses, match))
+        f.write(_markdown(rows, pairs, losses, match))
     _plot(rows, os.path.join(sweep_dir, 'summary.png'))
     return rows
 
@@ -167,14 +262,14 @@ def _point_model(workdir: str) -> dict:
     }
 
 
-def _write_csv(path: str, rows: list[dict]) -> None:
-    with open(path, 'w', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['point'])
-        writer.writeheader()
-        writer.writerows(rows)
+def _reference(rows: list[dict]) -> dict:
+    """The row differences are taken against: the first MHA point, else the first point."""
+    mha = attention.baseline()['attention']
+    return next((r for r in rows if r['attention'] == mha), rows[0])
 
 
-def _markdown(rows: list[dict], pairs: list[dict], ref: dict, losses: dict, match: str) -> str:
+def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> str:
+    ref = _reference(rows)
     spread = max(abs(r['params'] - ref['params']) / ref['params'] for r in rows)
     tokens = sorted({r['eval_tokens'] for r in rows})
     lines = [
@@ -191,18 +286,15 @@ def _markdown(rows: list[dict], pairs: list[dict], ref: dict, losses: dict, matc
         '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
     ]
     for r in rows:
-        loss = stats.estimate(list(losses[r['point']].values()))
-        if r is ref:
-            delta = '—'
-        else:
-            d = stats.paired_difference(losses[r['point']], losses[ref['point']])
-            delta = f'{d.mean:+.4f} {d.interval()}{" ✓" if d.resolved else ""}'
+        point = r['point']
+        delta = '—' if r is ref else summary.diff_cell(losses[point], losses[ref['point']])
         lines.append(
-            f'| {r["point"]} | {r["attention"]} | {r["num_heads"]} | {r["kv_heads"]} | '
+            f'| {point} | {r["attention"]} | {r["num_heads"]} | {r["kv_heads"]} | '
             f'{r["mlp_dim"]} | {r["params"]:,} | {r["kv_cache_bytes_per_token"]:,} | '
-            f'{r["tokens_per_sec"]:,.0f} | {r["eval_loss"]:.4f} ± {r["eval_loss_std"]:.4f} | '
-            f'{loss.interval()} | {r["eval_perplexity"]:.3f} ± '
-            f'{r["eval_perplexity_std"]:.3f} | {r["seeds"]} | {delta} |'
+            f'{r["tokens_per_sec"]:,.0f} | {summary.cell(losses[point])} | '
+            f'{_mean_std(r["eval_perplexity"], r["eval_perplexity_std"], r["seeds"])} | '
+            f'{r["seeds"]} | '
+            f'{delta} |'
         )
     lines += [
         '',

@@ -3,10 +3,10 @@ token inside one jitted `lax.while_loop`.
 
 Prompts of different lengths are left-padded to the longest, T. Row b's padding occupies cache
 slots [0, pad_b) and is never attended; its tokens sit at positions 0, 1, ... as in a forward
-pass of the unpadded prompt. Decode step i writes slot T + i for every row. Each attention
-variant owns its cache layout (its `init_cache` / `extend`, lm/model/attention.py): K and V per KV
-head
-for MHA / GQA / MQA, the latent c_KV and the shared RoPE key for MLA.
+pass of the unpadded prompt. Decode step i writes slot T + i for every row. Prefill and every
+step are the model's own forward pass with one `KVCache` per layer (`Transformer.__call__` with
+`caches`); each attention variant owns its cache layout (its `init_cache`, lm/model/attention.py):
+K and V per KV head for MHA / GQA / MQA, the latent c_KV and the shared RoPE key for MLA.
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ from flax import nnx
 from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import Transformer
+from lm.model.variant import KVCache
 
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-    """temperature 0 = greedy; top_k 0 and top_p 1 = no truncation."""
+    """Sampling settings; the defaults are transformers' (temperature 1.0, no truncation).
+    temperature 0 = greedy (`GREEDY`); top_k 0 and top_p 1 = no truncation."""
 
-    temperature: float = 0.0
+    temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
 
@@ -42,37 +44,59 @@ class Sampling:
             raise ValueError(f'sampling top_p must be in (0, 1], got {self.top_p}')
 
 
+GREEDY = Sampling(temperature=0.0)
+SAMPLING_TYPES = {'temperature': float, 'top_k': int, 'top_p': float}
+
+
+def _sampling_option(spec: str, item: str) -> tuple[str, float | int]:
+    """One 'name=value' item of a sampling spec, typed."""
+    name, _, value = item.partition('=')
+    name = name.strip()
+    if name not in SAMPLING_TYPES:
+        raise ValueError(
+            f'unknown sampling option {name!r} in {spec!r}; expected '
+            f"'greedy' or {sorted(SAMPLING_TYPES)} as name=value pairs"
+        )
+    try:
+        return name, SAMPLING_TYPES[name](value)
+    except ValueError:
+        kind = 'an int' if SAMPLING_TYPES[name] is int else 'a float'
+        raise ValueError(f'sampling option {name}={value!r} is not {kind}') from None
+
+
 def parse_sampling(spec: str) -> Sampling:
-    """'greedy', or comma-separated options such as 'temperature=0.8,top_k=40,top_p=0.95'."""
+    """'greedy', or comma-separated options such as 'temperature=0.8,top_k=40,top_p=0.95'.
+    An option left out keeps its default (temperature 1.0: 'top_p=0.9' samples); options that
+    cancel each other (top_k or top_p with temperature=0, which is greedy) are refused."""
     if spec.strip() in ('', 'greedy'):
-        return Sampling()
-    types = {'temperature': float, 'top_k': int, 'top_p': float}
-    options = {}
+        return GREEDY
+    options: dict[str, float | int] = {}
     for item in spec.split(','):
-        name, _, value = item.partition('=')
-        name = name.strip()
-        if name not in types:
-            raise ValueError(
-                f'unknown sampling option {name!r} in {spec!r}; expected '
-                f"'greedy' or {sorted(types)} as name=value pairs"
-            )
-        try:
-            options[name] = types[name](value)
-        except ValueError:
-            kind = 'an int' if types[name] is int else 'a float'
-            raise ValueError(f'sampling option {name}={value!r} is not {kind}') from None
-    return Sampling(**options)
+        if item.strip() == 'greedy':
+            raise ValueError(f"sampling {spec!r}: 'greedy' takes no other options")
+        name, value = _sampling_option(spec, item)
+        if name in options:
+            raise ValueError(f'sampling {spec!r} sets {name} twice')
+        options[name] = value
+    sampling = Sampling(**options)
+    ignored = [n for n in ('top_k', 'top_p') if n in options]
+    if sampling.temperature == 0 and ignored:
+        raise ValueError(
+            f'sampling {spec!r}: temperature=0 is greedy decoding, which ignores '
+            f'{" and ".join(ignored)}; drop them or set temperature > 0'
+        )
+    return sampling
 
 
-def init_caches(cfg: ModelConfig, batch: int, length: int) -> list[dict[str, jax.Array]]:
+def init_caches(cfg: ModelConfig, batch: int, length: int) -> list[KVCache]:
     """One zeroed cache per layer, in the compute dtype."""
     cls = attention.variant(cfg)
     return [cls.init_cache(cfg, batch, length, DTYPES[cfg.dtype]) for _ in range(cfg.num_layers)]
 
 
-def cache_elements_per_token(caches: list[dict[str, jax.Array]]) -> int:
+def cache_elements_per_token(caches: list[KVCache]) -> int:
     """Elements the live cache arrays hold per token (all layers), measured from their shapes."""
-    return sum(int(np.prod(a.shape[2:])) for c in caches for a in c.values())
+    return sum(int(np.prod(a.shape[2:])) for c in caches for a in c.arrays.values())
 
 
 def _sample(logits_BV: jax.Array, key: jax.Array, temperature, top_k, top_p) -> jax.Array:
@@ -92,50 +116,46 @@ def _sample(logits_BV: jax.Array, key: jax.Array, temperature, top_k, top_p) -> 
 
 
 class Decoder:
-    """Jitted prefill, single decode steps, and a whole generation loop for one model."""
+    """Jitted prefill, single decode steps, and a whole generation loop for one model.
+
+    `absorb`: MLA decodes by weight absorption (False: it expands per-head K/V from its latent
+    cache, the naive path); variants without that option ignore it."""
 
     def __init__(self, model: Transformer, absorb: bool = True):
+        model = nnx.clone(model)
+        model.set_attributes(absorb=absorb, raise_if_not_found=False)
         self.cfg = model.cfg
         self.graphdef, self.params = nnx.split(model, nnx.Param)
-        self.absorb = absorb
         self.prefill = jax.jit(self._prefill)
         self.step = jax.jit(self._step)
         self.loop = jax.jit(self._loop)
 
-    def _extend(self, params, tokens_BT, positions_BT, caches, slot, kv_valid_BS):
+    def _forward(self, params, tokens_BT, positions_BT, caches):
         model = nnx.merge(self.graphdef, params)
-        return model.extend(tokens_BT, positions_BT, caches, slot, kv_valid_BS, self.absorb)
+        return model(tokens_BT, positions_BT, caches=caches)
 
     def _prefill(self, params, tokens_BT, pad_B, caches):
-        """Left-padded prompts [B, T] -> (logits [B, T, V], caches, kv_valid [B, S])."""
-        B, T = tokens_BT.shape
-        S = caches[0][next(iter(caches[0]))].shape[1]
-        t = jnp.arange(T)[None, :]
-        positions = jnp.maximum(t - pad_B[:, None], 0)
-        slots = jnp.arange(S)[None, :]
-        kv_valid = (slots >= pad_B[:, None]) & (slots < T)
-        logits, caches = self._extend(params, tokens_BT, positions, caches, 0, kv_valid)
-        return logits, caches, kv_valid
+        """Left-padded prompts [B, T] into empty caches, from slot 0 -> (logits [B, T, V],
+        caches). Row b's padding (slots [0, pad_b)) is marked never to be attended."""
+        T = tokens_BT.shape[1]
+        positions = jnp.maximum(jnp.arange(T)[None, :] - pad_B[:, None], 0)
+        valid_BS = jnp.arange(caches[0].valid_BS.shape[1])[None, :] >= pad_B[:, None]
+        start = jnp.zeros((), jnp.int32)
+        caches = [dataclasses.replace(c, slot=start, valid_BS=valid_BS) for c in caches]
+        return self._forward(params, tokens_BT, positions, caches)
 
-    def _step(self, params, tokens_B, slot, pad_B, caches, kv_valid_BS):
-        """Feeds one token per row at cache slot `slot` -> (logits [B, V], caches, kv_valid)."""
-        kv_valid_BS = jax.lax.dynamic_update_slice_in_dim(
-            kv_valid_BS, jnp.ones((kv_valid_BS.shape[0], 1), bool), slot, 1
-        )
-        positions = (slot - pad_B)[:, None]
-        logits, caches = self._extend(
-            params, tokens_B[:, None], positions, caches, slot, kv_valid_BS
-        )
-        return logits[:, 0], caches, kv_valid_BS
+    def _step(self, params, tokens_B, pad_B, caches):
+        """Feeds one token per row at the caches' slot -> (logits [B, V], caches)."""
+        positions = (caches[0].slot - pad_B)[:, None]
+        logits, caches = self._forward(params, tokens_B[:, None], positions, caches)
+        return logits[:, 0], caches
 
     def _loop(
         self,
         params,
         logits_BV,
         caches,
-        kv_valid_BS,
         pad_B,
-        prompt_len,
         max_new,
         eos_id,
         key,
@@ -146,23 +166,21 @@ class Decoder:
         """Samples up to `max_new` tokens per row (stopping rows at `eos_id`); returns [B, S]
         tokens (the first max_new columns used) and per-row counts. All arguments are traced, so
         this compiles once per (batch, cache length)."""
-        B, S = kv_valid_BS.shape
+        B, S = caches[0].valid_BS.shape
 
         def cond(carry):
             i, done = carry[0], carry[1]
             return (i < max_new) & ~jnp.all(done)
 
         def body(carry):
-            i, done, counts, out, logits, caches, kv_valid, key = carry
+            i, done, counts, out, logits, caches, key = carry
             key, sub = jax.random.split(key)
             tok = _sample(logits, sub, temperature, top_k, top_p)
             out = jax.lax.dynamic_update_slice_in_dim(out, jnp.where(done, 0, tok)[:, None], i, 1)
             counts = counts + ~done
             done = done | (tok == eos_id)
-            logits, caches, kv_valid = self._step(
-                params, tok, prompt_len + i, pad_B, caches, kv_valid
-            )
-            return i + 1, done, counts, out, logits, caches, kv_valid, key
+            logits, caches = self._step(params, tok, pad_B, caches)
+            return i + 1, done, counts, out, logits, caches, key
 
         carry = (
             jnp.int32(0),
@@ -171,7 +189,6 @@ class Decoder:
             jnp.zeros((B, S), jnp.int32),
             logits_BV,
             caches,
-            kv_valid_BS,
             key,
         )
         carry = jax.lax.while_loop(cond, body, carry)
@@ -181,7 +198,7 @@ class Decoder:
         self,
         prompts: list[list[int]],
         max_new_tokens: int,
-        sampling: Sampling = Sampling(),
+        sampling: Sampling = GREEDY,
         eos_id: int | None = None,
         seed: int = 0,
         cache_len: int | None = None,
@@ -205,14 +222,12 @@ class Decoder:
         pad = np.array([T - len(p) for p in prompts], np.int32)
         tokens = np.array([[0] * (T - len(p)) + list(p) for p in prompts], np.int32)
         caches = init_caches(self.cfg, len(prompts), S)
-        logits, caches, kv_valid = self.prefill(self.params, tokens, pad, caches)
+        logits, caches = self.prefill(self.params, tokens, pad, caches)
         out, counts = self.loop(
             self.params,
             logits[:, -1],
             caches,
-            kv_valid,
             pad,
-            np.int32(T),
             np.int32(max_new_tokens),
             np.int32(-1 if eos_id is None else eos_id),
             jax.random.key(seed),

@@ -1,5 +1,5 @@
 """The model wing: the model config schema (`config`), layers, the attention-variant contract
-(`variant`), one file per variant (`attention` holds GQA and the factory, `mla`), the variants'
+(`variant`), one file per variant (`gqa`, `mla`), the factory (`attention`), the variants'
 Hugging Face mappings as data (`hf_mapping`), the decoder (`transformer`) and the accounting of
 parameters, KV-cache bytes and FLOPs. Imports no other wing.
 """

@@ -12,15 +12,7 @@ from flax import nnx
 from lm.model.config import ModelConfig
 from lm.model.hf_mapping import DEEPSEEK_V3
 from lm.model.layers import Dense, RMSNorm, residual_scale, rope
-from lm.model.variant import (
-    AttentionVariant,
-    cache_mask,
-    causal_mask,
-    document_mask,
-    grouped_attention,
-    register,
-    write_cache,
-)
+from lm.model.variant import AttentionVariant, KVCache, document_mask, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,126 +113,95 @@ class MultiHeadLatentAttention(AttentionVariant):
         )
         self.cfg = cfg
 
+    absorb: bool = True  # with a cache: weight absorption (False: per-head K/V, the naive path)
+
     def queries(self, x_BTE: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """(q_C [B, T, H, Dn], RoPE'd q_R [B, T, H, Dr])."""
+        """(q_C [B, T, H, N], RoPE'd q_R [B, T, H, P])."""
         cfg = self.cfg
         if cfg.section.q_lora_rank:
             q_BTHD = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BTE)))
         else:
             q_BTHD = self.q_proj(x_BTE)
-        q_nope, q_pe = jnp.split(q_BTHD, [cfg.section.qk_nope_head_dim], axis=-1)
-        return q_nope, rope(q_pe, positions_BT, cfg.rope_theta, cfg)
+        q_nope_BTHN, q_pe_BTHP = jnp.split(q_BTHD, [cfg.section.qk_nope_head_dim], axis=-1)
+        return q_nope_BTHN, rope(q_pe_BTHP, positions_BT, cfg.rope_theta, cfg)
 
-    def latents(self, x_BTE: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """What a KV cache holds: (c_KV [B, T, C], RoPE'd shared key k_R [B, T, Dr])."""
+    def latents(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
+        """What a KV cache holds per token: [c_KV; RoPE'd shared key k_R], [B, T, C + P]."""
         cfg = self.cfg
         c_BTC, k_pe_BTP = jnp.split(
             self.kv_a_proj_with_mqa(x_BTE), [cfg.section.kv_lora_rank], axis=-1
         )
-        return self.kv_a_layernorm(c_BTC), rope(k_pe_BTP, positions_BT, cfg.rope_theta, cfg)
+        k_pe_BTP = rope(k_pe_BTP, positions_BT, cfg.rope_theta, cfg)
+        return jnp.concatenate([self.kv_a_layernorm(c_BTC), k_pe_BTP.astype(c_BTC.dtype)], axis=-1)
 
     @staticmethod
-    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> dict[str, jax.Array]:
-        """Per-layer decoding cache: the latent c_KV [B, S, C] and shared RoPE key [B, S, Dr]."""
-        return {
-            'c': jnp.zeros((batch, length, cfg.section.kv_lora_rank), dtype),
-            'k_pe': jnp.zeros((batch, length, cfg.section.qk_rope_head_dim), dtype),
-        }
+    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
+        """Per-layer decoding cache: each token's `latents`, [c_KV; k_R] [B, S, C + P]."""
+        width = cfg.section.kv_lora_rank + cfg.section.qk_rope_head_dim
+        return KVCache.empty(latent=jnp.zeros((batch, length, width), dtype))
 
-    def _expanded(self, q_nope, q_pe, c_BSC, k_pe_BSP, mask) -> jax.Array:
-        """Attention with per-head K and V materialised from the latent (training, prefill)."""
+    def latent_attention(
+        self,
+        q_nope_BTHN: jax.Array,
+        q_pe_BTHP: jax.Array,
+        latent_BSD: jax.Array,
+        mask: jax.Array | None,
+        absorb: bool,
+    ) -> jax.Array:
+        """Attention of the queries over the `latents` [c_KV; k_R] of S keys (D = C + P here):
+        [B, T, H, U] before o_proj.
+
+        absorb=False materialises per-head keys [W_UK c_KV; k_R] and values W_UV c_KV (training,
+        the naive decode). absorb=True is DeepSeek-V2 §2.1.2's weight absorption: W_UK moves
+        into the query and W_UV after the attention, so every head attends the latent itself as
+        one shared K/V head (G = 1): <[W_UKᵀ q_C; q_R], [c_KV; k_R]> is the same score."""
         cfg = self.cfg
-        H = cfg.num_heads
-        k_nope, v_BSHU = jnp.split(self.kv_b_proj(c_BSC), [cfg.section.qk_nope_head_dim], axis=-1)
+        C, N = cfg.section.kv_lora_rank, cfg.section.qk_nope_head_dim
+        if absorb:
+            w_uk_CHN, w_uv_CHU = jnp.split(
+                self.kv_b_proj.kernel[...].astype(q_nope_BTHN.dtype), [N], axis=-1
+            )
+            q_lat_BTHC = jnp.einsum('BTHN,CHN->BTHC', q_nope_BTHN, w_uk_CHN)  # W_UKᵀ q_C per head
+            q_BTHD = jnp.concatenate([q_lat_BTHC, q_pe_BTHP], axis=-1)
+            kv_BS1D = latent_BSD[:, :, None]  # the one K/V head; its values' first C dims: c_KV
+            # einsum: a head width of C + P is past what cuDNN's fused kernel takes.
+            out_BTHD = self.attend(
+                q_BTHD, kv_BS1D, kv_BS1D, scale=self.scale, mask=mask, impl='einsum'
+            )
+            return jnp.einsum('BTHC,CHU->BTHU', out_BTHD[..., :C], w_uv_CHU)  # W_UV after
+        c_BSC, k_pe_BSP = jnp.split(latent_BSD, [C], axis=-1)
+        k_nope_BSHN, v_BSHU = jnp.split(self.kv_b_proj(c_BSC), [N], axis=-1)
         # [k_C; k_R] with the one RoPE key broadcast to every head.
         k_pe_BSHP = jnp.broadcast_to(
-            k_pe_BSP[:, :, None], k_pe_BSP.shape[:2] + (H,) + k_pe_BSP.shape[2:]
+            k_pe_BSP[:, :, None], k_nope_BSHN.shape[:3] + k_pe_BSP.shape[2:]
         )
-        q_BTHD = jnp.concatenate([q_nope, q_pe], axis=-1)
-        k_BSHD = jnp.concatenate([k_nope, k_pe_BSHP.astype(k_nope.dtype)], axis=-1)
-        out_BTHU = grouped_attention(
-            q_BTHD, k_BSHD, v_BSHU, scale=self.scale, mask=mask, impl=cfg.attention_impl
-        )
-        return self.o_proj(out_BTHU)
-
-    def _absorbed(self, q_nope, q_pe, c_BSC, k_pe_BSP, mask) -> jax.Array:
-        """DeepSeek-V2 §2.1.2 weight absorption: W_UK is applied to the query and W_UV to the
-        attention output, so scores and values are read straight from the cached latent."""
-        cfg = self.cfg
-        dtype = q_nope.dtype
-        w_uk_CHN, w_uv_CHU = jnp.split(
-            self.kv_b_proj.kernel[...].astype(dtype), [cfg.section.qk_nope_head_dim], axis=-1
-        )
-        q_lat_BTHC = jnp.einsum('BTHN,CHN->BTHC', q_nope, w_uk_CHN)  # W_UKᵀ q_C per head
-        # score = <W_UKᵀ q_C, c_KV> + <q_R, k_R>
-        s_BHTS = (
-            jnp.einsum(
-                'BTHC,BSC->BHTS',
-                q_lat_BTHC,
-                c_BSC.astype(dtype),
-                preferred_element_type=jnp.float32,
-            )
-            + jnp.einsum(
-                'BTHP,BSP->BHTS', q_pe, k_pe_BSP.astype(dtype), preferred_element_type=jnp.float32
-            )
-        ) * self.scale
-        s_BHTS = jnp.where(mask[:, None], s_BHTS, jnp.finfo(jnp.float32).min)
-        p_BHTS = jax.nn.softmax(s_BHTS, axis=-1).astype(dtype)
-        o_lat_BTHC = jnp.einsum('BHTS,BSC->BTHC', p_BHTS, c_BSC.astype(dtype))
-        return self.o_proj(jnp.einsum('BTHC,CHU->BTHU', o_lat_BTHC, w_uv_CHU))  # W_UV after
-
-    def probs(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
-        """Causal attention probabilities [B, H, T, S] (S = T) of `__call__` on the same input:
-        scores of `_expanded` ([q_C; RoPE(q_R)] against [k_C; shared RoPE(k_R)]), for head
-        analysis (lm/analysis/scores.py)."""
-        cfg = self.cfg
-        q_nope, q_pe = self.queries(x_BTE, positions_BT)
-        c_BSC, k_pe_BSR = self.latents(x_BTE, positions_BT)
-        k_nope = jnp.split(self.kv_b_proj(c_BSC), [cfg.section.qk_nope_head_dim], axis=-1)[0]
-        k_pe_BSHR = jnp.broadcast_to(k_pe_BSR[:, :, None], k_nope.shape[:3] + k_pe_BSR.shape[2:])
-        q_BTHK = jnp.concatenate([q_nope, q_pe], axis=-1)
-        k_BSHK = jnp.concatenate([k_nope, k_pe_BSHR.astype(k_nope.dtype)], axis=-1)
-        # scores[b, h, t, s] = <q[b, t, h], k[b, s, h]>
-        s_BHTS = (
-            jnp.einsum('BTHK,BSHK->BHTS', q_BTHK, k_BSHK, preferred_element_type=jnp.float32)
-            * self.scale
-        )
-        T = x_BTE.shape[1]
-        s_BHTS = jnp.where(causal_mask(T)[None, None], s_BHTS, jnp.finfo(jnp.float32).min)
-        return jax.nn.softmax(s_BHTS, axis=-1)
+        q_BTHD = jnp.concatenate([q_nope_BTHN, q_pe_BTHP], axis=-1)
+        k_BSHD = jnp.concatenate([k_nope_BSHN, k_pe_BSHP.astype(k_nope_BSHN.dtype)], axis=-1)
+        return self.attend(q_BTHD, k_BSHD, v_BSHU, scale=self.scale, mask=mask)
 
     @property
     def scale(self) -> float:
         return (self.cfg.section.qk_nope_head_dim + self.cfg.section.qk_rope_head_dim) ** -0.5
 
     def __call__(
-        self, x_BTE: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array | None = None
-    ) -> jax.Array:
-        q_nope, q_pe = self.queries(x_BTE, positions_BT)
-        c_BSC, k_pe_BSP = self.latents(x_BTE, positions_BT)
-        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
-        return self._expanded(q_nope, q_pe, c_BSC, k_pe_BSP, mask=mask)
-
-    def extend(
         self,
         x_BTE: jax.Array,
         positions_BT: jax.Array,
-        cache: dict,
-        slot: jax.Array,
-        kv_valid_BS: jax.Array,
-        absorb: bool = True,
-    ) -> tuple[jax.Array, dict]:
-        """Attention for T new tokens; the cache holds only c_KV and k_R. `absorb=False`
-        expands per-head K/V from the whole cache instead (the naive reference path)."""
-        q_nope, q_pe = self.queries(x_BTE, positions_BT)
-        c_BTC, k_pe_BTP = self.latents(x_BTE, positions_BT)
-        cache = {
-            'c': write_cache(cache['c'], c_BTC, slot),
-            'k_pe': write_cache(cache['k_pe'], k_pe_BTP, slot),
-        }
-        mask = cache_mask(kv_valid_BS, slot, x_BTE.shape[1])
-        attend = self._absorbed if absorb else self._expanded
-        return attend(q_nope, q_pe, cache['c'], cache['k_pe'], mask), cache
+        *,
+        segment_ids_BT: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Expanded without a cache; with one (which holds only the `latents`), absorbed unless
+        `absorb` is False."""
+        q_nope_BTHN, q_pe_BTHP = self.queries(x_BTE, positions_BT)
+        latent_BSD = self.latents(x_BTE, positions_BT)
+        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
+        if cache is not None:  # S = the cache's slots instead of the T new tokens
+            cache, mask = cache.write(latent=latent_BSD)
+            latent_BSD = cache.arrays['latent'].astype(q_nope_BTHN.dtype)
+        absorb = self.absorb and cache is not None
+        out_BTHU = self.latent_attention(q_nope_BTHN, q_pe_BTHP, latent_BSD, mask, absorb)
+        return self.o_proj(out_BTHU), cache
 
     config_section = 'mla'
     config_class = MLAConfig

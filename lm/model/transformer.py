@@ -28,6 +28,7 @@ from flax import nnx
 from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.layers import Dense, RMSNorm, SwiGLU
+from lm.model.variant import KVCache
 
 Constrain = Callable[[jax.Array, tuple[str | None, ...]], jax.Array]
 ACT_AXES = ('batch', 'length', None)  # logical axes of the residual stream [B, T, E]
@@ -78,15 +79,16 @@ class Block(nnx.Module):
         self.mlp = SwiGLU(cfg, rngs=rngs)
 
     def __call__(
-        self, x_BTE: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array | None = None
-    ) -> jax.Array:
-        x_BTE = x_BTE + self.attn(self.attn_norm(x_BTE), positions_BT, segment_ids_BT)
-        return x_BTE + self.mlp(self.mlp_norm(x_BTE))
-
-    def extend(self, x_BTE, positions_BT, cache, slot, kv_valid_BS, absorb=True):
-        """The block for T new tokens against this layer's KV cache (see `Transformer.extend`)."""
-        h_BTE, cache = self.attn.extend(
-            self.attn_norm(x_BTE), positions_BT, cache, slot, kv_valid_BS, absorb
+        self,
+        x_BTE: jax.Array,
+        positions_BT: jax.Array,
+        *,
+        segment_ids_BT: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """The block on T tokens; with this layer's KV cache, also the updated cache."""
+        h_BTE, cache = self.attn(
+            self.attn_norm(x_BTE), positions_BT, segment_ids_BT=segment_ids_BT, cache=cache
         )
         x_BTE = x_BTE + h_BTE
         return x_BTE + self.mlp(self.mlp_norm(x_BTE)), cache
@@ -110,40 +112,32 @@ class Transformer(nnx.Module):
         self,
         tokens_BT: jax.Array,
         positions_BT: jax.Array | None = None,
+        *,
         constrain: Constrain = no_constraint,
         segment_ids_BT: jax.Array | None = None,
-    ) -> jax.Array:
-        """`constrain(x, logical_axes)` pins activation shardings; the trainer passes one built
+        caches: list[KVCache] | None = None,
+    ) -> jax.Array | tuple[jax.Array, list[KVCache]]:
+        """Logits [B, T, V] (float32); with `caches`, (logits, updated caches).
+
+        `constrain(x, logical_axes)` pins activation shardings; the trainer passes one built
         from the mesh rules (lm/sharding.py), the default leaves them to the compiler.
         `segment_ids_BT` (the document of each position of a packed row) restricts attention
-        to each token's own document; None = plain causal attention."""
-        cfg = self.cfg
-        dtype = DTYPES[cfg.dtype]
+        to each token's own document; None = plain causal attention. `caches` (one `KVCache`
+        per layer, lm/infer/decode.py) are the decoding path: the T new tokens per row are
+        written at the caches' slot (prefill: the whole prompt; decode: T = 1) and attend every
+        valid slot up to their own."""
         if positions_BT is None:
             positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
-        x_BTE = constrain(jnp.take(self.embed[...], tokens_BT, axis=0).astype(dtype), ACT_AXES)
-        for block in self.blocks:
-            x_BTE = constrain(block(x_BTE, positions_BT, segment_ids_BT), ACT_AXES)
-        return self._logits(x_BTE)
-
-    def extend(
-        self,
-        tokens_BT: jax.Array,
-        positions_BT: jax.Array,
-        caches: list[dict],
-        slot: jax.Array,
-        kv_valid_BS: jax.Array,
-        absorb: bool = True,
-    ) -> tuple[jax.Array, list[dict]]:
-        """Logits for T new tokens per row, written into the per-layer caches at slots
-        slot..slot+T-1 (prefill: T = prompt length; decode: T = 1). kv_valid_BS marks the cache
-        slots that hold real (non-padding) tokens, the new ones included."""
         x_BTE = jnp.take(self.embed[...], tokens_BT, axis=0).astype(DTYPES[self.cfg.dtype])
+        x_BTE = constrain(x_BTE, ACT_AXES)
+        layer_caches = [None] * len(self.blocks) if caches is None else caches
         new_caches = []
-        for block, cache in zip(self.blocks, caches, strict=True):
-            x_BTE, cache = block.extend(x_BTE, positions_BT, cache, slot, kv_valid_BS, absorb)
+        for block, cache in zip(self.blocks, layer_caches, strict=True):
+            x_BTE, cache = block(x_BTE, positions_BT, segment_ids_BT=segment_ids_BT, cache=cache)
+            x_BTE = constrain(x_BTE, ACT_AXES)
             new_caches.append(cache)
-        return self._logits(x_BTE), new_caches
+        logits = self._logits(x_BTE)
+        return logits if caches is None else (logits, new_caches)
 
     def _logits(self, x_BTE: jax.Array) -> jax.Array:
         dtype = DTYPES[self.cfg.dtype]

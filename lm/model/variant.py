@@ -1,8 +1,7 @@
 """The attention-variant contract (`AttentionVariant`), the registry the factory in
 lm/model/attention.py reads (`VARIANTS`, `register`), and the pieces every variant shares: masks,
-the
-KV-cache write and the grouped attention kernel. Shape letters: see the legend in
-lm/model/transformer.py.
+the KV cache (`KVCache`), the grouped attention kernel and the weights analysis reads
+(`AttentionWeights`). Shape letters: see the legend in lm/model/transformer.py.
 """
 
 from __future__ import annotations
@@ -32,17 +31,48 @@ def document_mask(segment_ids_BT: jax.Array) -> jax.Array:
     return same_BTS & causal_mask(segment_ids_BT.shape[1])[None]
 
 
-def cache_mask(kv_valid_BS: jax.Array, slot: jax.Array, T: int) -> jax.Array:
+def cache_mask(valid_BS: jax.Array, slot: jax.Array, T: int) -> jax.Array:
     """[B, T, S] mask for T new queries written at cache slots slot..slot+T-1: a query attends
-    valid slots at or before its own (kv_valid_BS marks filled, non-padding slots)."""
-    S = kv_valid_BS.shape[1]
+    valid slots at or before its own (valid_BS: False for slots never to be attended)."""
+    S = valid_BS.shape[1]
     causal_TS = jnp.arange(S)[None, :] <= slot + jnp.arange(T)[:, None]
-    return kv_valid_BS[:, None, :] & causal_TS[None]
+    return valid_BS[:, None, :] & causal_TS[None]
 
 
 def write_cache(cache_BS_: jax.Array, new_BT_: jax.Array, slot: jax.Array) -> jax.Array:
     """Writes T new entries into a [B, S, ...] cache at slots slot..slot+T-1."""
     return jax.lax.dynamic_update_slice_in_dim(cache_BS_, new_BT_.astype(cache_BS_.dtype), slot, 1)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """One layer's decoding cache: the variant's arrays and where decoding stands (a pytree).
+
+    arrays: the variant's own, [B, S, ...] each (its `init_cache` says which). slot: the cache
+    slot the next token is written to (int32 scalar). valid_BS: False for slots no query may
+    attend (a shorter prompt's left padding); slots not yet written are excluded by causality.
+    """
+
+    arrays: dict[str, jax.Array]
+    slot: jax.Array
+    valid_BS: jax.Array
+
+    @classmethod
+    def empty(cls, **arrays_BS_: jax.Array) -> KVCache:
+        """A cache of the given (zeroed) arrays: slot 0, every slot valid."""
+        B, S = next(iter(arrays_BS_.values())).shape[:2]
+        return cls(arrays_BS_, jnp.zeros((), jnp.int32), jnp.ones((B, S), bool))
+
+    def write(self, **new_BT_: jax.Array) -> tuple[KVCache, jax.Array]:
+        """Writes T new entries of the named arrays at slots slot..slot+T-1. Returns the cache
+        (slot advanced by T) and the [B, T, S] mask of the T new queries (`cache_mask`)."""
+        T = next(iter(new_BT_.values())).shape[1]
+        arrays = dict(self.arrays)
+        for name, x_BT_ in new_BT_.items():
+            arrays[name] = write_cache(arrays[name], x_BT_, self.slot)
+        mask_BTS = cache_mask(self.valid_BS, self.slot, T)
+        return dataclasses.replace(self, arrays=arrays, slot=self.slot + T), mask_BTS
 
 
 def grouped_attention(
@@ -53,17 +83,18 @@ def grouped_attention(
     scale: float,
     mask: jax.Array | None = None,
     impl: str = 'einsum',
-) -> jax.Array:
-    """Softmax attention where H query heads share G = k.shape[2] KV heads; returns [B, T, H, U].
+) -> tuple[jax.Array, jax.Array | None]:
+    """Softmax attention where H query heads share G = k.shape[2] KV heads: (output
+    [B, T, H, U], weights [B, H, T, S] in float32, or None where `impl` does not form them).
 
     mask: broadcastable to [B, T, S], True = attend; None means causal. impl 'einsum' reshapes the
-    queries to [B, T, G, R, D] so each KV head serves its R query heads without being repeated;
-    'dot_product' calls `jax.nn.dot_product_attention` with XLA's implementation (JAX picks it
-    for implementation=None, on GPU too) and 'cudnn' asks it for cuDNN's fused flash attention
-    (GPU, bfloat16/float16); both take fewer KV heads natively.
+    queries to [B, T, G, R, D] so each KV head serves its R query heads without being repeated
+    (query head h = g·R + r); 'dot_product' calls `jax.nn.dot_product_attention` with XLA's
+    implementation (JAX picks it for implementation=None, on GPU too) and 'cudnn' asks it for
+    cuDNN's fused flash attention (GPU, bfloat16/float16); both take fewer KV heads natively.
     """
     B, T, H, D = q_BTHD.shape
-    G, U = k_BSGD.shape[2], v_BSGU.shape[3]
+    S, G, U = k_BSGD.shape[1], k_BSGD.shape[2], v_BSGU.shape[3]
     if impl in ('dot_product', 'cudnn'):
         v_pad = jnp.pad(v_BSGU, ((0, 0), (0, 0), (0, 0), (0, D - U))) if U < D else v_BSGU
         out = jax.nn.dot_product_attention(
@@ -72,42 +103,52 @@ def grouped_attention(
             v_pad,
             scale=scale,
             is_causal=mask is None,
-            mask=None if mask is None else jnp.broadcast_to(mask, (B, T, k_BSGD.shape[1]))[:, None],
+            mask=None if mask is None else jnp.broadcast_to(mask, (B, T, S))[:, None],
             implementation='cudnn' if impl == 'cudnn' else None,
         )
-        return out[..., :U]
+        return out[..., :U], None
     q_BTGRD = q_BTHD.reshape(B, T, G, H // G, D)
     # scores[b, g, r, t, s] = <q[b, t, g, r], k[b, s, g]>: one KV head per group of R queries.
     s_BGRTS = (
         jnp.einsum('BTGRD,BSGD->BGRTS', q_BTGRD, k_BSGD, preferred_element_type=jnp.float32) * scale
     )
     if mask is None:
-        mask = causal_mask(T, k_BSGD.shape[1])
-    mask_B11TS = jnp.broadcast_to(mask, (B, T, k_BSGD.shape[1]))[:, None, None]
+        mask = causal_mask(T, S)
+    mask_B11TS = jnp.broadcast_to(mask, (B, T, S))[:, None, None]
     s_BGRTS = jnp.where(mask_B11TS, s_BGRTS, jnp.finfo(jnp.float32).min)
-    p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BSGU.dtype)
+    p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1)
     # out[b, t, g, r] = sum_s p[b, g, r, t, s] · v[b, s, g]
-    out_BTGRU = jnp.einsum('BGRTS,BSGU->BTGRU', p_BGRTS, v_BSGU)
-    return out_BTGRU.reshape(B, T, H, U)
+    out_BTGRU = jnp.einsum('BGRTS,BSGU->BTGRU', p_BGRTS.astype(v_BSGU.dtype), v_BSGU)
+    return out_BTGRU.reshape(B, T, H, U), p_BGRTS.reshape(B, H, T, S)
+
+
+class AttentionWeights(nnx.Intermediate):
+    """What a variant sows when `sow_weights` is set: its attention weights [B, H, T, S]."""
 
 
 class AttentionVariant(nnx.Module):
     """The contract of an attention variant. Subclass it, set `names`, implement the methods
     that raise here, and decorate the class with `@register`.
 
-    Model: `__init__(cfg, rngs=...)`, `__call__(x_BTE, positions_BT, segment_ids_BT=None) -> y_BTE`
-    (segment ids given: attend only within a document, `document_mask`) and, for KV-cache
-    decoding, `init_cache` plus `extend` (T new tokens written into the cache at `slot`).
-    Static facts, read without building the module: `resolve` (check the variant's knobs and
-    fill in derived ones), `kv_cache_elements` and `kv_heads` (what the cache holds: accounting,
-    tables), `score_dims` (FLOP counts). Capabilities: `poolable_kv_heads` (uptraining may pool
-    its K/V heads, lm/convert/uptrain.py), `latent_kv` (a conversion target with a KV latent,
+    Model: `__init__(cfg, rngs=...)` (keeping the ModelConfig as `self.cfg`) and one
+    computation, `__call__(x_BTE, positions_BT, *, segment_ids_BT=None, cache=None) -> (y_BTE,
+    cache)`, for training, prefill, cached decoding and analysis alike. Segment ids given (no
+    cache): attend only within a document (`document_mask`). A `KVCache` given (`init_cache`
+    makes one): the T new tokens are written at its slot (`KVCache.write`) and attend what it
+    holds; the updated cache is returned (None without one). The softmax goes through `attend`,
+    which sows the weights as `AttentionWeights` when `sow_weights` is set (lm/analysis reads
+    them with `nnx.capture`). Static facts, read without building the module: `resolve` (check
+    the variant's knobs and fill in derived ones), `kv_cache_elements` and `kv_heads` (what the
+    cache holds: accounting, tables), `score_dims` (FLOP counts). Capabilities:
+    `poolable_kv_heads` (per-head K/V projections, `kv_projections`, that uptraining may pool,
+    lm/convert/uptrain.py), `latent_kv` (a conversion target with a KV latent,
     lm/convert/methods.py) and `parse_spec` (short variant names such as 'gqa2').
     """
 
     names: ClassVar[tuple[str, ...]] = ()  # the `config.model.attention` values it implements
     poolable_kv_heads: ClassVar[bool] = False  # has K/V heads that can be merged (uptraining)
     latent_kv: ClassVar[bool] = False  # K/V from a shared latent + RoPE key (lm/convert/methods.py)
+    sow_weights: bool = False  # set on a model copy (`set_attributes`) to sow AttentionWeights
 
     @staticmethod
     def resolve(cfg: ModelConfig) -> ModelConfig:
@@ -131,8 +172,8 @@ class AttentionVariant(nnx.Module):
         raise NotImplementedError
 
     @staticmethod
-    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> dict[str, jax.Array]:
-        """Per-layer decoding cache: arrays of shape [B, S, ...]."""
+    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
+        """Per-layer decoding cache (`KVCache.empty` of arrays of shape [B, S, ...])."""
         raise NotImplementedError
 
     @classmethod
@@ -147,23 +188,39 @@ class AttentionVariant(nnx.Module):
         raise NotImplementedError
 
     def __call__(
-        self, x_BTE: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array | None = None
-    ) -> jax.Array:
-        raise NotImplementedError
-
-    def extend(
         self,
         x_BTE: jax.Array,
         positions_BT: jax.Array,
-        cache: dict,
-        slot: jax.Array,
-        kv_valid_BS: jax.Array,
-        absorb: bool = True,
-    ) -> tuple[jax.Array, dict]:
-        """Attention for T new tokens written into the cache at slots slot..slot+T-1; queries
-        attend valid slots (`kv_valid_BS`) at or before their own. `absorb` is a hint a variant
-        may ignore (MLA: weight absorption)."""
+        *,
+        segment_ids_BT: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
         raise NotImplementedError
+
+    def kv_projections(self, x_BTE: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Per-KV-head keys and values before RoPE, [B, T, G, D] each, as `__call__` computes
+        them (only when `poolable_kv_heads`)."""
+        raise NotImplementedError
+
+    def attend(
+        self,
+        q_BTHD: jax.Array,
+        k_BSGD: jax.Array,
+        v_BSGU: jax.Array,
+        *,
+        scale: float,
+        mask: jax.Array | None,
+        impl: str | None = None,
+    ) -> jax.Array:
+        """`grouped_attention` with `impl` (default: config.model.attention_impl), sowing its
+        weights when `sow_weights` is set (on the einsum path, the one that forms them)."""
+        impl = 'einsum' if self.sow_weights else impl or self.cfg.attention_impl
+        out_BTHU, p_BHTS = grouped_attention(
+            q_BTHD, k_BSGD, v_BSGU, scale=scale, mask=mask, impl=impl
+        )
+        if self.sow_weights:
+            self.sow(AttentionWeights, 'weights', p_BHTS)
+        return out_BTHU
 
     # What the variant owns besides its computation: its config section and its HF mapping.
     config_section: ClassVar[str] = ''  # its own `config.model.<config_section>` ('' = none)

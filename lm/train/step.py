@@ -138,7 +138,7 @@ def token_losses(ctx: StepContext, params: dict, batch_BT1: jax.Array) -> jax.Ar
         logits = model(tokens_BT, constrain=ctx.constrain)
     else:
         segments_BT, positions_BT = documents(tokens_BT, ctx.document_eos)
-        logits = model(tokens_BT, positions_BT, ctx.constrain, segments_BT)
+        logits = model(tokens_BT, positions_BT, constrain=ctx.constrain, segment_ids_BT=segments_BT)
     return cross_entropy(logits, batch_BT1[:, 1:])
 
 

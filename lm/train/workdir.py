@@ -118,7 +118,7 @@ def _same_file(fd: int, path: str) -> bool:
         return False
 
 
-def _flat(config: ml_collections.ConfigDict | dict) -> dict[str, Any]:
+def flat_config(config: ml_collections.ConfigDict | dict) -> dict[str, Any]:
     """{'train.lr': 0.001, ...} with values as JSON gives them back (tuples become lists)."""
     tree = json.loads(config.to_json()) if hasattr(config, 'to_json') else config
     out: dict[str, Any] = {}
@@ -134,14 +134,15 @@ def _flat(config: ml_collections.ConfigDict | dict) -> dict[str, Any]:
     return out
 
 
-def _resumable(key: str) -> bool:
+def resumable_key(key: str) -> bool:
+    """Whether config key `key` may change when a run resumes (`RESUMABLE_KEYS`)."""
     return any(key == k or (k.endswith('.') and key.startswith(k)) for k in RESUMABLE_KEYS)
 
 
 def config_fingerprint(config: ml_collections.ConfigDict) -> str:
     """A short hash of every setting outside RESUMABLE_KEYS: equal for configs a run may resume
     under, different for any other change."""
-    flat = {k: v for k, v in _flat(config).items() if not _resumable(k)}
+    flat = {k: v for k, v in flat_config(config).items() if not resumable_key(k)}
     return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -149,11 +150,11 @@ def config_changes(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
     """['train.lr: 0.001 -> 0.003', ...]: the settings outside RESUMABLE_KEYS in which `config`
     differs from `saved` (a checkpoint's config, upgraded to today's keys first). A
     `model.vocab_size` of 0 ("from the tokenizer") matches any saved size."""
-    old, new = _flat(upgrade_config(saved)), _flat(config)
+    old, new = flat_config(upgrade_config(saved)), flat_config(config)
     changes = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, '(absent)'), new.get(key, '(absent)')
-        if a == b or _resumable(key) or (key == 'model.vocab_size' and b == 0):
+        if a == b or resumable_key(key) or (key == 'model.vocab_size' and b == 0):
             continue
         changes.append(f'{key}: {a!r} -> {b!r}')
     return changes

@@ -1,0 +1,237 @@
+"""One runner for every experiment: a plan is a list of `Spec`s, one per run, run into one
+out_dir with one cache, one resume rule and one fingerprint check (sweeps: lm.experiments.sweep;
+the uptraining ablation: lm.experiments.ablation).
+
+A run lives in <out_dir>/<name>: `run.json` holds its fingerprint from the moment it starts,
+`result.json` its result with the fingerprint once it finished (written last, atomically, so a
+run stopped half-way, `RunStopped`, caches nothing). Repeating a plan skips every run whose
+cached fingerprint equals its spec's, re-runs one whose fingerprint changed only in keys its spec
+calls resumable (e.g. more `train.steps`: the run goes on from its checkpoint), and refuses, in
+one line before any run, an out_dir holding a run made with other settings. Runs of one lane run
+in order (a run may need an earlier run of its lane, e.g. a conversion its source); lanes run
+side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Hashable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+RESULT = 'result.json'  # a finished run's result and fingerprint
+STARTED = 'run.json'  # a started run's fingerprint
+
+
+class RunFailed(RuntimeError):
+    """A run that failed on its own: the plan goes on, and the run's line says why."""
+
+
+class RunStopped(RuntimeError):
+    """A run stopped before it finished (e.g. by SIGTERM): nothing is cached and the plan stops."""
+
+
+def _never(key: str) -> bool:
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A run: `run(workdir)` does it and returns its result (JSON-serialisable; raises
+    `RunFailed` to fail alone). `fingerprint` is every input its result depends on ({key: JSON
+    value}); `arm` and `seed` are what summaries group and pair it by."""
+
+    name: str  # its directory under out_dir
+    fingerprint: Mapping[str, Any]
+    run: Callable[[str], dict]
+    arm: Hashable = None
+    seed: int = 0
+    needs: tuple[str, ...] = ()  # runs of its lane that must have finished before it starts
+    lane: str = ''  # '' = a lane of its own
+    resume: bool = True  # an unfinished run goes on in its workdir; False: starts clean
+    resumable: Callable[[str], bool] = _never  # fingerprint keys that may change: re-run
+
+    @property
+    def lane_name(self) -> str:
+        return self.lane or self.name
+
+
+def fingerprint(spec: Spec) -> dict[str, Any]:
+    """`spec.fingerprint` as JSON gives it back (tuples become lists), as it is stored."""
+    return json.loads(json.dumps(dict(spec.fingerprint)))
+
+
+def workdir(out_dir: str, spec: Spec) -> str:
+    return os.path.join(out_dir, spec.name)
+
+
+def _read(path: str) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write(path: str, data: dict) -> None:
+    """Atomically: lanes in other processes may read it meanwhile."""
+    with open(path + '.tmp', 'w') as f:
+        json.dump(data, f)
+    os.replace(path + '.tmp', path)
+
+
+def read_result(run_dir: str) -> dict | None:
+    """A finished run's result.json (its result and 'fingerprint'), None if it has none."""
+    return _read(os.path.join(run_dir, RESULT))
+
+
+def changes(saved: Mapping[str, Any], spec: Spec) -> list[str]:
+    """["key: 'old' -> 'new'", ...]: the fingerprint keys, outside the resumable ones, in which
+    `spec` differs from a run's `saved` fingerprint."""
+    now = fingerprint(spec)
+    out = []
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key, '(absent)'), now.get(key, '(absent)')
+        if a != b and not spec.resumable(key):
+            out.append(f'{key}: {a!r} -> {b!r}')
+    return out
+
+
+def _check_plan(specs: list[Spec]) -> None:
+    """Names are unique and every run's needs come earlier in its lane."""
+    seen: dict[str, str] = {}
+    for spec in specs:
+        if spec.name in seen:
+            raise ValueError(f'the plan has two runs named {spec.name}')
+        for need in spec.needs:
+            if seen.get(need) != spec.lane_name:
+                raise ValueError(f'run {spec.name} needs {need}, not an earlier run of its lane')
+        seen[spec.name] = spec.lane_name
+
+
+def check(specs: list[Spec], out_dir: str, flag: str = '--out_dir') -> None:
+    """Refuses, in one line naming the first such run and the keys, an out_dir holding runs made
+    with other settings (finished, or started and resumable); deletes nothing."""
+    _check_plan(specs)
+    stale = []
+    for spec in specs:
+        saved = read_result(workdir(out_dir, spec))
+        if saved is None and spec.resume:
+            saved = _read(os.path.join(workdir(out_dir, spec), STARTED))
+        if saved is None:
+            continue
+        if 'fingerprint' not in saved:  # made before runs recorded one
+            stale.append((spec, ['no fingerprint recorded']))
+        elif diff := changes(saved['fingerprint'], spec):
+            stale.append((spec, diff))
+    if stale:
+        spec, diff = stale[0]
+        more = f' (and {len(stale) - 1} more runs)' if len(stale) > 1 else ''
+        raise ValueError(
+            f'{flag}: {workdir(out_dir, spec)}{more} was made with other settings: '
+            f'{"; ".join(diff)}; use another {flag}, or delete those runs to redo them'
+        )
+
+
+def cached(spec: Spec, run_dir: str) -> dict | None:
+    """The result in `run_dir` if it finished with exactly `spec`'s fingerprint."""
+    saved = read_result(run_dir)
+    return saved if saved is not None and saved.get('fingerprint') == fingerprint(spec) else None
+
+
+def results(specs: list[Spec], out_dir: str) -> dict[str, dict]:
+    """{name: result} of the plan's runs that finished with their spec's fingerprint."""
+    found = {s.name: cached(s, workdir(out_dir, s)) for s in specs}
+    return {name: r for name, r in found.items() if r is not None}
+
+
+def run_one(spec: Spec, out_dir: str, reuse: str = '') -> str:
+    """Runs `spec` unless cached (or copied from `reuse`, an earlier out_dir holding it with the
+    same fingerprint); returns its one-line outcome."""
+    wd = workdir(out_dir, spec)
+    if cached(spec, wd) is not None:
+        return f'{spec.name}: finished earlier, skipped'
+    if reuse and cached(spec, earlier := workdir(reuse, spec)) is not None:
+        shutil.rmtree(wd, ignore_errors=True)
+        shutil.copytree(earlier, wd)
+        return f'{spec.name}: copied from {earlier}'
+    if missing := [n for n in spec.needs if read_result(os.path.join(out_dir, n)) is None]:
+        return f'{spec.name}: not run: {", ".join(missing)} did not finish'
+    if not spec.resume:
+        shutil.rmtree(wd, ignore_errors=True)
+    os.makedirs(wd, exist_ok=True)
+    _write(os.path.join(wd, STARTED), {'fingerprint': fingerprint(spec)})
+    t = time.time()
+    try:
+        result = spec.run(wd)
+    except RunFailed as e:
+        return f'{spec.name}: FAILED ({e}) in {time.time() - t:.0f} s'
+    _write(os.path.join(wd, RESULT), {**result, 'fingerprint': fingerprint(spec)})
+    return f'{spec.name}: done in {time.time() - t:.0f} s'
+
+
+def lanes(specs: list[Spec]) -> dict[str, list[Spec]]:
+    """{lane: its runs in plan order}, lanes in the order they first appear."""
+    out: dict[str, list[Spec]] = {}
+    for spec in specs:
+        out.setdefault(spec.lane_name, []).append(spec)
+    return out
+
+
+def _relaunch(names: list[str], out_dir: str, parallel: int, argv: Callable) -> None:
+    """Runs each lane in its own process (`argv(lane)`, log <out_dir>/<lane>.log), `parallel`
+    at a time; stops at the first that fails."""
+
+    def one(lane: str) -> tuple[str, int, str]:
+        log = os.path.join(out_dir, f'{lane}.log')
+        with open(log, 'w') as f:
+            code = subprocess.run(argv(lane), stdout=f, stderr=subprocess.STDOUT).returncode
+        return lane, code, log
+
+    os.makedirs(out_dir, exist_ok=True)
+    with ThreadPoolExecutor(parallel) as pool:
+        for lane, code, log in pool.map(one, names):
+            if code:
+                raise SystemExit(f'{lane} failed (exit {code}); its log: {log}')
+            print(f'{lane}: done (log: {log})', flush=True)
+
+
+def run(
+    specs: list[Spec],
+    out_dir: str,
+    parallel: int = 1,
+    *,
+    reuse: str = '',
+    relaunch: Callable[[str], list[str]] | None = None,
+    only_lane: str | None = None,
+    flag: str = '--out_dir',
+) -> dict[str, dict]:
+    """Checks the out_dir (`check`), runs the plan's lanes `parallel` at a time and returns
+    `results`. With `relaunch` (lane -> argv of a process that runs that lane alone, with
+    `only_lane`), parallel lanes run in their own processes; without it in threads (for runs that
+    start their own process). Each run prints its one-line outcome."""
+    check(specs, out_dir, flag)
+    by_lane = lanes(specs)
+    if only_lane is not None:
+        if only_lane not in by_lane:
+            raise ValueError(f'no lane {only_lane!r} in the plan (lanes: {", ".join(by_lane)})')
+        by_lane = {only_lane: by_lane[only_lane]}
+    if relaunch is not None and parallel > 1 and only_lane is None:
+        _relaunch(list(by_lane), out_dir, parallel, relaunch)
+        return results(specs, out_dir)
+
+    def lane(batch: list[Spec]) -> None:
+        for spec in batch:
+            print(run_one(spec, out_dir, reuse), flush=True)
+
+    if relaunch is not None or parallel == 1:  # in this thread: training installs signal handlers
+        for batch in by_lane.values():
+            lane(batch)
+    else:
+        with ThreadPoolExecutor(parallel) as pool:
+            list(pool.map(lane, by_lane.values()))
+    return results(specs, out_dir)

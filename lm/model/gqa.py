@@ -1,0 +1,138 @@
+"""Multi-head, grouped-query and multi-query attention ('mha', 'gqa', 'mqa'): one grouped
+implementation, registered for the factory in lm/model/attention.py. MHA is G = H KV heads, MQA
+is G = 1. Query head i reads KV head i // R, R = H / G (contiguous groups, the Llama / Hugging
+Face order). K and V are never repeated per query head. Shape letters: see the legend in
+lm/model/transformer.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lm.model.config import ModelConfig
+from lm.model.hf_mapping import LLAMA
+from lm.model.layers import Dense, fused_dense, residual_scale, rope
+from lm.model.variant import AttentionVariant, KVCache, document_mask, register
+
+
+@register
+class GroupedQueryAttention(AttentionVariant):
+    """MHA / GQA / MQA: H query heads, G = num_kv_heads K/V heads, RoPE on q and k."""
+
+    names = ('mha', 'gqa', 'mqa')
+    poolable_kv_heads = True
+
+    @staticmethod
+    def resolve(cfg: ModelConfig) -> ModelConfig:
+        H, g = cfg.num_heads, cfg.num_kv_heads
+        implied = {'mha': H, 'mqa': 1}.get(cfg.attention)
+        if implied is not None and g not in (0, implied):
+            raise ValueError(
+                f'config.model.num_kv_heads={g} contradicts attention='
+                f"'{cfg.attention}' (which means {implied}); use attention='gqa'"
+            )
+        g = implied or g
+        if g == 0:
+            raise ValueError("config.model.num_kv_heads must be set (> 0) for attention='gqa'")
+        if g > H:
+            raise ValueError(f'config.model.num_kv_heads={g} must be <= num_heads={H}')
+        if H % g:
+            raise ValueError(f'config.model.num_heads={H} must be divisible by num_kv_heads={g}')
+        head_dim = cfg.head_dim
+        if head_dim == 0:
+            if cfg.d_model % H:
+                raise ValueError(
+                    f'config.model.d_model={cfg.d_model} must be divisible by '
+                    f'num_heads={H} when head_dim is 0 (derived)'
+                )
+            head_dim = cfg.d_model // H
+        if head_dim % 2:
+            raise ValueError(f'config.model.head_dim={head_dim} must be even for RoPE')
+        return dataclasses.replace(cfg, num_kv_heads=g, head_dim=head_dim)
+
+    @staticmethod
+    def kv_cache_elements(cfg: ModelConfig) -> int:
+        """Cached elements per token per layer: K and V for each KV head, 2·g·d_h."""
+        return 2 * cfg.num_kv_heads * cfg.head_dim
+
+    @staticmethod
+    def kv_heads(cfg: ModelConfig) -> str:
+        return str(cfg.num_kv_heads)
+
+    @staticmethod
+    def score_dims(cfg: ModelConfig) -> tuple[int, int]:
+        return cfg.head_dim, cfg.head_dim
+
+    @classmethod
+    def parse_spec(cls, spec: str) -> dict[str, Any] | None:
+        """'mha', 'mqa', or 'gqa<G>' ('gqa2': two K/V heads)."""
+        if match := re.fullmatch(r'gqa(\d+)', spec):
+            return {'attention': 'gqa', 'num_kv_heads': int(match.group(1))}
+        return {'attention': spec, 'num_kv_heads': 0} if spec in ('mha', 'mqa') else None
+
+    @classmethod
+    def pooled(cls, num_kv_heads: int) -> dict[str, Any]:
+        return {'attention': 'mqa' if num_kv_heads == 1 else 'gqa', 'num_kv_heads': num_kv_heads}
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        E, H, G, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        bias = cfg.qkv_bias
+        self.q_proj = Dense(
+            (E,), (H, D), ('embed', 'heads', 'head_dim'), cfg, rngs=rngs, use_bias=bias
+        )
+        self.k_proj = Dense(
+            (E,), (G, D), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs, use_bias=bias
+        )
+        self.v_proj = Dense(
+            (E,), (G, D), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs, use_bias=bias
+        )
+        self.o_proj = Dense(
+            (H, D),
+            (E,),
+            ('heads', 'head_dim', 'embed'),
+            cfg,
+            rngs=rngs,
+            use_bias=cfg.o_bias,
+            scale=residual_scale(cfg),
+        )
+        self.cfg = cfg
+
+    @staticmethod
+    def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
+        """Per-layer decoding cache: K and V for each KV head, [B, S, G, D] each."""
+        shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+        return KVCache.empty(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+    def _projections(self, x_BTE: jax.Array) -> list[jax.Array]:
+        """q [B, T, H, D], k and v [B, T, G, D] before RoPE, in one fused matmul."""
+        return fused_dense(x_BTE, [self.q_proj, self.k_proj, self.v_proj])
+
+    def kv_projections(self, x_BTE: jax.Array) -> tuple[jax.Array, jax.Array]:
+        _, k_BTGD, v_BTGD = self._projections(x_BTE)
+        return k_BTGD, v_BTGD
+
+    def __call__(
+        self,
+        x_BTE: jax.Array,
+        positions_BT: jax.Array,
+        *,
+        segment_ids_BT: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        cfg = self.cfg
+        q_BTHD, k_BSGD, v_BSGD = self._projections(x_BTE)
+        q_BTHD = rope(q_BTHD, positions_BT, cfg.rope_theta, cfg)
+        k_BSGD = rope(k_BSGD, positions_BT, cfg.rope_theta, cfg)
+        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
+        if cache is not None:  # S = the cache's slots instead of the T new tokens
+            cache, mask = cache.write(k=k_BSGD, v=v_BSGD)
+            k_BSGD, v_BSGD = (cache.arrays[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
+        out_BTHD = self.attend(q_BTHD, k_BSGD, v_BSGD, scale=cfg.head_dim**-0.5, mask=mask)
+        return self.o_proj(out_BTHD), cache
+
+    hf_mappings = (LLAMA,)
