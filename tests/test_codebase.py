@@ -16,7 +16,7 @@ def test_functions_fit_on_a_screen(path):
         (node.name, node.end_lineno - node.lineno + 1)
         for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.end_lineno - node.lineno + 1 > 80
+        and node.end_lineno - node.lineno + 1 > 60
     ]
     assert not long, long
 

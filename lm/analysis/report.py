@@ -111,6 +111,31 @@ def _random_stats(model, tokens_BT):
     return scores, loss_T, [p[0] for p in probs]
 
 
+def _text_over(model, windows: list[np.ndarray]) -> tuple:
+    """Text scores averaged over the batches of `windows`, the summed per-position loss, the
+    per-window ICL scores and the K/V head moments summed in float64 (None without K/V heads)."""
+    text_sum, loss_sum, icl, moments = 0.0, 0.0, [], None
+    for tokens in windows:
+        scores, loss_T, icl_B, m = _text_stats(model, jnp.asarray(tokens))
+        text_sum, loss_sum = text_sum + np.asarray(scores), loss_sum + np.asarray(loss_T)
+        icl.append(np.asarray(icl_B, np.float64))
+        if m is not None:  # summed in float64: the covariance subtracts the mean's square
+            m = jax.tree.map(lambda x: np.asarray(x, np.float64), m)
+            moments = m if moments is None else jax.tree.map(np.add, moments, m)
+    return text_sum / len(windows), loss_sum, icl, moments
+
+
+def _kv_similarity(moments: list) -> dict[str, list[np.ndarray]]:
+    """Per layer, the centred cosine and linear CKA between K heads and between V heads."""
+    kv = {f'{w}_{m}': [] for w in ('key', 'value') for m in ('cosine', 'cka')}
+    for layer in moments:
+        for which, mom in zip(('key', 'value'), layer, strict=True):
+            cov = analysis.head_covariance(mom)
+            kv[f'{which}_cosine'].append(analysis.centred_cosine(cov))
+            kv[f'{which}_cka'].append(analysis.linear_cka(cov))
+    return kv
+
+
 def analyse_run(
     workdir: str,
     step: int | None,
@@ -133,15 +158,7 @@ def analyse_run(
             f'{flag}={workdir}: the validation split holds fewer than one batch of {batch} '
             f'windows of {T} tokens; lower --batch'
         )
-    text_sum, loss_sum, icl, moments = 0.0, 0.0, [], None
-    for tokens in windows:
-        scores, loss_T, icl_B, m = _text_stats(model, jnp.asarray(tokens))
-        text_sum, loss_sum = text_sum + np.asarray(scores), loss_sum + np.asarray(loss_T)
-        icl.append(np.asarray(icl_B, np.float64))
-        if m is not None:  # summed in float64: the covariance subtracts the mean's square
-            m = jax.tree.map(lambda x: np.asarray(x, np.float64), m)
-            moments = m if moments is None else jax.tree.map(np.add, moments, m)
-    text = text_sum / len(windows)
+    text, loss_sum, icl, moments = _text_over(model, windows)
     token_ids = np.unique(np.asarray(corpus.tokens['validation']))
     token_ids = token_ids[token_ids != corpus.tokenizer.eos_id]
     rand_tokens = analysis.repeated_random_tokens(
@@ -152,14 +169,7 @@ def analyse_run(
     rand = np.asarray(rand)
     scores = {name: text[:, i] for i, name in enumerate(TEXT_SCORES)}
     scores.update(induction=rand[:, 0], duplicate_token=rand[:, 1])
-    kv = None
-    if moments is not None:
-        kv = {f'{w}_{m}': [] for w in ('key', 'value') for m in ('cosine', 'cka')}
-        for layer in moments:
-            for which, mom in zip(('key', 'value'), layer, strict=True):
-                cov = analysis.head_covariance(mom)
-                kv[f'{which}_cosine'].append(analysis.centred_cosine(cov))
-                kv[f'{which}_cka'].append(analysis.linear_cka(cov))
+    kv = None if moments is None else _kv_similarity(moments)
     name = os.path.basename(os.path.normpath(workdir))
     return RunHeads(
         label=f'{name}@{restored.step}',
