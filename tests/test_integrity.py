@@ -399,6 +399,7 @@ def flip_bytes(step_dir: pathlib.Path) -> None:
     big.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_flipped_bytes_is_detected_and_kept_aside(tmp_path, text, caplog):
     config = tiny_train_config(tmp_path, text)
     work = tmp_path / 'run'
