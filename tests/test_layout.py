@@ -99,3 +99,12 @@ def test_readme_layout_table_names_everything():
     wanted |= {f'scripts/{p.name}' for p in (ROOT / 'scripts').iterdir() if p.is_file()}
     assert not wanted - rows, f'README Layout table lacks {sorted(wanted - rows)}'
     assert not rows - wanted, f'README Layout table names what does not exist: {rows - wanted}'
+
+
+def test_readme_layout_row_of_each_wing_names_its_modules():
+    readme = (ROOT / 'README.md').read_text()
+    for wing in WINGS:
+        (row,) = re.findall(rf'^\| `lm/{wing}/` \|(.*)$', readme, re.M)
+        named = set(re.findall(r'`(\w+)`', row))
+        modules = {p.stem for p in (ROOT / 'lm' / wing).glob('*.py') if p.stem != '__init__'}
+        assert not modules - named, f'README row of lm/{wing}/ lacks {sorted(modules - named)}'
