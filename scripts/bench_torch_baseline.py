@@ -29,6 +29,7 @@ _STEPS = flags.DEFINE_integer('steps', 60, 'Timed steps (median reported).')
 _WARMUP = flags.DEFINE_integer('warmup', 5, 'Untimed steps.')
 _THREADS = flags.DEFINE_integer('threads', 0, 'torch.set_num_threads; 0 = torch default.')
 _TARGET = flags.DEFINE_float('target_loss', 0.0, 'Train until this validation loss; 0 = time.')
+_PEAK = flags.DEFINE_float('peak_flops', 0.0, 'Stated peak FLOP/s of this CPU for MFU (0: none).')
 _EVAL_EVERY = flags.DEFINE_integer('eval_every', 100, 'Steps between evaluations (--target_loss).')
 
 
@@ -76,17 +77,18 @@ def run() -> int:
     stepper = torch_baseline.make_stepper(shape, threads=_THREADS.value)
     torch_baseline.time_steps(stepper, _WARMUP.value)
     dt = float(np.median(torch_baseline.time_steps(stepper, _STEPS.value)))
-    peak, source = perf.peak_flops()
+    peak, source = perf.peak_flops(_PEAK.value)
     tps = shape.batch * shape.block / dt
     fpt = stepper.flops_per_token
     print(
         f'eager PyTorch {stepper.version} nanoGPT baseline on {perf.cpu_model()}: '
         f'{stepper.params:,} params, {stepper.threads} threads, '
-        f'peak {peak / 1e9:,.0f} GFLOP/s ({source})'
+        f'{f"peak {peak / 1e9:,.0f} GFLOP/s ({source})" if peak else source}'
     )
+    mfu = perf.mfu(tps, fpt, peak)
     print(
         f'| torch eager | {dt * 1e3:.1f} ms/step | {tps:,.0f} tokens/s | '
-        f'{fpt * tps / 1e9:.1f} GFLOP/s | MFU {perf.mfu(tps, fpt, peak):.1%} |'
+        f'{fpt * tps / 1e9:.1f} GFLOP/s | MFU {"—" if mfu is None else f"{mfu:.1%}"} |'
     )
     return 0
 

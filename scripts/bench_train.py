@@ -5,8 +5,9 @@ reports the train step's compile time, the median step time over --steps steps a
 (each call waited for; with config.train.steps_per_call = K, a call runs K steps and its time is
 divided by K), the host time to dispatch a step, the median step time with the data
 pipeline included (batch built on the host and transferred every step), tokens/s, model FLOPs
-per token (6N + 12·L·H·Q·T, PaLM App. B), achieved FLOP/s and MFU against the peak measured in
-the same process (CPU: float32 2048³ jnp.dot; GPU/TPU: the per-device table in lm/train/perf.py).
+per token (6N + 12·L·H·Q·T, PaLM App. B), achieved FLOP/s and MFU against a stated peak
+(--peak_flops per device, else the GPU/TPU table in lm/train/perf.py; a CPU has no table entry,
+so its MFU column is '—' unless --peak_flops states one).
 The header names the CPU model (and the accelerator kind).
 
 On a CPU with PyTorch importable it also times the eager PyTorch nanoGPT baseline
@@ -43,6 +44,9 @@ _VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Varian
 _STEPS = flags.DEFINE_integer('steps', 60, 'Timed steps (median reported).')
 _WARMUP = flags.DEFINE_integer('warmup', 5, 'Untimed steps after compiling.')
 _JSON = flags.DEFINE_string('json', '', 'Also write the rows as JSON here.')
+_PEAK = flags.DEFINE_float(
+    'peak_flops', 0.0, 'Stated peak FLOP/s per device for MFU (0: the GPU/TPU table; none on CPU).'
+)
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Rounds alternating ours and the PyTorch baseline.')
 _TORCH = flags.DEFINE_bool(
     'torch_baseline', True, 'Time the eager PyTorch baseline interleaved (CPU, torch importable).'
@@ -142,6 +146,16 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
     }
 
 
+def peak_text(peak_total: float, source: str) -> str:
+    """'peak 4,000 GFLOP/s (table: ...)', or the reason there is no stated peak."""
+    return f'peak {peak_total / 1e9:,.0f} GFLOP/s ({source})' if peak_total else source
+
+
+def percent(mfu: float | None) -> str:
+    """An MFU cell: '41.2%', or '—' without a stated peak."""
+    return '—' if mfu is None else f'{mfu:.1%}'
+
+
 def torch_status() -> tuple[bool, str]:
     """(whether to time the PyTorch baseline, a one-line reason when not)."""
     if not _TORCH.value:
@@ -155,13 +169,12 @@ def torch_status() -> tuple[bool, str]:
 
 def run() -> int:
     bootstrap(RECIPE.config(_VARIANTS.value[0]), compilation_cache=False)
-    peak_total, source = perf.peak_flops()
+    peak_total, source = perf.peak_flops(_PEAK.value)
     with_torch, why_not = torch_status()
     print(
         f'train-step benchmark: {perf.device_description()}, '
-        f'config {RECIPE.name}, peak {peak_total / 1e9:,.0f} GFLOP/s '
-        f'({source}); medians over {_STEPS.value} steps (calls of steps/call steps, each '
-        'timed and divided by it)'
+        f'config {RECIPE.name}, {peak_text(peak_total, source)}; medians over {_STEPS.value} '
+        'steps (calls of steps/call steps, each timed and divided by it)'
     )
     if with_torch:
         version, threads = torch_baseline.version_and_threads(_TORCH_THREADS.value)
@@ -189,7 +202,7 @@ def run() -> int:
             f'{r["step_time_ms"]:.1f} | {r["dispatch_ms"]:.2f} | '
             f'{r["step_time_with_data_ms"]:.1f} | {r["tokens_per_sec"]:,.0f} | '
             f'{r["model_flops_per_token"] / 1e6:.2f} | {r["achieved_flops"] / 1e9:.1f} | '
-            f'{r["mfu"]:.1%} | {"yes" if r["cudnn_fused_attention"] else "no"} |' + cells,
+            f'{percent(r["mfu"])} | {"yes" if r["cudnn_fused_attention"] else "no"} |' + cells,
             flush=True,
         )
     if _JSON.value:

@@ -11,13 +11,10 @@ import pathlib
 import sys
 
 import jax
-import numpy as np
 from conftest import tiny_train_config
-from jax.sharding import AxisType
 
 from lm.data.corpus import train_batch
 from lm.sharding import global_batch
-from lm.train import perf
 from lm.train.run import assemble
 from lm.train.step import make_train_step
 
@@ -56,23 +53,6 @@ def run(spec: dict, run_spec: dict) -> dict:
     }
 
 
-def peak_matmul() -> dict:
-    """The peak-FLOP/s matmul (`perf.timed_matmul`) of a random matrix under this process's
-    widest mesh: the devices its product is on, and its error against numpy in float64."""
-    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
-    mesh = jax.make_mesh((jax.device_count(),), ('data',), axis_types=(AxisType.Auto,))
-    with jax.set_mesh(mesh):
-        out, seconds = perf.timed_matmul(x, repeats=2)
-    want = x.astype(np.float64) @ x.astype(np.float64)
-    return {
-        'devices': sorted(d.id for d in out.sharding.device_set),
-        'mesh_devices': mesh.size,
-        'max_err': float(np.abs(np.asarray(out, np.float64) - want).max()),
-        'scale': float(np.abs(want).max()),
-        'seconds': seconds,
-    }
-
-
 if __name__ == '__main__':
     spec = json.loads(sys.argv[1])
-    print(json.dumps({'runs': [run(spec, r) for r in spec['runs']], 'peak': peak_matmul()}))
+    print(json.dumps({'runs': [run(spec, r) for r in spec['runs']]}))

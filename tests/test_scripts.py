@@ -76,10 +76,12 @@ def test_bench_train_flops_and_mfu_match_a_hand_count(tmp_path, text_file):
         '--set=data.seq_len=16',
         '--set=train.steps_per_call=2',
         '--torch_baseline=false',
+        '--peak_flops=5e14',
         f'--json={tmp_path / "t.json"}',
     )
     (r,) = json.loads((tmp_path / 't.json').read_text())
     n, flops = shakespeare_mha_flops(seq_len=16)
+    assert 'peak' in stdout and 'stated 5e+14 FLOP/s per device x ' in stdout.splitlines()[0]
     assert (r['params'], r['model_flops_per_token']) == (n, flops)
     tokens_per_sec = 4 * 16 / (r['step_time_ms'] / 1e3)
     assert r['tokens_per_sec'] == pytest.approx(tokens_per_sec, rel=1e-9)

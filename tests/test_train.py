@@ -34,8 +34,10 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
     assert Checkpointer(str(tmp_path / 'run')).steps() == [4, 8]
     tb = tmp_path / 'run' / 'tb'
     assert sorted(read_scalars(tb, 'train/loss')) == list(range(1, 9))
-    for tag in ('train/lr', 'train/grad_norm', 'perf/tokens_per_sec', 'perf/step_time', 'perf/mfu'):
+    for tag in ('train/lr', 'train/grad_norm', 'perf/tokens_per_sec', 'perf/step_time'):
         assert read_scalars(tb, tag), tag
+    with pytest.raises(KeyError):  # a CPU has no stated peak, so no MFU (never a timed guess)
+        read_scalars(tb, 'perf/mfu')
     evals = read_scalars(tb, 'eval/loss')
     assert sorted(evals) == [0, 4, 8] and evals[8] < evals[0] - 0.2
     ppl, bpb = read_scalars(tb, 'eval/perplexity'), read_scalars(tb, 'eval/bits_per_byte')
@@ -403,3 +405,21 @@ def test_two_cpu_devices_train_and_evaluate_a_whole_split(tmp_path, small_text):
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])['loss'] > 0
+
+
+def test_mfu_is_against_a_stated_peak_and_never_over_100_percent(monkeypatch):
+    from lm.train import perf
+
+    assert perf.peak_flops()[0] == 0.0 and 'config.train.peak_flops' in perf.peak_flops()[1]
+    total, source = perf.peak_flops(2e9)
+    assert total == 2e9 * jax.device_count() and source.startswith('stated 2e+09 FLOP/s')
+    assert perf.mfu(100.0, 1e6, 1e9) == pytest.approx(0.1, rel=1e-12)  # 1e8 / 1e9
+    assert perf.mfu(100.0, 1e6, 0.0) is None  # no stated peak
+    assert perf.mfu(100.0, 1e6, 5e7) is None  # 200%: the stated peak is wrong
+    monkeypatch.setattr(
+        jax,
+        'devices',
+        lambda: [type('D', (), {'platform': 'gpu', 'device_kind': 'NVIDIA H100 80GB HBM3'})()],
+    )
+    monkeypatch.setattr(jax, 'device_count', lambda: 8)
+    assert perf.peak_flops() == (8 * 989e12, 'table: NVIDIA H100 80GB HBM3 x 8')

@@ -1,15 +1,11 @@
-"""Peak FLOP/s per device and model FLOP utilisation (MFU), as in PaLM App. B."""
+"""Stated peak FLOP/s per device and model FLOP utilisation (MFU), as in PaLM App. B."""
 
 from __future__ import annotations
 
 import os
 import platform
-import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 # Dense bf16 peak FLOP/s per device from vendor data sheets (no sparsity).
 PEAK_FLOPS = {
@@ -53,61 +49,32 @@ def device_description() -> str:
     return f'{where} on {cpu_model()}' if device.platform == 'cpu' else where
 
 
-def first_device_mesh() -> jax.sharding.Mesh:
-    """A mesh of the first device alone: computations under it run on that device only."""
-    return jax.make_mesh((1,), ('one',), devices=jax.devices()[:1], axis_types=(AxisType.Explicit,))
-
-
-def timed_matmul(a_NN: np.ndarray | jax.Array, repeats: int) -> tuple[jax.Array, float]:
-    """(a @ a, the best time of `repeats` calls in seconds), computed on the first device alone
-    whatever mesh the caller has set: under a multi-device CPU mesh the matmul would otherwise
-    be replicated, every device computing it on its own share of the cores, and a peak timed
-    from it would be one device's share."""
-    mesh = first_device_mesh()
-    with jax.set_mesh(mesh):
-        a = jax.device_put(a_NN, NamedSharding(mesh, PartitionSpec()))
-        f = jax.jit(jnp.dot)
-        out = f(a, a).block_until_ready()
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            out = f(a, a).block_until_ready()
-            times.append(time.perf_counter() - t)
-    return out, float(np.min(times))
-
-
-def measure_matmul_flops(n: int = 2048, repeats: int = 10, dtype=jnp.float32) -> float:
-    """Peak FLOP/s of an n×n×n matmul on the first device (`timed_matmul`): the best of
-    `repeats` timed calls (2·n³ FLOPs each), so a busy moment on a shared machine does not
-    lower the peak."""
-    with jax.set_mesh(first_device_mesh()):
-        a = jax.random.normal(jax.random.key(0), (n, n), dtype)
-    return 2 * n**3 / timed_matmul(a, repeats)[1]
-
-
 def peak_flops(override: float = 0.0) -> tuple[float, str]:
-    """(peak FLOP/s of all devices of the run, where the number came from).
+    """(stated peak FLOP/s of all devices of the run, where the number came from).
 
-    CPU: a matmul measured on this host, which uses all its cores however many JAX devices
-    the host is split into, times the number of hosts. GPU / TPU: the per-device table (or a
-    measured bf16 matmul for an unknown kind) times the device count. `override` is per device.
-    """
-    device = jax.devices()[0]
+    A peak is stated, never timed at start-up (a timing on a shared machine swings several
+    fold): `override` (config.train.peak_flops, per device), else the vendor table for the
+    accelerator kind. A CPU or an unlisted kind without `override` has no stated peak: 0.0,
+    and no MFU is computed."""
+    n = jax.device_count()
     if override > 0:
-        return override * jax.device_count(), 'config.train.peak_flops per device'
-    if device.platform == 'cpu':
-        return (
-            measure_matmul_flops() * jax.process_count(),
-            'measured: float32 2048³ jnp.dot, all cores of each host',
-        )
-    kind = device.device_kind
-    for name, flops in PEAK_FLOPS.items():
-        if kind.startswith(name):
-            return flops * jax.device_count(), f'table: {name} x {jax.device_count()}'
-    measured = measure_matmul_flops(dtype=jnp.bfloat16)
-    return measured * jax.device_count(), f'measured: bfloat16 2048³ jnp.dot on {kind}'
+        return override * n, f'stated {override:.3g} FLOP/s per device x {n}'
+    device = jax.devices()[0]
+    if device.platform != 'cpu':
+        for name, flops in PEAK_FLOPS.items():
+            if device.device_kind.startswith(name):
+                return flops * n, f'table: {name} x {n}'
+    return 0.0, (
+        f'no stated peak for {device_description()}: set config.train.peak_flops '
+        '(FLOP/s per device) for MFU'
+    )
 
 
-def mfu(tokens_per_sec: float, flops_per_token: float, peak_flops_total: float) -> float:
-    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all devices."""
-    return tokens_per_sec * flops_per_token / peak_flops_total
+def mfu(tokens_per_sec: float, flops_per_token: float, peak_flops_total: float) -> float | None:
+    """Model FLOPs utilisation: achieved model FLOP/s over the stated peak of all devices; None
+    without a stated peak, or when the ratio exceeds 1 (the stated peak is below what the run
+    achieves, so it is wrong: an MFU over 100% is never reported)."""
+    if peak_flops_total <= 0:
+        return None
+    utilisation = tokens_per_sec * flops_per_token / peak_flops_total
+    return utilisation if utilisation <= 1 else None

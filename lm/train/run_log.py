@@ -49,6 +49,7 @@ class Meter:
         )
         self.flops_per_token = accounting.flops_per_token(run.model_cfg, c.data.seq_len)
         self.peak, _ = perf.peak_flops(c.train.peak_flops)
+        self.warned_peak = False  # said once that the stated peak is below the achieved rate
         self.pending: list = []  # (last step of a call, its metrics on device)
         self.speeds: list[float] = []  # tokens/s of each timed window
         self.last: tuple[int, dict] = (start, {})
@@ -100,21 +101,19 @@ class Meter:
         tps = self.tokens_per_step / dt
         if self.steps > 0:
             self.speeds.append(tps)
-        utilisation = perf.mfu(tps, self.flops_per_token, self.peak)
+        utilisation = self._mfu(tps)
         s, m = self.last
-        self.tb.scalars(
-            s,
-            {
-                'perf/step_time': dt,
-                'perf/tokens_per_sec': tps,
-                'perf/mfu': utilisation,
-                'data/tokens_seen': s * self.tokens_per_step,
-                'data/epochs': s * self.epochs_per_step,
-            },
-        )
+        values = {
+            'perf/step_time': dt,
+            'perf/tokens_per_sec': tps,
+            'data/tokens_seen': s * self.tokens_per_step,
+            'data/epochs': s * self.epochs_per_step,
+        }
+        if utilisation is not None:
+            values['perf/mfu'] = utilisation
+        self.tb.scalars(s, values)
         logging.info(
-            'step %d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms/step | '
-            '%.0f tok/s | MFU %.1f%%',
+            'step %d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms/step | %.0f tok/s%s',
             s,
             self.total,
             m['loss'],
@@ -122,9 +121,23 @@ class Meter:
             m['lr'],
             dt * 1e3,
             tps,
-            utilisation * 100,
+            '' if utilisation is None else f' | MFU {utilisation:.1%}',
         )
         self.restart()
+
+    def _mfu(self, tokens_per_sec: float) -> float | None:
+        """MFU against the stated peak (None without one); a stated peak below the achieved
+        FLOP/s is wrong, said once, and no MFU is logged."""
+        utilisation = perf.mfu(tokens_per_sec, self.flops_per_token, self.peak)
+        if utilisation is None and self.peak > 0 and not self.warned_peak:
+            self.warned_peak = True
+            logging.warning(
+                'MFU not logged: %.3g FLOP/s achieved exceeds the stated peak %.3g '
+                '(config.train.peak_flops is per device)',
+                tokens_per_sec * self.flops_per_token,
+                self.peak,
+            )
+        return utilisation
 
     def median_tokens_per_sec(self) -> float | None:
         return float(np.median(self.speeds)) if self.speeds else None
@@ -138,13 +151,11 @@ def log_model(run: Run, tb: Summary) -> None:
     tb.text('config', '```\n' + shown_config(c).to_json(indent=2) + '\n```')
     tb.hparams(hparams(c, cfg, counts['total']))
     logging.info(
-        'model: %s params (%s), %.3g FLOPs/token; peak %.3g FLOP/s on %d devices (%s)',
+        'model: %s params (%s), %.3g FLOPs/token; %s',
         f'{counts["total"]:,}',
         ', '.join(f'{k} {v:,}' for k, v in counts.items() if k != 'total'),
         accounting.flops_per_token(cfg, c.data.seq_len),
-        peak_total,
-        jax.device_count(),
-        peak_source,
+        f'peak {peak_total:.3g} FLOP/s ({peak_source})' if peak_total else peak_source,
     )
 
 
