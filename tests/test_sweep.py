@@ -65,7 +65,8 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
     for run in runs:
         acc = event_accumulator.EventAccumulator(str(tmp_path / 'sw' / 'tb' / run))
         acc.Reload()
-        assert [e.step for e in acc.Scalars('eval/perplexity')] == [0, 4]
+        assert [e.step for e in acc.Scalars('eval/perplexity')] == [4]
+        assert [e.step for e in acc.Scalars('eval_init/perplexity')] == [0]
         assert acc.PluginTagToContent('hparams'), run  # an hparams entry for the HParams tab
 
     again = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}', '--match=params')

@@ -38,8 +38,12 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
         assert read_scalars(tb, tag), tag
     with pytest.raises(KeyError):  # a CPU has no stated peak, so no MFU (never a timed guess)
         read_scalars(tb, 'perf/mfu')
-    evals = read_scalars(tb, 'eval/loss')
-    assert sorted(evals) == [0, 4, 8] and evals[8] < evals[0] - 0.2
+    evals, init = read_scalars(tb, 'eval/loss'), read_scalars(tb, 'eval_init/loss')
+    assert sorted(evals) == [4, 8] and list(init) == [0]  # step 0 apart: it sets no y-range
+    assert evals[8] < init[0] - 0.2
+    np.testing.assert_allclose(
+        read_scalars(tb, 'eval_init/perplexity')[0], np.exp(init[0]), rtol=1e-5
+    )
     ppl, bpb = read_scalars(tb, 'eval/perplexity'), read_scalars(tb, 'eval/bits_per_byte')
     np.testing.assert_allclose(ppl[8], np.exp(evals[8]), rtol=1e-5)
     np.testing.assert_allclose(bpb[8], evals[8] / np.log(2), rtol=1e-3)  # bytes: 1 token/byte
@@ -389,7 +393,8 @@ def test_quickstart_command_runs(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     evals = read_scalars(tmp_path / 'qs' / 'tb', 'eval/perplexity')
-    assert sorted(evals) == [0, 3, 6] and evals[6] < evals[0]
+    init = read_scalars(tmp_path / 'qs' / 'tb', 'eval_init/perplexity')
+    assert sorted(evals) == [3, 6] and evals[6] < init[0]
     shutil.rmtree(tmp_path / 'cache')
 
 
@@ -423,3 +428,20 @@ def test_mfu_is_against_a_stated_peak_and_never_over_100_percent(monkeypatch):
     )
     monkeypatch.setattr(jax, 'device_count', lambda: 8)
     assert perf.peak_flops() == (8 * 989e12, 'table: NVIDIA H100 80GB HBM3 x 8')
+
+
+def test_an_eval_at_a_checkpoint_is_on_disk_before_the_checkpoint(
+    tmp_path, small_text, monkeypatch
+):
+    """A kill -9 right after a checkpoint is published keeps that step's eval point: the eval
+    runs before the save, whose flush writes it (read from disk inside the save)."""
+    seen = {}
+    save = Checkpointer.save
+
+    def spying_save(self, step, state, meta):
+        seen[step] = read_scalars(tmp_path / 'run' / 'tb', 'eval/loss')
+        return save(self, step, state, meta)
+
+    monkeypatch.setattr(Checkpointer, 'save', spying_save)
+    train(tiny_train_config(tmp_path, small_text), str(tmp_path / 'run'))
+    assert sorted(seen) == [4, 8] and sorted(seen[4]) == [4] and sorted(seen[8]) == [4, 8]

@@ -154,7 +154,10 @@ class _Training:
         spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
         self.meter = Meter(self.run, self.tb, self.start, self.ckpt.steps, spikes)
         first = self.start in (0, c.uptrain.source_step)  # a new run, or a converted one
-        self.last_eval = self._evaluate(self.start) if first else {}
+        # A new run's step-0 score (~ the vocabulary size in perplexity) is logged under its
+        # own tags, so it does not set the y-range of the eval charts that compare runs.
+        prefix = 'eval_init' if self.start == 0 else 'eval'
+        self.last_eval = self._evaluate(self.start, prefix) if first else {}
         self.meter.restart()  # the first window times steps only
         step = self.start
         try:
@@ -209,10 +212,10 @@ class _Training:
         self.meter.drain()
         if due['log']:
             self.meter.log()
+        if due['eval'] and not self.stop.signum:  # before the save, which flushes it too
+            self.last_eval = self._evaluate(step)
         if due['ckpt'] or self.stop.signum:
             self._save(step)
-        if due['eval']:
-            self.last_eval = self._evaluate(step)
         if due['eval'] or due['ckpt']:
             self.meter.restart()
         if self.stop.signum:
@@ -220,7 +223,7 @@ class _Training:
             logging.warning('%s at step %d: checkpoint saved, exiting', name, step)
         return bool(self.stop.signum)
 
-    def _evaluate(self, step: int) -> dict:
+    def _evaluate(self, step: int, prefix: str = 'eval') -> dict:
         run, c = self.run, self.run.config
         metrics = evaluate(
             self.eval_fn,
@@ -232,7 +235,7 @@ class _Training:
             eval_tokens=c.eval_tokens,
             batch_sharding=run.ctx.batch_sharding,
         )
-        self.tb.scalars(step, {f'eval/{k}': v for k, v in metrics.items()})
+        self.tb.scalars(step, {f'{prefix}/{k}': v for k, v in metrics.items()})
         logging.info(
             'eval at step %d: loss %.4f ± %.4f (stderr over windows, %d tokens), '
             'perplexity %.3f, %.4f bits/byte',
