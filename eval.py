@@ -10,12 +10,14 @@ the run's validation split this gives exactly the loss its training logged at th
 """
 
 import json
+import math
 
 from absl import flags
 from ml_collections import config_flags
 
 from lm.cli import bootstrap, check_writable_dir, define_distributed_flags, run_app
 from lm.train.evaluation import eval_batch_size, evaluate
+from lm.train.interrupt import StopRequest
 from lm.train.run import assemble, stored_config
 from lm.train.step import make_eval_step
 from lm.train.summary import Summary, run_logdir
@@ -61,16 +63,23 @@ def run() -> int:
     restored = assemble(
         config, state='restore', workdir=_WORKDIR.value, step=_STEP.value, data=True
     )
-    metrics = evaluate(
-        make_eval_step(restored.ctx),
-        restored.state['params'],
-        restored.corpus,
-        _SPLIT.value,
-        batch_size=eval_batch_size(restored.config),
-        seq_len=config.data.seq_len,
-        eval_tokens=restored.config.eval_tokens,
-        batch_sharding=restored.ctx.batch_sharding,
-    )
+    with StopRequest() as stop:  # SIGTERM: stop between batches, write nothing
+        metrics = evaluate(
+            make_eval_step(restored.ctx),
+            restored.state['params'],
+            restored.corpus,
+            _SPLIT.value,
+            batch_size=eval_batch_size(restored.config),
+            seq_len=config.data.seq_len,
+            eval_tokens=restored.config.eval_tokens,
+            batch_sharding=restored.ctx.batch_sharding,
+            stop=stop.check,
+        )
+    if not math.isfinite(metrics['loss']):
+        raise FloatingPointError(
+            f'--workdir={_WORKDIR.value}: the loss of step {restored.step} is {metrics["loss"]} '
+            '(non-finite parameters or activations); nothing written'
+        )
     same = own_data or restored.corpus.fingerprint == restored.meta['data_fingerprint']
     prefix = (
         'eval'

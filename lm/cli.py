@@ -18,6 +18,7 @@ from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from lm.config import get_key, load_config_file, with_overrides
 from lm.sharding import set_cpu_devices
+from lm.train.interrupt import Interrupted
 from lm.train.workdir import RunError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -324,6 +325,10 @@ def run_reporting_errors(main: Callable[[], int | None]) -> None:
         logging.flush()
         print(f'error: {e}', file=sys.stderr)
         sys.exit(1)
+    except Interrupted as e:  # a read-only phase stopped by SIGTERM / SIGINT: nothing written
+        logging.flush()
+        print(f'{e}; nothing written', file=sys.stderr)
+        sys.exit(128 + e.signum)
     sys.exit(code or 0)
 
 

@@ -56,9 +56,12 @@ def entry_command(script, *args):
     return [sys.executable, str(ROOT / script), *map(str, args)]
 
 
-def sigterm_while_training(script, *args) -> tuple[int, str]:
-    """Starts an entry point, sends it SIGTERM a second after it compiled its train step, and
-    returns (exit code, stderr)."""
+def sigterm_while_training(
+    script, *args, marker: str = 'compiled the train step', times: int = 1, delay: float = 1.0
+) -> tuple[int, str]:
+    """Starts an entry point, sends it SIGTERM `delay` seconds after `marker` appeared `times`
+    times on its stderr (default: a second after it compiled its train step), and returns
+    (exit code, stderr)."""
     proc = subprocess.Popen(
         entry_command(script, *args),
         cwd=ROOT,
@@ -70,10 +73,11 @@ def sigterm_while_training(script, *args) -> tuple[int, str]:
     lines = []
     threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
     deadline = time.time() + 120
-    while not any('compiled the train step' in line for line in lines):  # about to train
+    while sum(marker in line for line in lines) < times:
         assert time.time() < deadline and proc.poll() is None, ''.join(lines)[-2000:]
         time.sleep(0.1)
-    time.sleep(1)
+    time.sleep(delay)
+    assert proc.poll() is None, 'the phase ended before the signal: make it longer'
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=120)
     time.sleep(0.5)  # the reader thread drains stderr

@@ -16,6 +16,7 @@ from conftest import (
     entry_command,
     read_scalars,
     sigterm_while_training,
+    stdlib_text,
     tiny_train_config,
     write_config_file,
 )
@@ -222,6 +223,57 @@ def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, small_text):
     steps = Checkpointer(str(tmp_path / 'run')).steps()
     assert len(steps) == 1 and 0 < steps[0] < 100_000
     assert max(read_scalars(tmp_path / 'run' / 'tb', 'train/loss')) == steps[0]
+
+
+@pytest.fixture
+def big_validation(tmp_path):
+    """3 MB of standard-library source: a validation split of ~300k tokens, whose whole-split
+    evaluation takes several seconds with the tiny model."""
+    path = tmp_path / 'big.txt'
+    path.write_text(stdlib_text(3_000_000))
+    return path
+
+
+@pytest.mark.slow
+def test_sigterm_during_evaluation_saves_the_step_and_exits_at_once(tmp_path, big_validation):
+    config = tiny_train_config(
+        tmp_path,
+        big_validation,
+        **{'train.steps': 8, 'eval_every': 4, 'checkpoint_every': 8, 'eval_tokens': 0},
+    )
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    t = time.time()
+    code, err = sigterm_while_training(
+        'train.py',
+        f'--config={cfg_file}',
+        f'--workdir={tmp_path / "run"}',
+        marker='evaluating the validation split',
+        times=2,  # the eval at step 4, after the step-0 one
+        delay=0.5,
+    )
+    assert code == 128 + signal.SIGTERM, err[-2000:]
+    assert 'SIGTERM at step 4: checkpoint saved' in err and 'Traceback' not in err
+    assert Checkpointer(str(tmp_path / 'run')).steps() == [4]  # the latest completed step
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_tokens=64')
+    assert out.returncode == 0, out.stderr[-2000:]  # the saved step restores
+    assert time.time() - t < 300
+
+
+@pytest.mark.slow
+def test_sigterm_stops_eval_py_between_batches_writing_nothing(tmp_path, big_validation):
+    config = tiny_train_config(tmp_path, big_validation, **{'train.steps': 2, 'eval_tokens': 64})
+    train(config, str(tmp_path / 'run'))
+    events = sorted((tmp_path / 'run' / 'tb').iterdir())
+    code, err = sigterm_while_training(
+        'eval.py',
+        f'--workdir={tmp_path / "run"}',
+        '--eval_tokens=0',
+        marker='evaluating the validation split',
+        delay=0.5,
+    )
+    assert code == 128 + signal.SIGTERM, err[-2000:]
+    assert err.strip().splitlines()[-1] == 'stopped by SIGTERM; nothing written'
+    assert sorted((tmp_path / 'run' / 'tb').iterdir()) == events
 
 
 @pytest.mark.slow

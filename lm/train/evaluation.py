@@ -16,6 +16,7 @@ from collections.abc import Callable
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 
 from lm.data.corpus import Corpus
 from lm.data.windows import eval_batches, eval_windows, window_targets
@@ -62,16 +63,25 @@ def evaluate(
     seq_len: int,
     eval_tokens: int,
     batch_sharding: jax.sharding.NamedSharding,
+    stop: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Mean next-token loss over the evaluation windows of `split` (`lm.data.windows.eval_windows`),
     with its standard error over windows and the number of target tokens scored.
 
     bits/byte = loss / ln 2 · tokens/byte of the split, so runs with different tokenizers
-    compare on the same text.
+    compare on the same text. `stop` is called before each batch (it raises to stop: e.g.
+    `lm.train.interrupt.StopRequest.check`).
     """
     tokens = corpus.tokens[split]
     starts = eval_windows(len(tokens), seq_len, eval_tokens)
     counts = window_targets(len(tokens), starts, seq_len).astype(np.float64)
+    logging.info(
+        'evaluating the %s split: %d windows of %d tokens in batches of %d',
+        split,
+        len(starts),
+        seq_len,
+        batch_size,
+    )
     sums = []
     for batch, weights in eval_batches(
         tokens,
@@ -81,6 +91,8 @@ def evaluate(
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     ):
+        if stop is not None:
+            stop()
         out = eval_step(
             params, global_batch(batch, batch_sharding), global_batch(weights, batch_sharding)
         )

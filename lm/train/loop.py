@@ -15,6 +15,7 @@ from absl import logging
 
 from lm.data.windows import call_batch
 from lm.train.evaluation import eval_batch_size, evaluate
+from lm.train.interrupt import Interrupted, StopRequest
 from lm.train.loss_spike import LossSpikeGuard
 from lm.train.run import Run, assemble, checkpoint_meta
 from lm.train.run_log import Meter, log_model, write_results
@@ -76,21 +77,6 @@ def _prefetch(run: Run, start: int, sizes: list[int], depth: int = 2):
         yield batch
 
 
-class _StopRequest:
-    """Turns SIGTERM / SIGINT into a flag the loop checks between steps."""
-
-    def __init__(self):
-        self.signum = 0
-        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def _handle(self, signum, frame):
-        self.signum = signum
-
-    def restore(self):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-
-
 def train(
     config: ml_collections.ConfigDict,
     workdir: str,
@@ -105,13 +91,9 @@ def train(
     run = assemble(
         config, state='resume', workdir=workdir, data=True, allow_config_change=allow_config_change
     )
-    with run:
-        stop = _StopRequest()  # from here on, SIGTERM / SIGINT end the run at a step boundary
-        try:
-            with jax.set_mesh(run.mesh):
-                return _Training(run, workdir, tb_dir, stop).train()
-        finally:
-            stop.restore()
+    # From here on, SIGTERM / SIGINT end the run at a step boundary or between eval batches.
+    with run, StopRequest() as stop, jax.set_mesh(run.mesh):
+        return _Training(run, workdir, tb_dir, stop).train()
 
 
 class _StepCache:
@@ -141,7 +123,7 @@ class _Training:
     """One training run: from its assembled state, calls of the train step, with logging, eval and
     checkpoints at their intervals. Holds the state between the pieces."""
 
-    def __init__(self, run: Run, workdir: str, tb_dir: str, stop: _StopRequest):
+    def __init__(self, run: Run, workdir: str, tb_dir: str, stop: StopRequest):
         self.run, self.workdir, self.stop = run, workdir, stop
         self.ckpt = run.checkpointer
         self.tb = Summary(run_logdir(workdir, tb_dir))
@@ -157,7 +139,11 @@ class _Training:
         # A new run's step-0 score (~ the vocabulary size in perplexity) is logged under its
         # own tags, so it does not set the y-range of the eval charts that compare runs.
         prefix = 'eval_init' if self.start == 0 else 'eval'
-        self.last_eval = self._evaluate(self.start, prefix) if first else {}
+        try:
+            self.last_eval = self._evaluate(self.start, prefix) if first else {}
+        except Interrupted:  # nothing trained yet: nothing to save
+            self.tb.close()
+            return {'step': self.start, 'eval': {}, 'signal': self.stop.signum, 'state': self.state}
         self.meter.restart()  # the first window times steps only
         step = self.start
         try:
@@ -213,7 +199,10 @@ class _Training:
         if due['log']:
             self.meter.log()
         if due['eval'] and not self.stop.signum:  # before the save, which flushes it too
-            self.last_eval = self._evaluate(step)
+            try:
+                self.last_eval = self._evaluate(step)
+            except Interrupted:  # the step is complete: saved below, then the run ends
+                pass
         if due['ckpt'] or self.stop.signum:
             self._save(step)
         if due['eval'] or due['ckpt']:
@@ -234,6 +223,7 @@ class _Training:
             seq_len=c.data.seq_len,
             eval_tokens=c.eval_tokens,
             batch_sharding=run.ctx.batch_sharding,
+            stop=self.stop.check,
         )
         self.tb.scalars(step, {f'{prefix}/{k}': v for k, v in metrics.items()})
         logging.info(
