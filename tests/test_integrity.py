@@ -359,8 +359,10 @@ def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
         '--config.train.lr=0.001',
     )
     line = one_line_error(stale)
-    assert line.startswith(f'error: --sweep_dir: {sw / "seed1"} (and 1 more runs) was trained ')
-    assert 'with other settings: train.lr: 0.003 -> 0.001; use a new --sweep_dir' in line
+    assert line == (
+        f'error: --sweep_dir: {sw / "seed1"} (and 1 more runs) was made with other settings: '
+        'train.lr: 0.003 -> 0.001; use another --sweep_dir, or delete those runs to redo them'
+    )
     assert listing(sw) == before
     with WorkdirLock(str(sw)):  # another sweep on the same sweep_dir is refused
         busy = cli(ROOT / 'scripts' / 'sweep.py', f'--config={cfg}', f'--sweep_dir={sw}')
