@@ -6,7 +6,8 @@ slots [0, pad_b) and is never attended; its tokens sit at positions 0, 1, ... as
 pass of the unpadded prompt. Decode step i writes slot T + i for every row. Prefill and every
 step are the model's own forward pass with one `KVCache` per layer (`Transformer.__call__` with
 `caches`); each attention variant owns its cache layout (its `init_cache`, lm/model/attention.py):
-K and V per KV head for MHA / GQA / MQA, the latent c_KV and the shared RoPE key for MLA.
+K and V per KV head for MHA / GQA / MQA (head-major, [B, G, S, D]), the latent c_KV and the
+shared RoPE key for MLA.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def init_caches(cfg: ModelConfig, batch: int, length: int) -> list[KVCache]:
 
 def cache_elements_per_token(caches: list[KVCache]) -> int:
     """Elements the live cache arrays hold per token (all layers), measured from their shapes."""
-    return sum(int(np.prod(a.shape[2:])) for c in caches for a in c.arrays.values())
+    return sum(a.size // (a.shape[0] * a.shape[-2]) for c in caches for a in c.arrays.values())
 
 
 def _sample(logits_BV: jax.Array, key: jax.Array, temperature, top_k, top_p) -> jax.Array:
