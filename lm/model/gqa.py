@@ -105,7 +105,8 @@ class GroupedQueryAttention(AttentionVariant):
     @staticmethod
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
         """Per-layer decoding cache: K and V for each KV head, head-major [B, G, S, D] each."""
-        shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
+        G = cfg.num_kv_heads
+        shape = (batch, length, cfg.head_dim) if G == 1 else (batch, G, length, cfg.head_dim)
         return KVCache.empty(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
     def _projections(self, x_BTE: jax.Array) -> list[jax.Array]:
@@ -131,8 +132,13 @@ class GroupedQueryAttention(AttentionVariant):
         k_BGSD, v_BGSD = k_BTGD.transpose(0, 2, 1, 3), v_BTGD.transpose(0, 2, 1, 3)  # head-major
         mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
         if cache is not None:  # S = the cache's slots instead of the T new tokens
+            squeeze = cache.arrays['k'].ndim == 3
+            if squeeze:
+                k_BGSD, v_BGSD = k_BGSD[:, 0], v_BGSD[:, 0]
             cache, mask = cache.write(k=k_BGSD, v=v_BGSD)
             k_BGSD, v_BGSD = (cache.arrays[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
+            if squeeze:
+                k_BGSD, v_BGSD = k_BGSD[:, None], v_BGSD[:, None]
         out_BTHD = self.attend(q_BTHD, k_BGSD, v_BGSD, scale=cfg.head_dim**-0.5, mask=mask)
         return self.o_proj(out_BTHD), cache
 
