@@ -9,7 +9,8 @@ to the accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L
 
 Roofline: a decode step must read every weight and the filled cache once, so its time is at
 least (bytes read per step) / (read bandwidth). The bandwidth is measured in the same run (a
-jitted sum over a --bandwidth_gib array, median of repeats, before and after the variants); each
+jitted sum over a --bandwidth_gib array, median of 7 repeats, before each row and at the end;
+the median of those is the one used); each
 row reports the bytes a step reads (weights + the cache filled to L + half the new tokens), the
 achieved GB/s, its % of the measured bandwidth, and its speedup over MHA (same batch and
 context) next to the speedup the bytes predict (MHA's bytes per step / the variant's).
@@ -178,11 +179,15 @@ def print_table(rows: list[dict], B: int) -> None:
 
 
 def run() -> int:
-    before = read_bandwidth(_BW_GIB.value)
     batches = [int(b) for b in _BATCH.value]
-    rows = [bench(v, int(c), B) for B in batches for v in _VARIANTS.value for c in _CONTEXTS.value]
-    bandwidth = float(np.median([before, read_bandwidth(_BW_GIB.value)]))
-    add_roofline(rows, bandwidth)
+    rows, bandwidths = [], []
+    for B in batches:
+        for v in _VARIANTS.value:
+            for c in _CONTEXTS.value:
+                bandwidths.append(read_bandwidth(_BW_GIB.value))  # the machine may be shared
+                rows.append(bench(v, int(c), B))
+    bandwidths.append(read_bandwidth(_BW_GIB.value))
+    add_roofline(rows, float(np.median(bandwidths)))
     for B in batches:
         print_table([r for r in rows if r['batch'] == B], B)
     if _JSON.value:
