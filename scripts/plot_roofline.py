@@ -23,7 +23,7 @@ def plot(rows: list[dict], out: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 5.5))
     variants = sorted({r['variant'] for r in rows}, key=[r['variant'] for r in rows].index)
     colors = dict(zip(variants, plt.rcParams['axes.prop_cycle'].by_key()['color'], strict=False))
-    dtypes = sorted({r.get('dtype', 'float32') for r in rows})
+    dtypes = list(dict.fromkeys(r.get('dtype', 'float32') for r in rows))  # the first: filled
     for r in rows:
         bytes_per_token = r['bytes_per_step'] / r['batch']
         hollow = r.get('dtype', 'float32') != dtypes[0]
