@@ -104,7 +104,9 @@ class GroupedQueryAttention(AttentionVariant):
 
     @staticmethod
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
-        """Per-layer decoding cache: K and V for each KV head, head-major [B, G, S, D] each."""
+        """Per-layer decoding cache: K and V for each KV head, head-major [B, G, S, D] each;
+        [B, S, D] for one KV head (with a [B, 1, S, D] cache XLA on CPU copied every cache
+        array each decode step, fusing the write into the matmul's bitcast)."""
         G = cfg.num_kv_heads
         shape = (batch, length, cfg.head_dim) if G == 1 else (batch, G, length, cfg.head_dim)
         return KVCache.empty(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
@@ -132,7 +134,7 @@ class GroupedQueryAttention(AttentionVariant):
         k_BGSD, v_BGSD = k_BTGD.transpose(0, 2, 1, 3), v_BTGD.transpose(0, 2, 1, 3)  # head-major
         mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
         if cache is not None:  # S = the cache's slots instead of the T new tokens
-            squeeze = cache.arrays['k'].ndim == 3
+            squeeze = cache.arrays['k'].ndim == 3  # one KV head, cached [B, S, D]
             if squeeze:
                 k_BGSD, v_BGSD = k_BGSD[:, 0], v_BGSD[:, 0]
             cache, mask = cache.write(k=k_BGSD, v=v_BGSD)
