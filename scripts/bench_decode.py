@@ -1,13 +1,23 @@
-"""Decode speed and KV-cache size per attention variant and context length.
+"""Decode speed and KV-cache size per attention variant and context length, against the
+device's memory roofline.
 
-For each variant and context L, the cache of a model large enough for the cache to matter is
-filled to L tokens (random contents: speed depends on the length, not the values), then the
-jitted decode loop generates --new_tokens tokens per row; the median of --repeats timed runs is
-reported. Cache bytes per token are measured from the live cache arrays and shown next to the
-accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L for MLA).
+For each batch size, variant and context L, the cache of a model large enough for the cache to
+matter is filled to L tokens (random contents: speed depends on the length, not the values),
+then the jitted decode loop generates --new_tokens tokens per row; the median of --repeats timed
+runs is reported. Cache bytes per token are measured from the live cache arrays and shown next
+to the accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L for MLA).
+
+Roofline: a decode step must read every weight and the filled cache once, so its time is at
+least (bytes read per step) / (read bandwidth). The bandwidth is measured in the same run (a
+jitted sum over a --bandwidth_gib array, median of 7 repeats, before each row and at the end;
+the median of those is the one used); each
+row reports the bytes a step reads (weights + the cache filled to L + half the new tokens), the
+achieved GB/s, its % of the measured bandwidth, and its speedup over MHA (same batch and
+context) next to the speedup the bytes predict (MHA's bytes per step / the variant's).
 
   python scripts/bench_decode.py                       # the table in docs/decoding.md
-  python scripts/bench_decode.py --contexts=256,1024 --json=decode.json
+  python scripts/bench_decode.py --contexts=256,1024 --batch=1,8 --json=decode.json
+  python scripts/plot_roofline.py decode.json          # docs/decoding_roofline.png
 """
 
 import dataclasses
@@ -16,6 +26,7 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
@@ -28,13 +39,14 @@ from lm.model.transformer import build_model, model_config
 
 _CONTEXTS = flags.DEFINE_list('contexts', ['256', '1024', '4096', '8192'], 'Cache fill lengths.')
 _VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Attention variants.')
-_BATCH = flags.DEFINE_integer('batch', 4, 'Rows decoded together.')
+_BATCH = flags.DEFINE_list('batch', ['4'], 'Rows decoded together (one table per value).')
 _NEW = flags.DEFINE_integer('new_tokens', 32, 'Tokens generated per timed run.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed runs per point (median reported).')
 _DTYPE = flags.DEFINE_string('dtype', 'float32', 'Compute (and cache) dtype.')
 _D_MODEL = flags.DEFINE_integer('d_model', 512, 'Model width (8 heads of d_model / 8).')
 _LAYERS = flags.DEFINE_integer('num_layers', 4, 'Layers.')
 _JSON = flags.DEFINE_string('json', '', 'Also write the rows as JSON here.')
+_BW_GIB = flags.DEFINE_float('bandwidth_gib', 1.0, 'Array size of the bandwidth measurement.')
 
 BASE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'base.py'
@@ -58,10 +70,23 @@ def model_for(variant: str):
     return model_config(config.model)
 
 
-def bench(variant: str, context: int) -> dict:
+def read_bandwidth(gib: float, repeats: int = 7) -> float:
+    """Bytes per second a jitted sum over a `gib` GiB float32 array reads (median of repeats)."""
+    x = jnp.ones((int(gib * 2**30) // 4,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    jax.block_until_ready(total(x))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(total(x))
+        times.append(time.perf_counter() - t)
+    return x.nbytes / float(np.median(times))
+
+
+def bench(variant: str, context: int, B: int) -> dict:
     cfg = model_for(variant)
     decoder = Decoder(build_model(cfg))
-    B, n = _BATCH.value, _NEW.value
+    n = _NEW.value
     S = context + n
     key = jax.random.key(0)
     caches = [  # filled up to slot `context`
@@ -74,7 +99,7 @@ def bench(variant: str, context: int) -> dict:
     ]
     measured = sum(a.nbytes for c in caches for a in c.arrays.values()) / (B * S)
     logits = np.zeros((B, cfg.vocab_size), np.float32)
-    args = (
+    args = [
         decoder.params,
         logits,
         caches,
@@ -85,16 +110,16 @@ def bench(variant: str, context: int) -> dict:
         np.float32(0),
         np.int32(0),
         np.float32(1),
-    )
-    t = time.perf_counter()
-    jax.block_until_ready(decoder.loop(*args))
-    compile_s = time.perf_counter() - t
+    ]
     times = []
-    for _ in range(_REPEATS.value):
+    for _ in range(_REPEATS.value + 1):  # the first call compiles
+        args[2] = jax.block_until_ready(jax.tree.map(jnp.copy, caches))  # the loop donates them
         t = time.perf_counter()
         jax.block_until_ready(decoder.loop(*args))
         times.append(time.perf_counter() - t)
+    compile_s, times = times[0], times[1:]
     dt = float(np.median(times))
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(decoder.params))
     return {
         'variant': variant,
         'context': context,
@@ -106,27 +131,65 @@ def bench(variant: str, context: int) -> dict:
         'decode_tokens_per_sec': B * n / dt,
         'ms_per_step': dt / n * 1e3,
         'first_call_s': compile_s,
+        'dtype': _DTYPE.value,
+        # what one step must read: every weight, and the cache filled to L + n/2 on average
+        'bytes_per_step': weight_bytes + measured * B * (context + n / 2),
     }
 
 
-def run() -> int:
-    rows = [bench(v, int(c)) for v in _VARIANTS.value for c in _CONTEXTS.value]
+def add_roofline(rows: list[dict], bandwidth: float) -> None:
+    """Adds achieved GB/s, its fraction of `bandwidth`, and the measured and predicted (bytes
+    ratio) speedups over MHA at the same batch and context (None without an MHA row)."""
+    mha = {(r['batch'], r['context']): r for r in rows if r['variant'] == 'mha'}
+    for r in rows:
+        r['bandwidth_GBps'] = bandwidth / 1e9
+        r['achieved_GBps'] = r['bytes_per_step'] / (r['ms_per_step'] / 1e3) / 1e9
+        r['fraction_of_bandwidth'] = r['achieved_GBps'] * 1e9 / bandwidth
+        ref = mha.get((r['batch'], r['context']))
+        r['speedup_vs_mha'] = ref and ref['ms_per_step'] / r['ms_per_step']
+        r['predicted_speedup'] = ref and ref['bytes_per_step'] / r['bytes_per_step']
+
+
+def ratio(x: float | None) -> str:
+    return '' if x is None else f'{x:.2f}×'
+
+
+def print_table(rows: list[dict], B: int) -> None:
     print(
-        f'decode benchmark: {jax.devices()[0].device_kind}, batch {_BATCH.value}, '
+        f'\ndecode benchmark: {jax.devices()[0].device_kind}, batch {B}, '
         f'{_NEW.value} new tokens, {_DTYPE.value}, d_model {_D_MODEL.value}, '
-        f'{_LAYERS.value} layers, 8 heads ({rows[0]["params"]:,} params for MHA)'
+        f'{_LAYERS.value} layers, 8 heads ({rows[0]["params"]:,} params for '
+        f'{rows[0]["variant"]}), measured read bandwidth {rows[0]["bandwidth_GBps"]:.1f} GB/s'
     )
     print(
         '| variant | context | cache B/token (measured) | formula | cache total | '
-        'decode tok/s | ms/step |'
+        'decode tok/s | ms/step | MB read/step | GB/s | % of bandwidth | speedup vs MHA | '
+        'bytes ratio |'
     )
-    print('|---|---|---|---|---|---|---|')
+    print('|---|---|---|---|---|---|---|---|---|---|---|---|')
     for r in rows:
         print(
             f'| {r["variant"]} | {r["context"]} | {r["cache_bytes_per_token_measured"]:,.0f} | '
             f'{r["cache_bytes_per_token_formula"]:,} | {r["cache_bytes_total"] / 2**20:,.1f} MiB'
-            f' | {r["decode_tokens_per_sec"]:,.0f} | {r["ms_per_step"]:.2f} |'
+            f' | {r["decode_tokens_per_sec"]:,.0f} | {r["ms_per_step"]:.2f} | '
+            f'{r["bytes_per_step"] / 1e6:,.1f} | {r["achieved_GBps"]:.1f} | '
+            f'{100 * r["fraction_of_bandwidth"]:.0f}% | {ratio(r["speedup_vs_mha"])} | '
+            f'{ratio(r["predicted_speedup"])} |'
         )
+
+
+def run() -> int:
+    batches = [int(b) for b in _BATCH.value]
+    rows, bandwidths = [], []
+    for B in batches:
+        for v in _VARIANTS.value:
+            for c in _CONTEXTS.value:
+                bandwidths.append(read_bandwidth(_BW_GIB.value))  # the machine may be shared
+                rows.append(bench(v, int(c), B))
+    bandwidths.append(read_bandwidth(_BW_GIB.value))
+    add_roofline(rows, float(np.median(bandwidths)))
+    for B in batches:
+        print_table([r for r in rows if r['batch'] == B], B)
     if _JSON.value:
         with open(_JSON.value, 'w') as f:
             json.dump(rows, f, indent=1)

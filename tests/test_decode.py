@@ -120,6 +120,30 @@ def test_decode_loop_compiles_once_per_batch_and_cache_length():
     assert decoder.loop._cache_size() == 1
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize('variant', ['mha', 'gqa2', 'mqa', 'mla'])
+def test_decode_loop_reads_the_cache_without_copying_it(variant):
+    """The compiled generation loop neither copies nor transposes a cache array (the caches
+    are donated and updated in place; the kernel reads the head-major layout as it is): no
+    copy or transpose in the optimised HLO yields as many elements as a cache array. With the
+    [B, S, G, D] layout XLA transposed K every step, and for MQA's [B, 1, S, D] it copied
+    each cache array per step."""
+    cfg, _, decoder = model_and_decoder(**VARIANTS[variant])
+    B, S = 3, 37
+    caches = init_caches(cfg, B, S)
+    sizes = {a.size for c in caches for a in c.arrays.values()}
+    logits = np.zeros((B, cfg.vocab_size), np.float32)
+    args = (np.zeros(B, np.int32), np.int32(4), np.int32(-1), jax.random.key(0), np.float32(0))
+    loop = decoder.loop.lower(decoder.params, logits, caches, *args, np.int32(0), np.float32(1))
+    hlo = loop.compile().as_text()
+    copied = []
+    for line in hlo.splitlines():
+        match = re.search(r'= [a-z0-9]+\[([0-9,]*)\][^ ]* (copy|transpose)\(', line)
+        if match and int(np.prod([int(d) for d in match.group(1).split(',') if d])) in sizes:
+            copied.append(line.strip()[:120])
+    assert not copied, copied
+
+
 def test_sampling_options():
     _, _, decoder = model_and_decoder(attention='mqa', seed=2)
     greedy = decoder.generate(PROMPTS, max_new_tokens=5)

@@ -23,15 +23,31 @@ def test_bench_decode_smoke(tmp_path):
         '--new_tokens=2',
         '--d_model=64',
         '--num_layers=1',
-        '--batch=2',
+        '--batch=2,1',
+        '--bandwidth_gib=0.01',
         f'--json={tmp_path / "d.json"}',
     )
     rows = json.loads((tmp_path / 'd.json').read_text())
-    assert [r['variant'] for r in rows] == ['mha', 'gqa2', 'mqa', 'mla']
+    assert [(r['variant'], r['batch']) for r in rows] == [
+        (v, b) for b in (2, 1) for v in ('mha', 'gqa2', 'mqa', 'mla')
+    ]
+    params = {r['variant']: r['params'] for r in rows}
     for r in rows:
         assert r['cache_bytes_per_token_measured'] == r['cache_bytes_per_token_formula']
         assert r['decode_tokens_per_sec'] > 0
-    assert stdout.count('\n| ') == 5  # header + 4 rows
+        # weights (float32) + the cache filled to 32 + 2 / 2 tokens
+        want = 4 * params[r['variant']] + r['cache_bytes_per_token_measured'] * r['batch'] * 33
+        assert math.isclose(r['bytes_per_step'], want)
+        assert math.isclose(r['achieved_GBps'], want / r['ms_per_step'] / 1e6)
+        assert math.isclose(r['fraction_of_bandwidth'], r['achieved_GBps'] / r['bandwidth_GBps'])
+        mha = next(m for m in rows if m['variant'] == 'mha' and m['batch'] == r['batch'])
+        assert math.isclose(r['predicted_speedup'], mha['bytes_per_step'] / r['bytes_per_step'])
+        assert math.isclose(r['speedup_vs_mha'], mha['ms_per_step'] / r['ms_per_step'])
+    assert stdout.count('\n| ') == 10  # per batch: header + 4 rows
+    assert stdout.count('measured read bandwidth') == 2
+    out = tmp_path / 'roofline.png'
+    run('plot_roofline.py', str(tmp_path / 'd.json'), f'--out={out}')
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
 @pytest.fixture

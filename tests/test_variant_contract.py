@@ -58,7 +58,7 @@ class SharedKV(AttentionVariant):
 
     @staticmethod
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
-        return KVCache.empty(kv=jnp.zeros((batch, length, cfg.num_kv_heads, cfg.head_dim), dtype))
+        return KVCache.empty(kv=jnp.zeros((batch, cfg.num_kv_heads, length, cfg.head_dim), dtype))
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         E, H, G, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -72,12 +72,12 @@ class SharedKV(AttentionVariant):
     def __call__(self, x_BTE, positions_BT, *, segment_ids_BT=None, cache=None):
         theta = self.cfg.rope_theta
         q_BTHD = rope(self.q_proj(x_BTE), positions_BT, theta)
-        kv_BSGD = rope(self.kv_proj(x_BTE), positions_BT, theta)
+        kv_BGSD = rope(self.kv_proj(x_BTE), positions_BT, theta).transpose(0, 2, 1, 3)
         mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
         if cache is not None:
-            cache, mask = cache.write(kv=kv_BSGD)
-            kv_BSGD = cache.arrays['kv'].astype(q_BTHD.dtype)
-        out_BTHD = self.attend(q_BTHD, kv_BSGD, kv_BSGD, scale=self.cfg.head_dim**-0.5, mask=mask)
+            cache, mask = cache.write(kv=kv_BGSD)
+            kv_BGSD = cache.arrays['kv'].astype(q_BTHD.dtype)
+        out_BTHD = self.attend(q_BTHD, kv_BGSD, kv_BGSD, scale=self.cfg.head_dim**-0.5, mask=mask)
         return self.o_proj(out_BTHD), cache
 
 

@@ -6,7 +6,8 @@ slots [0, pad_b) and is never attended; its tokens sit at positions 0, 1, ... as
 pass of the unpadded prompt. Decode step i writes slot T + i for every row. Prefill and every
 step are the model's own forward pass with one `KVCache` per layer (`Transformer.__call__` with
 `caches`); each attention variant owns its cache layout (its `init_cache`, lm/model/attention.py):
-K and V per KV head for MHA / GQA / MQA, the latent c_KV and the shared RoPE key for MLA.
+K and V per KV head for MHA / GQA / MQA (head-major, [B, G, S, D]), the latent c_KV and the
+shared RoPE key for MLA.
 """
 
 from __future__ import annotations
@@ -96,11 +97,26 @@ def init_caches(cfg: ModelConfig, batch: int, length: int) -> list[KVCache]:
 
 def cache_elements_per_token(caches: list[KVCache]) -> int:
     """Elements the live cache arrays hold per token (all layers), measured from their shapes."""
-    return sum(int(np.prod(a.shape[2:])) for c in caches for a in c.arrays.values())
+    return sum(a.size // (a.shape[0] * a.shape[-2]) for c in caches for a in c.arrays.values())
 
 
 def _sample(logits_BV: jax.Array, key: jax.Array, temperature, top_k, top_p) -> jax.Array:
-    """One token per row: greedy when temperature == 0, else temperature / top-k / top-p."""
+    """One token per row: greedy when temperature == 0, else temperature / top-k / top-p (the
+    sorts and the random draw only run when sampling)."""
+    return jax.lax.cond(
+        temperature > 0,
+        _sample_tempered,
+        lambda logits_BV, *_: jnp.argmax(logits_BV, axis=-1).astype(jnp.int32),
+        logits_BV,
+        key,
+        temperature,
+        top_k,
+        top_p,
+    )
+
+
+def _sample_tempered(logits_BV: jax.Array, key: jax.Array, temperature, top_k, top_p):
+    """One token per row drawn at `temperature` (> 0) after top-k / top-p truncation."""
     V = logits_BV.shape[-1]
     scaled = logits_BV / jnp.maximum(temperature, 1e-6)
     sorted_BV = jnp.sort(scaled, axis=-1)[:, ::-1]
@@ -111,8 +127,7 @@ def _sample(logits_BV: jax.Array, key: jax.Array, temperature, top_k, top_p) -> 
     keep = jnp.cumsum(probs_sorted, axis=-1) - probs_sorted < top_p
     cutoff = jnp.min(jnp.where(keep, jnp.sort(scaled, axis=-1)[:, ::-1], jnp.inf), axis=-1)
     scaled = jnp.where(scaled < cutoff[:, None], -jnp.inf, scaled)
-    sampled = jax.random.categorical(key, scaled, axis=-1)
-    return jnp.where(temperature > 0, sampled, jnp.argmax(logits_BV, axis=-1)).astype(jnp.int32)
+    return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
 
 
 class Decoder:
@@ -126,9 +141,11 @@ class Decoder:
         model.set_attributes(absorb=absorb, raise_if_not_found=False)
         self.cfg = model.cfg
         self.graphdef, self.params = nnx.split(model, nnx.Param)
-        self.prefill = jax.jit(self._prefill)
-        self.step = jax.jit(self._step)
-        self.loop = jax.jit(self._loop)
+        # The caches are donated: each call updates them in place (no copy of the whole cache
+        # per call); pass the returned caches on and do not reuse the ones passed in.
+        self.prefill = jax.jit(self._prefill, donate_argnames='caches')
+        self.step = jax.jit(self._step, donate_argnames='caches')
+        self.loop = jax.jit(self._loop, donate_argnames='caches')
 
     def _forward(self, params, tokens_BT, positions_BT, caches):
         model = nnx.merge(self.graphdef, params)
@@ -164,7 +181,8 @@ class Decoder:
         top_p,
     ):
         """Samples up to `max_new` tokens per row (stopping rows at `eos_id`); returns [B, S]
-        tokens (the first max_new columns used) and per-row counts. All arguments are traced, so
+        tokens (the first max_new columns used), per-row counts and the caches (updated in
+        place: the ones passed in are donated). All arguments are traced, so
         this compiles once per (batch, cache length)."""
         B, S = caches[0].valid_BS.shape
 
@@ -192,7 +210,7 @@ class Decoder:
             key,
         )
         carry = jax.lax.while_loop(cond, body, carry)
-        return carry[3], carry[2]
+        return carry[3], carry[2], carry[5]
 
     def generate(
         self,
@@ -223,7 +241,7 @@ class Decoder:
         tokens = np.array([[0] * (T - len(p)) + list(p) for p in prompts], np.int32)
         caches = init_caches(self.cfg, len(prompts), S)
         logits, caches = self.prefill(self.params, tokens, pad, caches)
-        out, counts = self.loop(
+        out, counts, _ = self.loop(
             self.params,
             logits[:, -1],
             caches,

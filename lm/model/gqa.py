@@ -104,8 +104,11 @@ class GroupedQueryAttention(AttentionVariant):
 
     @staticmethod
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
-        """Per-layer decoding cache: K and V for each KV head, [B, S, G, D] each."""
-        shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+        """Per-layer decoding cache: K and V for each KV head, head-major [B, G, S, D] each;
+        [B, S, D] for one KV head (with a [B, 1, S, D] cache XLA on CPU copied every cache
+        array each decode step, fusing the write into the matmul's bitcast)."""
+        G = cfg.num_kv_heads
+        shape = (batch, length, cfg.head_dim) if G == 1 else (batch, G, length, cfg.head_dim)
         return KVCache.empty(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
     def _projections(self, x_BTE: jax.Array) -> list[jax.Array]:
@@ -125,14 +128,20 @@ class GroupedQueryAttention(AttentionVariant):
         cache: KVCache | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         cfg = self.cfg
-        q_BTHD, k_BSGD, v_BSGD = self._projections(x_BTE)
+        q_BTHD, k_BTGD, v_BTGD = self._projections(x_BTE)
         q_BTHD = rope(q_BTHD, positions_BT, cfg.rope_theta, cfg)
-        k_BSGD = rope(k_BSGD, positions_BT, cfg.rope_theta, cfg)
+        k_BTGD = rope(k_BTGD, positions_BT, cfg.rope_theta, cfg)
+        k_BGSD, v_BGSD = k_BTGD.transpose(0, 2, 1, 3), v_BTGD.transpose(0, 2, 1, 3)  # head-major
         mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
         if cache is not None:  # S = the cache's slots instead of the T new tokens
-            cache, mask = cache.write(k=k_BSGD, v=v_BSGD)
-            k_BSGD, v_BSGD = (cache.arrays[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
-        out_BTHD = self.attend(q_BTHD, k_BSGD, v_BSGD, scale=cfg.head_dim**-0.5, mask=mask)
+            squeeze = cache.arrays['k'].ndim == 3  # one KV head, cached [B, S, D]
+            if squeeze:
+                k_BGSD, v_BGSD = k_BGSD[:, 0], v_BGSD[:, 0]
+            cache, mask = cache.write(k=k_BGSD, v=v_BGSD)
+            k_BGSD, v_BGSD = (cache.arrays[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
+            if squeeze:
+                k_BGSD, v_BGSD = k_BGSD[:, None], v_BGSD[:, None]
+        out_BTHD = self.attend(q_BTHD, k_BGSD, v_BGSD, scale=cfg.head_dim**-0.5, mask=mask)
         return self.o_proj(out_BTHD), cache
 
     hf_mappings = (LLAMA,)

@@ -163,21 +163,20 @@ class MultiHeadLatentAttention(AttentionVariant):
             )
             q_lat_BTHC = jnp.einsum('BTHN,CHN->BTHC', q_nope_BTHN, w_uk_CHN)  # W_UKᵀ q_C per head
             q_BTHD = jnp.concatenate([q_lat_BTHC, q_pe_BTHP], axis=-1)
-            kv_BS1D = latent_BSD[:, :, None]  # the one K/V head; its values' first C dims: c_KV
+            kv_B1SD = latent_BSD[:, None]  # the one K/V head; its values' first C dims: c_KV
             # einsum: a head width of C + P is past what cuDNN's fused kernel takes.
             out_BTHD = self.attend(
-                q_BTHD, kv_BS1D, kv_BS1D, scale=self.scale, mask=mask, impl='einsum'
+                q_BTHD, kv_B1SD, kv_B1SD, scale=self.scale, mask=mask, impl='einsum'
             )
             return jnp.einsum('BTHC,CHU->BTHU', out_BTHD[..., :C], w_uv_CHU)  # W_UV after
         c_BSC, k_pe_BSP = jnp.split(latent_BSD, [C], axis=-1)
-        k_nope_BSHN, v_BSHU = jnp.split(self.kv_b_proj(c_BSC), [N], axis=-1)
+        kv_BHSD = self.kv_b_proj(c_BSC).transpose(0, 2, 1, 3)  # head-major for the kernel
+        k_nope_BHSN, v_BHSU = jnp.split(kv_BHSD, [N], axis=-1)
         # [k_C; k_R] with the one RoPE key broadcast to every head.
-        k_pe_BSHP = jnp.broadcast_to(
-            k_pe_BSP[:, :, None], k_nope_BSHN.shape[:3] + k_pe_BSP.shape[2:]
-        )
+        k_pe_BHSP = jnp.broadcast_to(k_pe_BSP[:, None], k_nope_BHSN.shape[:3] + k_pe_BSP.shape[2:])
         q_BTHD = jnp.concatenate([q_nope_BTHN, q_pe_BTHP], axis=-1)
-        k_BSHD = jnp.concatenate([k_nope_BSHN, k_pe_BSHP.astype(k_nope_BSHN.dtype)], axis=-1)
-        return self.attend(q_BTHD, k_BSHD, v_BSHU, scale=self.scale, mask=mask)
+        k_BHSD = jnp.concatenate([k_nope_BHSN, k_pe_BHSP.astype(k_nope_BHSN.dtype)], axis=-1)
+        return self.attend(q_BTHD, k_BHSD, v_BHSU, scale=self.scale, mask=mask)
 
     @property
     def scale(self) -> float:

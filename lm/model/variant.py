@@ -39,9 +39,11 @@ def cache_mask(valid_BS: jax.Array, slot: jax.Array, T: int) -> jax.Array:
     return valid_BS[:, None, :] & causal_TS[None]
 
 
-def write_cache(cache_BS_: jax.Array, new_BT_: jax.Array, slot: jax.Array) -> jax.Array:
-    """Writes T new entries into a [B, S, ...] cache at slots slot..slot+T-1."""
-    return jax.lax.dynamic_update_slice_in_dim(cache_BS_, new_BT_.astype(cache_BS_.dtype), slot, 1)
+def write_cache(cache_B_SX: jax.Array, new_B_TX: jax.Array, slot: jax.Array) -> jax.Array:
+    """Writes T new entries into a [B, ..., S, X] cache (slots on the second-to-last axis) at
+    slots slot..slot+T-1; the update is in place when the cache buffer is not read elsewhere."""
+    new_B_TX = new_B_TX.astype(cache_B_SX.dtype)
+    return jax.lax.dynamic_update_slice_in_dim(cache_B_SX, new_B_TX, slot, cache_B_SX.ndim - 2)
 
 
 @jax.tree_util.register_dataclass
@@ -49,8 +51,10 @@ def write_cache(cache_BS_: jax.Array, new_BT_: jax.Array, slot: jax.Array) -> ja
 class KVCache:
     """One layer's decoding cache: the variant's arrays and where decoding stands (a pytree).
 
-    arrays: the variant's own, [B, S, ...] each (its `init_cache` says which). slot: the cache
-    slot the next token is written to (int32 scalar). valid_BS: False for slots no query may
+    arrays: the variant's own, [B, ..., S, X] each: slots on the second-to-last axis, so a
+    per-head cache is head-major, [B, G, S, D], and each head's slots are contiguous for the
+    attention of one new token (its `init_cache` says which). slot: the cache slot the next
+    token is written to (int32 scalar). valid_BS: False for slots no query may
     attend (a shorter prompt's left padding); slots not yet written are excluded by causality.
     """
 
@@ -59,67 +63,77 @@ class KVCache:
     valid_BS: jax.Array
 
     @classmethod
-    def empty(cls, **arrays_BS_: jax.Array) -> KVCache:
+    def empty(cls, **arrays_B_SX: jax.Array) -> KVCache:
         """A cache of the given (zeroed) arrays: slot 0, every slot valid."""
-        B, S = next(iter(arrays_BS_.values())).shape[:2]
-        return cls(arrays_BS_, jnp.zeros((), jnp.int32), jnp.ones((B, S), bool))
+        shape = next(iter(arrays_B_SX.values())).shape
+        B, S = shape[0], shape[-2]
+        return cls(arrays_B_SX, jnp.zeros((), jnp.int32), jnp.ones((B, S), bool))
 
-    def write(self, **new_BT_: jax.Array) -> tuple[KVCache, jax.Array]:
-        """Writes T new entries of the named arrays at slots slot..slot+T-1. Returns the cache
-        (slot advanced by T) and the [B, T, S] mask of the T new queries (`cache_mask`)."""
-        T = next(iter(new_BT_.values())).shape[1]
+    def write(self, **new_B_TX: jax.Array) -> tuple[KVCache, jax.Array]:
+        """Writes T new entries of the named arrays, [B, ..., T, X] in the cache's layout, at
+        slots slot..slot+T-1. Returns the cache (slot advanced by T) and the [B, T, S] mask of
+        the T new queries (`cache_mask`)."""
+        T = next(iter(new_B_TX.values())).shape[-2]
         arrays = dict(self.arrays)
-        for name, x_BT_ in new_BT_.items():
-            arrays[name] = write_cache(arrays[name], x_BT_, self.slot)
+        for name, x_B_TX in new_B_TX.items():
+            arrays[name] = write_cache(arrays[name], x_B_TX, self.slot)
         mask_BTS = cache_mask(self.valid_BS, self.slot, T)
         return dataclasses.replace(self, arrays=arrays, slot=self.slot + T), mask_BTS
 
 
 def grouped_attention(
     q_BTHD: jax.Array,
-    k_BSGD: jax.Array,
-    v_BSGU: jax.Array,
+    k_BGSD: jax.Array,
+    v_BGSU: jax.Array,
     *,
     scale: float,
     mask: jax.Array | None = None,
     impl: str = 'einsum',
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Softmax attention where H query heads share G = k.shape[2] KV heads: (output
+    """Softmax attention where H query heads share G = k.shape[1] KV heads: (output
     [B, T, H, U], weights [B, H, T, S] in float32, or None where `impl` does not form them).
 
-    mask: broadcastable to [B, T, S], True = attend; None means causal. impl 'einsum' reshapes the
-    queries to [B, T, G, R, D] so each KV head serves its R query heads without being repeated
-    (query head h = g·R + r); 'dot_product' calls `jax.nn.dot_product_attention` with XLA's
-    implementation (JAX picks it for implementation=None, on GPU too) and 'cudnn' asks it for
-    cuDNN's fused flash attention (GPU, bfloat16/float16); both take fewer KV heads natively.
+    Keys and values are head-major, [B, G, S, D], the layout of the decoding cache: each KV
+    head's S slots are contiguous, so one new token's attention streams the cache once (with
+    [B, S, G, D], XLA on CPU transposed the whole cache every step). mask: broadcastable to
+    [B, T, S], True = attend; None means causal. impl 'einsum' reshapes the queries to
+    [B, T, G, R, D] so each KV head serves its R query heads without being repeated (query head
+    h = g·R + r); 'dot_product' calls `jax.nn.dot_product_attention` with XLA's implementation
+    (JAX picks it for implementation=None, on GPU too) and 'cudnn' asks it for cuDNN's fused
+    flash attention (GPU, bfloat16/float16); both take [B, S, G, D] (a transpose here) and fewer
+    KV heads natively.
     """
     B, T, H, D = q_BTHD.shape
-    S, G, U = k_BSGD.shape[1], k_BSGD.shape[2], v_BSGU.shape[3]
+    G, S, U = k_BGSD.shape[1], k_BGSD.shape[2], v_BGSU.shape[3]
     if impl in ('dot_product', 'cudnn'):
-        v_pad = jnp.pad(v_BSGU, ((0, 0), (0, 0), (0, 0), (0, D - U))) if U < D else v_BSGU
+        v_pad = jnp.pad(v_BGSU, ((0, 0), (0, 0), (0, 0), (0, D - U))) if U < D else v_BGSU
         out = jax.nn.dot_product_attention(
             q_BTHD,
-            k_BSGD,
-            v_pad,
+            k_BGSD.transpose(0, 2, 1, 3),
+            v_pad.transpose(0, 2, 1, 3),
             scale=scale,
             is_causal=mask is None,
             mask=None if mask is None else jnp.broadcast_to(mask, (B, T, S))[:, None],
             implementation='cudnn' if impl == 'cudnn' else None,
         )
         return out[..., :U], None
-    q_BTGRD = q_BTHD.reshape(B, T, G, H // G, D)
-    # scores[b, g, r, t, s] = <q[b, t, g, r], k[b, s, g]>: one KV head per group of R queries.
-    s_BGRTS = (
-        jnp.einsum('BTGRD,BSGD->BGRTS', q_BTGRD, k_BSGD, preferred_element_type=jnp.float32) * scale
-    )
+    q_BGRTD = q_BTHD.reshape(B, T, G, H // G, D).transpose(0, 2, 3, 1, 4)
+    # scores[b, g, s, r, t] = <k[b, g, s], q[b, t, g, r]>: one KV head per group of R queries,
+    # the cache the matmul's row-major left operand (no transposed copy of it on CPU).
+    s_BGSRT = jnp.einsum('BGSD,BGRTD->BGSRT', k_BGSD, q_BGRTD, preferred_element_type=jnp.float32)
+    # softmax over the contiguous last axis (XLA on CPU reduces a strided axis ~7× slower)
+    s_BGRTS = s_BGSRT.transpose(0, 1, 3, 4, 2) * scale
     if mask is None:
         mask = causal_mask(T, S)
     mask_B11TS = jnp.broadcast_to(mask, (B, T, S))[:, None, None]
     s_BGRTS = jnp.where(mask_B11TS, s_BGRTS, jnp.finfo(jnp.float32).min)
-    p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1)
-    # out[b, t, g, r] = sum_s p[b, g, r, t, s] · v[b, s, g]
-    out_BTGRU = jnp.einsum('BGRTS,BSGU->BTGRU', p_BGRTS.astype(v_BSGU.dtype), v_BSGU)
-    return out_BTGRU.reshape(B, T, H, U), p_BGRTS.reshape(B, H, T, S)
+    # softmax with the normalisation after the value sum: one pass less over the scores
+    e_BGRTS = jnp.exp(s_BGRTS - jax.lax.stop_gradient(s_BGRTS.max(axis=-1, keepdims=True)))
+    sum_BGRT1 = e_BGRTS.sum(axis=-1, keepdims=True)
+    # out[b, g, r, t] = sum_s e[b, g, r, t, s] · v[b, g, s] / sum_s e[b, g, r, t, s]
+    out_BGRTU = jnp.einsum('BGRTS,BGSU->BGRTU', e_BGRTS.astype(v_BGSU.dtype), v_BGSU) / sum_BGRT1
+    out_BTHU = out_BGRTU.astype(v_BGSU.dtype).transpose(0, 3, 1, 2, 4).reshape(B, T, H, U)
+    return out_BTHU, (e_BGRTS / sum_BGRT1).reshape(B, H, T, S)
 
 
 class AttentionWeights(nnx.Intermediate):
@@ -173,7 +187,7 @@ class AttentionVariant(nnx.Module):
 
     @staticmethod
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
-        """Per-layer decoding cache (`KVCache.empty` of arrays of shape [B, S, ...])."""
+        """Per-layer decoding cache (`KVCache.empty` of arrays [B, ..., S, X], head-major)."""
         raise NotImplementedError
 
     @classmethod
@@ -205,18 +219,19 @@ class AttentionVariant(nnx.Module):
     def attend(
         self,
         q_BTHD: jax.Array,
-        k_BSGD: jax.Array,
-        v_BSGU: jax.Array,
+        k_BGSD: jax.Array,
+        v_BGSU: jax.Array,
         *,
         scale: float,
         mask: jax.Array | None,
         impl: str | None = None,
     ) -> jax.Array:
-        """`grouped_attention` with `impl` (default: config.model.attention_impl), sowing its
-        weights when `sow_weights` is set (on the einsum path, the one that forms them)."""
+        """`grouped_attention` (keys and values head-major, [B, G, S, D]) with `impl` (default:
+        config.model.attention_impl), sowing its weights when `sow_weights` is set (on the
+        einsum path, the one that forms them)."""
         impl = 'einsum' if self.sow_weights else impl or self.cfg.attention_impl
         out_BTHU, p_BHTS = grouped_attention(
-            q_BTHD, k_BSGD, v_BSGU, scale=scale, mask=mask, impl=impl
+            q_BTHD, k_BGSD, v_BGSU, scale=scale, mask=mask, impl=impl
         )
         if self.sow_weights:
             self.sow(AttentionWeights, 'weights', p_BHTS)

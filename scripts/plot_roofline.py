@@ -1,0 +1,80 @@
+"""Roofline plot of decode speed: tokens/s against bytes read per token, one point per variant,
+context and batch of scripts/bench_decode.py's --json rows, and the measured bandwidth's line
+(tokens/s = bandwidth / bytes per token). A point on the line reads memory at the measured rate.
+
+  python scripts/bench_decode.py --contexts=1024,8192,32768 --batch=1,4,8 --json=decode.json
+  python scripts/plot_roofline.py decode.json [more.json ...] --out=docs/decoding_roofline.png
+"""
+
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+MARKERS = {1: 'o', 4: 's', 8: '^'}
+
+
+def plot(rows: list[dict], out: str) -> None:
+    """Draws `rows` (bench_decode.py's JSON rows, with the roofline fields) into `out`."""
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    variants = sorted({r['variant'] for r in rows}, key=[r['variant'] for r in rows].index)
+    colors = dict(zip(variants, plt.rcParams['axes.prop_cycle'].by_key()['color'], strict=False))
+    dtypes = list(dict.fromkeys(r.get('dtype', 'float32') for r in rows))  # the first: filled
+    for r in rows:
+        bytes_per_token = r['bytes_per_step'] / r['batch']
+        hollow = r.get('dtype', 'float32') != dtypes[0]
+        ax.scatter(
+            bytes_per_token,
+            r['decode_tokens_per_sec'],
+            marker=MARKERS.get(r['batch'], 'D'),
+            facecolors='none' if hollow else colors[r['variant']],
+            edgecolors=colors[r['variant']],
+            s=40,
+        )
+    x = np.array([min(r['bytes_per_step'] / r['batch'] for r in rows) / 2, 0])
+    x[1] = max(r['bytes_per_step'] / r['batch'] for r in rows) * 2
+    bandwidth = float(np.median([r['bandwidth_GBps'] for r in rows])) * 1e9
+    ax.plot(x, bandwidth / x, 'k-', lw=1, label=f'measured bandwidth {bandwidth / 1e9:.1f} GB/s')
+    ax.plot(x, 0.6 * bandwidth / x, 'k:', lw=1, label='60% of it')
+    for v in variants:
+        ax.scatter([], [], color=colors[v], marker='s', label=v)
+    for b in sorted({r['batch'] for r in rows}):
+        ax.scatter([], [], color='gray', marker=MARKERS.get(b, 'D'), label=f'batch {b}')
+    if len(dtypes) > 1:
+        ax.scatter([], [], facecolors='none', edgecolors='gray', label=f'{dtypes[1]} (hollow)')
+    ax.set(
+        xscale='log',
+        yscale='log',
+        xlabel='bytes read per token (weights / batch + filled KV cache)',
+        ylabel='decode tokens/s (all rows)',
+        title='Decode against the memory roofline (scripts/bench_decode.py)',
+    )
+    ax.grid(True, which='both', alpha=0.3)
+    ax.legend(fontsize=8, loc='lower left')
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main(argv: list[str]) -> int:
+    out = 'docs/decoding_roofline.png'
+    paths = []
+    for arg in argv:
+        if arg.startswith('--out='):
+            out = arg.split('=', 1)[1]
+        else:
+            paths.append(arg)
+    if not paths:
+        print(__doc__)
+        return 2
+    rows = [r for p in paths for r in json.load(open(p))]
+    plot(rows, out)
+    print(f'wrote {out} ({len(rows)} points)')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))
