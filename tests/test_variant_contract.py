@@ -4,6 +4,7 @@ accounting, uptraining checks, training, sweeps and plots without editing any mo
 export refuses it (it declares no Hugging Face mapping)."""
 
 import dataclasses
+import json
 import math
 import os
 import subprocess
@@ -22,6 +23,7 @@ from lm.analysis import scores as analysis
 from lm.convert import hf
 from lm.convert.uptrain import ConversionOptions, check_conversion
 from lm.experiments import sweep
+from lm.experiments.runner import Spec
 from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
 from lm.model import accounting, attention
 from lm.model.attention import AttentionVariant, KVCache, document_mask
@@ -233,8 +235,9 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
     )
     assert sweep.invalid_reason(config) is None
     train(config, str(tmp_path / 'toy'))
-    runs = [{'point': 'toy', 'config': config, 'workdir': str(tmp_path / 'toy')}]
-    rows = {r['point']: r for r in sweep.summarise(str(tmp_path), runs)}
+    result = json.loads((tmp_path / 'toy' / 'results.json').read_text())
+    spec = Spec('toy', {}, lambda workdir: result, arm='toy')
+    rows = {r['point']: r for r in sweep.summarise(str(tmp_path), [spec], {'toy': result})}
     cfg = model_config(tiny_config(attention='toy_shared_kv', num_kv_heads=2, vocab_size=258).model)
     assert rows['toy']['attention'] == 'toy_shared_kv' and rows['toy']['kv_heads'] == '2 shared'
     assert rows['toy']['kv_cache_bytes_per_token'] == accounting.kv_cache_bytes_per_token(cfg)
