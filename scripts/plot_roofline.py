@@ -1,19 +1,25 @@
-"""Roofline plot of decode speed: tokens/s against bytes read per token, one point per variant,
+r"""Roofline plot of decode speed: tokens/s against bytes read per token, one point per variant,
 context and batch of scripts/bench_decode.py's --json rows, and the measured bandwidth's line
 (tokens/s = bandwidth / bytes per token). A point on the line reads memory at the measured rate.
 
   python scripts/bench_decode.py --contexts=1024,8192,32768 --batch=1,4,8 --json=decode.json
-  python scripts/plot_roofline.py decode.json [more.json ...] --out=docs/decoding_roofline.png
+  python scripts/plot_roofline.py --json=decode.json,more.json --out=docs/decoding_roofline.png
 """
 
 import json
-import sys
+import os
 
 import matplotlib
+from absl import flags
+
+from lm.cli import run_app
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+
+_JSON = flags.DEFINE_list('json', [], "bench_decode.py --json files (comma-separated).")
+_OUT = flags.DEFINE_string('out', 'docs/decoding_roofline.png', 'The PNG to write.')
 
 MARKERS = {1: 'o', 4: 's', 8: '^'}
 
@@ -59,22 +65,20 @@ def plot(rows: list[dict], out: str) -> None:
     fig.savefig(out, dpi=120)
 
 
-def main(argv: list[str]) -> int:
-    out = 'docs/decoding_roofline.png'
-    paths = []
-    for arg in argv:
-        if arg.startswith('--out='):
-            out = arg.split('=', 1)[1]
-        else:
-            paths.append(arg)
-    if not paths:
-        print(__doc__)
-        return 2
-    rows = [r for p in paths for r in json.load(open(p))]
-    plot(rows, out)
-    print(f'wrote {out} ({len(rows)} points)')
+def run() -> int:
+    if not _JSON.value:
+        raise ValueError('--json: name at least one bench_decode.py --json file')
+    for path in _JSON.value:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f'--json: {path!r} does not exist')
+    rows = []
+    for path in _JSON.value:
+        with open(path) as f:
+            rows += json.load(f)
+    plot(rows, _OUT.value)
+    print(f'wrote {_OUT.value} ({len(rows)} points)')
     return 0
 
 
 if __name__ == '__main__':
-    sys.exit(main(sys.argv[1:]))
+    run_app(run)

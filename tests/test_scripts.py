@@ -46,7 +46,7 @@ def test_bench_decode_smoke(tmp_path):
     assert stdout.count('\n| ') == 10  # per batch: header + 4 rows
     assert stdout.count('measured read bandwidth') == 2
     out = tmp_path / 'roofline.png'
-    run('plot_roofline.py', str(tmp_path / 'd.json'), f'--out={out}')
+    run('plot_roofline.py', f'--json={tmp_path / "d.json"}', f'--out={out}')
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 

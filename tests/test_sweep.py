@@ -82,7 +82,10 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
 def test_grid_errors_before_any_run(tmp_path, small_text):
     cfg = sweep_file(tmp_path, tiny_train_config(tmp_path, small_text), [{}])
     for grid, message in [
-        ('model.num_hedas=4,8', "error: --grid: unknown config key 'model.num_hedas'"),
+        (
+            'model.num_hedas=4,8',
+            "error: --grid: unknown config key 'model.num_hedas' (did you mean 'model.num_heads'?)",
+        ),
         ('model.num_heads=4,eight', "error: --grid model.num_heads: 'eight' is not an int"),
         ('model.num_heads', "error: --grid 'model.num_heads': expected key=value1,value2,..."),
         ('model=1', "error: --grid: 'model' is a section, not a value"),
@@ -105,7 +108,7 @@ def test_grid_product_and_names(tmp_path, small_text):
         parse_grid(config, ['model.num_heads=4', 'model.num_heads=8'])
     with pytest.raises(ValueError, match=r"--grid 'seed=1,1': a value is repeated"):
         parse_grid(config, ['seed=1,1'])
-    with pytest.raises(ValueError, match=r"a value is repeated"):
+    with pytest.raises(ValueError, match=r'a value is repeated'):
         parse_grid(config, ['train.lr=0.001,1e-3'])
 
 
