@@ -7,7 +7,9 @@
 data.tokenizer) that train.py, eval.py, scripts/generate.py and scripts/uptrain.py --src use as
 they are; its data / train / mesh settings come from --config (default configs/base.py).
 `export` writes config.json, safetensors and tokenizer files that
-transformers.AutoModelForCausalLM.from_pretrained loads.
+transformers.AutoModelForCausalLM.from_pretrained loads; a non-empty --hf_dir is refused unless
+--overwrite (then replaced whole). Both build their output beside its place and move it in when
+complete: a failure or SIGTERM / SIGINT (exit 128 + signal) leaves the old contents as they were.
 """
 
 import os
@@ -15,14 +17,19 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from lm.cli import REPO_ROOT, bootstrap, parse_flags, run_reporting_errors
+from lm.cli import REPO_ROOT, bootstrap, check_writable_dir, parse_flags, run_reporting_errors
 from lm.convert.hf_io import export_hf, import_hf
+from lm.convert.staging import check_export_dir
+from lm.train.interrupt import StopRequest
 from lm.train.run import stored_config
 
 _HF_DIR = flags.DEFINE_string(
     'hf_dir', None, 'import: HF directory or hub id to read; export: directory to write.'
 )
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The lm run directory.')
+_OVERWRITE = flags.DEFINE_bool(
+    'overwrite', False, 'export: replace a non-empty --hf_dir whole (refused otherwise).'
+)
 _STEP = flags.DEFINE_integer('step', None, 'export: checkpoint step; default: the latest.')
 _TOKENIZER = flags.DEFINE_string(
     'tokenizer', '', "import: a tokenizer.json to use instead of --hf_dir's own."
@@ -41,15 +48,30 @@ def run(argv: list[str]) -> int:
     if not _HF_DIR.value or not _WORKDIR.value:
         raise ValueError(f'{argv[1]} needs --hf_dir and --workdir')
     if argv[1] == 'import':
+        check_writable_dir(_WORKDIR.value, '--workdir')
         bootstrap(_CONFIG.value)
-        config = import_hf(_HF_DIR.value, _WORKDIR.value, _CONFIG.value, _TOKENIZER.value)
+        with StopRequest() as stop:
+            config = import_hf(
+                _HF_DIR.value, _WORKDIR.value, _CONFIG.value, _TOKENIZER.value, stop.check
+            )
         print(
             f'wrote {_WORKDIR.value}: {config.model.attention}, {config.model.num_layers} layers; '
             f'next: python eval.py --workdir={_WORKDIR.value}'
         )
     else:
+        check_writable_dir(_HF_DIR.value, '--hf_dir')
+        check_export_dir(
+            _WORKDIR.value, _HF_DIR.value, _OVERWRITE.value, ('--hf_dir', '--overwrite')
+        )
         bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
-        export_hf(_WORKDIR.value, _HF_DIR.value, _STEP.value)
+        with StopRequest() as stop:
+            export_hf(
+                _WORKDIR.value,
+                _HF_DIR.value,
+                _STEP.value,
+                overwrite=_OVERWRITE.value,
+                stop=stop.check,
+            )
         print(f'wrote {_HF_DIR.value}')
     return 0
 

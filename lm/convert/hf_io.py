@@ -15,6 +15,7 @@ import math
 import os
 import re
 import shutil
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -24,10 +25,11 @@ from absl import logging
 
 from lm.convert import hf
 from lm.convert.safetensors_files import SafetensorsReader, ShardWriter
+from lm.convert.staging import check_export_dir, move_into, replace_dir, staged
 from lm.data.corpus import load_tokenizer
 from lm.data.tokenizer import HFTokenizer
 from lm.model.transformer import model_config
-from lm.train.checkpoint import Checkpointer
+from lm.train.checkpoint import Checkpointer, checkpoint_entries
 from lm.train.run import Run, assemble, checkpoint_meta
 
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json')
@@ -99,9 +101,11 @@ def load_params(
     tensors: list[hf.Tensor],
     abstract_params: dict,
     shardings: dict,
+    stop: Callable[[], None] = lambda: None,
 ) -> dict:
     """The lm parameter tree, each array made directly in its sharding from the blocks its
-    devices hold (read from the safetensors files one tensor at a time)."""
+    devices hold (read from the safetensors files one tensor at a time; `stop()` runs before
+    each, to raise `Interrupted` on a stop signal)."""
 
     def leaf(tree: dict, t: hf.Tensor):
         for key in t.lm:
@@ -114,6 +118,7 @@ def load_params(
             raise ValueError(f'tensor {t.hf} has shape {got}; config.json implies {expect}')
     params: dict = {}
     for t in tensors:
+        stop()
         abstract, sharding = leaf(abstract_params, t), leaf(shardings, t)
         dtype = abstract.dtype
 
@@ -201,14 +206,19 @@ def _copy_hf_files(directory: str, tokenizer_path: str, workdir: str) -> str:
 
 
 def _save_step0(
-    run: Run, reader: SafetensorsReader, tensors: list[hf.Tensor], workdir: str, source: str
+    run: Run,
+    reader: SafetensorsReader,
+    tensors: list[hf.Tensor],
+    workdir: str,
+    source: str,
+    stop: Callable[[], None],
 ) -> None:
     """Writes the step-0 checkpoint: the parameters read into their shardings on the run's
     mesh, fresh optimizer state."""
     ctx, seed = run.ctx, run.config.seed
     with jax.set_mesh(run.mesh):
         params = load_params(
-            reader, tensors, ctx.abstract_state['params'], ctx.state_sharding['params']
+            reader, tensors, ctx.abstract_state['params'], ctx.state_sharding['params'], stop
         )
         reader.close()
         state = {
@@ -231,13 +241,16 @@ def import_hf(
     workdir: str,
     base: ml_collections.ConfigDict,
     tokenizer_path: str = '',
+    stop: Callable[[], None] = lambda: None,
 ) -> ml_collections.ConfigDict:
     """Writes `workdir` as a step-0 lm run of the HF model in `hf_dir` (a directory or hub id):
     `base` with its model section from config.json (the variant the registry maps its
     `model_type` to), `data.tokenizer` the model's tokenizer.json (copied into <workdir>/hf/),
-    parameters in the checkpoint's dtype. Returns the config."""
-    ckpt_dir = os.path.join(workdir, 'checkpoints')
-    if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+    parameters in the checkpoint's dtype. Returns the config. The run is built beside
+    `workdir` and moved in when complete; `stop()` runs between tensors (see `load_params`)."""
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ValueError(f'workdir={workdir!r} is a file, not a directory')
+    if checkpoint_entries(workdir):  # unfinished saves of a killed import do not count
         raise FileExistsError(f'--workdir: {workdir} already holds checkpoints; choose a new one')
     directory, hf_config = _read_hf_config(hf_dir)
     model, rope_interleave = hf.model_from_hf(hf_config)
@@ -251,10 +264,17 @@ def import_hf(
     tensors = hf.tensor_map(cfg, rope_interleave)
     _check_tensors(reader, tensors, hf_config)
 
-    config.data.tokenizer = _copy_hf_files(directory, tokenizer_path, workdir)
-    config.data.eos_token = _eos_token(directory, hf_config, tokenizer)
-    run = assemble(config)  # the run's other settings fail here, not in train.py
-    _save_step0(run, reader, tensors, workdir, f'hf:{hf_dir}')
+    with staged(workdir, 'import') as build:
+        config.data.tokenizer = _copy_hf_files(directory, tokenizer_path, build)
+        config.data.eos_token = _eos_token(directory, hf_config, tokenizer)
+        run = assemble(config)  # the run's other settings fail here, not in train.py
+        # where the copied tokenizer.json will be once `build` is moved in
+        run.config.data.tokenizer = os.path.abspath(
+            os.path.join(workdir, HF_SUBDIR, 'tokenizer.json')
+        )
+        _save_step0(run, reader, tensors, build, f'hf:{hf_dir}', stop)
+        stop()  # a signal during the save: nothing is moved in
+        move_into(build, workdir)
     logging.info('imported %s (%s) into %s', hf_dir, cfg.attention, workdir)
     return run.config
 
@@ -275,8 +295,15 @@ def _run_tokenizer(config: ml_collections.ConfigDict) -> tuple[str, dict, HFToke
     return tok_dir, source, tokenizer
 
 
-def _write_tensors(out_dir: str, tensors: list[hf.Tensor], params: dict, max_bytes: int) -> None:
-    """Streams `params` into safetensors shards, one tensor in host memory at a time."""
+def _write_tensors(
+    out_dir: str,
+    tensors: list[hf.Tensor],
+    params: dict,
+    max_bytes: int,
+    stop: Callable[[], None],
+) -> None:
+    """Streams `params` into safetensors shards, one tensor in host memory at a time;
+    `stop()` runs before each."""
 
     def leaf(t: hf.Tensor):
         node = params
@@ -284,12 +311,18 @@ def _write_tensors(out_dir: str, tensors: list[hf.Tensor], params: dict, max_byt
             node = node[key]
         return node
 
+    def values():
+        for t in tensors:
+            stop()
+            yield hf.to_hf(t, np.asarray(jax.device_get(leaf(t))))
+
     entries = []
     for t in tensors:
         x = leaf(t)
         entries.append((t.hf, _hf_shape(t, x.shape), np.dtype(x.dtype)))
     writer = ShardWriter(out_dir, entries, max_bytes)
-    writer.write(hf.to_hf(t, np.asarray(jax.device_get(leaf(t)))) for t in tensors)
+    logging.info('writing %d tensors to %s', len(tensors), out_dir)
+    writer.write(values())
 
 
 def _write_tokenizer(out_dir: str, tokenizer: HFTokenizer, tok_dir: str, max_len: int) -> None:
@@ -312,14 +345,22 @@ def _write_tokenizer(out_dir: str, tokenizer: HFTokenizer, tok_dir: str, max_len
 
 
 def export_hf(
-    workdir: str, out_dir: str, step: int | None = None, max_shard_bytes: int = 5 * 2**30
+    workdir: str,
+    out_dir: str,
+    step: int | None = None,
+    max_shard_bytes: int = 5 * 2**30,
+    overwrite: bool = False,
+    stop: Callable[[], None] = lambda: None,
 ) -> str:
     """Writes `workdir`'s checkpoint (latest or `step`) to `out_dir` as a Hugging Face
     directory: config.json (the architecture the run's attention variant maps to: Llama or
     DeepseekV3), safetensors, and tokenizer files when the run's tokenizer is a tokenizer.json
-    or a BPE trained here. Returns `out_dir`."""
+    or a BPE trained here. Returns `out_dir`. A non-empty `out_dir` is refused unless
+    `overwrite`; the export is built beside it and replaces it whole when complete. `stop()`
+    runs between tensors (to raise `Interrupted` on a stop signal)."""
     if jax.process_count() > 1:
         raise ValueError('export runs in one process (it gathers one tensor at a time)')
+    check_export_dir(workdir, out_dir, overwrite)
     # What transformers cannot express, or a variant with no mapping, is refused before any
     # array is read.
     restored = assemble(
@@ -332,12 +373,14 @@ def export_hf(
         extra.setdefault('eos_token_id', tokenizer.eos_id)
     max_len = source.get('max_position_embeddings', config.data.seq_len)
     hf_config = hf.hf_from_model(cfg, max_len, **extra)
-    os.makedirs(out_dir, exist_ok=True)
     tensors = hf.tensor_map(cfg, rope_interleave=hf.exports_interleaved_rope(cfg))
-    _write_tensors(out_dir, tensors, restored.state['params'], max_shard_bytes)
-    with open(os.path.join(out_dir, 'config.json'), 'w') as f:
-        json.dump(hf_config, f, indent=2)
-    if tokenizer is not None:
-        _write_tokenizer(out_dir, tokenizer, tok_dir, max_len)
+    with staged(out_dir, 'export') as build:
+        _write_tensors(build, tensors, restored.state['params'], max_shard_bytes, stop)
+        with open(os.path.join(build, 'config.json'), 'w') as f:
+            json.dump(hf_config, f, indent=2)
+        if tokenizer is not None:
+            _write_tokenizer(build, tokenizer, tok_dir, max_len)
+        stop()
+        replace_dir(build, out_dir)
     logging.info('exported %s step %d to %s', workdir, restored.step, out_dir)
     return out_dir

@@ -44,7 +44,7 @@ from lm.data.corpus import load_corpus
 from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import model_config
-from lm.train.checkpoint import Checkpointer, read_latest_meta
+from lm.train.checkpoint import Checkpointer, checkpoint_entries, read_latest_meta
 from lm.train.optimizer import check_train_config
 from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context
 from lm.train.workdir import WorkdirLock
@@ -261,7 +261,7 @@ def convert_checkpoint(
     check_steps(step if step is not None else latest and latest['data_step'], options.steps)
     with WorkdirLock(workdir, WORKDIR):
         dst_ckpts = os.path.join(workdir, 'checkpoints')
-        if os.path.isdir(dst_ckpts) and os.listdir(dst_ckpts):
+        if checkpoint_entries(workdir):
             raise FileExistsError(
                 f'{WORKDIR}: {workdir} already holds checkpoints; choose a new directory'
             )
@@ -274,6 +274,7 @@ def convert_checkpoint(
             out = Checkpointer(partial, async_save=False)
             out.save(config.uptrain.source_step, state, meta)
             out.close()
+            shutil.rmtree(dst_ckpts, ignore_errors=True)  # empty, or unfinished saves only
             os.replace(os.path.join(partial, 'checkpoints'), dst_ckpts)
         finally:
             shutil.rmtree(partial, ignore_errors=True)

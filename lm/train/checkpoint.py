@@ -18,6 +18,7 @@ from lm.train.checksum import array_checksums, mismatches
 from lm.train.workdir import RunError
 
 PINNED = 'pinned.json'  # in the checkpoints directory: {step: why}; never rotated away
+UNFINISHED = '.orbax-checkpoint-tmp'  # in a name there: a save that never finished (ignored)
 
 
 class Checkpointer:
@@ -197,6 +198,15 @@ def saved_steps(workdir: str) -> list[int]:
     if not directory.exists():
         return []
     return sorted(ocp.path.step.checkpoint_steps(directory))
+
+
+def checkpoint_entries(workdir: str) -> list[str]:
+    """The names in `workdir`'s checkpoints directory, less the saves that never finished
+    (`*.orbax-checkpoint-tmp*`, which `saved_steps` and restores ignore too)."""
+    directory = os.path.join(workdir, 'checkpoints')
+    if not os.path.isdir(directory):
+        return []
+    return sorted(name for name in os.listdir(directory) if UNFINISHED not in name)
 
 
 def read_step_meta(workdir: str, step: int) -> dict:
