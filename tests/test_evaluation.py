@@ -109,3 +109,32 @@ def test_an_old_config_file_with_eval_batches_still_runs(tmp_path, words_text):
     assert exp.config.eval_tokens == 2 * 4 * 16 and 'eval_batches' not in exp.config
     config.eval_tokens = 48  # an explicit eval_tokens wins
     assert assemble(config, data=True).config.eval_tokens == 48
+
+
+@pytest.mark.slow
+def test_eval_py_refuses_a_non_finite_loss(tmp_path, words_text):
+    """A checkpoint whose parameters hold NaN (checksummed as saved: nothing is damaged) gives
+    eval.py exit 1 and one line, not 'loss NaN' with exit 0 and invalid JSON."""
+    from conftest import run_entry
+
+    from lm.train.checkpoint import Checkpointer
+    from lm.train.run import checkpoint_meta
+
+    config = tiny_train_config(tmp_path, words_text, **{'train.steps': 2})
+    workdir = str(tmp_path / 'run')
+    state = train(config, workdir)['state']
+    run = assemble(workdir, state='restore')
+    state = {**state, 'params': jax.tree.map(lambda p: p * np.nan, state['params'])}
+    meta = checkpoint_meta(
+        run.config, run.meta['data_fingerprint'], 3, run.ctx.abstract_state['params']
+    )
+    ckpt = Checkpointer(workdir)
+    ckpt.save(3, state, meta)
+    ckpt.wait()
+    out = run_entry('eval.py', f'--workdir={workdir}')
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        f'error: --workdir={workdir}: the loss of step 3 is nan (non-finite parameters or '
+        'activations); nothing written'
+    )
+    assert not out.stdout.strip()  # no JSON line with NaN
