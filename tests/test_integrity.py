@@ -528,3 +528,23 @@ def test_loss_spike_stops_the_run_and_keeps_the_checkpoint_before_it(tmp_path, t
     )
     assert train(calm, str(work), allow_config_change=True)['step'] == kept + 12
     assert Checkpointer(str(work)).steps() == [kept, kept + 12]
+
+
+def test_a_read_only_restore_refuses_a_damaged_latest_checkpoint_and_changes_nothing(
+    tmp_path, text
+):
+    """eval.py, generate.py, export and analysis restore read-only: a damaged latest checkpoint
+    is refused in one line naming it and the step that would work, and is not moved aside."""
+    train(tiny_train_config(tmp_path, text), str(tmp_path / 'run'))
+    ckpts = tmp_path / 'run' / 'checkpoints'
+    flip_bytes(ckpts / '8')
+    before = sorted(p.name for p in ckpts.iterdir())
+    with pytest.raises(ValueError) as refused:
+        assemble(str(tmp_path / 'run'), state='restore')
+    assert str(refused.value) == (
+        f'the checkpoint at step 8 in {ckpts} is unreadable (see the warning above); a read-only '
+        'command changes nothing: choose step 4, the newest readable one (--step=4), or let '
+        'training move it aside'
+    )
+    assert sorted(p.name for p in ckpts.iterdir()) == before == ['4', '8']
+    assert assemble(str(tmp_path / 'run'), state='restore', step=4).step == 4

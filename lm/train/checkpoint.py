@@ -30,6 +30,7 @@ class Checkpointer:
         self, workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False
     ):
         self.directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+        self.read_only = read_only  # restores never move a damaged checkpoint aside
         self._pending: int | None = None  # step of an asynchronous save not yet confirmed
         self._failed = False
         keep_policy = checkpoint_managers.LatestN(None if read_only else keep)
@@ -135,6 +136,8 @@ class Checkpointer:
         `check_meta(meta)` runs before the state is read (shape checks); its errors propagate.
         A latest checkpoint that is truncated or unreadable is skipped with a warning and moved
         aside to `<step>.unreadable` (kept, not deleted), so training can write that step again.
+        Read-only, nothing is moved: an unreadable latest checkpoint is refused in one line naming
+        it and the newest readable step.
         """
         if step is not None and step not in self.steps():
             raise FileNotFoundError(
@@ -162,6 +165,12 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001
                 unreadable.append(self._skip(s, e, step))
                 continue
+            if unreadable and self.read_only:
+                raise ValueError(
+                    f'the checkpoint at step {unreadable[0]} in {self.directory} is unreadable '
+                    f'(see the warning above); a read-only command changes nothing: choose step '
+                    f'{s}, the newest readable one (--step={s}), or let training move it aside'
+                )
             self._move_aside(unreadable)
             return s, restored['state'], meta
         raise FileNotFoundError(f'no readable checkpoint in {self.directory}')
