@@ -22,7 +22,7 @@ from lm.cli import (
 from lm.data.corpus import cache_dir
 from lm.train.checkpoint import read_latest_meta
 from lm.train.loop import train
-from lm.train.run import stored_config
+from lm.train.run import finished_step, stored_config
 from lm.train.summary import run_logdir
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -60,6 +60,9 @@ def run() -> int:
     if _TB_DIR.value:
         check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir')
     check_writable_dir(cache_dir(config.data), 'config.data.cache_dir')
+    if (done := finished_step(config, _WORKDIR.value)) is not None:
+        print(f'{_WORKDIR.value} is already at train.steps={done}: nothing to do')
+        return 0
     bootstrap(config)
     result = train(config, _WORKDIR.value, _TB_DIR.value, _ALLOW_CHANGE.value)
     return 128 + result['signal'] if result['signal'] else 0

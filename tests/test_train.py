@@ -22,9 +22,10 @@ from conftest import (
 )
 from conftest import run_entry as run_cli
 
+from lm.config import with_values
 from lm.train.checkpoint import Checkpointer
 from lm.train.loop import call_sizes, train
-from lm.train.run import assemble, restore, stored_config
+from lm.train.run import assemble, finished_step, restore, stored_config
 from lm.train.step import init_state, make_train_step
 
 
@@ -497,3 +498,23 @@ def test_an_eval_at_a_checkpoint_is_on_disk_before_the_checkpoint(
     monkeypatch.setattr(Checkpointer, 'save', spying_save)
     train(tiny_train_config(tmp_path, small_text), str(tmp_path / 'run'))
     assert sorted(seen) == [4, 8] and sorted(seen[4]) == [4] and sorted(seen[8]) == [4, 8]
+
+
+@pytest.mark.slow
+def test_rerunning_a_finished_run_does_nothing_at_once(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text, **{'train.steps': 4, 'checkpoint_every': 4})
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    work = tmp_path / 'run'
+    train(config, str(work))
+    before = sorted((p.relative_to(work), p.stat().st_mtime_ns) for p in work.rglob('*'))
+    out = run_cli('train.py', f'--config={cfg_file}', f'--workdir={work}')
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (
+        out.stdout.strip().splitlines()[-1] == f'{work} is already at train.steps=4: nothing to do'
+    )
+    assert 'compiled' not in out.stderr  # no restore, no compile
+    assert sorted((p.relative_to(work), p.stat().st_mtime_ns) for p in work.rglob('*')) == before
+    assert finished_step(config, str(work)) == 4
+    assert finished_step(with_values(config, {'eval_every': 2}), str(work)) == 4  # resumable key
+    assert finished_step(with_values(config, {'train.lr': 0.5}), str(work)) is None  # refused later
+    assert finished_step(with_values(config, {'train.steps': 6}), str(work)) is None  # goes on

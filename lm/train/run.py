@@ -31,7 +31,12 @@ from lm.train.checkpoint import (
 from lm.train.evaluation import check_eval_config
 from lm.train.optimizer import check_train_config, lr_schedule, make_optimizer
 from lm.train.step import StepContext, init_state, make_step_context
-from lm.train.workdir import WorkdirLock, check_config_change, config_fingerprint
+from lm.train.workdir import (
+    WorkdirLock,
+    check_config_change,
+    config_changes,
+    config_fingerprint,
+)
 
 # What `assemble` gives a run as its state: nothing, a fresh one from config.seed, a workdir's
 # checkpoint, or (training) the workdir's latest checkpoint when it has one, else a fresh one.
@@ -313,6 +318,20 @@ def restore(
             m['param_shapes'], current, f'the checkpoint in {ckpt.directory}'
         ),
     )
+
+
+def finished_step(config: ml_collections.ConfigDict, workdir: str) -> int | None:
+    """`config.train.steps` when `workdir` already finished that run under `config` (its latest
+    checkpoint is at that step, its results.json is written, no setting but the resumable ones
+    differs), else None; read without starting a JAX backend."""
+    steps = saved_steps(workdir)
+    if not steps or steps[-1] != config.train.steps:
+        return None
+    if not os.path.isfile(os.path.join(workdir, 'results.json')):
+        return None
+    if config_changes(read_step_meta(workdir, steps[-1])['config'], config):
+        return None
+    return steps[-1]
 
 
 def stored_config(
