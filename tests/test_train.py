@@ -236,7 +236,10 @@ def big_validation(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_during_evaluation_saves_the_step_and_exits_at_once(tmp_path, big_validation):
+@pytest.mark.parametrize('evaluation', ['first', 'at_step_4'])
+def test_sigterm_during_evaluation_saves_the_step_and_exits_at_once(
+    tmp_path, big_validation, evaluation
+):
     config = tiny_train_config(
         tmp_path,
         big_validation,
@@ -249,11 +252,16 @@ def test_sigterm_during_evaluation_saves_the_step_and_exits_at_once(tmp_path, bi
         f'--config={cfg_file}',
         f'--workdir={tmp_path / "run"}',
         marker='evaluating the validation split',
-        times=2,  # the eval at step 4, after the step-0 one
+        times=1 if evaluation == 'first' else 2,  # the step-0 eval, or the one at step 4
         delay=0.5,
     )
     assert code == 128 + signal.SIGTERM, err[-2000:]
-    assert 'SIGTERM at step 4: checkpoint saved' in err and 'Traceback' not in err
+    assert 'Traceback' not in err
+    if evaluation == 'first':
+        assert 'stopped by SIGTERM during the first evaluation: nothing trained' in err
+        assert Checkpointer(str(tmp_path / 'run')).steps() == []
+        return
+    assert 'SIGTERM at step 4: checkpoint saved' in err
     assert Checkpointer(str(tmp_path / 'run')).steps() == [4]  # the latest completed step
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_tokens=64')
     assert out.returncode == 0, out.stderr[-2000:]  # the saved step restores

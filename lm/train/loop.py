@@ -139,15 +139,14 @@ class _Training:
         # A new run's step-0 score (~ the vocabulary size in perplexity) is logged under its
         # own tags, so it does not set the y-range of the eval charts that compare runs.
         prefix = 'eval_init' if self.start == 0 else 'eval'
+        step, self.last_eval = self.start, {}
         try:
-            self.last_eval = self._evaluate(self.start, prefix) if first else {}
-        except Interrupted:  # nothing trained yet: nothing to save
-            self.tb.close()
-            return {'step': self.start, 'eval': {}, 'signal': self.stop.signum, 'state': self.state}
-        self.meter.restart()  # the first window times steps only
-        step = self.start
-        try:
+            if first:
+                self.last_eval = self._evaluate(self.start, prefix)
+            self.meter.restart()  # the first window times steps only
             step = self._steps()
+        except Interrupted as e:  # in the first evaluation: nothing trained, nothing to save
+            logging.warning('%s during the first evaluation: nothing trained, nothing saved', e)
         finally:
             self.meter.bar.close()
             self.ckpt.wait()  # `Run.close` closes it
