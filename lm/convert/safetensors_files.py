@@ -110,7 +110,7 @@ class SafetensorsReader:
         """A block of tensor `name`; ValueError when it holds NaN or infinity."""
         s = self._slice(name)
         block = s[rows] if cols is None else s[rows, cols]
-        if not np.isfinite(block.astype(np.float32)).all():
+        if not np.isfinite(block).all():  # bfloat16 too (ml_dtypes), without a copy
             raise ValueError(
                 f'{self.files[name]}: tensor {name} holds non-finite values (NaN or inf); '
                 'refusing to import it'

@@ -32,12 +32,15 @@ def loss(result: dict) -> float:
     return result['eval']['loss']
 
 
-def spread(values: Values, digits: int = 4) -> str:
+def mean_std(mean: float, std: float, n: int, digits: int = 4) -> str:
     """'mean ± std', or 'mean (n = 1)' for one seed, which has no spread."""
+    return f'{mean:.{digits}f} ± {std:.{digits}f}' if n > 1 else f'{mean:.{digits}f} (n = {n})'
+
+
+def spread(values: Values, digits: int = 4) -> str:
+    """`mean_std` of an arm's values over seeds."""
     est = stats.estimate(list(values.values()))
-    if est.n < 2:
-        return f'{est.mean:.{digits}f} (n = {est.n})'
-    return f'{est.mean:.{digits}f} ± {est.std:.{digits}f}'
+    return mean_std(est.mean, est.std, est.n, digits)
 
 
 def cell(values: Values) -> str:

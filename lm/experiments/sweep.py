@@ -201,11 +201,6 @@ def check_same_fairness(sweep_dir: str, match: str) -> None:
             f.write(match + '\n')
 
 
-def _mean_std(mean: float, std: float, n: int) -> str:
-    """'7.812 ± 0.031', or '7.812 (n = 1)' when one seed gives no spread."""
-    return f'{mean:.3f} ± {std:.3f}' if n > 1 else f'{mean:.3f} (n = {n})'
-
-
 def summarise(
     sweep_dir: str, specs: list[Spec], found: dict[str, dict], match: str = 'width'
 ) -> list[dict]:
@@ -292,7 +287,7 @@ def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> 
             f'| {point} | {r["attention"]} | {r["num_heads"]} | {r["kv_heads"]} | '
             f'{r["mlp_dim"]} | {r["params"]:,} | {r["kv_cache_bytes_per_token"]:,} | '
             f'{r["tokens_per_sec"]:,.0f} | {summary.cell(losses[point])} | '
-            f'{_mean_std(r["eval_perplexity"], r["eval_perplexity_std"], r["seeds"])} | '
+            f'{summary.mean_std(r["eval_perplexity"], r["eval_perplexity_std"], r["seeds"], 3)} | '
             f'{r["seeds"]} | '
             f'{delta} |'
         )
