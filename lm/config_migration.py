@@ -43,6 +43,7 @@ ADDED_KEYS = {
     'uptrain.groups': '',
     'uptrain.rope_pairs': '',
     'uptrain.calibration_tokens': 8192,
+    'model.decode_chunk': 0,
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

@@ -47,6 +47,9 @@ _D_MODEL = flags.DEFINE_integer('d_model', 512, 'Model width (8 heads of d_model
 _LAYERS = flags.DEFINE_integer('num_layers', 4, 'Layers.')
 _JSON = flags.DEFINE_string('json', '', 'Also write the rows as JSON here.')
 _BW_GIB = flags.DEFINE_float('bandwidth_gib', 1.0, 'Array size of the bandwidth measurement.')
+_CHUNK = flags.DEFINE_integer(
+    'decode_chunk', 512, 'config.model.decode_chunk: cache slots read per chunk (0 = all at once).'
+)
 
 BASE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'base.py'
@@ -62,6 +65,7 @@ def model_for(variant: str):
         num_layers=_LAYERS.value,
         num_heads=8,
         dtype=_DTYPE.value,
+        decode_chunk=_CHUNK.value,
     )
     config.model.mla.update(
         kv_lora_rank=E // 2, qk_nope_head_dim=E // 8, qk_rope_head_dim=E // 16, v_head_dim=E // 8
@@ -132,6 +136,7 @@ def bench(variant: str, context: int, B: int) -> dict:
         'ms_per_step': dt / n * 1e3,
         'first_call_s': compile_s,
         'dtype': _DTYPE.value,
+        'decode_chunk': _CHUNK.value,
         # what one step must read: every weight, and the cache filled to L + n/2 on average
         'bytes_per_step': weight_bytes + measured * B * (context + n / 2),
     }
@@ -158,7 +163,8 @@ def print_table(rows: list[dict], B: int) -> None:
     print(
         f'\ndecode benchmark: {jax.devices()[0].device_kind}, batch {B}, '
         f'{_NEW.value} new tokens, {_DTYPE.value}, d_model {_D_MODEL.value}, '
-        f'{_LAYERS.value} layers, 8 heads ({rows[0]["params"]:,} params for '
+        f'{_LAYERS.value} layers, decode_chunk {_CHUNK.value}, 8 heads '
+        f'({rows[0]["params"]:,} params for '
         f'{rows[0]["variant"]}), measured read bandwidth {rows[0]["bandwidth_GBps"]:.1f} GB/s'
     )
     print(

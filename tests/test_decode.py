@@ -26,6 +26,11 @@ VARIANTS = {
     'gqa2_dot_product': dict(attention='gqa', num_kv_heads=2, attention_impl='dot_product'),
     'mla': dict(attention='mla'),
     'mla_qlora': dict(attention='mla', q_lora_rank=8),
+    # the cache read in chunks of 4 slots (lm/model/chunked.py): the caches below hold 15
+    'mha_chunked': dict(attention='mha', decode_chunk=4),
+    'gqa2_chunked': dict(attention='gqa', num_kv_heads=2, decode_chunk=4),
+    'mqa_chunked': dict(attention='mqa', decode_chunk=4),
+    'mla_chunked': dict(attention='mla', decode_chunk=4),
 }
 PROMPTS = [[5, 9, 2, 7, 1, 3, 8], [4, 4, 10], [11, 2, 6, 6, 1]]  # different lengths: left padding
 # float32: the cached path reduces over a padded cache of a different shape.
@@ -121,7 +126,9 @@ def test_decode_loop_compiles_once_per_batch_and_cache_length():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('variant', ['mha', 'gqa2', 'mqa', 'mla'])
+@pytest.mark.parametrize(
+    'variant', ['mha', 'gqa2', 'mqa', 'mla', 'mha_chunked', 'mqa_chunked', 'mla_chunked']
+)
 def test_decode_loop_reads_the_cache_without_copying_it(variant):
     """The compiled generation loop neither copies nor transposes a cache array (the caches
     are donated and updated in place; the kernel reads the head-major layout as it is): no

@@ -35,6 +35,7 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     attention_impl: str
+    decode_chunk: int
     qkv_bias: bool
     o_bias: bool
     mlp_dim: int
@@ -79,7 +80,7 @@ class ModelConfig:
         for name in ('d_model', 'num_layers', 'num_heads'):
             if getattr(self, name) <= 0:
                 raise ValueError(f'config.model.{name} must be > 0, got {getattr(self, name)}')
-        for name in ('vocab_size', 'num_kv_heads', 'head_dim', 'mlp_dim'):
+        for name in ('vocab_size', 'num_kv_heads', 'head_dim', 'mlp_dim', 'decode_chunk'):
             if getattr(self, name) < 0:
                 raise ValueError(f'config.model.{name} must be >= 0, got {getattr(self, name)}')
         for name in ('param_dtype', 'dtype'):

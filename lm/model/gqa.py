@@ -134,14 +134,14 @@ class GroupedQueryAttention(AttentionVariant):
         k_BGSD, v_BGSD = k_BTGD.transpose(0, 2, 1, 3), v_BTGD.transpose(0, 2, 1, 3)  # head-major
         mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
         if cache is not None:  # S = the cache's slots instead of the T new tokens
-            squeeze = cache.arrays['k'].ndim == 3  # one KV head, cached [B, S, D]
-            if squeeze:
+            if cache.arrays['k'].ndim == 3:  # one KV head, cached [B, S, D]
                 k_BGSD, v_BGSD = k_BGSD[:, 0], v_BGSD[:, 0]
             cache, mask = cache.write(k=k_BGSD, v=v_BGSD)
             k_BGSD, v_BGSD = (cache.arrays[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
-            if squeeze:
-                k_BGSD, v_BGSD = k_BGSD[:, None], v_BGSD[:, None]
-        out_BTHD = self.attend(q_BTHD, k_BGSD, v_BGSD, scale=cfg.head_dim**-0.5, mask=mask)
+        filled = None if cache is None else cache.slot
+        out_BTHD = self.attend(
+            q_BTHD, k_BGSD, v_BGSD, scale=cfg.head_dim**-0.5, mask=mask, filled=filled
+        )
         return self.o_proj(out_BTHD), cache
 
     hf_mappings = (LLAMA,)

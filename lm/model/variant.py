@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lm.model.chunked import chunked_attention
 from lm.model.config import ModelConfig
 from lm.model.hf_mapping import HFMapping
 
@@ -225,11 +226,23 @@ class AttentionVariant(nnx.Module):
         scale: float,
         mask: jax.Array | None,
         impl: str | None = None,
+        filled: jax.Array | None = None,
     ) -> jax.Array:
-        """`grouped_attention` (keys and values head-major, [B, G, S, D]) with `impl` (default:
+        """`grouped_attention` (keys and values head-major, [B, G, S, D], or [B, S, D] for one
+        KV head) with `impl` (default:
         config.model.attention_impl), sowing its weights when `sow_weights` is set (on the
-        einsum path, the one that forms them)."""
+        einsum path, the one that forms them). filled: with a cache, the slots written so far;
+        then einsum attention reads only those, config.model.decode_chunk slots at a time
+        (`chunked_attention`), unless decode_chunk is 0."""
         impl = 'einsum' if self.sow_weights else impl or self.cfg.attention_impl
+        chunk = self.cfg.decode_chunk
+        S = k_BGSD.shape[-2]
+        if filled is not None and 0 < chunk < S and impl == 'einsum' and not self.sow_weights:
+            return chunked_attention(
+                q_BTHD, k_BGSD, v_BGSU, mask, scale=scale, filled=filled, chunk=chunk
+            )
+        if k_BGSD.ndim == 3:  # one KV head cached as [B, S, D]
+            k_BGSD, v_BGSU = k_BGSD[:, None], v_BGSU[:, None]
         out_BTHU, p_BHTS = grouped_attention(
             q_BTHD, k_BGSD, v_BGSU, scale=scale, mask=mask, impl=impl
         )
