@@ -22,7 +22,8 @@ from test_hf import (
     model_of,
 )
 
-from lm.convert import uptrain
+from lm.convert import hf, uptrain
+from lm.convert import methods as conversion
 from lm.convert.hf_io import export_hf, import_hf
 from lm.data.tokenizer import EOS, PAD, ByteTokenizer, is_byte_tokenizer
 from lm.infer.decode import Decoder, parse_sampling
@@ -191,6 +192,25 @@ def test_tokenizer_and_generation_files_are_carried(tmp_path):
     assert (tmp_path / 'up' / 'hf' / 'chat_template.jinja').is_file()
 
 
+def test_mla_conversion_sets_the_latent_eps_export_needs():
+    """A source with norm_eps 1e-5 (base and imported Llamas): the converted config is one
+    DeepseekV3 can express; a latent_norm_eps set in the source's section is kept."""
+    from test_conversion import mla_conversion_of, source
+
+    src, params = source(attention='mha')
+    assert src.norm_eps == 1e-5
+    cfg, _, _ = mla_conversion_of(src, params, 8)
+    assert cfg.section.latent_norm_eps == 1e-6
+    assert hf.hf_from_model(cfg, 64)['model_type'] == 'deepseek_v3'
+    options = uptrain.ConversionOptions(
+        target='mla', kv_lora_rank=8, qk_rope_head_dim=4, optimizer_state='fresh'
+    )
+    inputs = [np.zeros((4, 32), np.float32)] * 2
+    _, settings, _ = conversion.latent_conversion(params, src, options, inputs, 1e-3)
+    assert settings['mla']['latent_norm_eps'] == 1e-3
+
+
+@pytest.mark.slow
 def test_mla_conversion_of_an_imported_llama_exports(tmp_path, small_text):  # noqa: F811
     """The imported Llama's norm eps is 1e-5; the converted MLA run gets latent_norm_eps 1e-6,
     which DeepseekV3 fixes, so it exports and reads back bitwise."""
