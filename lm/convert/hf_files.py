@@ -173,6 +173,8 @@ def source_config(directory: str) -> dict:
 
 def run_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     """The run's tokenizer (a BPE trained here is read from the data cache, or trained again)."""
+    if config.data.tokenizer == BYTE:  # needs no data
+        return ByteTokenizer()
     if config.data.tokenizer.endswith('.json'):
         return HFTokenizer.from_file(config.data.tokenizer, config.data.eos_token)
     return load_tokenizer(config.data)
