@@ -27,6 +27,7 @@ from lm.analysis import scores as analysis
 from lm.convert import head_merging, mla
 from lm.model import attention
 from lm.model.config import ModelConfig
+from lm.model.hf_mapping import DEEPSEEK_LATENT_EPS
 from lm.model.transformer import Transformer
 
 POOL_METHODS = ('mean', 'first', 'random', 'aligned')
@@ -275,7 +276,8 @@ def latent_conversion(
 ) -> tuple[dict, dict, str]:
     """(parameters, `config.model` settings, kept RoPE pairs as 'j,j,...') of the MLA model
     converted from `params` (lm/convert/mla.py): the RoPE stride chosen on all layers.
-    `latent_norm_eps`: the converted config's `config.model.mla.latent_norm_eps` (0 = norm_eps)."""
+    `latent_norm_eps`: the source config's `config.model.mla.latent_norm_eps`; 0 (the default)
+    becomes DeepseekV3's fixed latent-norm eps, so that the converted run exports."""
     C, P, D = options.kv_lora_rank, options.qk_rope_head_dim, src.head_dim
     blocks = list(params['blocks'].values())
     contribution = sum(
@@ -283,7 +285,7 @@ def latent_conversion(
         for block, x_ME in zip(blocks, inputs, strict=True)
     )
     stride = mla.choose_stride(contribution, P)
-    eps = latent_norm_eps or src.norm_eps
+    eps = latent_norm_eps or DEEPSEEK_LATENT_EPS
     out = dict(params)
     out['blocks'] = {
         layer: {**block, 'attn': mla.mla_layer(block['attn'], x, C, P, stride, eps)}
@@ -295,6 +297,7 @@ def latent_conversion(
         'qk_nope_head_dim': D - P,
         'qk_rope_head_dim': P,
         'v_head_dim': D,
+        'latent_norm_eps': eps,
     }
     settings = {
         'attention': options.target,
@@ -304,4 +307,3 @@ def latent_conversion(
     }
     pairs = mla.kept_dims(D, P, stride)[0][: P // 2]
     return out, settings, ','.join(map(str, pairs))
-

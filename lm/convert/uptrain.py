@@ -39,6 +39,7 @@ from flax import nnx
 
 from lm.convert import head_merging
 from lm.convert import methods as conversion
+from lm.convert.hf_files import copy_run_files
 from lm.convert.methods import SCHEDULES, ConversionOptions, check_conversion, check_steps
 from lm.data.corpus import load_corpus
 from lm.model import attention
@@ -275,6 +276,7 @@ def convert_checkpoint(
             out.save(config.uptrain.source_step, state, meta)
             out.close()
             shutil.rmtree(dst_ckpts, ignore_errors=True)  # empty, or unfinished saves only
+            copy_run_files(source_workdir, workdir)  # its export carries them
             os.replace(os.path.join(partial, 'checkpoints'), dst_ckpts)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
@@ -301,7 +303,7 @@ def _converted_params(source, options: ConversionOptions):
         record['calibration_tokens'] = num_tokens
     if options.latent:
         target = attention.VARIANTS[options.target].read_section(source.config.model)
-        eps = target.latent_norm_eps  # the converted run's: the source config's section
+        eps = target.latent_norm_eps  # the source config's section (0: DeepseekV3's, 1e-6)
         params, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs, eps)
         return params, (None, None), settings, {**record, 'rope_pairs': pairs}
     g, method = options.num_kv_heads, options.method
