@@ -309,7 +309,8 @@ def test_nonfinite_loss_stops_naming_the_step_and_saves_nothing(tmp_path, small_
 @pytest.mark.slow
 def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text):
     config = tiny_train_config(tmp_path, small_text)
-    train(config, str(tmp_path / 'run'))
+    train(config, str(tmp_path / 'run'), str(tmp_path / 'tb'))  # a shared TensorBoard directory
+    logdir = tmp_path / 'tb' / 'run'  # eval.py logs there too: one run shows up once
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -319,7 +320,7 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
     assert result['step'] == 8 and result['tag'] == 'eval'
     for noise in ('libtpu', 'read only'):  # startup noise is gone
         assert noise not in out.stderr, out.stderr
-    tb = read_scalars(tmp_path / 'run' / 'tb', 'eval/loss')
+    tb = read_scalars(logdir, 'eval/loss')
     np.testing.assert_allclose(result['loss'], tb[8], rtol=1e-6)
     final = json.loads((tmp_path / 'run' / 'results.json').read_text())['eval']
     assert result['tokens'] == final['tokens']  # the whole split, as in training
@@ -329,13 +330,14 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
     other = json.loads(out.stdout.strip().splitlines()[-1])
     assert other['tag'] == 'eval_tokens32' and other['tokens'] == 32
     np.testing.assert_allclose(
-        read_scalars(tmp_path / 'run' / 'tb', 'eval_tokens32/loss')[8], other['loss'], rtol=1e-6
+        read_scalars(logdir, 'eval_tokens32/loss')[8], other['loss'], rtol=1e-6
     )
-    assert read_scalars(tmp_path / 'run' / 'tb', 'eval/loss') == tb  # training's curve untouched
+    assert read_scalars(logdir, 'eval/loss') == tb  # training's curve untouched
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--step=4', '--split=train')
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result['step'] == 4 and result['tag'].endswith('_train')
-    assert read_scalars(tmp_path / 'run' / 'tb', f'{result["tag"]}/perplexity')[4] > 1
+    assert read_scalars(logdir, f'{result["tag"]}/perplexity')[4] > 1
+    assert not (tmp_path / 'run' / 'tb').exists()
 
 
 @pytest.mark.slow
