@@ -345,11 +345,12 @@ def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     seeds = {
-        name: read_latest_meta(str(sw / name))['config']['seed'] for name in ('seed1', 'seed2')
+        name: read_latest_meta(str(sw / name))['config']['seed']
+        for name in ('gqa_h4_kv2_s1', 'gqa_h4_kv2_s2')
     }
-    assert seeds == {'seed1': 1, 'seed2': 2}
+    assert seeds == {'gqa_h4_kv2_s1': 1, 'gqa_h4_kv2_s2': 2}
     loss = {n: read_scalars(sw / 'tb' / n, 'train/loss')[1] for n in seeds}
-    assert loss['seed1'] != loss['seed2']  # different data order and init
+    assert loss['gqa_h4_kv2_s1'] != loss['gqa_h4_kv2_s2']  # different data order and init
     before = listing(sw)
     stale = cli(
         ROOT / 'scripts' / 'sweep.py',
@@ -360,8 +361,8 @@ def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
     )
     line = one_line_error(stale)
     assert line == (
-        f'error: --sweep_dir: {sw / "seed1"} (and 1 more runs) was made with other settings: '
-        'train.lr: 0.003 -> 0.001; use another --sweep_dir, or delete those runs to redo them'
+        f'error: --sweep_dir: {sw / "gqa_h4_kv2_s1"} (and 1 more runs) was made with other '
+        'settings: train.lr: 0.003 -> 0.001; use another --sweep_dir, or delete those runs to redo them'
     )
     assert listing(sw) == before
     with WorkdirLock(str(sw)):  # another sweep on the same sweep_dir is refused

@@ -125,6 +125,7 @@ def test_grid_product_and_names(tmp_path, small_text):
         ({'model.attention': 'mha', 'model.num_kv_heads': 0}, 'mha_h4'),
         ({'model.attention': 'mqa', 'model.num_kv_heads': 0}, 'mqa_h4'),
         ({'model.num_heads': 8, 'model.num_kv_heads': 8}, 'gqa_h8_kv8'),
+        ({'seed': 1}, 'gqa_h4_kv2_s1'),
     ]:
         assert run_name(point, point_config(config, point)) == name
     with pytest.raises(ValueError, match=r"'1.5' is not an int"):

@@ -236,6 +236,7 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
         **{'eval_every': 2, 'checkpoint_every': 2, 'log_every': 1, 'eval_tokens': 64},
     )
     assert sweep.invalid_reason(config) is None
+    assert sweep.run_name({}, config) == 'toy_shared_kv_h4_kv2'  # its name leaves KV heads free
     train(config, str(tmp_path / 'toy'))
     result = json.loads((tmp_path / 'toy' / 'results.json').read_text())
     spec = Spec('toy', {}, lambda workdir: result, arm='toy')

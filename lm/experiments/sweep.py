@@ -41,6 +41,7 @@ SHORT = {
     'train.lr': 'lr',
     'train.batch_size': 'b',
     'data.seq_len': 't',
+    'seed': 's',
 }
 
 
@@ -85,8 +86,9 @@ def run_name(point: dict[str, Any], config: ml_collections.ConfigDict) -> str:
     cfg = check_model_config(config.model)
     kind = attention.variant(cfg)
     parts = [cfg.attention, f'h{cfg.num_heads}']
-    if kind.parse_spec(cfg.attention) is None:  # the kind's name does not say its KV heads
-        parts.append(f'kv{kind.kv_heads(cfg)}')
+    implied = kind.parse_spec(cfg.attention) or {}
+    if cfg.num_kv_heads and 'num_kv_heads' not in implied:  # the kind's name leaves them free
+        parts.append(f'kv{cfg.num_kv_heads}')
     for key, value in point.items():
         if key not in NAMED:
             parts.append(f'{SHORT.get(key, key.split(".")[-1])}{value}')
