@@ -362,7 +362,8 @@ def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
     line = one_line_error(stale)
     assert line == (
         f'error: --sweep_dir: {sw / "gqa_h4_kv2_s1"} (and 1 more runs) was made with other '
-        'settings: train.lr: 0.003 -> 0.001; use another --sweep_dir, or delete those runs to redo them'
+        'settings: train.lr: 0.003 -> 0.001; use another --sweep_dir, or delete those runs to '
+        'redo them'
     )
     assert listing(sw) == before
     with WorkdirLock(str(sw)):  # another sweep on the same sweep_dir is refused
