@@ -194,6 +194,7 @@ def test_hparams_and_config_text_show_only_the_active_variants_section():
     assert 'mla' not in shown_config(mha).model and 'mla' in mha.model  # the run's own: kept
     mla = tiny_config(attention='mla', kv_lora_rank=12)
     values = hparam_values(mla, model_config(mla.model), 1)
-    assert {k for k in values if k.startswith('mla.')} == {f'mla.{k}' for k in mla_keys}
+    dims = {k for k in mla_keys if k != 'latent_norm_eps'}  # widths and ranks
+    assert {k for k in values if k.startswith('mla.')} == {f'mla.{k}' for k in dims}
     assert values['mla.kv_lora_rank'] == 12 and 'num_kv_heads' not in values  # no K/V heads
     assert shown_config(mla).model.mla.kv_lora_rank == 12

@@ -374,7 +374,7 @@ def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
         ROOT / 'scripts' / 'sweep.py', f'--config={cfg}', f'--sweep_dir={sw}', '--grid=seed=-3'
     )
     assert one_line_error(negative) == (
-        'error: sweep point seed-3: config.seed must be an integer in [0, 2**32), got -3'
+        'error: sweep point gqa_h4_kv2_s-3: config.seed must be an integer in [0, 2**32), got -3'
     )
     more = cli(
         ROOT / 'scripts' / 'sweep.py',

@@ -33,7 +33,7 @@ _DIFFERS = bytes([7 << 3, 1])  # HParamInfo.differs = true (field 7), absent fro
 
 def hparam_values(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) -> dict:
     """The columns runs are compared by: attention, query and KV heads (MLA: its section's
-    dims instead), KV-cache bytes per token (bfloat16, all layers), parameters, seed, peak lr,
+    dims instead of KV heads), KV-cache bytes per token (bfloat16, all layers), parameters, seed, peak lr,
     steps and, for an uptrained run, its conversion."""
     values: dict = {'attention': cfg.attention, 'num_heads': int(cfg.num_heads)}
     kv = attention.variant(cfg).kv_heads(cfg)
@@ -44,7 +44,8 @@ def hparam_values(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: in
     values['steps'] = int(c.train.steps)
     if cfg.section is not None:
         name = attention.variant(cfg).config_section
-        values.update({f'{name}.{k}': v for k, v in dataclasses.asdict(cfg.section).items()})
+        dims = dataclasses.asdict(cfg.section).items()  # its widths and ranks, not its epsilons
+        values.update({f'{name}.{k}': v for k, v in dims if isinstance(v, int)})
     if c.uptrain.method:
         values.update({'uptrain.method': c.uptrain.method, 'uptrain.grouping': c.uptrain.grouping})
     return values
