@@ -33,8 +33,8 @@ _DIFFERS = bytes([7 << 3, 1])  # HParamInfo.differs = true (field 7), absent fro
 
 def hparam_values(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) -> dict:
     """The columns runs are compared by: attention, query and KV heads (MLA: its section's
-    dims instead of KV heads), KV-cache bytes per token (bfloat16, all layers), parameters, seed, peak lr,
-    steps and, for an uptrained run, its conversion."""
+    dims instead of KV heads), KV-cache bytes per token (bfloat16, all layers), parameters,
+    seed, peak lr, steps and, for an uptrained run, its conversion."""
     values: dict = {'attention': cfg.attention, 'num_heads': int(cfg.num_heads)}
     kv = attention.variant(cfg).kv_heads(cfg)
     if kv.isdigit():
