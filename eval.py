@@ -34,7 +34,9 @@ _CONFIG = config_flags.DEFINE_config_file(
     'config', None, "Optional config whose data (source, path, tokenizer) replaces the run's."
 )
 define_distributed_flags()
-_TB_DIR = flags.DEFINE_string('tb_dir', '', "TensorBoard directory of the run; '' = <workdir>/tb.")
+_TB_DIR = flags.DEFINE_string(
+    'tb_dir', '', "Shared TensorBoard directory to log to; '' = the one the run was trained with."
+)
 
 
 def run() -> int:

@@ -31,7 +31,7 @@ _OUT = flags.DEFINE_string(
     'out', None, 'Directory for heads.csv, summary.md and PNGs.', required=True
 )
 _TB_DIR = flags.DEFINE_string(
-    'tb_dir', '', "Shared TensorBoard directory the runs were trained with ('' = <workdir>/tb)."
+    'tb_dir', '', "Shared TensorBoard directory to log to; '' = the one each run was trained with."
 )
 _BATCH = flags.DEFINE_integer('batch', 32, 'Validation windows per forward pass.')
 _MAX_BATCHES = flags.DEFINE_integer(

@@ -3,6 +3,9 @@ r"""Convert an MHA (or GQA) checkpoint to fewer KV heads and set up a run that u
   python scripts/uptrain.py --src=runs/mha --dst=runs/gqa2_up --num_kv_heads=2 --method=mean
   python train.py --workdir=runs/gqa2_up        # uptrains for uptrain.fraction x source steps
 
+The new run logs to the source's shared TensorBoard directory (--tb_dir of its training), or
+to --tb_dir; train.py, eval.py and analyze_heads.py on it write there too.
+
 The new workdir holds a checkpoint at the source's step N with the converted parameters and
 optimizer state (--optimizer_state=convert: the source's AdamW moments, K/V pooled like the
 weights; fresh: new ones), and the source config with attention / num_kv_heads updated. Training
@@ -30,6 +33,7 @@ from lm.convert.uptrain import SOURCE, WORKDIR, ConversionOptions, convert_check
 from lm.model.attention import variant
 from lm.model.transformer import model_config
 from lm.train.run import stored_config
+from lm.train.workdir import remember_tb_dir, remembered_tb_dir
 
 
 def kv_heads(config) -> str:
@@ -88,6 +92,9 @@ _OPT_STATE = flags.DEFINE_string(
     'convert',
     "'convert': the source's AdamW state, K/V moments pooled like the weights; 'fresh': new.",
 )
+_TB_DIR = flags.DEFINE_string(
+    'tb_dir', '', "Shared TensorBoard directory of the new run; '' = the source's."
+)
 _SEED = flags.DEFINE_integer('seed', 0, "Seed for --method=random's fresh K/V.")
 _STEPS = flags.DEFINE_integer(
     'steps',
@@ -137,15 +144,19 @@ def run() -> int:
         conversion = options()
         check_writable_dir(_DST.value, '--dst')
         bootstrap(stored_config(_SRC.value, '--src'))
+        tb_dir = _TB_DIR.value or remembered_tb_dir(_SRC.value)
+        if _TB_DIR.value:
+            check_writable_dir(tb_dir, '--tb_dir')
         config = convert_checkpoint(_SRC.value, conversion, _DST.value)
     except USER_ERRORS as e:
         raise type(e)(with_flags(str(e))) from None
+    remember_tb_dir(_DST.value, tb_dir)  # train.py, eval.py, ... log there
     print(
         f'wrote {_DST.value}: {config.model.attention} with {kv_heads(config)} KV heads by '
         f'{config.uptrain.method} ({config.uptrain.grouping} grouping) at step '
         f'{config.uptrain.source_step} ({_SCHEDULE.value} schedule, '
         f'{_OPT_STATE.value} optimizer state, to step {config.train.steps}); next: '
-        f'python train.py --workdir={_DST.value}'
+        f'python train.py --workdir={_DST.value}' + (f' --tb_dir={tb_dir}' if tb_dir else '')
     )
     return 0
 

@@ -365,8 +365,13 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert 'gqa with 2 KV heads' in out.stdout
-    out = run_entry('train.py', f'--workdir={tmp_path / "gqa"}', f'--tb_dir={tmp_path / "tb"}')
+    # the converted run logs where its source did: said in the next command, and remembered
+    assert out.stdout.strip().endswith(
+        f'next: python train.py --workdir={tmp_path / "gqa"} --tb_dir={tmp_path / "tb"}'
+    )
+    out = run_entry('train.py', f'--workdir={tmp_path / "gqa"}')
     assert out.returncode == 0, out.stderr[-3000:]
+    assert not (tmp_path / 'gqa' / 'tb').exists()  # one run, one place in TensorBoard
     evals = read_scalars(tmp_path / 'tb' / 'gqa', 'eval/loss')
     assert sorted(evals) == [40, 50]  # right after conversion, and after 0.25 x 40 steps
     source = read_scalars(tmp_path / 'tb' / 'mha', 'eval/loss')

@@ -41,6 +41,7 @@ SHORT = {
     'train.lr': 'lr',
     'train.batch_size': 'b',
     'data.seq_len': 't',
+    'seed': 's',
 }
 
 
@@ -74,17 +75,24 @@ def invalid_reason(config: ml_collections.ConfigDict) -> str | None:
     return None
 
 
-def run_name(point: dict[str, Any]) -> str:
-    """A readable name: {'model.num_heads': 8, 'model.num_kv_heads': 2} -> 'h8_kv2'."""
-    parts = []
+# Keys the kind-and-heads part of a run's name already says.
+NAMED = ('seeds', 'model.attention', 'model.num_heads', 'model.num_kv_heads')
+
+
+def run_name(point: dict[str, Any], config: ml_collections.ConfigDict) -> str:
+    """A short name that TensorBoard shows whole: the attention kind and query heads, the KV
+    heads where the kind leaves them free (`gqa_h8_kv2`, `mha_h8`, `mqa_h8`, `mla_h8`), then
+    the point's other values ({'train.lr': 0.001} -> `_lr0.001`)."""
+    cfg = check_model_config(config.model)
+    kind = attention.variant(cfg)
+    parts = [cfg.attention, f'h{cfg.num_heads}']
+    implied = kind.parse_spec(cfg.attention) or {}
+    if cfg.num_kv_heads and 'num_kv_heads' not in implied:  # the kind's name leaves them free
+        parts.append(f'kv{cfg.num_kv_heads}')
     for key, value in point.items():
-        if key == 'seeds':
-            continue
-        if key == 'model.attention':
-            parts.append(str(value))
-        else:
+        if key not in NAMED:
             parts.append(f'{SHORT.get(key, key.split(".")[-1])}{value}')
-    return '_'.join(parts) or 'base'
+    return '_'.join(parts)
 
 
 def load_sweep_file(path: str) -> types.ModuleType:
@@ -111,13 +119,13 @@ def _valid_points(base: ml_collections.ConfigDict, points: list[dict]) -> list[t
     """[(name, point, config)] of the points whose model can be built; a one-line note for each
     skipped one."""
     valid = []
-    for point in points:
-        name = point.get('name') or run_name(point)
-        point = {k: v for k, v in point.items() if k != 'name'}
+    for named in points:
+        point = {k: v for k, v in named.items() if k != 'name'}
         config = point_config(base, point)
         if reason := invalid_reason(config):
-            print(f'skipping {name}: {reason}')
+            print(f'skipping {named.get("name") or point}: {reason}')
             continue
+        name = named.get('name') or run_name(point, config)
         valid.append((name, point, config))
     if not valid:
         raise ValueError('the sweep has no valid point')
@@ -131,10 +139,12 @@ def plan(
     train_command: list[str],
     seeds: int = 1,
     match: str = 'width',
+    tb_dir: str = '',
 ) -> list[Spec]:
     """A Spec per (point, seed) after skipping invalid points; with match='params', each point's
     mlp_dim brings it within 1% of the MHA point's parameters. A point's 'seeds' overrides
-    `seeds`; seed s of a point trains with config.seed + s."""
+    `seeds`; seed s of a point trains with config.seed + s. Runs log to `tb_dir` (default
+    <sweep_dir>/tb)."""
     valid = _valid_points(base, points)
     if match == 'params':
         configs = [c for _, _, c in valid]
@@ -142,7 +152,7 @@ def plan(
             configs, reference_config(base, configs), [n for n, _, _ in valid]
         )
         valid = [(n, p, c) for (n, p, _), c in zip(valid, matched, strict=True)]
-    tb_dir = os.path.join(sweep_dir, 'tb')
+    tb_dir = tb_dir or os.path.join(sweep_dir, 'tb')
     specs = []
     for name, point, config in valid:
         n = point.get('seeds', seeds)
