@@ -177,6 +177,8 @@ def run() -> int:
         print(f'seed {_ONLY_SEED.value} done in {time.time() - t0:.0f} s (no table: one seed)')
         return 0
     values = summary.by_arm(specs, found, summary.loss)
+    seeds = summary.seed_rows(values, ('model', 'conversion', 'alpha_or_steps'), 'eval_loss')
+    summary.write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for docs/results
     table = tables(ab, values)
     if _COMPARE.value:
         table += '\n\n' + compare_table(ab, specs, values, _OUT.value, _COMPARE.value)
