@@ -198,3 +198,29 @@ def test_train_loop_logs_recall_accuracy_in_process(tmp_path):
     assert sorted(acc) == [3, 6] and all(0 <= v <= 1 for v in acc.values())
     results = json.loads((workdir / 'results.json').read_text())
     assert results['eval']['recall_accuracy'] == pytest.approx(acc[6])
+
+
+@pytest.mark.parametrize('name', ['mqar', 'passkey'])
+@pytest.mark.parametrize('variant', ['mha', 'gqa2', 'mqa', 'mla'])
+def test_recall_configs_build(name, variant):
+    from lm.config import load_config_file
+    from lm.model.transformer import check_model_config
+    from lm.train.run import check_config
+
+    config = check_config(
+        load_config_file(str(ROOT / 'configs' / 'recall' / f'{name}.py'), variant)
+    )
+    assert config.data.source == name and config.model.attention == variant.rstrip('2')
+    check_model_config(config.model)
+
+
+def test_bad_recall_settings_name_their_key(tmp_path):
+    for key, value, words in [
+        ('data.recall_pairs', 9, 'config.data.recall_pairs=9'),
+        ('data.recall_vocab', 8, 'config.data.recall_vocab=8'),
+        ('data.passkey_lengths', '300', "config.data.passkey_lengths='300'"),
+        ('data.passkey_depths', '1.5', "config.data.passkey_depths='1.5'"),
+    ]:
+        source = 'passkey' if 'passkey' in key else 'mqar'
+        with pytest.raises(ValueError, match=re.escape(words)):
+            load_corpus(recall_config(tmp_path, source, **{key: value}).data)
