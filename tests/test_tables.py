@@ -88,3 +88,33 @@ def test_curve_table():
         'recall_accuracy by step:\n\n| step | lr1e-3 | lr3e-3 |\n|---|---|---|\n'
         '| 100 | 0.500 | 0.250 |\n| 200 |  | 0.900 |'
     )
+
+
+def test_ablation_tables_correct_over_the_whole_report():
+    """The uptraining report's Δ-vs-scratch cells and method comparisons are one Holm family,
+    whose size the report states; a difference resolved alone can be unresolved within it."""
+    from lm.experiments.ablation import SOURCE, Ablation, tables
+
+    ab = Ablation(
+        config_file=str(ROOT / 'configs' / 'shakespeare_char.py'),
+        data_path='unused.txt',
+        steps=100,
+        seeds=3,
+        fractions=(0.1,),
+        scratch_fractions=(0.1,),
+        targets=(1,),
+        methods=('mean', 'first'),
+    )
+    values = {
+        (SOURCE, 'scratch', 0.0): {0: 1.0, 1: 1.1, 2: 1.2},
+        ('MQA', 'mean', 0.1): {0: 1.10, 1: 1.25, 2: 1.00},
+        ('MQA', 'first', 0.1): {0: 1.20, 1: 1.30, 2: 1.10},
+        ('MQA', 'scratch', 110): {0: 1.00, 1: 1.20, 2: 0.90},
+    }
+    text = tables(ab, values)
+    # mean - scratch = 0.10, 0.05, 0.10: t = 5, p = 0.03775 (resolved alone); first - scratch =
+    # 0.20, 0.10, 0.20: t = 5, p = 0.03775; mean - first = -0.10, -0.05, -0.10: p = 0.03775.
+    # Holm over the 3: 3 x 0.03775 = 0.113 for each, none resolved.
+    assert 'Holm-corrected over the 3 comparisons' in text
+    assert '+0.0833 [0.0116, 0.1550] p=0.113 |' in text and ' ✓ |' not in text
+    assert '| MQA | 0.1 | mean | first | -0.0833 [-0.1550, -0.0116] p=0.113 | mean ~ first' in text
