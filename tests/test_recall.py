@@ -125,7 +125,7 @@ def test_loss_counts_the_answers_only(tmp_path):
     nll = logz - np.take_along_axis(logits, tokens[:, 1:, None], -1)[..., 0]
     flagged = rows[:, 1:] >= TARGET_FLAG
     with jax.set_mesh(run.mesh):
-        got = float(batch_loss(run.ctx, params, rows))
+        got = float(jax.jit(lambda p, b: batch_loss(run.ctx, p, b))(params, rows))
         per_row = np.asarray(make_eval_step(run.ctx)(params, rows))
     np.testing.assert_allclose(got, nll[flagged].mean(), rtol=1e-5)  # float32 vs float64
     assert abs(nll[flagged].mean() - nll.mean()) > 1e-3  # the mask changes the loss
@@ -220,6 +220,7 @@ def test_bad_recall_settings_name_their_key(tmp_path):
         ('data.recall_vocab', 8, 'config.data.recall_vocab=8'),
         ('data.passkey_lengths', '300', "config.data.passkey_lengths='300'"),
         ('data.passkey_depths', '1.5', "config.data.passkey_depths='1.5'"),
+        ('data.document_mask', True, 'config.data.document_mask=True does not apply'),
     ]:
         source = 'passkey' if 'passkey' in key else 'mqar'
         with pytest.raises(ValueError, match=re.escape(words)):

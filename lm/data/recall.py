@@ -69,6 +69,11 @@ class SymbolTokenizer:
 def check_recall_config(data: ml_collections.ConfigDict) -> None:
     """One-line errors for a recall source's settings."""
     T = data.seq_len
+    if data.document_mask:
+        raise ValueError(
+            f'config.data.document_mask=True does not apply to source={data.source!r}: a recall '
+            'row is one example, with no EOS-separated documents'
+        )
     if data.source == 'mqar':
         if data.recall_vocab < 4 or data.recall_vocab // 2 - 1 < data.recall_pairs:
             raise ValueError(
