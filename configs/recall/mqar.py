@@ -4,7 +4,8 @@ loss and `eval/recall_accuracy` count the answer tokens only:
   python train.py --config=configs/recall/mqar.py:mha --workdir=runs/mqar_mha
 
 The optional argument picks the attention variant: mha (default), gqa<g> (e.g. gqa2), mqa, mla.
-The size, schedule and learning rate are the calibration of docs/recall.md.
+Not calibrated yet: MHA reached 27% held-out accuracy after 1000 of these steps (lr 3e-3, the
+better of the two rates tried); docs/recall.md has the curves and the search so far.
 """
 
 import os
