@@ -44,6 +44,13 @@ ADDED_KEYS = {
     'uptrain.rope_pairs': '',
     'uptrain.calibration_tokens': 8192,
     'model.decode_chunk': 0,
+    'data.recall_seed': 0,
+    'data.recall_eval_examples': 1000,
+    'data.recall_pairs': 8,
+    'data.recall_vocab': 256,
+    'data.recall_power_a': 0.01,
+    'data.passkey_lengths': '128,256',
+    'data.passkey_depths': '0,0.25,0.5,0.75,1',
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

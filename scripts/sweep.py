@@ -13,9 +13,10 @@ and heads: `gqa_h4_kv2`, `mqa_h8`, ...), logging to <tb_dir>/<name> (--tb_dir, d
 runner (lm.experiments.runner). Re-running the command skips finished runs and resumes
 interrupted ones (or ones given more train.steps); a re-run whose settings differ otherwise from
 a run's is refused, naming the run and the keys. `--grid seed=...` sets each point's first seed.
-At the end: <sweep_dir>/summary.md, summary.csv, summary_pairs.csv and summary.png: loss as mean,
-sample std and 95% t-interval over seeds, and paired differences between points (same seed =
-same data order) marked resolved when their 95% interval excludes 0.
+At the end: <sweep_dir>/summary.md, summary.csv, summary_pairs.csv, summary_seeds.csv and
+summary.png: loss as mean, sample std and 95% t-interval over seeds, and paired differences
+between points (same seed = same data order) marked resolved when their paired t-test p,
+Holm-corrected over every pair, is below 0.05.
 
   python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds_p \
       --seeds=5 --parallel=2 --match=params      # equal parameters instead of equal width

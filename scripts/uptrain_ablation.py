@@ -8,8 +8,9 @@ for a fraction alpha of N (round(alpha·N) steps); compare with the same target 
 scratch for exactly the same total, N + round(alpha·N) steps of the same batch, at every alpha.
 Every arm runs for --seeds seeds and is evaluated on the whole validation split (--eval_tokens);
 the tables show mean, sample std and 95% t-interval over seeds, and paired differences between
-arms (same seed = same source, initialisation and data order) marked where resolved at 95%,
-with each model's KV-cache bytes per token (bfloat16, all layers) beside its loss.
+arms (same seed = same source, initialisation and data order) marked where resolved after
+Holm's correction over the report's comparisons, with each model's KV-cache bytes per token
+(bfloat16, all layers) beside its loss; each run's loss goes to <out_dir>/seeds.csv.
 
   python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --report=docs/uptraining_table.md
@@ -177,6 +178,8 @@ def run() -> int:
         print(f'seed {_ONLY_SEED.value} done in {time.time() - t0:.0f} s (no table: one seed)')
         return 0
     values = summary.by_arm(specs, found, summary.loss)
+    seeds = summary.seed_rows(values, ('model', 'conversion', 'alpha_or_steps'), 'eval_loss')
+    summary.write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for docs/results
     table = tables(ab, values)
     if _COMPARE.value:
         table += '\n\n' + compare_table(ab, specs, values, _OUT.value, _COMPARE.value)

@@ -206,11 +206,26 @@ def test_summary_reports_intervals_and_resolved_orderings(tmp_path):
     gap = max(abs(n - sizes['mha']) / sizes['mha'] for n in sizes.values())
     assert f'(largest parameter gap to mha: {gap:.2%})' in md
     assert '1,234 validation tokens per run' in md
-    # mqa - mha = 0.10, 0.05, 0.10: mean 0.0833, 95% CI [0.0116, 0.1550], resolved
+    # mqa - mha = 0.10, 0.05, 0.10: mean 0.0833, 95% CI [0.0116, 0.1550] excludes 0, t = 5
+    # (df 2: p = 1 - t / sqrt(t^2 + 2) = 0.03775); mha - gqa: t = -0.27735, p = 0.80755;
+    # mqa - gqa: t = 0.91766, p = 0.45567. Holm over the 3: 3 x 0.03775 = 0.113 (unresolved),
+    # 2 x 0.45567 = 0.911, max(0.911, 0.80755) = 0.911.
     assert f'| mqa | mqa | 4 | 1 | 64 | {sizes["mqa"]:,} |' in md
-    assert '+0.0833 [0.0116, 0.1550] ✓ |' in md
+    assert '+0.0833 [0.0116, 0.1550] p=0.113 |' in md
+    assert 'Holm-corrected over the 3 comparisons' in md
     with open(tmp_path / 'summary_pairs.csv') as f:
         pairs = {(p['a'], p['b']): p for p in csv.DictReader(f)}
-    assert pairs[('mha', 'mqa')]['ordering'] == 'mha < mqa'
-    assert pairs[('mha', 'gqa')]['ordering'] == 'mha ~ gqa (unresolved)'
+    expected = {('mha', 'mqa'): (0.037750, 0.113250), ('mha', 'gqa'): (0.807550, 0.911340)}
+    expected[('mqa', 'gqa')] = (0.455670, 0.911340)
+    for key, (p, p_holm) in expected.items():
+        assert float(pairs[key]['p']) == pytest.approx(p, abs=2e-6)
+        assert float(pairs[key]['p_holm']) == pytest.approx(p_holm, abs=5e-6)
+        assert pairs[key]['comparisons'] == '3' and pairs[key]['resolved'] == 'False'
+    assert pairs[('mha', 'mqa')]['ordering'] == 'mha ~ mqa (unresolved)'
     assert '| mha | gqa | -0.0167 |' in md and 'mha ~ gqa (unresolved) |' in md
+    with open(tmp_path / 'summary_seeds.csv') as f:
+        seeds = list(csv.DictReader(f))
+    assert [(r['point'], r['seed'], float(r['eval_loss'])) for r in seeds[:2]] == [
+        ('mha', '0', 1.10),
+        ('mha', '1', 1.25),
+    ]

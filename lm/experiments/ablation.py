@@ -19,7 +19,7 @@ from absl import logging
 
 from lm.config import load_config_file, with_overrides
 from lm.convert.uptrain import ConversionOptions, convert_checkpoint
-from lm.experiments import summary
+from lm.experiments import stats, summary
 from lm.experiments.runner import RunStopped, Spec, read_result
 from lm.model import attention
 from lm.model.accounting import kv_cache_bytes_per_token
@@ -206,14 +206,27 @@ def kv_bytes(ab: Ablation) -> dict[str, int]:
 def tables(ab: Ablation, values: dict[tuple, dict[int, float]]) -> str:
     """The ablation table (with each arm's paired difference to from-scratch training of the
     same target at the same total budget where one was trained, and the target's KV-cache bytes
-    per token) and the paired method comparisons; ✓ = resolved at 95%. `values`: {arm: {seed:
-    final eval loss}} (lm.experiments.summary.by_arm)."""
+    per token) and the paired method comparisons, all one family for Holm's correction.
+    `values`: {arm: {seed: final eval loss}} (lm.experiments.summary.by_arm)."""
     n, kv, methods = ab.steps, kv_bytes(ab), {k: list(m) for k, (_, m) in arms(ab).items()}
+    pairs = {}  # (arm a, arm b) -> its comparison, in table order
+    for label, names in methods.items():
+        for method in names:
+            for alpha in ab.fractions:
+                scratch = (label, 'scratch', n + ab.up_steps(alpha))
+                if scratch in values:
+                    pairs[((label, method, alpha), scratch)] = None
+        for alpha in ab.fractions:
+            for i, a in enumerate(names):
+                for b in names[i + 1 :]:
+                    pairs[((label, a, alpha), (label, b, alpha))] = None
+    done = summary.family([(values[a], values[b]) for a, b in pairs])
+    pairs = dict(zip(pairs, done, strict=True))
     lines = [
         f'Final eval loss over {ab.seeds} seeds (same seed = same MHA source, initialisation and '
         'data order): mean ± sample std (ddof 1), 95% t-interval; Δ = paired difference over '
-        'seeds with its 95% interval, ✓ = resolved (the interval excludes 0); KV cache: bytes '
-        'per token over all layers in bfloat16.',
+        'seeds with its 95% interval; KV cache: bytes per token over all layers in bfloat16. '
+        + summary.family_note(len(pairs)),
         '',
         '| model | conversion | α (uptraining steps) | total steps | eval loss | 95% CI | '
         'Δ vs from scratch, same total steps | KV cache B/token |',
@@ -224,34 +237,32 @@ def tables(ab: Ablation, values: dict[tuple, dict[int, float]]) -> str:
     for label, names in methods.items():
         for method in names:
             for alpha in ab.fractions:
-                arm, up = values[(label, method, alpha)], ab.up_steps(alpha)
-                scratch = values.get((label, 'scratch', n + up))
-                delta = summary.diff_cell(arm, scratch) if scratch else '— (not trained)'
+                arm, up = (label, method, alpha), ab.up_steps(alpha)
+                done = pairs.get((arm, (label, 'scratch', n + up)))
+                delta = summary.diff_cell(done[0], done[2]) if done else '— (not trained)'
                 lines.append(
-                    f'| {label} | {method} | {alpha:g} ({up}) | {n + up} | {summary.cell(arm)} | '
-                    f'{delta} | {kv[label]} |'
+                    f'| {label} | {method} | {alpha:g} ({up}) | {n + up} | '
+                    f'{summary.cell(values[arm])} | {delta} | {kv[label]} |'
                 )
         for total in ab.totals():
             lines.append(
                 f'| {label} | from scratch | — | {total} | '
                 f'{summary.cell(values[(label, "scratch", total)])} | — | {kv[label]} |'
             )
-    return '\n'.join(lines + _method_comparisons(ab, values, methods))
+    return '\n'.join(lines + _method_comparisons(pairs))
 
 
-def _method_comparisons(ab: Ablation, values: dict, methods: dict[str, list[str]]) -> list[str]:
+def _method_comparisons(pairs: dict[tuple, tuple]) -> list[str]:
     """Table rows of the paired difference between every two conversion methods of a target."""
     lines = []
-    for label, names in methods.items():
-        for alpha in ab.fractions:
-            arms_at = {m: values[(label, m, alpha)] for m in names}
-            for row in summary.all_pairs(arms_at):
-                a, b = row['a'], row['b']
-                diff = summary.diff_cell(arms_at[a], arms_at[b])
-                lines.append(f'| {label} | {alpha:g} | {a} | {b} | {diff} | {row["ordering"]} |')
+    for (a, b), (diff, _, p_holm) in pairs.items():
+        if b[1] != 'scratch':
+            ordering = stats.ordering(a[1], b[1], diff, summary.holm_resolved(p_holm))
+            cell = summary.diff_cell(diff, p_holm)
+            lines.append(f'| {a[0]} | {a[2]:g} | {a[1]} | {b[1]} | {cell} | {ordering} |')
     header = [
         '',
-        '| model | α | a | b | Δ loss a − b (95% CI) | ordering |',
+        '| model | α | a | b | Δ loss a − b (95% CI), p (Holm) | ordering |',
         '|---|---|---|---|---|---|',
     ]
     return header + lines if lines else []
@@ -262,7 +273,7 @@ def compare_table(
 ) -> str:
     """Paired differences (same seed = same source) between this out_dir's conversion arms and
     the same runs in `other` (an earlier out_dir, e.g. the other schedule), read from its cached
-    results; ✓ = resolved at 95%."""
+    results; Holm-corrected over the rows."""
     theirs: dict[tuple, dict[int, float]] = {}
     settings = None
     for spec in specs:
@@ -270,12 +281,12 @@ def compare_table(
         if spec.arm[1] != 'scratch' and saved is not None:
             theirs.setdefault(spec.arm, {})[spec.seed] = summary.loss(saved)
             settings = saved.get('fingerprint', saved.get('settings'))  # older: 'settings'
-    rows = []
-    for (label, method, alpha), ours in values.items():
-        that = theirs.get((label, method, alpha), {})
-        if set(that) >= set(ours):
-            diff = summary.diff_cell(ours, that)
-            rows.append(f'| {label} | {method} | {alpha:g} | {diff} | {len(ours)} |')
+    keys = [k for k, ours in values.items() if set(theirs.get(k, {})) >= set(ours)]
+    done = summary.family([(values[k], theirs[k]) for k in keys])
+    rows = [
+        f'| {label} | {method} | {alpha:g} | {summary.diff_cell(d, p_holm)} | {d.n} |'
+        for (label, method, alpha), (d, _, p_holm) in zip(keys, done, strict=True)
+    ]
     now = ab.settings()
     changed = ', '.join(
         f'{k} {settings[k]} there' for k in now if settings and settings.get(k) != now[k]
@@ -283,7 +294,7 @@ def compare_table(
     return '\n'.join(
         [
             f'Paired difference over seeds, this run ({out_dir}) minus {other} '
-            f'({changed or "same settings"}); ✓ = resolved at 95% (the interval excludes 0).',
+            f'({changed or "same settings"}). {summary.family_note(len(rows))}',
             '',
             '| model | conversion | α | Δ loss this − that (95% CI) | seeds |',
             '|---|---|---|---|---|',

@@ -214,12 +214,14 @@ def check_same_fairness(sweep_dir: str, match: str) -> None:
 def summarise(
     sweep_dir: str, specs: list[Spec], found: dict[str, dict], match: str = 'width'
 ) -> list[dict]:
-    """Writes summary.csv, summary_pairs.csv, summary.md and summary.png from the finished runs
-    (`found`: {name: result}, lm.experiments.runner.results); returns the rows.
+    """Writes summary.csv, summary_pairs.csv, summary_seeds.csv (each run's loss),
+    summary.md and summary.png from the finished runs (`found`: {name: result},
+    lm.experiments.runner.results); returns the rows.
 
     Loss per point: mean, sample std (ddof 1) and 95% t-interval over seeds; between points:
     the paired difference over the seeds both ran (same seed = same data order), resolved when
-    its 95% interval excludes 0. `match` is the fairness the sweep used (`lm.experiments.fairness`).
+    its Holm-corrected p (over every pair of points) is below 0.05. `match` is the fairness the
+    sweep used (`lm.experiments.fairness`).
     """
     specs = [s for s in specs if s.name in found]
     losses = summary.by_arm(specs, found, summary.loss)
@@ -247,6 +249,8 @@ def summarise(
     pairs = summary.all_pairs(losses)
     summary.write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
     summary.write_csv(os.path.join(sweep_dir, 'summary_pairs.csv'), pairs)
+    seeds = summary.seed_rows(losses, ('point',), 'eval_loss')
+    summary.write_csv(os.path.join(sweep_dir, 'summary_seeds.csv'), seeds)
     with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
         f.write(_markdown(rows, pairs, losses, match))
     _plot(rows, os.path.join(sweep_dir, 'summary.png'))
@@ -283,16 +287,21 @@ def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> 
         'scored once (lm.train.evaluation). Loss: mean ± sample std (ddof 1) over seeds, with its '
         '95% '
         f't-interval; Δ vs {ref["point"]}: paired difference over seeds (same seed = same data '
-        'order), ✓ = resolved at 95% (interval excludes 0).',
+        'order) with its 95% interval. '
+        + summary.family_note(pairs[0]['comparisons'] if pairs else 0),
         '',
         '| run | attention | H | KV heads | mlp_dim | params | KV cache B/token (bf16) | '
         'train tok/s | eval loss | 95% CI | eval perplexity | seeds | '
         f'Δ loss vs {ref["point"]} (95% CI) |',
         '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
     ]
+    p_holm = {frozenset((p['a'], p['b'])): p['p_holm'] for p in pairs}
     for r in rows:
         point = r['point']
-        delta = '—' if r is ref else summary.diff_cell(losses[point], losses[ref['point']])
+        diff = stats.paired_difference(losses[point], losses[ref['point']])
+        delta = (
+            '—' if r is ref else summary.diff_cell(diff, p_holm[frozenset((point, ref['point']))])
+        )
         lines.append(
             f'| {point} | {r["attention"]} | {r["num_heads"]} | {r["kv_heads"]} | '
             f'{r["mlp_dim"]} | {r["params"]:,} | {r["kv_cache_bytes_per_token"]:,} | '
@@ -303,17 +312,17 @@ def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> 
         )
     lines += [
         '',
-        'Orderings (eval loss, paired over seeds; resolved when the 95% interval of the '
-        'difference excludes 0):',
+        'Orderings (eval loss, paired over seeds; resolved when the Holm-corrected p over these '
+        f'{len(pairs)} comparisons is below 0.05):',
         '',
-        '| a | b | Δ loss a − b | 95% CI | seeds | ordering |',
-        '|---|---|---|---|---|---|',
+        '| a | b | Δ loss a − b | 95% CI | seeds | p | p (Holm) | ordering |',
+        '|---|---|---|---|---|---|---|---|',
     ]
     for p in pairs:
         d = stats.Estimate(p['seeds'], p['loss_diff'], p['loss_diff_std'], p['ci_lo'], p['ci_hi'])
         lines.append(
             f'| {p["a"]} | {p["b"]} | {p["loss_diff"]:+.4f} | {d.interval()} | {p["seeds"]} | '
-            f'{p["ordering"]}{" ✓" if p["resolved"] else ""} |'
+            f'{p["p"]:.3g} | {p["p_holm"]:.3g} | {p["ordering"]}{" ✓" if p["resolved"] else ""} |'
         )
     return '\n'.join(lines) + '\n'
 

@@ -70,8 +70,13 @@ def evaluate(
 
     bits/byte = loss / ln 2 · tokens/byte of the split, so runs with different tokenizers
     compare on the same text. `stop` is called before each batch (it raises to stop: e.g.
-    `lm.train.interrupt.StopRequest.check`).
+    `lm.train.interrupt.StopRequest.check`). A recall source is scored by `evaluate_recall`.
     """
+    if corpus.task is not None:
+        rows, cells = corpus.task.split(split)
+        return evaluate_recall(
+            eval_step, params, rows, cells, corpus.task.groups, batch_size, batch_sharding, stop
+        )
     tokens = corpus.tokens[split]
     starts = eval_windows(len(tokens), seq_len, eval_tokens)
     counts = window_targets(len(tokens), starts, seq_len).astype(np.float64)
@@ -108,3 +113,48 @@ def evaluate(
         'bits_per_byte': loss / math.log(2) / corpus.bytes_per_token(split),
         'tokens': int(counts.sum()),
     }
+
+
+def evaluate_recall(
+    eval_step: Callable,
+    params: dict,
+    rows: np.ndarray,
+    cells: np.ndarray,
+    groups: list[str],
+    batch_size: int,
+    batch_sharding: jax.sharding.NamedSharding,
+    stop: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """A recall task's held-out rows (packed, `lm.data.recall`) scored on their answers only:
+    'loss' (nats per answer token, with its stderr over rows), 'recall_accuracy' (answer
+    tokens whose argmax is right), and per cell of `groups` 'recall_accuracy/<group>' plus its
+    marginals over lengths and depths (passkey)."""
+    logging.info('evaluating %d recall examples in batches of %d', len(rows), batch_size)
+    out, per = [], batch_size // jax.process_count()
+    for first in range(0, len(rows), batch_size):
+        if stop is not None:
+            stop()
+        batch = np.zeros((batch_size, rows.shape[1]), np.int32)  # padding rows score nothing
+        chunk = rows[first : first + batch_size]
+        batch[: len(chunk)] = chunk
+        mine = batch[jax.process_index() * per : (jax.process_index() + 1) * per]
+        result = eval_step(params, global_batch(mine, batch_sharding))
+        out.append(np.asarray(result.addressable_data(0), np.float64))
+    nats, right, count = np.concatenate(out)[: len(rows)].T
+    loss = float(nats.sum() / count.sum())
+    metrics = {
+        'loss': loss,
+        'loss_stderr': ratio_stderr(nats, count),
+        'perplexity': math.exp(min(loss, 700.0)),
+        'recall_accuracy': float(right.sum() / count.sum()),
+        'tokens': int(count.sum()),
+    }
+    marginals: dict[str, list[int]] = {}
+    for c, group in enumerate(groups):
+        marginals[group] = [c]
+        for part in group.split('_'):
+            marginals.setdefault(part, []).append(c)
+    for name, cs in marginals.items():
+        mask = np.isin(cells, cs)
+        metrics[f'recall_accuracy/{name}'] = float(right[mask].sum() / count[mask].sum())
+    return metrics

@@ -45,21 +45,28 @@ def _prefetch(run: Run, start: int, sizes: list[int], depth: int = 2):
 
     def produce():
         step = start
+        task = run.corpus.task
         try:
             for n in sizes:
-                q.put(
-                    call_batch(
-                        run.corpus.tokens['train'],
-                        seed=c.seed,
-                        step=step,
-                        steps=n,
-                        batch_size=c.train.batch_size,
-                        seq_len=c.data.seq_len,
-                        process_index=jax.process_index(),
-                        process_count=jax.process_count(),
-                        sampling=c.data.sampling,
-                    )
+                where = dict(
+                    seed=c.seed,
+                    step=step,
+                    steps=n,
+                    batch_size=c.train.batch_size,
+                    process_index=jax.process_index(),
+                    process_count=jax.process_count(),
                 )
+                if task is not None:
+                    q.put(task.call_batch(**where))
+                else:
+                    q.put(
+                        call_batch(
+                            run.corpus.tokens['train'],
+                            seq_len=c.data.seq_len,
+                            sampling=c.data.sampling,
+                            **where,
+                        )
+                    )
                 step += n
         except BaseException as e:  # noqa: BLE001 - handed to the training thread
             first = str(e).splitlines()[0] if str(e) else ''
@@ -229,6 +236,15 @@ class _Training:
             stop=self.stop.check,
         )
         self.tb.scalars(step, {f'{prefix}/{k}': v for k, v in metrics.items()})
+        if 'recall_accuracy' in metrics:
+            logging.info(
+                'eval at step %d: loss %.4f on %d answer tokens, recall accuracy %.4f',
+                step,
+                metrics['loss'],
+                metrics['tokens'],
+                metrics['recall_accuracy'],
+            )
+            return metrics
         logging.info(
             'eval at step %d: loss %.4f ± %.4f (stderr over windows, %d tokens), '
             'perplexity %.3f, %.4f bits/byte',

@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 
 from lm.config_migration import upgrade_config
 from lm.data.corpus import Corpus, check_corpus_size, check_data_config, load_corpus
+from lm.data.recall import TASKS
 from lm.model.config import ModelConfig
 from lm.model.transformer import check_model_config, model_config
 from lm.sharding import check_cpu_devices, data_parallel_size, make_mesh, rules_table
@@ -100,10 +101,12 @@ def step_context(
     document_eos: int | None = None,
 ) -> StepContext:
     """The step context of `config`'s training for the model `cfg` on `mesh` under `rules`.
-    The learning-rate schedule is built here once; the optimizer and the logged 'lr' share it."""
+    The learning-rate schedule is built here once; the optimizer and the logged 'lr' share it.
+    A recall source's losses count its answers only."""
     schedule = lr_schedule(config.train)
     tx = make_optimizer(config.train, schedule)
-    return make_step_context(cfg, tx, mesh, rules, config.seed, schedule, document_eos)
+    masked = config.data.source in TASKS
+    return make_step_context(cfg, tx, mesh, rules, config.seed, schedule, document_eos, masked)
 
 
 def check_parallel(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:
