@@ -43,6 +43,8 @@ ADDED_KEYS = {
     'uptrain.groups': '',
     'uptrain.rope_pairs': '',
     'uptrain.calibration_tokens': 8192,
+    'model.kv_share_every': 1,
+    'model.kv_heads_per_layer': (),
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

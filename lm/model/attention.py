@@ -90,6 +90,7 @@ def baseline() -> dict[str, Any]:
     return parse_variant('mha')
 
 
-def make_attention(cfg: ModelConfig, *, rngs: nnx.Rngs) -> AttentionVariant:
-    """The factory: builds the attention module named by `cfg.attention`."""
-    return variant(cfg)(cfg, rngs=rngs)
+def make_attention(cfg: ModelConfig, *, rngs: nnx.Rngs, **sharing: bool) -> AttentionVariant:
+    """The factory: builds the attention module named by `cfg.attention` (`sharing`: a CLA
+    layer's role, `lm.model.layout.sharing`; only for variants with `cross_layer_kv`)."""
+    return variant(cfg)(cfg, rngs=rngs, **sharing)
