@@ -22,6 +22,11 @@ def resolve(cls, cfg: ModelConfig) -> ModelConfig:
     """`cls.resolve(cfg)` (the attention variant's checks) with the layout's: num_kv_heads 0
     becomes max(kv_heads_per_layer) when that is set. One-line ValueError naming the key."""
     per_layer = cfg.kv_heads_per_layer
+    if per_layer and not cls.poolable_kv_heads:
+        raise ValueError(
+            'config.model.kv_heads_per_layer needs K/V heads (mha / gqa / mqa), '
+            f"got attention='{cfg.attention}'"
+        )
     if per_layer and cfg.num_kv_heads == 0:
         cfg = dataclasses.replace(cfg, num_kv_heads=max(per_layer))
     cfg = cls.resolve(cfg)
@@ -34,14 +39,12 @@ def resolve(cls, cfg: ModelConfig) -> ModelConfig:
             f"(mha / gqa / mqa), got attention='{cfg.attention}'"
         )
     if per_layer:
-        _check_per_layer(cls, cfg)
+        _check_per_layer(cfg)
     return cfg
 
 
-def _check_per_layer(cls, cfg: ModelConfig) -> None:
+def _check_per_layer(cfg: ModelConfig) -> None:
     key, per_layer, H = 'config.model.kv_heads_per_layer', cfg.kv_heads_per_layer, cfg.num_heads
-    if not cls.poolable_kv_heads:
-        raise ValueError(f"{key} needs K/V heads (mha / gqa / mqa), got '{cfg.attention}'")
     if len(per_layer) != cfg.num_layers:
         raise ValueError(
             f'{key}={per_layer} must list one count per layer (num_layers={cfg.num_layers})'
