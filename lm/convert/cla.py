@@ -15,9 +15,10 @@ head h of every layer of a group pooled into the producer's head h:
   (the same function before merging), then 'mean'.
 `grouping='similarity'` first permutes each consumer's KV heads (with their query heads and
 o_proj rows, the same function) so that head h is the one most like the producer's head h: the
-assignment maximising the summed cross-layer similarity (centred cosine of keys plus values, the
-head-analysis measure). A consumer's keys come from its own input before the merge and from the
-producer's after it: the merged model is an approximation, which uptraining then repairs.
+assignment maximising the summed cross-layer similarity (the head-analysis measures: centred
+cosine of keys plus values, linear CKA of both for 'aligned', whose rotations it must not see).
+A consumer's keys come from its own input before the merge and from the producer's after it:
+the merged model is an approximation, which uptraining then repairs.
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ from lm.convert import head_merging
 MERGING = ('mean', 'aligned')  # methods that average the group; the others keep the producer's
 
 
-def cross_similarity(attn_a: dict, x_a: np.ndarray, attn_b: dict, x_b: np.ndarray) -> np.ndarray:
+def cross_similarity(
+    attn_a: dict, x_a: np.ndarray, attn_b: dict, x_b: np.ndarray, aligned: bool = False
+) -> np.ndarray:
     """[G, G]: similarity of head g of layer a with head h of layer b on the same tokens (their
-    attention inputs x_a, x_b [M, E]): centred cosine of the keys plus that of the values."""
+    attention inputs x_a, x_b [M, E]): centred cosine of the keys plus that of the values, or
+    (`aligned`, heads rotated before they are merged) their linear CKA, blind to rotations."""
     G, sim_GG = attn_a['k_proj']['kernel'].shape[1], 0.0
+    metric = scores.linear_cka if aligned else scores.centred_cosine
     for name in ('k_proj', 'v_proj'):
         y_MGD = np.concatenate(
             [
@@ -47,7 +52,7 @@ def cross_similarity(attn_a: dict, x_a: np.ndarray, attn_b: dict, x_b: np.ndarra
             axis=1,
         )
         moments = scores.head_moments(jnp.asarray(y_MGD, jnp.float32))
-        sim_GG = sim_GG + scores.centred_cosine(scores.head_covariance(moments))[:G, G:]
+        sim_GG = sim_GG + metric(scores.head_covariance(moments))[:G, G:]
     return sim_GG
 
 
@@ -86,7 +91,8 @@ def plan(params: dict, share: int, method: str, grouping: str, inputs: list | No
         i = j - j % share
         perm = np.arange(G)
         if j != i and grouping == 'similarity':
-            perm = matching(cross_similarity(blocks[i], inputs[i], attn, inputs[j]))
+            sim_GG = cross_similarity(blocks[i], inputs[i], attn, inputs[j], method == 'aligned')
+            perm = matching(sim_GG)
         groups.append([(int(h),) for h in perm])
         if j != i and method == 'aligned':
             attn = head_merging.permute_heads(attn, perm)
