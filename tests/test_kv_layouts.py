@@ -185,3 +185,38 @@ def test_layout_errors_name_the_key(settings, message):
     with pytest.raises(ValueError, match='config.model') as err:
         model_config(tiny_config(**settings).model)
     assert message in str(err.value)
+
+
+def test_kv_layouts_sweep_points_are_valid_and_smaller_than_mha():
+    import importlib.util
+
+    from conftest import ROOT
+
+    from lm.experiments.sweep import invalid_reason, point_config
+
+    path = ROOT / 'configs' / 'sweeps' / 'kv_layouts.py'
+    spec = importlib.util.spec_from_file_location('kv_layouts', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base, kv = module.get_config(), {}
+    for point in module.get_points():
+        config = point_config(base, {k: v for k, v in point.items() if k != 'name'})
+        assert invalid_reason(config) is None, point
+        kv[point['name']] = kv_cache_bytes_per_token(model_config(config.model, 256))
+    # bf16, 4 layers, d_h 16: 2·g·16·2 bytes per producing layer
+    assert kv == {
+        'mha': 4 * 512,
+        'mqa': 4 * 64,
+        'cla2': 2 * 512,
+        'gqa2_cla2': 2 * 128,
+        'mqa_cla2': 2 * 64,
+        'kv_8421': 512 + 256 + 128 + 64,
+    }
+
+
+def test_hf_export_refuses_layouts_llama_cannot_hold():
+    from lm.convert.hf import export_mapping
+
+    for settings in LAYOUTS:
+        with pytest.raises(ValueError, match='export supports uniform layouts only'):
+            export_mapping(layout_config(settings[1]))
