@@ -29,7 +29,7 @@ def test_bench_decode_smoke(tmp_path):
     )
     rows = json.loads((tmp_path / 'd.json').read_text())
     assert [(r['variant'], r['batch']) for r in rows] == [
-        (v, b) for b in (2, 1) for v in ('mha', 'gqa2', 'mqa', 'mla')
+        (v, b) for b in (2, 1) for v in ('mha', 'gqa2', 'mqa', 'mla', 'cla2', 'mqa_cla2')
     ]
     params = {r['variant']: r['params'] for r in rows}
     for r in rows:

@@ -173,11 +173,8 @@ def _check_pool(opts: ConversionOptions) -> None:
     _one_of(opts, 'method', POOL_METHODS)
     if opts.kv_share_every < 1:
         raise ValueError(f'{_k.kv_share_every} must be >= 1, got {opts.kv_share_every}')
-    if opts.num_kv_heads < (0 if opts.kv_share_every > 1 else 1):
-        raise ValueError(
-            f'{_k.num_kv_heads} must be >= 1 (or 0 with {_k.kv_share_every} > 1: the '
-            f"source's), got {opts.num_kv_heads}"
-        )
+    if opts.num_kv_heads < (0 if opts.kv_share_every > 1 else 1):  # 0 with CLA: the source's
+        raise ValueError(f'{_k.num_kv_heads} must be >= 1, got {opts.num_kv_heads}')
     if opts.kv_lora_rank or opts.qk_rope_head_dim:
         raise ValueError(
             f'{_k.kv_lora_rank} and {_k.qk_rope_head_dim} apply only to a '
