@@ -19,6 +19,8 @@ def get_config() -> ml_collections.ConfigDict:
     model.attention = 'gqa'  # Attention variant: 'mha' | 'gqa' | 'mqa' | 'mla' (lm/model/).
     model.num_heads = 8  # Query heads H.
     model.num_kv_heads = 0  # KV heads g (gqa); 0 = implied: H for mha, 1 for mqa. Unused by mla.
+    model.kv_share_every = 1  # Cross-layer attention: one layer's K/V serve N layers (1 = off).
+    model.kv_heads_per_layer = ()  # KV heads of each layer, e.g. (4, 2, 2, 1); () = num_kv_heads.
     model.head_dim = 0  # Per-head width d_h for mha/gqa/mqa; 0 = d_model // num_heads.
     model.attention_impl = 'einsum'  # 'einsum' (K/V not repeated) | 'dot_product' (XLA) | 'cudnn'.
     model.decode_chunk = 512  # Cached decoding reads the filled slots this many at a time; 0 = all.

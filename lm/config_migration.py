@@ -51,6 +51,8 @@ ADDED_KEYS = {
     'data.recall_power_a': 0.01,
     'data.passkey_lengths': '128,256',
     'data.passkey_depths': '0,0.25,0.5,0.75,1',
+    'model.kv_share_every': 1,
+    'model.kv_heads_per_layer': (),
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

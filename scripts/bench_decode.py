@@ -5,7 +5,8 @@ For each batch size, variant and context L, the cache of a model large enough fo
 matter is filled to L tokens (random contents: speed depends on the length, not the values),
 then the jitted decode loop generates --new_tokens tokens per row; the median of --repeats timed
 runs is reported. Cache bytes per token are measured from the live cache arrays and shown next
-to the accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L for MLA).
+to the accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L for MLA; with
+cross-layer attention, 'cla2' / 'mqa_cla2', only every n-th layer holds a cache).
 
 Roofline: a decode step must read every weight and the filled cache once, so its time is at
 least (bytes read per step) / (read bandwidth). The bandwidth is measured in the same run (a
@@ -38,7 +39,11 @@ from lm.model.attention import parse_variant
 from lm.model.transformer import build_model, model_config
 
 _CONTEXTS = flags.DEFINE_list('contexts', ['256', '1024', '4096', '8192'], 'Cache fill lengths.')
-_VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Attention variants.')
+_VARIANTS = flags.DEFINE_list(
+    'variants',
+    ['mha', 'gqa2', 'mqa', 'mla', 'cla2', 'mqa_cla2'],
+    "Attention variants; '<variant>_cla<n>' (and 'cla<n>' = MHA's) share K/V across n layers.",
+)
 _BATCH = flags.DEFINE_list('batch', ['4'], 'Rows decoded together (one table per value).')
 _NEW = flags.DEFINE_integer('new_tokens', 32, 'Tokens generated per timed run.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed runs per point (median reported).')

@@ -18,6 +18,9 @@ Beyond contiguous mean-pooling (docs/uptraining.md, "Conversion methods"):
   # merge the most similar KV heads, each rotated onto its group's first head first
   python scripts/uptrain.py --src=runs/mha --dst=runs/gqa2_al --num_kv_heads=2 \
       --grouping=similarity --method=aligned --optimizer_state=fresh
+  # MHA -> MQA + cross-layer attention (CLA2: every two layers share one K/V head)
+  python scripts/uptrain.py --src=runs/mha --dst=runs/mqa_cla2 --num_kv_heads=1 \
+      --kv_share_every=2
   # MHA / GQA -> MLA (MHA2MLA): latent rank 64, RoPE on 8 dims of a shared key
   python scripts/uptrain.py --src=runs/mha --dst=runs/mla64 --target=mla --kv_lora_rank=64 \
       --qk_rope_head_dim=8 --optimizer_state=fresh
@@ -47,6 +50,12 @@ _DST = flags.DEFINE_string('dst', None, 'New workdir for the converted run.', re
 _STEP = flags.DEFINE_integer('step', None, 'Source checkpoint step; default: the latest.')
 _KV = flags.DEFINE_integer(
     'num_kv_heads', 0, 'KV heads g after conversion (1 = MQA); unset for --target=mla.'
+)
+_SHARE = flags.DEFINE_integer(
+    'kv_share_every',
+    1,
+    "Cross-layer attention: merge each N adjacent layers' K/V into one (CLA2: 2); with "
+    "--num_kv_heads unset, each layer keeps the source's KV heads.",
 )
 _METHOD = flags.DEFINE_string(
     'method',
@@ -125,6 +134,7 @@ def options() -> ConversionOptions:
     return ConversionOptions(
         target=_TARGET.value,
         num_kv_heads=_KV.value,
+        kv_share_every=_SHARE.value,
         kv_lora_rank=_KV_LORA.value,
         qk_rope_head_dim=_ROPE_DIM.value,
         method=_METHOD.value,

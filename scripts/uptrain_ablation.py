@@ -3,7 +3,8 @@ r"""The uptraining ablation of Ainslie et al. (2023), Fig. 4 / Table, at small s
 Train MHA on Tiny Shakespeare (configs/shakespeare_char.py) for --steps N; convert it to GQA-2
 and MQA by mean-pooling, keeping the first head, or re-initialising K/V (and, with --methods,
 by aligned merging and with similarity grouping: 'similarity-mean', 'similarity-aligned'), and
-to MLA at each latent rank of --mla_ranks (MHA2MLA, RoPE on --mla_rope_dim dims); uptrain each
+to MLA at each latent rank of --mla_ranks (MHA2MLA, RoPE on --mla_rope_dim dims) and to
+cross-layer attention (--cla=cla2,mqa_cla2: adjacent layers' K/V merged); uptrain each
 for a fraction alpha of N (round(alpha·N) steps); compare with the same target trained from
 scratch for exactly the same total, N + round(alpha·N) steps of the same batch, at every alpha.
 Every arm runs for --seeds seeds and is evaluated on the whole validation split (--eval_tokens);
@@ -62,6 +63,12 @@ _METHODS = flags.DEFINE_list(
     'grouping instead of contiguous).',
 )
 _MLA_RANKS = flags.DEFINE_list('mla_ranks', [], 'MHA -> MLA arms: latent ranks C (none: no MLA).')
+_CLA = flags.DEFINE_list(
+    'cla',
+    [],
+    "MHA -> cross-layer attention arms, each converted by every --methods: 'cla2' (KV heads "
+    "kept), 'mqa_cla2', 'gqa2_cla3' (none: no CLA).",
+)
 _MLA_ROPE = flags.DEFINE_integer('mla_rope_dim', 8, 'MHA -> MLA arms: model.mla.qk_rope_head_dim.')
 _CALIBRATION = flags.DEFINE_integer(
     'calibration_tokens',
@@ -129,6 +136,7 @@ def ablation() -> Ablation:
         targets=tuple(int(g) for g in _TARGETS.value),
         methods=tuple(_METHODS.value),
         mla_ranks=tuple(int(c) for c in _MLA_RANKS.value),
+        cla=tuple(_CLA.value),
         mla_rope_dim=_MLA_ROPE.value,
         calibration_tokens=_CALIBRATION.value,
         optimizer_state=_OPT_STATE.value,

@@ -83,7 +83,7 @@ def _text_stats(model, tokens_BT1):
     loss_BT = analysis.token_losses(model, tokens_BT1)
     early, late = analysis.icl_positions(tokens_BT.shape[1])
     moments = None
-    if attention.variant(model.cfg).poolable_kv_heads:
+    if attention.variant(model.cfg).poolable_kv_heads and model.cfg.kv_share_every == 1:
         moments = [
             tuple(analysis.head_moments(x.reshape((-1,) + x.shape[2:])) for x in kv)
             for kv in analysis.kv_projections(model, tokens_BT)

@@ -2,16 +2,17 @@
 runner (lm.experiments.runner), and its tables (lm.experiments.summary).
 
 Per seed (one lane each): the MHA source trained for N steps; every conversion arm (GQA / MQA by a
-pooling method, MLA at a latent rank) needs that source, converts its checkpoint and uptrains for
-round(alpha·N) steps; every target trained from scratch for N + round(alpha·N) steps at the
-alphas of `scratch_fractions`. A from-scratch run's fingerprint is the settings it depends on
-(`SCRATCH_SETTINGS`), a conversion arm's every setting.
+pooling method, cross-layer attention by the same methods, MLA at a latent rank) needs that
+source, converts its checkpoint and uptrains for round(alpha·N) steps; every target trained from
+scratch for N + round(alpha·N) steps at the alphas of `scratch_fractions`. A from-scratch run's
+fingerprint is the settings it depends on (`SCRATCH_SETTINGS`), a conversion arm's every setting.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable
 
 import ml_collections
@@ -44,6 +45,7 @@ class Ablation:
     targets: tuple[int, ...] = (2, 1)  # KV heads after pooling (1 = MQA)
     methods: tuple[str, ...] = ('mean', 'first', 'random')  # pooling, maybe 'similarity-'
     mla_ranks: tuple[int, ...] = ()  # MHA -> MLA arms at these latent ranks
+    cla: tuple[str, ...] = ()  # MHA -> cross-layer attention arms: 'cla2', 'mqa_cla2', 'gqa2_cla3'
     mla_rope_dim: int = 8
     calibration_tokens: int | None = None
     optimizer_state: str = 'convert'  # pooled arms; MLA arms are 'fresh'
@@ -95,6 +97,30 @@ def pooled_config(ab: Ablation, num_kv_heads: int, seed: int, steps: int):
     return config
 
 
+def parse_cla(spec: str) -> tuple[int, int]:
+    """'cla<n>' (KV heads kept), 'mqa_cla<n>' or 'gqa<g>_cla<n>' -> (num_kv_heads, n); 0 heads
+    = the source's."""
+    match = re.fullmatch(r'(?:(mqa|gqa(\d+))_)?cla(\d+)', spec)
+    if not match or int(match.group(3)) < 2:
+        raise ValueError(
+            f"--cla: expected 'cla<n>', 'mqa_cla<n>' or 'gqa<g>_cla<n>', n >= 2, got {spec!r}"
+        )
+    g = 1 if match.group(1) == 'mqa' else int(match.group(2) or 0)
+    return g, int(match.group(3))
+
+
+def cla_label(g: int, n: int) -> str:
+    return {0: '', 1: 'MQA-'}.get(g, f'GQA-{g}-') + f'CLA{n}'
+
+
+def cla_config(ab: Ablation, g: int, n: int, seed: int, steps: int):
+    """The source config with K/V shared by every n layers (and pooled to g heads, 0 = kept),
+    trained from scratch."""
+    config = pooled_config(ab, g, seed, steps) if g else base_config(ab, seed, steps)
+    config.model.kv_share_every = n
+    return config
+
+
 def latent_variant() -> str:
     """The attention variant with a KV latent (MLA), the target of latent conversions."""
     return next(name for name, cls in attention.VARIANTS.items() if cls.latent_kv)
@@ -130,6 +156,19 @@ def arms(ab: Ablation) -> dict[str, tuple[Callable, dict[str, ConversionOptions]
             )
         label = 'MQA' if g == 1 else f'GQA-{g}'
         out[label] = (lambda s, t, g=g: pooled_config(ab, g, s, t), methods)
+    for g, n in map(parse_cla, ab.cla):
+        methods = {}
+        for name in ab.methods:
+            grouping, _, method = name.rpartition('-')
+            methods[name] = ConversionOptions(
+                num_kv_heads=g,
+                kv_share_every=n,
+                method=method,
+                grouping=grouping or 'contiguous',
+                optimizer_state=ab.optimizer_state,
+                **common,
+            )
+        out[cla_label(g, n)] = (lambda s, t, g=g, n=n: cla_config(ab, g, n, s, t), methods)
     for rank in ab.mla_ranks:
         options = ConversionOptions(
             target=latent_variant(),

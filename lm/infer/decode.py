@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lm.model import attention
+from lm.model import attention, layout
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import Transformer
 from lm.model.variant import KVCache
@@ -90,9 +90,13 @@ def parse_sampling(spec: str) -> Sampling:
 
 
 def init_caches(cfg: ModelConfig, batch: int, length: int) -> list[KVCache]:
-    """One zeroed cache per layer, in the compute dtype."""
-    cls = attention.variant(cfg)
-    return [cls.init_cache(cfg, batch, length, DTYPES[cfg.dtype]) for _ in range(cfg.num_layers)]
+    """One zeroed cache per layer that computes K/V (every layer but CLA consumers,
+    lm/model/layout.py), each in its layer's shape, in the compute dtype."""
+    cls, dtype = attention.variant(cfg), DTYPES[cfg.dtype]
+    return [
+        cls.init_cache(layout.layer_config(cfg, i), batch, length, dtype)
+        for i in layout.producers(cfg)
+    ]
 
 
 def cache_elements_per_token(caches: list[KVCache]) -> int:

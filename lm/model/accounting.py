@@ -1,8 +1,11 @@
 """Parameter counts, KV-cache sizes and FLOPs per token for a model config (no arrays built).
 
-KV cache per token: L · elements per layer, which is 2·h·d_h (MHA), 2·g·d_h (GQA), 2·d_h (MQA)
-and d_c + d_h^R (MLA); each variant states its own (`kv_cache_elements`, `score_dims`), reading
-its own config section (MLA's ranks: `cfg.section`).
+KV cache per token: the sum over layers of each layer's elements, which are 2·h·d_h (MHA),
+2·g·d_h (GQA), 2·d_h (MQA) and d_c + d_h^R (MLA); each variant states its own
+(`kv_cache_elements`, `score_dims`), reading its own config section (MLA's ranks:
+`cfg.section`). Layers differ where the KV layout says so (lm/model/layout.py): a layer's own KV
+head count (`kv_heads_per_layer`), and none for a cross-layer-attention consumer, which reads
+its producer's cache.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import math
 import jax.numpy as jnp
 from flax import nnx
 
-from lm.model import attention
+from lm.model import attention, layout
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import Transformer
 
@@ -40,14 +43,29 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     return counts
 
 
+def kv_cache_elements_per_layer(cfg: ModelConfig) -> list[int]:
+    """[L] cached elements per token of each layer (0 for a layer that reads another's cache)."""
+    cls = attention.variant(cfg)
+    return [
+        cls.kv_cache_elements(layout.layer_config(cfg, i)) if layout.is_producer(cfg, i) else 0
+        for i in range(cfg.num_layers)
+    ]
+
+
 def kv_cache_elements_per_token(cfg: ModelConfig) -> int:
     """Cached elements per token across all layers."""
-    return cfg.num_layers * attention.variant(cfg).kv_cache_elements(cfg)
+    return sum(kv_cache_elements_per_layer(cfg))
+
+
+def kv_cache_bytes_per_layer(cfg: ModelConfig, dtype: str = 'bfloat16') -> list[int]:
+    """[L] cache bytes per token of each layer for elements stored as `dtype`."""
+    size = jnp.dtype(DTYPES[dtype]).itemsize
+    return [n * size for n in kv_cache_elements_per_layer(cfg)]
 
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str = 'bfloat16') -> int:
     """Cache bytes per token across all layers for elements stored as `dtype`."""
-    return kv_cache_elements_per_token(cfg) * jnp.dtype(DTYPES[dtype]).itemsize
+    return sum(kv_cache_bytes_per_layer(cfg, dtype))
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:

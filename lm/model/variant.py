@@ -157,12 +157,16 @@ class AttentionVariant(nnx.Module):
     cache holds: accounting, tables), `score_dims` (FLOP counts). Capabilities:
     `poolable_kv_heads` (per-head K/V projections, `kv_projections`, that uptraining may pool,
     lm/convert/uptrain.py), `latent_kv` (a conversion target with a KV latent,
-    lm/convert/methods.py) and `parse_spec` (short variant names such as 'gqa2').
+    lm/convert/methods.py), `cross_layer_kv` (cross-layer attention, lm/model/layout.py: the
+    constructor takes `kv_from_below`, a layer without K/V projections whose `cache` argument
+    is the K/V of the layer below, and `kv_to_above`, a layer that returns its K/V as a
+    `KVCache` even without a cache) and `parse_spec` (short variant names such as 'gqa2').
     """
 
     names: ClassVar[tuple[str, ...]] = ()  # the `config.model.attention` values it implements
     poolable_kv_heads: ClassVar[bool] = False  # has K/V heads that can be merged (uptraining)
     latent_kv: ClassVar[bool] = False  # K/V from a shared latent + RoPE key (lm/convert/methods.py)
+    cross_layer_kv: ClassVar[bool] = False  # layers may reuse the K/V of the layer below
     sow_weights: bool = False  # set on a model copy (`set_attributes`) to sow AttentionWeights
 
     @staticmethod
