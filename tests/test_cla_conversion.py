@@ -171,9 +171,11 @@ def test_ablation_cla_arms_and_their_cache_bytes():
     assert (options.num_kv_heads, options.kv_share_every, options.grouping) == (1, 2, 'similarity')
     kv = ablation.kv_bytes(ab)
     assert 2 * kv['CLA2'] == kv[ablation.SOURCE] and 2 * kv['MQA-CLA2'] == kv['MQA']
-    assert ablation.parse_cla('gqa2_cla3') == (2, 3)
+    assert ablation.parse_cla(ab, 'gqa2_cla3') == (2, 3)
+    assert ablation.parse_cla(ab, 'mqa_cla2') == (1, 2)
+    assert ablation.parse_cla(ab, 'cla2') == (0, 2)
     with pytest.raises(ValueError, match="'cla<n>'"):
-        ablation.parse_cla('cla1')
+        ablation.parse_cla(ab, 'cla1')
 
 
 @pytest.mark.slow

@@ -24,6 +24,8 @@ LAYOUTS = [
     ('mqa_cla2', dict(attention='mqa', num_layers=4, kv_share_every=2)),
     ('gqa2_cla3', dict(attention='gqa', num_kv_heads=2, num_layers=5, kv_share_every=3)),
     ('mha_cla2', dict(attention='mha', num_layers=3, kv_share_every=2)),
+    # consumers and producers read a decoding cache 4 slots at a time (lm/model/chunked.py)
+    ('mqa_cla2_chunked', dict(attention='mqa', num_layers=4, kv_share_every=2, decode_chunk=4)),
     ('per_layer', dict(attention='gqa', num_layers=4, kv_heads_per_layer=(4, 2, 2, 1))),
     (
         'per_layer_cla2',

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Callable
 
 import ml_collections
@@ -97,16 +96,23 @@ def pooled_config(ab: Ablation, num_kv_heads: int, seed: int, steps: int):
     return config
 
 
-def parse_cla(spec: str) -> tuple[int, int]:
-    """'cla<n>' (KV heads kept), 'mqa_cla<n>' or 'gqa<g>_cla<n>' -> (num_kv_heads, n); 0 heads
-    = the source's."""
-    match = re.fullmatch(r'(?:(mqa|gqa(\d+))_)?cla(\d+)', spec)
-    if not match or int(match.group(3)) < 2:
+def parse_cla(ab: Ablation, spec: str) -> tuple[int, int]:
+    """A CLA arm ('cla<n>', 'mqa_cla<n>', 'gqa<g>_cla<n>': a variant name with '_cla<n>', n >= 2)
+    -> (num_kv_heads, n); 0 heads = the source's."""
+    try:
+        settings = attention.parse_variant(spec)
+    except ValueError:
+        settings = {}
+    n = settings.pop('kv_share_every', 1)
+    if n < 2:
         raise ValueError(
             f"--cla: expected 'cla<n>', 'mqa_cla<n>' or 'gqa<g>_cla<n>', n >= 2, got {spec!r}"
         )
-    g = 1 if match.group(1) == 'mqa' else int(match.group(2) or 0)
-    return g, int(match.group(3))
+    source = check_model_config(base_config(ab, 0, 1).model).num_kv_heads
+    target = base_config(ab, 0, 1)
+    target.model.update(settings)
+    g = check_model_config(target.model).num_kv_heads
+    return (0 if g == source else g), n
 
 
 def cla_label(g: int, n: int) -> str:
@@ -156,7 +162,7 @@ def arms(ab: Ablation) -> dict[str, tuple[Callable, dict[str, ConversionOptions]
             )
         label = 'MQA' if g == 1 else f'GQA-{g}'
         out[label] = (lambda s, t, g=g: pooled_config(ab, g, s, t), methods)
-    for g, n in map(parse_cla, ab.cla):
+    for g, n in (parse_cla(ab, spec) for spec in ab.cla):
         methods = {}
         for name in ab.methods:
             grouping, _, method = name.rpartition('-')
