@@ -17,7 +17,7 @@ import os
 from absl import flags
 
 from lm.analysis import plots, report
-from lm.cli import bootstrap, run_app
+from lm.cli import bootstrap, check_writable_dir, run_app
 from lm.train.checkpoint import read_latest_meta
 from lm.train.run import stored_config
 from lm.train.summary import run_logdir
@@ -49,6 +49,9 @@ def run() -> int:
             raise ValueError(f'--{name} must be >= 1, got {flag.value}')
     if _MAX_BATCHES.value < 0:
         raise ValueError(f'--max_batches must be >= 0 (0 = all), got {_MAX_BATCHES.value}')
+    check_writable_dir(_OUT.value, '--out')
+    if _TB_DIR.value:
+        check_writable_dir(_TB_DIR.value, '--tb_dir')
     specs = [(_WORKDIR.value, _STEP.value, '--workdir')]
     specs += [(*report.parse_run(c), f'--compare={c}') for c in _COMPARE.value]
     for workdir, _, flag in specs:

@@ -37,7 +37,7 @@ import time
 
 from absl import flags
 
-from lm.cli import bootstrap, run_app
+from lm.cli import bootstrap, check_writable_dir, run_app
 from lm.convert.uptrain import METHODS
 from lm.experiments import runner, summary
 from lm.experiments.ablation import Ablation, base_config, compare_table, plan, tables
@@ -156,6 +156,7 @@ def relaunch(lane: str) -> list[str]:
 
 
 def run() -> int:
+    check_writable_dir(_OUT.value, '--out_dir')
     ab = ablation()
     bootstrap(base_config(ab, 0, 1))
     check_flags(ab.seeds)
