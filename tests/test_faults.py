@@ -13,7 +13,11 @@ OUTPUTS = [
     ('train.py', ['--workdir={file}', f'--config={QUICKSTART}'], '--workdir'),
     ('train.py', ['--workdir={tmp}/w', '--tb_dir={file}', f'--config={QUICKSTART}'], '--tb_dir'),
     ('eval.py', ['--workdir={tmp}/nowhere', '--tb_dir={file}'], '--tb_dir'),
-    ('scripts/convert_hf.py', ['import', '--hf_dir={tmp}/nowhere', '--workdir={file}'], '--workdir'),
+    (
+        'scripts/convert_hf.py',
+        ['import', '--hf_dir={tmp}/nowhere', '--workdir={file}'],
+        '--workdir',
+    ),
     ('scripts/convert_hf.py', ['export', '--workdir={tmp}/nowhere', '--hf_dir={file}'], '--hf_dir'),
     ('scripts/uptrain.py', ['--src={tmp}/nowhere', '--dst={file}', '--num_kv_heads=2'], '--dst'),
     ('scripts/sweep.py', ['--sweep_dir={file}', f'--config={QUICKSTART}'], '--sweep_dir'),
@@ -28,9 +32,17 @@ OUTPUTS = [
         ['--workdir={tmp}/nowhere', '--out={tmp}/o', '--tb_dir={file}'],
         '--tb_dir',
     ),
-    ('scripts/get_data.py', ['tinyshakespeare', '--from={tmp}/nowhere', '--out_dir={file}'], '--out_dir'),
+    (
+        'scripts/get_data.py',
+        ['tinyshakespeare', '--from={tmp}/nowhere', '--out_dir={file}'],
+        '--out_dir',
+    ),
     ('scripts/bench_data.py', ['--workdir={file}', '--text={tmp}/nowhere.txt'], '--workdir'),
-    ('scripts/profile_train.py', ['--trace_dir={file}', '--data_path={tmp}/nowhere'], '--trace_dir'),
+    (
+        'scripts/profile_train.py',
+        ['--trace_dir={file}', '--data_path={tmp}/nowhere'],
+        '--trace_dir',
+    ),
 ]
 
 
