@@ -2,8 +2,14 @@
 any work, SIGTERM honoured by head analysis and sweeps, a full disk stopping a run in one line,
 evaluation progress, kill -9 and SIGTERM during export, import and evaluation."""
 
+import re
+import subprocess
+import sys
+
 import pytest
-from conftest import run_entry
+from conftest import ENV, ROOT, run_entry, stdlib_text, tiny_train_config, write_config_file
+
+from lm.train.checkpoint import Checkpointer
 
 QUICKSTART = 'configs/quickstart.py'
 
@@ -61,3 +67,64 @@ def test_an_output_path_that_is_a_file_is_refused_first(tmp_path, script, args, 
     assert line.startswith(f'error: {flag}='), line
     assert f"{file}' is a file" in line, line
     assert file.read_text() == 'mine'
+
+
+# A full disk. RLIMIT_FSIZE makes every write past 300 bytes fail in the OS (EFBIG, as ENOSPC
+# would), in orbax's Python and C++ writer threads alike; set once the first checkpoint is on disk.
+FULL_DISK = """
+import resource, runpy, signal, sys
+from lm.train import checkpoint
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+real, calls = checkpoint.Checkpointer.save, []
+
+def save(self, step, state, meta):
+    calls.append(step)
+    if len(calls) == 2:
+        self.check(wait=True)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))
+    return real(self, step, state, meta)
+
+checkpoint.Checkpointer.save = save
+sys.argv = ['train.py'] + sys.argv[1:]
+runpy.run_path('train.py', run_name='__main__')
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_run_in_one_line(tmp_path):
+    """The asynchronous save's writer threads fail while others still write: the run waits for
+    them, so no thread prints a traceback as the process exits, and orbax's own error lines
+    are left to the one line that names the step, the cause and what was kept."""
+    text = tmp_path / 'text.txt'
+    text.write_text(stdlib_text(60_000))
+    config = tiny_train_config(
+        tmp_path,
+        text,
+        **{
+            'train.steps': 40,
+            'checkpoint_every': 4,
+            'eval_every': 1000,
+            'log_every': 1000,
+            'async_checkpointing': True,
+            'model.d_model': 128,  # ~6 MB of arrays: the writers are busy when one fails
+            'model.mlp_dim': 512,
+        },
+    )
+    cfg = write_config_file(config, tmp_path / 'cfg.py')
+    work = tmp_path / 'run'
+    out = subprocess.run(
+        [sys.executable, '-c', FULL_DISK, f'--config={cfg}', f'--workdir={work}'],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert 'Traceback' not in out.stderr and 'Event loop' not in out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if re.match(r'(E\d{4}|error:)', line)]
+    assert errors == [out.stderr.strip().splitlines()[-1]], errors
+    assert errors[0].startswith(f'error: the checkpoint of step 8 could not be written to {work}')
+    assert errors[0].endswith('File too large); stopping (checkpoints kept: [4])')
+    assert Checkpointer(str(work)).steps() == [4]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
+import threading
 from collections.abc import Callable
 
 import jax
@@ -19,6 +21,23 @@ from lm.train.workdir import RunError
 
 PINNED = 'pinned.json'  # in the checkpoints directory: {step: why}; never rotated away
 UNFINISHED = '.orbax-checkpoint-tmp'  # in a name there: a save that never finished (ignored)
+
+
+def _closed_loop(error: BaseException | None) -> bool:
+    return isinstance(error, RuntimeError) and str(error) == 'Event loop is closed'
+
+
+def _after_failed_save(timeout_s: float = 120.0) -> None:
+    """Once a save has failed: waits for orbax's background save threads still writing, and
+    silences the writes they abandoned, whose completions find their event loop closed (one
+    traceback each, from tensorstore's threads; the failure itself is reported once, by
+    `Checkpointer`)."""
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and type(t).__module__.startswith('orbax.'):
+            threading.Thread.join(t, timeout_s)  # the plain join: orbax's re-raises the failure
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+    sys.excepthook = lambda t, e, tb: None if _closed_loop(e) else excepthook(t, e, tb)
+    sys.unraisablehook = lambda u: None if _closed_loop(u.exc_value) else unraisablehook(u)
 
 
 class Checkpointer:
@@ -85,6 +104,7 @@ class Checkpointer:
 
     def _write_error(self, step: int, error: Exception) -> RunError:
         self._failed = True
+        _after_failed_save()
         cause = str(error).splitlines()[0] if str(error) else ''
         return RunError(
             f'the checkpoint of step {step} could not be written to {self.directory} '
