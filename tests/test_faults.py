@@ -2,13 +2,19 @@
 any work, SIGTERM honoured by head analysis and sweeps, a full disk stopping a run in one line,
 evaluation progress, kill -9 and SIGTERM during export, import and evaluation."""
 
+import logging
 import re
 import subprocess
 import sys
+import types
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from conftest import ENV, ROOT, run_entry, stdlib_text, tiny_train_config, write_config_file
 
+from lm.train import evaluation
 from lm.train.checkpoint import Checkpointer
 
 QUICKSTART = 'configs/quickstart.py'
@@ -128,3 +134,42 @@ def test_a_full_disk_stops_the_run_in_one_line(tmp_path):
     assert errors[0].startswith(f'error: the checkpoint of step 8 could not be written to {work}')
     assert errors[0].endswith('File too large); stopping (checkpoints kept: [4])')
     assert Checkpointer(str(work)).steps() == [4]
+
+
+class FakeCorpus:
+    def __init__(self, n: int):
+        self.tokens = {'validation': np.arange(n, dtype=np.int32) % 7}
+
+    def bytes_per_token(self, split):
+        return 1.0
+
+
+def test_a_long_evaluation_says_how_long_it_takes_and_shows_progress(monkeypatch, caplog):
+    """The clock advances 4 s per batch (the first: 20 s, its compile): the expected duration
+    once 10 s have passed, then a line every 10 s, with batches done and time left."""
+    clock = iter([0.0, 20.0, *(20.0 + 4 * k for k in range(1, 200))])
+    monkeypatch.setattr(evaluation, 'time', types.SimpleNamespace(monotonic=lambda: next(clock)))
+    mesh = jax.make_mesh((1,), ('data',), axis_types=(jax.sharding.AxisType.Explicit,))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+    caplog.set_level(logging.INFO)
+    metrics = evaluation.evaluate(
+        lambda params, batch, weights: jnp.sum(weights, axis=1),
+        {},
+        FakeCorpus(8 * 10 * 16 + 1),  # 80 windows of 16 targets: 10 batches of 8
+        'validation',
+        batch_size=8,
+        seq_len=16,
+        eval_tokens=0,
+        batch_sharding=sharding,
+    )
+    assert metrics['tokens'] == 80 * 16
+    lines = [r.getMessage() for r in caplog.records if 'about' in r.getMessage()]
+    # After batch 1 (t = 20 s): 9 batches left at the rate seen so far (20 s) = 180 s; then the
+    # rate excludes the first batch: 4 s per batch, lines at t = 32 (batch 4), 44 (7), and the
+    # last batch logs nothing.
+    assert lines == [
+        'evaluating the validation split takes about 180 s more (10 batches); scoring fewer '
+        'tokens than the whole split (config.eval_tokens=0): config.eval_tokens',
+        'eval: 4/10 batches, about 24 s left',
+        'eval: 7/10 batches, about 12 s left',
+    ], lines
