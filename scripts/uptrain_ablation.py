@@ -32,6 +32,7 @@ every run (e.g. `--set=model.num_layers=2`).
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -163,17 +164,20 @@ def run() -> int:
     t0 = time.time()
     specs = plan(ab, _OUT.value)
     only = None if _ONLY_SEED.value is None else f'seed{_ONLY_SEED.value}'
-    try:
-        found = runner.run(
-            specs,
-            _OUT.value,
-            _PARALLEL.value,
-            reuse=_REUSE.value,
-            relaunch=relaunch,
-            only_lane=only,
-        )
-    except runner.RunStopped as e:
-        raise SystemExit(str(e)) from None
+    with runner.StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
+        try:
+            found = runner.run(
+                specs,
+                _OUT.value,
+                _PARALLEL.value,
+                reuse=_REUSE.value,
+                relaunch=relaunch,
+                only_lane=only,
+                stop=stop,
+            )
+        except runner.RunStopped as e:
+            print(f'{e}; no further runs started', file=sys.stderr)
+            return 128 + (stop.signum or signal.SIGTERM)
     if only is not None:
         print(f'seed {_ONLY_SEED.value} done in {time.time() - t0:.0f} s (no table: one seed)')
         return 0

@@ -4,18 +4,31 @@ evaluation progress, kill -9 and SIGTERM during export, import and evaluation.""
 
 import logging
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ENV, ROOT, run_entry, stdlib_text, tiny_train_config, write_config_file
+from conftest import (
+    ENV,
+    ROOT,
+    entry_command,
+    run_entry,
+    stdlib_text,
+    sweep_file,
+    tiny_train_config,
+    write_config_file,
+)
 
 from lm.train import evaluation
-from lm.train.checkpoint import Checkpointer
+from lm.train.checkpoint import Checkpointer, saved_steps
+from lm.train.run import assemble, checkpoint_meta
 
 QUICKSTART = 'configs/quickstart.py'
 
@@ -173,3 +186,95 @@ def test_a_long_evaluation_says_how_long_it_takes_and_shows_progress(monkeypatch
         'eval: 4/10 batches, about 24 s left',
         'eval: 7/10 batches, about 12 s left',
     ], lines
+
+
+def start(script, *args) -> tuple[subprocess.Popen, list[str]]:
+    """An entry point started with its stderr collected line by line in the returned list."""
+    proc = subprocess.Popen(
+        entry_command(script, *args),
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    return proc, lines
+
+
+def wait_for(condition, proc, lines, timeout=240) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline and proc.poll() is None, ''.join(lines)[-3000:]
+        time.sleep(0.1)
+
+
+def sigterm_and_wait(proc, lines) -> tuple[int, float, list[str]]:
+    """SIGTERM now; (exit status, seconds it took to exit, stderr lines)."""
+    assert proc.poll() is None, 'the phase ended before the signal: make it longer'
+    t = time.time()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=120)
+    took = time.time() - t
+    time.sleep(0.5)  # the reader thread drains stderr
+    return code, took, ''.join(lines).strip().splitlines()
+
+
+@pytest.mark.slow
+def test_sigterm_during_head_analysis_stops_it_writing_nothing(tmp_path):
+    """A run whose validation split takes the analysis well over a few seconds; SIGTERM once
+    it is scoring: exit 143 within a few seconds, one line, no output directory."""
+    text = tmp_path / 'text.txt'
+    text.write_text(stdlib_text(3_000_000))
+    config = tiny_train_config(tmp_path, text)
+    run = assemble(config, state='init', data=True)
+    ckpt = Checkpointer(str(tmp_path / 'run'), async_save=False)
+    meta = checkpoint_meta(run.config, run.corpus.fingerprint, 0, run.ctx.abstract_state['params'])
+    ckpt.save(0, run.state, meta)
+    ckpt.close()
+    out = tmp_path / 'heads'
+    proc, lines = start(
+        'scripts/analyze_heads.py', f'--workdir={tmp_path / "run"}', f'--out={out}', '--batch=8'
+    )
+    wait_for(lambda: any('scoring' in line for line in lines), proc, lines)
+    time.sleep(1.0)
+    code, took, err = sigterm_and_wait(proc, lines)
+    assert code == 143, err[-20:]
+    assert took < 10, took
+    assert err[-1] == 'stopped by SIGTERM; nothing written', err[-20:]
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_sweep_saves_its_current_run_and_starts_no_other(tmp_path):
+    """SIGTERM to the sweep's process alone, while its first run trains: the run (its own
+    process) saves its latest step, the sweep says so in one line, exit 143, the second run
+    never starts; repeating the command resumes the first from that step."""
+    text = tmp_path / 'text.txt'
+    text.write_text(stdlib_text(60_000))
+    config = tiny_train_config(
+        tmp_path,
+        text,
+        **{'train.steps': 100_000, 'checkpoint_every': 50_000, 'eval_every': 50_000},
+    )
+    cfg = sweep_file(tmp_path, config, [{}])
+    sw = tmp_path / 'sw'
+    proc, lines = start('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={sw}', '--seeds=2')
+    log = sw / 'seed0' / 'train.log'
+
+    def training():
+        return log.exists() and 'compiled the train step' in log.read_text()
+
+    wait_for(training, proc, lines)
+    time.sleep(2.0)
+    code, took, err = sigterm_and_wait(proc, lines)
+    assert code == 143, err[-20:]
+    assert took < 30, took
+    steps = saved_steps(str(sw / 'seed0'))
+    assert len(steps) == 1 and 0 < steps[0] < 100_000, steps
+    assert err[-1] == (
+        f'seed0 stopped by SIGTERM: its checkpoint of step {steps[0]} kept; repeating the '
+        'command resumes it; no further runs started'
+    ), err[-20:]
+    assert not (sw / 'seed1').exists()

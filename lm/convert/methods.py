@@ -304,4 +304,3 @@ def latent_conversion(
     }
     pairs = mla.kept_dims(D, P, stride)[0][: P // 2]
     return out, settings, ','.join(map(str, pairs))
-
