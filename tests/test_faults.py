@@ -2,6 +2,7 @@
 any work, SIGTERM honoured by head analysis and sweeps, a full disk stopping a run in one line,
 evaluation progress, kill -9 and SIGTERM during export, import and evaluation."""
 
+import ast
 import logging
 import re
 import signal
@@ -25,7 +26,9 @@ from conftest import (
     tiny_train_config,
     write_config_file,
 )
+from test_hf import base_config, write_run
 
+from lm.convert import hf_io
 from lm.train import evaluation
 from lm.train.checkpoint import Checkpointer, saved_steps
 from lm.train.run import assemble, checkpoint_meta
@@ -238,7 +241,7 @@ def test_sigterm_during_head_analysis_stops_it_writing_nothing(tmp_path):
         'scripts/analyze_heads.py', f'--workdir={tmp_path / "run"}', f'--out={out}', '--batch=8'
     )
     wait_for(lambda: any('scoring' in line for line in lines), proc, lines)
-    time.sleep(1.0)
+    time.sleep(10.0)  # past the first batch, which compiles
     code, took, err = sigterm_and_wait(proc, lines)
     assert code == 143, err[-20:]
     assert took < 10, took
@@ -261,7 +264,7 @@ def test_sigterm_to_a_sweep_saves_its_current_run_and_starts_no_other(tmp_path):
     cfg = sweep_file(tmp_path, config, [{}])
     sw = tmp_path / 'sw'
     proc, lines = start('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={sw}', '--seeds=2')
-    log = sw / 'seed0' / 'train.log'
+    log = sw / 'base_s0' / 'train.log'
 
     def training():
         return log.exists() and 'compiled the train step' in log.read_text()
@@ -271,10 +274,80 @@ def test_sigterm_to_a_sweep_saves_its_current_run_and_starts_no_other(tmp_path):
     code, took, err = sigterm_and_wait(proc, lines)
     assert code == 143, err[-20:]
     assert took < 30, took
-    steps = saved_steps(str(sw / 'seed0'))
+    steps = saved_steps(str(sw / 'base_s0'))
     assert len(steps) == 1 and 0 < steps[0] < 100_000, steps
     assert err[-1] == (
-        f'seed0 stopped by SIGTERM: its checkpoint of step {steps[0]} kept; repeating the '
+        f'base_s0 stopped by SIGTERM: its checkpoint of step {steps[0]} kept; repeating the '
         'command resumes it; no further runs started'
     ), err[-20:]
-    assert not (sw / 'seed1').exists()
+    assert not (sw / 'base_s1').exists()
+
+
+BIG = dict(attention='gqa', num_kv_heads=2, d_model=512, num_heads=8, num_layers=8, mlp_dim=2048)
+
+
+def files(directory) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+@pytest.mark.slow
+def test_kill9_during_export_leaves_the_old_export_or_the_new_one(tmp_path):
+    """`--overwrite` of run A's export by run B's, killed while B's tensors are written: the
+    target holds A's export or B's, whole (the staging directory beside it may remain)."""
+    for seed in (0, 1):
+        write_run(tmp_path / f'run{seed}', seed=seed, **BIG)
+    out, fresh = tmp_path / 'out', tmp_path / 'fresh'
+    hf_io.export_hf(str(tmp_path / 'run0'), str(out))
+    hf_io.export_hf(str(tmp_path / 'run1'), str(fresh))
+    old, new = files(out), files(fresh)
+    assert old != new
+    proc, lines = start(
+        'scripts/convert_hf.py',
+        'export',
+        f'--workdir={tmp_path / "run1"}',
+        f'--hf_dir={out}',
+        '--overwrite',
+    )
+    wait_for(lambda: any('tensors to' in line for line in lines), proc, lines)
+    time.sleep(0.05)
+    assert proc.poll() is None, 'the export ended before the kill: make the model larger'
+    proc.kill()
+    proc.wait(timeout=60)
+    assert files(out) in (old, new)
+
+
+@pytest.mark.slow
+def test_kill9_during_import_leaves_no_checkpoint(tmp_path):
+    """An import killed once its checkpoint is being written: the workdir holds no checkpoint
+    (the save happens in a staging directory beside it), and the import can be repeated."""
+    write_run(tmp_path / 'run', **BIG)
+    hf = tmp_path / 'hf'
+    hf_io.export_hf(str(tmp_path / 'run'), str(hf))
+    work = tmp_path / 'w'
+    proc, lines = start('scripts/convert_hf.py', 'import', f'--hf_dir={hf}', f'--workdir={work}')
+    wait_for(lambda: list(tmp_path.glob('.w.import-partial-*/checkpoints/*')), proc, lines)
+    proc.kill()
+    proc.wait(timeout=60)
+    assert saved_steps(str(work)) == []
+    hf_io.import_hf(str(hf), str(work), base_config())
+    assert saved_steps(str(work)) == [0]
+
+
+def reliability_tests() -> list[str]:
+    """The `tests/<file>.py::<test>` the README's Reliability section names."""
+    readme = (ROOT / 'README.md').read_text()
+    section = readme.split('\n## Reliability\n', 1)[1].split('\n## ', 1)[0]
+    return re.findall(r'tests/\w+\.py::\w+', section)
+
+
+def test_every_test_named_in_the_reliability_section_exists():
+    named = reliability_tests()
+    assert len(named) >= 20
+    missing = []
+    for ref in named:
+        path, name = ref.split('::')
+        tree = ast.parse((ROOT / path).read_text()) if (ROOT / path).exists() else None
+        defined = {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)} if tree else {}
+        if name not in defined:
+            missing.append(ref)
+    assert not missing, missing
