@@ -4,6 +4,7 @@ evaluation progress, kill -9 and SIGTERM during export, import and evaluation.""
 
 import ast
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -351,3 +352,19 @@ def test_every_test_named_in_the_reliability_section_exists():
         if name not in defined:
             missing.append(ref)
     assert not missing, missing
+
+
+@pytest.mark.slow
+def test_sigterm_during_import_save_leaves_nothing(tmp_path):
+    """SIGTERM once the import's checkpoint is being written: exit 143, one line, no workdir
+    and no staging directory left."""
+    write_run(tmp_path / 'run', **BIG)
+    hf = tmp_path / 'hf'
+    hf_io.export_hf(str(tmp_path / 'run'), str(hf))
+    work = tmp_path / 'w'
+    proc, lines = start('scripts/convert_hf.py', 'import', f'--hf_dir={hf}', f'--workdir={work}')
+    wait_for(lambda: list(tmp_path.glob('.w.import-partial-*/checkpoints/*')), proc, lines)
+    code, took, err = sigterm_and_wait(proc, lines)
+    assert code == 143, err[-20:]
+    assert err[-1] == 'stopped by SIGTERM; nothing written', err[-20:]
+    assert sorted(os.listdir(tmp_path)) == ['hf', 'run']
