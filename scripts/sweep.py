@@ -23,6 +23,7 @@ Holm-corrected over every pair, is below 0.05.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -87,7 +88,12 @@ def run() -> int:
         check_same_fairness(sweep_dir, match)  # the more specific refusal first
         runner.check(specs, sweep_dir, '--sweep_dir')
         print(f'{len(specs)} runs in {sweep_dir}')
-        found = runner.run(specs, sweep_dir, _PARALLEL.value, flag='--sweep_dir')
+        with runner.StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
+            try:
+                found = runner.run(specs, sweep_dir, _PARALLEL.value, flag='--sweep_dir', stop=stop)
+            except runner.RunStopped as e:
+                print(f'{e}; no further runs started', file=sys.stderr)
+                return 128 + (stop.signum or signal.SIGTERM)
         if found:
             summarise(sweep_dir, specs, found, match)
             with open(os.path.join(sweep_dir, 'summary.md')) as f:

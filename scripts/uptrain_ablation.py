@@ -34,12 +34,13 @@ every run (e.g. `--set=model.num_layers=2`).
 """
 
 import os
+import signal
 import sys
 import time
 
 from absl import flags
 
-from lm.cli import bootstrap, run_app
+from lm.cli import bootstrap, check_writable_dir, run_app
 from lm.convert.uptrain import METHODS
 from lm.experiments import runner, summary
 from lm.experiments.ablation import Ablation, base_config, compare_table, plan, tables
@@ -165,23 +166,27 @@ def relaunch(lane: str) -> list[str]:
 
 
 def run() -> int:
+    check_writable_dir(_OUT.value, '--out_dir')
     ab = ablation()
     bootstrap(base_config(ab, 0, 1))
     check_flags(ab.seeds)
     t0 = time.time()
     specs = plan(ab, _OUT.value)
     only = None if _ONLY_SEED.value is None else f'seed{_ONLY_SEED.value}'
-    try:
-        found = runner.run(
-            specs,
-            _OUT.value,
-            _PARALLEL.value,
-            reuse=_REUSE.value,
-            relaunch=relaunch,
-            only_lane=only,
-        )
-    except runner.RunStopped as e:
-        raise SystemExit(str(e)) from None
+    with runner.StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
+        try:
+            found = runner.run(
+                specs,
+                _OUT.value,
+                _PARALLEL.value,
+                reuse=_REUSE.value,
+                relaunch=relaunch,
+                only_lane=only,
+                stop=stop,
+            )
+        except runner.RunStopped as e:
+            print(f'{e}; no further runs started', file=sys.stderr)
+            return 128 + (stop.signum or signal.SIGTERM)
     if only is not None:
         print(f'seed {_ONLY_SEED.value} done in {time.time() - t0:.0f} s (no table: one seed)')
         return 0

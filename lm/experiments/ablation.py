@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 from collections.abc import Callable
 
 import ml_collections
@@ -196,11 +197,15 @@ def _trainer(name: str, make: Callable[[str], ml_collections.ConfigDict], tb_dir
     first checkpoint and returns its config) with lm.train.loop; result: {'eval': metrics}."""
 
     def run(workdir: str) -> dict:
-        metrics = loop.train(make(workdir), workdir, tb_dir)['eval']
+        out = loop.train(make(workdir), workdir, tb_dir)
         if not os.path.exists(os.path.join(workdir, 'results.json')):  # written at the last step
-            raise RunStopped(f'{name}: stopped before its last step (SIGTERM?); nothing cached')
-        logging.info('%s: eval loss %.4f', name, metrics['loss'])
-        return {'eval': metrics}
+            why = f'by {signal.Signals(out["signal"]).name} ' if out['signal'] else ''
+            raise RunStopped(
+                f'{name} stopped {why}at step {out["step"]} (its checkpoint kept; the ablation '
+                'starts an unfinished run again from its beginning)'
+            )
+        logging.info('%s: eval loss %.4f', name, out['eval']['loss'])
+        return {'eval': out['eval']}
 
     return run
 

@@ -15,7 +15,6 @@ import importlib.util
 import itertools
 import json
 import os
-import subprocess
 import types
 from typing import Any
 
@@ -25,9 +24,10 @@ import numpy as np
 from lm.config import parse_assignment, with_values, write_config_file
 from lm.experiments import stats, summary
 from lm.experiments.fairness import DESCRIPTIONS, MATCHES, match_parameters, reference_config
-from lm.experiments.runner import RunFailed, Spec
+from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
 from lm.model import accounting, attention
 from lm.model.transformer import check_model_config, model_config
+from lm.train.checkpoint import saved_steps
 from lm.train.run import check_loop_config, stored_config
 from lm.train.workdir import flat_config, resumable_key
 
@@ -183,7 +183,14 @@ def _trainer(config: ml_collections.ConfigDict, command: list[str], tb_dir: str)
         cfg_file = write_config_file(config, os.path.join(workdir, 'sweep_config.py'))
         args = [f'--config={cfg_file}', f'--workdir={workdir}', f'--tb_dir={tb_dir}']
         with open(os.path.join(workdir, 'train.log'), 'a') as log:
-            code = subprocess.call([*command, *args], stdout=log, stderr=subprocess.STDOUT)
+            code = call([*command, *args], log)
+        if name := stopped_by(code):
+            steps = saved_steps(workdir)
+            kept = f'its checkpoint of step {steps[-1]} kept' if steps else 'no checkpoint yet'
+            raise RunStopped(
+                f'{os.path.basename(workdir)} stopped by {name}: {kept}; repeating the command '
+                'resumes it'
+            )
         results = os.path.join(workdir, 'results.json')
         if code != 0 or not os.path.exists(results):
             raise RunFailed(f'exit {code}; see {workdir}/train.log')

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
+import threading
 from collections.abc import Callable
 
 import jax
@@ -19,6 +21,39 @@ from lm.train.workdir import RunError
 
 PINNED = 'pinned.json'  # in the checkpoints directory: {step: why}; never rotated away
 UNFINISHED = '.orbax-checkpoint-tmp'  # in a name there: a save that never finished (ignored)
+
+
+def _closed_loop(error: BaseException | None) -> bool:
+    return isinstance(error, RuntimeError) and str(error) == 'Event loop is closed'
+
+
+def _quiet_abandoned_writes() -> None:
+    """Once per process: when one writer of an asynchronous save fails, orbax closes the
+    event loop of the others, and each of their writes still in flight then reports 'Event
+    loop is closed' with a traceback from tensorstore's threads. The failure itself is
+    reported once, by `Checkpointer`: these reports are dropped."""
+    if getattr(sys.excepthook, 'quiet_abandoned_writes', False):
+        return
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+
+    def quiet_excepthook(t, e, tb):
+        if not _closed_loop(e):
+            excepthook(t, e, tb)
+
+    def quiet_unraisablehook(u):
+        if not _closed_loop(u.exc_value):
+            unraisablehook(u)
+
+    quiet_excepthook.quiet_abandoned_writes = True
+    sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
+
+
+def _join_save_threads(timeout_s: float = 120.0) -> None:
+    """After a failed save: waits for orbax's save threads still writing (a process that exits
+    under them gets a traceback from each)."""
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and type(t).__module__.startswith('orbax.'):
+            threading.Thread.join(t, timeout_s)  # the plain join: orbax's re-raises the failure
 
 
 class Checkpointer:
@@ -43,6 +78,8 @@ class Checkpointer:
             read_only=read_only,
             enable_async_checkpointing=async_save and not read_only,
         )
+        if options.enable_async_checkpointing:
+            _quiet_abandoned_writes()
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=('state', 'meta')
         )
@@ -85,6 +122,7 @@ class Checkpointer:
 
     def _write_error(self, step: int, error: Exception) -> RunError:
         self._failed = True
+        _join_save_threads()
         cause = str(error).splitlines()[0] if str(error) else ''
         return RunError(
             f'the checkpoint of step {step} could not be written to {self.directory} '

@@ -11,6 +11,7 @@ the context and `eval_tokens`: identical for every run on the same data and any 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import jax
@@ -53,6 +54,38 @@ def ratio_stderr(sums: np.ndarray, counts: np.ndarray) -> float:
     return float(math.sqrt(w / (w - 1) * np.sum(resid**2)) / counts.sum())
 
 
+class _Progress:
+    """Progress of a long evaluation, on the log: after the first batch past `every_s` seconds
+    (compiling included) the expected duration, then a line every `every_s` seconds."""
+
+    def __init__(self, split: str, batches: int, eval_tokens: int, every_s: float):
+        self.split, self.batches, self.every_s = split, batches, every_s
+        self.what = 'the whole split (config.eval_tokens=0)' if not eval_tokens else 'it'
+        self.start = self.last = time.monotonic()
+        self.first = None  # when the first batch (and its compile) was done
+        self.announced = False
+
+    def done(self, n: int) -> None:
+        """`n` batches are done."""
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        if n == self.batches or now - self.last < self.every_s:
+            return
+        rate = (now - self.first) / (n - 1) if n > 1 else now - self.start
+        left = rate * (self.batches - n)
+        if not self.announced:
+            logging.info(
+                'evaluating the %s split takes about %.0f s more (%d batches); scoring fewer '
+                'tokens than %s: config.eval_tokens',
+                self.split, left, self.batches, self.what,
+            )  # fmt: skip
+            self.announced = True
+        else:
+            logging.info('eval: %d/%d batches, about %.0f s left', n, self.batches, left)
+        self.last = now
+
+
 def evaluate(
     eval_step: Callable,
     params: dict,
@@ -64,13 +97,16 @@ def evaluate(
     eval_tokens: int,
     batch_sharding: jax.sharding.NamedSharding,
     stop: Callable[[], None] | None = None,
+    progress_every_s: float = 10.0,
 ) -> dict[str, float]:
     """Mean next-token loss over the evaluation windows of `split` (`lm.data.windows.eval_windows`),
     with its standard error over windows and the number of target tokens scored.
 
     bits/byte = loss / ln 2 · tokens/byte of the split, so runs with different tokenizers
     compare on the same text. `stop` is called before each batch (it raises to stop: e.g.
-    `lm.train.interrupt.StopRequest.check`). A recall source is scored by `evaluate_recall`.
+    `lm.train.interrupt.StopRequest.check`). An evaluation that lasts longer than
+    `progress_every_s` logs how long it will take, then its progress at that interval. A recall
+    source is scored by `evaluate_recall`.
     """
     if corpus.task is not None:
         rows, cells = corpus.task.split(split)
@@ -88,6 +124,7 @@ def evaluate(
         batch_size,
     )
     sums = []
+    progress = _Progress(split, -(-len(starts) // batch_size), eval_tokens, progress_every_s)
     for batch, weights in eval_batches(
         tokens,
         starts,
@@ -104,6 +141,7 @@ def evaluate(
         # Fetched before the next call: XLA:CPU's in-process collectives (several CPU devices)
         # can deadlock when many multi-device executions are queued at once.
         sums.append(np.asarray(out.addressable_data(0), np.float64))
+        progress.done(len(sums))
     window_sums = np.concatenate(sums)[: len(starts)]  # padding rows (weight 0) dropped
     loss = float(window_sums.sum() / counts.sum())
     return {
