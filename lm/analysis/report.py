@@ -148,7 +148,7 @@ def analyse_run(
 ) -> RunHeads:
     """Restores `workdir` (at `step`, default the latest) and scores every head. Text scores use
     the first `max_batches` batches of `batch` validation windows (0 = the whole split)."""
-    restored = assemble(workdir, state='restore', step=step, data=True, flag=flag)
+    restored = assemble(workdir, state='params', step=step, data=True, flag=flag)
     model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
     corpus = restored.corpus
     T = restored.config.data.seq_len

@@ -29,7 +29,7 @@ from lm.convert.staging import check_export_dir, move_into, replace_dir, staged
 from lm.data.corpus import load_tokenizer
 from lm.data.tokenizer import HFTokenizer
 from lm.model.transformer import model_config
-from lm.train.checkpoint import Checkpointer, checkpoint_entries
+from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries
 from lm.train.run import Run, assemble, checkpoint_meta
 
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json')
@@ -214,7 +214,8 @@ def _save_step0(
     stop: Callable[[], None],
 ) -> None:
     """Writes the step-0 checkpoint: the parameters read into their shardings on the run's
-    mesh, fresh optimizer state."""
+    mesh, no optimizer state (training starts it fresh on its first resume, so the import
+    never holds it)."""
     ctx, seed = run.ctx, run.config.seed
     with jax.set_mesh(run.mesh):
         params = load_params(
@@ -223,9 +224,6 @@ def _save_step0(
         reader.close()
         state = {
             'params': params,
-            'opt_state': jax.jit(ctx.tx.init, out_shardings=ctx.state_sharding['opt_state'])(
-                params
-            ),
             'step': jax.device_put(jnp.zeros((), jnp.int32), ctx.state_sharding['step']),
             'rng': jax.device_put(
                 jax.random.key_data(jax.random.key(seed)), ctx.state_sharding['rng']
@@ -364,8 +362,9 @@ def export_hf(
     # What transformers cannot express, or a variant with no mapping, is refused before any
     # array is read.
     restored = assemble(
-        workdir, state='restore', step=step, check=lambda cfg: hf.hf_from_model(cfg, 1)
+        workdir, state='params', step=step, check=lambda cfg: hf.hf_from_model(cfg, 1)
     )
+    check_finite(restored.state['params'], f'the checkpoint at step {restored.step} of {workdir}')
     config, cfg = restored.config, restored.model_cfg
     tok_dir, source, tokenizer = _run_tokenizer(config)
     extra = {k: source[k] for k in ('bos_token_id', 'eos_token_id', 'pad_token_id') if k in source}
