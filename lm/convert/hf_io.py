@@ -280,17 +280,32 @@ def import_hf(
 def _run_tokenizer(config: ml_collections.ConfigDict) -> tuple[str, dict, HFTokenizer | None]:
     """(directory of the run's tokenizer.json or '', its source config.json or {}, the
     tokenizer to export: a tokenizer.json or a BPE trained here, else None)."""
-    tok_dir, source, tokenizer = '', {}, None
+    tok_dir, tokenizer = '', None
     if config.data.tokenizer.endswith('.json'):
         tok_dir = os.path.dirname(os.path.abspath(config.data.tokenizer))
-        source_path = os.path.join(tok_dir, 'source_config.json')
-        if os.path.isfile(source_path):
-            with open(source_path) as f:
-                source = json.load(f)
         tokenizer = HFTokenizer.from_file(config.data.tokenizer, config.data.eos_token)
     elif config.data.tokenizer == 'bpe':  # trained on the run's data (cached after training)
         tokenizer = load_tokenizer(config.data)
-    return tok_dir, source, tokenizer
+    return tok_dir, _source_config(config), tokenizer
+
+
+def _source_config(config: ml_collections.ConfigDict) -> dict:
+    """The config.json an imported run came from (kept beside its tokenizer.json), else {}."""
+    if not config.data.tokenizer.endswith('.json'):
+        return {}
+    tok_dir = os.path.dirname(os.path.abspath(config.data.tokenizer))
+    path = os.path.join(tok_dir, 'source_config.json')
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def max_position(config: ml_collections.ConfigDict) -> int:
+    """The longest sequence (in positions) the run's model serves: an imported model's
+    `max_position_embeddings` (its config.json, kept in <workdir>/hf/), else the length it was
+    trained at, `config.data.seq_len`."""
+    return int(_source_config(config).get('max_position_embeddings', config.data.seq_len))
 
 
 def _write_tensors(
@@ -370,7 +385,7 @@ def export_hf(
     extra = {k: source[k] for k in ('bos_token_id', 'eos_token_id', 'pad_token_id') if k in source}
     if tokenizer is not None:
         extra.setdefault('eos_token_id', tokenizer.eos_id)
-    max_len = source.get('max_position_embeddings', config.data.seq_len)
+    max_len = max_position(config)
     hf_config = hf.hf_from_model(cfg, max_len, **extra)
     tensors = hf.tensor_map(cfg, rope_interleave=hf.exports_interleaved_rope(cfg))
     with staged(out_dir, 'export') as build:
