@@ -270,14 +270,16 @@ def param_shapes(abstract_params: dict) -> dict[str, list[int]]:
 
 
 @jax.jit
-def _all_finite(tree):
-    return jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)), tree)
+def _all_finite(x: jax.Array) -> jax.Array:
+    return jnp.all(jnp.isfinite(x))
 
 
 def check_finite(params: dict, where: str) -> None:
     """Raises FloatingPointError naming the first parameter of `params` (a pure dict tree) that
-    holds a NaN or an infinity; `where` names the checkpoint in the message."""
-    flat = jax.tree_util.tree_flatten_with_path(jax.device_get(_all_finite(params)))[0]
+    holds a NaN or an infinity; `where` names the checkpoint in the message. Checked one array
+    at a time, so the temporaries are one array's."""
+    finite = jax.device_get(jax.tree.map(_all_finite, params))
+    flat = jax.tree_util.tree_flatten_with_path(finite)[0]
     for path, finite in flat:
         if not finite:
             name = '/'.join(str(getattr(k, 'key', k)) for k in path)
