@@ -144,6 +144,26 @@ def test_decode_loop_reads_the_cache_without_copying_it(variant):
     assert not copied, copied
 
 
+def test_on_token_sees_each_step_in_order_and_can_stop_the_loop():
+    """`on_token` gets each step's tokens as they are made (-1 for rows already at EOS), the
+    result is unchanged by it, and returning True ends the generation after that step."""
+    _, _, decoder = model_and_decoder(attention='gqa', num_kv_heads=2, seed=4)
+    want = decoder.generate(PROMPTS, max_new_tokens=6)
+    eos = want[1][2]  # row 1 stops at its third token
+    want = decoder.generate(PROMPTS, max_new_tokens=6, eos_id=eos)
+    seen = []
+    got = decoder.generate(PROMPTS, 6, eos_id=eos, on_token=lambda t: seen.append(t.copy()))
+    assert got == want
+    for b, row in enumerate(want):
+        column = [int(step[b]) for step in seen]
+        assert column[: len(row)] == row and set(column[len(row) :]) <= {-1}
+    assert len(seen) == max(len(r) for r in want)
+    steps = []
+    stopped = decoder.generate(PROMPTS, 6, on_token=lambda t: steps.append(t) or len(steps) == 2)
+    assert len(steps) == 2 and all(len(r) == 2 for r in stopped)
+    assert stopped == [r[:2] for r in decoder.generate(PROMPTS, 6)]
+
+
 def test_sampling_options():
     _, _, decoder = model_and_decoder(attention='mqa', seed=2)
     greedy = decoder.generate(PROMPTS, max_new_tokens=5)
@@ -207,7 +227,7 @@ def test_generate_script_prints_text_from_a_checkpoint(tmp_path, small_text):
         f'--workdir={tmp_path / "run"}',
         '--prompt=ROMEO:',
         '--prompt=JULIET:',
-        '--max_new_tokens=40',
+        '--max_new_tokens=9',  # 'JULIET:' + 9 bytes fill the run's 16-position context
         '--sampling=greedy',
         check=True,
     )

@@ -116,8 +116,8 @@ def test_generate_refuses_what_does_not_fit_the_context_before_any_work(tiny_run
         ),
         (
             ['--prompt=the cat', '--max_new_tokens=31'],
-            'error: --max_new_tokens=31: the longest prompt (2 tokens) plus 31 new tokens exceed '
-            "the model's context of 32 positions; at most 30 new tokens fit",
+            'error: --max_new_tokens=31: the longest prompt (7 tokens) plus 31 new tokens exceed '
+            "the model's context of 32 positions; at most 25 new tokens fit",
         ),
     ]
     for args, message in cases:
