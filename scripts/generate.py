@@ -119,7 +119,7 @@ class Stream:
         elif tokens_B[0] >= 0 and tokens_B[0] != self.eos:
             self.pending.append(int(tokens_B[0]))
             self.flush(final=False)
-        return self.stop.signum != 0
+        return self.stop.arrived()
 
     def flush(self, final: bool = True) -> None:
         """Prints the pending tokens' text; not `final`, only when it ends in whole characters."""
