@@ -1,6 +1,8 @@
 """KV-cache decoding: prefill + incremental steps equal a full forward pass for every variant."""
 
+import os
 import re
+import signal
 
 import jax
 import numpy as np
@@ -17,6 +19,7 @@ from lm.infer.decode import (
 )
 from lm.model.accounting import kv_cache_bytes_per_token, kv_cache_elements_per_token
 from lm.model.transformer import build_model, model_config
+from lm.train.interrupt import Interrupted, StopRequest
 from lm.train.loop import train
 
 VARIANTS = {
@@ -162,6 +165,27 @@ def test_on_token_sees_each_step_in_order_and_can_stop_the_loop():
     stopped = decoder.generate(PROMPTS, 6, on_token=lambda t: steps.append(t) or len(steps) == 2)
     assert len(steps) == 2 and all(len(r) == 2 for r in stopped)
     assert stopped == [r[:2] for r in decoder.generate(PROMPTS, 6)]
+
+
+def test_a_stop_signal_during_the_jitted_loop_stops_it_at_the_next_token():
+    """SIGTERM arriving while the main thread is inside the jitted loop: Python's handler waits
+    for the loop to return, but `StopRequest.arrived` (read by the loop's host callback) sees
+    the signal at once, so the loop ends at the next token and `check` then raises."""
+    _, _, decoder = model_and_decoder(attention='mqa', seed=1)
+    steps = []
+
+    def on_token(tokens_B):
+        steps.append(tokens_B)
+        if len(steps) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return False  # seen at the next token
+        return stop.arrived()
+
+    with StopRequest() as stop:
+        out = decoder.generate(PROMPTS, 50, on_token=on_token)
+        with pytest.raises(Interrupted, match='stopped by SIGTERM'):
+            stop.check()
+    assert len(steps) == 4 and all(len(r) == 4 for r in out)
 
 
 def test_sampling_options():
