@@ -62,9 +62,7 @@ def run() -> int:
     own_tokens = config.eval_tokens
     if _TOKENS.value is not None:
         config.eval_tokens = _TOKENS.value
-    restored = assemble(
-        config, state='restore', workdir=_WORKDIR.value, step=_STEP.value, data=True
-    )
+    restored = assemble(config, state='params', workdir=_WORKDIR.value, step=_STEP.value, data=True)
     with StopRequest() as stop:  # SIGTERM: stop between batches, write nothing
         metrics = evaluate(
             make_eval_step(restored.ctx),

@@ -154,7 +154,7 @@ def analyse_run(
     """Restores `workdir` (at `step`, default the latest) and scores every head. Text scores use
     the first `max_batches` batches of `batch` validation windows (0 = the whole split); `stop`
     is called between batches (e.g. `lm.train.interrupt.StopRequest.check`)."""
-    restored = assemble(workdir, state='restore', step=step, data=True, flag=flag)
+    restored = assemble(workdir, state='params', step=step, data=True, flag=flag)
     model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
     corpus = restored.corpus
     T = restored.config.data.seq_len

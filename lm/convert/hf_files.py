@@ -171,6 +171,14 @@ def source_config(directory: str) -> dict:
         return json.load(f)
 
 
+def max_position(workdir: str, config: ml_collections.ConfigDict) -> int:
+    """The longest sequence (in positions) the run's model serves: an imported model's
+    `max_position_embeddings` (its config.json, kept with the run), else the length it was
+    trained at, `config.data.seq_len`."""
+    source = source_config(files_dir(workdir, config))
+    return int(source.get('max_position_embeddings', config.data.seq_len))
+
+
 def run_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     """The run's tokenizer (a BPE trained here is read from the data cache, or trained again)."""
     if config.data.tokenizer == BYTE:  # needs no data

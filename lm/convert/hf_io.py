@@ -27,7 +27,7 @@ from lm.convert import hf, hf_files
 from lm.convert.safetensors_files import SafetensorsReader, ShardWriter
 from lm.convert.staging import check_export_dir, move_into, replace_dir, staged
 from lm.model.transformer import model_config
-from lm.train.checkpoint import Checkpointer, checkpoint_entries
+from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries
 from lm.train.run import Run, assemble, checkpoint_meta
 
 
@@ -152,7 +152,8 @@ def _save_step0(
     stop: Callable[[], None],
 ) -> None:
     """Writes the step-0 checkpoint: the parameters read into their shardings on the run's
-    mesh, fresh optimizer state."""
+    mesh, no optimizer state (training starts it fresh on its first resume, so the import
+    never holds it)."""
     ctx, seed = run.ctx, run.config.seed
     with jax.set_mesh(run.mesh):
         params = load_params(
@@ -161,9 +162,6 @@ def _save_step0(
         reader.close()
         state = {
             'params': params,
-            'opt_state': jax.jit(ctx.tx.init, out_shardings=ctx.state_sharding['opt_state'])(
-                params
-            ),
             'step': jax.device_put(jnp.zeros((), jnp.int32), ctx.state_sharding['step']),
             'rng': jax.device_put(
                 jax.random.key_data(jax.random.key(seed)), ctx.state_sharding['rng']
@@ -269,15 +267,16 @@ def export_hf(
     # What transformers cannot express, or a variant with no mapping, is refused before any
     # array is read.
     restored = assemble(
-        workdir, state='restore', step=step, check=lambda cfg: hf.hf_from_model(cfg, 1)
+        workdir, state='params', step=step, check=lambda cfg: hf.hf_from_model(cfg, 1)
     )
+    check_finite(restored.state['params'], f'the checkpoint at step {restored.step} of {workdir}')
     config, cfg = restored.config, restored.model_cfg
     files = hf_files.files_dir(workdir, config)
     source = hf_files.source_config(files)
     tokenizer = hf_files.run_tokenizer(config)
     extra = {k: source[k] for k in ('bos_token_id', 'eos_token_id', 'pad_token_id') if k in source}
     extra = {**hf_files.special_ids(tokenizer), **extra}
-    max_len = source.get('max_position_embeddings', config.data.seq_len)
+    max_len = hf_files.max_position(workdir, config)
     hf_config = hf.hf_from_model(cfg, max_len, **extra)
     tensors = hf.tensor_map(cfg, rope_interleave=hf.exports_interleaved_rope(cfg))
     with staged(out_dir, 'export') as build:

@@ -45,7 +45,12 @@ from lm.data.corpus import load_corpus
 from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import model_config
-from lm.train.checkpoint import Checkpointer, checkpoint_entries, read_latest_meta
+from lm.train.checkpoint import (
+    Checkpointer,
+    check_finite,
+    checkpoint_entries,
+    read_latest_meta,
+)
 from lm.train.optimizer import check_train_config
 from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context
 from lm.train.workdir import WorkdirLock
@@ -382,6 +387,7 @@ def _convert(src: str, options: ConversionOptions) -> tuple[ml_collections.Confi
         check=lambda cfg: check_conversion(cfg, options),
         flag=SOURCE,
     )
+    check_finite(source.state['params'], f'{SOURCE}={src}: the checkpoint at step {source.step}')
     params, recipe, settings, record = _converted_params(source, options)
     config = _converted_config(src, source, options, settings, record)
     dst_cfg = model_config(config.model)
