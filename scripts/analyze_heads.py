@@ -18,7 +18,6 @@ from absl import flags
 
 from lm.analysis import plots, report
 from lm.cli import bootstrap, run_app
-from lm.train.checkpoint import read_latest_meta
 from lm.train.run import stored_config
 from lm.train.summary import run_logdir
 
@@ -51,9 +50,10 @@ def run() -> int:
         raise ValueError(f'--max_batches must be >= 0 (0 = all), got {_MAX_BATCHES.value}')
     specs = [(_WORKDIR.value, _STEP.value, '--workdir')]
     specs += [(*report.parse_run(c), f'--compare={c}') for c in _COMPARE.value]
-    for workdir, _, flag in specs:
-        if read_latest_meta(workdir) is None:
-            raise FileNotFoundError(f'{flag}: {workdir} holds no checkpoint')
+    report.check_runs(specs)
+    out = _OUT.value
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise NotADirectoryError(f'--out={out} is a file, not a directory')
     bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
     runs = [
         report.analyse_run(
@@ -67,7 +67,6 @@ def run() -> int:
         )
         for workdir, step, flag in specs
     ]
-    out = _OUT.value
     os.makedirs(out, exist_ok=True)
     report.write_csv(runs, os.path.join(out, 'heads.csv'))
     report.write_kv_csv(runs, os.path.join(out, 'kv_similarity.csv'))
