@@ -102,6 +102,9 @@ PLAN = {
     'python scripts/uptrain.py --src=runs/shakespeare_mha --dst=runs/gqa2_uptrained '
     '--num_kv_heads=2': Run(),
     'python train.py --workdir=runs/gqa2_uptrained --tb_dir=runs/tb': Run(),
+    'python scripts/analyze_heads.py --workdir=runs/shakespeare_mha '
+    '--compare=runs/gqa2_uptrained@2000 --compare=runs/gqa2_uptrained '
+    '--out=runs/heads_mha_vs_gqa2': Run(subs=(('@2000', '@40'),), extra=SMALL_ANALYSIS),
     'python scripts/convert_hf.py import --hf_dir=meta-llama/Llama-2-7b-hf '
     '--workdir=runs/llama2 --config=configs/base.py --config.data.seq_len=1024 '
     '--config.train.lr=3e-5': Run(
@@ -335,3 +338,56 @@ def test_every_doc_command_runs_scaled_down(tmp_path):
         'runs/mla64/checkpoints',
     ):
         assert (tmp_path / path).exists(), path
+
+
+@pytest.mark.slow
+def test_quickstart_perplexities_are_in_the_readme_ranges(tmp_path):
+    """The README's quickstart, as written (its workdir and caches moved under tmp_path): the
+    step-0 and final eval perplexities fall in the ranges the README states."""
+    readme = ' '.join((ROOT / 'README.md').read_text().split())
+    found = re.search(
+        r'falling from (\d+)–(\d+) at step 0 .*? to (\d+\.\d+)–(\d+\.\d+) at step (\d+)', readme
+    )
+    assert found, 'README: the quickstart perplexity sentence moved'
+    lo0, hi0, lo, hi, steps = (float(g) for g in found.groups())
+    commands = doc_commands((ROOT / 'README.md').read_text())
+    (command,) = [c for c in commands if 'configs/quickstart.py' in c]
+    command = command.replace('runs/quickstart', str(tmp_path / 'run'))
+    command += f' --config.data.cache_dir={tmp_path / "cache"} --config.compilation_cache_dir='
+    out = subprocess.run(
+        [sys.executable, *command.split()[1:]],
+        cwd=ROOT,
+        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    evals = dict(re.findall(r'eval at step (\d+): .*?perplexity ([\d.]+)', out.stderr))
+    assert lo0 <= float(evals['0']) <= hi0, evals
+    assert lo <= float(evals[str(int(steps))]) <= hi, evals
+
+
+def test_readme_names_sweep_runs_and_hparams_as_the_code_does():
+    from conftest import tiny_config
+
+    from lm.experiments.sweep import run_name
+    from lm.model.transformer import model_config
+    from lm.train.run_log import hparams
+
+    readme = ' '.join((ROOT / 'README.md').read_text().split())
+    example = re.search(
+        r'\(`(\w+)` for `model.attention=(\w+)`, `model.num_heads=(\d+)`, '
+        r'`model.num_kv_heads=(\d+)`\)',
+        readme,
+    )
+    assert example, 'README: the sweep run-name example moved'
+    name, kind, heads, kv = example.groups()
+    point = {'model.attention': kind, 'model.num_heads': int(heads), 'model.num_kv_heads': int(kv)}
+    assert run_name(point) == name
+    keys = re.search(
+        r'HParams tab tabulates eval perplexity against `([\w.]+)`, `([\w.]+)`', readme
+    )
+    assert keys, 'README: the HParams sentence moved'
+    config = tiny_config(attention='gqa', num_kv_heads=2)
+    assert set(keys.groups()) <= set(hparams(config, model_config(config.model), 1000))
