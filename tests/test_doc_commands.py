@@ -171,7 +171,7 @@ PLAN = {
     'python scripts/bench_data.py --workdir=/tmp/bench_data --json=data.json '
     '--num_proc=1,2,4,8': BENCH,
     'python scripts/sweep.py --config=configs/sweeps/data_sampling.py --sweep_dir=runs/sampling '
-    '--seeds=5': Run(subs=(('--seeds=5', '--seeds=1'),)),
+    '--seeds=5': Run(subs=(('--seeds=5', '--seeds=1'),), extra=TEXT),
     # docs/decoding.md
     'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=8192 --batch=4': BENCH,
     'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=1024,8192,32768 '
@@ -228,7 +228,11 @@ PLAN = {
     '--grouping=similarity --method=aligned': Run(subs=(('runs/mha', 'runs/shakespeare_mha'),)),
     'python scripts/uptrain.py --src=runs/mha --dst=runs/mla64 --target=mla --kv_lora_rank=64 '
     '--qk_rope_head_dim=8 --optimizer_state=fresh': Run(
-        subs=(('runs/mha', 'runs/shakespeare_mha'),)
+        subs=(  # the tiny source's heads are 8 wide
+            ('runs/mha', 'runs/shakespeare_mha'),
+            ('--kv_lora_rank=64', '--kv_lora_rank=16'),
+            ('--qk_rope_head_dim=8', '--qk_rope_head_dim=4'),
+        )
     ),
 }
 
