@@ -81,7 +81,9 @@ PLAN = {
         subs=(('--step=400', '--step=20'), ('--eval_tokens=100000', '--eval_tokens=256'))
     ),
     'python eval.py --workdir=runs/gqa2 --config=configs/shakespeare_char.py '
-    '--config.data.path=other.txt': Run(extra=TINY),
+    '--config.data.path=other.txt': Run(  # eval.py takes only data settings from --config
+        extra='--config.data.seq_len=16 --config.data.cache_dir=cache'
+    ),
     'python train.py --config=configs/shakespeare_char.py --workdir=runs/one '
     '--config.data.path=data/tinyshakespeare.txt': Run(),
     'python train.py --config=configs/shakespeare_char.py --workdir=runs/node '
