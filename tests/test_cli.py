@@ -41,7 +41,7 @@ def test_a_config_written_before_keys_were_added_gets_their_recorded_values(capl
     check_config_keys(config)
     assert config.data.document_mask is False and config.uptrain.grouping == 'contiguous'
     assert (
-        "--config: keys added since the config was written, set as before: "
+        '--config: keys added since the config was written, set as before: '
         "data.document_mask=False, uptrain.grouping='contiguous'" in caplog.text
     )
     with config.unlocked():

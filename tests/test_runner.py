@@ -192,7 +192,7 @@ def test_runs_recorded_before_a_key_was_added_are_cached_and_not_refused(tmp_pat
     assert len(fake.calls) == 6  # nothing re-ran
     assert capsys.readouterr().out.count('finished earlier, skipped') == 6
     other = [dataclasses.replace(s, fingerprint={**s.fingerprint, 'mask': True}) for s in newer]
-    with pytest.raises(ValueError, match=r"mask: False -> True"):
+    with pytest.raises(ValueError, match=r'mask: False -> True'):
         runner.check(other, str(tmp_path))
     unrecorded = [dataclasses.replace(s, added={}) for s in newer]
     with pytest.raises(ValueError, match=r"mask: '\(absent\)' -> False"):
