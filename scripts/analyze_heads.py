@@ -1,8 +1,11 @@
 r"""What each attention head does: per-head scores, KV-head similarity and loss by position.
 
   python scripts/analyze_heads.py --workdir=runs/mha --out=runs/mha/heads
-  python scripts/analyze_heads.py --workdir=runs/mha --compare=runs/gqa2@0 \
+  python scripts/analyze_heads.py --workdir=runs/mha --compare=runs/gqa2@2000 \
       --compare=runs/gqa2 --out=runs/heads_mha_vs_gqa2
+
+(runs/gqa2 converted from the 2000-step runs/mha by scripts/uptrain.py: its first checkpoint,
+step 2000, is the converted model.) Every run and step is checked before any analysis.
 
 Writes OUT/heads.csv (run, layer, head, previous_token, induction, duplicate_token, sink,
 entropy), OUT/kv_similarity.csv (run, layer, kind, head_a, head_b, value), OUT/summary.md, PNG
