@@ -20,6 +20,7 @@ only flag-checked (it would download).
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -294,8 +295,9 @@ def scaled(command: str, action: Run | Flags) -> str:
 def scratch(tmp_path):
     """A directory that looks like the repository to the commands (entry points, scripts and
     configs linked in), with `python` on PATH and the data files the commands read."""
-    for name in ('train.py', 'eval.py', 'scripts', 'configs'):
+    for name in ('train.py', 'eval.py', 'scripts'):
         (tmp_path / name).symlink_to(ROOT / name)
+    shutil.copytree(ROOT / 'configs', tmp_path / 'configs')  # their '..' paths stay in here
     (tmp_path / 'bin').mkdir()
     (tmp_path / 'bin' / 'python').symlink_to(sys.executable)
     (tmp_path / 'data').mkdir()
