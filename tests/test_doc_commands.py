@@ -293,8 +293,8 @@ def scaled(command: str, action: Run | Flags) -> str:
 
 
 def scratch(tmp_path):
-    """A directory that looks like the repository to the commands (entry points, scripts and
-    configs linked in), with `python` on PATH and the data files the commands read."""
+    """A directory that looks like the repository to the commands (entry points and scripts
+    linked in, configs copied), with `python` on PATH and the data files the commands read."""
     for name in ('train.py', 'eval.py', 'scripts'):
         (tmp_path / name).symlink_to(ROOT / name)
     shutil.copytree(ROOT / 'configs', tmp_path / 'configs')  # their '..' paths stay in here
