@@ -229,3 +229,25 @@ def test_summary_reports_intervals_and_resolved_orderings(tmp_path):
         ('mha', '0', 1.10),
         ('mha', '1', 1.25),
     ]
+
+
+def test_a_run_echoes_its_evaluations_while_it_trains(tmp_path, capsys):
+    """A sweep's run logs to its train.log and prints its progress lines, named after the run."""
+    import sys
+
+    from lm.experiments.sweep import _train_logged
+
+    lines = [
+        'I1125 10:00:00.1 1 loop.py:117] compiled the train step (1 step(s) per call) in 2.0 s',
+        'I1125 10:00:01.1 1 loop.py:228] eval at step 4: loss 3.2100 ± 0.0100',
+        'I1125 10:00:02.1 1 run.py:268] resumed from /x/checkpoints at step 4',
+    ]
+    script = f'import sys; print({chr(10).join(lines)!r}); sys.exit(3)'
+    workdir = tmp_path / 'gqa_h4_kv1'
+    workdir.mkdir()
+    assert _train_logged([sys.executable, '-c', script], str(workdir)) == 3
+    assert capsys.readouterr().out.splitlines() == [
+        'gqa_h4_kv1: eval at step 4: loss 3.2100 ± 0.0100',
+        'gqa_h4_kv1: resumed from /x/checkpoints at step 4',
+    ]
+    assert (workdir / 'train.log').read_text().splitlines() == lines

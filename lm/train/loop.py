@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import queue
 import signal
 import threading
@@ -27,7 +28,12 @@ from lm.train.workdir import RunError, remember_tb_dir, remembered_tb_dir
 def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...]):
     """Steps per train-step call from `start` to `stop`: `steps_per_call` wherever that many fit
     before the next multiple of any of `every` (log, eval, checkpoint) or `stop`, single steps
-    otherwise, so that every such step ends a call."""
+    otherwise, so that every such step ends a call. When a smaller size n > 1 divides `start`,
+    `stop`, every interval and `steps_per_call`, every call is n steps instead: one compiled
+    function (15 steps at 10 per call: 5 + 5 + 5, not 10 + five single steps)."""
+    n = math.gcd(steps_per_call, start, stop, *every)
+    if n > 1:
+        steps_per_call = n
     step = start
     while step < stop:
         boundary = min([stop] + [(step // e + 1) * e for e in every])
