@@ -62,7 +62,7 @@ def run() -> int:
     points = [p for p in points if not any(text in p.label for text in _EXCLUDE.value)]
     image = save(pareto_plot.figure(points, metric, _TITLE.value), _OUT.value)
     if _TB_DIR.value:
-        pareto_plot.log_image(image, _TB_DIR.value, metric)
+        pareto_plot.log_images({metric: image}, _TB_DIR.value)
     print(f'wrote {_OUT.value}: {len(points)} arms; Pareto front of each panel:')
     for panel in dict.fromkeys(p.panel for p in points):
         best = pareto.front(

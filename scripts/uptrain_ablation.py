@@ -9,7 +9,9 @@ scratch for exactly the same total, N + round(alpha·N) steps of the same batch,
 Every arm runs for --seeds seeds and is evaluated on the whole validation split (--eval_tokens);
 the tables show mean, sample std and 95% t-interval over seeds, and paired differences between
 arms (same seed = same source, initialisation and data order) marked where resolved at 95%,
-with each model's KV-cache bytes per token (bfloat16, all layers) beside its loss.
+with each model's KV-cache bytes per token (bfloat16, all layers) beside its loss. At the end,
+loss against KV bytes per arm with the Pareto front: <out_dir>/pareto_eval_loss.png and the
+image 'pareto/eval/loss' in <out_dir>/tb (scripts/plot_pareto.py).
 
   python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --report=docs/uptraining_table.md
@@ -39,7 +41,7 @@ from absl import flags
 
 from lm.cli import bootstrap, run_app
 from lm.convert.uptrain import METHODS
-from lm.experiments import runner, summary
+from lm.experiments import pareto, pareto_plot, runner, summary
 from lm.experiments.ablation import Ablation, base_config, compare_table, plan, tables
 
 _DATA = flags.DEFINE_string('data_path', 'data/tinyshakespeare.txt', 'Text file.')
@@ -177,6 +179,8 @@ def run() -> int:
         print(f'seed {_ONLY_SEED.value} done in {time.time() - t0:.0f} s (no table: one seed)')
         return 0
     values = summary.by_arm(specs, found, summary.loss)
+    runs = pareto.runs_of(specs, found, _OUT.value)
+    pareto_plot.summarise(runs, _OUT.value, os.path.join(_OUT.value, 'tb'), pareto.METRICS)
     table = tables(ab, values)
     if _COMPARE.value:
         table += '\n\n' + compare_table(ab, specs, values, _OUT.value, _COMPARE.value)

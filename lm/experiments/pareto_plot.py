@@ -95,11 +95,13 @@ def figure(points: Iterable[pareto.Point], metric: str, title: str = '') -> plt.
     return fig
 
 
-def log_image(image, tb_dir: str, metric: str) -> None:
-    """The figure (an RGB array, `lm.analysis.plots.save`) as image 'pareto/<metric>' of the
-    run 'pareto' in `tb_dir`."""
+def log_images(images: dict, tb_dir: str) -> None:
+    """{metric: the figure as an RGB array (`lm.analysis.plots.save`)} as images
+    'pareto/<metric>' of the run 'pareto' in `tb_dir`, through one writer (writers opened in
+    the same second would share an event file name)."""
     tb = Summary(os.path.join(tb_dir, 'pareto'))
-    tb.image(f'pareto/{metric}', to_uint8(image))
+    for metric, image in images.items():
+        tb.image(f'pareto/{metric}', to_uint8(image))
     tb.close()
 
 
@@ -113,9 +115,12 @@ def has_metric(runs: list[pareto.Run], metric: str) -> bool:
 def summarise(runs: list[pareto.Run], out_dir: str, tb_dir: str, metrics: Iterable[str]) -> None:
     """The end of an experiment: for each of `metrics` that every run has, the figure as
     <out_dir>/pareto_<metric>.png and as an image in `tb_dir`."""
-    title = os.path.basename(os.path.normpath(out_dir))
+    title, images = os.path.basename(os.path.normpath(out_dir)), {}
     for metric in metrics:
         if runs and has_metric(runs, metric):
             fig = figure(pareto.points(runs, metric), metric, title)
-            path = os.path.join(out_dir, f'pareto_{metric.replace("/", "_")}.png')
-            log_image(save(fig, path), tb_dir, metric)
+            images[metric] = save(
+                fig, os.path.join(out_dir, f'pareto_{metric.replace("/", "_")}.png')
+            )
+    if images:
+        log_images(images, tb_dir)
