@@ -67,7 +67,7 @@ def metric_value(result: Mapping, metric: str) -> float:
     values = result.get(section)
     if not isinstance(values, Mapping) or name not in values:
         have = sorted(f'{section}/{k}' for k in values) if isinstance(values, Mapping) else []
-        raise KeyError(f"metric {metric!r}: not in the run's result (it has {', '.join(have)})")
+        raise ValueError(f"metric {metric!r}: not in the run's result (it has {', '.join(have)})")
     return float(values[name])
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 import matplotlib
 import matplotlib.ticker
+import numpy as np
 
 from lm.analysis.plots import save, to_uint8
 from lm.experiments import pareto
@@ -95,7 +96,7 @@ def figure(points: Iterable[pareto.Point], metric: str, title: str = '') -> plt.
     return fig
 
 
-def log_images(images: dict, tb_dir: str) -> None:
+def log_images(images: dict[str, np.ndarray], tb_dir: str) -> None:
     """{metric: the figure as an RGB array (`lm.analysis.plots.save`)} as images
     'pareto/<metric>' of the run 'pareto' in `tb_dir`, through one writer (writers opened in
     the same second would share an event file name)."""
@@ -108,7 +109,7 @@ def log_images(images: dict, tb_dir: str) -> None:
 def has_metric(runs: list[pareto.Run], metric: str) -> bool:
     try:
         return all(math.isfinite(pareto.metric_value(r.result, metric)) for r in runs)
-    except KeyError:
+    except ValueError:
         return False
 
 
