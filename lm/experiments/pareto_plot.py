@@ -88,7 +88,7 @@ def figure(points: Iterable[pareto.Point], metric: str, title: str = '') -> plt.
         ax.set_title(panel, fontsize=9)
     seeds = sorted({p.quality.n for p in points})
     fig.suptitle(
-        f'{title + ": " if title else ""}{metric} against KV-cache memory; error bars: 95% '
+        f'{title + ": " if title else ""}{metric} against KV-cache memory\nerror bars: 95% '
         f't-interval over seeds ({"/".join(map(str, seeds))} per arm)',
         fontsize=9,
     )
