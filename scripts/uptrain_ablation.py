@@ -12,6 +12,8 @@ the tables show mean, sample std and 95% t-interval over seeds, and paired diffe
 arms (same seed = same source, initialisation and data order) marked where resolved after
 Holm's correction over the report's comparisons, with each model's KV-cache bytes per token
 (bfloat16, all layers) beside its loss; each run's loss goes to <out_dir>/seeds.csv.
+At the end, loss against KV bytes per arm with the Pareto front: <out_dir>/pareto_eval_loss.png
+and the image 'pareto/eval/loss' in <out_dir>/tb (scripts/plot_pareto.py).
 
   python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --report=docs/uptraining_table.md
@@ -42,7 +44,7 @@ from absl import flags
 
 from lm.cli import bootstrap, check_writable_dir, run_app
 from lm.convert.uptrain import METHODS
-from lm.experiments import runner, summary
+from lm.experiments import pareto, pareto_plot, runner, summary
 from lm.experiments.ablation import Ablation, base_config, compare_table, plan, tables
 
 _DATA = flags.DEFINE_string('data_path', 'data/tinyshakespeare.txt', 'Text file.')
@@ -193,6 +195,8 @@ def run() -> int:
     values = summary.by_arm(specs, found, summary.loss)
     seeds = summary.seed_rows(values, ('model', 'conversion', 'alpha_or_steps'), 'eval_loss')
     summary.write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for docs/results
+    runs = pareto.runs_of(specs, found, _OUT.value)
+    pareto_plot.summarise(runs, _OUT.value, os.path.join(_OUT.value, 'tb'), pareto.METRICS)
     table = tables(ab, values)
     if _COMPARE.value:
         table += '\n\n' + compare_table(ab, specs, values, _OUT.value, _COMPARE.value)

@@ -74,7 +74,9 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
     from tensorboard.backend.event_processing import event_accumulator
 
     runs = sorted(r for r in os.listdir(tb) if not r.startswith('.'))  # --tb_dir: all there
-    assert runs == ['mha_s0', 'mha_s1', 'mla', 'mqa_h4'] and not (tmp_path / 'sw' / 'tb').exists()
+    assert runs == ['mha_s0', 'mha_s1', 'mla', 'mqa_h4', 'pareto']
+    assert not (tmp_path / 'sw' / 'tb').exists()
+    check_pareto_figure(tmp_path / 'sw', tb / runs.pop())
     differs = set()
     for run in runs:
         acc = event_accumulator.EventAccumulator(str(tb / run))
@@ -95,6 +97,24 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
         f'error: --match=width: {tmp_path / "sw"} holds a --match=params sweep; use another '
         '--sweep_dir'
     )
+
+
+def check_pareto_figure(sweep_dir, logdir):
+    """The sweep's Pareto figure: a PNG in the sweep_dir, an image in TensorBoard (loss only:
+    no run has a recall accuracy), and scripts/plot_pareto.py draws it again from the runs."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(logdir))
+    acc.Reload()
+    assert acc.Tags()['images'] == ['pareto/eval/loss']
+    (image,) = acc.Images('pareto/eval/loss')
+    assert image.encoded_image_string[:4] == b'\x89PNG' and image.width > 400
+    assert (sweep_dir / 'pareto_eval_loss.png').stat().st_size > 10_000
+    assert not (sweep_dir / 'pareto_eval_recall_accuracy.png').exists()
+    out = sweep_dir / 'again.png'
+    plot = run_entry('scripts/plot_pareto.py', f'--run_dir={sweep_dir}', f'--out={out}', check=True)
+    assert f'wrote {out}: 3 arms' in plot.stdout  # mha (2 seeds), mqa_h4, mla
+    assert out.read_bytes()[:4] == b'\x89PNG'
 
 
 @pytest.mark.slow

@@ -465,6 +465,14 @@ def check_mla_decoding(workdir):
     np.testing.assert_allclose(step[0], full[5], atol=2e-5, rtol=1e-4)
 
 
+def read_images(logdir):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(logdir))
+    acc.Reload()
+    return acc.Tags()['images']
+
+
 @pytest.mark.slow
 def test_ablation_script_smoke(tmp_path):
     words = 'the of and to a in that is was he for it with as his on be at by'.split()
@@ -497,6 +505,8 @@ def test_ablation_script_smoke(tmp_path):
         assert row in table, table
     assert '| MQA | from scratch | — | 6 |' not in table
     assert 'mean ± sample std (ddof 1), 95% t-interval' in table
+    assert (tmp_path / 'abl' / 'pareto_eval_loss.png').stat().st_size > 10_000  # and in TB:
+    assert read_images(tmp_path / 'abl' / 'tb' / 'pareto') == ['pareto/eval/loss']
     num = r'-?\d\.\d{4}'
     arm = rf'\| MQA \| mean \| 0\.5 \(3\) \| 9 \| {num} ± {num} \| \[{num}, {num}\] \| '
     assert re.search(arm + rf'[+-]\d\.\d{{4}} \[{num}, {num}\]', table), (
