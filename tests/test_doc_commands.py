@@ -13,8 +13,10 @@ added to the docs (or changed) fails the test until it is listed here:
   `--help` appended, so absl parses (and checks) every flag the docs give, and runs nothing.
 - `Skip(reason)`: what cannot run here at all.
 
-Data: `data/tinyshakespeare.txt` is a text the test writes (no network); scripts/get_data.py is
-only flag-checked (it would download).
+A line that only sets a shell variable (`COMMON=...`) is kept for the block's later commands.
+Data: `data/tinyshakespeare.txt` and `prompts.txt` are texts the test writes (no network);
+scripts/get_data.py is only flag-checked (it would download). `docs/` is a copy without the files
+the commands write (figures, the recall calibration curve), so they write and rewrite the copy.
 """
 
 import dataclasses
@@ -38,6 +40,14 @@ TINY = (
 TEXT = '--config.data.source=text --config.data.path=data/tinyshakespeare.txt'
 ANALYSIS = {'@2000': '@40', '@2100': '@42'}  # 40 source steps, then round(0.05 * 40) = 2
 SMALL_ANALYSIS = '--batch=4 --max_batches=2 --num_random=4'
+# The recall tasks at TINY's seq_len (MQAR: 4 x pairs <= 16) with a small held-out set; passkey
+# examples need >= 102 bytes, so its rows stay longer.
+MQAR_EVAL = '--config.data.recall_eval_examples=64 --config.eval_batch_size=32'
+MQAR = f'--config.data.recall_pairs=2 {MQAR_EVAL}'
+PASSKEY = (
+    '--config.data.seq_len=128 --config.data.passkey_lengths=102,129 '
+    '--config.data.recall_eval_examples=20 --config.eval_batch_size=10 --config.train.batch_size=8'
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +68,16 @@ class Skip:
 
 BENCH = Flags()
 SERVER = Skip('tensorboard serves until stopped')
+PIP = Skip('installs into the environment the suite runs in')
 GET_DATA = Flags()  # downloads; tests/test_fresh_clone.py checks it offline
+MADE = ('*.png', 'mqar_calibration.csv')  # docs/ files the doc commands write
 FIXTURE = str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')  # 4 heads, 2 layers, width 32
 
 PLAN = {
     # README.md
-    "pip install -e '.[dev]'": Skip('installs the package the suite runs in'),
+    "pip install -e '.[dev]'": PIP,
+    'pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu': PIP,
+    "pip install -e '.[dev,hf]'": PIP,
     'python train.py --config=configs/quickstart.py --workdir=runs/quickstart': Run(extra=TEXT),
     'tensorboard --logdir runs/quickstart/tb': SERVER,
     'pytest -q': Skip('the suite itself'),
@@ -104,7 +118,7 @@ PLAN = {
     '--config.mesh.fsdp=-1 --config.mesh.tensor=1 --distributed"': Skip('a TPU pod'),
     'python scripts/uptrain.py --src=runs/shakespeare_mha --dst=runs/gqa2_uptrained '
     '--num_kv_heads=2': Run(),
-    'python train.py --workdir=runs/gqa2_uptrained --tb_dir=runs/tb': Run(),
+    'python train.py --workdir=runs/gqa2_uptrained': Run(),
     'python scripts/analyze_heads.py --workdir=runs/shakespeare_mha '
     '--compare=runs/gqa2_uptrained@2000 --compare=runs/gqa2_uptrained '
     '--out=runs/heads_mha_vs_gqa2': Run(subs=(('@2000', '@40'),), extra=SMALL_ANALYSIS),
@@ -127,6 +141,9 @@ PLAN = {
     '--max_new_tokens=200': Run(subs=(('=200', '=8'),)),
     'python scripts/generate.py --workdir=runs/shakespeare_mha --prompt="ROMEO:" '
     '--prompt="JULIET:" --sampling=temperature=0.8,top_k=40,top_p=0.95': Run(
+        extra='--max_new_tokens=8'
+    ),
+    'python scripts/generate.py --workdir=runs/shakespeare_mha --prompts_file=prompts.txt': Run(
         extra='--max_new_tokens=8'
     ),
     'python scripts/bench_decode.py': BENCH,
@@ -182,6 +199,23 @@ PLAN = {
     'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=1024,8192 --batch=4 '
     '--new_tokens=8 --dtype=bfloat16 --json=bf16.json': BENCH,
     'python scripts/plot_roofline.py --json=f32.json,bf16.json': BENCH,
+    # docs/kv_layouts.md: CLA needs two layers; the 2-layer MHA source is the imported fixture
+    'python train.py --config=configs/shakespeare_char.py --workdir=runs/mqa_cla2_scratch '
+    '--config.model.attention=mqa --config.model.kv_share_every=2': Run(
+        extra='--config.model.num_layers=2'
+    ),
+    'python scripts/uptrain.py --src=runs/mha --dst=runs/mqa_cla2 --num_kv_heads=1 '
+    '--kv_share_every=2': Run(subs=(('runs/mha', 'runs/llama2'),), extra='--steps=2'),
+    'python scripts/uptrain.py --src=runs/mha --dst=runs/cla2 --kv_share_every=2 '
+    '--grouping=similarity --method=aligned': Run(
+        subs=(('runs/mha', 'runs/llama2'),), extra='--steps=2'
+    ),
+    'python train.py --workdir=runs/mqa_cla2': Run(),
+    'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=5000 '
+    '--seeds=5 --targets=1 --methods=mean,first,similarity-aligned --cla=cla2,mqa_cla2 '
+    '--out_dir=runs/uptrain_cla --parallel=2': Flags(),
+    'python scripts/bench_decode.py --variants=mha,gqa2,mqa,cla2,mqa_cla2 '
+    '--contexts=256,2048': BENCH,
     # docs/performance.md
     'python scripts/bench_train.py --steps=60 --rounds=5': BENCH,
     'python scripts/bench_train.py --variants=mha,mla --steps=40 --rounds=4 '
@@ -206,10 +240,35 @@ PLAN = {
     'bash scripts/bench_gpu.sh rest OUT_DIR': Skip('a GPU'),
     'python scripts/bench_decode.py --contexts=8192 --batch=8 --variants=mha,gqa4,mqa,mla '
     '--dtype=bfloat16 --d_model=768 --num_layers=12': BENCH,
+    # docs/recall.md: the tasks at the tiny size (fewer pairs, shorter passkey examples); the
+    # calibration runs too, so curve_csv.py and make_tables.py read real event files (in the
+    # scratch copy of docs/)
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/mqar_mha': Run(extra=MQAR),
+    'python eval.py --workdir=runs/mqar_mha': Run(),
+    'python train.py --config=configs/recall/passkey.py:mqa --workdir=runs/passkey_mqa': Run(
+        extra=PASSKEY
+    ),
+    'COMMON="--config.eval_every=100 --config.mesh.cpu_devices=1"': Run(),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/calib_p8v256_lr3e-3 '
+    '$COMMON --config.train.lr=3e-3 --config.train.min_lr=3e-4 --config.train.steps=1500 '
+    '--config.checkpoint_every=1500': Run(extra=MQAR),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/calib_p8v256_lr1e-2 '
+    '$COMMON --config.train.lr=1e-2 --config.train.min_lr=1e-3 --config.train.steps=800 '
+    '--config.checkpoint_every=800': Run(extra=MQAR),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/calib_p4v64_lr3e-3 '
+    '$COMMON --config.train.lr=3e-3 --config.train.min_lr=3e-4 --config.train.steps=800 '
+    '--config.checkpoint_every=800 --config.data.recall_pairs=4 '
+    '--config.data.recall_vocab=64': Run(extra=MQAR_EVAL),  # 4 pairs fill 16 tokens exactly
+    'python scripts/curve_csv.py --tag=eval/recall_accuracy '
+    '--out=docs/results/mqar_calibration.csv --runs=p8v256_lr3e-3=runs/calib_p8v256_lr3e-3/tb,'
+    'p8v256_lr1e-2=runs/calib_p8v256_lr1e-2/tb,p4v64_lr3e-3=runs/calib_p4v64_lr3e-3/tb': Run(),
+    'python scripts/make_tables.py': Run(),
     # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '
     '--seeds=5': Run(subs=(('runs/kinds5', 'runs/kinds'), ('--seeds=5', '--seeds=1'))),
     'tensorboard --logdir runs/kinds5/tb': SERVER,
+    'python scripts/plot_pareto.py --table=docs/results/pareto_reported.csv '
+    '--out=docs/pareto_reported.png': Run(),
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py '
     '--sweep_dir=runs/kinds5_params --seeds=5 --match=params --parallel=2': Flags(),
     # docs/uptraining.md
@@ -298,11 +357,14 @@ def scratch(tmp_path):
     for name in ('train.py', 'eval.py', 'scripts'):
         (tmp_path / name).symlink_to(ROOT / name)
     shutil.copytree(ROOT / 'configs', tmp_path / 'configs')  # their '..' paths stay in here
+    # docs/ without what the commands make: the figures and the calibration curve
+    shutil.copytree(ROOT / 'docs', tmp_path / 'docs', ignore=shutil.ignore_patterns(*MADE))
     (tmp_path / 'bin').mkdir()
     (tmp_path / 'bin' / 'python').symlink_to(sys.executable)
     (tmp_path / 'data').mkdir()
     (tmp_path / 'data' / 'tinyshakespeare.txt').write_text(stdlib_text(60_000), encoding='utf-8')
     (tmp_path / 'other.txt').write_text(stdlib_text(20_000), encoding='utf-8')
+    (tmp_path / 'prompts.txt').write_text('ROMEO:\nJULIET:\n', encoding='utf-8')
     env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': str(ROOT), 'RANK': '0'}
     env['PATH'] = f'{tmp_path / "bin"}{os.pathsep}{env["PATH"]}'
     return env
@@ -329,7 +391,7 @@ def test_every_doc_command_runs_scaled_down(tmp_path):
         if re.match(r'^[A-Z_]+=', command):  # a shell variable the block's later lines use
             shell_vars += command + '\n'
             continue
-        out = bash(scaled(command, action), tmp_path, env)
+        out = bash(shell_vars + scaled(command, action), tmp_path, env)
         assert out.returncode == 0, f'{doc}: {command}\n{out.stdout[-2000:]}{out.stderr[-4000:]}'
     with ThreadPoolExecutor(2) as pool:
         results = pool.map(lambda c: (c, bash(c, tmp_path, env)), flag_checks)
@@ -344,8 +406,14 @@ def test_every_doc_command_runs_scaled_down(tmp_path):
         'runs/kinds/summary.md',
         'runs/sampling/summary.md',
         'runs/mla64/checkpoints',
+        'runs/mqa_cla2/checkpoints',
+        'runs/cla2/checkpoints',
+        'docs/pareto_reported.png',
+        'docs/results/mqar_calibration.csv',
     ):
         assert (tmp_path / path).exists(), path
+    recall = (tmp_path / 'docs' / 'recall.md').read_text()
+    assert recall != (ROOT / 'docs' / 'recall.md').read_text(), 'make_tables.py left the table'
 
 
 @pytest.mark.slow
