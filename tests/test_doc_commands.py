@@ -445,25 +445,46 @@ def test_quickstart_perplexities_are_in_the_readme_ranges(tmp_path):
 
 
 def test_readme_names_sweep_runs_and_hparams_as_the_code_does():
+    """The README's sweep run names are run_name's for the points they name; its HParams columns
+    are hparam_values' keys in order and its metrics METRICS; the sweep's HParams tab opens on
+    METRICS[0], and the columns the README says differ between the named runs do."""
     from conftest import tiny_config
 
-    from lm.experiments.sweep import run_name
+    from lm.experiments.sweep import point_config, run_name
+    from lm.model.accounting import param_counts
     from lm.model.transformer import model_config
-    from lm.train.run_log import hparams
+    from lm.train.hparams import METRICS, hparam_values
 
     readme = ' '.join((ROOT / 'README.md').read_text().split())
-    example = re.search(
-        r'\(`(\w+)` for `model.attention=(\w+)`, `model.num_heads=(\d+)`, '
-        r'`model.num_kv_heads=(\d+)`\)',
+    names = re.search(r'named by attention kind and heads: ((?:`\w+`, )+)then any other', readme)
+    assert names, 'README: the sweep run-name sentence moved'
+    values = {}
+    for name in re.findall(r'`(\w+)`', names.group(1)):
+        parsed = re.fullmatch(r'([a-z]+)_h(\d+)(?:_kv(\d+))?', name)
+        assert parsed, f'README: run name {name!r} is not <kind>_h<heads>[_kv<kv heads>]'
+        kind, heads, kv = parsed.groups()
+        point = {'model.attention': kind, 'model.num_heads': int(heads)}
+        if kv:
+            point['model.num_kv_heads'] = int(kv)
+        config = point_config(tiny_config(), point)
+        assert run_name(point, config) == name, point
+        cfg = model_config(config.model)
+        values[name] = hparam_values(config, cfg, param_counts(cfg)['total'])
+    assert {'gqa', 'mha'} <= {name.split('_')[0] for name in values}, values
+
+    found = re.search(r'comparison columns under HParams \(([^;]*); metrics ([^)]*)\)', readme)
+    assert found, 'README: the HParams column sentence moved'
+    columns, metrics = found.groups()
+    gqa = next(v for name, v in values.items() if name.startswith('gqa'))
+    assert re.findall(r'`([\w.]+)`', columns.split("MLA's")[0]) == list(gqa)
+    assert re.findall(r'`([\w/]+)`', metrics) == list(METRICS)
+
+    found = re.search(
+        r'HParams tab opens on eval perplexity and the columns that differ between the runs '
+        r'\(((?:`[\w.]+`, )+)\.\.\.\)',
         readme,
     )
-    assert example, 'README: the sweep run-name example moved'
-    name, kind, heads, kv = example.groups()
-    point = {'model.attention': kind, 'model.num_heads': int(heads), 'model.num_kv_heads': int(kv)}
-    assert run_name(point) == name
-    keys = re.search(
-        r'HParams tab tabulates eval perplexity against `([\w.]+)`, `([\w.]+)`', readme
-    )
-    assert keys, 'README: the HParams sentence moved'
-    config = tiny_config(attention='gqa', num_kv_heads=2)
-    assert set(keys.groups()) <= set(hparams(config, model_config(config.model), 1000))
+    assert found, 'README: the sweep HParams sentence moved'
+    assert METRICS[0] == 'eval/perplexity'
+    for column in re.findall(r'`([\w.]+)`', found.group(1)):
+        assert len({repr(v.get(column)) for v in values.values()}) > 1, column
