@@ -44,6 +44,9 @@ ADDED_KEYS = {
     'uptrain.rope_pairs': '',
     'uptrain.calibration_tokens': 8192,
     'model.decode_chunk': 0,
+    'data.split': '',
+    'data.uptrain_fraction': 0.1,
+    'data.heldout_fraction': 0.5,
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)
