@@ -25,6 +25,7 @@ from flax import nnx
 
 from lm.analysis import scores as analysis
 from lm.convert import head_merging, mla
+from lm.data.parts import PARTS
 from lm.model import attention
 from lm.model.config import ModelConfig
 from lm.model.hf_mapping import DEEPSEEK_LATENT_EPS
@@ -55,6 +56,8 @@ KEYS = {
     'schedule': 'config.uptrain.schedule',
     'optimizer_state': 'config.uptrain.optimizer_state',
     'seed': 'ConversionOptions.seed',
+    'data_split': 'config.data.split',
+    'lr': 'config.train.lr',
 }
 _k = types.SimpleNamespace(**KEYS)  # the keys by attribute, for the messages
 
@@ -71,7 +74,9 @@ class ConversionOptions:
     at the source's `source_step` (None: its latest checkpoint) and trains `steps` more (None:
     `fraction` of the source's steps; None: the source config's uptrain.fraction) under
     `schedule` with `optimizer_state`; `seed` draws method 'random's fresh K/V. None for
-    `calibration_tokens`: the source config's."""
+    `calibration_tokens`: the source config's. `data_split` (None: the source's) is the corpus
+    part the converted run trains on (`lm.data.parts`); `lr` (None: the source's) its peak
+    learning rate, the source's min_lr scaled by the same factor."""
 
     target: str = ''
     num_kv_heads: int = 0
@@ -86,6 +91,8 @@ class ConversionOptions:
     schedule: str = 'continue'
     optimizer_state: str = 'convert'
     seed: int = 0
+    data_split: str | None = None
+    lr: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'method', self.method or _default_method(self.target))
@@ -129,6 +136,10 @@ def _check_run(opts: ConversionOptions) -> None:
         raise ValueError(f'{_k.seed} must be in [0, 2**32), got {opts.seed}')
     if opts.calibration_tokens is not None and opts.calibration_tokens < 1:
         raise ValueError(f'{_k.calibration_tokens} must be >= 1, got {opts.calibration_tokens}')
+    if opts.data_split is not None:
+        _one_of(opts, 'data_split', ('', *PARTS))
+    if opts.lr is not None and not (math.isfinite(opts.lr) and opts.lr > 0):
+        raise ValueError(f'{_k.lr} must be a finite number > 0, got {opts.lr}')
 
 
 def _check_target(opts: ConversionOptions) -> None:

@@ -325,6 +325,11 @@ def _converted_config(
     if options.fraction is not None:
         src_config.uptrain.fraction = options.fraction
     src_config.uptrain.update(schedule=options.schedule, optimizer_state=options.optimizer_state)
+    if options.data_split is not None:
+        src_config.data.split = options.data_split
+    if options.lr is not None:
+        train = src_config.train
+        train.update(lr=options.lr, min_lr=train.min_lr * options.lr / train.lr)
     config = uptrain_config(
         src_config,
         options.num_kv_heads,
