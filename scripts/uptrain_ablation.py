@@ -76,7 +76,8 @@ _CALIBRATION = flags.DEFINE_integer(
 _OPT_STATE = flags.DEFINE_string(
     'optimizer_state',
     'convert',
-    "GQA / MQA arms: 'convert' (the source's AdamW moments) or 'fresh'; MLA arms are fresh.",
+    "'convert' (the source's AdamW count and moments, converted like the weights; MLA: zero for "
+    "the new latent factors) or 'fresh'.",
 )
 _EVAL_TOKENS = flags.DEFINE_integer(
     'eval_tokens', 0, 'Validation tokens per evaluation (lm.train.evaluation); 0 = the whole split.'

@@ -435,12 +435,19 @@ def test_uptrain_end_to_end(tmp_path, small_text):
         'scripts/uptrain.py',
         f'--src={tmp_path / "mha"}',
         f'--dst={tmp_path / "mla"}',
-        *mla,
-        '--optimizer_state=fresh',
+        *mla,  # optimizer_state=convert: Adam's count and the kept parameters' moments go on
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert 'mla with latent 8+4 KV heads by joint_svd' in out.stdout
     check_mla_decoding(tmp_path / 'mla')
+    opt_state = assemble(str(tmp_path / 'mla'), state='restore').state['opt_state']
+    is_adam = lambda node: isinstance(node, optax.ScaleByAdamState)  # noqa: E731
+    (adam,) = [n for n in jax.tree.leaves(opt_state, is_leaf=is_adam) if is_adam(n)]
+    assert int(adam.count) == 40  # the source's steps
+    first = next(iter(adam.nu['blocks'].values()))['attn']
+    assert np.any(adam.nu['embed']) and np.any(first['o_proj']['kernel'])  # carried over
+    assert not np.any(first['kv_b_proj']['kernel'])  # a new latent factor: no history
+    )
 
 
 def check_mla_decoding(workdir):

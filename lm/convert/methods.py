@@ -19,8 +19,10 @@ import dataclasses
 import math
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 from lm.analysis import scores as analysis
@@ -169,10 +171,6 @@ def _check_latent(opts: ConversionOptions) -> None:
             f'{_k.qk_rope_head_dim} must be an even number >= 2 for {t}, '
             f'got {opts.qk_rope_head_dim}'
         )
-    if opts.optimizer_state != 'fresh':
-        raise ValueError(
-            f'{t} builds new parameters with no AdamW history: set {_k.optimizer_state}=fresh'
-        )
 
 
 def _check_pool(opts: ConversionOptions) -> None:
@@ -318,3 +316,25 @@ def latent_conversion(
     }
     pairs = mla.kept_dims(D, P, stride)[0][: P // 2]
     return out, settings, ','.join(map(str, pairs))
+
+
+def latent_opt_state(opt_state, fresh_state, order_D: np.ndarray):
+    """The converted MLA run's optax state for optimizer_state='convert': `fresh_state` (the
+    converted parameters' `tx.init`) with every Adam state's count and moments carried over
+    from the source's `opt_state` where the parameter is kept (`mla.latent_moments`)."""
+
+    def is_adam(node) -> bool:
+        return isinstance(node, optax.ScaleByAdamState)
+
+    sources = iter(n for n in jax.tree.leaves(opt_state, is_leaf=is_adam) if is_adam(n))
+
+    def carry(node):
+        if not is_adam(node):
+            return node
+        src = next(sources)
+        mu = mla.latent_moments(src.mu, node.mu, order_D)
+        return node._replace(
+            count=src.count, mu=mu, nu=mla.latent_moments(src.nu, node.nu, order_D)
+        )
+
+    return jax.tree.map(carry, fresh_state, is_leaf=is_adam)

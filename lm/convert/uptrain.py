@@ -17,7 +17,8 @@ and it trains on the source recipe's batches for the steps after it (new data, n
 `uptrain.schedule`: 'continue' carries the source's learning-rate schedule on (optionally ramped
 up over uptrain.warmup_steps), 'rewarm' warms up to the peak anew and decays over the uptraining
 steps. `uptrain.optimizer_state`: 'convert' keeps the source's AdamW state with the K/V moments
-converted like the weights (zeroed for 'random'), 'fresh' starts the moments anew.
+converted like the weights (zeroed for 'random'; for an MLA target, kept where the parameter is
+kept and zero for the new latent factors), 'fresh' starts the moments anew.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from absl import logging
 from flax import nnx
 
-from lm.convert import head_merging
+from lm.convert import head_merging, mla
 from lm.convert import methods as conversion
 from lm.convert.hf_files import copy_run_files
 from lm.convert.methods import SCHEDULES, ConversionOptions, check_conversion, check_steps
@@ -305,7 +307,8 @@ def _converted_params(source, options: ConversionOptions):
         target = attention.VARIANTS[options.target].read_section(source.config.model)
         eps = target.latent_norm_eps  # the source config's section (0: DeepseekV3's, 1e-6)
         params, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs, eps)
-        return params, (None, None), settings, {**record, 'rope_pairs': pairs}
+        order = mla.q_order(cfg.head_dim, np.array([int(j) for j in pairs.split(',')]))
+        return params, (order, None), settings, {**record, 'rope_pairs': pairs}
     g, method = options.num_kv_heads, options.method
     if options.grouping == 'similarity':
         groups = conversion.similarity_groups(params, g, method, inputs)
@@ -351,7 +354,10 @@ def _converted_state(source, options: ConversionOptions, ctx, params: dict, reci
     the source's optimizer state converted like the weights, or a fresh one at the source's step
     (`options.optimizer_state`)."""
     state = source.state
-    if options.optimizer_state == 'convert':
+    if options.optimizer_state == 'convert' and options.latent:
+        fresh = with_schedule_count(ctx.tx.init(params), source.step)
+        opt_state = conversion.latent_opt_state(state['opt_state'], fresh, recipe[0])
+    elif options.optimizer_state == 'convert':
         opt_state = convert_opt_state(
             state['opt_state'], state['params'], options.num_kv_heads, options.method, *recipe
         )

@@ -53,7 +53,7 @@ class Ablation:
     mla_ranks: tuple[int, ...] = ()  # MHA -> MLA arms at these latent ranks
     mla_rope_dim: int = 8
     calibration_tokens: int | None = None
-    optimizer_state: str = 'convert'  # pooled arms; MLA arms are 'fresh'
+    optimizer_state: str = 'convert'  # every conversion arm: the source's Adam state carried
     eval_tokens: int = 0
     schedules: tuple[str, ...] = ('continue',)  # every method runs under each
     lrs: tuple[float, ...] = ()  # learning-rate grid of every trained arm; () = the recipe's
@@ -180,7 +180,7 @@ def arms(ab: Ablation) -> dict[str, tuple[Callable, dict[str, ConversionOptions]
                 kv_lora_rank=rank,
                 qk_rope_head_dim=ab.mla_rope_dim,
                 method='joint_svd',
-                optimizer_state='fresh',
+                optimizer_state=ab.optimizer_state,
                 calibration_tokens=ab.calibration_tokens,
                 schedule=schedule,
                 data_split=UPTRAIN_PART,
