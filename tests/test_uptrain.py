@@ -447,7 +447,6 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     first = next(iter(adam.nu['blocks'].values()))['attn']
     assert np.any(adam.nu['embed']) and np.any(first['o_proj']['kernel'])  # carried over
     assert not np.any(first['kv_b_proj']['kernel'])  # a new latent factor: no history
-    )
 
 
 def check_mla_decoding(workdir):
