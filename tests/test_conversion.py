@@ -310,6 +310,8 @@ MLA = dict(target='mla', kv_lora_rank=8, qk_rope_head_dim=4, optimizer_state='fr
             dict(MLA, qk_rope_head_dim=3),
             r'^config.model.mla.qk_rope_head_dim must be an even number >= 2 .*got 3$',
         ),
+        (dict(num_kv_heads=2, data_split='heldout'), r'^config.data.split must be one of'),
+        (dict(num_kv_heads=2, lr=0.0), r'^config.train.lr must be a finite number > 0, got 0.0$'),
         (
             dict(num_kv_heads=2, method='random', grouping='similarity'),
             r'^config.uptrain.grouping=similarity has no effect with config.uptrain.method=random',

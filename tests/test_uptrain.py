@@ -566,6 +566,10 @@ def test_ablation_script_smoke(tmp_path):
         lr: np.mean([result('grid', f'MQA_mean_a0.5_lr{lr}_s{s}')['eval']['loss'] for s in (0, 1)])
         for lr in ('0.001', '0.003')
     }
+    grid_config = stored_config(str(tmp_path / 'grid' / 'MQA_mean_a0.5_lr0.003_s0'))
+    assert (grid_config.train.lr, grid_config.data.split) == (0.003, 'uptrain')
+    source_lr = stored_config(str(tmp_path / 'abl' / 'mha_s0')).train
+    assert grid_config.train.min_lr == pytest.approx(3 * source_lr.min_lr)  # lr 3x the recipe's
     best = min(val, key=val.get)
     assert re.search(
         rf'\| MQA \| mean \| 0\.5 \(3\) \| 9 \| .* \| 64 \| {best} \|$', out.stdout, re.M
