@@ -2,9 +2,10 @@
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import tiny_config, tiny_train_config
 
 from lm.data.corpus import load_corpus
+from lm.train.loop import train
 
 
 def data_config(tmp_path, text, **overrides):
@@ -57,3 +58,17 @@ def test_parts_are_disjoint_and_cover_the_corpus(tmp_path, text):
 def test_bad_part_settings_are_refused(tmp_path, text, overrides, message):
     with pytest.raises(ValueError, match=message):
         load_corpus(data_config(tmp_path, text, **overrides))
+
+
+@pytest.mark.slow
+def test_a_run_on_a_part_is_scored_on_the_held_out_part_at_its_last_step(tmp_path, small_text):
+    """Training on 'uptrain' evaluates on the validation part along the way and, at the last
+    step only, on every target of the held-out part."""
+    config = tiny_train_config(tmp_path, small_text, **{'data.split': 'uptrain', 'train.steps': 2})
+    out = train(config, str(tmp_path / 'run'))
+    corpus = load_corpus(config.data)
+    assert out['heldout']['tokens'] == len(corpus.tokens['heldout']) - 1
+    assert out['eval']['tokens'] == len(corpus.tokens['validation']) - 1
+    assert out['heldout']['loss'] != out['eval']['loss']
+    plain = tiny_train_config(tmp_path, small_text, **{'train.steps': 0})
+    assert train(plain, str(tmp_path / 'plain'))['heldout'] == {}  # no parts: no held-out score
