@@ -17,7 +17,8 @@ run's `config.model.mla` section). Steps:
    (P/2 − 1)·s} (source pair j turns at θ^(−2j/D)) with θ' = θ^(s·P/D) in the converted config.
    The stride s is chosen by MHA2MLA's 2-norm criterion: the contribution of pair j of head h
    is mean‖q_hj‖ · mean‖k_hj‖ over calibration tokens; s maximises the contribution kept, summed
-   over heads and layers. (MHA2MLA picks pairs per head; a shared key cannot.) The highest
+   over heads and layers. (MHA2MLA picks any pairs per layer and KV head, each KV head with
+   its own RoPE key; one key shared by all heads cannot: docs/uptraining.md.) The highest
    frequency, pair 0, is always kept.
 2. Shared RoPE key. W_KR is the mean over the source KV heads of their kept-pair key columns;
    queries keep their own columns.
