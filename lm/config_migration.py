@@ -53,6 +53,9 @@ ADDED_KEYS = {
     'data.passkey_depths': '0,0.25,0.5,0.75,1',
     'model.kv_share_every': 1,
     'model.kv_heads_per_layer': (),
+    'data.split': '',
+    'data.uptrain_fraction': 0.1,
+    'data.heldout_fraction': 0.5,
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)
