@@ -272,6 +272,10 @@ PLAN = {
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py '
     '--sweep_dir=runs/kinds5_params --seeds=5 --match=params --parallel=2': Flags(),
     # docs/uptraining.md
+    'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=5000 '
+    '--seeds=5 --parallel=2 --out_dir=runs/uptrain5k_parts --schedule=continue,rewarm '
+    '--methods=mean,aligned,first,random --targets=2,1 --mla_ranks=32,64 '
+    '--fractions=0,0.05,0.1 --lrs=3e-4,1e-3,3e-3 --report=runs/table_parts.md': Flags(),
     'COMMON="--data_path=data/tinyshakespeare.txt --steps=5000 --seeds=5 --parallel=2"': Run(),
     'python scripts/uptrain_ablation.py $COMMON --out_dir=runs/uptrain5k_continue '
     '--methods=mean,similarity-mean,aligned,first,random --fractions=0,0.05 '
