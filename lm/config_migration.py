@@ -43,6 +43,8 @@ ADDED_KEYS = {
     'uptrain.groups': '',
     'uptrain.rope_pairs': '',
     'uptrain.calibration_tokens': 8192,
+    'model.sliding_window': 0,
+    'model.layer_pattern': '',
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

@@ -75,10 +75,10 @@ class SharedKV(AttentionVariant):
         theta = self.cfg.rope_theta
         q_BTHD = rope(self.q_proj(x_BTE), positions_BT, theta)
         kv_BGSD = rope(self.kv_proj(x_BTE), positions_BT, theta).transpose(0, 2, 1, 3)
-        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
+        mask = self.mask(x_BTE.shape[1], segment_ids_BT)
         if cache is not None:
-            cache, mask = cache.write(kv=kv_BGSD)
-            kv_BGSD = cache.arrays['kv'].astype(q_BTHD.dtype)
+            cache, seen, mask = cache.write(kv=kv_BGSD)
+            kv_BGSD = seen['kv'].astype(q_BTHD.dtype)
         out_BTHD = self.attend(q_BTHD, kv_BGSD, kv_BGSD, scale=self.cfg.head_dim**-0.5, mask=mask)
         return self.o_proj(out_BTHD), cache
 

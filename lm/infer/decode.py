@@ -7,7 +7,8 @@ pass of the unpadded prompt. Decode step i writes slot T + i for every row. Pref
 step are the model's own forward pass with one `KVCache` per layer (`Transformer.__call__` with
 `caches`); each attention variant owns its cache layout (its `init_cache`, lm/model/attention.py):
 K and V per KV head for MHA / GQA / MQA (head-major, [B, G, S, D]), the latent c_KV and the
-shared RoPE key for MLA.
+shared RoPE key for MLA. A local (sliding-window) layer's cache is a ring of W slots, and any
+cache may be stored as int8 (lm/model/kv_cache.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from flax import nnx
 
 from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
+from lm.model.kv_cache import KV_CACHE_DTYPES, KVCache
 from lm.model.transformer import Transformer
-from lm.model.variant import KVCache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +90,20 @@ def parse_sampling(spec: str) -> Sampling:
     return sampling
 
 
-def init_caches(cfg: ModelConfig, batch: int, length: int) -> list[KVCache]:
-    """One zeroed cache per layer, in the compute dtype."""
+def init_caches(
+    cfg: ModelConfig, batch: int, length: int, kv_cache_dtype: str = 'float'
+) -> list[KVCache]:
+    """One zeroed cache per layer for `length` tokens, in the compute dtype or stored as int8
+    (`kv_cache_dtype`, lm/model/kv_cache.py): a local layer whose window W is shorter than
+    `length` gets a ring of W slots."""
     cls = attention.variant(cfg)
-    return [cls.init_cache(cfg, batch, length, DTYPES[cfg.dtype]) for _ in range(cfg.num_layers)]
+    caches = []
+    for layer in range(cfg.num_layers):
+        W = cfg.layer_window(layer)
+        window = W if 0 < W < length else 0
+        cache = cls.init_cache(cfg, batch, window or length, DTYPES[cfg.dtype])
+        caches.append(cache.configured(window, length, kv_cache_dtype))
+    return caches
 
 
 def cache_elements_per_token(caches: list[KVCache]) -> int:
@@ -134,9 +145,15 @@ class Decoder:
     """Jitted prefill, single decode steps, and a whole generation loop for one model.
 
     `absorb`: MLA decodes by weight absorption (False: it expands per-head K/V from its latent
-    cache, the naive path); variants without that option ignore it."""
+    cache, the naive path); variants without that option ignore it. `kv_cache_dtype`: how
+    `generate` stores the caches, 'float' (the compute dtype) or 'int8' (`init_caches`)."""
 
-    def __init__(self, model: Transformer, absorb: bool = True):
+    def __init__(self, model: Transformer, absorb: bool = True, kv_cache_dtype: str = 'float'):
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f'kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}'
+            )
+        self.kv_cache_dtype = kv_cache_dtype
         model = nnx.clone(model)
         model.set_attributes(absorb=absorb, raise_if_not_found=False)
         self.cfg = model.cfg
@@ -156,9 +173,8 @@ class Decoder:
         caches). Row b's padding (slots [0, pad_b)) is marked never to be attended."""
         T = tokens_BT.shape[1]
         positions = jnp.maximum(jnp.arange(T)[None, :] - pad_B[:, None], 0)
-        valid_BS = jnp.arange(caches[0].valid_BS.shape[1])[None, :] >= pad_B[:, None]
         start = jnp.zeros((), jnp.int32)
-        caches = [dataclasses.replace(c, slot=start, valid_BS=valid_BS) for c in caches]
+        caches = [dataclasses.replace(c, slot=start, pad_B=pad_B) for c in caches]
         return self._forward(params, tokens_BT, positions, caches)
 
     def _step(self, params, tokens_B, pad_B, caches):
@@ -184,7 +200,7 @@ class Decoder:
         tokens (the first max_new columns used), per-row counts and the caches (updated in
         place: the ones passed in are donated). All arguments are traced, so
         this compiles once per (batch, cache length)."""
-        B, S = caches[0].valid_BS.shape
+        B, S = caches[0].pad_B.shape[0], caches[0].length
 
         def cond(carry):
             i, done = carry[0], carry[1]
@@ -239,7 +255,7 @@ class Decoder:
             )
         pad = np.array([T - len(p) for p in prompts], np.int32)
         tokens = np.array([[0] * (T - len(p)) + list(p) for p in prompts], np.int32)
-        caches = init_caches(self.cfg, len(prompts), S)
+        caches = init_caches(self.cfg, len(prompts), S, self.kv_cache_dtype)
         logits, caches = self.prefill(self.params, tokens, pad, caches)
         out, counts, _ = self.loop(
             self.params,

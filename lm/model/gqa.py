@@ -17,7 +17,7 @@ from flax import nnx
 from lm.model.config import ModelConfig
 from lm.model.hf_mapping import LLAMA
 from lm.model.layers import Dense, fused_dense, residual_scale, rope
-from lm.model.variant import AttentionVariant, KVCache, document_mask, register
+from lm.model.variant import AttentionVariant, KVCache, register
 
 
 @register
@@ -132,13 +132,13 @@ class GroupedQueryAttention(AttentionVariant):
         q_BTHD = rope(q_BTHD, positions_BT, cfg.rope_theta, cfg)
         k_BTGD = rope(k_BTGD, positions_BT, cfg.rope_theta, cfg)
         k_BGSD, v_BGSD = k_BTGD.transpose(0, 2, 1, 3), v_BTGD.transpose(0, 2, 1, 3)  # head-major
-        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
+        mask = self.mask(x_BTE.shape[1], segment_ids_BT)
         if cache is not None:  # S = the cache's slots instead of the T new tokens
             squeeze = cache.arrays['k'].ndim == 3  # one KV head, cached [B, S, D]
             if squeeze:
                 k_BGSD, v_BGSD = k_BGSD[:, 0], v_BGSD[:, 0]
-            cache, mask = cache.write(k=k_BGSD, v=v_BGSD)
-            k_BGSD, v_BGSD = (cache.arrays[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
+            cache, seen, mask = cache.write(k=k_BGSD, v=v_BGSD)
+            k_BGSD, v_BGSD = (seen[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
             if squeeze:
                 k_BGSD, v_BGSD = k_BGSD[:, None], v_BGSD[:, None]
         out_BTHD = self.attend(q_BTHD, k_BGSD, v_BGSD, scale=cfg.head_dim**-0.5, mask=mask)

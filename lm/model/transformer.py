@@ -72,9 +72,10 @@ def check_model_config(model: ml_collections.ConfigDict) -> ModelConfig:
 class Block(nnx.Module):
     """One pre-norm transformer block."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, window: int = 0):
         self.attn_norm = RMSNorm(cfg.d_model, cfg)
         self.attn = attention.make_attention(cfg, rngs=rngs)
+        self.attn.window = window  # a local layer's sliding window (0: global)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg)
         self.mlp = SwiGLU(cfg, rngs=rngs)
 
@@ -102,7 +103,9 @@ class Transformer(nnx.Module):
         V, E = cfg.vocab_size, cfg.d_model
         table = cfg.init_std * jax.random.normal(rngs.params(), (V, E), DTYPES[cfg.param_dtype])
         self.embed = nnx.Param(table, axes=('vocab', 'embed'))
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.blocks = nnx.List(
+            [Block(cfg, rngs=rngs, window=cfg.layer_window(i)) for i in range(cfg.num_layers)]
+        )
         self.final_norm = RMSNorm(E, cfg)
         self.lm_head = (
             None if cfg.tie_embeddings else Dense((E,), (V,), ('embed', 'vocab'), cfg, rngs=rngs)
