@@ -62,7 +62,16 @@ def export_mapping(cfg: ModelConfig) -> HFMapping:
             f'config.model.attention={cfg.attention!r} ({cls.__name__}) has no Hugging Face '
             f'mapping; export supports {_supported()}'
         )
-    return cls.hf_mappings[0]
+    if not cfg.sliding_window:
+        return cls.hf_mappings[0]
+    for mapping in cls.hf_mappings:
+        if mapping.layer_types:
+            return mapping
+    raise ValueError(
+        f'config.model.sliding_window={cfg.sliding_window} with attention={cfg.attention!r} '
+        'has no Hugging Face architecture with local/global layers; export supports '
+        + ', '.join(m.architecture for m in mappings() if m.layer_types)
+    )
 
 
 def import_mapping(hf: dict) -> HFMapping:

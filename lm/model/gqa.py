@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lm.model.config import ModelConfig
-from lm.model.hf_mapping import LLAMA
+from lm.model.hf_mapping import LLAMA, QWEN2
 from lm.model.layers import Dense, fused_dense, residual_scale, rope
 from lm.model.variant import AttentionVariant, KVCache, register
 
@@ -144,4 +144,4 @@ class GroupedQueryAttention(AttentionVariant):
         out_BTHD = self.attend(q_BTHD, k_BGSD, v_BGSD, scale=cfg.head_dim**-0.5, mask=mask)
         return self.o_proj(out_BTHD), cache
 
-    hf_mappings = (LLAMA,)
+    hf_mappings = (LLAMA, QWEN2)
