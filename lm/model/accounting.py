@@ -2,7 +2,9 @@
 
 KV cache per token: L · elements per layer, which is 2·h·d_h (MHA), 2·g·d_h (GQA), 2·d_h (MQA)
 and d_c + d_h^R (MLA); each variant states its own (`kv_cache_elements`, `score_dims`), reading
-its own config section (MLA's ranks: `cfg.section`).
+its own config section (MLA's ranks: `cfg.section`). A sequence's cache (`kv_cache_bytes`)
+counts local (sliding-window) layers at most W tokens each, and int8 storage as a byte per
+element plus one scale per cached vector.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from flax import nnx
 
 from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
+from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.model.transformer import Transformer
 
 COMPONENTS = ('embedding', 'attention', 'mlp', 'norm', 'lm_head')
@@ -48,6 +51,24 @@ def kv_cache_elements_per_token(cfg: ModelConfig) -> int:
 def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str = 'bfloat16') -> int:
     """Cache bytes per token across all layers for elements stored as `dtype`."""
     return kv_cache_elements_per_token(cfg) * jnp.dtype(DTYPES[dtype]).itemsize
+
+
+def kv_cache_bytes(
+    cfg: ModelConfig, length: int, dtype: str = 'bfloat16', kv_cache_dtype: str = 'float'
+) -> int:
+    """Bytes one sequence's cache holds for `length` tokens, layer by layer: a global layer
+    keeps every token, a local one (sliding window W) at most W; per token and layer, the
+    variant's elements in `dtype` ('float'), or one int8 byte each plus a `dtype` scale per
+    cached vector ('int8', lm/model/kv_quant.py)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f'kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}')
+    cls = attention.variant(cfg)
+    itemsize = jnp.dtype(DTYPES[dtype]).itemsize
+    per_token = cls.kv_cache_elements(cfg) * itemsize
+    if kv_cache_dtype == 'int8':
+        per_token = cls.kv_cache_elements(cfg) + cls.kv_cache_vectors(cfg) * itemsize
+    slots = [min(length, cfg.layer_window(i) or length) for i in range(cfg.num_layers)]
+    return sum(slots) * per_token
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:

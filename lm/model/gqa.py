@@ -61,6 +61,11 @@ class GroupedQueryAttention(AttentionVariant):
         return 2 * cfg.num_kv_heads * cfg.head_dim
 
     @staticmethod
+    def kv_cache_vectors(cfg: ModelConfig) -> int:
+        """K and V of each KV head."""
+        return 2 * cfg.num_kv_heads
+
+    @staticmethod
     def kv_heads(cfg: ModelConfig) -> str:
         return str(cfg.num_kv_heads)
 

@@ -78,6 +78,11 @@ class MultiHeadLatentAttention(AttentionVariant):
         return cfg.section.kv_lora_rank + cfg.section.qk_rope_head_dim
 
     @staticmethod
+    def kv_cache_vectors(cfg: ModelConfig) -> int:
+        """One [c_KV; k_R] latent per token."""
+        return 1
+
+    @staticmethod
     def kv_heads(cfg: ModelConfig) -> str:
         return f'latent {cfg.section.kv_lora_rank}+{cfg.section.qk_rope_head_dim}'
 

@@ -146,6 +146,11 @@ class AttentionVariant(nnx.Module):
         raise NotImplementedError
 
     @staticmethod
+    def kv_cache_vectors(cfg: ModelConfig) -> int:
+        """Cached vectors per token per layer (an int8 cache keeps one scale for each)."""
+        raise NotImplementedError
+
+    @staticmethod
     def kv_heads(cfg: ModelConfig) -> str:
         """What the cache holds per token and layer, for tables and HParams ('2' K/V heads,
         'latent 128+16')."""

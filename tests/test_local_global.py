@@ -1,0 +1,160 @@
+"""Local (sliding-window) / global layer patterns: the window mask, the forward against a float64
+reference, cached decoding through a ring of W slots against the full forward, cache sizes
+constant with context, the accounting, the config checks and the Qwen2 mapping."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+import reference
+from conftest import tiny_config
+
+from lm.convert import hf
+from lm.infer.decode import Decoder, init_caches
+from lm.model import accounting
+from lm.model.attention import window_mask
+from lm.model.transformer import build_model, model_config
+
+PROMPTS = [[5, 9, 2, 7, 1, 3, 8, 4, 2], [4, 4, 10], [11, 2, 6, 6, 1]]  # left-padded; 9 > W
+
+
+def local_cfg(**model):
+    settings = dict(attention='gqa', num_kv_heads=2, num_layers=3, sliding_window=4)
+    if model.get('attention') == 'mla':
+        settings['num_kv_heads'] = 0
+    return model_config(tiny_config(**{**settings, **model}).model)
+
+
+def windowed_forward(model, cfg, tokens):
+    """float64 logits: reference.forward's blocks with each local layer's softmax restricted to
+    keys 0 <= t - s < W (written here: the reference masks causally only)."""
+    B, T = tokens.shape
+    pos = np.broadcast_to(np.arange(T, dtype=np.float64), (B, T))
+    x = reference.p(model.embed)[tokens]
+    for i, blk in enumerate(model.blocks):
+        h = reference.rmsnorm(x, reference.p(blk.attn_norm.scale), cfg.norm_eps)
+        q, k, v, scale = reference.qkv(blk.attn, cfg, h, pos)
+        s = np.einsum('bthd,bshd->bhts', q, k) * scale
+        diff = np.arange(T)[:, None] - np.arange(T)[None, :]
+        W = cfg.layer_window(i) or T
+        s = np.where((diff >= 0) & (diff < W), s, -np.inf)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        o = np.einsum('bhts,bshd->bthd', w / w.sum(-1, keepdims=True), v)
+        x = x + np.einsum('bthd,hde->bte', o, reference.p(blk.attn.o_proj.kernel))
+        h = reference.rmsnorm(x, reference.p(blk.mlp_norm.scale), cfg.norm_eps)
+        gate = h @ reference.p(blk.mlp.gate_proj.kernel)
+        up = h @ reference.p(blk.mlp.up_proj.kernel)
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ reference.p(blk.mlp.down_proj.kernel)
+    x = reference.rmsnorm(x, reference.p(model.final_norm.scale), cfg.norm_eps)
+    return x @ reference.p(model.embed).T
+
+
+def test_window_mask_is_transformers_convention():
+    """A query sees W keys, itself included (transformers: kv_idx > q_idx - W, kv <= q)."""
+    pytest.importorskip('transformers')
+    from transformers.masking_utils import causal_mask_function, sliding_window_overlay
+
+    T, W = 9, 3
+    overlay = sliding_window_overlay(W)
+    want = np.array(
+        [
+            [causal_mask_function(0, 0, q, k) and overlay(0, 0, q, k) for k in range(T)]
+            for q in range(T)
+        ]
+    )
+    np.testing.assert_array_equal(np.asarray(window_mask(T, W)), want)
+    assert want.sum(1).max() == W
+
+
+@pytest.mark.parametrize('pattern', ['', 'LG', 'GLL'])
+def test_forward_equals_float64_reference(pattern):
+    """Logits within 1e-5 of the largest |logit| of a float64 reference (T = 12 > W = 4)."""
+    cfg = local_cfg(layer_pattern=pattern)
+    model = build_model(cfg, seed=1)
+    tokens = np.asarray(jax.random.randint(jax.random.key(0), (2, 12), 0, cfg.vocab_size))
+    want = windowed_forward(model, cfg, tokens)
+    got = np.asarray(model(tokens))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    full = windowed_forward(
+        model, dataclasses.replace(cfg, sliding_window=0, layer_pattern=''), tokens
+    )
+    assert np.abs(full - want).max() > 1e-3  # the window changes the logits
+
+
+@pytest.mark.parametrize('attention', ['gqa', 'mla'])
+def test_decode_equals_full_forward_past_the_window(attention):
+    """Prefill (prompts longer and shorter than W, left-padded) then 12 steps through rings of
+    W = 4 slots give the full forward's logits token for token (atol 2e-5, rtol 1e-4)."""
+    cfg = local_cfg(attention=attention, layer_pattern='LG')
+    model = build_model(cfg, seed=2)
+    decoder = Decoder(model)
+    B, n, P = len(PROMPTS), 12, max(len(p) for p in PROMPTS)
+    cont = np.asarray(jax.random.randint(jax.random.key(3), (B, n), 0, cfg.vocab_size), np.int32)
+    pad = np.array([P - len(p) for p in PROMPTS], np.int32)
+    tokens = np.array([[0] * (P - len(p)) + p for p in PROMPTS], np.int32)
+    caches = init_caches(cfg, B, P + n)
+    assert [c.window for c in caches] == [4, 0, 4]
+    logits, caches = decoder.prefill(decoder.params, tokens, pad, caches)
+    rows = [[logits[b, t] for t in range(pad[b], P)] for b in range(B)]
+    for i in range(n):
+        step, caches = decoder.step(decoder.params, cont[:, i], pad, caches)
+        for b in range(B):
+            rows[b].append(step[b])
+    for b, prompt in enumerate(PROMPTS):
+        want = model(np.array([prompt + cont[b].tolist()], np.int32))[0]
+        np.testing.assert_allclose(np.stack(rows[b]), want, atol=2e-5, rtol=1e-4)
+    out = decoder.generate(PROMPTS, 6)
+    for prompt, new in zip(PROMPTS, out, strict=True):
+        full = model(np.array([prompt + new], np.int32))[0]
+        np.testing.assert_array_equal(np.argmax(full[len(prompt) - 1 : -1], -1), new)
+
+
+@pytest.mark.parametrize('kv_cache_dtype', ['float', 'int8'])
+def test_local_cache_is_constant_with_context(kv_cache_dtype):
+    """Local layers' arrays hold W slots whatever the length; the bytes equal the formula."""
+    cfg = local_cfg(layer_pattern='LLG', dtype='bfloat16')
+    for length in (3, 16, 64):
+        caches = init_caches(cfg, 2, length, kv_cache_dtype)
+        for i, cache in enumerate(caches):
+            slots = {a.shape[-2] for a in cache.arrays.values()}
+            assert slots == ({min(4, length)} if cfg.layer_window(i) else {length})
+        measured = sum(a.nbytes for c in caches for a in c.arrays.values())
+        formula = accounting.kv_cache_bytes(cfg, length, 'bfloat16', kv_cache_dtype)
+        assert measured == 2 * formula
+    # 64 tokens: two local layers of 4 slots and one global of 64, 2·g·d_h elements each
+    per_token = 2 * 2 * 8 * 2 if kv_cache_dtype == 'float' else 2 * 2 * 8 + 2 * 2 * 2
+    assert formula == (4 + 4 + 64) * per_token
+
+
+@pytest.mark.parametrize(
+    'model, message',
+    [
+        (dict(layer_pattern='LX'), r"layer_pattern='LX' must hold only 'L'"),
+        (dict(sliding_window=0, layer_pattern='LG'), r"layer_pattern='LG' needs .*sliding_window"),
+        (dict(layer_pattern='GGG'), r'sliding_window=4 applies to no layer'),
+        (dict(sliding_window=-1), r'sliding_window must be >= 0'),
+    ],
+)
+def test_refused_patterns(model, message):
+    with pytest.raises(ValueError, match=message):
+        local_cfg(**model)
+
+
+def test_hf_config_round_trip_and_refusals():
+    """Qwen2's layer_types carry the pattern both ways; what has no mapping is refused in one
+    line naming the config key."""
+    cfg = local_cfg(num_layers=6, layer_pattern='LLG', qkv_bias=True)
+    out = hf.hf_from_model(cfg, 64)
+    assert out['architectures'] == ['Qwen2ForCausalLM']
+    assert out['layer_types'] == ['sliding_attention'] * 2 + ['full_attention'] + [
+        'sliding_attention'
+    ] * 2 + ['full_attention']
+    model, _ = hf.model_from_hf(out)
+    assert (model['sliding_window'], model['layer_pattern'], model['qkv_bias']) == (4, 'LLG', True)
+    with pytest.raises(ValueError, match=r'^config.model.qkv_bias=False with o_bias=False: Qwen2'):
+        hf.hf_from_model(local_cfg(), 64)
+    with pytest.raises(ValueError, match=r"^config.model.sliding_window=4 with attention='mla'"):
+        hf.hf_from_model(local_cfg(attention='mla'), 64)
+    plain = hf.hf_from_model(local_cfg(sliding_window=0), 64)
+    assert plain['architectures'] == ['LlamaForCausalLM']
