@@ -158,3 +158,62 @@ def test_hf_config_round_trip_and_refusals():
         hf.hf_from_model(local_cfg(attention='mla'), 64)
     plain = hf.hf_from_model(local_cfg(sliding_window=0), 64)
     assert plain['architectures'] == ['LlamaForCausalLM']
+
+
+@pytest.mark.slow
+def test_qwen2_logits_and_decoding_equal_transformers(tmp_path):
+    """A random Qwen2 model with layers sliding, full, sliding (W = 3) imported from
+    transformers: logits on 12 tokens and 8 greedy tokens past the window equal transformers'
+    (logits within 1e-4 of the largest), and its export loads in transformers with the same
+    logits."""
+    torch = pytest.importorskip('torch')
+    transformers = pytest.importorskip('transformers')
+    import importlib.util
+
+    from test_hf import FIXTURES, assert_close_logits, base_config, model_of, transformers_logits
+
+    from lm.convert.hf_io import export_hf, import_hf
+
+    spec = importlib.util.spec_from_file_location('make_fixtures', FIXTURES / 'make_fixtures.py')
+    fixtures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixtures)
+    config = transformers.Qwen2Config(
+        vocab_size=fixtures.VOCAB,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        use_sliding_window=True,
+        sliding_window=3,
+        layer_types=['sliding_attention', 'full_attention', 'sliding_attention'],
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(7)
+    hf_model = transformers.Qwen2ForCausalLM(config).eval()
+    fixtures.randomise(hf_model, 7)
+    src = tmp_path / 'src'
+    hf_model.save_pretrained(src)
+    fixtures.tokenizer().save(str(src / 'tokenizer.json'))
+    tokens = np.random.default_rng(7).integers(3, fixtures.VOCAB, size=(2, 12))
+    prompt = torch.from_numpy(tokens[:, :4])
+    with torch.no_grad():
+        want = hf_model(torch.from_numpy(tokens)).logits.float().numpy()
+        greedy = hf_model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=8,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[:, 4:]
+    lm_config = import_hf(str(src), str(tmp_path / 'w'), base_config())
+    assert (lm_config.model.sliding_window, lm_config.model.layer_pattern) == (3, 'LG')
+    model, _ = model_of(tmp_path / 'w')
+    assert_close_logits(model(tokens), want)
+    out = Decoder(model).generate(tokens[:, :4].tolist(), 8)
+    assert out == greedy.numpy().tolist()
+    export_hf(str(tmp_path / 'w'), str(tmp_path / 'out'))
+    assert_close_logits(transformers_logits(tmp_path / 'out', tokens), want)
