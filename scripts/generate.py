@@ -11,6 +11,7 @@ from flax import nnx
 from lm.cli import bootstrap, run_app
 from lm.data.corpus import load_tokenizer
 from lm.infer.decode import Decoder, parse_sampling
+from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.train.run import assemble, stored_config
 
 _WORKDIR = flags.DEFINE_string(
@@ -26,6 +27,9 @@ _SAMPLING = flags.DEFINE_string(
 )
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
 _STOP = flags.DEFINE_bool('stop_at_eos', True, 'Stop a row at the end-of-text token.')
+_KV_DTYPE = flags.DEFINE_enum(
+    'kv_cache_dtype', 'float', list(KV_CACHE_DTYPES), 'KV cache storage: compute dtype or int8.'
+)
 
 
 def check_prompts(prompts: list[str]) -> None:
@@ -50,7 +54,8 @@ def run() -> int:
     bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
     restored = assemble(_WORKDIR.value, state='restore', step=_STEP.value)
     tokenizer = load_tokenizer(restored.config.data)
-    decoder = Decoder(nnx.merge(restored.ctx.graphdef, restored.state['params']))
+    model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
+    decoder = Decoder(model, kv_cache_dtype=_KV_DTYPE.value)
     eos = tokenizer.eos_id if _STOP.value else None
     context = restored.config.data.seq_len
     # The model saw at most `context` tokens in training: like nanoGPT, generate in chunks of
