@@ -49,7 +49,8 @@ def kv_cache_elements_per_token(cfg: ModelConfig) -> int:
 
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str = 'bfloat16') -> int:
-    """Cache bytes per token across all layers for elements stored as `dtype`."""
+    """Cache bytes per token across all layers for elements stored as `dtype`, every layer
+    counted as holding every token (`kv_cache_bytes` bounds local layers by their window)."""
     return kv_cache_elements_per_token(cfg) * jnp.dtype(DTYPES[dtype]).itemsize
 
 
