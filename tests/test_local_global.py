@@ -67,7 +67,10 @@ def test_window_mask_is_transformers_convention():
     assert want.sum(1).max() == W
 
 
-@pytest.mark.parametrize('pattern', ['', 'LG', 'GLL'])
+@pytest.mark.parametrize(
+    'pattern',
+    [pytest.param('', marks=pytest.mark.slow), 'LG', pytest.param('GLL', marks=pytest.mark.slow)],
+)
 def test_forward_equals_float64_reference(pattern):
     """Logits within 1e-5 of the largest |logit| of a float64 reference (T = 12 > W = 4)."""
     cfg = local_cfg(layer_pattern=pattern)
@@ -82,7 +85,7 @@ def test_forward_equals_float64_reference(pattern):
     assert np.abs(full - want).max() > 1e-3  # the window changes the logits
 
 
-@pytest.mark.parametrize('attention', ['gqa', 'mla'])
+@pytest.mark.parametrize('attention', ['gqa', pytest.param('mla', marks=pytest.mark.slow)])
 def test_decode_equals_full_forward_past_the_window(attention):
     """Prefill (prompts longer and shorter than W, left-padded) then 12 steps through rings of
     W = 4 slots give the full forward's logits token for token (atol 2e-5, rtol 1e-4)."""
