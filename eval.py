@@ -34,7 +34,9 @@ _CONFIG = config_flags.DEFINE_config_file(
     'config', None, "Optional config whose data (source, path, tokenizer) replaces the run's."
 )
 define_distributed_flags()
-_TB_DIR = flags.DEFINE_string('tb_dir', '', "TensorBoard directory of the run; '' = <workdir>/tb.")
+_TB_DIR = flags.DEFINE_string(
+    'tb_dir', '', "Shared TensorBoard directory to log to; '' = the one the run was trained with."
+)
 
 
 def run() -> int:
@@ -60,9 +62,7 @@ def run() -> int:
     own_tokens = config.eval_tokens
     if _TOKENS.value is not None:
         config.eval_tokens = _TOKENS.value
-    restored = assemble(
-        config, state='restore', workdir=_WORKDIR.value, step=_STEP.value, data=True
-    )
+    restored = assemble(config, state='params', workdir=_WORKDIR.value, step=_STEP.value, data=True)
     with StopRequest() as stop:  # SIGTERM: stop between batches, write nothing
         metrics = evaluate(
             make_eval_step(restored.ctx),

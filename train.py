@@ -50,6 +50,8 @@ define_distributed_flags()
 
 def run() -> int:
     check_writable_dir(_WORKDIR.value, '--workdir')
+    if _TB_DIR.value:
+        check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir')
     if _CONFIG.value is not None:
         config = _CONFIG.value
         check_config_keys(config)
@@ -57,8 +59,6 @@ def run() -> int:
         config = stored_config(_WORKDIR.value)
     else:
         raise ValueError(f'--config is required: {_WORKDIR.value} holds no checkpoint to resume')
-    if _TB_DIR.value:
-        check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir')
     check_writable_dir(cache_dir(config.data), 'config.data.cache_dir')
     if (done := finished_step(config, _WORKDIR.value)) is not None:
         print(f'{_WORKDIR.value} is already at train.steps={done}: nothing to do')

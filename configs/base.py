@@ -19,8 +19,11 @@ def get_config() -> ml_collections.ConfigDict:
     model.attention = 'gqa'  # Attention variant: 'mha' | 'gqa' | 'mqa' | 'mla' (lm/model/).
     model.num_heads = 8  # Query heads H.
     model.num_kv_heads = 0  # KV heads g (gqa); 0 = implied: H for mha, 1 for mqa. Unused by mla.
+    model.kv_share_every = 1  # Cross-layer attention: one layer's K/V serve N layers (1 = off).
+    model.kv_heads_per_layer = ()  # KV heads of each layer, e.g. (4, 2, 2, 1); () = num_kv_heads.
     model.head_dim = 0  # Per-head width d_h for mha/gqa/mqa; 0 = d_model // num_heads.
     model.attention_impl = 'einsum'  # 'einsum' (K/V not repeated) | 'dot_product' (XLA) | 'cudnn'.
+    model.decode_chunk = 512  # Cached decoding reads the filled slots this many at a time; 0 = all.
     model.qkv_bias = False  # Biases on q_proj / k_proj / v_proj (Qwen-style); mha/gqa/mqa only.
     model.o_bias = False  # Bias on o_proj (HF Llama attention_bias=True); mha/gqa/mqa only.
     model.mlp_dim = 0  # SwiGLU hidden width; 0 = 8/3 · d_model rounded up to a multiple of 64.
@@ -47,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
     mla.latent_norm_eps = 0.0  # Epsilon of MLA's q/kv latent RMSNorms; 0 = norm_eps.
 
     data = config.data = ml_collections.ConfigDict()
-    data.source = 'stdlib'  # 'stdlib' (this Python's own .py files) | 'text' | 'hf'.
+    data.source = 'stdlib'  # 'stdlib' (own .py files) | 'text' | 'hf' | recall: 'mqar' | 'passkey'.
     data.path = ''  # text: comma-separated file paths; hf: optional local data_files (comma-sep).
     data.decode_errors = 'strict'  # Non-UTF-8 text: 'strict' = refuse it | 'replace' = U+FFFD.
     data.val_fraction = 0.1  # Held-out share: last chars (text), path hash (stdlib), docs (hf).
@@ -67,6 +70,14 @@ def get_config() -> ml_collections.ConfigDict:
     data.num_proc = 0  # BPE tokenisation processes past 16 MB; 0 = every CPU (<= 16), 1 = serial.
     data.sampling = 'random'  # 'random' windows (with replacement) | 'epochs' (each once/epoch).
     data.document_mask = False  # Attend only within a document (EOS-separated) in each window.
+    # Recall sources (lm/data/recall.py), generated from seeds, scored on their answers only:
+    data.recall_seed = 0  # Seed of the examples: held-out set from it, training from it + seed.
+    data.recall_eval_examples = 1000  # Held-out examples scored per evaluation.
+    data.recall_pairs = 8  # mqar: key-value pairs per sequence (each key queried once).
+    data.recall_vocab = 256  # mqar: symbols; keys from [1, V/2), values from [V/2, V-1).
+    data.recall_power_a = 0.01  # mqar: query-gap power law p(g) ~ g^(a-1) (Zoology: 0.01).
+    data.passkey_lengths = '128,256'  # passkey: example lengths in bytes (<= seq_len + 1).
+    data.passkey_depths = '0,0.25,0.5,0.75,1'  # passkey: needle depths scored (0 = first).
 
     train = config.train = ml_collections.ConfigDict()
     train.batch_size = 32  # Global sequences per optimizer step (all devices, all hosts).

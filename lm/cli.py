@@ -28,15 +28,16 @@ USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointErro
 
 
 class _QuietLibraries(pylogging.Filter):
-    """Drops orbax's per-save INFO chatter and its "read only" warning (eval.py and
-    generate.py open checkpoints read-only on purpose), and JAX's INFO line about a TPU
-    backend (libtpu) it could not open on a machine without TPUs; other warnings and errors
-    still show, orbax's one line each (without tracebacks: a failure that matters is reported
-    by the caller)."""
+    """Drops orbax's per-save INFO chatter, its errors (each failure also raises, and the caller
+    reports it in one line: `lm.train.checkpoint.Checkpointer` names the step and cause) and
+    its "read only" warning (eval.py and generate.py open checkpoints read-only on purpose),
+    and JAX's INFO line about a TPU backend (libtpu) it could not open on a machine without
+    TPUs; other warnings and errors still show, orbax's warnings one line each (without
+    tracebacks)."""
 
     def filter(self, record: pylogging.LogRecord) -> bool:
         if '/orbax/' in record.pathname:
-            if record.levelno < pylogging.WARNING:
+            if record.levelno != pylogging.WARNING:
                 return False
             record.exc_info, record.exc_text = None, None
             return not str(record.msg).startswith('Given directory is read only')

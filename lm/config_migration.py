@@ -45,6 +45,16 @@ ADDED_KEYS = {
     'uptrain.calibration_tokens': 8192,
     'model.sliding_window': 0,
     'model.layer_pattern': '',
+    'model.decode_chunk': 0,
+    'data.recall_seed': 0,
+    'data.recall_eval_examples': 1000,
+    'data.recall_pairs': 8,
+    'data.recall_vocab': 256,
+    'data.recall_power_a': 0.01,
+    'data.passkey_lengths': '128,256',
+    'data.passkey_depths': '0,0.25,0.5,0.75,1',
+    'model.kv_share_every': 1,
+    'model.kv_heads_per_layer': (),
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

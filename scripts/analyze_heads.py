@@ -13,12 +13,15 @@ to --workdir). Scores are defined in lm/analysis/scores.py.
 """
 
 import os
+import signal
+import sys
 
 from absl import flags
 
 from lm.analysis import plots, report
-from lm.cli import bootstrap, run_app
+from lm.cli import bootstrap, check_writable_dir, run_app
 from lm.train.checkpoint import read_latest_meta
+from lm.train.interrupt import StopRequest
 from lm.train.run import stored_config
 from lm.train.summary import run_logdir
 
@@ -31,7 +34,7 @@ _OUT = flags.DEFINE_string(
     'out', None, 'Directory for heads.csv, summary.md and PNGs.', required=True
 )
 _TB_DIR = flags.DEFINE_string(
-    'tb_dir', '', "Shared TensorBoard directory the runs were trained with ('' = <workdir>/tb)."
+    'tb_dir', '', "Shared TensorBoard directory to log to; '' = the one each run was trained with."
 )
 _BATCH = flags.DEFINE_integer('batch', 32, 'Validation windows per forward pass.')
 _MAX_BATCHES = flags.DEFINE_integer(
@@ -49,24 +52,40 @@ def run() -> int:
             raise ValueError(f'--{name} must be >= 1, got {flag.value}')
     if _MAX_BATCHES.value < 0:
         raise ValueError(f'--max_batches must be >= 0 (0 = all), got {_MAX_BATCHES.value}')
+    check_writable_dir(_OUT.value, '--out')
+    if _TB_DIR.value:
+        check_writable_dir(_TB_DIR.value, '--tb_dir')
     specs = [(_WORKDIR.value, _STEP.value, '--workdir')]
     specs += [(*report.parse_run(c), f'--compare={c}') for c in _COMPARE.value]
     for workdir, _, flag in specs:
         if read_latest_meta(workdir) is None:
             raise FileNotFoundError(f'{flag}: {workdir} holds no checkpoint')
     bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
-    runs = [
-        report.analyse_run(
-            workdir,
-            step,
-            batch=_BATCH.value,
-            max_batches=_MAX_BATCHES.value,
-            num_random=_NUM_RANDOM.value,
-            seed=_SEED.value,
-            flag=flag,
-        )
-        for workdir, step, flag in specs
-    ]
+    with StopRequest() as stop:  # SIGTERM: stop between batches, before anything is written
+        runs = [
+            report.analyse_run(
+                workdir,
+                step,
+                batch=_BATCH.value,
+                max_batches=_MAX_BATCHES.value,
+                num_random=_NUM_RANDOM.value,
+                seed=_SEED.value,
+                flag=flag,
+                stop=stop.check,
+            )
+            for workdir, step, flag in specs
+        ]
+        stop.check()
+        write(runs)  # a signal meanwhile waits: the few files are written whole
+    if stop.signum:
+        name = signal.Signals(stop.signum).name
+        print(f'stopped by {name} while writing {_OUT.value}: written whole', file=sys.stderr)
+        return 128 + stop.signum
+    return 0
+
+
+def write(runs: list[report.RunHeads]) -> None:
+    """The CSVs, summary, figures and TensorBoard entries of the analysed runs."""
     out = _OUT.value
     os.makedirs(out, exist_ok=True)
     report.write_csv(runs, os.path.join(out, 'heads.csv'))
@@ -91,7 +110,6 @@ def run() -> int:
         plots.log_run(r, run_logdir(r.workdir, _TB_DIR.value), images)
         print(f'{r.label}: ICL score {r.icl_score:.3f}, sink rate {r.sink_rate:.3f}')
     print(f'wrote {out}/heads.csv, summary.md and PNGs; TensorBoard: heads/*')
-    return 0
 
 
 if __name__ == '__main__':

@@ -201,6 +201,10 @@ def loader_rows(text_path: str, directory: str) -> list[dict]:
 
 
 def main() -> None:
+    from lm.cli import check_writable_dir
+
+    if _WORKDIR.value:
+        check_writable_dir(_WORKDIR.value, '--workdir')
     directory = _WORKDIR.value or tempfile.mkdtemp(prefix='bench_data-')
     os.makedirs(directory, exist_ok=True)
     text_path = _TEXT.value or os.path.join(directory, f'stdlib-{_MAKE_MB.value}mb.txt')

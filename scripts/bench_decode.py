@@ -5,11 +5,12 @@ For each batch size, variant and context L, the cache of a model large enough fo
 matter is filled to L tokens (random contents: speed depends on the length, not the values),
 then the jitted decode loop generates --new_tokens tokens per row; the median of --repeats timed
 runs is reported. Cache bytes per token are measured from the live cache arrays and shown next
-to the accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L for MLA; a local
-layer holds at most W tokens; an int8 cache a byte per element plus a scale per vector), per
-token of the cache's S = L + new tokens. A variant name ending in '_local' ('gqa4_local') has
+to the accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L for MLA; with
+cross-layer attention, 'cla2' / 'mqa_cla2', only every n-th layer holds a cache; a local layer
+holds at most W tokens; an int8 cache a byte per element plus a scale per vector), per token of
+the cache's S = L + new tokens. A variant name ending in '_local' ('gqa4_local') has
 sliding-window layers (--window, --layer_pattern); --kv_cache_dtype=int8 stores every cache as
-int8.
+int8; --decode_chunk sets config.model.decode_chunk.
 
 Roofline: a decode step must read every weight and the filled cache once, so its time is at
 least (bytes read per step) / (read bandwidth). The bandwidth is measured in the same run (a
@@ -44,7 +45,11 @@ from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.model.transformer import build_model, model_config
 
 _CONTEXTS = flags.DEFINE_list('contexts', ['256', '1024', '4096', '8192'], 'Cache fill lengths.')
-_VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Attention variants.')
+_VARIANTS = flags.DEFINE_list(
+    'variants',
+    ['mha', 'gqa2', 'mqa', 'mla', 'cla2', 'mqa_cla2'],
+    "Attention variants; '<variant>_cla<n>' (and 'cla<n>' = MHA's) share K/V across n layers.",
+)
 _BATCH = flags.DEFINE_list('batch', ['4'], 'Rows decoded together (one table per value).')
 _NEW = flags.DEFINE_integer('new_tokens', 32, 'Tokens generated per timed run.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed runs per point (median reported).')
@@ -59,6 +64,9 @@ _PATTERN = flags.DEFINE_string(
 )
 _KV_DTYPE = flags.DEFINE_enum(
     'kv_cache_dtype', 'float', list(KV_CACHE_DTYPES), 'Cache storage: the compute dtype or int8.'
+)
+_CHUNK = flags.DEFINE_integer(
+    'decode_chunk', 512, 'config.model.decode_chunk: cache slots read per chunk (0 = all at once).'
 )
 
 BASE = os.path.join(
@@ -75,6 +83,7 @@ def model_for(variant: str):
         num_layers=_LAYERS.value,
         num_heads=8,
         dtype=_DTYPE.value,
+        decode_chunk=_CHUNK.value,
     )
     config.model.mla.update(
         kv_lora_rank=E // 2, qk_nope_head_dim=E // 8, qk_rope_head_dim=E // 16, v_head_dim=E // 8
@@ -156,6 +165,7 @@ def bench(variant: str, context: int, B: int) -> dict:
         'ms_per_step': dt / n * 1e3,
         'first_call_s': compile_s,
         'dtype': _DTYPE.value,
+        'decode_chunk': _CHUNK.value,
         # what one step must read: every weight, and the cache filled to L + n/2 on average (a
         # local layer's ring: at most W of them; formula = measured bytes, tests/test_decode.py)
         'bytes_per_step': weight_bytes
@@ -185,7 +195,8 @@ def print_table(rows: list[dict], B: int) -> None:
         f'\ndecode benchmark: {jax.devices()[0].device_kind}, batch {B}, '
         f'{_NEW.value} new tokens, {_DTYPE.value} ({_KV_DTYPE.value} cache), '
         f'd_model {_D_MODEL.value}, '
-        f'{_LAYERS.value} layers, 8 heads ({rows[0]["params"]:,} params for '
+        f'{_LAYERS.value} layers, decode_chunk {_CHUNK.value}, 8 heads '
+        f'({rows[0]["params"]:,} params for '
         f'{rows[0]["variant"]}), measured read bandwidth {rows[0]["bandwidth_GBps"]:.1f} GB/s'
     )
     print(

@@ -6,10 +6,12 @@
 `import` writes a step-0 run (resolved config + checkpoint, the model's tokenizer.json as
 data.tokenizer) that train.py, eval.py, scripts/generate.py and scripts/uptrain.py --src use as
 they are; its data / train / mesh settings come from --config (default configs/base.py).
-`export` writes config.json, safetensors and tokenizer files that
-transformers.AutoModelForCausalLM.from_pretrained loads; a non-empty --hf_dir is refused unless
---overwrite (then replaced whole). Both build their output beside its place and move it in when
-complete: a failure or SIGTERM / SIGINT (exit 128 + signal) leaves the old contents as they were.
+`export` writes config.json, safetensors, the run's tokenizer and the tokenizer / generation
+files an import carried (chat template, generation_config.json, ...), which
+transformers.AutoModelForCausalLM and AutoTokenizer.from_pretrained load; a non-empty --hf_dir
+is refused unless --overwrite (then replaced whole). Both build their output beside its place and
+move it in when complete: a failure or SIGTERM / SIGINT (exit 128 + signal) leaves the old
+contents as they were.
 """
 
 import os
@@ -32,7 +34,10 @@ _OVERWRITE = flags.DEFINE_bool(
 )
 _STEP = flags.DEFINE_integer('step', None, 'export: checkpoint step; default: the latest.')
 _TOKENIZER = flags.DEFINE_string(
-    'tokenizer', '', "import: a tokenizer.json to use instead of --hf_dir's own."
+    'tokenizer',
+    '',
+    "import: a tokenizer.json to use instead of --hf_dir's own, or 'byte' (lm's byte tokenizer; "
+    'an lm export of a byte run is recognised without it).',
 )
 _CONFIG = config_flags.DEFINE_config_file(
     'config',

@@ -3,23 +3,45 @@ r"""Sample text from a trained checkpoint with the KV-cache decoder.
   python scripts/generate.py --workdir=runs/shakespeare_mha --prompt="ROMEO:" --max_new_tokens=200
   python scripts/generate.py --workdir=runs/gqa2 --prompt="ROMEO:" --prompt="JULIET:" \
       --sampling=temperature=0.8,top_k=40
+  python scripts/generate.py --workdir=runs/gqa2 --prompts_file=prompts.txt   # one per line
+
+The context is the model's maximum position (`max_position`: an imported model's
+max_position_embeddings, else the length it was trained at): a prompt longer than it, or a prompt
+plus --max_new_tokens beyond it, is refused before the checkpoint is read. The whole generation is
+one jitted loop. One prompt streams its text to stdout as tokens are made; a batch prints each
+prompt's text when the batch is done (progress on stderr). SIGTERM / SIGINT stop it within a
+token: one line on stderr, exit 128 + the signal number.
 """
 
+import sys
+
+import numpy as np
 from absl import flags
 from flax import nnx
 
 from lm.cli import bootstrap, run_app
+from lm.convert.hf_files import max_position
 from lm.data.corpus import load_tokenizer
+from lm.data.tokenizer import Tokenizer
 from lm.infer.decode import Decoder, parse_sampling
 from lm.model.kv_cache import KV_CACHE_DTYPES
+from lm.train.checkpoint import check_finite
+from lm.train.interrupt import StopRequest
 from lm.train.run import assemble, stored_config
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory holding checkpoints/.', required=True
 )
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default: the latest.')
-_PROMPTS = flags.DEFINE_multi_string('prompt', ['\n'], 'Prompt text; repeat for a batch.')
-_MAX_NEW = flags.DEFINE_integer('max_new_tokens', 200, 'Tokens to generate per prompt.')
+_PROMPTS = flags.DEFINE_multi_string(
+    'prompt', None, "Prompt text; repeat for a batch (default: one '\\n' prompt)."
+)
+_PROMPTS_FILE = flags.DEFINE_string(
+    'prompts_file', None, 'UTF-8 text file of prompts, one per line (after any --prompt).'
+)
+_MAX_NEW = flags.DEFINE_integer(
+    'max_new_tokens', 200, "Tokens to generate per prompt (prompt + these <= the model's context)."
+)
 _SAMPLING = flags.DEFINE_string(
     'sampling',
     'temperature=0.8,top_k=40',
@@ -30,6 +52,7 @@ _STOP = flags.DEFINE_bool('stop_at_eos', True, 'Stop a row at the end-of-text to
 _KV_DTYPE = flags.DEFINE_enum(
     'kv_cache_dtype', 'float', list(KV_CACHE_DTYPES), 'KV cache storage: compute dtype or int8.'
 )
+_STREAM_CONTEXT = 4  # tokens decoded before the new ones, so a token's spacing is kept
 
 
 def check_prompts(prompts: list[str]) -> None:
@@ -46,39 +69,113 @@ def check_prompts(prompts: list[str]) -> None:
             ) from None
 
 
+def read_prompts() -> list[str]:
+    """The --prompt values, then the lines of --prompts_file (blank lines skipped)."""
+    prompts = list(_PROMPTS.value or [])
+    if _PROMPTS_FILE.value is not None:
+        try:
+            with open(_PROMPTS_FILE.value, encoding='utf-8') as f:
+                prompts += [line.rstrip('\r\n') for line in f if line.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f'--prompts_file={_PROMPTS_FILE.value!r}: {e}') from None
+        if not prompts:
+            raise ValueError(f'--prompts_file={_PROMPTS_FILE.value!r} holds no prompt')
+    return prompts or ['\n']
+
+
+def check_lengths(prompts: list[str], rows: list[list[int]], max_new: int, context: int) -> None:
+    """One-line refusals of a prompt longer than the model's context, and of a prompt plus
+    `max_new` tokens beyond it."""
+    for i, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
+        if len(row) > context:
+            shown = prompt if len(prompt) <= 30 else prompt[:30] + '...'
+            raise ValueError(
+                f"prompt {i + 1} ({shown!r}) is {len(row)} tokens, longer than the model's "
+                f'context of {context} positions'
+            )
+    longest = max(len(r) for r in rows)
+    if longest + max_new > context:
+        raise ValueError(
+            f'--max_new_tokens={max_new}: the longest prompt ({longest} tokens) plus {max_new} new '
+            f"tokens exceed the model's context of {context} positions; at most "
+            f'{context - longest} new tokens fit'
+        )
+
+
+class Stream:
+    """The host end of the generation loop: prints row 0's text to stdout as its tokens arrive
+    (a batch: progress lines on stderr instead), and asks the loop to stop once a stop signal
+    has arrived."""
+
+    def __init__(self, tokenizer: Tokenizer, eos: int | None, batch: int, max_new: int, stop):
+        self.tokenizer, self.eos, self.stop = tokenizer, eos, stop
+        self.batch, self.max_new = batch, max_new
+        self.shown: list[int] = []  # tokens already printed
+        self.pending: list[int] = []  # tokens whose text is not yet whole
+        self.steps = 0
+
+    def __call__(self, tokens_B: np.ndarray) -> bool:
+        self.steps += 1
+        if self.batch > 1:
+            every = max(self.max_new // 10, 1)
+            if self.steps % every == 0:
+                print(f'generated {self.steps}/{self.max_new} tokens', file=sys.stderr, flush=True)
+        elif tokens_B[0] >= 0 and tokens_B[0] != self.eos:
+            self.pending.append(int(tokens_B[0]))
+            self.flush(final=False)
+        return self.stop.arrived()
+
+    def flush(self, final: bool = True) -> None:
+        """Prints the pending tokens' text; not `final`, only when it ends in whole characters."""
+        if not self.pending:
+            return
+        context = self.shown[-_STREAM_CONTEXT:]
+        before = self.tokenizer.decode(context)
+        text = self.tokenizer.decode(context + self.pending)
+        if text.endswith('\ufffd') and not final and len(self.pending) < 8:
+            return  # a character split across tokens: wait for its other bytes
+        sys.stdout.write(text[len(before) :] if text.startswith(before) else text)
+        sys.stdout.flush()
+        self.shown += self.pending
+        self.pending = []
+
+
 def run() -> int:
-    check_prompts(_PROMPTS.value)
+    prompts = read_prompts()
+    check_prompts(prompts)
     if _MAX_NEW.value <= 0:
         raise ValueError(f'--max_new_tokens must be > 0, got {_MAX_NEW.value}')
     sampling = parse_sampling(_SAMPLING.value)
-    bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
-    restored = assemble(_WORKDIR.value, state='restore', step=_STEP.value)
-    tokenizer = load_tokenizer(restored.config.data)
-    model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
-    decoder = Decoder(model, kv_cache_dtype=_KV_DTYPE.value)
-    eos = tokenizer.eos_id if _STOP.value else None
-    context = restored.config.data.seq_len
-    # The model saw at most `context` tokens in training: like nanoGPT, generate in chunks of
-    # context / 2, each conditioned on the latest context - chunk tokens.
-    rows = [tokenizer.encode(p) for p in _PROMPTS.value]
-    outs: list[list[int]] = [[] for _ in rows]
-    remaining, chunk_index = _MAX_NEW.value, 0
-    while remaining > 0:
-        active = [i for i, o in enumerate(outs) if not (o and o[-1] == eos)]
-        if not active:
-            break
-        chunk = min(remaining, max(context // 2, 1))
-        windows = [(rows[i] + outs[i])[-(context - chunk) :] for i in active]
-        new = decoder.generate(
-            windows, chunk, sampling, eos_id=eos, seed=_SEED.value + chunk_index, cache_len=context
+    config = stored_config(_WORKDIR.value, step=_STEP.value)
+    tokenizer = load_tokenizer(config.data)
+    rows = [tokenizer.encode(p) for p in prompts]
+    check_lengths(prompts, rows, _MAX_NEW.value, max_position(_WORKDIR.value, config))
+    bootstrap(config)
+    with StopRequest() as stop:
+        restored = assemble(_WORKDIR.value, state='params', step=_STEP.value)
+        where = f'--workdir={_WORKDIR.value}: the checkpoint at step {restored.step}'
+        check_finite(restored.state['params'], where)
+        stop.check()
+        decoder = Decoder(
+            nnx.merge(restored.ctx.graphdef, restored.state['params']),
+            kv_cache_dtype=_KV_DTYPE.value,
         )
-        for i, tokens in zip(active, new, strict=True):
-            outs[i] += tokens
-        remaining -= chunk
-        chunk_index += 1
-    for prompt, out in zip(_PROMPTS.value, outs, strict=True):
-        print(prompt + tokenizer.decode(t for t in out if t != eos))
-        print('-' * 40)
+        del restored  # the decoder holds the parameters
+        eos = tokenizer.eos_id if _STOP.value else None
+        stream = Stream(tokenizer, eos, len(rows), _MAX_NEW.value, stop)
+        if len(rows) == 1:
+            sys.stdout.write(prompts[0])
+        outs = decoder.generate(
+            rows, _MAX_NEW.value, sampling, eos_id=eos, seed=_SEED.value, on_token=stream
+        )
+        stream.flush()
+        if len(rows) == 1:
+            print('\n' + '-' * 40)
+        stop.check()
+    if len(rows) > 1:
+        for prompt, out in zip(prompts, outs, strict=True):
+            print(prompt + tokenizer.decode(t for t in out if t != eos))
+            print('-' * 40)
     return 0
 
 

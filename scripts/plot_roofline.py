@@ -18,7 +18,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-_JSON = flags.DEFINE_list('json', [], "bench_decode.py --json files (comma-separated).")
+_JSON = flags.DEFINE_list('json', [], 'bench_decode.py --json files (comma-separated).')
 _OUT = flags.DEFINE_string('out', 'docs/decoding_roofline.png', 'The PNG to write.')
 
 MARKERS = {1: 'o', 4: 's', 8: '^'}

@@ -21,7 +21,7 @@ import time
 import jax
 from absl import flags
 
-from lm.cli import RecipeFlags, bootstrap, run_app
+from lm.cli import RecipeFlags, bootstrap, check_writable_dir, run_app
 from lm.data.corpus import train_batch
 from lm.sharding import global_batch
 from lm.train.run import assemble
@@ -99,6 +99,7 @@ def categorise(ops: list[str]) -> str:
 
 
 def run() -> int:
+    check_writable_dir(_TRACE.value, '--trace_dir')
     config = RECIPE.config(_VARIANT.value)
     bootstrap(config, compilation_cache=False)
     exp = assemble(config, state='init', data=True)

@@ -7,20 +7,23 @@ r"""Sweep a config over a grid (and/or the points of a sweep file) and summarise
       --seeds=3 --parallel=2
   tensorboard --logdir runs/kinds/tb
 
-Each run trains in its own process (`train.py`) in <sweep_dir>/<name>, logging to
-<sweep_dir>/tb/<name>; the sweep is a plan of runs (lm.experiments.sweep) handed to the experiment
+Each run trains in its own process (`train.py`) in <sweep_dir>/<name> (named by attention kind
+and heads: `gqa_h4_kv2`, `mqa_h8`, ...), logging to <tb_dir>/<name> (--tb_dir, default
+<sweep_dir>/tb); the sweep is a plan of runs (lm.experiments.sweep) handed to the experiment
 runner (lm.experiments.runner). Re-running the command skips finished runs and resumes
 interrupted ones (or ones given more train.steps); a re-run whose settings differ otherwise from
 a run's is refused, naming the run and the keys. `--grid seed=...` sets each point's first seed.
-At the end: <sweep_dir>/summary.md, summary.csv, summary_pairs.csv and summary.png: loss as mean,
-sample std and 95% t-interval over seeds, and paired differences between points (same seed =
-same data order) marked resolved when their 95% interval excludes 0.
+At the end: <sweep_dir>/summary.md, summary.csv, summary_pairs.csv, summary_seeds.csv and
+summary.png: loss as mean, sample std and 95% t-interval over seeds, and paired differences
+between points (same seed = same data order) marked resolved when their paired t-test p,
+Holm-corrected over every pair, is below 0.05.
 
   python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds_p \
       --seeds=5 --parallel=2 --match=params      # equal parameters instead of equal width
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -48,6 +51,9 @@ _GRID = flags.DEFINE_multi_string('grid', [], 'key=v1,v2,...: one axis of the gr
 _SWEEP_DIR = flags.DEFINE_string(
     'sweep_dir', None, 'Directory for runs and summary.', required=True
 )
+_TB_DIR = flags.DEFINE_string(
+    'tb_dir', '', "Shared TensorBoard directory of the runs; '' = <sweep_dir>/tb."
+)
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per point (a point may set its own).')
 _PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at once.')
 _MATCH = flags.DEFINE_enum(
@@ -68,18 +74,26 @@ def run() -> int:
         raise ValueError('--parallel and --seeds must be >= 1')
     sweep_dir = _SWEEP_DIR.value
     check_writable_dir(sweep_dir, '--sweep_dir')
+    if _TB_DIR.value:
+        check_writable_dir(_TB_DIR.value, '--tb_dir')
     check_config_keys(_CONFIG.value)
     module = load_sweep_file(config_flags.get_config_filename(flags.FLAGS['config']))
     match = fairness(module, _MATCH.value)
     base = _CONFIG.value
     points = [{**p, **g} for p in file_points(module) for g in parse_grid(base, _GRID.value)]
-    specs = plan(base, points, sweep_dir, [sys.executable, TRAIN], _SEEDS.value, match)
+    train = [sys.executable, TRAIN]
+    specs = plan(base, points, sweep_dir, train, _SEEDS.value, match, _TB_DIR.value)
     t = time.time()
     with WorkdirLock(sweep_dir, '--sweep_dir'):
         check_same_fairness(sweep_dir, match)  # the more specific refusal first
         runner.check(specs, sweep_dir, '--sweep_dir')
         print(f'{len(specs)} runs in {sweep_dir}')
-        found = runner.run(specs, sweep_dir, _PARALLEL.value, flag='--sweep_dir')
+        with runner.StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
+            try:
+                found = runner.run(specs, sweep_dir, _PARALLEL.value, flag='--sweep_dir', stop=stop)
+            except runner.RunStopped as e:
+                print(f'{e}; no further runs started', file=sys.stderr)
+                return 128 + (stop.signum or signal.SIGTERM)
         if found:
             summarise(sweep_dir, specs, found, match)
             with open(os.path.join(sweep_dir, 'summary.md')) as f:

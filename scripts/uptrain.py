@@ -3,6 +3,9 @@ r"""Convert an MHA (or GQA) checkpoint to fewer KV heads and set up a run that u
   python scripts/uptrain.py --src=runs/mha --dst=runs/gqa2_up --num_kv_heads=2 --method=mean
   python train.py --workdir=runs/gqa2_up        # uptrains for uptrain.fraction x source steps
 
+The new run logs to the source's shared TensorBoard directory (--tb_dir of its training), or
+to --tb_dir; train.py, eval.py and analyze_heads.py on it write there too.
+
 The new workdir holds a checkpoint at the source's step N with the converted parameters and
 optimizer state (--optimizer_state=convert: the source's AdamW moments, K/V pooled like the
 weights; fresh: new ones), and the source config with attention / num_kv_heads updated. Training
@@ -15,6 +18,9 @@ Beyond contiguous mean-pooling (docs/uptraining.md, "Conversion methods"):
   # merge the most similar KV heads, each rotated onto its group's first head first
   python scripts/uptrain.py --src=runs/mha --dst=runs/gqa2_al --num_kv_heads=2 \
       --grouping=similarity --method=aligned --optimizer_state=fresh
+  # MHA -> MQA + cross-layer attention (CLA2: every two layers share one K/V head)
+  python scripts/uptrain.py --src=runs/mha --dst=runs/mqa_cla2 --num_kv_heads=1 \
+      --kv_share_every=2
   # MHA / GQA -> MLA (MHA2MLA): latent rank 64, RoPE on 8 dims of a shared key
   python scripts/uptrain.py --src=runs/mha --dst=runs/mla64 --target=mla --kv_lora_rank=64 \
       --qk_rope_head_dim=8 --optimizer_state=fresh
@@ -30,6 +36,7 @@ from lm.convert.uptrain import SOURCE, WORKDIR, ConversionOptions, convert_check
 from lm.model.attention import variant
 from lm.model.transformer import model_config
 from lm.train.run import stored_config
+from lm.train.workdir import remember_tb_dir, remembered_tb_dir
 
 
 def kv_heads(config) -> str:
@@ -43,6 +50,12 @@ _DST = flags.DEFINE_string('dst', None, 'New workdir for the converted run.', re
 _STEP = flags.DEFINE_integer('step', None, 'Source checkpoint step; default: the latest.')
 _KV = flags.DEFINE_integer(
     'num_kv_heads', 0, 'KV heads g after conversion (1 = MQA); unset for --target=mla.'
+)
+_SHARE = flags.DEFINE_integer(
+    'kv_share_every',
+    1,
+    "Cross-layer attention: merge each N adjacent layers' K/V into one (CLA2: 2); with "
+    "--num_kv_heads unset, each layer keeps the source's KV heads.",
 )
 _METHOD = flags.DEFINE_string(
     'method',
@@ -88,6 +101,9 @@ _OPT_STATE = flags.DEFINE_string(
     'convert',
     "'convert': the source's AdamW state, K/V moments pooled like the weights; 'fresh': new.",
 )
+_TB_DIR = flags.DEFINE_string(
+    'tb_dir', '', "Shared TensorBoard directory of the new run; '' = the source's."
+)
 _SEED = flags.DEFINE_integer('seed', 0, "Seed for --method=random's fresh K/V.")
 _STEPS = flags.DEFINE_integer(
     'steps',
@@ -118,6 +134,7 @@ def options() -> ConversionOptions:
     return ConversionOptions(
         target=_TARGET.value,
         num_kv_heads=_KV.value,
+        kv_share_every=_SHARE.value,
         kv_lora_rank=_KV_LORA.value,
         qk_rope_head_dim=_ROPE_DIM.value,
         method=_METHOD.value,
@@ -137,15 +154,19 @@ def run() -> int:
         conversion = options()
         check_writable_dir(_DST.value, '--dst')
         bootstrap(stored_config(_SRC.value, '--src'))
+        tb_dir = _TB_DIR.value or remembered_tb_dir(_SRC.value)
+        if _TB_DIR.value:
+            check_writable_dir(tb_dir, '--tb_dir')
         config = convert_checkpoint(_SRC.value, conversion, _DST.value)
     except USER_ERRORS as e:
         raise type(e)(with_flags(str(e))) from None
+    remember_tb_dir(_DST.value, tb_dir)  # train.py, eval.py, ... log there
     print(
         f'wrote {_DST.value}: {config.model.attention} with {kv_heads(config)} KV heads by '
         f'{config.uptrain.method} ({config.uptrain.grouping} grouping) at step '
         f'{config.uptrain.source_step} ({_SCHEDULE.value} schedule, '
         f'{_OPT_STATE.value} optimizer state, to step {config.train.steps}); next: '
-        f'python train.py --workdir={_DST.value}'
+        f'python train.py --workdir={_DST.value}' + (f' --tb_dir={tb_dir}' if tb_dir else '')
     )
     return 0
 

@@ -3,13 +3,15 @@ r"""The uptraining ablation of Ainslie et al. (2023), Fig. 4 / Table, at small s
 Train MHA on Tiny Shakespeare (configs/shakespeare_char.py) for --steps N; convert it to GQA-2
 and MQA by mean-pooling, keeping the first head, or re-initialising K/V (and, with --methods,
 by aligned merging and with similarity grouping: 'similarity-mean', 'similarity-aligned'), and
-to MLA at each latent rank of --mla_ranks (MHA2MLA, RoPE on --mla_rope_dim dims); uptrain each
+to MLA at each latent rank of --mla_ranks (MHA2MLA, RoPE on --mla_rope_dim dims) and to
+cross-layer attention (--cla=cla2,mqa_cla2: adjacent layers' K/V merged); uptrain each
 for a fraction alpha of N (round(alpha·N) steps); compare with the same target trained from
 scratch for exactly the same total, N + round(alpha·N) steps of the same batch, at every alpha.
 Every arm runs for --seeds seeds and is evaluated on the whole validation split (--eval_tokens);
 the tables show mean, sample std and 95% t-interval over seeds, and paired differences between
-arms (same seed = same source, initialisation and data order) marked where resolved at 95%,
-with each model's KV-cache bytes per token (bfloat16, all layers) beside its loss.
+arms (same seed = same source, initialisation and data order) marked where resolved after
+Holm's correction over the report's comparisons, with each model's KV-cache bytes per token
+(bfloat16, all layers) beside its loss; each run's loss goes to <out_dir>/seeds.csv.
 
   python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --report=docs/uptraining_table.md
@@ -32,12 +34,13 @@ every run (e.g. `--set=model.num_layers=2`).
 """
 
 import os
+import signal
 import sys
 import time
 
 from absl import flags
 
-from lm.cli import bootstrap, run_app
+from lm.cli import bootstrap, check_writable_dir, run_app
 from lm.convert.uptrain import METHODS
 from lm.experiments import runner, summary
 from lm.experiments.ablation import Ablation, base_config, compare_table, plan, tables
@@ -61,6 +64,12 @@ _METHODS = flags.DEFINE_list(
     'grouping instead of contiguous).',
 )
 _MLA_RANKS = flags.DEFINE_list('mla_ranks', [], 'MHA -> MLA arms: latent ranks C (none: no MLA).')
+_CLA = flags.DEFINE_list(
+    'cla',
+    [],
+    "MHA -> cross-layer attention arms, each converted by every --methods: 'cla2' (KV heads "
+    "kept), 'mqa_cla2', 'gqa2_cla3' (none: no CLA).",
+)
 _MLA_ROPE = flags.DEFINE_integer('mla_rope_dim', 8, 'MHA -> MLA arms: model.mla.qk_rope_head_dim.')
 _CALIBRATION = flags.DEFINE_integer(
     'calibration_tokens',
@@ -128,6 +137,7 @@ def ablation() -> Ablation:
         targets=tuple(int(g) for g in _TARGETS.value),
         methods=tuple(_METHODS.value),
         mla_ranks=tuple(int(c) for c in _MLA_RANKS.value),
+        cla=tuple(_CLA.value),
         mla_rope_dim=_MLA_ROPE.value,
         calibration_tokens=_CALIBRATION.value,
         optimizer_state=_OPT_STATE.value,
@@ -156,27 +166,33 @@ def relaunch(lane: str) -> list[str]:
 
 
 def run() -> int:
+    check_writable_dir(_OUT.value, '--out_dir')
     ab = ablation()
     bootstrap(base_config(ab, 0, 1))
     check_flags(ab.seeds)
     t0 = time.time()
     specs = plan(ab, _OUT.value)
     only = None if _ONLY_SEED.value is None else f'seed{_ONLY_SEED.value}'
-    try:
-        found = runner.run(
-            specs,
-            _OUT.value,
-            _PARALLEL.value,
-            reuse=_REUSE.value,
-            relaunch=relaunch,
-            only_lane=only,
-        )
-    except runner.RunStopped as e:
-        raise SystemExit(str(e)) from None
+    with runner.StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
+        try:
+            found = runner.run(
+                specs,
+                _OUT.value,
+                _PARALLEL.value,
+                reuse=_REUSE.value,
+                relaunch=relaunch,
+                only_lane=only,
+                stop=stop,
+            )
+        except runner.RunStopped as e:
+            print(f'{e}; no further runs started', file=sys.stderr)
+            return 128 + (stop.signum or signal.SIGTERM)
     if only is not None:
         print(f'seed {_ONLY_SEED.value} done in {time.time() - t0:.0f} s (no table: one seed)')
         return 0
     values = summary.by_arm(specs, found, summary.loss)
+    seeds = summary.seed_rows(values, ('model', 'conversion', 'alpha_or_steps'), 'eval_loss')
+    summary.write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for docs/results
     table = tables(ab, values)
     if _COMPARE.value:
         table += '\n\n' + compare_table(ab, specs, values, _OUT.value, _COMPARE.value)

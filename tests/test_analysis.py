@@ -302,7 +302,7 @@ def test_analyze_heads_cli(tmp_path):
         tmp_path, text, **{'model.attention': 'mha', 'model.num_kv_heads': 0}
     )
     workdir = tmp_path / 'run'
-    train(config, str(workdir))  # 8 steps, checkpoints at 4 and 8
+    train(config, str(workdir), str(tmp_path / 'tb'))  # 8 steps, checkpoints at 4 and 8
     out = tmp_path / 'heads'
     res = cli(
         f'--workdir={workdir}',
@@ -338,7 +338,8 @@ def test_analyze_heads_cli(tmp_path):
         'kv_similarity_run_step8',
     ):  # fmt: skip
         assert (out / f'{name}.png').stat().st_size > 1000, name
-    tb = workdir / 'tb'
+    tb = tmp_path / 'tb' / 'run'  # the TensorBoard directory the run was trained with
+    assert not (workdir / 'tb').exists()
     assert set(read_scalars(tb, 'heads/previous_token/L1H3')) == {4, 8}
     assert set(read_scalars(tb, 'heads/icl_score')) == {4, 8}
     acc = event_accumulator.EventAccumulator(str(tb), size_guidance={'images': 0})

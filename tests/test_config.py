@@ -12,7 +12,8 @@ from lm.config import get_key, load_config_file, set_key, with_overrides, with_v
 from lm.config_migration import MOVED_KEYS, REPLACED_KEYS, upgrade_config
 from lm.model.mla import MLAConfig
 from lm.model.transformer import check_model_config, model_config
-from lm.train.run_log import hparams, shown_config
+from lm.train.hparams import hparam_values
+from lm.train.run_log import shown_config
 
 BAD = [
     (
@@ -187,11 +188,13 @@ def test_dotted_key_helpers():
 def test_hparams_and_config_text_show_only_the_active_variants_section():
     mla_keys = {f.name for f in dataclasses.fields(MLAConfig)}
     mha = tiny_config(attention='mha')
-    values = hparams(mha, model_config(mha.model), 1)
-    assert not [k for k in values if k.split('.')[-1] in mla_keys or k.startswith('model.mla')]
+    values = hparam_values(mha, model_config(mha.model), 1)
+    assert not [k for k in values if k.split('.')[-1] in mla_keys or k.startswith('mla')]
+    assert values['num_kv_heads'] == 4  # MHA: one KV head per query head
     assert 'mla' not in shown_config(mha).model and 'mla' in mha.model  # the run's own: kept
     mla = tiny_config(attention='mla', kv_lora_rank=12)
-    values = hparams(mla, model_config(mla.model), 1)
-    assert {k for k in values if k.startswith('model.mla.')} == {f'model.mla.{k}' for k in mla_keys}
-    assert values['model.mla.kv_lora_rank'] == 12 and values['kv_heads'] == 'latent 12+4'
+    values = hparam_values(mla, model_config(mla.model), 1)
+    dims = {k for k in mla_keys if k != 'latent_norm_eps'}  # widths and ranks
+    assert {k for k in values if k.startswith('mla.')} == {f'mla.{k}' for k in dims}
+    assert values['mla.kv_lora_rank'] == 12 and 'num_kv_heads' not in values  # no K/V heads
     assert shown_config(mla).model.mla.kv_lora_rank == 12

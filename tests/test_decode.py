@@ -1,11 +1,13 @@
 """KV-cache decoding: prefill + incremental steps equal a full forward pass for every variant."""
 
 import re
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
-from conftest import run_entry, tiny_config, tiny_train_config
+from conftest import ENV, ROOT, run_entry, tiny_config, tiny_train_config
 
 from lm.infer.decode import (
     GREEDY,
@@ -26,6 +28,11 @@ VARIANTS = {
     'gqa2_dot_product': dict(attention='gqa', num_kv_heads=2, attention_impl='dot_product'),
     'mla': dict(attention='mla'),
     'mla_qlora': dict(attention='mla', q_lora_rank=8),
+    # the cache read in chunks of 4 slots (lm/model/chunked.py): the caches below hold 15
+    'mha_chunked': dict(attention='mha', decode_chunk=4),
+    'gqa2_chunked': dict(attention='gqa', num_kv_heads=2, decode_chunk=4),
+    'mqa_chunked': dict(attention='mqa', decode_chunk=4),
+    'mla_chunked': dict(attention='mla', decode_chunk=4),
 }
 PROMPTS = [[5, 9, 2, 7, 1, 3, 8], [4, 4, 10], [11, 2, 6, 6, 1]]  # different lengths: left padding
 # float32: the cached path reduces over a padded cache of a different shape.
@@ -121,7 +128,9 @@ def test_decode_loop_compiles_once_per_batch_and_cache_length():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('variant', ['mha', 'gqa2', 'mqa', 'mla'])
+@pytest.mark.parametrize(
+    'variant', ['mha', 'gqa2', 'mqa', 'mla', 'mha_chunked', 'mqa_chunked', 'mla_chunked']
+)
 def test_decode_loop_reads_the_cache_without_copying_it(variant):
     """The compiled generation loop neither copies nor transposes a cache array (the caches
     are donated and updated in place; the kernel reads the head-major layout as it is): no
@@ -142,6 +151,65 @@ def test_decode_loop_reads_the_cache_without_copying_it(variant):
         if match and int(np.prod([int(d) for d in match.group(1).split(',') if d])) in sizes:
             copied.append(line.strip()[:120])
     assert not copied, copied
+
+
+def test_on_token_sees_each_step_in_order_and_can_stop_the_loop():
+    """`on_token` gets each step's tokens as they are made (-1 for rows already at EOS), the
+    result is unchanged by it, and returning True ends the generation after that step."""
+    _, _, decoder = model_and_decoder(attention='gqa', num_kv_heads=2, seed=4)
+    want = decoder.generate(PROMPTS, max_new_tokens=6)
+    eos = want[1][2]  # row 1 stops at its third token
+    want = decoder.generate(PROMPTS, max_new_tokens=6, eos_id=eos)
+    seen = []
+    got = decoder.generate(PROMPTS, 6, eos_id=eos, on_token=lambda t: seen.append(t.copy()))
+    assert got == want
+    for b, row in enumerate(want):
+        column = [int(step[b]) for step in seen]
+        assert column[: len(row)] == row and set(column[len(row) :]) <= {-1}
+    assert len(seen) == max(len(r) for r in want)
+    steps = []
+    stopped = decoder.generate(PROMPTS, 6, on_token=lambda t: steps.append(t) or len(steps) == 2)
+    assert len(steps) == 2 and all(len(r) == 2 for r in stopped)
+    assert stopped == [r[:2] for r in decoder.generate(PROMPTS, 6)]
+
+
+STOP_SCRIPT = """
+import os, signal, sys
+sys.path.insert(0, 'tests')
+from conftest import tiny_config
+from lm.infer.decode import Decoder
+from lm.model.transformer import build_model, model_config
+from lm.train.interrupt import Interrupted, StopRequest
+
+decoder = Decoder(build_model(model_config(tiny_config(attention='mqa').model), seed=1))
+steps = []
+
+def on_token(tokens_B):
+    steps.append(tokens_B)
+    if len(steps) == 3:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return False  # seen at the next token
+    return stop.arrived()
+
+with StopRequest() as stop:
+    out = decoder.generate([[5, 9, 2], [4]], 50, on_token=on_token)
+    try:
+        stop.check()
+    except Interrupted as e:
+        print(e, len(steps), [len(r) for r in out])
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_signal_during_the_jitted_loop_stops_it_at_the_next_token():
+    """SIGTERM arriving while the main thread is inside the jitted loop: Python's handler waits
+    for the loop to return, but `StopRequest.arrived` (read by the loop's host callback) sees
+    the signal at once, so the loop ends at the next token and `check` then raises. (In a
+    fresh process: a test runner's worker may handle signals its own way.)"""
+    out = subprocess.run(
+        [sys.executable, '-c', STOP_SCRIPT], cwd=ROOT, env=ENV, capture_output=True, text=True
+    )
+    assert out.stdout.strip() == 'stopped by SIGTERM 4 [4, 4]', out.stderr[-2000:]
 
 
 def test_sampling_options():
@@ -207,7 +275,7 @@ def test_generate_script_prints_text_from_a_checkpoint(tmp_path, small_text):
         f'--workdir={tmp_path / "run"}',
         '--prompt=ROMEO:',
         '--prompt=JULIET:',
-        '--max_new_tokens=40',
+        '--max_new_tokens=9',  # 'JULIET:' + 9 bytes fill the run's 16-position context
         '--sampling=greedy',
         check=True,
     )

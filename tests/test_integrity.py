@@ -345,11 +345,12 @@ def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     seeds = {
-        name: read_latest_meta(str(sw / name))['config']['seed'] for name in ('seed1', 'seed2')
+        name: read_latest_meta(str(sw / name))['config']['seed']
+        for name in ('gqa_h4_kv2_s1', 'gqa_h4_kv2_s2')
     }
-    assert seeds == {'seed1': 1, 'seed2': 2}
+    assert seeds == {'gqa_h4_kv2_s1': 1, 'gqa_h4_kv2_s2': 2}
     loss = {n: read_scalars(sw / 'tb' / n, 'train/loss')[1] for n in seeds}
-    assert loss['seed1'] != loss['seed2']  # different data order and init
+    assert loss['gqa_h4_kv2_s1'] != loss['gqa_h4_kv2_s2']  # different data order and init
     before = listing(sw)
     stale = cli(
         ROOT / 'scripts' / 'sweep.py',
@@ -360,8 +361,9 @@ def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
     )
     line = one_line_error(stale)
     assert line == (
-        f'error: --sweep_dir: {sw / "seed1"} (and 1 more runs) was made with other settings: '
-        'train.lr: 0.003 -> 0.001; use another --sweep_dir, or delete those runs to redo them'
+        f'error: --sweep_dir: {sw / "gqa_h4_kv2_s1"} (and 1 more runs) was made with other '
+        'settings: train.lr: 0.003 -> 0.001; use another --sweep_dir, or delete those runs to '
+        'redo them'
     )
     assert listing(sw) == before
     with WorkdirLock(str(sw)):  # another sweep on the same sweep_dir is refused
@@ -372,7 +374,7 @@ def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
         ROOT / 'scripts' / 'sweep.py', f'--config={cfg}', f'--sweep_dir={sw}', '--grid=seed=-3'
     )
     assert one_line_error(negative) == (
-        'error: sweep point seed-3: config.seed must be an integer in [0, 2**32), got -3'
+        'error: sweep point gqa_h4_kv2_s-3: config.seed must be an integer in [0, 2**32), got -3'
     )
     more = cli(
         ROOT / 'scripts' / 'sweep.py',

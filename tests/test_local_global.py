@@ -85,32 +85,76 @@ def test_forward_equals_float64_reference(pattern):
     assert np.abs(full - want).max() > 1e-3  # the window changes the logits
 
 
-@pytest.mark.parametrize('attention', ['gqa', pytest.param('mla', marks=pytest.mark.slow)])
-def test_decode_equals_full_forward_past_the_window(attention):
-    """Prefill (prompts longer and shorter than W, left-padded) then 12 steps through rings of
-    W = 4 slots give the full forward's logits token for token (atol 2e-5, rtol 1e-4)."""
-    cfg = local_cfg(attention=attention, layer_pattern='LG')
-    model = build_model(cfg, seed=2)
+def teacher_forced(model, cont, kv_cache_dtype='float'):
+    """Each row's logits from its first real token: PROMPTS prefilled (left-padded), then the
+    continuation `cont` [B, n] one step at a time."""
     decoder = Decoder(model)
-    B, n, P = len(PROMPTS), 12, max(len(p) for p in PROMPTS)
-    cont = np.asarray(jax.random.randint(jax.random.key(3), (B, n), 0, cfg.vocab_size), np.int32)
+    B, n, P = len(PROMPTS), cont.shape[1], max(len(p) for p in PROMPTS)
     pad = np.array([P - len(p) for p in PROMPTS], np.int32)
     tokens = np.array([[0] * (P - len(p)) + p for p in PROMPTS], np.int32)
-    caches = init_caches(cfg, B, P + n)
-    assert [c.window for c in caches] == [4, 0, 4]
+    caches = init_caches(model.cfg, B, P + n, kv_cache_dtype)
     logits, caches = decoder.prefill(decoder.params, tokens, pad, caches)
     rows = [[logits[b, t] for t in range(pad[b], P)] for b in range(B)]
     for i in range(n):
         step, caches = decoder.step(decoder.params, cont[:, i], pad, caches)
         for b in range(B):
             rows[b].append(step[b])
+    return [np.stack(r) for r in rows]
+
+
+def assert_equals_full_forward(model, cont, rows):
     for b, prompt in enumerate(PROMPTS):
         want = model(np.array([prompt + cont[b].tolist()], np.int32))[0]
-        np.testing.assert_allclose(np.stack(rows[b]), want, atol=2e-5, rtol=1e-4)
-    out = decoder.generate(PROMPTS, 6)
+        np.testing.assert_allclose(rows[b], want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize('attention', ['gqa', pytest.param('mla', marks=pytest.mark.slow)])
+def test_decode_equals_full_forward_past_the_window(attention):
+    """Prefill (prompts longer and shorter than W, left-padded) then 12 steps through rings of
+    W = 4 slots give the full forward's logits token for token (atol 2e-5, rtol 1e-4)."""
+    cfg = local_cfg(attention=attention, layer_pattern='LG')
+    model = build_model(cfg, seed=2)
+    assert [c.window for c in init_caches(cfg, 1, 21)] == [4, 0, 4]
+    cont = np.asarray(jax.random.randint(jax.random.key(3), (3, 12), 0, cfg.vocab_size), np.int32)
+    assert_equals_full_forward(model, cont, teacher_forced(model, cont))
+    out = Decoder(model).generate(PROMPTS, 6)
     for prompt, new in zip(PROMPTS, out, strict=True):
         full = model(np.array([prompt + new], np.int32))[0]
         np.testing.assert_array_equal(np.argmax(full[len(prompt) - 1 : -1], -1), new)
+
+
+@pytest.mark.parametrize('kv_cache_dtype', ['float', pytest.param('int8', marks=pytest.mark.slow)])
+def test_chunked_decoding_with_local_layers_and_per_layer_heads(kv_cache_dtype):
+    """Local/global layers (W = 4) with per-layer KV heads (2, 1, 2) and decode_chunk = 3: the
+    global layer's 21-slot cache is read 3 slots at a time, the rings whole. Each cache has its
+    layer's heads and slots and the bytes of `kv_cache_bytes_by_layer`; the logits equal
+    decode_chunk = 0's (atol 1e-5) and, float, the full forward's (atol 2e-5, rtol 1e-4)."""
+    cfg = local_cfg(layer_pattern='LG', num_kv_heads=0, kv_heads_per_layer=(2, 1, 2))
+    cfg = dataclasses.replace(cfg, decode_chunk=3)
+    caches = init_caches(cfg, 3, 21, kv_cache_dtype)
+    assert [c.arrays['k'].shape[1:-1] for c in caches] == [(2, 4), (21,), (2, 4)]
+    measured = [sum(a.nbytes for a in c.arrays.values()) for c in caches]
+    assert measured == [
+        3 * b for b in accounting.kv_cache_bytes_by_layer(cfg, 21, cfg.dtype, kv_cache_dtype)
+    ]
+    cont = np.asarray(jax.random.randint(jax.random.key(5), (3, 12), 0, cfg.vocab_size), np.int32)
+    model = build_model(cfg, seed=4)
+    rows = teacher_forced(model, cont, kv_cache_dtype)
+    whole = build_model(dataclasses.replace(cfg, decode_chunk=0), seed=4)
+    for got, want in zip(rows, teacher_forced(whole, cont, kv_cache_dtype), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    if kv_cache_dtype == 'float':
+        assert_equals_full_forward(model, cont, rows)
+
+
+def test_cla_with_local_layers_or_int8_is_refused():
+    """Cross-layer attention reads its producer's full float cache: a window or an int8 cache
+    with kv_share_every > 1 is refused in one line naming the keys."""
+    with pytest.raises(ValueError, match=r'^config.model.kv_share_every=2 with config.model.sli'):
+        local_cfg(kv_share_every=2)
+    cla = local_cfg(sliding_window=0, kv_share_every=2)
+    with pytest.raises(ValueError, match=r"^config.model.kv_share_every=2 with kv_cache_dtype='i"):
+        init_caches(cla, 1, 8, 'int8')
 
 
 @pytest.mark.parametrize('kv_cache_dtype', ['float', 'int8'])

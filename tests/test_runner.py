@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from lm.experiments import runner, summary
+from lm.experiments import runner, stats, summary
 from lm.experiments.runner import RunFailed, RunStopped, Spec
 
 
@@ -157,12 +157,14 @@ def test_summary_numbers_against_a_reference(tmp_path):
     assert cols['loss_ci_lo'] == pytest.approx(mean - half, abs=1e-6)
     d = np.array([1.10 - 1.20, 1.25 - 1.30])  # a − b at seeds 0 and 1
     d_half = t1 * d.std(ddof=1) / math.sqrt(2)
-    row = summary.pair('a', 'b', values)
+    (row,) = summary.all_pairs(values)  # one comparison: Holm changes nothing
     assert row['seeds'] == 2 and row['loss_diff'] == pytest.approx(d.mean(), abs=1e-12)
     assert row['ci_lo'] == pytest.approx(d.mean() - d_half, abs=1e-5)
     assert row['ci_hi'] == pytest.approx(d.mean() + d_half, abs=1e-5)
     resolved = d.mean() + d_half < 0 or d.mean() - d_half > 0
     assert row['resolved'] == resolved and row['ordering'] == 'a ~ b (unresolved)'
-    assert summary.diff_cell(values['a'], values['b']) == (
-        f'{d.mean():+.4f} [{d.mean() - d_half:.4f}, {d.mean() + d_half:.4f}]'
+    assert row['comparisons'] == 1 and row['p_holm'] == row['p']
+    diff = stats.paired_difference(values['a'], values['b'])
+    assert summary.diff_cell(diff, row['p_holm']) == (
+        f'{d.mean():+.4f} [{d.mean() - d_half:.4f}, {d.mean() + d_half:.4f}] p={row["p"]:.3g}'
     )

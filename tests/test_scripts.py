@@ -22,15 +22,18 @@ def test_bench_decode_smoke(tmp_path):
         '--repeats=1',
         '--new_tokens=2',
         '--d_model=64',
-        '--num_layers=1',
+        '--num_layers=2',
+        '--variants=mha,gqa2,mqa,mla,mqa_cla2',
         '--batch=2,1',
         '--bandwidth_gib=0.01',
         f'--json={tmp_path / "d.json"}',
     )
     rows = json.loads((tmp_path / 'd.json').read_text())
     assert [(r['variant'], r['batch']) for r in rows] == [
-        (v, b) for b in (2, 1) for v in ('mha', 'gqa2', 'mqa', 'mla')
+        (v, b) for b in (2, 1) for v in ('mha', 'gqa2', 'mqa', 'mla', 'mqa_cla2')
     ]
+    mqa = {r['cache_bytes_per_token_measured'] for r in rows if r['variant'] == 'mqa'}
+    assert {2 * r['cache_bytes_per_token_measured'] for r in rows if 'cla' in r['variant']} == mqa
     params = {r['variant']: r['params'] for r in rows}
     for r in rows:
         assert r['cache_bytes_per_token_measured'] == r['cache_bytes_per_token_formula']
@@ -43,7 +46,7 @@ def test_bench_decode_smoke(tmp_path):
         mha = next(m for m in rows if m['variant'] == 'mha' and m['batch'] == r['batch'])
         assert math.isclose(r['predicted_speedup'], mha['bytes_per_step'] / r['bytes_per_step'])
         assert math.isclose(r['speedup_vs_mha'], mha['ms_per_step'] / r['ms_per_step'])
-    assert stdout.count('\n| ') == 10  # per batch: header + 4 rows
+    assert stdout.count('\n| ') == 12  # per batch: header + 5 rows
     assert stdout.count('measured read bandwidth') == 2
     out = tmp_path / 'roofline.png'
     run('plot_roofline.py', f'--json={tmp_path / "d.json"}', f'--out={out}')

@@ -49,3 +49,25 @@ def test_paired_difference_by_hand():
     assert not noisy.resolved and stats.ordering('a', 'b', noisy) == 'a ~ b (unresolved)'
     unpaired = stats.paired_difference({0: 1.0}, {1: 1.0})  # no seed in common
     assert unpaired.n == 0 and not unpaired.resolved and unpaired.interval() == 'n/a (0 seeds)'
+
+
+def test_holm_by_hand():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> monotone 0.06
+    got = stats.holm([0.01, 0.04, 0.03, 0.005])
+    assert got == pytest.approx([0.03, 0.06, 0.06, 0.02], abs=1e-12)
+    # a comparison without a p-value is not counted: m = 2
+    got = stats.holm([0.01, math.nan, 0.04])
+    assert got[0] == pytest.approx(0.02) and math.isnan(got[1]) and got[2] == pytest.approx(0.04)
+    assert stats.family_size([0.01, math.nan, 0.04]) == 2
+    assert stats.holm([0.6, 0.7]) == [1.0, 1.0]  # 1.2 capped, then kept monotone
+    assert stats.holm([0.02]) == [0.02]
+
+
+def test_paired_p_value_by_hand():
+    d = stats.paired_difference({0: 1.10, 1: 1.25, 2: 1.00}, {0: 1.00, 1: 1.20, 2: 0.90})
+    # t = 0.083333 / (0.0288675 / sqrt 3) = 5.0; with 2 df, p = 1 - t / sqrt(t^2 + 2)
+    assert stats.p_value(d) == pytest.approx(1 - 5 / math.sqrt(27), abs=1e-9)
+    assert stats.p_from_interval(d.mean, d.lo, d.hi, d.n) == pytest.approx(stats.p_value(d))
+    assert stats.p_value(stats.paired_difference({0: 1.0, 1: 1.0}, {0: 1.0, 1: 1.0})) == 1.0
+    assert stats.p_value(stats.paired_difference({0: 2.0, 1: 2.0}, {0: 1.0, 1: 1.0})) == 0.0
+    assert math.isnan(stats.p_value(stats.paired_difference({0: 2.0}, {0: 1.0})))

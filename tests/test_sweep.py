@@ -15,6 +15,14 @@ from lm.model.accounting import param_counts
 from lm.model.transformer import model_config
 
 
+def read_experiment(acc):
+    """The experiment summary of a run's HParams, as TensorBoard reads it."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    content = acc.PluginTagToContent('hparams')['_hparams_/experiment']
+    return plugin_data_pb2.HParamsPluginData.FromString(content).experiment
+
+
 def sweep(*args):
     return run_entry('scripts/sweep.py', *args, timeout=900)
 
@@ -33,8 +41,13 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
         {'name': 'bad', 'model.attention': 'gqa', 'model.num_kv_heads': 3},
     ]
     cfg = sweep_file(tmp_path, config, points)
+    tb = tmp_path / 'shared_tb'
     out = sweep(
-        f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}', '--parallel=2', '--match=params'
+        f'--config={cfg}',
+        f'--sweep_dir={tmp_path / "sw"}',
+        '--parallel=2',
+        '--match=params',
+        f'--tb_dir={tb}',
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert 'skipping bad: config.model.num_heads=4 must be divisible by num_kv_heads=3' in (
@@ -42,32 +55,38 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
     )
     with open(tmp_path / 'sw' / 'summary.csv') as f:
         rows = {r['point']: r for r in csv.DictReader(f)}
-    assert set(rows) == {'mha', 'mqa_kv0', 'mla'}
-    assert rows['mha']['seeds'] == '2' and rows['mqa_kv0']['seeds'] == '1'
+    assert set(rows) == {'mha', 'mqa_h4', 'mla'}
+    assert rows['mha']['seeds'] == '2' and rows['mqa_h4']['seeds'] == '1'
     assert int(rows['mha']['kv_cache_bytes_per_token']) == 4 * int(
-        rows['mqa_kv0']['kv_cache_bytes_per_token']
+        rows['mqa_h4']['kv_cache_bytes_per_token']
     )
-    assert float(rows['mqa_kv0']['eval_perplexity']) > 1
+    assert float(rows['mqa_h4']['eval_perplexity']) > 1
     assert (tmp_path / 'sw' / 'summary.png').stat().st_size > 10_000
     assert rows['mla']['kv_heads'] == 'latent 16+4'  # what MLA's cache holds, not H
     md = (tmp_path / 'sw' / 'summary.md').read_text()
     assert '| mha | mha | 4 | 4 | 64 |' in md and md.startswith('Fairness: equal parameters')
     for row in rows.values():  # equal parameters: every point within 1% of MHA's
         assert abs(int(row['params']) / int(rows['mha']['params']) - 1) <= 0.01, row
-    assert int(rows['mqa_kv0']['mlp_dim']) > int(rows['mha']['mlp_dim']) == 64
-    assert 'mha ~ mqa_kv0 (unresolved)' in md  # one seed of mqa: nothing is resolved
+    assert int(rows['mqa_h4']['mlp_dim']) > int(rows['mha']['mlp_dim']) == 64
+    assert 'mha ~ mqa_h4 (unresolved)' in md  # one seed of mqa: nothing is resolved
     assert 'nan' not in md and '(n = 1) | n/a (1 seed) |' in md  # one seed: no '± nan'
 
     from tensorboard.backend.event_processing import event_accumulator
 
-    runs = sorted(os.listdir(tmp_path / 'sw' / 'tb'))
-    assert runs == ['mha_s0', 'mha_s1', 'mla', 'mqa_kv0']
+    runs = sorted(r for r in os.listdir(tb) if not r.startswith('.'))  # --tb_dir: all there
+    assert runs == ['mha_s0', 'mha_s1', 'mla', 'mqa_h4'] and not (tmp_path / 'sw' / 'tb').exists()
+    differs = set()
     for run in runs:
-        acc = event_accumulator.EventAccumulator(str(tmp_path / 'sw' / 'tb' / run))
+        acc = event_accumulator.EventAccumulator(str(tb / run))
         acc.Reload()
         assert [e.step for e in acc.Scalars('eval/perplexity')] == [4]
         assert [e.step for e in acc.Scalars('eval_init/perplexity')] == [0]
-        assert acc.PluginTagToContent('hparams'), run  # an hparams entry for the HParams tab
+        experiment = read_experiment(acc)
+        differs.add(frozenset(h.name for h in experiment.hparam_infos if h.differs))
+    # one experiment summary in every run, with what differs between the runs marked
+    assert differs == {  # not num_heads, lr, steps, nor the one MLA run's dims
+        frozenset({'attention', 'num_kv_heads', 'kv_cache_bytes_per_token', 'params', 'seed'})
+    }
 
     again = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}', '--match=params')
     assert again.returncode == 0 and again.stdout.count('finished earlier, skipped') == 4
@@ -100,8 +119,15 @@ def test_grid_product_and_names(tmp_path, small_text):
     config = tiny_train_config(tmp_path, small_text)
     points = parse_grid(config, ['model.num_heads=4,8', 'model.num_kv_heads=1,2,4,8'])
     assert len(points) == 8 and points[1] == {'model.num_heads': 4, 'model.num_kv_heads': 2}
-    assert run_name(points[1]) == 'h4_kv2'
-    assert run_name({'model.attention': 'mla', 'train.lr': 0.001}) == 'mla_lr0.001'
+    assert run_name(points[1], point_config(config, points[1])) == 'gqa_h4_kv2'
+    for point, name in [
+        ({'model.attention': 'mla', 'model.num_kv_heads': 0, 'train.lr': 0.001}, 'mla_h4_lr0.001'),
+        ({'model.attention': 'mha', 'model.num_kv_heads': 0}, 'mha_h4'),
+        ({'model.attention': 'mqa', 'model.num_kv_heads': 0}, 'mqa_h4'),
+        ({'model.num_heads': 8, 'model.num_kv_heads': 8}, 'gqa_h8_kv8'),
+        ({'seed': 1}, 'gqa_h4_kv2_s1'),
+    ]:
+        assert run_name(point, point_config(config, point)) == name
     with pytest.raises(ValueError, match=r"'1.5' is not an int"):
         parse_grid(config, ['model.num_heads=1.5'])
     with pytest.raises(ValueError, match=r'--grid: model.num_heads is given twice'):
@@ -180,11 +206,26 @@ def test_summary_reports_intervals_and_resolved_orderings(tmp_path):
     gap = max(abs(n - sizes['mha']) / sizes['mha'] for n in sizes.values())
     assert f'(largest parameter gap to mha: {gap:.2%})' in md
     assert '1,234 validation tokens per run' in md
-    # mqa - mha = 0.10, 0.05, 0.10: mean 0.0833, 95% CI [0.0116, 0.1550], resolved
+    # mqa - mha = 0.10, 0.05, 0.10: mean 0.0833, 95% CI [0.0116, 0.1550] excludes 0, t = 5
+    # (df 2: p = 1 - t / sqrt(t^2 + 2) = 0.03775); mha - gqa: t = -0.27735, p = 0.80755;
+    # mqa - gqa: t = 0.91766, p = 0.45567. Holm over the 3: 3 x 0.03775 = 0.113 (unresolved),
+    # 2 x 0.45567 = 0.911, max(0.911, 0.80755) = 0.911.
     assert f'| mqa | mqa | 4 | 1 | 64 | {sizes["mqa"]:,} |' in md
-    assert '+0.0833 [0.0116, 0.1550] ✓ |' in md
+    assert '+0.0833 [0.0116, 0.1550] p=0.113 |' in md
+    assert 'Holm-corrected over the 3 comparisons' in md
     with open(tmp_path / 'summary_pairs.csv') as f:
         pairs = {(p['a'], p['b']): p for p in csv.DictReader(f)}
-    assert pairs[('mha', 'mqa')]['ordering'] == 'mha < mqa'
-    assert pairs[('mha', 'gqa')]['ordering'] == 'mha ~ gqa (unresolved)'
+    expected = {('mha', 'mqa'): (0.037750, 0.113250), ('mha', 'gqa'): (0.807550, 0.911340)}
+    expected[('mqa', 'gqa')] = (0.455670, 0.911340)
+    for key, (p, p_holm) in expected.items():
+        assert float(pairs[key]['p']) == pytest.approx(p, abs=2e-6)
+        assert float(pairs[key]['p_holm']) == pytest.approx(p_holm, abs=5e-6)
+        assert pairs[key]['comparisons'] == '3' and pairs[key]['resolved'] == 'False'
+    assert pairs[('mha', 'mqa')]['ordering'] == 'mha ~ mqa (unresolved)'
     assert '| mha | gqa | -0.0167 |' in md and 'mha ~ gqa (unresolved) |' in md
+    with open(tmp_path / 'summary_seeds.csv') as f:
+        seeds = list(csv.DictReader(f))
+    assert [(r['point'], r['seed'], float(r['eval_loss'])) for r in seeds[:2]] == [
+        ('mha', '0', 1.10),
+        ('mha', '1', 1.25),
+    ]

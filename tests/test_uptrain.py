@@ -365,8 +365,13 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert 'gqa with 2 KV heads' in out.stdout
-    out = run_entry('train.py', f'--workdir={tmp_path / "gqa"}', f'--tb_dir={tmp_path / "tb"}')
+    # the converted run logs where its source did: said in the next command, and remembered
+    assert out.stdout.strip().endswith(
+        f'next: python train.py --workdir={tmp_path / "gqa"} --tb_dir={tmp_path / "tb"}'
+    )
+    out = run_entry('train.py', f'--workdir={tmp_path / "gqa"}')
     assert out.returncode == 0, out.stderr[-3000:]
+    assert not (tmp_path / 'gqa' / 'tb').exists()  # one run, one place in TensorBoard
     evals = read_scalars(tmp_path / 'tb' / 'gqa', 'eval/loss')
     assert sorted(evals) == [40, 50]  # right after conversion, and after 0.25 x 40 steps
     source = read_scalars(tmp_path / 'tb' / 'mha', 'eval/loss')
@@ -569,8 +574,10 @@ def test_ablation_run_stopped_by_sigterm_is_not_cached(tmp_path, small_text):
         '--set=model.num_layers=1',
         '--set=model.d_model=64',
     )
-    assert code == 1, err[-2000:]
-    assert err.strip().splitlines()[-1] == (
-        'mha_s0: stopped before its last step (SIGTERM?); nothing cached'
-    )
+    assert code == 143, err[-2000:]
+    assert re.fullmatch(
+        r'mha_s0 stopped by SIGTERM at step [1-9]\d* \(its checkpoint kept; the ablation starts '
+        r'an unfinished run again from its beginning\); no further runs started',
+        [line for line in err.strip().splitlines() if not line.startswith('I')][-1],
+    ), err[-2000:]
     assert not (out_dir / 'mha_s0' / 'result.json').exists()

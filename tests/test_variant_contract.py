@@ -30,8 +30,8 @@ from lm.model.attention import AttentionVariant, KVCache
 from lm.model.config import ModelConfig
 from lm.model.layers import Dense, residual_scale, rope
 from lm.model.transformer import build_model, model_config
+from lm.train.hparams import hparam_values
 from lm.train.loop import train
-from lm.train.run_log import hparams
 
 
 class SharedKV(AttentionVariant):
@@ -211,7 +211,9 @@ def test_accounting_uptraining_and_export_ask_the_variant(toy):
 
     with pytest.raises(ValueError, match=r"attention='toy_shared_kv', which has no K/V heads"):
         check_conversion(cfg, ConversionOptions(num_kv_heads=1))
-    assert hparams(tiny_config(), cfg, measured['total'])['kv_heads'] == '2 shared'
+    shown = hparam_values(tiny_config(), cfg, measured['total'])
+    assert 'num_kv_heads' not in shown  # its cache holds no K/V heads of the GQA kind
+    assert shown['kv_cache_bytes_per_token'] == accounting.kv_cache_bytes_per_token(cfg, 'bfloat16')
     with pytest.raises(ValueError) as refused:  # never exported as some other architecture
         hf.hf_from_model(cfg, 64)
     assert str(refused.value) == (
@@ -235,6 +237,7 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
         **{'eval_every': 2, 'checkpoint_every': 2, 'log_every': 1, 'eval_tokens': 64},
     )
     assert sweep.invalid_reason(config) is None
+    assert sweep.run_name({}, config) == 'toy_shared_kv_h4_kv2'  # its name leaves KV heads free
     train(config, str(tmp_path / 'toy'))
     result = json.loads((tmp_path / 'toy' / 'results.json').read_text())
     spec = Spec('toy', {}, lambda workdir: result, arm='toy')

@@ -8,10 +8,12 @@ import csv
 import dataclasses
 import math
 import os
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from flax import nnx
 
 from lm.analysis import scores as analysis
@@ -83,7 +85,7 @@ def _text_stats(model, tokens_BT1):
     loss_BT = analysis.token_losses(model, tokens_BT1)
     early, late = analysis.icl_positions(tokens_BT.shape[1])
     moments = None
-    if attention.variant(model.cfg).poolable_kv_heads:
+    if attention.variant(model.cfg).poolable_kv_heads and model.cfg.kv_share_every == 1:
         moments = [
             tuple(analysis.head_moments(x.reshape((-1,) + x.shape[2:])) for x in kv)
             for kv in analysis.kv_projections(model, tokens_BT)
@@ -111,11 +113,13 @@ def _random_stats(model, tokens_BT):
     return scores, loss_T, [p[0] for p in probs]
 
 
-def _text_over(model, windows: list[np.ndarray]) -> tuple:
+def _text_over(model, windows: list[np.ndarray], stop: Callable[[], None]) -> tuple:
     """Text scores averaged over the batches of `windows`, the summed per-position loss, the
-    per-window ICL scores and the K/V head moments summed in float64 (None without K/V heads)."""
+    per-window ICL scores and the K/V head moments summed in float64 (None without K/V heads).
+    `stop` is called before each batch (it raises to stop)."""
     text_sum, loss_sum, icl, moments = 0.0, 0.0, [], None
     for tokens in windows:
+        stop()
         scores, loss_T, icl_B, m = _text_stats(model, jnp.asarray(tokens))
         text_sum, loss_sum = text_sum + np.asarray(scores), loss_sum + np.asarray(loss_T)
         icl.append(np.asarray(icl_B, np.float64))
@@ -145,10 +149,12 @@ def analyse_run(
     num_random: int = 128,
     seed: int = 0,
     flag: str = '--workdir',
+    stop: Callable[[], None] = lambda: None,
 ) -> RunHeads:
     """Restores `workdir` (at `step`, default the latest) and scores every head. Text scores use
-    the first `max_batches` batches of `batch` validation windows (0 = the whole split)."""
-    restored = assemble(workdir, state='restore', step=step, data=True, flag=flag)
+    the first `max_batches` batches of `batch` validation windows (0 = the whole split); `stop`
+    is called between batches (e.g. `lm.train.interrupt.StopRequest.check`)."""
+    restored = assemble(workdir, state='params', step=step, data=True, flag=flag)
     model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
     corpus = restored.corpus
     T = restored.config.data.seq_len
@@ -158,7 +164,8 @@ def analyse_run(
             f'{flag}={workdir}: the validation split holds fewer than one batch of {batch} '
             f'windows of {T} tokens; lower --batch'
         )
-    text, loss_sum, icl, moments = _text_over(model, windows)
+    logging.info('%s: scoring %d batches of %d windows', flag, len(windows), batch)
+    text, loss_sum, icl, moments = _text_over(model, windows, stop)
     token_ids = np.unique(np.asarray(corpus.tokens['validation']))
     token_ids = token_ids[token_ids != corpus.tokenizer.eos_id]
     rand_tokens = analysis.repeated_random_tokens(

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lm.model import attention
+from lm.model import attention, layout
 from lm.model.config import DTYPES
 from lm.model.transformer import Transformer
 
@@ -117,10 +117,12 @@ def attention_inputs(model: Transformer, tokens_BT: jax.Array) -> tuple[list, ja
     embedding and blocks, and the positions [B, T] the forward pass uses."""
     positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
     x_BTE = jnp.take(model.embed[...], tokens_BT, axis=0).astype(DTYPES[model.cfg.dtype])
-    inputs = []
-    for block in model.blocks:
+    inputs, below = [], None
+    for i, block in enumerate(model.blocks):
         inputs.append(block.attn_norm(x_BTE))
-        x_BTE, _ = block(x_BTE, positions_BT)
+        producer = layout.is_producer(model.cfg, i)  # a CLA consumer reads its producer's K/V
+        x_BTE, kv = block(x_BTE, positions_BT, cache=None if producer else below)
+        below = kv if producer else below
     return inputs, positions_BT
 
 
@@ -140,6 +142,11 @@ def kv_projections(model: Transformer, tokens_BT: jax.Array) -> list[tuple[jax.A
     """Each layer's per-KV-head keys and values before RoPE, ([B, T, G, D], [B, T, G, D]): the
     projections MHA -> GQA conversion averages (lm/convert/uptrain.py), from the variant's own
     `kv_projections`. Needs a variant with poolable K/V heads (mha / gqa / mqa)."""
+    if model.cfg.kv_share_every > 1:
+        raise ValueError(
+            f'KV-head similarity needs every layer to have its own K/V; config.model.'
+            f'kv_share_every={model.cfg.kv_share_every} shares them across layers'
+        )
     if not attention.variant(model.cfg).poolable_kv_heads:
         raise ValueError(
             f'KV-head similarity needs per-head K/V projections (mha/gqa/mqa); attention='

@@ -62,6 +62,12 @@ def export_mapping(cfg: ModelConfig) -> HFMapping:
             f'config.model.attention={cfg.attention!r} ({cls.__name__}) has no Hugging Face '
             f'mapping; export supports {_supported()}'
         )
+    if cfg.kv_share_every > 1 or cfg.kv_heads_per_layer:
+        raise ValueError(
+            f'config.model.kv_share_every={cfg.kv_share_every} / kv_heads_per_layer='
+            f'{cfg.kv_heads_per_layer}: Hugging Face Llama has one K/V per layer and one KV head '
+            'count for all; export supports uniform layouts only'
+        )
     if not cfg.sliding_window:
         return cls.hf_mappings[0]
     for mapping in cls.hf_mappings:

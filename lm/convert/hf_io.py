@@ -1,5 +1,6 @@
 """Hugging Face directories <-> lm workdirs: `import_hf` writes a step-0 run from config.json,
-safetensors and tokenizer.json; `export_hf` writes a run's checkpoint back as an HF directory.
+safetensors and the tokenizer files; `export_hf` writes a run's checkpoint back as an HF
+directory (the tokenizer and generation files of both: lm/convert/hf_files.py).
 
 Tensors are read one at a time (single file or sharded index) and each device's block is read
 straight into its sharding on the run's mesh, so no host ever holds a whole checkpoint; dtypes
@@ -14,7 +15,6 @@ import json
 import math
 import os
 import re
-import shutil
 from collections.abc import Callable
 
 import jax
@@ -23,18 +23,12 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from lm.convert import hf
+from lm.convert import hf, hf_files
 from lm.convert.safetensors_files import SafetensorsReader, ShardWriter
 from lm.convert.staging import check_export_dir, move_into, replace_dir, staged
-from lm.data.corpus import load_tokenizer
-from lm.data.tokenizer import HFTokenizer
 from lm.model.transformer import model_config
-from lm.train.checkpoint import Checkpointer, checkpoint_entries
+from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries
 from lm.train.run import Run, assemble, checkpoint_meta
-
-TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json')
-HF_SUBDIR = 'hf'  # <workdir>/hf: the imported tokenizer files and the source config.json
-_HUB_PATTERNS = ['config.json', '*.safetensors', 'model.safetensors.index.json', *TOKENIZER_FILES]
 
 
 def resolve_hf_dir(hf_dir: str) -> str:
@@ -50,7 +44,7 @@ def resolve_hf_dir(hf_dir: str) -> str:
     for local_only in (False, True):
         try:
             return huggingface_hub.snapshot_download(
-                hf_dir, allow_patterns=_HUB_PATTERNS, local_files_only=local_only
+                hf_dir, allow_patterns=hf_files.HUB_PATTERNS, local_files_only=local_only
             )
         except Exception as e:  # noqa: BLE001 - offline, unknown id, gated: all one line
             errors.append(f'{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ""}')
@@ -142,67 +136,11 @@ def _hf_shape(t: hf.Tensor, lm_shape: tuple[int, ...]) -> tuple[int, ...]:
     return (math.prod(lm_shape[t.n_in :]), math.prod(lm_shape[: t.n_in]))
 
 
-def _token_text(token) -> str | None:
-    return token.get('content') if isinstance(token, dict) else token
-
-
-def _eos_token(directory: str, hf_config: dict, tokenizer: HFTokenizer) -> str:
-    """The end-of-text token: tokenizer_config.json's eos_token, else config.json's
-    eos_token_id; '' when neither names one."""
-    path = os.path.join(directory, 'tokenizer_config.json')
-    if os.path.isfile(path):
-        with open(path) as f:
-            eos = _token_text(json.load(f).get('eos_token'))
-        if eos and tokenizer.tok.token_to_id(eos) is not None:
-            return eos
-    eos_id = hf_config.get('eos_token_id')
-    if isinstance(eos_id, list):
-        eos_id = eos_id[0] if eos_id else None
-    if isinstance(eos_id, int) and (name := tokenizer.tok.id_to_token(eos_id)) is not None:
-        return name
-    return ''
-
-
 def _read_hf_config(hf_dir: str) -> tuple[str, dict]:
     """(the local directory of `hf_dir`, its config.json)."""
     directory = resolve_hf_dir(hf_dir)
-    config_path = os.path.join(directory, 'config.json')
-    if not os.path.isfile(config_path):
-        raise FileNotFoundError(f'{config_path} does not exist')
-    with open(config_path) as f:
+    with open(hf_files.check_has_config(directory)) as f:
         return directory, json.load(f)
-
-
-def _read_tokenizer(tokenizer_path: str, vocab_size: int) -> HFTokenizer:
-    """The tokenizer.json at `tokenizer_path`, refused when it does not fit `vocab_size`."""
-    if not os.path.isfile(tokenizer_path):
-        raise FileNotFoundError(
-            f'{tokenizer_path} does not exist (a sentencepiece tokenizer.model only?): pass '
-            "--tokenizer=a tokenizer.json, e.g. from transformers' "
-            'AutoTokenizer.from_pretrained(DIR).save_pretrained(OUT)'
-        )
-    tokenizer = HFTokenizer.from_file(tokenizer_path)
-    if tokenizer.vocab_size > vocab_size:
-        raise ValueError(
-            f'{tokenizer_path} has {tokenizer.vocab_size} tokens, more than config.json '
-            f'vocab_size={vocab_size}'
-        )
-    return tokenizer
-
-
-def _copy_hf_files(directory: str, tokenizer_path: str, workdir: str) -> str:
-    """Copies the tokenizer files and config.json (as source_config.json) into <workdir>/hf;
-    returns the copied tokenizer.json's absolute path."""
-    out_hf = os.path.join(workdir, HF_SUBDIR)
-    os.makedirs(out_hf, exist_ok=True)
-    shutil.copyfile(tokenizer_path, os.path.join(out_hf, 'tokenizer.json'))
-    for name in TOKENIZER_FILES[1:]:
-        if os.path.isfile(os.path.join(directory, name)):
-            shutil.copyfile(os.path.join(directory, name), os.path.join(out_hf, name))
-    shutil.copyfile(
-        os.path.join(directory, 'config.json'), os.path.join(out_hf, 'source_config.json')
-    )
-    return os.path.abspath(os.path.join(out_hf, 'tokenizer.json'))
 
 
 def _save_step0(
@@ -214,7 +152,8 @@ def _save_step0(
     stop: Callable[[], None],
 ) -> None:
     """Writes the step-0 checkpoint: the parameters read into their shardings on the run's
-    mesh, fresh optimizer state."""
+    mesh, no optimizer state (training starts it fresh on its first resume, so the import
+    never holds it)."""
     ctx, seed = run.ctx, run.config.seed
     with jax.set_mesh(run.mesh):
         params = load_params(
@@ -223,9 +162,6 @@ def _save_step0(
         reader.close()
         state = {
             'params': params,
-            'opt_state': jax.jit(ctx.tx.init, out_shardings=ctx.state_sharding['opt_state'])(
-                params
-            ),
             'step': jax.device_put(jnp.zeros((), jnp.int32), ctx.state_sharding['step']),
             'rng': jax.device_put(
                 jax.random.key_data(jax.random.key(seed)), ctx.state_sharding['rng']
@@ -245,17 +181,18 @@ def import_hf(
 ) -> ml_collections.ConfigDict:
     """Writes `workdir` as a step-0 lm run of the HF model in `hf_dir` (a directory or hub id):
     `base` with its model section from config.json (the variant the registry maps its
-    `model_type` to), `data.tokenizer` the model's tokenizer.json (copied into <workdir>/hf/),
-    parameters in the checkpoint's dtype. Returns the config. The run is built beside
-    `workdir` and moved in when complete; `stop()` runs between tensors (see `load_params`)."""
+    `model_type` to), `data.tokenizer` the model's tokenizer.json (or `tokenizer_path`: another
+    tokenizer.json or 'byte'; `hf_files.read_tokenizer`), the tokenizer and generation files
+    copied into <workdir>/hf/, parameters in the checkpoint's dtype. Returns the config. The
+    run is built beside `workdir` and moved in when complete; `stop()` runs between tensors
+    (see `load_params`)."""
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ValueError(f'workdir={workdir!r} is a file, not a directory')
     if checkpoint_entries(workdir):  # unfinished saves of a killed import do not count
         raise FileExistsError(f'--workdir: {workdir} already holds checkpoints; choose a new one')
     directory, hf_config = _read_hf_config(hf_dir)
     model, rope_interleave = hf.model_from_hf(hf_config)
-    tokenizer_path = tokenizer_path or os.path.join(directory, 'tokenizer.json')
-    tokenizer = _read_tokenizer(tokenizer_path, model['vocab_size'])
+    tokenizer = hf_files.read_tokenizer(directory, tokenizer_path, model['vocab_size'])
     reader = SafetensorsReader(directory)
     config = ml_collections.ConfigDict(base.to_dict())
     config.model.update(model)
@@ -265,34 +202,18 @@ def import_hf(
     _check_tensors(reader, tensors, hf_config)
 
     with staged(workdir, 'import') as build:
-        config.data.tokenizer = _copy_hf_files(directory, tokenizer_path, build)
-        config.data.eos_token = _eos_token(directory, hf_config, tokenizer)
+        config.data.tokenizer = hf_files.copy_into_run(directory, tokenizer, build)
+        config.data.eos_token = hf_files.eos_token(directory, hf_config, tokenizer)
         run = assemble(config)  # the run's other settings fail here, not in train.py
-        # where the copied tokenizer.json will be once `build` is moved in
-        run.config.data.tokenizer = os.path.abspath(
-            os.path.join(workdir, HF_SUBDIR, 'tokenizer.json')
-        )
+        if tokenizer != hf_files.BYTE:  # where the copy will be once `build` is moved in
+            run.config.data.tokenizer = os.path.abspath(
+                os.path.join(workdir, hf_files.HF_SUBDIR, 'tokenizer.json')
+            )
         _save_step0(run, reader, tensors, build, f'hf:{hf_dir}', stop)
         stop()  # a signal during the save: nothing is moved in
         move_into(build, workdir)
     logging.info('imported %s (%s) into %s', hf_dir, cfg.attention, workdir)
     return run.config
-
-
-def _run_tokenizer(config: ml_collections.ConfigDict) -> tuple[str, dict, HFTokenizer | None]:
-    """(directory of the run's tokenizer.json or '', its source config.json or {}, the
-    tokenizer to export: a tokenizer.json or a BPE trained here, else None)."""
-    tok_dir, source, tokenizer = '', {}, None
-    if config.data.tokenizer.endswith('.json'):
-        tok_dir = os.path.dirname(os.path.abspath(config.data.tokenizer))
-        source_path = os.path.join(tok_dir, 'source_config.json')
-        if os.path.isfile(source_path):
-            with open(source_path) as f:
-                source = json.load(f)
-        tokenizer = HFTokenizer.from_file(config.data.tokenizer, config.data.eos_token)
-    elif config.data.tokenizer == 'bpe':  # trained on the run's data (cached after training)
-        tokenizer = load_tokenizer(config.data)
-    return tok_dir, source, tokenizer
 
 
 def _write_tensors(
@@ -325,25 +246,6 @@ def _write_tensors(
     writer.write(values())
 
 
-def _write_tokenizer(out_dir: str, tokenizer: HFTokenizer, tok_dir: str, max_len: int) -> None:
-    """tokenizer.json, the imported tokenizer files beside it, and a tokenizer_config.json."""
-    tokenizer.tok.save(os.path.join(out_dir, 'tokenizer.json'))
-    for name in TOKENIZER_FILES[1:]:
-        if tok_dir and os.path.isfile(os.path.join(tok_dir, name)):
-            shutil.copyfile(os.path.join(tok_dir, name), os.path.join(out_dir, name))
-    if not os.path.isfile(os.path.join(out_dir, 'tokenizer_config.json')):
-        with open(os.path.join(out_dir, 'tokenizer_config.json'), 'w') as f:
-            json.dump(
-                {
-                    'tokenizer_class': 'PreTrainedTokenizerFast',
-                    'eos_token': tokenizer.tok.id_to_token(tokenizer.eos_id),
-                    'model_max_length': max_len,
-                },
-                f,
-                indent=2,
-            )
-
-
 def export_hf(
     workdir: str,
     out_dir: str,
@@ -354,32 +256,34 @@ def export_hf(
 ) -> str:
     """Writes `workdir`'s checkpoint (latest or `step`) to `out_dir` as a Hugging Face
     directory: config.json (the architecture the run's attention variant maps to: Llama or
-    DeepseekV3), safetensors, and tokenizer files when the run's tokenizer is a tokenizer.json
-    or a BPE trained here. Returns `out_dir`. A non-empty `out_dir` is refused unless
-    `overwrite`; the export is built beside it and replaces it whole when complete. `stop()`
-    runs between tensors (to raise `Interrupted` on a stop signal)."""
+    DeepseekV3), safetensors, the run's tokenizer as files transformers loads, and the
+    tokenizer and generation files an import carried (`hf_files`). Returns `out_dir`. A
+    non-empty `out_dir` is refused unless `overwrite`; the export is built beside it and
+    replaces it whole when complete. `stop()` runs between tensors (to raise `Interrupted` on
+    a stop signal)."""
     if jax.process_count() > 1:
         raise ValueError('export runs in one process (it gathers one tensor at a time)')
     check_export_dir(workdir, out_dir, overwrite)
     # What transformers cannot express, or a variant with no mapping, is refused before any
     # array is read.
     restored = assemble(
-        workdir, state='restore', step=step, check=lambda cfg: hf.hf_from_model(cfg, 1)
+        workdir, state='params', step=step, check=lambda cfg: hf.hf_from_model(cfg, 1)
     )
+    check_finite(restored.state['params'], f'the checkpoint at step {restored.step} of {workdir}')
     config, cfg = restored.config, restored.model_cfg
-    tok_dir, source, tokenizer = _run_tokenizer(config)
+    files = hf_files.files_dir(workdir, config)
+    source = hf_files.source_config(files)
+    tokenizer = hf_files.run_tokenizer(config)
     extra = {k: source[k] for k in ('bos_token_id', 'eos_token_id', 'pad_token_id') if k in source}
-    if tokenizer is not None:
-        extra.setdefault('eos_token_id', tokenizer.eos_id)
-    max_len = source.get('max_position_embeddings', config.data.seq_len)
+    extra = {**hf_files.special_ids(tokenizer), **extra}
+    max_len = hf_files.max_position(workdir, config)
     hf_config = hf.hf_from_model(cfg, max_len, **extra)
     tensors = hf.tensor_map(cfg, rope_interleave=hf.exports_interleaved_rope(cfg))
     with staged(out_dir, 'export') as build:
         _write_tensors(build, tensors, restored.state['params'], max_shard_bytes, stop)
         with open(os.path.join(build, 'config.json'), 'w') as f:
             json.dump(hf_config, f, indent=2)
-        if tokenizer is not None:
-            _write_tokenizer(build, tokenizer, tok_dir, max_len)
+        hf_files.write_tokenizer(build, config, tokenizer, files, max_len)
         stop()
         replace_dir(build, out_dir)
     logging.info('exported %s step %d to %s', workdir, restored.step, out_dir)

@@ -27,6 +27,7 @@ from lm.analysis import scores as analysis
 from lm.convert import head_merging, mla
 from lm.model import attention
 from lm.model.config import ModelConfig
+from lm.model.hf_mapping import DEEPSEEK_LATENT_EPS
 from lm.model.transformer import Transformer
 
 POOL_METHODS = ('mean', 'first', 'random', 'aligned')
@@ -43,6 +44,7 @@ _probe = nnx.jit(analysis.attention_inputs)  # one compilation per model shape a
 KEYS = {
     'target': 'config.uptrain.target',
     'num_kv_heads': 'config.model.num_kv_heads',
+    'kv_share_every': 'config.model.kv_share_every',
     'kv_lora_rank': 'config.model.mla.kv_lora_rank',
     'qk_rope_head_dim': 'config.model.mla.qk_rope_head_dim',
     'method': 'config.uptrain.method',
@@ -66,14 +68,17 @@ class ConversionOptions:
     target '' pools the source's K/V heads to `num_kv_heads` (GQA / MQA) by `method`
     (`POOL_METHODS`) after `grouping`; a target naming a variant with a KV latent (`latent_kv`)
     converts to it, with `kv_lora_rank` C and `qk_rope_head_dim` P, by `LATENT_METHODS`. method
-    '' becomes the target's default ('mean'; 'joint_svd' for a latent). The converted run starts
-    at the source's `source_step` (None: its latest checkpoint) and trains `steps` more (None:
-    `fraction` of the source's steps; None: the source config's uptrain.fraction) under
+    '' becomes the target's default ('mean'; 'joint_svd' for a latent). `kv_share_every` n > 1
+    then merges each n adjacent layers' K/V into one (cross-layer attention, lm/convert/cla.py,
+    by the same method and grouping); num_kv_heads 0 keeps the source's count. The converted
+    run starts at the source's `source_step` (None: its latest checkpoint) and trains `steps`
+    more (None: `fraction` of the source's steps; None: the source config's uptrain.fraction) under
     `schedule` with `optimizer_state`; `seed` draws method 'random's fresh K/V. None for
     `calibration_tokens`: the source config's."""
 
     target: str = ''
     num_kv_heads: int = 0
+    kv_share_every: int = 1
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     method: str = ''
@@ -161,11 +166,15 @@ def _check_latent(opts: ConversionOptions) -> None:
         raise ValueError(
             f'{t} builds new parameters with no AdamW history: set {_k.optimizer_state}=fresh'
         )
+    if opts.kv_share_every != 1:
+        raise ValueError(f'{_k.kv_share_every} does not apply to {t}; leave it 1')
 
 
 def _check_pool(opts: ConversionOptions) -> None:
     _one_of(opts, 'method', POOL_METHODS)
-    if opts.num_kv_heads < 1:
+    if opts.kv_share_every < 1:
+        raise ValueError(f'{_k.kv_share_every} must be >= 1, got {opts.kv_share_every}')
+    if opts.num_kv_heads < (0 if opts.kv_share_every > 1 else 1):  # 0 with CLA: the source's
         raise ValueError(f'{_k.num_kv_heads} must be >= 1, got {opts.num_kv_heads}')
     if opts.kv_lora_rank or opts.qk_rope_head_dim:
         raise ValueError(
@@ -211,10 +220,16 @@ def check_conversion(src: ModelConfig, opts: ConversionOptions) -> None:
             f"the source checkpoint uses attention='{src.attention}', which has no K/V heads to "
             'pool; only MHA/GQA/MQA checkpoints convert to fewer KV heads or a latent'
         )
+    if src.kv_share_every > 1 or src.kv_heads_per_layer:
+        raise ValueError(
+            'the source checkpoint shares K/V across layers or has per-layer KV heads '
+            '(config.model.kv_share_every / kv_heads_per_layer); convert from a uniform one'
+        )
     if opts.latent:
         check_latent_source(src, opts)
         return
-    g, g_src, H, key = opts.num_kv_heads, src.num_kv_heads, src.num_heads, _k.num_kv_heads
+    g_src, H, key = src.num_kv_heads, src.num_heads, _k.num_kv_heads
+    g = opts.num_kv_heads or g_src
     if g > g_src:
         raise ValueError(
             f"{key}={g} is larger than the source's {g_src} KV heads; conversion only merges heads"
@@ -275,7 +290,8 @@ def latent_conversion(
 ) -> tuple[dict, dict, str]:
     """(parameters, `config.model` settings, kept RoPE pairs as 'j,j,...') of the MLA model
     converted from `params` (lm/convert/mla.py): the RoPE stride chosen on all layers.
-    `latent_norm_eps`: the converted config's `config.model.mla.latent_norm_eps` (0 = norm_eps)."""
+    `latent_norm_eps`: the source config's `config.model.mla.latent_norm_eps`; 0 (the default)
+    becomes DeepseekV3's fixed latent-norm eps, so that the converted run exports."""
     C, P, D = options.kv_lora_rank, options.qk_rope_head_dim, src.head_dim
     blocks = list(params['blocks'].values())
     contribution = sum(
@@ -283,7 +299,7 @@ def latent_conversion(
         for block, x_ME in zip(blocks, inputs, strict=True)
     )
     stride = mla.choose_stride(contribution, P)
-    eps = latent_norm_eps or src.norm_eps
+    eps = latent_norm_eps or DEEPSEEK_LATENT_EPS
     out = dict(params)
     out['blocks'] = {
         layer: {**block, 'attn': mla.mla_layer(block['attn'], x, C, P, stride, eps)}
@@ -295,6 +311,7 @@ def latent_conversion(
         'qk_nope_head_dim': D - P,
         'qk_rope_head_dim': P,
         'v_head_dim': D,
+        'latent_norm_eps': eps,
     }
     settings = {
         'attention': options.target,
@@ -304,4 +321,3 @@ def latent_conversion(
     }
     pairs = mla.kept_dims(D, P, stride)[0][: P // 2]
     return out, settings, ','.join(map(str, pairs))
-

@@ -37,14 +37,20 @@ import optax
 from absl import logging
 from flax import nnx
 
-from lm.convert import head_merging
+from lm.convert import cla, head_merging
 from lm.convert import methods as conversion
+from lm.convert.hf_files import copy_run_files
 from lm.convert.methods import SCHEDULES, ConversionOptions, check_conversion, check_steps
 from lm.data.corpus import load_corpus
 from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import model_config
-from lm.train.checkpoint import Checkpointer, checkpoint_entries, read_latest_meta
+from lm.train.checkpoint import (
+    Checkpointer,
+    check_finite,
+    checkpoint_entries,
+    read_latest_meta,
+)
 from lm.train.optimizer import check_train_config
 from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context
 from lm.train.workdir import WorkdirLock
@@ -131,22 +137,25 @@ def convert_moments(
     groups: list | None = None,
     rotations: list | None = None,
     second: bool = False,
+    then: Callable[[dict, bool], dict] | None = None,
 ) -> dict:
     """An optimizer moment tree mirroring the parameters (Adam's mu, or nu if `second`)
     converted like `convert_params` converts the weights: heads permuted to `groups`, rotated
     by `rotations` ('aligned': mu exactly, nu by the squared rotations), K/V moments pooled by
-    `method`, zero for 'random' (the fresh K/V have no history); other moments shared."""
+    `method`, zero for 'random' (the fresh K/V have no history); other moments shared. `then`
+    (tree, second) -> tree: a further step, such as merging layers (lm/convert/cla.py)."""
     if method != 'random':
         moments = head_merging.permute_and_rotate(moments, groups, rotations, second)
-        return _map_kv(moments, lambda proj: _merge_proj(proj, num_kv_heads, method))
-
-    def zero(proj: dict) -> dict:
-        return {
-            k: jnp.zeros_like(merge_kv_heads(v, v.ndim - 2, num_kv_heads, 'first'))
-            for k, v in proj.items()
-        }
-
-    return _map_kv(moments, zero)
+        moments = _map_kv(moments, lambda proj: _merge_proj(proj, num_kv_heads, method))
+    else:
+        moments = _map_kv(
+            moments,
+            lambda proj: {
+                k: jnp.zeros_like(merge_kv_heads(v, v.ndim - 2, num_kv_heads, 'first'))
+                for k, v in proj.items()
+            },
+        )
+    return then(moments, second) if then else moments
 
 
 def convert_opt_state(
@@ -156,13 +165,14 @@ def convert_opt_state(
     method: str,
     groups: list | None = None,
     rotations: list | None = None,
+    then: Callable[[dict, bool], dict] | None = None,
 ):
     """The optax state `opt_state` (namedtuples, tuples and dicts) with every subtree shaped like
     `params` (the moments; Adam's nu as a second moment) converted by `convert_moments`;
     counts and the rest kept."""
     treedef = jax.tree.structure(params)
     convert = functools.partial(
-        convert_moments, num_kv_heads=num_kv_heads, method=method, groups=groups
+        convert_moments, num_kv_heads=num_kv_heads, method=method, groups=groups, then=then
     )
     rotations = rotations if method == 'aligned' else None
 
@@ -275,6 +285,7 @@ def convert_checkpoint(
             out.save(config.uptrain.source_step, state, meta)
             out.close()
             shutil.rmtree(dst_ckpts, ignore_errors=True)  # empty, or unfinished saves only
+            copy_run_files(source_workdir, workdir)  # its export carries them
             os.replace(os.path.join(partial, 'checkpoints'), dst_ckpts)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
@@ -288,7 +299,8 @@ def convert_checkpoint(
 
 
 def _converted_params(source, options: ConversionOptions):
-    """(parameters, (groups, rotations) or Nones, model settings or None, provenance)."""
+    """(parameters, (groups, rotations, moment step of a CLA merge) or Nones, model settings
+    or None, provenance)."""
     params, cfg = source.state['params'], source.model_cfg
     inputs, groups, rotations, settings, record = None, None, None, None, {}
     if options.needs_calibration:
@@ -301,17 +313,23 @@ def _converted_params(source, options: ConversionOptions):
         record['calibration_tokens'] = num_tokens
     if options.latent:
         target = attention.VARIANTS[options.target].read_section(source.config.model)
-        eps = target.latent_norm_eps  # the converted run's: the source config's section
+        eps = target.latent_norm_eps  # the source config's section (0: DeepseekV3's, 1e-6)
         params, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs, eps)
-        return params, (None, None), settings, {**record, 'rope_pairs': pairs}
-    g, method = options.num_kv_heads, options.method
+        return params, (None, None, None), settings, {**record, 'rope_pairs': pairs}
+    g, method, n = options.num_kv_heads or cfg.num_kv_heads, options.method, options.kv_share_every
     if options.grouping == 'similarity':
         groups = conversion.similarity_groups(params, g, method, inputs)
         record['groups'] = conversion.format_groups(groups)
     if method == 'aligned':
         rotations = head_merging.alignments(params, g, groups, inputs)
     params = convert_params(params, cfg, g, method, options.seed, groups, rotations=rotations)
-    return params, (groups, rotations), settings, record
+    then = None
+    if n > 1:  # then merge each n layers' K/V (cross-layer attention)
+        recipe = cla.plan(params, n, method, options.grouping, inputs)
+        params = cla.convert(params, n, method, recipe)
+        settings = {**attention.VARIANTS[cfg.attention].pooled(g), 'kv_share_every': n}
+        then = cla.moment_step(n, method, recipe)
+    return params, (groups, rotations, then), settings, record
 
 
 def _converted_config(
@@ -345,8 +363,9 @@ def _converted_state(source, options: ConversionOptions, ctx, params: dict, reci
     (`options.optimizer_state`)."""
     state = source.state
     if options.optimizer_state == 'convert':
+        g = options.num_kv_heads or source.model_cfg.num_kv_heads
         opt_state = convert_opt_state(
-            state['opt_state'], state['params'], options.num_kv_heads, options.method, *recipe
+            state['opt_state'], state['params'], g, options.method, *recipe
         )
     else:
         opt_state = with_schedule_count(ctx.tx.init(params), source.step)
@@ -368,6 +387,7 @@ def _convert(src: str, options: ConversionOptions) -> tuple[ml_collections.Confi
         check=lambda cfg: check_conversion(cfg, options),
         flag=SOURCE,
     )
+    check_finite(source.state['params'], f'{SOURCE}={src}: the checkpoint at step {source.step}')
     params, recipe, settings, record = _converted_params(source, options)
     config = _converted_config(src, source, options, settings, record)
     dst_cfg = model_config(config.model)

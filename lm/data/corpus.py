@@ -9,6 +9,8 @@ Sources (`config.data.source`):
   bounded by memory; each split is one document.
 - 'hf': a Hugging Face `datasets` dataset (hub name or a local builder such as 'text' with
   `data.path` as data_files), optionally streamed; one document per row.
+- 'mqar', 'passkey': synthetic recall tasks generated from a seed (`lm.data.recall`), scored
+  only on their answers; nothing is cached.
 
 Each split is tokenised once into `<cache_dir>/<fingerprint>/<split>.bin` (uint16 or uint32),
 where the fingerprint covers the source's contents and the tokenizer.
@@ -31,6 +33,7 @@ import numpy as np
 from absl import logging
 
 from lm.data.cache import SPLITS, Piece, exclusive, load_or_build
+from lm.data.recall import TARGET_FLAG, TASKS, RecallTask, check_recall_config
 from lm.data.tokenizer import (
     ByteTokenizer,
     HFTokenizer,
@@ -46,7 +49,7 @@ from lm.data.windows import (  # noqa: F401 - re-exported: their home was this m
     window_targets,
 )
 
-SOURCES = ('stdlib', 'text', 'hf')
+SOURCES = ('stdlib', 'text', 'hf', *TASKS)
 DECODE_ERRORS = ('strict', 'replace')
 HF_SAMPLE_BY = ('line', 'paragraph', 'document')
 SAMPLINGS = ('random', 'epochs')
@@ -64,6 +67,7 @@ class Corpus:
     num_bytes: dict[str, int]  # split -> UTF-8 bytes of raw text behind those tokens
     tokenizer: Tokenizer
     fingerprint: str
+    task: RecallTask | None = None  # a recall source: batches and evaluation come from it
 
     def bytes_per_token(self, split: str) -> float:
         return self.num_bytes[split] / len(self.tokens[split])
@@ -85,6 +89,8 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
         raise ValueError(f'config.data.val_fraction must be in (0, 1), got {data.val_fraction}')
     if data.seq_len <= 0:
         raise ValueError(f'config.data.seq_len must be > 0, got {data.seq_len}')
+    if data.source in TASKS:
+        return check_recall_config(data)
     if data.decode_errors not in DECODE_ERRORS:
         raise ValueError(
             f'config.data.decode_errors must be one of {DECODE_ERRORS}, got {data.decode_errors!r}'
@@ -349,13 +355,17 @@ def num_proc(data: ml_collections.ConfigDict) -> int:
 def load_tokenizer(data: ml_collections.ConfigDict) -> Tokenizer:
     """The tokenizer `config.data` describes (a BPE is trained only if not cached)."""
     check_data_config(data)
+    if data.source in TASKS:
+        return RecallTask(data).tokenizer()
     return _tokenizer(data, _source(data))
 
 
 def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
     """Tokenised train and validation splits, built once (by one process) and cached by
-    fingerprint (`lm.data.cache`)."""
+    fingerprint (`lm.data.cache`); a recall source's splits are its held-out example sets."""
     check_data_config(data)
+    if data.source in TASKS:
+        return _recall_corpus(data)
     source = _source(data)
     tok = _tokenizer(data, source)
     fingerprint = hashlib.sha256(f'{source.fingerprint}-{tok.name}'.encode()).hexdigest()[:16]
@@ -386,3 +396,15 @@ def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:
                 f'the {split} split has {len(corpus.tokens[split])} tokens, fewer than one batch '
                 f'(config.train.batch_size={batch_size} x config.data.seq_len={seq_len} + 1)'
             )
+
+
+def _recall_corpus(data: ml_collections.ConfigDict) -> Corpus:
+    """A recall source as a Corpus: each split's example rows, flattened, as its tokens."""
+    task = RecallTask(ml_collections.ConfigDict(data.to_dict()))
+    tokens = {s: task.split(s)[0].reshape(-1) & (TARGET_FLAG - 1) for s in SPLITS}
+    keys = sorted(k for k in data if k.startswith(('recall_', 'passkey_')) or k == 'seq_len')
+    settings = [data.source] + [(k, data[k]) for k in keys]
+    fingerprint = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
+    return Corpus(
+        tokens, {s: len(t) for s, t in tokens.items()}, task.tokenizer(), fingerprint, task
+    )

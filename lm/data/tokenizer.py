@@ -32,6 +32,18 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Iterable[int]) -> str: ...
 
+    def hf_tokenizer(self) -> tokenizers.Tokenizer:
+        """The same vocabulary as a `tokenizers.Tokenizer` (what a tokenizer.json holds)."""
+        ...
+
+
+def _byte_chars() -> list[str]:
+    """[256] GPT-2's byte-level alphabet: the printable character that stands for each byte."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    chars = {b: b for b in printable} | {b: 256 + i for i, b in enumerate(others)}
+    return [chr(chars[b]) for b in range(256)]
+
 
 class ByteTokenizer:
     """Token = UTF-8 byte (0..255), then EOS = 256 and PAD = 257. Needs no training."""
@@ -50,6 +62,18 @@ class ByteTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(i for i in ids if i < 256).decode('utf-8', errors='replace')
+
+    def hf_tokenizer(self) -> tokenizers.Tokenizer:
+        """A byte-level BPE without merges: byte b is token b (GPT-2's character for it), then
+        EOS and PAD as special tokens. Its ids are this tokenizer's on any text that does not
+        spell a special token (the `tokenizers` library matches those in text; lm never does);
+        its decode, skipping special tokens, is `decode` (invalid UTF-8 becomes U+FFFD)."""
+        vocab = {c: b for b, c in enumerate(_byte_chars())}
+        tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([tokenizers.AddedToken(t, special=True) for t in (EOS, PAD)])
+        return tok
 
 
 class HFTokenizer:
@@ -90,6 +114,21 @@ class HFTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids))
+
+    def hf_tokenizer(self) -> tokenizers.Tokenizer:
+        return self.tok
+
+
+def is_byte_tokenizer(tok: tokenizers.Tokenizer) -> bool:
+    """Whether `tok` (e.g. read from an exported tokenizer.json) is `ByteTokenizer`'s vocabulary:
+    the same tokens at the same ids, text encoded byte by byte."""
+    byte = ByteTokenizer()
+    probe = 'Tëxt\t\r\n  with 日本 and 🎉'
+    return (
+        tok.get_vocab(with_added_tokens=True) == byte.hf_tokenizer().get_vocab(True)
+        and tok.encode(probe).ids == byte.encode(probe)
+        and tok.decode(byte.encode(probe)) == probe
+    )
 
 
 def train_bpe(texts: Iterator[str], vocab_size: int, path: str) -> HFTokenizer:

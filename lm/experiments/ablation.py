@@ -2,16 +2,17 @@
 runner (lm.experiments.runner), and its tables (lm.experiments.summary).
 
 Per seed (one lane each): the MHA source trained for N steps; every conversion arm (GQA / MQA by a
-pooling method, MLA at a latent rank) needs that source, converts its checkpoint and uptrains for
-round(alpha·N) steps; every target trained from scratch for N + round(alpha·N) steps at the
-alphas of `scratch_fractions`. A from-scratch run's fingerprint is the settings it depends on
-(`SCRATCH_SETTINGS`), a conversion arm's every setting.
+pooling method, cross-layer attention by the same methods, MLA at a latent rank) needs that
+source, converts its checkpoint and uptrains for round(alpha·N) steps; every target trained from
+scratch for N + round(alpha·N) steps at the alphas of `scratch_fractions`. A from-scratch run's
+fingerprint is the settings it depends on (`SCRATCH_SETTINGS`), a conversion arm's every setting.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 from collections.abc import Callable
 
 import ml_collections
@@ -19,7 +20,7 @@ from absl import logging
 
 from lm.config import load_config_file, with_overrides
 from lm.convert.uptrain import ConversionOptions, convert_checkpoint
-from lm.experiments import summary
+from lm.experiments import stats, summary
 from lm.experiments.runner import RunStopped, Spec, read_result
 from lm.model import attention
 from lm.model.accounting import kv_cache_bytes_per_token
@@ -44,6 +45,7 @@ class Ablation:
     targets: tuple[int, ...] = (2, 1)  # KV heads after pooling (1 = MQA)
     methods: tuple[str, ...] = ('mean', 'first', 'random')  # pooling, maybe 'similarity-'
     mla_ranks: tuple[int, ...] = ()  # MHA -> MLA arms at these latent ranks
+    cla: tuple[str, ...] = ()  # MHA -> cross-layer attention arms: 'cla2', 'mqa_cla2', 'gqa2_cla3'
     mla_rope_dim: int = 8
     calibration_tokens: int | None = None
     optimizer_state: str = 'convert'  # pooled arms; MLA arms are 'fresh'
@@ -95,6 +97,37 @@ def pooled_config(ab: Ablation, num_kv_heads: int, seed: int, steps: int):
     return config
 
 
+def parse_cla(ab: Ablation, spec: str) -> tuple[int, int]:
+    """A CLA arm ('cla<n>', 'mqa_cla<n>', 'gqa<g>_cla<n>': a variant name with '_cla<n>', n >= 2)
+    -> (num_kv_heads, n); 0 heads = the source's."""
+    try:
+        settings = attention.parse_variant(spec)
+    except ValueError:
+        settings = {}
+    n = settings.pop('kv_share_every', 1)
+    if n < 2:
+        raise ValueError(
+            f"--cla: expected 'cla<n>', 'mqa_cla<n>' or 'gqa<g>_cla<n>', n >= 2, got {spec!r}"
+        )
+    source = check_model_config(base_config(ab, 0, 1).model).num_kv_heads
+    target = base_config(ab, 0, 1)
+    target.model.update(settings)
+    g = check_model_config(target.model).num_kv_heads
+    return (0 if g == source else g), n
+
+
+def cla_label(g: int, n: int) -> str:
+    return {0: '', 1: 'MQA-'}.get(g, f'GQA-{g}-') + f'CLA{n}'
+
+
+def cla_config(ab: Ablation, g: int, n: int, seed: int, steps: int):
+    """The source config with K/V shared by every n layers (and pooled to g heads, 0 = kept),
+    trained from scratch."""
+    config = pooled_config(ab, g, seed, steps) if g else base_config(ab, seed, steps)
+    config.model.kv_share_every = n
+    return config
+
+
 def latent_variant() -> str:
     """The attention variant with a KV latent (MLA), the target of latent conversions."""
     return next(name for name, cls in attention.VARIANTS.items() if cls.latent_kv)
@@ -130,6 +163,19 @@ def arms(ab: Ablation) -> dict[str, tuple[Callable, dict[str, ConversionOptions]
             )
         label = 'MQA' if g == 1 else f'GQA-{g}'
         out[label] = (lambda s, t, g=g: pooled_config(ab, g, s, t), methods)
+    for g, n in (parse_cla(ab, spec) for spec in ab.cla):
+        methods = {}
+        for name in ab.methods:
+            grouping, _, method = name.rpartition('-')
+            methods[name] = ConversionOptions(
+                num_kv_heads=g,
+                kv_share_every=n,
+                method=method,
+                grouping=grouping or 'contiguous',
+                optimizer_state=ab.optimizer_state,
+                **common,
+            )
+        out[cla_label(g, n)] = (lambda s, t, g=g, n=n: cla_config(ab, g, n, s, t), methods)
     for rank in ab.mla_ranks:
         options = ConversionOptions(
             target=latent_variant(),
@@ -151,11 +197,15 @@ def _trainer(name: str, make: Callable[[str], ml_collections.ConfigDict], tb_dir
     first checkpoint and returns its config) with lm.train.loop; result: {'eval': metrics}."""
 
     def run(workdir: str) -> dict:
-        metrics = loop.train(make(workdir), workdir, tb_dir)['eval']
+        out = loop.train(make(workdir), workdir, tb_dir)
         if not os.path.exists(os.path.join(workdir, 'results.json')):  # written at the last step
-            raise RunStopped(f'{name}: stopped before its last step (SIGTERM?); nothing cached')
-        logging.info('%s: eval loss %.4f', name, metrics['loss'])
-        return {'eval': metrics}
+            why = f'by {signal.Signals(out["signal"]).name} ' if out['signal'] else ''
+            raise RunStopped(
+                f'{name} stopped {why}at step {out["step"]} (its checkpoint kept; the ablation '
+                'starts an unfinished run again from its beginning)'
+            )
+        logging.info('%s: eval loss %.4f', name, out['eval']['loss'])
+        return {'eval': out['eval']}
 
     return run
 
@@ -206,14 +256,27 @@ def kv_bytes(ab: Ablation) -> dict[str, int]:
 def tables(ab: Ablation, values: dict[tuple, dict[int, float]]) -> str:
     """The ablation table (with each arm's paired difference to from-scratch training of the
     same target at the same total budget where one was trained, and the target's KV-cache bytes
-    per token) and the paired method comparisons; ✓ = resolved at 95%. `values`: {arm: {seed:
-    final eval loss}} (lm.experiments.summary.by_arm)."""
+    per token) and the paired method comparisons, all one family for Holm's correction.
+    `values`: {arm: {seed: final eval loss}} (lm.experiments.summary.by_arm)."""
     n, kv, methods = ab.steps, kv_bytes(ab), {k: list(m) for k, (_, m) in arms(ab).items()}
+    pairs = {}  # (arm a, arm b) -> its comparison, in table order
+    for label, names in methods.items():
+        for method in names:
+            for alpha in ab.fractions:
+                scratch = (label, 'scratch', n + ab.up_steps(alpha))
+                if scratch in values:
+                    pairs[((label, method, alpha), scratch)] = None
+        for alpha in ab.fractions:
+            for i, a in enumerate(names):
+                for b in names[i + 1 :]:
+                    pairs[((label, a, alpha), (label, b, alpha))] = None
+    done = summary.family([(values[a], values[b]) for a, b in pairs])
+    pairs = dict(zip(pairs, done, strict=True))
     lines = [
         f'Final eval loss over {ab.seeds} seeds (same seed = same MHA source, initialisation and '
         'data order): mean ± sample std (ddof 1), 95% t-interval; Δ = paired difference over '
-        'seeds with its 95% interval, ✓ = resolved (the interval excludes 0); KV cache: bytes '
-        'per token over all layers in bfloat16.',
+        'seeds with its 95% interval; KV cache: bytes per token over all layers in bfloat16. '
+        + summary.family_note(len(pairs)),
         '',
         '| model | conversion | α (uptraining steps) | total steps | eval loss | 95% CI | '
         'Δ vs from scratch, same total steps | KV cache B/token |',
@@ -224,34 +287,32 @@ def tables(ab: Ablation, values: dict[tuple, dict[int, float]]) -> str:
     for label, names in methods.items():
         for method in names:
             for alpha in ab.fractions:
-                arm, up = values[(label, method, alpha)], ab.up_steps(alpha)
-                scratch = values.get((label, 'scratch', n + up))
-                delta = summary.diff_cell(arm, scratch) if scratch else '— (not trained)'
+                arm, up = (label, method, alpha), ab.up_steps(alpha)
+                done = pairs.get((arm, (label, 'scratch', n + up)))
+                delta = summary.diff_cell(done[0], done[2]) if done else '— (not trained)'
                 lines.append(
-                    f'| {label} | {method} | {alpha:g} ({up}) | {n + up} | {summary.cell(arm)} | '
-                    f'{delta} | {kv[label]} |'
+                    f'| {label} | {method} | {alpha:g} ({up}) | {n + up} | '
+                    f'{summary.cell(values[arm])} | {delta} | {kv[label]} |'
                 )
         for total in ab.totals():
             lines.append(
                 f'| {label} | from scratch | — | {total} | '
                 f'{summary.cell(values[(label, "scratch", total)])} | — | {kv[label]} |'
             )
-    return '\n'.join(lines + _method_comparisons(ab, values, methods))
+    return '\n'.join(lines + _method_comparisons(pairs))
 
 
-def _method_comparisons(ab: Ablation, values: dict, methods: dict[str, list[str]]) -> list[str]:
+def _method_comparisons(pairs: dict[tuple, tuple]) -> list[str]:
     """Table rows of the paired difference between every two conversion methods of a target."""
     lines = []
-    for label, names in methods.items():
-        for alpha in ab.fractions:
-            arms_at = {m: values[(label, m, alpha)] for m in names}
-            for row in summary.all_pairs(arms_at):
-                a, b = row['a'], row['b']
-                diff = summary.diff_cell(arms_at[a], arms_at[b])
-                lines.append(f'| {label} | {alpha:g} | {a} | {b} | {diff} | {row["ordering"]} |')
+    for (a, b), (diff, _, p_holm) in pairs.items():
+        if b[1] != 'scratch':
+            ordering = stats.ordering(a[1], b[1], diff, summary.holm_resolved(p_holm))
+            cell = summary.diff_cell(diff, p_holm)
+            lines.append(f'| {a[0]} | {a[2]:g} | {a[1]} | {b[1]} | {cell} | {ordering} |')
     header = [
         '',
-        '| model | α | a | b | Δ loss a − b (95% CI) | ordering |',
+        '| model | α | a | b | Δ loss a − b (95% CI), p (Holm) | ordering |',
         '|---|---|---|---|---|---|',
     ]
     return header + lines if lines else []
@@ -262,7 +323,7 @@ def compare_table(
 ) -> str:
     """Paired differences (same seed = same source) between this out_dir's conversion arms and
     the same runs in `other` (an earlier out_dir, e.g. the other schedule), read from its cached
-    results; ✓ = resolved at 95%."""
+    results; Holm-corrected over the rows."""
     theirs: dict[tuple, dict[int, float]] = {}
     settings = None
     for spec in specs:
@@ -270,12 +331,12 @@ def compare_table(
         if spec.arm[1] != 'scratch' and saved is not None:
             theirs.setdefault(spec.arm, {})[spec.seed] = summary.loss(saved)
             settings = saved.get('fingerprint', saved.get('settings'))  # older: 'settings'
-    rows = []
-    for (label, method, alpha), ours in values.items():
-        that = theirs.get((label, method, alpha), {})
-        if set(that) >= set(ours):
-            diff = summary.diff_cell(ours, that)
-            rows.append(f'| {label} | {method} | {alpha:g} | {diff} | {len(ours)} |')
+    keys = [k for k, ours in values.items() if set(theirs.get(k, {})) >= set(ours)]
+    done = summary.family([(values[k], theirs[k]) for k in keys])
+    rows = [
+        f'| {label} | {method} | {alpha:g} | {summary.diff_cell(d, p_holm)} | {d.n} |'
+        for (label, method, alpha), (d, _, p_holm) in zip(keys, done, strict=True)
+    ]
     now = ab.settings()
     changed = ', '.join(
         f'{k} {settings[k]} there' for k in now if settings and settings.get(k) != now[k]
@@ -283,7 +344,7 @@ def compare_table(
     return '\n'.join(
         [
             f'Paired difference over seeds, this run ({out_dir}) minus {other} '
-            f'({changed or "same settings"}); ✓ = resolved at 95% (the interval excludes 0).',
+            f'({changed or "same settings"}). {summary.family_note(len(rows))}',
             '',
             '| model | conversion | α | Δ loss this − that (95% CI) | seeds |',
             '|---|---|---|---|---|',

@@ -18,11 +18,15 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from lm.train.interrupt import StopRequest
 
 RESULT = 'result.json'  # a finished run's result and fingerprint
 STARTED = 'run.json'  # a started run's fingerprint
@@ -34,6 +38,42 @@ class RunFailed(RuntimeError):
 
 class RunStopped(RuntimeError):
     """A run stopped before it finished (e.g. by SIGTERM): nothing is cached and the plan stops."""
+
+
+_CHILDREN: set[subprocess.Popen] = set()  # the runs' processes (`call`), for `StopRuns`
+_CHILDREN_LOCK = threading.Lock()
+
+
+class StopRuns(StopRequest):
+    """A StopRequest for a plan: SIGTERM / SIGINT also reach the runs' own processes (`call`),
+    whose training saves its latest completed step, and no further run starts."""
+
+    def _handle(self, signum, frame) -> None:
+        super()._handle(signum, frame)
+        with _CHILDREN_LOCK:
+            for proc in _CHILDREN:
+                proc.send_signal(signum)
+
+
+def call(argv: list[str], log) -> int:
+    """Runs `argv` (output to the open file `log`) to its end and returns its exit status; a
+    `StopRuns` signal is passed on to it."""
+    with _CHILDREN_LOCK:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        _CHILDREN.add(proc)
+    try:
+        return proc.wait()
+    finally:
+        with _CHILDREN_LOCK:
+            _CHILDREN.discard(proc)
+
+
+def stopped_by(code: int) -> str | None:
+    """'SIGTERM' / 'SIGINT' for the exit status of a process that such a signal stopped."""
+    for s in (signal.SIGTERM, signal.SIGINT):
+        if code in (128 + s, -s):
+            return s.name
+    return None
 
 
 def _never(key: str) -> bool:
@@ -189,12 +229,14 @@ def _relaunch(names: list[str], out_dir: str, parallel: int, argv: Callable) -> 
     def one(lane: str) -> tuple[str, int, str]:
         log = os.path.join(out_dir, f'{lane}.log')
         with open(log, 'w') as f:
-            code = subprocess.run(argv(lane), stdout=f, stderr=subprocess.STDOUT).returncode
+            code = call(argv(lane), f)
         return lane, code, log
 
     os.makedirs(out_dir, exist_ok=True)
     with ThreadPoolExecutor(parallel) as pool:
         for lane, code, log in pool.map(one, names):
+            if name := stopped_by(code):
+                raise RunStopped(f'{lane} stopped by {name} (its log: {log})')
             if code:
                 raise SystemExit(f'{lane} failed (exit {code}); its log: {log}')
             print(f'{lane}: done (log: {log})', flush=True)
@@ -209,11 +251,13 @@ def run(
     relaunch: Callable[[str], list[str]] | None = None,
     only_lane: str | None = None,
     flag: str = '--out_dir',
+    stop: StopRequest | None = None,
 ) -> dict[str, dict]:
     """Checks the out_dir (`check`), runs the plan's lanes `parallel` at a time and returns
     `results`. With `relaunch` (lane -> argv of a process that runs that lane alone, with
     `only_lane`), parallel lanes run in their own processes; without it in threads (for runs that
-    start their own process). Each run prints its one-line outcome."""
+    start their own process). Each run prints its one-line outcome. Once `stop` (a `StopRuns`)
+    has a signal, no further run starts: the plan ends in `RunStopped`."""
     check(specs, out_dir, flag)
     by_lane = lanes(specs)
     if only_lane is not None:
@@ -226,6 +270,8 @@ def run(
 
     def lane(batch: list[Spec]) -> None:
         for spec in batch:
+            if stop is not None and stop.signum:
+                raise RunStopped(f'stopped by {signal.Signals(stop.signum).name}')
             print(run_one(spec, out_dir, reuse), flush=True)
 
     if relaunch is not None or parallel == 1:  # in this thread: training installs signal handlers

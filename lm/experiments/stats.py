@@ -2,6 +2,11 @@
 confidence intervals, and paired differences between two arms run with the same seeds (same
 seed => same initialisation and data order, so the pairing removes their shared variance).
 
+Comparisons come in families (every pairwise comparison one summary reports): each gets the
+two-sided paired t-test's p-value, and the family is corrected by Holm's step-down method, so
+an ordering is resolved when its Holm-adjusted p is below 1 - CONFIDENCE (family-wise error at
+most 5% over the m comparisons made).
+
 Pure functions of plain floats; an interval needs at least two values and is nan otherwise.
 """
 
@@ -80,9 +85,45 @@ def paired_difference(
     return estimate([a[s] - b[s] for s in seeds], confidence)
 
 
-def ordering(name_a: str, name_b: str, diff: Estimate) -> str:
-    """'a < b', 'a > b' (resolved at the interval's confidence) or 'a ~ b' (unresolved) for a
-    paired difference a - b of losses."""
-    if not diff.resolved:
+def ordering(name_a: str, name_b: str, diff: Estimate, resolved: bool | None = None) -> str:
+    """'a < b', 'a > b' (resolved) or 'a ~ b' (unresolved) for a paired difference a - b of
+    losses; `resolved` defaults to the interval's (uncorrected) verdict."""
+    if not (diff.resolved if resolved is None else resolved):
         return f'{name_a} ~ {name_b} (unresolved)'
     return f'{name_a} {"<" if diff.mean < 0 else ">"} {name_b}'
+
+
+def p_value(diff: Estimate) -> float:
+    """Two-sided p of the paired t-test that the mean difference is 0 (df = n - 1); nan for
+    n < 2; with no spread, 0 for a non-zero mean and 1 for a zero one."""
+    if diff.n < 2:
+        return math.nan
+    if diff.std == 0:
+        return 0.0 if diff.mean != 0 else 1.0
+    t = diff.mean / (diff.std / math.sqrt(diff.n))
+    return float(2 * _scipy_stats.t.sf(abs(t), diff.n - 1))
+
+
+def p_from_interval(mean: float, lo: float, hi: float, n: int, confidence: float = CONFIDENCE):
+    """The paired t-test's two-sided p recovered from a reported mean and t-interval over n
+    seeds (std / sqrt(n) = half-width / t quantile), for tables that kept only those."""
+    half = (hi - lo) / 2
+    std = half / t_quantile(n - 1, confidence) * math.sqrt(n)
+    return p_value(Estimate(n, mean, std, lo, hi))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family's p-values, in the given order: the i-th
+    smallest p (1-based) is multiplied by m - i + 1, made non-decreasing, capped at 1. nan
+    values (comparisons without an interval) are left nan and not counted in m."""
+    order = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    m, out, running = len(order), [math.nan] * len(p_values), 0.0
+    for rank, (p, i) in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
+
+
+def family_size(p_values: Sequence[float]) -> int:
+    """m: the comparisons a Holm correction of `p_values` counts (those with a p-value)."""
+    return sum(not math.isnan(p) for p in p_values)

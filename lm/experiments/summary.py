@@ -1,12 +1,15 @@
 """The one summary path of every experiment (sweeps and the uptraining ablation): a value per
 run, grouped by arm and seed; per arm its mean, sample std (ddof 1) and 95% t-interval over seeds;
 between arms the paired difference over the seeds both ran (same seed = same initialisation and
-data order), resolved when its 95% interval excludes 0 (`lm.experiments.stats`).
+data order) with its paired t-test p-value, Holm-corrected over every comparison the summary
+reports (its family, of m comparisons) and resolved when the adjusted p is below 0.05
+(`lm.experiments.stats`). Per-seed values are written as CSV (`seed_rows`) beside each table.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Callable, Hashable, Mapping
 
 from lm.experiments import stats
@@ -49,10 +52,31 @@ def cell(values: Values) -> str:
     return f'{spread(values)} | {stats.estimate(list(values.values())).interval()}'
 
 
-def diff_cell(a: Values, b: Values) -> str:
-    """'+0.0833 [0.0116, 0.1550] ✓': the paired difference a − b, ✓ = resolved at 95%."""
-    d = stats.paired_difference(a, b)
-    return f'{d.mean:+.4f} {d.interval()}{" ✓" if d.resolved else ""}'
+def holm_resolved(p_holm: float) -> bool:
+    """A comparison is resolved when its Holm-adjusted p is below 1 - 95%."""
+    return p_holm < 1 - stats.CONFIDENCE
+
+
+def family(pairs: list[tuple[Values, Values]]) -> list[tuple[stats.Estimate, float, float]]:
+    """(paired difference a − b, p, Holm-adjusted p) of each (a, b) of one summary's family."""
+    diffs = [stats.paired_difference(a, b) for a, b in pairs]
+    p = [stats.p_value(d) for d in diffs]
+    return list(zip(diffs, p, stats.holm(p), strict=True))
+
+
+def diff_cell(diff: stats.Estimate, p_holm: float) -> str:
+    """'+0.0833 [0.0116, 0.1550] p=0.012 ✓': a paired difference a − b with its 95% interval
+    and Holm-adjusted p, ✓ = resolved after the correction."""
+    p = '' if math.isnan(p_holm) else f' p={p_holm:.3g}'
+    return f'{diff.mean:+.4f} {diff.interval()}{p}{" ✓" if holm_resolved(p_holm) else ""}'
+
+
+def family_note(m: int) -> str:
+    """The sentence every summary states its correction with."""
+    return (
+        f'p: paired t-test, Holm-corrected over the {m} comparisons of this summary; ✓ = '
+        'resolved (corrected p < 0.05).'
+    )
 
 
 def estimate_columns(name: str, values: Values) -> dict:
@@ -66,27 +90,43 @@ def estimate_columns(name: str, values: Values) -> dict:
     }
 
 
-def pair(a: str, b: str, values: Mapping[str, Values]) -> dict:
-    """The paired difference of arms a − b as a row: loss_diff, its std and 95% interval, the
-    seeds paired, whether it is resolved and the ordering it resolves."""
-    d = stats.paired_difference(values[a], values[b])
-    return {
-        'a': a,
-        'b': b,
-        'loss_diff': d.mean,
-        'loss_diff_std': d.std,
-        'ci_lo': d.lo,
-        'ci_hi': d.hi,
-        'seeds': d.n,
-        'resolved': d.resolved,
-        'ordering': stats.ordering(a, b, d),
-    }
-
-
 def all_pairs(values: Mapping[str, Values]) -> list[dict]:
-    """`pair` of every two arms, in order (a before b)."""
+    """Every two arms (a before b, in order) as a row: the paired difference a − b (loss_diff,
+    its std and 95% interval, seeds paired), its p and Holm-adjusted p over these pairs (the
+    comparisons counted), whether that resolves it and the ordering."""
     names = list(values)
-    return [pair(a, b, values) for i, a in enumerate(names) for b in names[i + 1 :]]
+    ab = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    results = family([(values[a], values[b]) for a, b in ab])
+    rows = []
+    for (a, b), (d, p, p_holm) in zip(ab, results, strict=True):
+        rows.append(
+            {
+                'a': a,
+                'b': b,
+                'loss_diff': d.mean,
+                'loss_diff_std': d.std,
+                'ci_lo': d.lo,
+                'ci_hi': d.hi,
+                'seeds': d.n,
+                'p': p,
+                'p_holm': p_holm,
+                'comparisons': len(ab),
+                'resolved': holm_resolved(p_holm),
+                'ordering': stats.ordering(a, b, d, holm_resolved(p_holm)),
+            }
+        )
+    return rows
+
+
+def seed_rows(values: Mapping[Hashable, Values], keys: tuple[str, ...], value: str) -> list[dict]:
+    """Per-seed CSV rows: the arm's parts under `keys` (an arm that is a tuple fills several),
+    the seed, and the value."""
+    rows = []
+    for arm, by_seed in values.items():
+        parts = arm if isinstance(arm, tuple) else (arm,)
+        for seed, v in sorted(by_seed.items()):
+            rows.append({**dict(zip(keys, parts, strict=True)), 'seed': seed, value: v})
+    return rows
 
 
 def write_csv(path: str, rows: list[dict]) -> None:

@@ -15,7 +15,6 @@ import importlib.util
 import itertools
 import json
 import os
-import subprocess
 import types
 from typing import Any
 
@@ -25,9 +24,10 @@ import numpy as np
 from lm.config import parse_assignment, with_values, write_config_file
 from lm.experiments import stats, summary
 from lm.experiments.fairness import DESCRIPTIONS, MATCHES, match_parameters, reference_config
-from lm.experiments.runner import RunFailed, Spec
+from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
 from lm.model import accounting, attention
 from lm.model.transformer import check_model_config, model_config
+from lm.train.checkpoint import saved_steps
 from lm.train.run import check_loop_config, stored_config
 from lm.train.workdir import flat_config, resumable_key
 
@@ -41,6 +41,7 @@ SHORT = {
     'train.lr': 'lr',
     'train.batch_size': 'b',
     'data.seq_len': 't',
+    'seed': 's',
 }
 
 
@@ -74,17 +75,24 @@ def invalid_reason(config: ml_collections.ConfigDict) -> str | None:
     return None
 
 
-def run_name(point: dict[str, Any]) -> str:
-    """A readable name: {'model.num_heads': 8, 'model.num_kv_heads': 2} -> 'h8_kv2'."""
-    parts = []
+# Keys the kind-and-heads part of a run's name already says.
+NAMED = ('seeds', 'model.attention', 'model.num_heads', 'model.num_kv_heads')
+
+
+def run_name(point: dict[str, Any], config: ml_collections.ConfigDict) -> str:
+    """A short name that TensorBoard shows whole: the attention kind and query heads, the KV
+    heads where the kind leaves them free (`gqa_h8_kv2`, `mha_h8`, `mqa_h8`, `mla_h8`), then
+    the point's other values ({'train.lr': 0.001} -> `_lr0.001`)."""
+    cfg = check_model_config(config.model)
+    kind = attention.variant(cfg)
+    parts = [cfg.attention, f'h{cfg.num_heads}']
+    implied = kind.parse_spec(cfg.attention) or {}
+    if cfg.num_kv_heads and 'num_kv_heads' not in implied:  # the kind's name leaves them free
+        parts.append(f'kv{cfg.num_kv_heads}')
     for key, value in point.items():
-        if key == 'seeds':
-            continue
-        if key == 'model.attention':
-            parts.append(str(value))
-        else:
+        if key not in NAMED:
             parts.append(f'{SHORT.get(key, key.split(".")[-1])}{value}')
-    return '_'.join(parts) or 'base'
+    return '_'.join(parts)
 
 
 def load_sweep_file(path: str) -> types.ModuleType:
@@ -111,13 +119,13 @@ def _valid_points(base: ml_collections.ConfigDict, points: list[dict]) -> list[t
     """[(name, point, config)] of the points whose model can be built; a one-line note for each
     skipped one."""
     valid = []
-    for point in points:
-        name = point.get('name') or run_name(point)
-        point = {k: v for k, v in point.items() if k != 'name'}
+    for named in points:
+        point = {k: v for k, v in named.items() if k != 'name'}
         config = point_config(base, point)
         if reason := invalid_reason(config):
-            print(f'skipping {name}: {reason}')
+            print(f'skipping {named.get("name") or point}: {reason}')
             continue
+        name = named.get('name') or run_name(point, config)
         valid.append((name, point, config))
     if not valid:
         raise ValueError('the sweep has no valid point')
@@ -131,10 +139,12 @@ def plan(
     train_command: list[str],
     seeds: int = 1,
     match: str = 'width',
+    tb_dir: str = '',
 ) -> list[Spec]:
     """A Spec per (point, seed) after skipping invalid points; with match='params', each point's
     mlp_dim brings it within 1% of the MHA point's parameters. A point's 'seeds' overrides
-    `seeds`; seed s of a point trains with config.seed + s."""
+    `seeds`; seed s of a point trains with config.seed + s. Runs log to `tb_dir` (default
+    <sweep_dir>/tb)."""
     valid = _valid_points(base, points)
     if match == 'params':
         configs = [c for _, _, c in valid]
@@ -142,7 +152,7 @@ def plan(
             configs, reference_config(base, configs), [n for n, _, _ in valid]
         )
         valid = [(n, p, c) for (n, p, _), c in zip(valid, matched, strict=True)]
-    tb_dir = os.path.join(sweep_dir, 'tb')
+    tb_dir = tb_dir or os.path.join(sweep_dir, 'tb')
     specs = []
     for name, point, config in valid:
         n = point.get('seeds', seeds)
@@ -173,7 +183,14 @@ def _trainer(config: ml_collections.ConfigDict, command: list[str], tb_dir: str)
         cfg_file = write_config_file(config, os.path.join(workdir, 'sweep_config.py'))
         args = [f'--config={cfg_file}', f'--workdir={workdir}', f'--tb_dir={tb_dir}']
         with open(os.path.join(workdir, 'train.log'), 'a') as log:
-            code = subprocess.call([*command, *args], stdout=log, stderr=subprocess.STDOUT)
+            code = call([*command, *args], log)
+        if name := stopped_by(code):
+            steps = saved_steps(workdir)
+            kept = f'its checkpoint of step {steps[-1]} kept' if steps else 'no checkpoint yet'
+            raise RunStopped(
+                f'{os.path.basename(workdir)} stopped by {name}: {kept}; repeating the command '
+                'resumes it'
+            )
         results = os.path.join(workdir, 'results.json')
         if code != 0 or not os.path.exists(results):
             raise RunFailed(f'exit {code}; see {workdir}/train.log')
@@ -204,12 +221,14 @@ def check_same_fairness(sweep_dir: str, match: str) -> None:
 def summarise(
     sweep_dir: str, specs: list[Spec], found: dict[str, dict], match: str = 'width'
 ) -> list[dict]:
-    """Writes summary.csv, summary_pairs.csv, summary.md and summary.png from the finished runs
-    (`found`: {name: result}, lm.experiments.runner.results); returns the rows.
+    """Writes summary.csv, summary_pairs.csv, summary_seeds.csv (each run's loss),
+    summary.md and summary.png from the finished runs (`found`: {name: result},
+    lm.experiments.runner.results); returns the rows.
 
     Loss per point: mean, sample std (ddof 1) and 95% t-interval over seeds; between points:
     the paired difference over the seeds both ran (same seed = same data order), resolved when
-    its 95% interval excludes 0. `match` is the fairness the sweep used (`lm.experiments.fairness`).
+    its Holm-corrected p (over every pair of points) is below 0.05. `match` is the fairness the
+    sweep used (`lm.experiments.fairness`).
     """
     specs = [s for s in specs if s.name in found]
     losses = summary.by_arm(specs, found, summary.loss)
@@ -237,6 +256,8 @@ def summarise(
     pairs = summary.all_pairs(losses)
     summary.write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
     summary.write_csv(os.path.join(sweep_dir, 'summary_pairs.csv'), pairs)
+    seeds = summary.seed_rows(losses, ('point',), 'eval_loss')
+    summary.write_csv(os.path.join(sweep_dir, 'summary_seeds.csv'), seeds)
     with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
         f.write(_markdown(rows, pairs, losses, match))
     _plot(rows, os.path.join(sweep_dir, 'summary.png'))
@@ -273,16 +294,21 @@ def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> 
         'scored once (lm.train.evaluation). Loss: mean ± sample std (ddof 1) over seeds, with its '
         '95% '
         f't-interval; Δ vs {ref["point"]}: paired difference over seeds (same seed = same data '
-        'order), ✓ = resolved at 95% (interval excludes 0).',
+        'order) with its 95% interval. '
+        + summary.family_note(pairs[0]['comparisons'] if pairs else 0),
         '',
         '| run | attention | H | KV heads | mlp_dim | params | KV cache B/token (bf16) | '
         'train tok/s | eval loss | 95% CI | eval perplexity | seeds | '
         f'Δ loss vs {ref["point"]} (95% CI) |',
         '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
     ]
+    p_holm = {frozenset((p['a'], p['b'])): p['p_holm'] for p in pairs}
     for r in rows:
         point = r['point']
-        delta = '—' if r is ref else summary.diff_cell(losses[point], losses[ref['point']])
+        diff = stats.paired_difference(losses[point], losses[ref['point']])
+        delta = (
+            '—' if r is ref else summary.diff_cell(diff, p_holm[frozenset((point, ref['point']))])
+        )
         lines.append(
             f'| {point} | {r["attention"]} | {r["num_heads"]} | {r["kv_heads"]} | '
             f'{r["mlp_dim"]} | {r["params"]:,} | {r["kv_cache_bytes_per_token"]:,} | '
@@ -293,17 +319,17 @@ def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> 
         )
     lines += [
         '',
-        'Orderings (eval loss, paired over seeds; resolved when the 95% interval of the '
-        'difference excludes 0):',
+        'Orderings (eval loss, paired over seeds; resolved when the Holm-corrected p over these '
+        f'{len(pairs)} comparisons is below 0.05):',
         '',
-        '| a | b | Δ loss a − b | 95% CI | seeds | ordering |',
-        '|---|---|---|---|---|---|',
+        '| a | b | Δ loss a − b | 95% CI | seeds | p | p (Holm) | ordering |',
+        '|---|---|---|---|---|---|---|---|',
     ]
     for p in pairs:
         d = stats.Estimate(p['seeds'], p['loss_diff'], p['loss_diff_std'], p['ci_lo'], p['ci_hi'])
         lines.append(
             f'| {p["a"]} | {p["b"]} | {p["loss_diff"]:+.4f} | {d.interval()} | {p["seeds"]} | '
-            f'{p["ordering"]}{" ✓" if p["resolved"] else ""} |'
+            f'{p["p"]:.3g} | {p["p_holm"]:.3g} | {p["ordering"]}{" ✓" if p["resolved"] else ""} |'
         )
     return '\n'.join(lines) + '\n'
 

@@ -1,5 +1,6 @@
 """KV-cache decoding for every attention variant: prefill a batch of prompts, then sample token by
-token inside one jitted `lax.while_loop`.
+token inside one jitted `lax.while_loop` (optionally handing each step's tokens to the host as
+they are made, through an ordered `io_callback` that can also stop the loop).
 
 Prompts of different lengths are left-padded to the longest, T. Row b's padding occupies cache
 slots [0, pad_b) and is never attended; its tokens sit at positions 0, 1, ... as in a forward
@@ -14,13 +15,16 @@ cache may be stored as int8 (lm/model/kv_cache.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import io_callback
 
-from lm.model import attention
+from lm.model import attention, layout
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.kv_cache import KV_CACHE_DTYPES, KVCache
 from lm.model.transformer import Transformer
@@ -93,15 +97,21 @@ def parse_sampling(spec: str) -> Sampling:
 def init_caches(
     cfg: ModelConfig, batch: int, length: int, kv_cache_dtype: str = 'float'
 ) -> list[KVCache]:
-    """One zeroed cache per layer for `length` tokens, in the compute dtype or stored as int8
-    (`kv_cache_dtype`, lm/model/kv_cache.py): a local layer whose window W is shorter than
-    `length` gets a ring of W slots."""
-    cls = attention.variant(cfg)
+    """One zeroed cache per layer that computes K/V (every layer but CLA consumers,
+    lm/model/layout.py), each in its layer's shape, for `length` tokens, in the compute dtype
+    or stored as int8 (`kv_cache_dtype`, lm/model/kv_cache.py): a local layer whose window W is
+    shorter than `length` gets a ring of W slots."""
+    if kv_cache_dtype != 'float' and cfg.kv_share_every > 1:
+        raise ValueError(
+            f'config.model.kv_share_every={cfg.kv_share_every} with '
+            f'kv_cache_dtype={kv_cache_dtype!r}: CLA decodes from float caches only'
+        )
+    cls, dtype = attention.variant(cfg), DTYPES[cfg.dtype]
     caches = []
-    for layer in range(cfg.num_layers):
+    for layer in layout.producers(cfg):
         W = cfg.layer_window(layer)
         window = W if 0 < W < length else 0
-        cache = cls.init_cache(cfg, batch, window or length, DTYPES[cfg.dtype])
+        cache = cls.init_cache(layout.layer_config(cfg, layer), batch, window or length, dtype)
         caches.append(cache.configured(window, length, kv_cache_dtype))
     return caches
 
@@ -163,6 +173,14 @@ class Decoder:
         self.prefill = jax.jit(self._prefill, donate_argnames='caches')
         self.step = jax.jit(self._step, donate_argnames='caches')
         self.loop = jax.jit(self._loop, donate_argnames='caches')
+        self.streaming_loop = jax.jit(
+            functools.partial(self._loop, stream=True), donate_argnames='caches'
+        )
+        self._on_token: Callable[[np.ndarray], bool] | None = None  # see `generate`
+
+    def _emit(self, tokens_B: np.ndarray) -> np.bool_:
+        """The streaming loop's host callback: True stops the loop."""
+        return np.bool_(bool(self._on_token(np.asarray(tokens_B))))
 
     def _forward(self, params, tokens_BT, positions_BT, caches):
         model = nnx.merge(self.graphdef, params)
@@ -195,26 +213,31 @@ class Decoder:
         temperature,
         top_k,
         top_p,
+        stream=False,
     ):
         """Samples up to `max_new` tokens per row (stopping rows at `eos_id`); returns [B, S]
         tokens (the first max_new columns used), per-row counts and the caches (updated in
-        place: the ones passed in are donated). All arguments are traced, so
-        this compiles once per (batch, cache length)."""
+        place: the ones passed in are donated). All arguments but `stream` are traced, so
+        this compiles once per (batch, cache length). `stream`: each step's tokens (-1 for
+        rows already stopped) go to `_emit` as they are made, which may stop the loop."""
         B, S = caches[0].pad_B.shape[0], caches[0].length
 
         def cond(carry):
-            i, done = carry[0], carry[1]
-            return (i < max_new) & ~jnp.all(done)
+            i, done, stopped = carry[0], carry[1], carry[-1]
+            return (i < max_new) & ~jnp.all(done) & ~stopped
 
         def body(carry):
-            i, done, counts, out, logits, caches, key = carry
+            i, done, counts, out, logits, caches, key, stopped = carry
             key, sub = jax.random.split(key)
             tok = _sample(logits, sub, temperature, top_k, top_p)
             out = jax.lax.dynamic_update_slice_in_dim(out, jnp.where(done, 0, tok)[:, None], i, 1)
+            if stream:
+                shape = jax.ShapeDtypeStruct((), jnp.bool_)
+                stopped = io_callback(self._emit, shape, jnp.where(done, -1, tok), ordered=True)
             counts = counts + ~done
             done = done | (tok == eos_id)
             logits, caches = self._step(params, tok, pad_B, caches)
-            return i + 1, done, counts, out, logits, caches, key
+            return i + 1, done, counts, out, logits, caches, key, stopped
 
         carry = (
             jnp.int32(0),
@@ -224,6 +247,7 @@ class Decoder:
             logits_BV,
             caches,
             key,
+            jnp.bool_(False),
         )
         carry = jax.lax.while_loop(cond, body, carry)
         return carry[3], carry[2], carry[5]
@@ -236,9 +260,13 @@ class Decoder:
         eos_id: int | None = None,
         seed: int = 0,
         cache_len: int | None = None,
+        on_token: Callable[[np.ndarray], bool] | None = None,
     ) -> list[list[int]]:
         """Continues each prompt by up to `max_new_tokens` tokens (fewer if it emits eos_id,
-        which is included). The cache holds `cache_len` tokens (default: just enough)."""
+        which is included). The cache holds `cache_len` tokens (default: just enough).
+        `on_token(tokens_B)` runs on the host after each step, in order, with that step's token
+        per row (-1 for rows already stopped); when it returns True the generation ends there
+        (the tokens made so far are returned). Generation is one jitted call either way."""
         if not prompts:
             raise ValueError('no prompts given')
         for i, p in enumerate(prompts):
@@ -257,7 +285,9 @@ class Decoder:
         tokens = np.array([[0] * (T - len(p)) + list(p) for p in prompts], np.int32)
         caches = init_caches(self.cfg, len(prompts), S, self.kv_cache_dtype)
         logits, caches = self.prefill(self.params, tokens, pad, caches)
-        out, counts, _ = self.loop(
+        self._on_token = on_token
+        loop = self.loop if on_token is None else self.streaming_loop
+        out, counts, _ = loop(
             self.params,
             logits[:, -1],
             caches,

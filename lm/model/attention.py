@@ -16,6 +16,7 @@ Shape letters: see the legend in lm/model/transformer.py.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import ml_collections
@@ -74,12 +75,16 @@ def variant(cfg: ModelConfig | ml_collections.ConfigDict) -> type[AttentionVaria
 
 def parse_variant(spec: str) -> dict[str, Any]:
     """`config.model` settings for a short variant name: 'mha', 'gqa2', 'mqa', 'mla', or any
-    registered variant's own (`AttentionVariant.parse_spec`)."""
+    registered variant's own (`AttentionVariant.parse_spec`); '<name>_cla<n>' adds cross-layer
+    attention with sharing factor n ('mqa_cla2'; 'cla2' alone is MHA's)."""
+    if match := re.fullmatch(r'(?:(.+)_)?cla(\d+)', spec):
+        return {**parse_variant(match.group(1) or 'mha'), 'kv_share_every': int(match.group(2))}
     for cls in dict.fromkeys(VARIANTS.values()):
         if (settings := cls.parse_spec(spec)) is not None:
             return settings
     raise ValueError(
-        f"unknown variant {spec!r}; expected 'mha', 'gqa<g>' (e.g. 'gqa2'), 'mqa' or 'mla' "
+        f"unknown variant {spec!r}; expected 'mha', 'gqa<g>' (e.g. 'gqa2'), 'mqa' or 'mla', "
+        "optionally with '_cla<n>' "
         f'(registered: {sorted(VARIANTS)})'
     )
 
@@ -90,6 +95,7 @@ def baseline() -> dict[str, Any]:
     return parse_variant('mha')
 
 
-def make_attention(cfg: ModelConfig, *, rngs: nnx.Rngs) -> AttentionVariant:
-    """The factory: builds the attention module named by `cfg.attention`."""
-    return variant(cfg)(cfg, rngs=rngs)
+def make_attention(cfg: ModelConfig, *, rngs: nnx.Rngs, **sharing: bool) -> AttentionVariant:
+    """The factory: builds the attention module named by `cfg.attention` (`sharing`: a CLA
+    layer's role, `lm.model.layout.sharing`; only for variants with `cross_layer_kv`)."""
+    return variant(cfg)(cfg, rngs=rngs, **sharing)

@@ -33,8 +33,11 @@ class ModelConfig:
     attention: str
     num_heads: int
     num_kv_heads: int
+    kv_share_every: int
+    kv_heads_per_layer: tuple[int, ...]
     head_dim: int
     attention_impl: str
+    decode_chunk: int
     qkv_bias: bool
     o_bias: bool
     mlp_dim: int
@@ -71,7 +74,9 @@ class ModelConfig:
             )
         if missing := sorted(fields - given):
             raise ValueError(f'config.model is missing key(s) {missing}')
-        cfg = cls(**{k: model[k] for k in fields}, section=section)
+        values = {k: model[k] for k in fields}
+        values['kv_heads_per_layer'] = tuple(values['kv_heads_per_layer'])  # JSON gives a list
+        cfg = cls(**values, section=section)
         cfg.check_shared()
         mlp_dim = cfg.mlp_dim or _round_up(8 * cfg.d_model // 3, 64)
         return dataclasses.replace(cfg, mlp_dim=mlp_dim)
@@ -81,7 +86,7 @@ class ModelConfig:
         for name in ('d_model', 'num_layers', 'num_heads'):
             if getattr(self, name) <= 0:
                 raise ValueError(f'config.model.{name} must be > 0, got {getattr(self, name)}')
-        for name in ('vocab_size', 'num_kv_heads', 'head_dim', 'mlp_dim'):
+        for name in ('vocab_size', 'num_kv_heads', 'head_dim', 'mlp_dim', 'decode_chunk'):
             if getattr(self, name) < 0:
                 raise ValueError(f'config.model.{name} must be >= 0, got {getattr(self, name)}')
         for name in ('param_dtype', 'dtype'):

@@ -14,10 +14,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lm.model import layout
 from lm.model.config import ModelConfig
 from lm.model.hf_mapping import LLAMA, QWEN2
+from lm.model.kv_cache import cache_mask
 from lm.model.layers import Dense, fused_dense, residual_scale, rope
-from lm.model.variant import AttentionVariant, KVCache, register
+from lm.model.variant import AttentionVariant, KVCache, document_mask, register
 
 
 @register
@@ -26,6 +28,7 @@ class GroupedQueryAttention(AttentionVariant):
 
     names = ('mha', 'gqa', 'mqa')
     poolable_kv_heads = True
+    cross_layer_kv = True
 
     @staticmethod
     def resolve(cfg: ModelConfig) -> ModelConfig:
@@ -67,7 +70,7 @@ class GroupedQueryAttention(AttentionVariant):
 
     @staticmethod
     def kv_heads(cfg: ModelConfig) -> str:
-        return str(cfg.num_kv_heads)
+        return layout.describe(cfg, str(cfg.num_kv_heads))
 
     @staticmethod
     def score_dims(cfg: ModelConfig) -> tuple[int, int]:
@@ -84,18 +87,31 @@ class GroupedQueryAttention(AttentionVariant):
     def pooled(cls, num_kv_heads: int) -> dict[str, Any]:
         return {'attention': 'mqa' if num_kv_heads == 1 else 'gqa', 'num_kv_heads': num_kv_heads}
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        rngs: nnx.Rngs,
+        kv_from_below: bool = False,
+        kv_to_above: bool = False,
+    ):
         E, H, G, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         bias = cfg.qkv_bias
         self.q_proj = Dense(
             (E,), (H, D), ('embed', 'heads', 'head_dim'), cfg, rngs=rngs, use_bias=bias
         )
-        self.k_proj = Dense(
-            (E,), (G, D), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs, use_bias=bias
+        # A CLA consumer (kv_from_below) has no K/V projections: it reads the layer below's.
+        self.k_proj, self.v_proj = (
+            (None, None)
+            if kv_from_below
+            else [
+                Dense(
+                    (E,), (G, D), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs, use_bias=bias
+                )
+                for _ in range(2)
+            ]
         )
-        self.v_proj = Dense(
-            (E,), (G, D), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs, use_bias=bias
-        )
+        self.kv_to_above = kv_to_above
         self.o_proj = Dense(
             (H, D),
             (E,),
@@ -133,20 +149,51 @@ class GroupedQueryAttention(AttentionVariant):
         cache: KVCache | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         cfg = self.cfg
+        if self.k_proj is None:
+            return self._attend_below(x_BTE, positions_BT, segment_ids_BT, cache), None
         q_BTHD, k_BTGD, v_BTGD = self._projections(x_BTE)
         q_BTHD = rope(q_BTHD, positions_BT, cfg.rope_theta, cfg)
         k_BTGD = rope(k_BTGD, positions_BT, cfg.rope_theta, cfg)
         k_BGSD, v_BGSD = k_BTGD.transpose(0, 2, 1, 3), v_BTGD.transpose(0, 2, 1, 3)  # head-major
         mask = self.mask(x_BTE.shape[1], segment_ids_BT)
+        filled = None  # with a decoding cache: `KVCache.filled`
         if cache is not None:  # S = the cache's slots instead of the T new tokens
-            squeeze = cache.arrays['k'].ndim == 3  # one KV head, cached [B, S, D]
-            if squeeze:
+            if cache.arrays['k'].ndim == 3:  # one KV head, cached [B, S, D]
                 k_BGSD, v_BGSD = k_BGSD[:, 0], v_BGSD[:, 0]
             cache, seen, mask = cache.write(k=k_BGSD, v=v_BGSD)
             k_BGSD, v_BGSD = (seen[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
-            if squeeze:
-                k_BGSD, v_BGSD = k_BGSD[:, None], v_BGSD[:, None]
-        out_BTHD = self.attend(q_BTHD, k_BGSD, v_BGSD, scale=cfg.head_dim**-0.5, mask=mask)
+            filled = cache.filled
+        elif self.kv_to_above:  # the K/V the layers above read, as a cache of these T tokens
+            T, pad_B = k_BGSD.shape[2], jnp.zeros(k_BGSD.shape[:1], jnp.int32)
+            cache = KVCache({'k': k_BGSD, 'v': v_BGSD}, jnp.int32(T), pad_B, length=T)
+        out_BTHD = self.attend(
+            q_BTHD, k_BGSD, v_BGSD, scale=cfg.head_dim**-0.5, mask=mask, filled=filled
+        )
         return self.o_proj(out_BTHD), cache
+
+    def _attend_below(
+        self,
+        x_BTE: jax.Array,
+        positions_BT: jax.Array,
+        segment_ids_BT: jax.Array | None,
+        below: KVCache,
+    ) -> jax.Array:
+        """A CLA consumer: its queries attend `below`, the K/V its producer returned (its
+        updated full-length float cache, the T new tokens last written: layout.resolve and
+        init_caches refuse windows and int8 with CLA), through the producer's mask."""
+        cfg = self.cfg
+        q_BTHD = rope(self.q_proj(x_BTE), positions_BT, cfg.rope_theta, cfg)
+        k_BGSD, v_BGSD = (below.read(n, q_BTHD.dtype) for n in ('k', 'v'))
+        T, S = x_BTE.shape[1], k_BGSD.shape[-2]
+        if segment_ids_BT is not None:
+            mask = document_mask(segment_ids_BT)
+        else:
+            mask = cache_mask(jnp.arange(S), below.pad_B, below.slot - T, T)
+        # a decoding cache has more slots than new tokens; training's K/V are these T tokens
+        filled = below.filled if S != T else None
+        out_BTHD = self.attend(
+            q_BTHD, k_BGSD, v_BGSD, scale=cfg.head_dim**-0.5, mask=mask, filled=filled
+        )
+        return self.o_proj(out_BTHD)
 
     hf_mappings = (LLAMA, QWEN2)

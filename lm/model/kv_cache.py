@@ -91,6 +91,13 @@ class KVCache:
                 arrays.update(kv_quant.encode(name, a_B_SX))
         return dataclasses.replace(self, arrays=arrays, window=window, length=length, quant=quant)
 
+    @property
+    def filled(self) -> jax.Array | None:
+        """After `write`: how many leading slots of what the new queries attend hold tokens, in
+        order, so that chunked decoding may read only those (lm/model/chunked.py); None for a
+        ring, whose slots are not in token order (attended whole, through the mask)."""
+        return None if self.window else self.slot
+
     def read(self, name: str, dtype) -> jax.Array:
         """The variant's array `name` as stored, in `dtype` (dequantized when quantized)."""
         if self.quant:

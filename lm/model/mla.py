@@ -152,6 +152,7 @@ class MultiHeadLatentAttention(AttentionVariant):
         latent_BSD: jax.Array,
         mask: jax.Array | None,
         absorb: bool,
+        filled: jax.Array | None = None,
     ) -> jax.Array:
         """Attention of the queries over the `latents` [c_KV; k_R] of S keys (D = C + P here):
         [B, T, H, U] before o_proj.
@@ -168,10 +169,16 @@ class MultiHeadLatentAttention(AttentionVariant):
             )
             q_lat_BTHC = jnp.einsum('BTHN,CHN->BTHC', q_nope_BTHN, w_uk_CHN)  # W_UKᵀ q_C per head
             q_BTHD = jnp.concatenate([q_lat_BTHC, q_pe_BTHP], axis=-1)
-            kv_B1SD = latent_BSD[:, None]  # the one K/V head; its values' first C dims: c_KV
-            # einsum: a head width of C + P is past what cuDNN's fused kernel takes.
+            # The latent is the one K/V head; its values' first C dims: c_KV. einsum: a head
+            # width of C + P is past what cuDNN's fused kernel takes.
             out_BTHD = self.attend(
-                q_BTHD, kv_B1SD, kv_B1SD, scale=self.scale, mask=mask, impl='einsum'
+                q_BTHD,
+                latent_BSD,
+                latent_BSD,
+                scale=self.scale,
+                mask=mask,
+                impl='einsum',
+                filled=filled,
             )
             return jnp.einsum('BTHC,CHU->BTHU', out_BTHD[..., :C], w_uv_CHU)  # W_UV after
         c_BSC, k_pe_BSP = jnp.split(latent_BSD, [C], axis=-1)
@@ -181,7 +188,7 @@ class MultiHeadLatentAttention(AttentionVariant):
         k_pe_BHSP = jnp.broadcast_to(k_pe_BSP[:, None], k_nope_BHSN.shape[:3] + k_pe_BSP.shape[2:])
         q_BTHD = jnp.concatenate([q_nope_BTHN, q_pe_BTHP], axis=-1)
         k_BHSD = jnp.concatenate([k_nope_BHSN, k_pe_BHSP.astype(k_nope_BHSN.dtype)], axis=-1)
-        return self.attend(q_BTHD, k_BHSD, v_BHSU, scale=self.scale, mask=mask)
+        return self.attend(q_BTHD, k_BHSD, v_BHSU, scale=self.scale, mask=mask, filled=filled)
 
     @property
     def scale(self) -> float:
@@ -204,7 +211,10 @@ class MultiHeadLatentAttention(AttentionVariant):
             cache, seen, mask = cache.write(latent=latent_BSD)
             latent_BSD = seen['latent'].astype(q_nope_BTHN.dtype)
         absorb = self.absorb and cache is not None
-        out_BTHU = self.latent_attention(q_nope_BTHN, q_pe_BTHP, latent_BSD, mask, absorb)
+        filled = None if cache is None else cache.filled
+        out_BTHU = self.latent_attention(
+            q_nope_BTHN, q_pe_BTHP, latent_BSD, mask, absorb, filled=filled
+        )
         return self.o_proj(out_BTHU), cache
 
     config_section = 'mla'

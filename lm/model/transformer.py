@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from lm.model import attention
+from lm.model import attention, layout
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.layers import Dense, RMSNorm, SwiGLU
 from lm.model.variant import KVCache
@@ -66,16 +66,20 @@ def check_model_config(model: ml_collections.ConfigDict) -> ModelConfig:
     The active variant reads its own section of `config.model` and checks it (`resolve`)."""
     cls = attention.variant(model)
     cfg = ModelConfig.from_config(model, cls.read_section(model), attention.sections())
-    return cls.resolve(cfg)
+    return layout.resolve(cls, cfg)
 
 
 class Block(nnx.Module):
-    """One pre-norm transformer block."""
+    """One pre-norm transformer block: layer `layer` of the model, which sets its attention's
+    KV layout role (`layout.sharing`, `layout.layer_config`) and sliding window
+    (`cfg.layer_window`: 0 for a global layer)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, window: int = 0):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, layer: int = 0):
         self.attn_norm = RMSNorm(cfg.d_model, cfg)
-        self.attn = attention.make_attention(cfg, rngs=rngs)
-        self.attn.window = window  # a local layer's sliding window (0: global)
+        self.attn = attention.make_attention(
+            layout.layer_config(cfg, layer), rngs=rngs, **layout.sharing(cfg, layer)
+        )
+        self.attn.window = cfg.layer_window(layer)  # a local layer's sliding window (0: global)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg)
         self.mlp = SwiGLU(cfg, rngs=rngs)
 
@@ -87,7 +91,8 @@ class Block(nnx.Module):
         segment_ids_BT: jax.Array | None = None,
         cache: KVCache | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
-        """The block on T tokens; with this layer's KV cache, also the updated cache."""
+        """The block on T tokens; with this layer's KV cache, also the updated cache (a CLA
+        consumer's `cache` is its producer's K/V, lm/model/layout.py)."""
         h_BTE, cache = self.attn(
             self.attn_norm(x_BTE), positions_BT, segment_ids_BT=segment_ids_BT, cache=cache
         )
@@ -103,9 +108,7 @@ class Transformer(nnx.Module):
         V, E = cfg.vocab_size, cfg.d_model
         table = cfg.init_std * jax.random.normal(rngs.params(), (V, E), DTYPES[cfg.param_dtype])
         self.embed = nnx.Param(table, axes=('vocab', 'embed'))
-        self.blocks = nnx.List(
-            [Block(cfg, rngs=rngs, window=cfg.layer_window(i)) for i in range(cfg.num_layers)]
-        )
+        self.blocks = nnx.List([Block(cfg, rngs=rngs, layer=i) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(E, cfg)
         self.lm_head = (
             None if cfg.tie_embeddings else Dense((E,), (V,), ('embed', 'vocab'), cfg, rngs=rngs)
@@ -126,19 +129,25 @@ class Transformer(nnx.Module):
         from the mesh rules (lm/sharding.py), the default leaves them to the compiler.
         `segment_ids_BT` (the document of each position of a packed row) restricts attention
         to each token's own document; None = plain causal attention. `caches` (one `KVCache`
-        per layer, lm/infer/decode.py) are the decoding path: the T new tokens per row are
-        written at the caches' slot (prefill: the whole prompt; decode: T = 1) and attend every
-        valid slot up to their own."""
+        per layer that computes K/V, `layout.producers`; lm/infer/decode.py) are the decoding
+        path: the T new tokens per row are written at the caches' slot (prefill: the whole
+        prompt; decode: T = 1) and attend every valid slot up to their own."""
         if positions_BT is None:
             positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
         x_BTE = jnp.take(self.embed[...], tokens_BT, axis=0).astype(DTYPES[self.cfg.dtype])
         x_BTE = constrain(x_BTE, ACT_AXES)
-        layer_caches = [None] * len(self.blocks) if caches is None else caches
-        new_caches = []
-        for block, cache in zip(self.blocks, layer_caches, strict=True):
+        layer_caches = iter([None] * len(self.blocks) if caches is None else caches)
+        new_caches, below = [], None
+        for i, block in enumerate(self.blocks):
+            producer = layout.is_producer(self.cfg, i)
+            cache = next(layer_caches) if producer else below  # a consumer reads its producer's
             x_BTE, cache = block(x_BTE, positions_BT, segment_ids_BT=segment_ids_BT, cache=cache)
             x_BTE = constrain(x_BTE, ACT_AXES)
-            new_caches.append(cache)
+            if producer:
+                new_caches.append(cache)
+                below = cache
+        if caches is not None and len(caches) != len(new_caches):
+            raise ValueError(f'{len(caches)} caches given for {len(new_caches)} K/V layers')
         logits = self._logits(x_BTE)
         return logits if caches is None else (logits, new_caches)
 

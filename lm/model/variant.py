@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lm.model.chunked import chunked_attention
 from lm.model.config import ModelConfig
 from lm.model.hf_mapping import HFMapping
 from lm.model.kv_cache import KVCache
@@ -117,12 +118,16 @@ class AttentionVariant(nnx.Module):
     Capabilities:
     `poolable_kv_heads` (per-head K/V projections, `kv_projections`, that uptraining may pool,
     lm/convert/uptrain.py), `latent_kv` (a conversion target with a KV latent,
-    lm/convert/methods.py) and `parse_spec` (short variant names such as 'gqa2').
+    lm/convert/methods.py), `cross_layer_kv` (cross-layer attention, lm/model/layout.py: the
+    constructor takes `kv_from_below`, a layer without K/V projections whose `cache` argument
+    is the K/V of the layer below, and `kv_to_above`, a layer that returns its K/V as a
+    `KVCache` even without a cache) and `parse_spec` (short variant names such as 'gqa2').
     """
 
     names: ClassVar[tuple[str, ...]] = ()  # the `config.model.attention` values it implements
     poolable_kv_heads: ClassVar[bool] = False  # has K/V heads that can be merged (uptraining)
     latent_kv: ClassVar[bool] = False  # K/V from a shared latent + RoPE key (lm/convert/methods.py)
+    cross_layer_kv: ClassVar[bool] = False  # layers may reuse the K/V of the layer below
     sow_weights: bool = False  # set on a model copy (`set_attributes`) to sow AttentionWeights
     window: int = 0  # sliding window W of a local layer (set by the model); 0 = global
 
@@ -201,11 +206,24 @@ class AttentionVariant(nnx.Module):
         scale: float,
         mask: jax.Array | None,
         impl: str | None = None,
+        filled: jax.Array | None = None,
     ) -> jax.Array:
-        """`grouped_attention` (keys and values head-major, [B, G, S, D]) with `impl` (default:
+        """`grouped_attention` (keys and values head-major, [B, G, S, D], or [B, S, D] for one
+        KV head) with `impl` (default:
         config.model.attention_impl), sowing its weights when `sow_weights` is set (on the
-        einsum path, the one that forms them)."""
+        einsum path, the one that forms them). filled: with a full cache, the slots written so far
+        (`KVCache.filled`; None for a ring, attended whole); then einsum attention reads only
+        those, config.model.decode_chunk slots at a time (`chunked_attention`), unless
+        decode_chunk is 0."""
         impl = 'einsum' if self.sow_weights else impl or self.cfg.attention_impl
+        chunk = self.cfg.decode_chunk
+        S = k_BGSD.shape[-2]
+        if filled is not None and 0 < chunk < S and impl == 'einsum' and not self.sow_weights:
+            return chunked_attention(
+                q_BTHD, k_BGSD, v_BGSU, mask, scale=scale, filled=filled, chunk=chunk
+            )
+        if k_BGSD.ndim == 3:  # one KV head cached as [B, S, D]
+            k_BGSD, v_BGSU = k_BGSD[:, None], v_BGSU[:, None]
         out_BTHU, p_BHTS = grouped_attention(
             q_BTHD, k_BGSD, v_BGSU, scale=scale, mask=mask, impl=impl
         )

@@ -6,9 +6,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
+import threading
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
@@ -18,13 +21,50 @@ from lm.train.checksum import array_checksums, mismatches
 from lm.train.workdir import RunError
 
 PINNED = 'pinned.json'  # in the checkpoints directory: {step: why}; never rotated away
+# In a side-car: the save holds no optimizer state (an import's step 0); restores leave it out
+# and training starts it fresh.
+NO_OPT_STATE = 'no_opt_state'
 UNFINISHED = '.orbax-checkpoint-tmp'  # in a name there: a save that never finished (ignored)
+
+
+def _closed_loop(error: BaseException | None) -> bool:
+    return isinstance(error, RuntimeError) and str(error) == 'Event loop is closed'
+
+
+def _quiet_abandoned_writes() -> None:
+    """Once per process: when one writer of an asynchronous save fails, orbax closes the
+    event loop of the others, and each of their writes still in flight then reports 'Event
+    loop is closed' with a traceback from tensorstore's threads. The failure itself is
+    reported once, by `Checkpointer`: these reports are dropped."""
+    if getattr(sys.excepthook, 'quiet_abandoned_writes', False):
+        return
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+
+    def quiet_excepthook(t, e, tb):
+        if not _closed_loop(e):
+            excepthook(t, e, tb)
+
+    def quiet_unraisablehook(u):
+        if not _closed_loop(u.exc_value):
+            unraisablehook(u)
+
+    quiet_excepthook.quiet_abandoned_writes = True
+    sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
+
+
+def _join_save_threads(timeout_s: float = 120.0) -> None:
+    """After a failed save: waits for orbax's save threads still writing (a process that exits
+    under them gets a traceback from each)."""
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and type(t).__module__.startswith('orbax.'):
+            threading.Thread.join(t, timeout_s)  # the plain join: orbax's re-raises the failure
 
 
 class Checkpointer:
     """`<workdir>/checkpoints`: every save holds 'state' (params, optimizer state, step, RNG) and
     'meta' (the resolved config, the data fingerprint and step, parameter shapes, a checksum
-    of every array). The last `keep` saves are kept, and any step pinned with `pin`."""
+    of every array). The last `keep` saves are kept, and any step pinned with `pin`. A state
+    saved without 'opt_state' is marked so in its side-car (`NO_OPT_STATE`)."""
 
     def __init__(
         self, workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False
@@ -43,6 +83,8 @@ class Checkpointer:
             read_only=read_only,
             enable_async_checkpointing=async_save and not read_only,
         )
+        if options.enable_async_checkpointing:
+            _quiet_abandoned_writes()
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=('state', 'meta')
         )
@@ -55,6 +97,8 @@ class Checkpointer:
         this save or of an earlier one, raises RunError naming its step and cause."""
         self.check(wait=True)
         meta = {**meta, 'checksums': array_checksums(state)}
+        if 'opt_state' not in state:
+            meta[NO_OPT_STATE] = True
         try:
             self.manager.save(
                 step,
@@ -85,6 +129,7 @@ class Checkpointer:
 
     def _write_error(self, step: int, error: Exception) -> RunError:
         self._failed = True
+        _join_save_threads()
         cause = str(error).splitlines()[0] if str(error) else ''
         return RunError(
             f'the checkpoint of step {step} could not be written to {self.directory} '
@@ -129,10 +174,17 @@ class Checkpointer:
         ]
 
     def restore(
-        self, abstract_state: dict, step: int | None = None, check_meta: Callable | None = None
+        self,
+        abstract_state: dict,
+        step: int | None = None,
+        check_meta: Callable | None = None,
+        partial: bool = False,
     ) -> tuple[int, dict, dict]:
         """(step, state, meta) from `step`, or from the newest readable checkpoint.
 
+        `partial` (read-only): `abstract_state` may be a part of the saved tree (e.g. only
+        'params'); nothing else is read. A checkpoint saved without optimizer state
+        (`NO_OPT_STATE`) restores without 'opt_state'.
         `check_meta(meta)` runs before the state is read (shape checks); its errors propagate.
         A latest checkpoint that is truncated or unreadable is skipped with a warning and moved
         aside to `<step>.unreadable` (kept, not deleted), so training can write that step again.
@@ -154,7 +206,10 @@ class Checkpointer:
                 check_meta(meta)
             try:
                 restored = self.manager.restore(
-                    s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
+                    s,
+                    args=ocp.args.Composite(
+                        state=self._restore_args(abstract_state, meta, partial)
+                    ),
                 )
                 if bad := mismatches(meta.get('checksums', {}), restored['state']):
                     raise ValueError(
@@ -174,6 +229,21 @@ class Checkpointer:
             self._move_aside(unreadable)
             return s, restored['state'], meta
         raise FileNotFoundError(f'no readable checkpoint in {self.directory}')
+
+    def _restore_args(self, abstract_state: dict, meta: dict, partial: bool):
+        """Orbax restore arguments reading `abstract_state` (less an optimizer state the
+        checkpoint lacks); `partial` reads a part of the saved tree."""
+        if meta.get(NO_OPT_STATE):
+            abstract_state = {k: v for k, v in abstract_state.items() if k != 'opt_state'}
+        if not partial:
+            return ocp.args.StandardRestore(abstract_state)
+        if not self.read_only:
+            raise ValueError('a partial restore needs a read-only Checkpointer')
+        return ocp.args.PyTreeRestore(
+            abstract_state,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state),
+            partial_restore=True,
+        )
 
     def _skip(self, s: int, error: Exception, requested: int | None) -> int:
         if requested is not None:
@@ -235,6 +305,26 @@ def param_shapes(abstract_params: dict) -> dict[str, list[int]]:
     """{'blocks/0/attn/q_proj/kernel': [E, H, D], ...} for a (pure dict) parameter tree."""
     flat = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
     return {'/'.join(str(getattr(k, 'key', k)) for k in path): list(x.shape) for path, x in flat}
+
+
+@jax.jit
+def _all_finite(x: jax.Array) -> jax.Array:
+    return jnp.all(jnp.isfinite(x))
+
+
+def check_finite(params: dict, where: str) -> None:
+    """Raises FloatingPointError naming the first parameter of `params` (a pure dict tree) that
+    holds a NaN or an infinity; `where` names the checkpoint in the message. Checked one array
+    at a time, so the temporaries are one array's."""
+    finite = jax.device_get(jax.tree.map(_all_finite, params))
+    flat = jax.tree_util.tree_flatten_with_path(finite)[0]
+    for path, finite in flat:
+        if not finite:
+            name = '/'.join(str(getattr(k, 'key', k)) for k in path)
+            raise FloatingPointError(
+                f'{where} holds non-finite parameters (NaN or inf), first in {name}; '
+                'refusing to use them'
+            )
 
 
 def check_same_shapes(saved: dict[str, list[int]], current: dict[str, list[int]], where: str):

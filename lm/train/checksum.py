@@ -38,21 +38,19 @@ def _flat_index(shape: tuple[int, ...]) -> jax.Array:
     return index
 
 
-def _sums(x: jax.Array) -> jax.Array:
+@jax.jit
+def _leaf_sums(x: jax.Array) -> jax.Array:
     w, i = _words(x), _flat_index(x.shape)
     a = jnp.sum(w * (2 * i + 1), dtype=jnp.uint32)
     b = jnp.sum(w * ((i * np.uint32(2654435761)) | 1), dtype=jnp.uint32)
     return jnp.stack([a, b])
 
 
-@jax.jit
-def _tree_sums(tree):
-    return jax.tree.map(_sums, tree)
-
-
 def array_checksums(tree) -> dict[str, str]:
-    """{'['params']['embed']': '1f03...', ...}: a 16-hex-digit checksum per array of `tree`."""
-    sums = jax.device_get(_tree_sums(tree))
+    """{'['params']['embed']': '1f03...', ...}: a 16-hex-digit checksum per array of `tree`,
+    one array at a time (the temporaries are one array's, and a compile serves every array of
+    the same shape)."""
+    sums = jax.device_get(jax.tree.map(_leaf_sums, tree))
     flat = jax.tree_util.tree_flatten_with_path(sums)[0]
     return {jax.tree_util.keystr(path): f'{int(s[0]):08x}{int(s[1]):08x}' for path, s in flat}
 

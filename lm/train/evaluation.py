@@ -11,6 +11,7 @@ the context and `eval_tokens`: identical for every run on the same data and any 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import jax
@@ -53,6 +54,38 @@ def ratio_stderr(sums: np.ndarray, counts: np.ndarray) -> float:
     return float(math.sqrt(w / (w - 1) * np.sum(resid**2)) / counts.sum())
 
 
+class _Progress:
+    """Progress of a long evaluation, on the log: after the first batch past `every_s` seconds
+    (compiling included) the expected duration, then a line every `every_s` seconds."""
+
+    def __init__(self, split: str, batches: int, eval_tokens: int, every_s: float):
+        self.split, self.batches, self.every_s = split, batches, every_s
+        self.what = 'the whole split (config.eval_tokens=0)' if not eval_tokens else 'it'
+        self.start = self.last = time.monotonic()
+        self.first = None  # when the first batch (and its compile) was done
+        self.announced = False
+
+    def done(self, n: int) -> None:
+        """`n` batches are done."""
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        if n == self.batches or now - self.last < self.every_s:
+            return
+        rate = (now - self.first) / (n - 1) if n > 1 else now - self.start
+        left = rate * (self.batches - n)
+        if not self.announced:
+            logging.info(
+                'evaluating the %s split takes about %.0f s more (%d batches); scoring fewer '
+                'tokens than %s: config.eval_tokens',
+                self.split, left, self.batches, self.what,
+            )  # fmt: skip
+            self.announced = True
+        else:
+            logging.info('eval: %d/%d batches, about %.0f s left', n, self.batches, left)
+        self.last = now
+
+
 def evaluate(
     eval_step: Callable,
     params: dict,
@@ -64,14 +97,22 @@ def evaluate(
     eval_tokens: int,
     batch_sharding: jax.sharding.NamedSharding,
     stop: Callable[[], None] | None = None,
+    progress_every_s: float = 10.0,
 ) -> dict[str, float]:
     """Mean next-token loss over the evaluation windows of `split` (`lm.data.windows.eval_windows`),
     with its standard error over windows and the number of target tokens scored.
 
     bits/byte = loss / ln 2 · tokens/byte of the split, so runs with different tokenizers
     compare on the same text. `stop` is called before each batch (it raises to stop: e.g.
-    `lm.train.interrupt.StopRequest.check`).
+    `lm.train.interrupt.StopRequest.check`). An evaluation that lasts longer than
+    `progress_every_s` logs how long it will take, then its progress at that interval. A recall
+    source is scored by `evaluate_recall`.
     """
+    if corpus.task is not None:
+        rows, cells = corpus.task.split(split)
+        return evaluate_recall(
+            eval_step, params, rows, cells, corpus.task.groups, batch_size, batch_sharding, stop
+        )
     tokens = corpus.tokens[split]
     starts = eval_windows(len(tokens), seq_len, eval_tokens)
     counts = window_targets(len(tokens), starts, seq_len).astype(np.float64)
@@ -83,6 +124,7 @@ def evaluate(
         batch_size,
     )
     sums = []
+    progress = _Progress(split, -(-len(starts) // batch_size), eval_tokens, progress_every_s)
     for batch, weights in eval_batches(
         tokens,
         starts,
@@ -99,6 +141,7 @@ def evaluate(
         # Fetched before the next call: XLA:CPU's in-process collectives (several CPU devices)
         # can deadlock when many multi-device executions are queued at once.
         sums.append(np.asarray(out.addressable_data(0), np.float64))
+        progress.done(len(sums))
     window_sums = np.concatenate(sums)[: len(starts)]  # padding rows (weight 0) dropped
     loss = float(window_sums.sum() / counts.sum())
     return {
@@ -108,3 +151,48 @@ def evaluate(
         'bits_per_byte': loss / math.log(2) / corpus.bytes_per_token(split),
         'tokens': int(counts.sum()),
     }
+
+
+def evaluate_recall(
+    eval_step: Callable,
+    params: dict,
+    rows: np.ndarray,
+    cells: np.ndarray,
+    groups: list[str],
+    batch_size: int,
+    batch_sharding: jax.sharding.NamedSharding,
+    stop: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """A recall task's held-out rows (packed, `lm.data.recall`) scored on their answers only:
+    'loss' (nats per answer token, with its stderr over rows), 'recall_accuracy' (answer
+    tokens whose argmax is right), and per cell of `groups` 'recall_accuracy/<group>' plus its
+    marginals over lengths and depths (passkey)."""
+    logging.info('evaluating %d recall examples in batches of %d', len(rows), batch_size)
+    out, per = [], batch_size // jax.process_count()
+    for first in range(0, len(rows), batch_size):
+        if stop is not None:
+            stop()
+        batch = np.zeros((batch_size, rows.shape[1]), np.int32)  # padding rows score nothing
+        chunk = rows[first : first + batch_size]
+        batch[: len(chunk)] = chunk
+        mine = batch[jax.process_index() * per : (jax.process_index() + 1) * per]
+        result = eval_step(params, global_batch(mine, batch_sharding))
+        out.append(np.asarray(result.addressable_data(0), np.float64))
+    nats, right, count = np.concatenate(out)[: len(rows)].T
+    loss = float(nats.sum() / count.sum())
+    metrics = {
+        'loss': loss,
+        'loss_stderr': ratio_stderr(nats, count),
+        'perplexity': math.exp(min(loss, 700.0)),
+        'recall_accuracy': float(right.sum() / count.sum()),
+        'tokens': int(count.sum()),
+    }
+    marginals: dict[str, list[int]] = {}
+    for c, group in enumerate(groups):
+        marginals[group] = [c]
+        for part in group.split('_'):
+            marginals.setdefault(part, []).append(c)
+    for name, cs in marginals.items():
+        mask = np.isin(cells, cs)
+        metrics[f'recall_accuracy/{name}'] = float(right[mask].sum() / count[mask].sum())
+    return metrics

@@ -3,6 +3,7 @@ evaluation batches), so a run or a read-only command stops within a piece, not m
 
 from __future__ import annotations
 
+import os
 import signal
 
 
@@ -16,22 +17,62 @@ class Interrupted(Exception):
 
 class StopRequest:
     """While active (a context manager), SIGTERM and SIGINT set `signum` instead of killing the
-    process; `check` raises `Interrupted` once one has arrived."""
+    process; `check` raises `Interrupted` once one has arrived, and `arrived` says so from any
+    thread. Nested in another (a sweep's run in its process), it starts with the outer one's
+    signal and passes its own on."""
 
     def __init__(self):
         self.signum = 0
         self.previous: dict = {}
+        self._wakeup: tuple[int, int] | None = None  # (read end, write end) of a pipe
+        self._previous_fd = -1
+        self._woken = 0
 
     def __enter__(self) -> StopRequest:
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        if outer := self._outer(signal.SIGTERM):
+            self.signum = outer.signum
+        # Python runs `_handle` only when the main thread is back in Python; the C handler
+        # writes the signal number to the wakeup fd at once, which `arrived` reads.
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        self._wakeup = (read, write)
+        self._previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
         return self
 
     def __exit__(self, *exc) -> None:
+        signal.set_wakeup_fd(self._previous_fd)
+        for fd in self._wakeup or ():
+            os.close(fd)
+        self._wakeup = None
         for s, handler in self.previous.items():
             signal.signal(s, handler)
 
+    def _outer(self, signum: int) -> StopRequest | None:
+        handler = self.previous.get(signum)
+        return (
+            handler.__self__
+            if isinstance(getattr(handler, '__self__', None), StopRequest)
+            else None
+        )
+
+    def arrived(self) -> bool:
+        """True once SIGTERM or SIGINT has arrived; callable from any thread, also while the main
+        thread is blocked in native code (a jitted loop calling back to the host)."""
+        if self.signum or self._woken:
+            return True
+        try:
+            data = os.read(self._wakeup[0], 64) if self._wakeup else b''
+        except BlockingIOError:
+            data = b''
+        self._woken = next((b for b in data if b in (signal.SIGTERM, signal.SIGINT)), 0)
+        return bool(self._woken)
+
     def _handle(self, signum, frame) -> None:
         self.signum = signum
+        if outer := self._outer(signum):
+            outer._handle(signum, frame)
 
     def check(self) -> None:
         """Raises `Interrupted` when a stop signal has arrived."""

@@ -21,7 +21,7 @@ from lm.train.run import Run, assemble, checkpoint_meta
 from lm.train.run_log import Meter, log_model, write_results
 from lm.train.step import call_sharding, device_call_batch, make_eval_step, make_train_step
 from lm.train.summary import Summary, run_logdir
-from lm.train.workdir import RunError
+from lm.train.workdir import RunError, remember_tb_dir, remembered_tb_dir
 
 
 def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...]):
@@ -45,21 +45,28 @@ def _prefetch(run: Run, start: int, sizes: list[int], depth: int = 2):
 
     def produce():
         step = start
+        task = run.corpus.task
         try:
             for n in sizes:
-                q.put(
-                    call_batch(
-                        run.corpus.tokens['train'],
-                        seed=c.seed,
-                        step=step,
-                        steps=n,
-                        batch_size=c.train.batch_size,
-                        seq_len=c.data.seq_len,
-                        process_index=jax.process_index(),
-                        process_count=jax.process_count(),
-                        sampling=c.data.sampling,
-                    )
+                where = dict(
+                    seed=c.seed,
+                    step=step,
+                    steps=n,
+                    batch_size=c.train.batch_size,
+                    process_index=jax.process_index(),
+                    process_count=jax.process_count(),
                 )
+                if task is not None:
+                    q.put(task.call_batch(**where))
+                else:
+                    q.put(
+                        call_batch(
+                            run.corpus.tokens['train'],
+                            seq_len=c.data.seq_len,
+                            sampling=c.data.sampling,
+                            **where,
+                        )
+                    )
                 step += n
         except BaseException as e:  # noqa: BLE001 - handed to the training thread
             first = str(e).splitlines()[0] if str(e) else ''
@@ -126,13 +133,17 @@ class _Training:
     def __init__(self, run: Run, workdir: str, tb_dir: str, stop: StopRequest):
         self.run, self.workdir, self.stop = run, workdir, stop
         self.ckpt = run.checkpointer
+        tb_dir = tb_dir or remembered_tb_dir(workdir)  # a resumed run keeps its directory
+        if jax.process_index() == 0:
+            remember_tb_dir(workdir, tb_dir)
         self.tb = Summary(run_logdir(workdir, tb_dir))
+        self.tb_root = tb_dir or self.tb.logdir
         self.eval_fn = make_eval_step(run.ctx)
 
     def train(self) -> dict:
         c = self.run.config
         self.start, self.state = self.run.step, self.run.state
-        log_model(self.run, self.tb)
+        log_model(self.run, self.tb, self.tb_root)
         spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
         self.meter = Meter(self.run, self.tb, self.start, self.ckpt.steps, spikes)
         first = self.start in (0, c.uptrain.source_step)  # a new run, or a converted one
@@ -225,6 +236,15 @@ class _Training:
             stop=self.stop.check,
         )
         self.tb.scalars(step, {f'{prefix}/{k}': v for k, v in metrics.items()})
+        if 'recall_accuracy' in metrics:
+            logging.info(
+                'eval at step %d: loss %.4f on %d answer tokens, recall accuracy %.4f',
+                step,
+                metrics['loss'],
+                metrics['tokens'],
+                metrics['recall_accuracy'],
+            )
+            return metrics
         logging.info(
             'eval at step %d: loss %.4f ± %.4f (stderr over windows, %d tokens), '
             'perplexity %.3f, %.4f bits/byte',

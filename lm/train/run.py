@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 
 from lm.config_migration import upgrade_config
 from lm.data.corpus import Corpus, check_corpus_size, check_data_config, load_corpus
+from lm.data.recall import TASKS
 from lm.model.config import ModelConfig
 from lm.model.transformer import check_model_config, model_config
 from lm.sharding import check_cpu_devices, data_parallel_size, make_mesh, rules_table
@@ -39,8 +40,9 @@ from lm.train.workdir import (
 )
 
 # What `assemble` gives a run as its state: nothing, a fresh one from config.seed, a workdir's
-# checkpoint, or (training) the workdir's latest checkpoint when it has one, else a fresh one.
-STATES = ('none', 'init', 'restore', 'resume')
+# checkpoint, only its parameters (inference: no optimizer state is read), or (training) the
+# workdir's latest checkpoint when it has one, else a fresh one.
+STATES = ('none', 'init', 'restore', 'params', 'resume')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +56,8 @@ class Run:
     ctx: StepContext  # on the run's mesh, with these rules
     corpus: Corpus | None = None  # the tokenised data (assemble(data=True))
     step: int | None = None  # the step of `state`
-    state: dict | None = None  # {'params', 'opt_state', 'step', 'rng'} in ctx's shardings
+    state: dict | None = None  # {'params', 'opt_state', 'step', 'rng'} in ctx's shardings;
+    # state='params': {'params'} only
     meta: dict | None = None  # the restored checkpoint's side-car
     checkpointer: Checkpointer | None = None  # state='resume': the run's own, open for saving
     lock: WorkdirLock | None = None  # state='resume': the workdir, owned until `close`
@@ -100,10 +103,12 @@ def step_context(
     document_eos: int | None = None,
 ) -> StepContext:
     """The step context of `config`'s training for the model `cfg` on `mesh` under `rules`.
-    The learning-rate schedule is built here once; the optimizer and the logged 'lr' share it."""
+    The learning-rate schedule is built here once; the optimizer and the logged 'lr' share it.
+    A recall source's losses count its answers only."""
     schedule = lr_schedule(config.train)
     tx = make_optimizer(config.train, schedule)
-    return make_step_context(cfg, tx, mesh, rules, config.seed, schedule, document_eos)
+    masked = config.data.source in TASKS
+    return make_step_context(cfg, tx, mesh, rules, config.seed, schedule, document_eos, masked)
 
 
 def check_parallel(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:
@@ -167,7 +172,8 @@ def assemble(
     context and the `state` (one of STATES) built, each once.
 
     `source` is a config, or a workdir whose checkpoint `step` (default: the newest) gives both
-    the config and, with state='restore', the state. A config's 'restore' and 'resume' read
+    the config and, with state='restore' or 'params', the state. A config's 'restore', 'params'
+    and 'resume' read
     `workdir`; 'resume' (training) first takes the workdir (`WorkdirLock`, released by
     `Run.close`) and refuses a config changed since its checkpoint unless
     `allow_config_change`. `flag` names the workdir in errors."""
@@ -175,7 +181,7 @@ def assemble(
         raise ValueError(f'state must be one of {STATES}, got {state!r}')
     saved = isinstance(source, str)
     workdir = source if saved else workdir
-    if state in ('restore', 'resume') and workdir is None:
+    if state in ('restore', 'params', 'resume') and workdir is None:
         raise ValueError(f'state={state!r} needs a workdir to read the checkpoint from')
     config = check_config(stored_config(workdir, flag, step) if saved else source, saved)
     rules = rules_table(config.mesh)
@@ -229,8 +235,9 @@ def _state(
     step: int | None,
     flag: str,
 ) -> tuple[int | None, dict | None, dict | None]:
-    """(step, state, checkpoint side-car) of the state 'none', 'init' (from `seed`) or
-    'restore' (checkpoint `step` of `workdir`, default: the newest readable one)."""
+    """(step, state, checkpoint side-car) of the state 'none', 'init' (from `seed`), 'restore'
+    (checkpoint `step` of `workdir`, default: the newest readable one) or 'params' (its
+    parameters only)."""
     if state == 'none':
         return None, None, None
     if state == 'init':
@@ -238,7 +245,7 @@ def _state(
     ckpt = Checkpointer(workdir, read_only=True)
     try:
         _check_step(ckpt.steps(), step, ckpt.directory, flag)
-        return restore(ckpt, ctx, step)
+        return restore(ckpt, ctx, step, params_only=state == 'params')
     finally:
         ckpt.close()
 
@@ -305,19 +312,27 @@ def checkpoint_meta(
 
 
 def restore(
-    ckpt: Checkpointer, ctx: StepContext, step: int | None = None
+    ckpt: Checkpointer, ctx: StepContext, step: int | None = None, params_only: bool = False
 ) -> tuple[int, dict, dict]:
     """(step, state, meta): checkpoint `step` (default: the newest readable one) read into
     `ctx`'s shardings, after checking its parameter shapes are `ctx`'s (one-line error naming
-    the first that differs, before any array is read)."""
+    the first that differs, before any array is read). `params_only`: the state is {'params'},
+    nothing else is read. A checkpoint saved without optimizer state (an import's) gets a fresh
+    one, made in its shardings."""
     current = param_shapes(ctx.abstract_state['params'])
-    return ckpt.restore(
-        ctx.abstract_state,
+    target = {'params': ctx.abstract_state['params']} if params_only else ctx.abstract_state
+    step, state, meta = ckpt.restore(
+        target,
         step,
         check_meta=lambda m: check_same_shapes(
             m['param_shapes'], current, f'the checkpoint in {ckpt.directory}'
         ),
+        partial=params_only,
     )
+    if not params_only and 'opt_state' not in state:
+        init = jax.jit(ctx.tx.init, out_shardings=ctx.state_sharding['opt_state'])
+        state = {**state, 'opt_state': init(state['params'])}
+    return step, state, meta
 
 
 def finished_step(config: ml_collections.ConfigDict, workdir: str) -> int | None:

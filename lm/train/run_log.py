@@ -1,9 +1,9 @@
 """What a run records besides checkpoints: train metrics and throughput (`Meter`), the model
-and its HParams (`log_model`), and `results.json` of a finished run (`write_results`)."""
+and its HParams (`log_model`, lm.train.hparams), and `results.json` of a finished run
+(`write_results`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -17,8 +17,8 @@ from tqdm import tqdm
 
 from lm.data.windows import num_windows
 from lm.model import accounting, attention
-from lm.model.config import ModelConfig
 from lm.train import perf
+from lm.train.hparams import hparam_values
 from lm.train.loss_spike import LossSpikeGuard
 from lm.train.run import Run
 from lm.train.summary import Summary
@@ -143,13 +143,14 @@ class Meter:
         return float(np.median(self.speeds)) if self.speeds else None
 
 
-def log_model(run: Run, tb: Summary) -> None:
-    """The run's config and HParams to TensorBoard; model size, FLOPs and peak to the log."""
+def log_model(run: Run, tb: Summary, tb_root: str) -> None:
+    """The run's config and HParams (in the TensorBoard directory `tb_root`) to TensorBoard;
+    model size, FLOPs and peak to the log."""
     c, cfg = run.config, run.model_cfg
     counts = accounting.param_counts(cfg)
     peak_total, peak_source = perf.peak_flops(c.train.peak_flops)
     tb.text('config', '```\n' + shown_config(c).to_json(indent=2) + '\n```')
-    tb.hparams(hparams(c, cfg, counts['total']))
+    tb.hparams(hparam_values(c, cfg, counts['total']), tb_root)
     logging.info(
         'model: %s params (%s), %.3g FLOPs/token; on %d devices; %s',
         f'{counts["total"]:,}',
@@ -189,40 +190,3 @@ def write_results(
     with open(path + '.tmp', 'w') as f:
         json.dump(results, f, indent=1)
     os.replace(path + '.tmp', path)
-
-
-def hparams(c: ml_collections.ConfigDict, cfg: ModelConfig, num_params: int) -> dict:
-    """Flat scalar hyper-parameters for TensorBoard's HParams tab: first what runs are compared
-    by (attention, heads, what the KV cache holds and its size, parameters, seed, uptraining
-    origin), then every model setting (the active variant's section only), train and data
-    setting. Integers stay Python ints."""
-    values = {
-        'attention': cfg.attention,
-        'num_heads': int(cfg.num_heads),
-        'kv_heads': attention.variant(cfg).kv_heads(cfg),  # what the cache holds
-        'kv_cache_bytes_per_token': int(accounting.kv_cache_bytes_per_token(cfg, 'bfloat16')),
-        'params': int(num_params),
-        'seed': int(c.seed),
-        'uptrain.source': c.uptrain.source_workdir or 'none',
-        'uptrain.method': c.uptrain.method or 'none',
-        'uptrain.schedule': c.uptrain.schedule if c.uptrain.method else 'none',
-        'uptrain.optimizer_state': c.uptrain.optimizer_state if c.uptrain.method else 'none',
-        'uptrain.grouping': c.uptrain.grouping if c.uptrain.method else 'none',
-    }
-    model = dataclasses.asdict(cfg)
-    section = model.pop('section') or {}
-    values.update({f'model.{k}': v for k, v in model.items()})
-    name = attention.variant(cfg).config_section
-    values.update({f'model.{name}.{k}': v for k, v in section.items()})
-    values.update({f'train.{k}': v for k, v in c.train.items()})
-    values.update(
-        {
-            'data.source': c.data.source,
-            'data.tokenizer': c.data.tokenizer,
-            'data.seq_len': c.data.seq_len,
-            'data.sampling': c.data.sampling,
-            'data.document_mask': c.data.document_mask,
-            'eval_tokens': c.eval_tokens,
-        }
-    )
-    return values

@@ -18,6 +18,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from lm.data.recall import TARGET_FLAG
 from lm.model.config import ModelConfig
 from lm.model.transformer import Transformer
 from lm.sharding import (
@@ -45,6 +46,7 @@ class StepContext:
     constrain: Callable  # activation sharding constraint passed to the model
     lr_schedule: optax.Schedule | None = None  # the optimizer's, for the logged 'lr'
     document_eos: int | None = None  # EOS id: attend within documents only; None = causal
+    masked_targets: bool = False  # rows flag their scored targets (TARGET_FLAG): recall tasks
 
 
 def _abstract_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
@@ -74,10 +76,12 @@ def make_step_context(
     seed: int,
     lr_schedule: optax.Schedule | None = None,
     document_eos: int | None = None,
+    masked_targets: bool = False,
 ) -> StepContext:
     """Abstract state and shardings for model `cfg` trained by `tx` on `mesh` (nothing is
     allocated); `lr_schedule` is `tx`'s, so steps can report the rate they used; with
-    `document_eos`, losses attend within documents (`token_losses`)."""
+    `document_eos`, losses attend within documents (`token_losses`); with `masked_targets`,
+    only the flagged targets count (`batch_loss`)."""
     graphdef, abstract = _abstract_params(cfg)
     p_shard = param_shardings(abstract, mesh, rules)
     shapes = jax.eval_shape(_init_fn(cfg, tx, seed))
@@ -103,6 +107,7 @@ def make_step_context(
         activation_constraint(mesh, rules),
         lr_schedule,
         document_eos,
+        masked_targets,
     )
 
 
@@ -129,17 +134,39 @@ def documents(tokens_BT: jax.Array, eos_id: int) -> tuple[jax.Array, jax.Array]:
     return segments_BT, t_BT - first_BT
 
 
-def token_losses(ctx: StepContext, params: dict, batch_BT1: jax.Array) -> jax.Array:
-    """Next-token losses [B, T] of the model `params` on a batch of T + 1 tokens per row; with
-    `ctx.document_eos`, each token sees only its own document, from position 0."""
+def _logits(ctx: StepContext, params: dict, batch_BT1: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(logits [B, T, V], targets [B, T]) of a batch of T + 1 tokens per row (flags cleared)."""
     model = nnx.merge(ctx.graphdef, params)
+    if ctx.masked_targets:
+        batch_BT1 = batch_BT1 & (TARGET_FLAG - 1)
     tokens_BT = batch_BT1[:, :-1]
     if ctx.document_eos is None:
         logits = model(tokens_BT, constrain=ctx.constrain)
     else:
         segments_BT, positions_BT = documents(tokens_BT, ctx.document_eos)
         logits = model(tokens_BT, positions_BT, constrain=ctx.constrain, segment_ids_BT=segments_BT)
-    return cross_entropy(logits, batch_BT1[:, 1:])
+    return logits, batch_BT1[:, 1:]
+
+
+def token_losses(ctx: StepContext, params: dict, batch_BT1: jax.Array) -> jax.Array:
+    """Next-token losses [B, T] of the model `params` on a batch of T + 1 tokens per row; with
+    `ctx.document_eos`, each token sees only its own document, from position 0."""
+    return cross_entropy(*_logits(ctx, params, batch_BT1))
+
+
+def scored(batch_BT1: jax.Array) -> jax.Array:
+    """Float32 [B, T]: 1 where a row's target carries TARGET_FLAG (a recall answer)."""
+    return (batch_BT1[:, 1:] >= TARGET_FLAG).astype(jnp.float32)
+
+
+def batch_loss(ctx: StepContext, params: dict, batch_BT1: jax.Array) -> jax.Array:
+    """The training loss: the mean next-token loss over every target, or with
+    `ctx.masked_targets` over the flagged ones only."""
+    losses_BT = token_losses(ctx, params, batch_BT1)
+    if not ctx.masked_targets:
+        return losses_BT.mean()
+    w_BT = scored(batch_BT1)
+    return (losses_BT * w_BT).sum() / jnp.maximum(w_BT.sum(), 1.0)
 
 
 def call_sharding(ctx: StepContext, steps_per_call: int) -> NamedSharding:
@@ -167,7 +194,7 @@ def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int
     (sharded as `call_sharding(ctx, K)`), runs the K optimizer steps in one
     `lax.scan` and returns metrics of shape [K]: the same updates as K calls, one dispatch.
     """
-    grad_fn = jax.value_and_grad(lambda p, b: token_losses(ctx, p, b).mean())
+    grad_fn = jax.value_and_grad(lambda p, b: batch_loss(ctx, p, b))
 
     def step(state: State, batch_BT1: jax.Array) -> tuple[State, dict]:
         params = state['params']
@@ -211,7 +238,10 @@ def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int
 
 def make_eval_step(ctx: StepContext) -> Callable:
     """(params, batch [B, T+1] int32, weights [B, T] float32) -> [B] weighted nats per row,
-    replicated on every device (each process reads all rows)."""
+    replicated on every device (each process reads all rows); with `ctx.masked_targets` (a
+    recall task) `make_recall_eval_step`'s step instead."""
+    if ctx.masked_targets:
+        return make_recall_eval_step(ctx)
 
     def step(params: dict, batch_BT1: jax.Array, weights_BT: jax.Array) -> jax.Array:
         return (token_losses(ctx, params, batch_BT1) * weights_BT).sum(axis=-1)
@@ -219,5 +249,23 @@ def make_eval_step(ctx: StepContext) -> Callable:
     return jax.jit(
         step,
         in_shardings=(ctx.state_sharding['params'], ctx.batch_sharding, ctx.batch_sharding),
+        out_shardings=NamedSharding(ctx.mesh, PartitionSpec()),
+    )
+
+
+def make_recall_eval_step(ctx: StepContext) -> Callable:
+    """(params, packed rows [B, T+1] int32) -> [B, 3] float32 per row: nats summed over its
+    flagged targets, how many of them the argmax predicts, how many there are; replicated."""
+
+    def step(params: dict, batch_BT1: jax.Array) -> jax.Array:
+        logits_BTV, targets_BT = _logits(ctx, params, batch_BT1)
+        w_BT = scored(batch_BT1)
+        right_BT = (jnp.argmax(logits_BTV, axis=-1) == targets_BT).astype(jnp.float32)
+        nats_B = (cross_entropy(logits_BTV, targets_BT) * w_BT).sum(axis=-1)
+        return jnp.stack([nats_B, (right_BT * w_BT).sum(axis=-1), w_BT.sum(axis=-1)], axis=-1)
+
+    return jax.jit(
+        step,
+        in_shardings=(ctx.state_sharding['params'], ctx.batch_sharding),
         out_shardings=NamedSharding(ctx.mesh, PartitionSpec()),
     )

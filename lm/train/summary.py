@@ -1,4 +1,5 @@
-"""TensorBoard logging with tensorboardX: scalars, the resolved config, and hparams.
+"""TensorBoard logging with tensorboardX: scalars, the resolved config, and hparams
+(`lm.train.hparams`).
 
 Only process 0 writes; on other processes every call is a no-op. tensorboardX is imported when
 a writer is made: it imports PyTorch where installed (seconds), which an entry point that stops
@@ -12,12 +13,15 @@ import os
 import jax
 import numpy as np
 
-HPARAM_METRICS = ('eval/loss', 'eval/perplexity', 'eval/bits_per_byte', 'train/loss')
+from lm.train import hparams as hparams_tab
+from lm.train.workdir import remembered_tb_dir
 
 
 def run_logdir(workdir: str, tb_dir: str = '') -> str:
     """A run's TensorBoard directory: `<tb_dir>/<workdir name>` when runs share one `tb_dir`
-    (so their curves overlay), else `<workdir>/tb`."""
+    (so their curves overlay), else `<workdir>/tb`. `tb_dir=''`: the one the run was trained
+    with (`lm.train.workdir.remembered_tb_dir`)."""
+    tb_dir = tb_dir or remembered_tb_dir(workdir)
     if tb_dir:
         return os.path.join(tb_dir, os.path.basename(os.path.abspath(workdir)))
     return os.path.join(workdir, 'tb')
@@ -25,7 +29,7 @@ def run_logdir(workdir: str, tb_dir: str = '') -> str:
 
 class Summary:
     def __init__(self, logdir: str):
-        self.writer, self.files = None, 0
+        self.writer, self.files, self.logdir = None, 0, logdir
         if jax.process_index() == 0:
             from tensorboardX import SummaryWriter
 
@@ -50,14 +54,12 @@ class Summary:
         if self.writer:
             self.writer.add_image(tag, image_HWC, step, dataformats='HWC')
 
-    def hparams(self, values: dict[str, float | int | str | bool]) -> None:
-        """Registers the run in TensorBoard's HParams tab. Its metric columns read this run's
-        own scalars (eval/perplexity, ...), so the table shows their latest values."""
+    def hparams(self, values: dict[str, float | int | str | bool], root: str) -> None:
+        """Registers the run in the HParams tab of the TensorBoard directory `root` (this
+        logdir's parent when runs share one, else the logdir). Its metric columns read this
+        run's own scalars (eval/perplexity, ...), so the table shows their latest values."""
         if self.writer:
-            from tensorboardX.summary import hparams
-
-            for s in hparams(values, dict.fromkeys(HPARAM_METRICS, 0.0)):
-                self._file_writer().add_summary(s)
+            hparams_tab.register(self.logdir, root, values)
 
     def _file_writer(self):
         """tensorboardX's file writer, recreated (on a new event file) after a `flush`."""

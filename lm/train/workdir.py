@@ -1,4 +1,4 @@
-"""A run directory's ownership and identity.
+"""A run directory's ownership and identity, and the TensorBoard directory it logs to.
 
 One run at a time owns a workdir (`WorkdirLock`: an OS file lock, so a process killed with -9
 leaves nothing that blocks the next one), and a run resumed under a config that differs from
@@ -20,6 +20,7 @@ import ml_collections
 from lm.config_migration import upgrade_config
 
 LOCK_NAME = '.lock'
+TB_FILE = 'tensorboard.json'  # the shared TensorBoard directory the run was trained with
 
 # Config keys (or whole sections, ending in '.') that may change when a run resumes: they set
 # how long it trains, how often it logs / evaluates / saves, where caches go and how devices
@@ -116,6 +117,25 @@ def _same_file(fd: int, path: str) -> bool:
         return os.stat(path).st_ino == os.fstat(fd).st_ino
     except FileNotFoundError:
         return False
+
+
+def remember_tb_dir(workdir: str, tb_dir: str) -> None:
+    """Records the shared TensorBoard directory of the run in `workdir` ('' = its own
+    `<workdir>/tb`), so that every tool that logs for it writes there too."""
+    path = os.path.join(workdir, TB_FILE)
+    with open(path + '.tmp', 'w') as f:
+        json.dump({'tb_dir': os.path.abspath(tb_dir) if tb_dir else ''}, f)
+    os.replace(path + '.tmp', path)
+
+
+def remembered_tb_dir(workdir: str) -> str:
+    """The shared TensorBoard directory recorded by `remember_tb_dir` ('' = none: the run logs
+    to `<workdir>/tb`)."""
+    path = os.path.join(workdir, TB_FILE)
+    if not os.path.exists(path):
+        return ''
+    with open(path) as f:
+        return json.load(f)['tb_dir']
 
 
 def flat_config(config: ml_collections.ConfigDict | dict) -> dict[str, Any]:

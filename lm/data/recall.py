@@ -1,0 +1,238 @@
+"""Recall tasks: synthetic sources whose answers need the KV cache, scored only where an answer is
+due (`config.data.source`):
+
+- 'mqar': multi-query associative recall (Arora et al. 2023, "Zoology", `multiquery_ar`). A row
+  opens with `recall_pairs` key-value pairs (keys from [1, V/2), values from [V/2, V), V =
+  `recall_vocab`, each key and each value once), then each key once more as a query at a slot
+  drawn by Zoology's power law (`recall_power_a`); the token after a query is its value, the
+  answer. Every other token is uniform over the vocabulary (Zoology's random_non_queries).
+- 'passkey': a 5-digit pass key hidden in filler text (Mohtashami & Jaggi 2023's "The grass is
+  green..." haystack), bytes; the row ends with the question and the key. Each example is
+  `passkey_lengths` bytes long (right-aligned in its row after EOS padding) with the key at a
+  depth in [0, 1] of the filler. Held-out examples cover the grid of lengths x `passkey_depths`
+  evenly; training examples draw a length from the list and a uniform depth.
+
+Examples are pure functions of a seed: the training batch of step s from (recall_seed, seed, s),
+the held-out split from recall_seed alone, so every run of a sweep scores the same examples.
+A row is T + 1 tokens like a text window; the targets to score carry `TARGET_FLAG` (bit 30) in
+the row itself, so batches keep the text path's shape and the loss masks them on the device
+(`lm.train.step`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+import numpy as np
+
+from lm.data.tokenizer import ByteTokenizer
+
+TASKS = ('mqar', 'passkey')
+TARGET_FLAG = 1 << 30  # set on a row's token where it is a scored target (an answer)
+FILLER = (
+    'The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. '
+)
+NEEDLE = 'The pass key is {key}. Remember it. {key} is the pass key. '
+QUESTION = 'What is the pass key? The pass key is '
+DIGITS = 5
+
+
+def parse_floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(',') if v.strip()]
+
+
+def parse_ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(',') if v.strip()]
+
+
+class SymbolTokenizer:
+    """MQAR's vocabulary: `vocab_size` opaque symbols, the last one doubling as EOS (never drawn
+    as a key or value; only as filler)."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.eos_id = vocab_size - 1
+        self.name = f'symbols{vocab_size}'
+        self.parallel = False
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in text.split()]
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.encode(text), np.int32)
+
+    def decode(self, ids) -> str:
+        return ' '.join(str(int(i)) for i in ids)
+
+
+def check_recall_config(data: ml_collections.ConfigDict) -> None:
+    """One-line errors for a recall source's settings."""
+    T = data.seq_len
+    if data.document_mask:
+        raise ValueError(
+            f'config.data.document_mask=True does not apply to source={data.source!r}: a recall '
+            'row is one example, with no EOS-separated documents'
+        )
+    if data.source == 'mqar':
+        if data.recall_vocab < 4 or data.recall_vocab // 2 - 1 < data.recall_pairs:
+            raise ValueError(
+                f'config.data.recall_vocab={data.recall_vocab} must hold recall_pairs='
+                f'{data.recall_pairs} distinct keys in [1, recall_vocab / 2)'
+            )
+        if data.recall_pairs < 1 or 4 * data.recall_pairs > T:
+            raise ValueError(
+                f'config.data.recall_pairs={data.recall_pairs} must be >= 1 with 4 x pairs <= '
+                f'config.data.seq_len={T} (pairs, then a query slot of two tokens per pair)'
+            )
+        if not data.recall_power_a > 0:
+            raise ValueError(f'config.data.recall_power_a must be > 0, got {data.recall_power_a}')
+    else:
+        lengths, depths = parse_ints(data.passkey_lengths), parse_floats(data.passkey_depths)
+        shortest = len(QUESTION) + len(NEEDLE.format(key='0' * DIGITS)) + DIGITS
+        if not lengths or min(lengths) < shortest or max(lengths) > T + 1:
+            raise ValueError(
+                f'config.data.passkey_lengths={data.passkey_lengths!r}: each length must be in '
+                f'[{shortest}, config.data.seq_len + 1 = {T + 1}]'
+            )
+        if not depths or not all(0 <= d <= 1 for d in depths):
+            raise ValueError(
+                f'config.data.passkey_depths={data.passkey_depths!r} must list depths in [0, 1]'
+            )
+    if data.recall_eval_examples < 1:
+        raise ValueError(
+            f'config.data.recall_eval_examples must be >= 1, got {data.recall_eval_examples}'
+        )
+
+
+def _distinct(rng: np.random.Generator, n: int, low: int, high: int, k: int) -> np.ndarray:
+    """k distinct integers from [low, high) per row, [n, k], in random order."""
+    return np.argsort(rng.random((n, high - low)), axis=1)[:, :k] + low
+
+
+def mqar_rows(
+    rng: np.random.Generator, n: int, seq_len: int, pairs: int, vocab: int, power_a: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens int32 [n, T + 1], scored bool [n, T + 1]): scored marks the answers (a row's
+    token t + 1 is the target of position t)."""
+    context = 2 * pairs
+    slots = (seq_len - context) // 2  # query g sits at context + 2g, its answer right after
+    keys = _distinct(rng, n, 1, vocab // 2, pairs)
+    values = _distinct(rng, n, vocab // 2, vocab - 1, pairs)
+    # Zoology's power law over gaps 1..slots, drawn without replacement (Gumbel top-k).
+    log_p = (power_a - 1) * np.log(np.arange(1, slots + 1))
+    gaps = np.argsort(-(log_p + rng.gumbel(size=(n, slots))), axis=1)[:, :pairs]
+    tokens = rng.integers(0, vocab, (n, seq_len + 1))
+    tokens[:, 0:context:2], tokens[:, 1:context:2] = keys, values
+    query = context + 2 * gaps
+    np.put_along_axis(tokens, query, keys, axis=1)
+    np.put_along_axis(tokens, query + 1, values, axis=1)
+    scored = np.zeros(tokens.shape, bool)
+    np.put_along_axis(scored, query + 1, True, axis=1)
+    return tokens.astype(np.int32), scored
+
+
+def passkey_text(key: str, length: int, depth: float) -> tuple[str, int]:
+    """(an example of `length` characters, where its answer starts): filler with the needle at
+    `depth` of it (0 = first, 1 = right before the question), the question, the key."""
+    needle, tail = NEEDLE.format(key=key), QUESTION + key
+    room = length - len(needle) - len(tail)
+    filler = (FILLER * (room // len(FILLER) + 1))[:room]
+    cut = round(depth * room)
+    text = filler[:cut] + needle + filler[cut:] + tail
+    return text, len(text) - len(key)
+
+
+def passkey_rows(
+    rng: np.random.Generator, lengths: list[int], depths: list[float], seq_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens int32 [n, T + 1], scored bool [n, T + 1]) of n = len(lengths) examples, each
+    right-aligned after EOS padding; scored marks the key's digits."""
+    tok = ByteTokenizer()
+    n = len(lengths)
+    tokens = np.full((n, seq_len + 1), tok.eos_id, np.int32)
+    scored = np.zeros(tokens.shape, bool)
+    keys = rng.integers(0, 10, (n, DIGITS))
+    for i, (length, depth) in enumerate(zip(lengths, depths, strict=True)):
+        text, answer = passkey_text(''.join(map(str, keys[i])), length, depth)
+        start = seq_len + 1 - length
+        tokens[i, start:] = tok.encode_array(text)
+        scored[i, start + answer :] = True
+    return tokens, scored
+
+
+def pack(tokens: np.ndarray, scored: np.ndarray) -> np.ndarray:
+    """Rows with TARGET_FLAG on the scored tokens (what batches carry)."""
+    return np.where(scored, tokens | TARGET_FLAG, tokens).astype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecallTask:
+    """A recall source: its examples as functions of a seed, and the held-out grid's labels."""
+
+    data: ml_collections.ConfigDict
+
+    @property
+    def groups(self) -> list[str]:
+        """Labels of the held-out cells whose accuracy is reported apart ('' = one cell)."""
+        if self.data.source == 'mqar':
+            return []
+        d = self.data
+        return [
+            f'depth{depth:g}_len{length}'
+            for length in parse_ints(d.passkey_lengths)
+            for depth in parse_floats(d.passkey_depths)
+        ]
+
+    def rows(self, entropy: list[int], n: int, grid: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(packed rows int32 [n, T + 1], cell index [n]) from the seed `entropy`; with `grid`,
+        passkey example i sits in cell i mod cells (held-out), else lengths and depths are drawn."""
+        d, rng = self.data, np.random.default_rng(entropy)
+        if d.source == 'mqar':
+            tokens, scored = mqar_rows(
+                rng, n, d.seq_len, d.recall_pairs, d.recall_vocab, d.recall_power_a
+            )
+            return pack(tokens, scored), np.zeros(n, np.int64)
+        lengths, depths = parse_ints(d.passkey_lengths), parse_floats(d.passkey_depths)
+        if grid:
+            cell = np.arange(n) % (len(lengths) * len(depths))
+            length = [lengths[c // len(depths)] for c in cell]
+            depth = [depths[c % len(depths)] for c in cell]
+        else:
+            cell = np.zeros(n, np.int64)
+            length = [lengths[i] for i in rng.integers(0, len(lengths), n)]
+            depth = list(rng.random(n))
+        tokens, scored = passkey_rows(rng, length, depth, d.seq_len)
+        return pack(tokens, scored), cell
+
+    def split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """The held-out ('validation') or a fixed training-distribution ('train') set of
+        `recall_eval_examples` rows, with their cells."""
+        d, stream = self.data, 1 if split == 'validation' else 2
+        return self.rows([d.recall_seed, stream], d.recall_eval_examples, grid=True)
+
+    def call_batch(
+        self,
+        *,
+        seed: int,
+        step: int,
+        steps: int,
+        batch_size: int,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> np.ndarray:
+        """This process's packed rows of one train-step call, as `lm.data.windows.call_batch`:
+        [B/P, T + 1] for one step, [steps, B/P, T + 1] for several."""
+        per = batch_size // process_count
+        rows = [
+            self.rows([self.data.recall_seed, 0, seed, step + i], batch_size)[0][
+                process_index * per : (process_index + 1) * per
+            ]
+            for i in range(steps)
+        ]
+        return rows[0] if steps == 1 else np.stack(rows)
+
+    def tokenizer(self):
+        if self.data.source == 'mqar':
+            return SymbolTokenizer(self.data.recall_vocab)
+        return ByteTokenizer()

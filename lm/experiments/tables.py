@@ -1,0 +1,133 @@
+"""Doc tables generated from committed CSVs (`docs/results/<name>.csv`), so no table in docs/ can
+disagree with its data: `scripts/make_tables.py` rewrites every marked region
+
+    <!-- table: KIND NAME -->
+    ...generated...
+    <!-- /table -->
+
+of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
+- 'seeds': per-seed values (columns arm, seed, value): per arm mean ± std and 95% t-interval,
+  then every pair's paired difference, Holm-corrected over the pairs (lm.experiments.summary).
+- 'intervals': comparisons kept only as reported summaries (columns family, a, b, diff, ci_lo,
+  ci_hi, seeds): each p recovered from its t-interval, Holm-corrected within its family.
+- 'curve': a learning curve (columns run, step, then metrics): one row per step, one column
+  per run, of the metric named by the CSV's `metric` column.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from collections.abc import Callable
+
+from lm.experiments import stats, summary
+
+MARKER = re.compile(r'(<!-- table: (\w+) ([\w.-]+) -->\n)(.*?)(<!-- /table -->)', re.S)
+
+
+def read_csv(path: str) -> list[dict]:
+    with open(path, newline='') as f:
+        return list(csv.DictReader(f))
+
+
+def seeds_table(rows: list[dict]) -> str:
+    """Per arm its estimate over seeds; between arms the Holm-corrected paired differences."""
+    value = next(k for k in rows[0] if k not in ('arm', 'seed'))
+    values: dict[str, dict[int, float]] = {}
+    for r in rows:
+        values.setdefault(r['arm'], {})[int(r['seed'])] = float(r[value])
+    lines = [f'| arm | {value} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
+    lines += [f'| {arm} | {summary.cell(v)} | {len(v)} |' for arm, v in values.items()]
+    pairs = summary.all_pairs(values)
+    lines += ['', summary.family_note(len(pairs)), '']
+    lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
+    for p in pairs:
+        d = stats.paired_difference(values[p['a']], values[p['b']])
+        lines.append(
+            f'| {p["a"]} | {p["b"]} | {summary.diff_cell(d, p["p_holm"])} | {p["ordering"]} |'
+        )
+    return '\n'.join(lines)
+
+
+def intervals_table(rows: list[dict]) -> str:
+    """Reported comparisons re-tested: p from each interval, Holm within each family."""
+    families: dict[str, list[dict]] = {}
+    for r in rows:
+        families.setdefault(r['family'], []).append(r)
+    lines = [
+        '| family (m) | a | b | Δ a − b | 95% CI | p | p (Holm) | ordering |',
+        '|---|---|---|---|---|---|---|---|',
+    ]
+    for name, members in families.items():
+        diffs = [
+            stats.Estimate(
+                int(r['seeds']),
+                float(r['diff']),
+                float('nan'),
+                float(r['ci_lo']),
+                float(r['ci_hi']),
+            )
+            for r in members
+        ]
+        p = [stats.p_from_interval(d.mean, d.lo, d.hi, d.n) for d in diffs]
+        for r, d, raw, adj in zip(members, diffs, p, stats.holm(p), strict=True):
+            verdict = stats.ordering(r['a'], r['b'], d, summary.holm_resolved(adj))
+            lines.append(
+                f'| {name} ({len(members)}) | {r["a"]} | {r["b"]} | {d.mean:+.4f} | '
+                f'{d.interval()} | {raw:.3g} | {adj:.3g} | {verdict}'
+                f'{" ✓" if summary.holm_resolved(adj) else ""} |'
+            )
+    return '\n'.join(lines)
+
+
+def curve_table(rows: list[dict]) -> str:
+    """Steps down, runs across: each run's `metric` at each step it was measured."""
+    runs = list(dict.fromkeys(r['run'] for r in rows))
+    metric = rows[0]['metric']
+    at = {(r['run'], int(r['step'])): float(r['value']) for r in rows}
+    steps = sorted({s for _, s in at})
+    lines = [f'| step | {" | ".join(runs)} |', '|---|' + '---|' * len(runs)]
+    for s in steps:
+        cells = [f'{at[(r, s)]:.3f}' if (r, s) in at else '' for r in runs]
+        lines.append(f'| {s} | {" | ".join(cells)} |')
+    return f'{metric} by step:\n\n' + '\n'.join(lines)
+
+
+KINDS: dict[str, Callable[[list[dict]], str]] = {
+    'seeds': seeds_table,
+    'intervals': intervals_table,
+    'curve': curve_table,
+}
+
+
+def render(text: str, results_dir: str) -> str:
+    """`text` (a doc) with every marked region replaced by its generated table."""
+
+    def table(match: re.Match) -> str:
+        kind, name = match[2], match[3]
+        if kind not in KINDS:
+            raise ValueError(f'table marker {match[1].strip()}: kind must be one of {list(KINDS)}')
+        path = os.path.join(results_dir, f'{name}.csv')
+        return f'{match[1]}{KINDS[kind](read_csv(path))}\n{match[5]}'
+
+    return MARKER.sub(table, text)
+
+
+def update_docs(docs_dir: str, results_dir: str, write: bool = True) -> list[str]:
+    """Regenerates the tables of every docs_dir/*.md; returns the docs that changed (written
+    unless `write` is False)."""
+    changed = []
+    for name in sorted(os.listdir(docs_dir)):
+        if not name.endswith('.md'):
+            continue
+        path = os.path.join(docs_dir, name)
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+        new = render(text, results_dir)
+        if new != text:
+            changed.append(path)
+            if write:
+                with open(path, 'w', encoding='utf-8') as f:
+                    f.write(new)
+    return changed

@@ -1,0 +1,48 @@
+r"""A learning curve as CSV for docs/results (the 'curve' tables of lm.experiments.tables): one
+TensorBoard scalar of each run, read from its event files.
+
+  python scripts/curve_csv.py --tag=eval/recall_accuracy --out=docs/results/mqar_calibration.csv \
+      --runs=lr3e-3=runs/mqar_lr3e-3/tb,lr1e-3=runs/mqar_lr1e-3/tb
+
+Rows: run, step, metric, value.
+"""
+
+import csv
+
+from absl import flags
+
+from lm.cli import run_app
+
+_TAG = flags.DEFINE_string('tag', 'eval/recall_accuracy', 'The scalar to read.')
+_OUT = flags.DEFINE_string('out', None, 'CSV to write.', required=True)
+_RUNS = flags.DEFINE_list('runs', None, 'NAME=TB_DIR of each run, in column order.', required=True)
+
+
+def run() -> int:
+    from tensorboard.backend.event_processing import event_accumulator
+
+    rows = []
+    for arg in _RUNS.value:
+        name, _, logdir = arg.partition('=')
+        if not logdir:
+            raise ValueError(f'{arg!r}: --runs takes NAME=TB_DIR')
+        acc = event_accumulator.EventAccumulator(logdir, size_guidance={'scalars': 0})
+        acc.Reload()
+        if _TAG.value not in acc.Tags()['scalars']:
+            raise ValueError(f'{logdir}: no scalar {_TAG.value!r}')
+        by_step = {e.step: e.value for e in acc.Scalars(_TAG.value)}  # later writes win
+        metric = _TAG.value.split('/', 1)[-1]
+        rows += [
+            {'run': name, 'step': s, 'metric': metric, 'value': f'{v:.4f}'}
+            for s, v in sorted(by_step.items())
+        ]
+    with open(_OUT.value, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=['run', 'step', 'metric', 'value'])
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f'wrote {len(rows)} rows to {_OUT.value}')
+    return 0
+
+
+if __name__ == '__main__':
+    run_app(run)

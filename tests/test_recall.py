@@ -1,0 +1,227 @@
+"""Recall sources (lm/data/recall.py): every answer re-derived from its row in plain Python,
+determinism by seed, the answer-only loss against a float64 reference, and training a recall
+config logging eval/recall_accuracy to TensorBoard."""
+
+import json
+import re
+
+import jax
+import numpy as np
+import pytest
+from conftest import ROOT, read_scalars, run_entry, tiny_config
+
+from lm.config import with_values
+from lm.data.corpus import load_corpus
+from lm.data.recall import FILLER, QUESTION, TARGET_FLAG
+from lm.train.evaluation import evaluate
+from lm.train.loop import train
+from lm.train.run import assemble
+from lm.train.step import batch_loss, init_state, make_eval_step
+
+
+def recall_config(tmp_path, source='mqar', **overrides):
+    config = tiny_config(attention='mha')
+    config.model.vocab_size = 0
+    config.data.update(source=source, recall_eval_examples=40, recall_pairs=4, recall_vocab=64)
+    config.data.update(seq_len=32 if source == 'mqar' else 128)
+    config.data.update(passkey_lengths='110,129', passkey_depths='0,0.5,1')
+    config.train.update(batch_size=8, steps=6, lr=3e-3, warmup_steps=2)
+    config.update(eval_every=3, eval_batch_size=16, log_every=3, checkpoint_every=6)
+    config.update(async_checkpointing=False)
+    return with_values(config, overrides)
+
+
+def unpack(row):
+    """(tokens, indices of the scored tokens) of a packed row, in plain Python."""
+    return [int(t) % TARGET_FLAG for t in row], [i for i, t in enumerate(row) if t >= TARGET_FLAG]
+
+
+def check_mqar_row(row, pairs, vocab):
+    tokens, answers = unpack(row)
+    kv = {}
+    for i in range(0, 2 * pairs, 2):
+        key, value = tokens[i], tokens[i + 1]
+        assert 1 <= key < vocab // 2 <= value < vocab - 1, (key, value)
+        assert key not in kv and value not in kv.values()
+        kv[key] = value
+    assert len(answers) == pairs
+    asked = []
+    for a in answers:
+        query = tokens[a - 1]  # the target of position a - 1 is token a
+        assert a - 1 >= 2 * pairs and (a - 1 - 2 * pairs) % 2 == 0  # a query slot
+        assert tokens[a] == kv[query], (query, tokens[a], kv)
+        asked.append(query)
+    assert sorted(asked) == sorted(kv)  # every key asked once
+
+
+def test_mqar_answers_rederived_from_each_row(tmp_path):
+    corpus = load_corpus(recall_config(tmp_path).data)
+    rows, _ = corpus.task.split('validation')
+    assert rows.shape == (40, 33) and corpus.tokenizer.vocab_size == 64
+    for row in rows:
+        check_mqar_row(row, 4, 64)
+    batch = corpus.task.call_batch(seed=3, step=7, steps=1, batch_size=8)
+    for row in batch:
+        check_mqar_row(row, 4, 64)
+    # Zoology's power law (a = 0.01) puts most queries in the first slots.
+    first = [unpack(r)[1][0] for r in rows]
+    assert np.mean(np.asarray(first) <= 2 * 4 + 6) > 0.3
+
+
+def test_passkey_answers_rederived_from_each_row(tmp_path):
+    corpus = load_corpus(recall_config(tmp_path, 'passkey').data)
+    rows, cells = corpus.task.split('validation')
+    groups = corpus.task.groups
+    assert groups == [f'depth{d}_len{n}' for n in (110, 129) for d in ('0', '0.5', '1')]
+    for row, cell in zip(rows, cells, strict=True):
+        tokens, answers = unpack(row)
+        length = int(groups[cell].split('len')[1])
+        depth = float(groups[cell].split('_')[0][5:])
+        text = bytes(t for t in tokens if t < 256).decode()
+        assert len(text) == length and all(t == 256 for t in tokens[: 129 - length])
+        key = re.search(r'The pass key is (\d{5})\. Remember it\. (\d{5}) is', text)
+        assert key and key[1] == key[2]
+        assert text.endswith(QUESTION + key[1])
+        assert answers == list(range(129 - 5, 129))  # the key's digits, the row's last tokens
+        filler = text[: key.start()] + text[text.index('pass key. ') + 10 : -len(QUESTION) - 5]
+        assert filler == (FILLER * 3)[: len(filler)]
+        assert abs(key.start() / len(filler) - depth) <= 1 / len(filler)
+
+
+def test_same_seed_same_examples_other_seed_others(tmp_path):
+    task = load_corpus(recall_config(tmp_path).data).task
+    again = load_corpus(recall_config(tmp_path).data).task
+    np.testing.assert_array_equal(task.split('validation')[0], again.split('validation')[0])
+    other = load_corpus(recall_config(tmp_path, **{'data.recall_seed': 1}).data).task
+    assert (task.split('validation')[0] != other.split('validation')[0]).mean() > 0.5
+    assert (task.split('train')[0] != task.split('validation')[0]).mean() > 0.5
+    # A call of 3 steps holds the 3 single-step batches; two processes split each batch.
+    three = task.call_batch(seed=0, step=4, steps=3, batch_size=8)
+    for i in range(3):
+        one = task.call_batch(seed=0, step=4 + i, steps=1, batch_size=8)
+        np.testing.assert_array_equal(three[i], one)
+        halves = [
+            task.call_batch(
+                seed=0, step=4 + i, steps=1, batch_size=8, process_index=p, process_count=2
+            )
+            for p in (0, 1)
+        ]
+        np.testing.assert_array_equal(np.concatenate(halves), one)
+    assert (task.call_batch(seed=1, step=4, steps=1, batch_size=8) != three[0]).mean() > 0.5
+
+
+def test_loss_counts_the_answers_only(tmp_path):
+    """batch_loss against a float64 reference over the flagged targets, from the same logits;
+    and the eval step's accuracy against numpy's argmax."""
+    run = assemble(recall_config(tmp_path), data=True)
+    params = init_state(run.ctx, run.model_cfg, 0)['params']
+    rows = run.corpus.task.call_batch(seed=0, step=0, steps=1, batch_size=8)
+    tokens = rows % TARGET_FLAG
+    model = jax.tree.map(np.asarray, params)
+    from flax import nnx
+
+    logits = np.asarray(nnx.merge(run.ctx.graphdef, model)(tokens[:, :-1]), np.float64)
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    nll = logz - np.take_along_axis(logits, tokens[:, 1:, None], -1)[..., 0]
+    flagged = rows[:, 1:] >= TARGET_FLAG
+    with jax.set_mesh(run.mesh):
+        got = float(jax.jit(lambda p, b: batch_loss(run.ctx, p, b))(params, rows))
+        per_row = np.asarray(make_eval_step(run.ctx)(params, rows))
+    np.testing.assert_allclose(got, nll[flagged].mean(), rtol=1e-5)  # float32 vs float64
+    assert abs(nll[flagged].mean() - nll.mean()) > 1e-3  # the mask changes the loss
+    right = (logits.argmax(-1) == tokens[:, 1:]) & flagged
+    np.testing.assert_allclose(per_row[:, 0], np.where(flagged, nll, 0).sum(1), rtol=1e-5)
+    np.testing.assert_array_equal(per_row[:, 1], right.sum(1))
+    np.testing.assert_array_equal(per_row[:, 2], flagged.sum(1))
+
+
+def test_passkey_eval_reports_accuracy_by_depth_and_length(tmp_path):
+    run = assemble(recall_config(tmp_path, 'passkey'), data=True)
+    params = init_state(run.ctx, run.model_cfg, 0)['params']
+    with jax.set_mesh(run.mesh):
+        got = evaluate(
+            make_eval_step(run.ctx),
+            params,
+            run.corpus,
+            'validation',
+            batch_size=16,
+            seq_len=128,
+            eval_tokens=0,
+            batch_sharding=run.ctx.batch_sharding,
+        )
+    assert got['tokens'] == 40 * 5
+    cells = [f'depth{d}_len{n}' for n in (110, 129) for d in ('0', '0.5', '1')]
+    parts = ['depth0', 'depth0.5', 'depth1', 'len110', 'len129']
+    for name in cells + parts:
+        assert 0 <= got[f'recall_accuracy/{name}'] <= 1
+    # 40 examples over 6 cells: cells 0-3 hold 7, cells 4-5 hold 6; the marginal is their mean.
+    by_len = (7 * sum(got[f'recall_accuracy/{c}'] for c in cells[:3])) / 21
+    np.testing.assert_allclose(got['recall_accuracy/len110'], by_len, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_training_a_recall_config_logs_recall_accuracy(tmp_path):
+    """train.py on configs/recall/mqar.py (made tiny) logs eval/recall_accuracy, which rises
+    from chance; eval.py logs the same value for the same checkpoint."""
+    workdir = tmp_path / 'run'
+    args = [
+        f'--config={ROOT / "configs" / "recall" / "mqar.py"}',
+        f'--workdir={workdir}',
+        '--config.model.d_model=32',
+        '--config.model.num_heads=2',
+        '--config.data.recall_eval_examples=64',
+        '--config.data.recall_vocab=32',
+        '--config.data.recall_pairs=2',
+        '--config.data.seq_len=16',
+        '--config.train.steps=300',
+        '--config.train.warmup_steps=20',
+        '--config.eval_every=150',
+        '--config.eval_batch_size=64',
+        '--config.mesh.cpu_devices=1',
+        '--config.compilation_cache_dir=',
+    ]
+    run_entry('train.py', *args, check=True)
+    acc = read_scalars(workdir / 'tb', 'eval/recall_accuracy')
+    assert sorted(acc) == [150, 300]
+    chance = read_scalars(workdir / 'tb', 'eval_init/recall_accuracy')[0]
+    assert acc[300] > chance + 0.1, (chance, acc)
+    out = run_entry('eval.py', f'--workdir={workdir}', check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result['recall_accuracy'] == pytest.approx(acc[300], abs=1e-6)
+
+
+def test_train_loop_logs_recall_accuracy_in_process(tmp_path):
+    """The fast tier's end-to-end: a few steps of the normal loop write eval/recall_accuracy."""
+    workdir = tmp_path / 'run'
+    train(recall_config(tmp_path), str(workdir))
+    acc = read_scalars(workdir / 'tb', 'eval/recall_accuracy')
+    assert sorted(acc) == [3, 6] and all(0 <= v <= 1 for v in acc.values())
+    results = json.loads((workdir / 'results.json').read_text())
+    assert results['eval']['recall_accuracy'] == pytest.approx(acc[6])
+
+
+@pytest.mark.parametrize('name', ['mqar', 'passkey'])
+@pytest.mark.parametrize('variant', ['mha', 'gqa2', 'mqa', 'mla'])
+def test_recall_configs_build(name, variant):
+    from lm.config import load_config_file
+    from lm.model.transformer import check_model_config
+    from lm.train.run import check_config
+
+    config = check_config(
+        load_config_file(str(ROOT / 'configs' / 'recall' / f'{name}.py'), variant)
+    )
+    assert config.data.source == name and config.model.attention == variant.rstrip('2')
+    check_model_config(config.model)
+
+
+def test_bad_recall_settings_name_their_key(tmp_path):
+    for key, value, words in [
+        ('data.recall_pairs', 9, 'config.data.recall_pairs=9'),
+        ('data.recall_vocab', 8, 'config.data.recall_vocab=8'),
+        ('data.passkey_lengths', '300', "config.data.passkey_lengths='300'"),
+        ('data.passkey_depths', '1.5', "config.data.passkey_depths='1.5'"),
+        ('data.document_mask', True, 'config.data.document_mask=True does not apply'),
+    ]:
+        source = 'passkey' if 'passkey' in key else 'mqar'
+        with pytest.raises(ValueError, match=re.escape(words)):
+            load_corpus(recall_config(tmp_path, source, **{key: value}).data)

@@ -1,0 +1,120 @@
+"""Doc tables from committed CSVs (lm/experiments/tables.py, scripts/make_tables.py): every
+marked table in docs/ regenerates to exactly what is committed, and each kind of table against
+hand-computed values."""
+
+import math
+
+import pytest
+from conftest import ROOT
+
+from lm.experiments import tables
+
+
+def test_every_doc_table_matches_its_csv():
+    """Regenerate every marked table of docs/*.md; a doc whose table differs from its CSV is
+    stale (fix: python scripts/make_tables.py)."""
+    stale = tables.update_docs(str(ROOT / 'docs'), str(ROOT / 'docs' / 'results'), write=False)
+    assert not stale, f'stale tables in {stale}: run python scripts/make_tables.py'
+    marked = [p for p in (ROOT / 'docs').glob('*.md') if '<!-- table: ' in p.read_text()]
+    assert len(marked) >= 3  # sweeps, uptraining, recall
+
+
+def test_a_stale_table_is_found_and_rewritten(tmp_path):
+    docs, results = tmp_path / 'docs', tmp_path / 'results'
+    docs.mkdir(), results.mkdir()
+    (results / 'x.csv').write_text(
+        'arm,seed,loss\na,0,1.10\na,1,1.25\na,2,1.00\nb,0,1.00\nb,1,1.20\nb,2,0.90\n'
+    )
+    doc = docs / 'x.md'
+    doc.write_text('intro\n<!-- table: seeds x -->\nold numbers\n<!-- /table -->\nend\n')
+    assert tables.update_docs(str(docs), str(results), write=False) == [str(doc)]
+    assert 'old numbers' in doc.read_text()  # --check writes nothing
+    tables.update_docs(str(docs), str(results))
+    text = doc.read_text()
+    assert tables.update_docs(str(docs), str(results), write=False) == []
+    assert text.startswith('intro\n<!-- table: seeds x -->\n') and text.endswith(
+        '<!-- /table -->\nend\n'
+    )
+    # a − b = 0.10, 0.05, 0.10: mean 0.0833, interval [0.0116, 0.1550], t = 5 with 2 df:
+    # p = 1 - 5 / sqrt(27) = 0.0377; one comparison, so Holm leaves it.
+    assert '| a | b | +0.0833 [0.0116, 0.1550] p=0.0377 ✓ | a > b |' in text
+    assert 'Holm-corrected over the 1 comparisons' in text
+    doc.write_text('<!-- table: nope x -->\n<!-- /table -->\n')
+    with pytest.raises(ValueError, match='kind must be one of'):
+        tables.update_docs(str(docs), str(results))
+
+
+def test_intervals_table_recovers_p_and_applies_holm():
+    # Two comparisons of 5 seeds whose intervals give t = 4 and t = 2 (half-width = t_{.975,4} x
+    # se with se = 0.01): p = 0.016130 and 0.116117 (t distribution, 4 df); Holm: 2 x 0.016130
+    # = 0.03226 (resolved), max(0.03226, 0.116117) = 0.116117 (not).
+    half = 2.7764451 * 0.01
+    rows = [
+        {
+            'family': 'f',
+            'a': 'x',
+            'b': 'y',
+            'diff': '0.04',
+            'seeds': '5',
+            'ci_lo': str(0.04 - half),
+            'ci_hi': str(0.04 + half),
+        },
+        {
+            'family': 'f',
+            'a': 'x',
+            'b': 'z',
+            'diff': '-0.02',
+            'seeds': '5',
+            'ci_lo': str(-0.02 - half),
+            'ci_hi': str(-0.02 + half),
+        },
+    ]
+    text = tables.intervals_table(rows)
+    assert '| f (2) | x | y | +0.0400 | [0.0122, 0.0678] | 0.0161 | 0.0323 | x > y ✓ |' in text
+    assert (
+        '| f (2) | x | z | -0.0200 | [-0.0478, 0.0078] | 0.116 | 0.116 | x ~ z (unresolved) |'
+        in text
+    )
+    assert math.isclose(2 * 0.016130, 0.03226, abs_tol=1e-5)
+
+
+def test_curve_table():
+    rows = [
+        {'run': 'lr1e-3', 'step': '100', 'metric': 'recall_accuracy', 'value': '0.5'},
+        {'run': 'lr3e-3', 'step': '100', 'metric': 'recall_accuracy', 'value': '0.25'},
+        {'run': 'lr3e-3', 'step': '200', 'metric': 'recall_accuracy', 'value': '0.9'},
+    ]
+    assert tables.curve_table(rows) == (
+        'recall_accuracy by step:\n\n| step | lr1e-3 | lr3e-3 |\n|---|---|---|\n'
+        '| 100 | 0.500 | 0.250 |\n| 200 |  | 0.900 |'
+    )
+
+
+def test_ablation_tables_correct_over_the_whole_report():
+    """The uptraining report's Δ-vs-scratch cells and method comparisons are one Holm family,
+    whose size the report states; a difference resolved alone can be unresolved within it."""
+    from lm.experiments.ablation import SOURCE, Ablation, tables
+
+    ab = Ablation(
+        config_file=str(ROOT / 'configs' / 'shakespeare_char.py'),
+        data_path='unused.txt',
+        steps=100,
+        seeds=3,
+        fractions=(0.1,),
+        scratch_fractions=(0.1,),
+        targets=(1,),
+        methods=('mean', 'first'),
+    )
+    values = {
+        (SOURCE, 'scratch', 0.0): {0: 1.0, 1: 1.1, 2: 1.2},
+        ('MQA', 'mean', 0.1): {0: 1.10, 1: 1.25, 2: 1.00},
+        ('MQA', 'first', 0.1): {0: 1.20, 1: 1.30, 2: 1.10},
+        ('MQA', 'scratch', 110): {0: 1.00, 1: 1.20, 2: 0.90},
+    }
+    text = tables(ab, values)
+    # mean - scratch = 0.10, 0.05, 0.10: t = 5, p = 0.03775 (resolved alone); first - scratch =
+    # 0.20, 0.10, 0.20: t = 5, p = 0.03775; mean - first = -0.10, -0.05, -0.10: p = 0.03775.
+    # Holm over the 3: 3 x 0.03775 = 0.113 for each, none resolved.
+    assert 'Holm-corrected over the 3 comparisons' in text
+    assert '+0.0833 [0.0116, 0.1550] p=0.113 |' in text and ' ✓ |' not in text
+    assert '| MQA | 0.1 | mean | first | -0.0833 [-0.1550, -0.0116] p=0.113 | mean ~ first' in text
