@@ -54,6 +54,9 @@ def get_config() -> ml_collections.ConfigDict:
     data.path = ''  # text: comma-separated file paths; hf: optional local data_files (comma-sep).
     data.decode_errors = 'strict'  # Non-UTF-8 text: 'strict' = refuse it | 'replace' = U+FFFD.
     data.val_fraction = 0.1  # Held-out share: last chars (text), path hash (stdlib), docs (hf).
+    data.split = ''  # Part trained on: '' = all | 'pretrain' | 'uptrain' | 'pretrain+uptrain'.
+    data.uptrain_fraction = 0.1  # split set: share of the train text (its end) that is 'uptrain'.
+    data.heldout_fraction = 0.5  # split set: share of validation (its end) that is 'heldout'.
     data.hf_name = ''  # hf: dataset name on the hub, or a builder such as 'text' / 'json'.
     data.hf_config = ''  # hf: dataset config name ('' = none).
     data.hf_split = 'train'  # hf: split to train on.

@@ -17,6 +17,7 @@ from absl import app, flags, logging
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from lm.config import get_key, load_config_file, with_overrides
+from lm.config_migration import ADDED_KEYS, fill_added_keys
 from lm.sharding import set_cpu_devices
 from lm.train.interrupt import Interrupted
 from lm.train.workdir import RunError
@@ -214,7 +215,15 @@ def check_config_file(spec: str, flag: str = '--config') -> ml_collections.Confi
 
 
 def check_config_keys(config: ml_collections.ConfigDict, flag: str = '--config') -> None:
-    """A run config must hold every key of configs/base.py (configs start from it)."""
+    """A run config must hold every key of configs/base.py (configs start from it); keys added
+    to base.py since the config was written (lm.config_migration.ADDED_KEYS, e.g. a sweep's
+    per-run config from before a code update) are filled with their recorded values, with a
+    warning."""
+    if filled := fill_added_keys(config):
+        shown = ', '.join(f'{k}={ADDED_KEYS[k]!r}' for k in filled)
+        logging.warning(
+            '%s: keys added since the config was written, set as before: %s', flag, shown
+        )
     base = load_config_file(os.path.join(REPO_ROOT, 'configs', 'base.py'))
 
     def missing(want, have, prefix):

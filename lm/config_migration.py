@@ -55,6 +55,9 @@ ADDED_KEYS = {
     'data.passkey_depths': '0,0.25,0.5,0.75,1',
     'model.kv_share_every': 1,
     'model.kv_heads_per_layer': (),
+    'data.split': '',
+    'data.uptrain_fraction': 0.1,
+    'data.heldout_fraction': 0.5,
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)
@@ -108,6 +111,19 @@ def _upgrade_eval_batches(config: ml_collections.ConfigDict) -> None:
         config.eval_tokens = n * config.train.batch_size * config.data.seq_len if n > 0 else 0
 
 
+def fill_added_keys(config: ml_collections.ConfigDict) -> list[str]:
+    """Sets each `ADDED_KEYS` key that `config` lacks (a config written by older code, e.g. by a
+    sweep started before the key existed) to its recorded value; returns the keys it set."""
+    filled = []
+    with config.unlocked():
+        for key, value in ADDED_KEYS.items():
+            node, leaf = _node(config, key)
+            if leaf not in node:
+                node[leaf] = value
+                filled.append(key)
+    return filled
+
+
 def upgrade_config(saved: dict) -> ml_collections.ConfigDict:
     """A config saved with a checkpoint (or an older config file), with moved keys in their new
     places, the keys added since it was written filled in and `eval_batches` converted to
@@ -115,8 +131,5 @@ def upgrade_config(saved: dict) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict(saved)
     _upgrade_eval_batches(config)
     _move_keys(config)
-    for key, value in ADDED_KEYS.items():
-        node, leaf = _node(config, key)
-        if leaf not in node:
-            node[leaf] = value
+    fill_added_keys(config)
     return config

@@ -1,8 +1,11 @@
 r"""What each attention head does: per-head scores, KV-head similarity and loss by position.
 
   python scripts/analyze_heads.py --workdir=runs/mha --out=runs/mha/heads
-  python scripts/analyze_heads.py --workdir=runs/mha --compare=runs/gqa2@0 \
+  python scripts/analyze_heads.py --workdir=runs/mha --compare=runs/gqa2@2000 \
       --compare=runs/gqa2 --out=runs/heads_mha_vs_gqa2
+
+(runs/gqa2 converted from the 2000-step runs/mha by scripts/uptrain.py: its first checkpoint,
+step 2000, is the converted model.) Every run and step is checked before any analysis.
 
 Writes OUT/heads.csv (run, layer, head, previous_token, induction, duplicate_token, sink,
 entropy), OUT/kv_similarity.csv (run, layer, kind, head_a, head_b, value), OUT/summary.md, PNG
@@ -20,7 +23,6 @@ from absl import flags
 
 from lm.analysis import plots, report
 from lm.cli import bootstrap, check_writable_dir, run_app
-from lm.train.checkpoint import read_latest_meta
 from lm.train.interrupt import StopRequest
 from lm.train.run import stored_config
 from lm.train.summary import run_logdir
@@ -57,9 +59,7 @@ def run() -> int:
         check_writable_dir(_TB_DIR.value, '--tb_dir')
     specs = [(_WORKDIR.value, _STEP.value, '--workdir')]
     specs += [(*report.parse_run(c), f'--compare={c}') for c in _COMPARE.value]
-    for workdir, _, flag in specs:
-        if read_latest_meta(workdir) is None:
-            raise FileNotFoundError(f'{flag}: {workdir} holds no checkpoint')
+    report.check_runs(specs)
     bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
     with StopRequest() as stop:  # SIGTERM: stop between batches, before anything is written
         runs = [

@@ -16,7 +16,9 @@ a run's is refused, naming the run and the keys. `--grid seed=...` sets each poi
 At the end: <sweep_dir>/summary.md, summary.csv, summary_pairs.csv, summary_seeds.csv and
 summary.png: loss as mean, sample std and 95% t-interval over seeds, and paired differences
 between points (same seed = same data order) marked resolved when their paired t-test p,
-Holm-corrected over every pair, is below 0.05.
+Holm-corrected over every pair, is below 0.05; and
+pareto_eval_loss.png (pareto_eval_recall_accuracy.png where runs have it), also the image
+'pareto/<metric>' of the run 'pareto' in the TensorBoard directory (scripts/plot_pareto.py).
 
   python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds_p \
       --seeds=5 --parallel=2 --match=params      # equal parameters instead of equal width
@@ -31,7 +33,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.cli import check_config_keys, check_writable_dir, run_app
-from lm.experiments import runner
+from lm.experiments import pareto, pareto_plot, runner
 from lm.experiments.fairness import MATCHES
 from lm.experiments.sweep import (
     check_same_fairness,
@@ -96,6 +98,9 @@ def run() -> int:
                 return 128 + (stop.signum or signal.SIGTERM)
         if found:
             summarise(sweep_dir, specs, found, match)
+            runs = pareto.runs_of(specs, found, sweep_dir)
+            tb_dir = _TB_DIR.value or os.path.join(sweep_dir, 'tb')
+            pareto_plot.summarise(runs, sweep_dir, tb_dir, pareto.METRICS)
             with open(os.path.join(sweep_dir, 'summary.md')) as f:
                 print(f.read())
     print(f'sweep wall time: {time.time() - t:.0f} s')

@@ -99,7 +99,8 @@ _SCHEDULE = flags.DEFINE_string(
 _OPT_STATE = flags.DEFINE_string(
     'optimizer_state',
     'convert',
-    "'convert': the source's AdamW state, K/V moments pooled like the weights; 'fresh': new.",
+    "'convert': the source's AdamW state, K/V moments pooled like the weights (MLA: the kept "
+    "parameters' moments, zero for the new factors); 'fresh': new.",
 )
 _TB_DIR = flags.DEFINE_string(
     'tb_dir', '', "Shared TensorBoard directory of the new run; '' = the source's."

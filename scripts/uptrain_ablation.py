@@ -1,20 +1,27 @@
 r"""The uptraining ablation of Ainslie et al. (2023), Fig. 4 / Table, at small scale.
 
-Train MHA on Tiny Shakespeare (configs/shakespeare_char.py) for --steps N; convert it to GQA-2
-and MQA by mean-pooling, keeping the first head, or re-initialising K/V (and, with --methods,
-by aligned merging and with similarity grouping: 'similarity-mean', 'similarity-aligned'), and
-to MLA at each latent rank of --mla_ranks (MHA2MLA, RoPE on --mla_rope_dim dims) and to
-cross-layer attention (--cla=cla2,mqa_cla2: adjacent layers' K/V merged); uptrain each
-for a fraction alpha of N (round(alpha·N) steps); compare with the same target trained from
-scratch for exactly the same total, N + round(alpha·N) steps of the same batch, at every alpha.
-Every arm runs for --seeds seeds and is evaluated on the whole validation split (--eval_tokens);
-the tables show mean, sample std and 95% t-interval over seeds, and paired differences between
-arms (same seed = same source, initialisation and data order) marked where resolved after
-Holm's correction over the report's comparisons, with each model's KV-cache bytes per token
-(bfloat16, all layers) beside its loss; each run's loss goes to <out_dir>/seeds.csv.
+Train MHA on the pretrain part of Tiny Shakespeare (configs/shakespeare_char.py) for --steps N;
+convert it to GQA-2 and MQA by mean-pooling, keeping the first head, or re-initialising K/V
+(and, with --methods, by aligned merging and with similarity grouping: 'similarity-mean',
+'similarity-aligned'), to MLA at each latent rank of --mla_ranks (MHA2MLA, RoPE on
+--mla_rope_dim dims) and to cross-layer attention (--cla=cla2,mqa_cla2: adjacent layers' K/V
+merged); uptrain each under every --schedule for a fraction alpha of N
+(round(alpha·N) steps) on the uptrain part; compare with the same target trained from scratch
+on both parts for exactly the same total, N + round(alpha·N) steps of the same batch, at every
+alpha. The corpus is cut into disjoint pretrain / uptrain / validation / held-out parts
+(config.data.split, lm/data/parts.py). Every trained arm runs at each learning rate of --lrs;
+each arm is shown at the rate with the lowest mean loss on the validation part and scored on
+the held-out part (lm/experiments/lr_grid.py). Every arm runs for --seeds seeds; the tables show
+mean, sample std and 95% t-interval over seeds, and paired differences between arms (same seed
+= same source, initialisation and data order) marked where resolved after Holm's correction
+over the report's comparisons, with each model's KV-cache bytes per token (bfloat16, all
+layers) beside its loss; each run's held-out loss goes to <out_dir>/seeds.csv. At the end, loss
+against KV bytes per arm with the Pareto front: <out_dir>/pareto_eval_loss.png and the image
+'pareto/eval/loss' in <out_dir>/tb (scripts/plot_pareto.py).
 
   python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
-      --out_dir=runs/uptrain_ablation --report=docs/uptraining_table.md
+      --out_dir=runs/uptrain_ablation --schedule=continue,rewarm --lrs=3e-4,1e-3,3e-3 \
+      --report=docs/uptraining_table.md
 
 --scratch_fractions limits the from-scratch baselines to the budgets of some alphas (they are
 most of the cost: each trains N + round(alpha·N) steps); rows without one show "— (not
@@ -25,12 +32,11 @@ overlaps one seed's compiles and evaluations with the other's training (about 1.
 The ablation is a plan of runs (lm.experiments.ablation) handed to the experiment runner
 (lm.experiments.runner): finished runs are skipped when the command is repeated (results are
 cached per run, <out_dir>/<run>/result.json, with the settings they were made with); an
---out_dir whose runs were made with other settings (--steps, --schedule, --optimizer_state,
---set, ...) is refused, naming the run and the settings, so compare `--schedule=continue` with
-`--schedule=rewarm` in two --out_dirs; `--reuse=<the first>` copies every run it holds with the
-same settings (its MHA sources and from-scratch baselines, which do not depend on the schedule)
-instead of training it again. `--set=key=value` changes the recipe of
-every run (e.g. `--set=model.num_layers=2`).
+--out_dir whose runs were made with other settings (--steps, --optimizer_state, --set, ...,
+or by an earlier version of this protocol, without corpus parts) is refused, naming the run and
+the settings; `--reuse=<an earlier out_dir>` copies every run it holds with the same settings
+instead of training it again. `--set=key=value` changes the recipe of every run (e.g.
+`--set=model.num_layers=2`, `--set=data.uptrain_fraction=0.2`).
 """
 
 import os
@@ -41,9 +47,11 @@ import time
 from absl import flags
 
 from lm.cli import bootstrap, check_writable_dir, run_app
+from lm.convert.methods import SCHEDULES
 from lm.convert.uptrain import METHODS
-from lm.experiments import runner, summary
-from lm.experiments.ablation import Ablation, base_config, compare_table, plan, tables
+from lm.experiments import pareto, pareto_plot, runner, summary
+from lm.experiments.ablation import Ablation, base_config, plan
+from lm.experiments.ablation_tables import compare_table, report, tables
 
 _DATA = flags.DEFINE_string('data_path', 'data/tinyshakespeare.txt', 'Text file.')
 _OUT = flags.DEFINE_string('out_dir', 'runs/uptrain_ablation', 'Workdirs and TensorBoard.')
@@ -79,14 +87,23 @@ _CALIBRATION = flags.DEFINE_integer(
 _OPT_STATE = flags.DEFINE_string(
     'optimizer_state',
     'convert',
-    "GQA / MQA arms: 'convert' (the source's AdamW moments) or 'fresh'; MLA arms are fresh.",
+    "'convert' (the source's AdamW count and moments, converted like the weights; MLA: zero for "
+    "the new latent factors) or 'fresh'.",
 )
 _EVAL_TOKENS = flags.DEFINE_integer(
     'eval_tokens', 0, 'Validation tokens per evaluation (lm.train.evaluation); 0 = the whole split.'
 )
 _REPORT = flags.DEFINE_string('report', '', 'Also write the markdown tables to this file.')
-_SCHEDULE = flags.DEFINE_enum(
-    'schedule', 'continue', ['continue', 'rewarm'], 'Uptraining schedule (config.uptrain.schedule).'
+_SCHEDULE = flags.DEFINE_list(
+    'schedule',
+    ['continue'],
+    f'Uptraining schedules {SCHEDULES} (config.uptrain.schedule); every method runs under each.',
+)
+_LRS = flags.DEFINE_list(
+    'lrs',
+    [],
+    "Learning rates of every trained arm (none: the recipe's); each arm is shown at the one "
+    'with the lowest validation loss, scored on the held-out part.',
 )
 _SET = flags.DEFINE_multi_string(
     'set', [], 'key=value override of the recipe for every run (e.g. model.num_layers=2).'
@@ -118,7 +135,7 @@ def fraction_list(values: list[str], flag: str) -> list[float]:
     try:
         return [float(a) for a in values]
     except ValueError:
-        raise ValueError(f'{flag}: expected numbers (alphas), got {",".join(values)}') from None
+        raise ValueError(f'{flag}: expected numbers, got {",".join(values)}') from None
 
 
 def ablation() -> Ablation:
@@ -142,7 +159,8 @@ def ablation() -> Ablation:
         calibration_tokens=_CALIBRATION.value,
         optimizer_state=_OPT_STATE.value,
         eval_tokens=_EVAL_TOKENS.value,
-        schedule=_SCHEDULE.value,
+        schedules=tuple(_SCHEDULE.value),
+        lrs=tuple(fraction_list(_LRS.value, '--lrs')),
         overrides=tuple(_SET.value),
     )
 
@@ -190,12 +208,14 @@ def run() -> int:
     if only is not None:
         print(f'seed {_ONLY_SEED.value} done in {time.time() - t0:.0f} s (no table: one seed)')
         return 0
-    values = summary.by_arm(specs, found, summary.loss)
-    seeds = summary.seed_rows(values, ('model', 'conversion', 'alpha_or_steps'), 'eval_loss')
+    values, chosen = report(specs, found)
+    seeds = summary.seed_rows(values, ('model', 'conversion', 'alpha_or_steps'), 'heldout_loss')
     summary.write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for docs/results
-    table = tables(ab, values)
+    runs = pareto.runs_of(specs, found, _OUT.value)
+    pareto_plot.summarise(runs, _OUT.value, os.path.join(_OUT.value, 'tb'), pareto.METRICS)
+    table = tables(ab, values, chosen)
     if _COMPARE.value:
-        table += '\n\n' + compare_table(ab, specs, values, _OUT.value, _COMPARE.value)
+        table += '\n\n' + compare_table(ab, specs, chosen, values, _OUT.value, _COMPARE.value)
     print(table)
     print(f'wall time: {time.time() - t0:.0f} s')
     if _REPORT.value:

@@ -347,6 +347,20 @@ def test_analyze_heads_cli(tmp_path):
     assert {'heads/induction', 'heads/attention_L0', 'heads/kv_similarity'} <= set(
         acc.Tags()['images']
     )
+    for label in ('run@8', 'run@4'):  # progress over the validation batches, then the random ones
+        assert f'head analysis of {label}: validation batch 1/2' in res.stderr
+        assert f'head analysis of {label}: validation batch 2/2' in res.stderr
+        assert f'head analysis of {label}: 4 repeated random sequences' in res.stderr
+    out_o = f'--out={tmp_path / "o"}'
+    refused = {  # a step a run does not hold: refused before any work, naming the steps it has
+        (f'--compare={workdir}@5',): f'--compare={workdir}@5: {workdir} has no checkpoint',
+        ('--step=5', f'--compare={workdir}@4'): f'--workdir: {workdir} has no checkpoint',
+    }
+    for args, want in refused.items():
+        bad = cli(f'--workdir={workdir}', *args, out_o)
+        assert bad.returncode == 1 and 'head analysis of' not in bad.stderr, bad.stderr[-2000:]
+        assert bad.stderr.strip().splitlines()[-1] == f'error: {want} at step 5 (steps: 4, 8)'
+    assert not (tmp_path / 'o').exists()
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Entry-point plumbing in-process: one-line user errors and the bootstrap."""
 
 import pytest
-from conftest import tiny_config
+from conftest import ROOT, tiny_config
 
 from lm.cli import bootstrap, run_reporting_errors
 
@@ -25,3 +25,26 @@ def test_bootstrap_checks_device_settings_first():
     config.mesh.cpu_devices = -2
     with pytest.raises(ValueError, match=r'config.mesh.cpu_devices must be >= 0, got -2'):
         bootstrap(config)
+
+
+def test_a_config_written_before_keys_were_added_gets_their_recorded_values(caplog):
+    """A sweep's per-run config written by the code it started with, read by train.py after an
+    update added keys: the added keys take their recorded values (lm.config_migration), with a
+    warning; a key that is neither in the config nor recorded is still refused."""
+    from lm.cli import check_config_keys
+    from lm.config import load_config_file
+
+    config = load_config_file(str(ROOT / 'configs' / 'base.py'))
+    del config.data['document_mask']
+    del config.uptrain['grouping']
+    config.lock()
+    check_config_keys(config)
+    assert config.data.document_mask is False and config.uptrain.grouping == 'contiguous'
+    assert (
+        '--config: keys added since the config was written, set as before: '
+        "data.document_mask=False, uptrain.grouping='contiguous'" in caplog.text
+    )
+    with config.unlocked():
+        del config.train['lr']
+    with pytest.raises(ValueError, match=r'--config: the config lacks train.lr; start it from'):
+        check_config_keys(config)

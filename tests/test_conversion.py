@@ -5,6 +5,7 @@ independent (scipy's Procrustes, a brute-force angle search, explicit matrix pro
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import scipy.linalg
 import scipy.stats
@@ -17,6 +18,7 @@ from lm.convert import mla as mla_conversion
 from lm.convert.methods import ConversionOptions
 from lm.convert.uptrain import check_conversion, convert_params
 from lm.model.transformer import build_model, model_config
+from lm.train.optimizer import make_optimizer
 
 TOKENS = jax.random.randint(jax.random.key(7), (2, 12), 0, 61)
 ATOL = 2e-5  # float32 logits of a re-associated but equal computation
@@ -308,10 +310,8 @@ MLA = dict(target='mla', kv_lora_rank=8, qk_rope_head_dim=4, optimizer_state='fr
             dict(MLA, qk_rope_head_dim=3),
             r'^config.model.mla.qk_rope_head_dim must be an even number >= 2 .*got 3$',
         ),
-        (
-            dict(MLA, optimizer_state='convert'),
-            r'no AdamW history: set config.uptrain.optimizer_state=fresh$',
-        ),
+        (dict(num_kv_heads=2, data_split='heldout'), r'^config.data.split must be one of'),
+        (dict(num_kv_heads=2, lr=0.0), r'^config.train.lr must be a finite number > 0, got 0.0$'),
         (
             dict(num_kv_heads=2, method='random', grouping='similarity'),
             r'^config.uptrain.grouping=similarity has no effect with config.uptrain.method=random',
@@ -369,3 +369,67 @@ def test_latent_conversion_source_errors(model, C, P, message):
     options = ConversionOptions(**dict(MLA, kv_lora_rank=C, qk_rope_head_dim=P))
     with pytest.raises(ValueError, match=message):
         check_conversion(cfg, options)
+
+
+def adam(opt_state) -> optax.ScaleByAdamState:
+    is_adam = lambda node: isinstance(node, optax.ScaleByAdamState)  # noqa: E731
+    (node,) = [n for n in jax.tree.leaves(opt_state, is_leaf=is_adam) if is_adam(n)]
+    return node
+
+
+def test_latent_optimizer_state_carries_the_kept_moments():
+    """MHA -> MLA with optimizer_state='convert': Adam's count and the moments of every kept
+    parameter carried over (q_proj's columns reordered as its weights are), the new latent
+    factors' moments zero, the tree the converted parameters' (a step runs on it)."""
+    rng = np.random.default_rng(0)
+    E, H, D, C = 8, 2, 8, 4
+
+    def arr(*shape):
+        return jnp.asarray(rng.normal(size=shape), jnp.float32)
+
+    src = {
+        'embed': {'embedding': arr(11, E)},
+        'blocks': {
+            '0': {
+                'attn': {n: {'kernel': arr(E, H, D)} for n in ('q_proj', 'k_proj', 'v_proj')}
+                | {'o_proj': {'kernel': arr(H, D, E)}},
+                'mlp': {'kernel': arr(E, 16)},
+                'norm': {'scale': arr(E)},
+            }
+        },
+    }
+    attn = {
+        'q_proj': {'kernel': arr(E, H, D)},
+        'kv_a_proj_with_mqa': {'kernel': arr(E, C + 4)},
+        'kv_a_layernorm': {'scale': arr(C)},
+        'kv_b_proj': {'kernel': arr(C, H, 2 * D - 4)},
+        'o_proj': {'kernel': arr(H, D, E)},
+    }
+    dst = {**src, 'blocks': {'0': {**src['blocks']['0'], 'attn': attn}}}
+    tx = make_optimizer(tiny_config().train)
+    state = tx.init(src)
+    for _ in range(3):  # three steps of random gradients: moments that differ per entry
+        _, state = tx.update(jax.tree.map(lambda p: arr(*p.shape), src), state, src)
+    order_D = mla_conversion.q_order(D, np.array([0, 2]))
+    out = conversion.latent_opt_state(state, tx.init(dst), order_D)
+    order = [1, 3, 5, 7, 0, 2, 4, 6]  # pairs 0 and 2 keep RoPE: dims 0, 2 and 4, 6 (half D)
+    adam_src, adam_out = adam(state), adam(out)
+    assert int(adam_out.count) == 3
+    for name in ('mu', 'nu'):
+        s_attn, o_attn = (
+            getattr(adam_src, name)['blocks']['0'],
+            getattr(adam_out, name)['blocks']['0'],
+        )
+        np.testing.assert_array_equal(
+            o_attn['attn']['q_proj']['kernel'],
+            np.asarray(s_attn['attn']['q_proj']['kernel'])[..., order],
+        )
+        for kept in (('attn', 'o_proj'), ('mlp',), ('norm',)):
+            a, b = s_attn, o_attn
+            for key in kept:
+                a, b = a[key], b[key]
+            jax.tree.map(np.testing.assert_array_equal, a, b)
+        assert not np.any(o_attn['attn']['kv_b_proj']['kernel'])  # new factor: no history
+        assert np.any(o_attn['attn']['q_proj']['kernel'])
+    assert jax.tree.structure(out) == jax.tree.structure(tx.init(dst))
+    tx.update(jax.tree.map(jnp.ones_like, dst), out, dst)  # a step runs on it

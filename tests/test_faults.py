@@ -154,6 +154,8 @@ def test_a_full_disk_stops_the_run_in_one_line(tmp_path):
 
 
 class FakeCorpus:
+    task = None  # a text corpus, not a recall task
+
     def __init__(self, n: int):
         self.tokens = {'validation': np.arange(n, dtype=np.int32) % 7}
 

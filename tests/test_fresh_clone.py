@@ -146,7 +146,9 @@ def test_readme_eight_simulated_devices_command_runs(tmp_path):
     ]
     out = run(*args, *tiny, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert 'on 8 devices' in out.stderr
+    assert 'on 8 devices, mesh data=2 x fsdp=2 x tensor=2;' in out.stderr  # the mesh in use
+    # The embedding lookup under data x fsdp x tensor reshards without XLA's fallback.
+    assert 'Involuntary full rematerialization' not in out.stderr
     assert (tmp_path / 'cpu8' / 'checkpoints' / '2').is_dir()
     # XLA_FLAGS alone does not beat the recipe's cpu_devices: that is said, not silent.
     flagged = {**ENV, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}

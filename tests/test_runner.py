@@ -2,6 +2,7 @@
 after a partial plan, dependencies, reuse of an earlier out_dir, and the summary's numbers against
 a reference computed here."""
 
+import dataclasses
 import json
 import math
 import os
@@ -168,3 +169,33 @@ def test_summary_numbers_against_a_reference(tmp_path):
     assert summary.diff_cell(diff, row['p_holm']) == (
         f'{d.mean():+.4f} [{d.mean() - d_half:.4f}, {d.mean() + d_half:.4f}] p={row["p"]:.3g}'
     )
+
+
+def test_each_run_prints_its_start(tmp_path, capsys):
+    fake = Fake(LOSSES)
+    runner.run(plan(fake)[:2], str(tmp_path))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f'a_s0: started in {tmp_path / "a_s0"}'
+    assert lines[1].startswith('a_s0: done in ') and lines[2].startswith('a_s1: started in ')
+
+
+def test_runs_recorded_before_a_key_was_added_are_cached_and_not_refused(tmp_path, capsys):
+    """Code that adds a fingerprint key mid-experiment: runs recorded without it count as having
+    the key's recorded value, so they stay cached and the plan is not refused; another value of
+    the new key is still a change."""
+    fake = Fake(LOSSES)
+    runner.run(plan(fake), str(tmp_path))  # fingerprints {'lr', 'steps'}
+    newer = [
+        dataclasses.replace(s, fingerprint={**s.fingerprint, 'mask': False}, added={'mask': False})
+        for s in plan(fake)
+    ]
+    capsys.readouterr()
+    runner.run(newer, str(tmp_path))
+    assert len(fake.calls) == 6  # nothing re-ran
+    assert capsys.readouterr().out.count('finished earlier, skipped') == 6
+    other = [dataclasses.replace(s, fingerprint={**s.fingerprint, 'mask': True}) for s in newer]
+    with pytest.raises(ValueError, match=r'mask: False -> True'):
+        runner.check(other, str(tmp_path))
+    unrecorded = [dataclasses.replace(s, added={}) for s in newer]
+    with pytest.raises(ValueError, match=r"mask: '\(absent\)' -> False"):
+        runner.check(unrecorded, str(tmp_path))

@@ -74,7 +74,9 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
     from tensorboard.backend.event_processing import event_accumulator
 
     runs = sorted(r for r in os.listdir(tb) if not r.startswith('.'))  # --tb_dir: all there
-    assert runs == ['mha_s0', 'mha_s1', 'mla', 'mqa_h4'] and not (tmp_path / 'sw' / 'tb').exists()
+    assert runs == ['mha_s0', 'mha_s1', 'mla', 'mqa_h4', 'pareto']
+    assert not (tmp_path / 'sw' / 'tb').exists()
+    check_pareto_figure(tmp_path / 'sw', tb / runs.pop())
     differs = set()
     for run in runs:
         acc = event_accumulator.EventAccumulator(str(tb / run))
@@ -95,6 +97,24 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
         f'error: --match=width: {tmp_path / "sw"} holds a --match=params sweep; use another '
         '--sweep_dir'
     )
+
+
+def check_pareto_figure(sweep_dir, logdir):
+    """The sweep's Pareto figure: a PNG in the sweep_dir, an image in TensorBoard (loss only:
+    no run has a recall accuracy), and scripts/plot_pareto.py draws it again from the runs."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(logdir))
+    acc.Reload()
+    assert acc.Tags()['images'] == ['pareto/eval/loss']
+    (image,) = acc.Images('pareto/eval/loss')
+    assert image.encoded_image_string[:4] == b'\x89PNG' and image.width > 400
+    assert (sweep_dir / 'pareto_eval_loss.png').stat().st_size > 10_000
+    assert not (sweep_dir / 'pareto_eval_recall_accuracy.png').exists()
+    out = sweep_dir / 'again.png'
+    plot = run_entry('scripts/plot_pareto.py', f'--run_dir={sweep_dir}', f'--out={out}', check=True)
+    assert f'wrote {out}: 3 arms' in plot.stdout  # mha (2 seeds), mqa_h4, mla
+    assert out.read_bytes()[:4] == b'\x89PNG'
 
 
 @pytest.mark.slow
@@ -229,3 +249,25 @@ def test_summary_reports_intervals_and_resolved_orderings(tmp_path):
         ('mha', '0', 1.10),
         ('mha', '1', 1.25),
     ]
+
+
+def test_a_run_echoes_its_evaluations_while_it_trains(tmp_path, capsys):
+    """A sweep's run logs to its train.log and prints its progress lines, named after the run."""
+    import sys
+
+    from lm.experiments.sweep import _train_logged
+
+    lines = [
+        'I1125 10:00:00.1 1 loop.py:117] compiled the train step (1 step(s) per call) in 2.0 s',
+        'I1125 10:00:01.1 1 loop.py:228] eval at step 4: loss 3.2100 ± 0.0100',
+        'I1125 10:00:02.1 1 run.py:268] resumed from /x/checkpoints at step 4',
+    ]
+    script = f'import sys; print({chr(10).join(lines)!r}); sys.exit(3)'
+    workdir = tmp_path / 'gqa_h4_kv1'
+    workdir.mkdir()
+    assert _train_logged([sys.executable, '-c', script], str(workdir)) == 3
+    assert capsys.readouterr().out.splitlines() == [
+        'gqa_h4_kv1: eval at step 4: loss 3.2100 ± 0.0100',
+        'gqa_h4_kv1: resumed from /x/checkpoints at step 4',
+    ]
+    assert (workdir / 'train.log').read_text().splitlines() == lines

@@ -147,6 +147,21 @@ def test_call_sizes_end_a_call_at_every_boundary():
     assert list(call_sizes(3, 12, 5, (6, 12))) == [1, 1, 1, 5, 1]  # resumed mid-interval
     assert list(call_sizes(0, 6, 1, (4,))) == [1] * 6
     assert list(call_sizes(8, 8, 4, (4,))) == []
+    # one call size when a smaller one fits every boundary: one compiled step
+    assert list(call_sizes(0, 15, 10, (5, 15))) == [5, 5, 5]
+    assert list(call_sizes(2000, 2015, 10, (50, 200, 500))) == [5, 5, 5]  # an uptraining run
+    assert list(call_sizes(0, 30, 10, (10, 20))) == [10, 10, 10]
+
+
+@pytest.mark.slow
+def test_fifteen_steps_at_ten_per_call_compile_one_train_step(tmp_path, small_text, caplog):
+    overrides = {'train.steps': 15, 'train.steps_per_call': 10, 'log_every': 5}
+    overrides.update(eval_every=15, checkpoint_every=15)
+    caplog.set_level('INFO')
+    result = train(tiny_train_config(tmp_path, small_text, **overrides), str(tmp_path / 'run'))
+    assert result['step'] == 15
+    compiled = [r.getMessage() for r in caplog.records if 'compiled the train step' in r.message]
+    assert len(compiled) == 1 and '(5 step(s) per call)' in compiled[0], compiled
 
 
 @pytest.mark.slow

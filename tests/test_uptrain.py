@@ -435,12 +435,18 @@ def test_uptrain_end_to_end(tmp_path, small_text):
         'scripts/uptrain.py',
         f'--src={tmp_path / "mha"}',
         f'--dst={tmp_path / "mla"}',
-        *mla,
-        '--optimizer_state=fresh',
+        *mla,  # optimizer_state=convert: Adam's count and the kept parameters' moments go on
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert 'mla with latent 8+4 KV heads by joint_svd' in out.stdout
     check_mla_decoding(tmp_path / 'mla')
+    opt_state = assemble(str(tmp_path / 'mla'), state='restore').state['opt_state']
+    is_adam = lambda node: isinstance(node, optax.ScaleByAdamState)  # noqa: E731
+    (adam,) = [n for n in jax.tree.leaves(opt_state, is_leaf=is_adam) if is_adam(n)]
+    assert int(adam.count) == 40  # the source's steps
+    first = next(iter(adam.nu['blocks'].values()))['attn']
+    assert np.any(adam.nu['embed']) and np.any(first['o_proj']['kernel'])  # carried over
+    assert not np.any(first['kv_b_proj']['kernel'])  # a new latent factor: no history
 
 
 def check_mla_decoding(workdir):
@@ -465,10 +471,18 @@ def check_mla_decoding(workdir):
     np.testing.assert_allclose(step[0], full[5], atol=2e-5, rtol=1e-4)
 
 
+def read_images(logdir):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(logdir))
+    acc.Reload()
+    return acc.Tags()['images']
+
+
 @pytest.mark.slow
 def test_ablation_script_smoke(tmp_path):
     words = 'the of and to a in that is was he for it with as his on be at by'.split()
-    text = tmp_path / 'words.txt'  # ~25 kB: a whole validation split of ~40 windows of 64
+    text = tmp_path / 'words.txt'  # ~25 kB: validation and held-out parts of ~20 windows of 64
     text.write_text(' '.join(np.random.default_rng(0).choice(words, 7_000)))
     args = [
         f'--data_path={text}',
@@ -483,71 +497,107 @@ def test_ablation_script_smoke(tmp_path):
         '--set=model.num_layers=1',  # a small recipe: one layer of width 64 (4 heads of 16)
         '--set=model.d_model=64',
     ]
-    out = run_entry('scripts/uptrain_ablation.py', *args, f'--report={tmp_path / "table.md"}')
+    both = '--schedule=continue,rewarm'
+    out = run_entry('scripts/uptrain_ablation.py', *args, both, f'--report={tmp_path / "t.md"}')
     assert out.returncode == 0, out.stderr[-3000:]
-    table = (tmp_path / 'table.md').read_text()
+    table = (tmp_path / 't.md').read_text()
     for row in (
         '| MHA (source) | — | — | 6 |',
         '| MQA | similarity-aligned | 0.5 (3) | 9 |',
+        '| MQA | rewarm-similarity-aligned | 0.5 (3) | 9 |',  # the schedule x method grid
         '| MQA | from scratch | — | 9 |',  # exactly the source + uptraining budget
-        '| MQA | 0.5 | mean | similarity-aligned |',  # paired method comparison
-        '| MLA-8 | joint_svd | 0.5 (3) | 9 |',
+        '| MQA | 0.5 | mean | rewarm-mean |',  # paired comparisons across schedules
+        '| MLA-8 | rewarm-joint_svd | 0.5 (3) | 9 |',
         '| MLA-8 | from scratch | — | 9 |',
     ):
         assert row in table, table
     assert '| MQA | from scratch | — | 6 |' not in table
-    assert 'mean ± sample std (ddof 1), 95% t-interval' in table
+    assert 'Final loss on the held-out part' in table
+    assert 'Holm-corrected over the' in table
+    assert (tmp_path / 'abl' / 'pareto_eval_loss.png').stat().st_size > 10_000  # and in TB:
+    assert read_images(tmp_path / 'abl' / 'tb' / 'pareto') == ['pareto/eval/loss']
     num = r'-?\d\.\d{4}'
     arm = rf'\| MQA \| mean \| 0\.5 \(3\) \| 9 \| {num} ± {num} \| \[{num}, {num}\] \| '
-    assert re.search(arm + rf'[+-]\d\.\d{{4}} \[{num}, {num}\]', table), (
-        table
-    )  # Δ vs scratch with its interval
-    again = run_entry('scripts/uptrain_ablation.py', *args)
-    # KV cache bytes per token beside each loss: 1 layer x (2 x 16) bf16 for MQA, (8 + 8) for MLA
-    assert re.search(r'\| MQA \| from scratch \| — \| 9 \| .* \| 64 \|$', table, re.M), table
-    assert re.search(r'\| MLA-8 \| from scratch \| — \| 9 \| .* \| 32 \|$', table, re.M), table
-    up = stored_config(str(tmp_path / 'abl' / 'MQA_similarity-aligned_a0.5_s0')).uptrain
-    assert (up.method, up.grouping, up.groups) == (
+    assert re.search(arm + rf'[+-]\d\.\d{{4}} \[{num}, {num}\]', table), table
+    # KV cache bytes per token, then the learning rate: 1 layer x (2 x 16) bf16 for MQA, 8 + 8
+    assert re.search(r'\| MQA \| from scratch \| — \| 9 \| .* \| 64 \| 0.001 \|$', table, re.M)
+    assert re.search(r'\| MLA-8 \| from scratch \| — \| 9 \| .* \| 32 \| 0.001 \|$', table, re.M)
+
+    def result(out_dir, name):
+        return json.loads((tmp_path / out_dir / name / 'result.json').read_text())
+
+    # the held-out loss is reported, the validation loss kept beside it
+    heldout = [result('abl', f'MQA_mean_a0.5_s{s}')['heldout']['loss'] for s in (0, 1)]
+    want = np.mean(heldout) - np.mean(
+        [result('abl', f'MQA_scratch_9_s{s}')['heldout']['loss'] for s in (0, 1)]
+    )
+    assert f'| MQA | mean | 0.5 (3) | 9 | {np.mean(heldout):.4f} ±' in table, table
+    assert f'| {want:+.4f} [' in table, table
+    arm_config = stored_config(str(tmp_path / 'abl' / 'MQA_rewarm-similarity-aligned_a0.5_s0'))
+    up = arm_config.uptrain
+    assert (up.method, up.grouping, up.groups, up.schedule) == (
         'aligned',
         'similarity',
         '0,1,2,3',
+        'rewarm',
     )
+    assert arm_config.data.split == 'uptrain'  # disjoint from the source's part
+    assert stored_config(str(tmp_path / 'abl' / 'mha_s0')).data.split == 'pretrain'
+    assert (
+        stored_config(str(tmp_path / 'abl' / 'MQA_scratch_9_s0')).data.split == 'pretrain+uptrain'
+    )
+    again = run_entry('scripts/uptrain_ablation.py', *args, both)
     assert again.returncode == 0 and table.strip() in again.stdout  # cached, same numbers
     assert 'eval loss' not in again.stderr  # nothing retrained
-    other = run_entry('scripts/uptrain_ablation.py', *args, '--schedule=rewarm')
-    assert other.returncode == 1 and other.stderr.strip().splitlines()[-1] == (
-        f'error: --out_dir: {tmp_path / "abl" / "MQA_mean_a0.5_s0"} (and 5 more runs) was made '
-        "with other settings: schedule: 'continue' -> 'rewarm'; use another --out_dir, or delete "
-        'those runs to redo them'
-    )
-    # The other schedule in its own --out_dir, reusing the sources and from-scratch baselines.
-    # Seeds in parallel processes (--parallel): each seed's log is <out_dir>/seed<k>.log.
+    # One schedule in its own --out_dir: every run copied (same settings), compared by name.
     rewarm = [*args[:1], f'--out_dir={tmp_path / "rewarm"}', *args[2:], '--schedule=rewarm']
     out = run_entry(
         'scripts/uptrain_ablation.py',
         *rewarm,
+        '--mla_ranks=',
         f'--reuse={tmp_path / "abl"}',
         '--parallel=2',
-        f'--compare_with={tmp_path / "abl"}',  # paired differences between the two schedules
+        f'--compare_with={tmp_path / "abl"}',
     )
     assert out.returncode == 0, out.stderr[-3000:]
     logs = ''.join((tmp_path / 'rewarm' / f'seed{s}.log').read_text() for s in (0, 1))
-    trained = set(re.findall(r'\] (\S+): eval loss', logs))
-    copied = set(re.findall(r'(?m)^(\S+): copied from', logs))
-    assert copied == {'mha_s0', 'mha_s1', 'MQA_scratch_9_s0', 'MQA_scratch_9_s1'} | {
-        f'MLA-8_scratch_9_s{s}' for s in (0, 1)
-    }, out.stderr[-3000:]
-    assert trained and not trained & copied and all('_a0.5_' in name for name in trained)
-    assert stored_config(str(tmp_path / 'rewarm' / 'MQA_mean_a0.5_s1')).uptrain.schedule == 'rewarm'
-    assert '| MQA | mean | 0.5 (3) | 9 |' in out.stdout
-
-    def loss(out_dir, seed):
-        path = tmp_path / out_dir / f'MQA_mean_a0.5_s{seed}' / 'result.json'
-        return json.loads(path.read_text())['eval']['loss']
-
-    want = np.mean([loss('rewarm', s) - loss('abl', s) for s in (0, 1)])
-    assert f'| MQA | mean | 0.5 | {want:+.4f} [' in out.stdout, out.stdout
-    assert '(schedule continue there)' in out.stdout, out.stdout
+    assert not re.findall(r'\] (\S+): eval loss', logs) and 'copied from' in logs
+    assert '| MQA | rewarm-mean | 0.5 | +0.0000 [0.0000, 0.0000] | 2 |' in out.stdout, out.stdout
+    # A learning-rate grid: each arm at the rate with the lower mean validation loss.
+    grid = [*args[:1], f'--out_dir={tmp_path / "grid"}', *args[2:5], '--methods=mean', *args[6:]]
+    out = run_entry(
+        'scripts/uptrain_ablation.py',
+        *grid,
+        '--mla_ranks=',
+        '--lrs=1e-3,3e-3',
+        f'--reuse={tmp_path / "abl"}',
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    val = {
+        lr: np.mean([result('grid', f'MQA_mean_a0.5_lr{lr}_s{s}')['eval']['loss'] for s in (0, 1)])
+        for lr in ('0.001', '0.003')
+    }
+    grid_config = stored_config(str(tmp_path / 'grid' / 'MQA_mean_a0.5_lr0.003_s0'))
+    assert (grid_config.train.lr, grid_config.data.split) == (0.003, 'uptrain')
+    source_lr = stored_config(str(tmp_path / 'abl' / 'mha_s0')).train
+    assert grid_config.train.min_lr == pytest.approx(3 * source_lr.min_lr)  # lr 3x the recipe's
+    best = min(val, key=val.get)
+    assert re.search(
+        rf'\| MQA \| mean \| 0\.5 \(3\) \| 9 \| .* \| 64 \| {best} \|$', out.stdout, re.M
+    )
+    # An out_dir of the earlier protocol (no corpus parts recorded) is refused in one line.
+    old = tmp_path / 'old' / 'mha_s0'
+    old.mkdir(parents=True)
+    saved = result('abl', 'mha_s0')
+    for key in ('split', 'lr'):
+        del saved['fingerprint'][key]
+    (old / 'result.json').write_text(json.dumps(saved))
+    refused = run_entry(
+        'scripts/uptrain_ablation.py', *args[:1], f'--out_dir={tmp_path / "old"}', *args[2:]
+    )
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1].startswith(
+        f"error: --out_dir: {old} was made with other settings: lr: '(absent)' -> 0.001; split:"
+    ), refused.stderr[-2000:]
     # --scratch_fractions: from-scratch baselines only at these alphas' budgets (none here).
     no_scratch = [*args[:4], '--fractions=0', '--scratch_fractions=', '--methods=mean', *args[6:]]
     out = run_entry('scripts/uptrain_ablation.py', *no_scratch, '--mla_ranks=')

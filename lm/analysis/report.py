@@ -19,6 +19,7 @@ from flax import nnx
 from lm.analysis import scores as analysis
 from lm.data.windows import eval_windows, window_targets
 from lm.model import attention
+from lm.train.checkpoint import saved_steps
 from lm.train.run import assemble
 
 SCORES = ('previous_token', 'induction', 'duplicate_token', 'sink', 'entropy')
@@ -61,6 +62,18 @@ def parse_run(spec: str, step: int | None = None) -> tuple[str, int | None]:
             raise ValueError(f'--compare={spec!r}: expected WORKDIR or WORKDIR@STEP')
         step = int(given)
     return workdir, step
+
+
+def check_runs(specs: list[tuple[str, int | None, str]]) -> None:
+    """Refuses, before any work, a (workdir, step, flag) whose workdir holds no checkpoint or no
+    checkpoint at `step` (the error names the steps it holds)."""
+    for workdir, step, flag in specs:
+        steps = saved_steps(workdir)
+        if not steps:
+            raise FileNotFoundError(f'{flag}: {workdir} holds no checkpoint')
+        if step is not None and step not in steps:
+            held = ', '.join(map(str, steps))
+            raise ValueError(f'{flag}: {workdir} has no checkpoint at step {step} (steps: {held})')
 
 
 @nnx.jit
@@ -113,13 +126,19 @@ def _random_stats(model, tokens_BT):
     return scores, loss_T, [p[0] for p in probs]
 
 
-def _text_over(model, windows: list[np.ndarray], stop: Callable[[], None]) -> tuple:
+def _text_over(
+    model, windows: list[np.ndarray], label: str, stop: Callable[[], None]
+) -> tuple:
     """Text scores averaged over the batches of `windows`, the summed per-position loss, the
     per-window ICL scores and the K/V head moments summed in float64 (None without K/V heads).
-    `stop` is called before each batch (it raises to stop)."""
+    `stop` is called before each batch (it raises to stop); progress is logged about every
+    tenth of the batches."""
     text_sum, loss_sum, icl, moments = 0.0, 0.0, [], None
-    for tokens in windows:
+    every = max(1, len(windows) // 10)
+    for i, tokens in enumerate(windows, 1):
         stop()
+        if i % every == 0 or i == len(windows):
+            logging.info('head analysis of %s: validation batch %d/%d', label, i, len(windows))
         scores, loss_T, icl_B, m = _text_stats(model, jnp.asarray(tokens))
         text_sum, loss_sum = text_sum + np.asarray(scores), loss_sum + np.asarray(loss_T)
         icl.append(np.asarray(icl_B, np.float64))
@@ -164,8 +183,9 @@ def analyse_run(
             f'{flag}={workdir}: the validation split holds fewer than one batch of {batch} '
             f'windows of {T} tokens; lower --batch'
         )
-    logging.info('%s: scoring %d batches of %d windows', flag, len(windows), batch)
-    text, loss_sum, icl, moments = _text_over(model, windows, stop)
+    label = f'{os.path.basename(os.path.normpath(workdir))}@{restored.step}'
+    text, loss_sum, icl, moments = _text_over(model, windows, label, stop)
+    logging.info('head analysis of %s: %d repeated random sequences', label, num_random)
     token_ids = np.unique(np.asarray(corpus.tokens['validation']))
     token_ids = token_ids[token_ids != corpus.tokenizer.eos_id]
     rand_tokens = analysis.repeated_random_tokens(
@@ -177,9 +197,8 @@ def analyse_run(
     scores = {name: text[:, i] for i, name in enumerate(TEXT_SCORES)}
     scores.update(induction=rand[:, 0], duplicate_token=rand[:, 1])
     kv = None if moments is None else _kv_similarity(moments)
-    name = os.path.basename(os.path.normpath(workdir))
     return RunHeads(
-        label=f'{name}@{restored.step}',
+        label=label,
         workdir=workdir,
         step=restored.step,
         attention=restored.model_cfg.attention,

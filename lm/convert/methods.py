@@ -19,12 +19,15 @@ import dataclasses
 import math
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 from lm.analysis import scores as analysis
 from lm.convert import head_merging, mla
+from lm.data.parts import PARTS
 from lm.model import attention
 from lm.model.config import ModelConfig
 from lm.model.hf_mapping import DEEPSEEK_LATENT_EPS
@@ -56,6 +59,8 @@ KEYS = {
     'schedule': 'config.uptrain.schedule',
     'optimizer_state': 'config.uptrain.optimizer_state',
     'seed': 'ConversionOptions.seed',
+    'data_split': 'config.data.split',
+    'lr': 'config.train.lr',
 }
 _k = types.SimpleNamespace(**KEYS)  # the keys by attribute, for the messages
 
@@ -74,7 +79,9 @@ class ConversionOptions:
     run starts at the source's `source_step` (None: its latest checkpoint) and trains `steps`
     more (None: `fraction` of the source's steps; None: the source config's uptrain.fraction) under
     `schedule` with `optimizer_state`; `seed` draws method 'random's fresh K/V. None for
-    `calibration_tokens`: the source config's."""
+    `calibration_tokens`: the source config's. `data_split` (None: the source's) is the corpus
+    part the converted run trains on (`lm.data.parts`); `lr` (None: the source's) its peak
+    learning rate, the source's min_lr scaled by the same factor."""
 
     target: str = ''
     num_kv_heads: int = 0
@@ -90,6 +97,8 @@ class ConversionOptions:
     schedule: str = 'continue'
     optimizer_state: str = 'convert'
     seed: int = 0
+    data_split: str | None = None
+    lr: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'method', self.method or _default_method(self.target))
@@ -133,6 +142,10 @@ def _check_run(opts: ConversionOptions) -> None:
         raise ValueError(f'{_k.seed} must be in [0, 2**32), got {opts.seed}')
     if opts.calibration_tokens is not None and opts.calibration_tokens < 1:
         raise ValueError(f'{_k.calibration_tokens} must be >= 1, got {opts.calibration_tokens}')
+    if opts.data_split is not None:
+        _one_of(opts, 'data_split', ('', *PARTS))
+    if opts.lr is not None and not (math.isfinite(opts.lr) and opts.lr > 0):
+        raise ValueError(f'{_k.lr} must be a finite number > 0, got {opts.lr}')
 
 
 def _check_target(opts: ConversionOptions) -> None:
@@ -161,10 +174,6 @@ def _check_latent(opts: ConversionOptions) -> None:
         raise ValueError(
             f'{_k.qk_rope_head_dim} must be an even number >= 2 for {t}, '
             f'got {opts.qk_rope_head_dim}'
-        )
-    if opts.optimizer_state != 'fresh':
-        raise ValueError(
-            f'{t} builds new parameters with no AdamW history: set {_k.optimizer_state}=fresh'
         )
     if opts.kv_share_every != 1:
         raise ValueError(f'{_k.kv_share_every} does not apply to {t}; leave it 1')
@@ -321,3 +330,25 @@ def latent_conversion(
     }
     pairs = mla.kept_dims(D, P, stride)[0][: P // 2]
     return out, settings, ','.join(map(str, pairs))
+
+
+def latent_opt_state(opt_state, fresh_state, order_D: np.ndarray):
+    """The converted MLA run's optax state for optimizer_state='convert': `fresh_state` (the
+    converted parameters' `tx.init`) with every Adam state's count and moments carried over
+    from the source's `opt_state` where the parameter is kept (`mla.latent_moments`)."""
+
+    def is_adam(node) -> bool:
+        return isinstance(node, optax.ScaleByAdamState)
+
+    sources = iter(n for n in jax.tree.leaves(opt_state, is_leaf=is_adam) if is_adam(n))
+
+    def carry(node):
+        if not is_adam(node):
+            return node
+        src = next(sources)
+        mu = mla.latent_moments(src.mu, node.mu, order_D)
+        return node._replace(
+            count=src.count, mu=mu, nu=mla.latent_moments(src.nu, node.nu, order_D)
+        )
+
+    return jax.tree.map(carry, fresh_state, is_leaf=is_adam)

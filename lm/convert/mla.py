@@ -17,7 +17,8 @@ run's `config.model.mla` section). Steps:
    (P/2 − 1)·s} (source pair j turns at θ^(−2j/D)) with θ' = θ^(s·P/D) in the converted config.
    The stride s is chosen by MHA2MLA's 2-norm criterion: the contribution of pair j of head h
    is mean‖q_hj‖ · mean‖k_hj‖ over calibration tokens; s maximises the contribution kept, summed
-   over heads and layers. (MHA2MLA picks pairs per head; a shared key cannot.) The highest
+   over heads and layers. (MHA2MLA picks any pairs per layer and KV head, each KV head with
+   its own RoPE key; one key shared by all heads cannot: docs/uptraining.md.) The highest
    frequency, pair 0, is always kept.
 2. Shared RoPE key. W_KR is the mean over the source KV heads of their kept-pair key columns;
    queries keep their own columns.
@@ -57,6 +58,28 @@ def kept_dims(D: int, P: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
     pairs = np.arange(P // 2) * stride
     rope_dims = np.concatenate([pairs, pairs + D // 2])
     return rope_dims, np.setdiff1d(np.arange(D), rope_dims)
+
+
+def q_order(D: int, pairs: np.ndarray) -> np.ndarray:
+    """[D] the source query columns in the converted q_proj's order, [q_nope; q_rope], for the
+    kept source frequency `pairs` (as `kept_dims` gives them)."""
+    rope_dims = np.concatenate([pairs, pairs + D // 2])
+    return np.concatenate([np.setdiff1d(np.arange(D), rope_dims), rope_dims])
+
+
+def latent_moments(src: dict, fresh: dict, order_D: np.ndarray) -> dict:
+    """An Adam moment tree of the converted model: `fresh`'s (zeros, the converted parameters'
+    structure) with the source's moments `src` carried over where a parameter is kept:
+    everything outside attention, o_proj, and q_proj with its columns reordered by `order_D`
+    (`q_order`) exactly as the weights are; the new latent factors keep their zeros."""
+    out = {k: (fresh[k] if k == 'blocks' else v) for k, v in src.items()}
+    out['blocks'] = {}
+    for layer, block in src['blocks'].items():
+        attn = dict(fresh['blocks'][layer]['attn'])
+        attn['o_proj'] = block['attn']['o_proj']
+        attn['q_proj'] = {'kernel': block['attn']['q_proj']['kernel'][..., order_D]}
+        out['blocks'][layer] = {**block, 'attn': attn}
+    return out
 
 
 def pair_contribution(attn: dict, x_ME: np.ndarray) -> np.ndarray:

@@ -17,7 +17,8 @@ and it trains on the source recipe's batches for the steps after it (new data, n
 `uptrain.schedule`: 'continue' carries the source's learning-rate schedule on (optionally ramped
 up over uptrain.warmup_steps), 'rewarm' warms up to the peak anew and decays over the uptraining
 steps. `uptrain.optimizer_state`: 'convert' keeps the source's AdamW state with the K/V moments
-converted like the weights (zeroed for 'random'), 'fresh' starts the moments anew.
+converted like the weights (zeroed for 'random'; for an MLA target, kept where the parameter is
+kept and zero for the new latent factors), 'fresh' starts the moments anew.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from absl import logging
 from flax import nnx
 
-from lm.convert import cla, head_merging
+from lm.convert import cla, head_merging, mla
 from lm.convert import methods as conversion
 from lm.convert.hf_files import copy_run_files
 from lm.convert.methods import SCHEDULES, ConversionOptions, check_conversion, check_steps
@@ -315,7 +317,8 @@ def _converted_params(source, options: ConversionOptions):
         target = attention.VARIANTS[options.target].read_section(source.config.model)
         eps = target.latent_norm_eps  # the source config's section (0: DeepseekV3's, 1e-6)
         params, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs, eps)
-        return params, (None, None, None), settings, {**record, 'rope_pairs': pairs}
+        order = mla.q_order(cfg.head_dim, np.array([int(j) for j in pairs.split(',')]))
+        return params, (order, None, None), settings, {**record, 'rope_pairs': pairs}
     g, method, n = options.num_kv_heads or cfg.num_kv_heads, options.method, options.kv_share_every
     if options.grouping == 'similarity':
         groups = conversion.similarity_groups(params, g, method, inputs)
@@ -341,6 +344,11 @@ def _converted_config(
     if options.fraction is not None:
         src_config.uptrain.fraction = options.fraction
     src_config.uptrain.update(schedule=options.schedule, optimizer_state=options.optimizer_state)
+    if options.data_split is not None:
+        src_config.data.split = options.data_split
+    if options.lr is not None:
+        train = src_config.train
+        train.update(lr=options.lr, min_lr=train.min_lr * options.lr / train.lr)
     config = uptrain_config(
         src_config,
         options.num_kv_heads,
@@ -362,7 +370,10 @@ def _converted_state(source, options: ConversionOptions, ctx, params: dict, reci
     the source's optimizer state converted like the weights, or a fresh one at the source's step
     (`options.optimizer_state`)."""
     state = source.state
-    if options.optimizer_state == 'convert':
+    if options.optimizer_state == 'convert' and options.latent:
+        fresh = with_schedule_count(ctx.tx.init(params), source.step)
+        opt_state = conversion.latent_opt_state(state['opt_state'], fresh, recipe[0])
+    elif options.optimizer_state == 'convert':
         g = options.num_kv_heads or source.model_cfg.num_kv_heads
         opt_state = convert_opt_state(
             state['opt_state'], state['params'], g, options.method, *recipe

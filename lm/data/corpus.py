@@ -33,6 +33,7 @@ import numpy as np
 from absl import logging
 
 from lm.data.cache import SPLITS, Piece, exclusive, load_or_build
+from lm.data.parts import check_split_config, split_corpus
 from lm.data.recall import TARGET_FLAG, TASKS, RecallTask, check_recall_config
 from lm.data.tokenizer import (
     ByteTokenizer,
@@ -107,6 +108,7 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
             f'config.data.num_proc must be an integer >= 0 (0 = every CPU, up to 16), got {num!r}'
         )
     check_tokenizer_config(data)
+    check_split_config(data)
     if data.source == 'text':
         if not text_paths(data):
             raise ValueError("config.data.path must name at least one text file for source='text'")
@@ -362,7 +364,8 @@ def load_tokenizer(data: ml_collections.ConfigDict) -> Tokenizer:
 
 def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
     """Tokenised train and validation splits, built once (by one process) and cached by
-    fingerprint (`lm.data.cache`); a recall source's splits are its held-out example sets."""
+    fingerprint (`lm.data.cache`), cut into the parts `config.data.split` names
+    (`lm.data.parts`); a recall source's splits are its held-out example sets."""
     check_data_config(data)
     if data.source in TASKS:
         return _recall_corpus(data)
@@ -384,7 +387,7 @@ def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
         tok.name,
         f'{tok.vocab_size:,}',
     )
-    return Corpus(tokens, meta['num_bytes'], tok, fingerprint)
+    return split_corpus(Corpus(tokens, meta['num_bytes'], tok, fingerprint), data)
 
 
 def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:

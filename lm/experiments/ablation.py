@@ -1,11 +1,16 @@
 """The uptraining ablation of Ainslie et al. (2023), Fig. 4 / Table, as a plan for the experiment
-runner (lm.experiments.runner), and its tables (lm.experiments.summary).
+runner (lm.experiments.runner); its tables are in lm.experiments.ablation_tables.
 
-Per seed (one lane each): the MHA source trained for N steps; every conversion arm (GQA / MQA by a
-pooling method, cross-layer attention by the same methods, MLA at a latent rank) needs that
-source, converts its checkpoint and uptrains for round(alpha·N) steps; every target trained from
-scratch for N + round(alpha·N) steps at the alphas of `scratch_fractions`. A from-scratch run's
-fingerprint is the settings it depends on (`SCRATCH_SETTINGS`), a conversion arm's every setting.
+Per seed (one lane each): the MHA source trained for N steps on the corpus's `pretrain` part
+(lm.data.parts); every conversion arm (GQA / MQA by a pooling method, cross-layer attention by the
+same methods, MLA at a latent rank) under every schedule of `schedules` needs that source, converts
+its checkpoint and uptrains for round(alpha·N) steps on the `uptrain` part; every target trained
+from scratch for N + round(alpha·N) steps (the same batch and seq_len: the same tokens) on both
+parts, at the alphas of `scratch_fractions`. Every trained arm runs at each learning rate of `lrs`
+(lm.experiments.lr_grid picks one per arm on the validation part); every run is scored on the
+validation part (selection) and, at its last step, on the held-out part (the report). A from-scratch
+run's fingerprint is the settings it depends on (`SCRATCH_SETTINGS`) with its part and learning
+rate, a conversion arm's every setting with its schedule, part and learning rate.
 """
 
 from __future__ import annotations
@@ -19,9 +24,9 @@ import ml_collections
 from absl import logging
 
 from lm.config import load_config_file, with_overrides
+from lm.convert.methods import SCHEDULES
 from lm.convert.uptrain import ConversionOptions, convert_checkpoint
-from lm.experiments import stats, summary
-from lm.experiments.runner import RunStopped, Spec, read_result
+from lm.experiments.runner import RunStopped, Spec
 from lm.model import attention
 from lm.model.accounting import kv_cache_bytes_per_token
 from lm.model.transformer import check_model_config
@@ -30,6 +35,8 @@ from lm.train import loop
 # What a from-scratch run depends on; uptraining runs depend on every setting.
 SCRATCH_SETTINGS = ('data_path', 'steps', 'eval_tokens', 'set')
 SOURCE = 'MHA'  # the source's label in the tables
+# The corpus part (config.data.split) each kind of run trains on.
+SOURCE_PART, UPTRAIN_PART, SCRATCH_PART = 'pretrain', 'uptrain', 'pretrain+uptrain'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,22 +55,27 @@ class Ablation:
     cla: tuple[str, ...] = ()  # MHA -> cross-layer attention arms: 'cla2', 'mqa_cla2', 'gqa2_cla3'
     mla_rope_dim: int = 8
     calibration_tokens: int | None = None
-    optimizer_state: str = 'convert'  # pooled arms; MLA arms are 'fresh'
+    optimizer_state: str = 'convert'  # every conversion arm: the source's Adam state carried
     eval_tokens: int = 0
-    schedule: str = 'continue'
+    schedules: tuple[str, ...] = ('continue',)  # every method runs under each
+    lrs: tuple[float, ...] = ()  # learning-rate grid of every trained arm; () = the recipe's
     overrides: tuple[str, ...] = ()  # --set key=value for every run
 
     def __post_init__(self) -> None:
         if not set(self.scratch_fractions) <= set(self.fractions):
             raise ValueError('--scratch_fractions: every alpha must also be in --fractions')
+        if not self.schedules or not set(self.schedules) <= set(SCHEDULES):
+            raise ValueError(f'--schedule: expected one or more of {SCHEDULES}')
+        if any(not lr > 0 for lr in self.lrs):
+            raise ValueError('--lrs: every learning rate must be > 0')
 
     def settings(self) -> dict:
-        """Every setting that changes a run's result beyond its name (arm, alpha, seed)."""
+        """Every setting that changes a run's result beyond its name (arm, alpha, seed) and its
+        own schedule, part and learning rate (`plan` adds those)."""
         return {
             'data_path': os.path.abspath(self.data_path),
             'steps': self.steps,
             'eval_tokens': self.eval_tokens,
-            'schedule': self.schedule,
             'optimizer_state': self.optimizer_state,
             'calibration_tokens': self.calibration_tokens,
             'mla_rope_dim': self.mla_rope_dim,
@@ -77,22 +89,41 @@ class Ablation:
         """The from-scratch budgets: N + round(alpha·N) at each of `scratch_fractions`."""
         return sorted({self.steps + self.up_steps(a) for a in self.scratch_fractions})
 
+    def recipe_lr(self) -> float:
+        """The recipe's peak learning rate, the source's."""
+        return float(base_config(self, 0, 1).train.lr)
 
-def base_config(ab: Ablation, seed: int, steps: int) -> ml_collections.ConfigDict:
-    """The source (MHA) recipe with the ablation's data, steps, evaluation and overrides."""
+    def grid(self) -> tuple[float, ...]:
+        """The learning rates every trained arm runs at: `lrs`, or the recipe's."""
+        return self.lrs or (self.recipe_lr(),)
+
+
+def method_label(method: str, schedule: str) -> str:
+    """A conversion's name in the tables: its method, prefixed by its schedule if not
+    'continue' (e.g. 'rewarm-aligned')."""
+    return method if schedule == 'continue' else f'{schedule}-{method}'
+
+
+def base_config(ab: Ablation, seed: int, steps: int, lr: float | None = None):
+    """The source (MHA) recipe with the ablation's data (its pretrain part), steps, learning
+    rate (None: the recipe's; min_lr scaled with it), evaluation and overrides."""
     config = load_config_file(ab.config_file, attention.baseline()['attention'])
     config = with_overrides(config, list(ab.overrides))
     config.seed = seed
-    config.data.path = ab.data_path
+    config.data.update(path=ab.data_path, split=SOURCE_PART)
     config.train.steps = steps
+    if lr is not None:
+        config.train.update(lr=lr, min_lr=config.train.min_lr * lr / config.train.lr)
     config.eval_tokens = ab.eval_tokens
     config.eval_every = config.checkpoint_every = max(steps, 1)
     return config
 
 
-def pooled_config(ab: Ablation, num_kv_heads: int, seed: int, steps: int):
-    """The source config with its K/V heads pooled to `num_kv_heads`, trained from scratch."""
-    config = base_config(ab, seed, steps)
+def pooled_config(ab: Ablation, num_kv_heads: int, seed: int, steps: int, lr=None):
+    """The source config with its K/V heads pooled to `num_kv_heads`, trained from scratch on
+    both training parts."""
+    config = base_config(ab, seed, steps, lr)
+    config.data.split = SCRATCH_PART
     config.model.update(attention.VARIANTS[config.model.attention].pooled(num_kv_heads))
     return config
 
@@ -120,10 +151,14 @@ def cla_label(g: int, n: int) -> str:
     return {0: '', 1: 'MQA-'}.get(g, f'GQA-{g}-') + f'CLA{n}'
 
 
-def cla_config(ab: Ablation, g: int, n: int, seed: int, steps: int):
+def cla_config(ab: Ablation, g: int, n: int, seed: int, steps: int, lr=None):
     """The source config with K/V shared by every n layers (and pooled to g heads, 0 = kept),
-    trained from scratch."""
-    config = pooled_config(ab, g, seed, steps) if g else base_config(ab, seed, steps)
+    trained from scratch on both training parts."""
+    if g:
+        config = pooled_config(ab, g, seed, steps, lr)
+    else:
+        config = base_config(ab, seed, steps, lr)
+        config.data.split = SCRATCH_PART
     config.model.kv_share_every = n
     return config
 
@@ -133,10 +168,11 @@ def latent_variant() -> str:
     return next(name for name, cls in attention.VARIANTS.items() if cls.latent_kv)
 
 
-def latent_config(ab: Ablation, rank: int, seed: int, steps: int):
+def latent_config(ab: Ablation, rank: int, seed: int, steps: int, lr=None):
     """The source config as the MLA that conversion to latent rank `rank` builds (its RoPE base
-    left as the source's), trained from scratch."""
-    config = base_config(ab, seed, steps)
+    left as the source's), trained from scratch on both training parts."""
+    config = base_config(ab, seed, steps, lr)
+    config.data.split = SCRATCH_PART
     D, P = check_model_config(config.model).head_dim, ab.mla_rope_dim
     target = latent_variant()
     config.model.update(attention=target, num_kv_heads=0)
@@ -146,55 +182,65 @@ def latent_config(ab: Ablation, rank: int, seed: int, steps: int):
     return config
 
 
+def _pooled_options(
+    ab: Ablation, g: int, kv_share_every: int = 1
+) -> dict[str, ConversionOptions]:
+    """{method label: options} of the pooled arms to `g` KV heads (0 = the source's), K/V shared
+    by every `kv_share_every` layers, every method × schedule."""
+    out = {}
+    for schedule in ab.schedules:
+        for name in ab.methods:
+            grouping, _, method = name.rpartition('-')
+            out[method_label(name, schedule)] = ConversionOptions(
+                num_kv_heads=g,
+                kv_share_every=kv_share_every,
+                method=method,
+                grouping=grouping or 'contiguous',
+                optimizer_state=ab.optimizer_state,
+                calibration_tokens=ab.calibration_tokens,
+                schedule=schedule,
+                data_split=UPTRAIN_PART,
+            )
+    return out
+
+
 def arms(ab: Ablation) -> dict[str, tuple[Callable, dict[str, ConversionOptions]]]:
-    """{target label: (scratch config fn(seed, steps), {method: ConversionOptions})}; a bad
-    method or combination fails here, before any training."""
-    out, common = {}, dict(calibration_tokens=ab.calibration_tokens, schedule=ab.schedule)
+    """{target label: (scratch config fn(seed, steps, lr), {method label: ConversionOptions})};
+    a bad method or combination fails here, before any training."""
+    out = {}
     for g in ab.targets:
-        methods = {}
-        for name in ab.methods:
-            grouping, _, method = name.rpartition('-')
-            methods[name] = ConversionOptions(
-                num_kv_heads=g,
-                method=method,
-                grouping=grouping or 'contiguous',
-                optimizer_state=ab.optimizer_state,
-                **common,
-            )
         label = 'MQA' if g == 1 else f'GQA-{g}'
-        out[label] = (lambda s, t, g=g: pooled_config(ab, g, s, t), methods)
+        out[label] = (
+            lambda s, t, lr=None, g=g: pooled_config(ab, g, s, t, lr),
+            _pooled_options(ab, g),
+        )
     for g, n in (parse_cla(ab, spec) for spec in ab.cla):
-        methods = {}
-        for name in ab.methods:
-            grouping, _, method = name.rpartition('-')
-            methods[name] = ConversionOptions(
-                num_kv_heads=g,
-                kv_share_every=n,
-                method=method,
-                grouping=grouping or 'contiguous',
-                optimizer_state=ab.optimizer_state,
-                **common,
-            )
-        out[cla_label(g, n)] = (lambda s, t, g=g, n=n: cla_config(ab, g, n, s, t), methods)
+        out[cla_label(g, n)] = (
+            lambda s, t, lr=None, g=g, n=n: cla_config(ab, g, n, s, t, lr),
+            _pooled_options(ab, g, kv_share_every=n),
+        )
     for rank in ab.mla_ranks:
-        options = ConversionOptions(
-            target=latent_variant(),
-            kv_lora_rank=rank,
-            qk_rope_head_dim=ab.mla_rope_dim,
-            method='joint_svd',
-            optimizer_state='fresh',
-            **common,
-        )
-        out[f'MLA-{rank}'] = (
-            lambda s, t, c=rank: latent_config(ab, c, s, t),
-            {'joint_svd': options},
-        )
+        methods = {
+            method_label('joint_svd', schedule): ConversionOptions(
+                target=latent_variant(),
+                kv_lora_rank=rank,
+                qk_rope_head_dim=ab.mla_rope_dim,
+                method='joint_svd',
+                optimizer_state=ab.optimizer_state,
+                calibration_tokens=ab.calibration_tokens,
+                schedule=schedule,
+                data_split=UPTRAIN_PART,
+            )
+            for schedule in ab.schedules
+        }
+        out[f'MLA-{rank}'] = (lambda s, t, lr=None, c=rank: latent_config(ab, c, s, t, lr), methods)
     return out
 
 
 def _trainer(name: str, make: Callable[[str], ml_collections.ConfigDict], tb_dir: str):
     """A Spec's run: trains `make(workdir)` (a config, or a conversion that writes the run's
-    first checkpoint and returns its config) with lm.train.loop; result: {'eval': metrics}."""
+    first checkpoint and returns its config) with lm.train.loop; result: {'eval': validation
+    metrics, 'heldout': held-out metrics}, both at the last step."""
 
     def run(workdir: str) -> dict:
         out = loop.train(make(workdir), workdir, tb_dir)
@@ -205,35 +251,54 @@ def _trainer(name: str, make: Callable[[str], ml_collections.ConfigDict], tb_dir
                 'starts an unfinished run again from its beginning)'
             )
         logging.info('%s: eval loss %.4f', name, out['eval']['loss'])
-        return {'eval': out['eval']}
+        return {'eval': out['eval'], 'heldout': out['heldout']}
 
     return run
 
 
+def _suffix(ab: Ablation, lr: float) -> str:
+    return f'_lr{lr:g}' if ab.lrs else ''  # without a grid, the names runs always had
+
+
+def _lane(ab: Ablation, out_dir: str, seed: int, by_label: dict) -> list[Spec]:
+    """One seed's runs: its source, then per target its conversion arms and baselines."""
+    tb, lane, src = os.path.join(out_dir, 'tb'), f'seed{seed}', f'mha_s{seed}'
+    scratch = {k: v for k, v in ab.settings().items() if k in SCRATCH_SETTINGS}
+    lr0 = ab.recipe_lr()
+    source = _trainer(src, lambda w: base_config(ab, seed, ab.steps), tb)
+    fp = {**scratch, 'split': SOURCE_PART, 'lr': lr0}
+    specs = [Spec(src, fp, source, (SOURCE, 'scratch', 0.0, lr0), seed, lane=lane)]
+    for label, (make, methods) in by_label.items():
+        for method, options in methods.items():
+            for alpha in ab.fractions:
+                if alpha == 0 and options.schedule != ab.schedules[0]:
+                    continue  # nothing trained: the same model under every schedule
+                for lr in ab.grid() if alpha else ab.grid()[:1]:
+                    name = f'{label}_{method}_a{alpha:g}{_suffix(ab, lr)}_s{seed}'
+                    opts = dataclasses.replace(options, fraction=alpha, seed=seed, lr=lr)
+                    convert = _converter(os.path.join(out_dir, src), opts)
+                    fp = {**ab.settings(), 'schedule': options.schedule}
+                    fp.update(split=UPTRAIN_PART, lr=lr)
+                    arm = (label, method, alpha, lr)
+                    specs.append(
+                        Spec(name, fp, _trainer(name, convert, tb), arm, seed, (src,), lane)
+                    )
+        for total in ab.totals():
+            for lr in ab.grid():
+                name = f'{label}_scratch_{total}{_suffix(ab, lr)}_s{seed}'
+                run = _trainer(name, lambda w, t=total, m=make, lr=lr: m(seed, t, lr), tb)
+                fp = {**scratch, 'split': SCRATCH_PART, 'lr': lr}
+                specs.append(Spec(name, fp, run, (label, 'scratch', total, lr), seed, lane=lane))
+    return specs
+
+
 def plan(ab: Ablation, out_dir: str) -> list[Spec]:
     """The ablation's runs, a lane per seed ('seed<k>'): the source first, then per target its
-    conversion arms (each needing the source) and its from-scratch baselines. Arms:
-    (SOURCE, 'scratch', 0.0), (label, method, alpha) and (label, 'scratch', total steps)."""
-    tb = os.path.join(out_dir, 'tb')
-    scratch = {k: v for k, v in ab.settings().items() if k in SCRATCH_SETTINGS}
-    by_label, specs = arms(ab), []
-    for seed in range(ab.seeds):
-        lane, src = f'seed{seed}', f'mha_s{seed}'
-        source = _trainer(src, lambda w, s=seed: base_config(ab, s, ab.steps), tb)
-        specs.append(Spec(src, scratch, source, (SOURCE, 'scratch', 0.0), seed, lane=lane))
-        for label, (make, methods) in by_label.items():
-            for method, options in methods.items():
-                for alpha in ab.fractions:
-                    name = f'{label}_{method}_a{alpha:g}_s{seed}'
-                    opts = dataclasses.replace(options, fraction=alpha, seed=seed)
-                    convert = _converter(os.path.join(out_dir, src), opts)
-                    run = _trainer(name, convert, tb)
-                    arm = (label, method, alpha)
-                    specs.append(Spec(name, ab.settings(), run, arm, seed, (src,), lane))
-            for total in ab.totals():
-                name = f'{label}_scratch_{total}_s{seed}'
-                run = _trainer(name, lambda w, s=seed, t=total, m=make: m(s, t), tb)
-                specs.append(Spec(name, scratch, run, (label, 'scratch', total), seed, lane=lane))
+    conversion arms (each needing the source) and its from-scratch baselines. Arms (keys of
+    the validation values, lm.experiments.lr_grid): (SOURCE, 'scratch', 0.0, lr),
+    (label, method label, alpha, lr) and (label, 'scratch', total steps, lr)."""
+    by_label = arms(ab)
+    specs = [s for seed in range(ab.seeds) for s in _lane(ab, out_dir, seed, by_label)]
     # An unfinished run starts clean: a conversion writes into an empty workdir.
     return [dataclasses.replace(s, resume=False) for s in specs]
 
@@ -251,103 +316,3 @@ def kv_bytes(ab: Ablation) -> dict[str, int]:
         label: kv_cache_bytes_per_token(check_model_config(make(0, ab.steps).model))
         for label, make in makes.items()
     }
-
-
-def tables(ab: Ablation, values: dict[tuple, dict[int, float]]) -> str:
-    """The ablation table (with each arm's paired difference to from-scratch training of the
-    same target at the same total budget where one was trained, and the target's KV-cache bytes
-    per token) and the paired method comparisons, all one family for Holm's correction.
-    `values`: {arm: {seed: final eval loss}} (lm.experiments.summary.by_arm)."""
-    n, kv, methods = ab.steps, kv_bytes(ab), {k: list(m) for k, (_, m) in arms(ab).items()}
-    pairs = {}  # (arm a, arm b) -> its comparison, in table order
-    for label, names in methods.items():
-        for method in names:
-            for alpha in ab.fractions:
-                scratch = (label, 'scratch', n + ab.up_steps(alpha))
-                if scratch in values:
-                    pairs[((label, method, alpha), scratch)] = None
-        for alpha in ab.fractions:
-            for i, a in enumerate(names):
-                for b in names[i + 1 :]:
-                    pairs[((label, a, alpha), (label, b, alpha))] = None
-    done = summary.family([(values[a], values[b]) for a, b in pairs])
-    pairs = dict(zip(pairs, done, strict=True))
-    lines = [
-        f'Final eval loss over {ab.seeds} seeds (same seed = same MHA source, initialisation and '
-        'data order): mean ± sample std (ddof 1), 95% t-interval; Δ = paired difference over '
-        'seeds with its 95% interval; KV cache: bytes per token over all layers in bfloat16. '
-        + summary.family_note(len(pairs)),
-        '',
-        '| model | conversion | α (uptraining steps) | total steps | eval loss | 95% CI | '
-        'Δ vs from scratch, same total steps | KV cache B/token |',
-        '|---|---|---|---|---|---|---|---|',
-        f'| MHA (source) | — | — | {n} | {summary.cell(values[(SOURCE, "scratch", 0.0)])} | — | '
-        f'{kv[SOURCE]} |',
-    ]
-    for label, names in methods.items():
-        for method in names:
-            for alpha in ab.fractions:
-                arm, up = (label, method, alpha), ab.up_steps(alpha)
-                done = pairs.get((arm, (label, 'scratch', n + up)))
-                delta = summary.diff_cell(done[0], done[2]) if done else '— (not trained)'
-                lines.append(
-                    f'| {label} | {method} | {alpha:g} ({up}) | {n + up} | '
-                    f'{summary.cell(values[arm])} | {delta} | {kv[label]} |'
-                )
-        for total in ab.totals():
-            lines.append(
-                f'| {label} | from scratch | — | {total} | '
-                f'{summary.cell(values[(label, "scratch", total)])} | — | {kv[label]} |'
-            )
-    return '\n'.join(lines + _method_comparisons(pairs))
-
-
-def _method_comparisons(pairs: dict[tuple, tuple]) -> list[str]:
-    """Table rows of the paired difference between every two conversion methods of a target."""
-    lines = []
-    for (a, b), (diff, _, p_holm) in pairs.items():
-        if b[1] != 'scratch':
-            ordering = stats.ordering(a[1], b[1], diff, summary.holm_resolved(p_holm))
-            cell = summary.diff_cell(diff, p_holm)
-            lines.append(f'| {a[0]} | {a[2]:g} | {a[1]} | {b[1]} | {cell} | {ordering} |')
-    header = [
-        '',
-        '| model | α | a | b | Δ loss a − b (95% CI), p (Holm) | ordering |',
-        '|---|---|---|---|---|---|',
-    ]
-    return header + lines if lines else []
-
-
-def compare_table(
-    ab: Ablation, specs: list[Spec], values: dict[tuple, dict[int, float]], out_dir: str, other: str
-) -> str:
-    """Paired differences (same seed = same source) between this out_dir's conversion arms and
-    the same runs in `other` (an earlier out_dir, e.g. the other schedule), read from its cached
-    results; Holm-corrected over the rows."""
-    theirs: dict[tuple, dict[int, float]] = {}
-    settings = None
-    for spec in specs:
-        saved = read_result(os.path.join(other, spec.name))
-        if spec.arm[1] != 'scratch' and saved is not None:
-            theirs.setdefault(spec.arm, {})[spec.seed] = summary.loss(saved)
-            settings = saved.get('fingerprint', saved.get('settings'))  # older: 'settings'
-    keys = [k for k, ours in values.items() if set(theirs.get(k, {})) >= set(ours)]
-    done = summary.family([(values[k], theirs[k]) for k in keys])
-    rows = [
-        f'| {label} | {method} | {alpha:g} | {summary.diff_cell(d, p_holm)} | {d.n} |'
-        for (label, method, alpha), (d, _, p_holm) in zip(keys, done, strict=True)
-    ]
-    now = ab.settings()
-    changed = ', '.join(
-        f'{k} {settings[k]} there' for k in now if settings and settings.get(k) != now[k]
-    )
-    return '\n'.join(
-        [
-            f'Paired difference over seeds, this run ({out_dir}) minus {other} '
-            f'({changed or "same settings"}). {summary.family_note(len(rows))}',
-            '',
-            '| model | conversion | α | Δ loss this − that (95% CI) | seeds |',
-            '|---|---|---|---|---|',
-            *rows,
-        ]
-    )

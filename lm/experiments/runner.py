@@ -55,13 +55,17 @@ class StopRuns(StopRequest):
                 proc.send_signal(signum)
 
 
-def call(argv: list[str], log) -> int:
+def call(argv: list[str], log, echo: Callable[[str], None] | None = None) -> int:
     """Runs `argv` (output to the open file `log`) to its end and returns its exit status; a
-    `StopRuns` signal is passed on to it."""
+    `StopRuns` signal is passed on to it. `echo`: also called with each line of its output."""
+    out = {'stdout': subprocess.PIPE, 'text': True} if echo else {'stdout': log}
     with _CHILDREN_LOCK:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stderr=subprocess.STDOUT, **out)
         _CHILDREN.add(proc)
     try:
+        for line in proc.stdout if echo else ():
+            log.write(line)
+            echo(line)
         return proc.wait()
     finally:
         with _CHILDREN_LOCK:
@@ -95,6 +99,8 @@ class Spec:
     lane: str = ''  # '' = a lane of its own
     resume: bool = True  # an unfinished run goes on in its workdir; False: starts clean
     resumable: Callable[[str], bool] = _never  # fingerprint keys that may change: re-run
+    # fingerprint keys added since runs were recorded -> the value a record lacking one had
+    added: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def lane_name(self) -> str:
@@ -129,10 +135,18 @@ def read_result(run_dir: str) -> dict | None:
     return _read(os.path.join(run_dir, RESULT))
 
 
+def recorded(saved: Mapping[str, Any], spec: Spec) -> dict[str, Any]:
+    """A run's `saved` fingerprint with the keys `spec.added` that it lacks set to their values
+    (a run recorded by code older than those keys)."""
+    now = fingerprint(spec)
+    added = json.loads(json.dumps({k: v for k, v in spec.added.items() if k in now}))
+    return {**{k: v for k, v in added.items() if k not in saved}, **saved}
+
+
 def changes(saved: Mapping[str, Any], spec: Spec) -> list[str]:
     """["key: 'old' -> 'new'", ...]: the fingerprint keys, outside the resumable ones, in which
     `spec` differs from a run's `saved` fingerprint."""
-    now = fingerprint(spec)
+    now, saved = fingerprint(spec), recorded(saved, spec)
     out = []
     for key in sorted(set(saved) | set(now)):
         a, b = saved.get(key, '(absent)'), now.get(key, '(absent)')
@@ -180,7 +194,9 @@ def check(specs: list[Spec], out_dir: str, flag: str = '--out_dir') -> None:
 def cached(spec: Spec, run_dir: str) -> dict | None:
     """The result in `run_dir` if it finished with exactly `spec`'s fingerprint."""
     saved = read_result(run_dir)
-    return saved if saved is not None and saved.get('fingerprint') == fingerprint(spec) else None
+    if saved is None or 'fingerprint' not in saved:
+        return None
+    return saved if recorded(saved['fingerprint'], spec) == fingerprint(spec) else None
 
 
 def results(specs: list[Spec], out_dir: str) -> dict[str, dict]:
@@ -205,6 +221,7 @@ def run_one(spec: Spec, out_dir: str, reuse: str = '') -> str:
         shutil.rmtree(wd, ignore_errors=True)
     os.makedirs(wd, exist_ok=True)
     _write(os.path.join(wd, STARTED), {'fingerprint': fingerprint(spec)})
+    print(f'{spec.name}: started in {wd}', flush=True)
     t = time.time()
     try:
         result = spec.run(wd)

@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 
 from lm.config import parse_assignment, with_values, write_config_file
+from lm.config_migration import ADDED_KEYS
 from lm.experiments import stats, summary
 from lm.experiments.fairness import DESCRIPTIONS, MATCHES, match_parameters, reference_config
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
@@ -170,20 +171,38 @@ def plan(
                     arm=name,
                     seed=seeded.seed,
                     resumable=resumable_key,
+                    added=ADDED_KEYS,
                 )
             )
     return specs
 
 
+PROGRESS = ('] eval at step ', '] resumed from ')  # train.log lines a sweep echoes
+
+
+def _train_logged(argv: list[str], workdir: str) -> int:
+    """Runs `argv` (`runner.call`: a stop signal is passed on to it), appending its output to
+    <workdir>/train.log and echoing its evaluation lines (`<run>: eval at step N: ...`) as they
+    come; returns its exit code."""
+    name = os.path.basename(os.path.normpath(workdir))
+
+    def echo(line: str) -> None:
+        for marker in PROGRESS:
+            if marker in line:
+                print(f'{name}: {marker[2:]}{line.split(marker, 1)[1]}', end='', flush=True)
+
+    with open(os.path.join(workdir, 'train.log'), 'a') as log:
+        return call(argv, log, echo)
+
+
 def _trainer(config: ml_collections.ConfigDict, command: list[str], tb_dir: str):
     """A Spec's run: `command` (train.py) trains `config` in the workdir, logging to
-    <workdir>/train.log; its result is the run's results.json."""
+    <workdir>/train.log and echoing its progress; its result is the run's results.json."""
 
     def run(workdir: str) -> dict:
         cfg_file = write_config_file(config, os.path.join(workdir, 'sweep_config.py'))
         args = [f'--config={cfg_file}', f'--workdir={workdir}', f'--tb_dir={tb_dir}']
-        with open(os.path.join(workdir, 'train.log'), 'a') as log:
-            code = call([*command, *args], log)
+        code = _train_logged([*command, *args], workdir)
         if name := stopped_by(code):
             steps = saved_steps(workdir)
             kept = f'its checkpoint of step {steps[-1]} kept' if steps else 'no checkpoint yet'

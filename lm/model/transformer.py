@@ -134,7 +134,11 @@ class Transformer(nnx.Module):
         prompt; decode: T = 1) and attend every valid slot up to their own."""
         if positions_BT is None:
             positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
-        x_BTE = jnp.take(self.embed[...], tokens_BT, axis=0).astype(DTYPES[self.cfg.dtype])
+        # The lookup reads the table whole (an explicit all-gather, as FSDP gathers any weight
+        # before use): a gather from the vocab/embed-sharded table would come out sharded on E,
+        # which XLA can only turn into the batch-sharded stream by full rematerialisation.
+        table_VE = constrain(self.embed[...], (None, None))
+        x_BTE = jnp.take(table_VE, tokens_BT, axis=0).astype(DTYPES[self.cfg.dtype])
         x_BTE = constrain(x_BTE, ACT_AXES)
         layer_caches = iter([None] * len(self.blocks) if caches is None else caches)
         new_caches, below = [], None

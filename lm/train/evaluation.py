@@ -86,6 +86,40 @@ class _Progress:
         self.last = now
 
 
+def _window_sums(
+    eval_step: Callable,
+    params: dict,
+    tokens: np.ndarray,
+    starts: np.ndarray,
+    batch_sharding: jax.sharding.NamedSharding,
+    stop: Callable[[], None] | None,
+    progress: _Progress,
+    *,
+    batch_size: int,
+    seq_len: int,
+) -> list[np.ndarray]:
+    """Each evaluation batch's per-window loss sums (this process's first shard), in order."""
+    sums = []
+    for batch, weights in eval_batches(
+        tokens,
+        starts,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    ):
+        if stop is not None:
+            stop()
+        out = eval_step(
+            params, global_batch(batch, batch_sharding), global_batch(weights, batch_sharding)
+        )
+        # Fetched before the next call: XLA:CPU's in-process collectives (several CPU devices)
+        # can deadlock when many multi-device executions are queued at once.
+        sums.append(np.asarray(out.addressable_data(0), np.float64))
+        progress.done(len(sums))
+    return sums
+
+
 def evaluate(
     eval_step: Callable,
     params: dict,
@@ -123,25 +157,18 @@ def evaluate(
         seq_len,
         batch_size,
     )
-    sums = []
     progress = _Progress(split, -(-len(starts) // batch_size), eval_tokens, progress_every_s)
-    for batch, weights in eval_batches(
+    sums = _window_sums(
+        eval_step,
+        params,
         tokens,
         starts,
+        batch_sharding,
+        stop,
+        progress,
         batch_size=batch_size,
         seq_len=seq_len,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    ):
-        if stop is not None:
-            stop()
-        out = eval_step(
-            params, global_batch(batch, batch_sharding), global_batch(weights, batch_sharding)
-        )
-        # Fetched before the next call: XLA:CPU's in-process collectives (several CPU devices)
-        # can deadlock when many multi-device executions are queued at once.
-        sums.append(np.asarray(out.addressable_data(0), np.float64))
-        progress.done(len(sums))
+    )
     window_sums = np.concatenate(sums)[: len(starts)]  # padding rows (weight 0) dropped
     loss = float(window_sums.sum() / counts.sum())
     return {

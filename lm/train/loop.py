@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import queue
 import signal
 import threading
@@ -13,6 +14,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from lm.data.parts import HELDOUT
 from lm.data.windows import call_batch
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import Interrupted, StopRequest
@@ -27,7 +29,12 @@ from lm.train.workdir import RunError, remember_tb_dir, remembered_tb_dir
 def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...]):
     """Steps per train-step call from `start` to `stop`: `steps_per_call` wherever that many fit
     before the next multiple of any of `every` (log, eval, checkpoint) or `stop`, single steps
-    otherwise, so that every such step ends a call."""
+    otherwise, so that every such step ends a call. When a smaller size n > 1 divides `start`,
+    `stop`, every interval and `steps_per_call`, every call is n steps instead: one compiled
+    function (15 steps at 10 per call: 5 + 5 + 5, not 10 + five single steps)."""
+    n = math.gcd(steps_per_call, start, stop, *every)
+    if n > 1:
+        steps_per_call = n
     step = start
     while step < stop:
         boundary = min([stop] + [(step // e + 1) * e for e in every])
@@ -91,7 +98,8 @@ def train(
     allow_config_change: bool = False,
 ) -> dict:
     """Trains (or resumes) the run in `workdir`, which it owns meanwhile (`WorkdirLock`); returns
-    the last eval metrics and end state. A run that reaches `train.steps` writes
+    the last eval metrics (and, for a corpus with a held-out part, `lm.data.parts`, the
+    last step's on it as 'heldout') and end state. A run that reaches `train.steps` writes
     `<workdir>/results.json` (`write_results`). Resuming under a config that differs from the
     checkpoint's (`lm.train.workdir.config_changes`) needs `allow_config_change`. The process's
     CPU devices must already be set (`lm.cli.bootstrap`)."""
@@ -150,12 +158,14 @@ class _Training:
         # A new run's step-0 score (~ the vocabulary size in perplexity) is logged under its
         # own tags, so it does not set the y-range of the eval charts that compare runs.
         prefix = 'eval_init' if self.start == 0 else 'eval'
-        step, self.last_eval = self.start, {}
+        step, self.last_eval, self.heldout = self.start, {}, {}
         try:
             if first:
                 self.last_eval = self._evaluate(self.start, prefix)
             self.meter.restart()  # the first window times steps only
             step = self._steps()
+            if step == c.train.steps and HELDOUT in self.run.corpus.tokens:  # lm.data.parts
+                self.heldout = self._evaluate(step, HELDOUT, HELDOUT)
         except Interrupted as e:  # in the first evaluation: nothing trained, nothing to save
             logging.warning('%s during the first evaluation: nothing trained, nothing saved', e)
         finally:
@@ -169,6 +179,7 @@ class _Training:
         return {
             'step': step,
             'eval': self.last_eval,
+            'heldout': self.heldout,
             'signal': self.stop.signum,
             'state': self.state,
         }
@@ -222,13 +233,13 @@ class _Training:
             logging.warning('%s at step %d: checkpoint saved, exiting', name, step)
         return bool(self.stop.signum)
 
-    def _evaluate(self, step: int, prefix: str = 'eval') -> dict:
+    def _evaluate(self, step: int, prefix: str = 'eval', split: str = 'validation') -> dict:
         run, c = self.run, self.run.config
         metrics = evaluate(
             self.eval_fn,
             self.state['params'],
             run.corpus,
-            'validation',
+            split,
             batch_size=eval_batch_size(c),
             seq_len=c.data.seq_len,
             eval_tokens=c.eval_tokens,

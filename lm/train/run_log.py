@@ -152,11 +152,12 @@ def log_model(run: Run, tb: Summary, tb_root: str) -> None:
     tb.text('config', '```\n' + shown_config(c).to_json(indent=2) + '\n```')
     tb.hparams(hparam_values(c, cfg, counts['total']), tb_root)
     logging.info(
-        'model: %s params (%s), %.3g FLOPs/token; on %d devices; %s',
+        'model: %s params (%s), %.3g FLOPs/token; on %d devices, mesh %s; %s',
         f'{counts["total"]:,}',
         ', '.join(f'{k} {v:,}' for k, v in counts.items() if k != 'total'),
         accounting.flops_per_token(cfg, c.data.seq_len),
         jax.device_count(),
+        ' x '.join(f'{name}={size}' for name, size in run.mesh.shape.items()),
         f'peak {peak_total:.3g} FLOP/s ({peak_source})' if peak_total else peak_source,
     )
 

@@ -1,0 +1,147 @@
+"""The uptraining ablation's tables (lm.experiments.ablation): each arm at the learning rate
+chosen on the validation part (lm.experiments.lr_grid), reported on the held-out part, with
+paired differences between arms (same seed = same source, initialisation and data order).
+"""
+
+from __future__ import annotations
+
+import os
+
+from lm.experiments import lr_grid, stats, summary
+from lm.experiments.ablation import SOURCE, Ablation, arms, kv_bytes
+from lm.experiments.runner import Spec, read_result
+
+
+def heldout_loss(result: dict) -> float:
+    """A run's final loss on the held-out part (lm.data.parts)."""
+    return result['heldout']['loss']
+
+
+def report(specs: list[Spec], found: dict[str, dict]) -> tuple[dict, dict]:
+    """({(label, method, alpha): {seed: held-out loss}}, {that arm: learning rate}): every arm
+    at the rate with the lowest mean validation loss (`lr_grid.select`)."""
+    validation = summary.by_arm(specs, found, summary.loss)
+    return lr_grid.select(validation, summary.by_arm(specs, found, heldout_loss))
+
+
+def _lr(chosen: dict, arm: tuple) -> str:
+    return f'{chosen[arm]:g}' if arm in chosen else '—'
+
+
+def _family(ab: Ablation, values: dict, methods: dict[str, list[str]]) -> dict[tuple, tuple]:
+    """Every comparison of the report, one family for Holm's correction: each conversion arm
+    against from-scratch training of its target at the same total steps (where trained), and
+    every two conversions (methods and schedules) of a target at an alpha. {(arm a, arm b):
+    (paired difference a − b, p, Holm-adjusted p)}."""
+    pairs = []
+    for label, names in methods.items():
+        for alpha in ab.fractions:
+            scratch = (label, 'scratch', ab.steps + ab.up_steps(alpha))
+            present = [(label, m, alpha) for m in names if (label, m, alpha) in values]
+            pairs += [(arm, scratch) for arm in present if scratch in values]
+            pairs += [(a, b) for i, a in enumerate(present) for b in present[i + 1 :]]
+    done = summary.family([(values[a], values[b]) for a, b in pairs])
+    return dict(zip(pairs, done, strict=True))
+
+
+def tables(ab: Ablation, values: dict[tuple, dict[int, float]], chosen: dict) -> str:
+    """The ablation table (with each arm's paired difference to from-scratch training of the
+    same target at the same total budget where one was trained, the target's KV-cache bytes
+    per token and the chosen learning rate) and the paired method comparisons, Holm-corrected
+    as one family (`_family`). `values` and `chosen` as `report` gives them."""
+    n, kv, methods = ab.steps, kv_bytes(ab), {k: list(m) for k, (_, m) in arms(ab).items()}
+    src = (SOURCE, 'scratch', 0.0)
+    pairs = _family(ab, values, methods)
+    lines = [
+        f'Final loss on the held-out part over {ab.seeds} seeds (same seed = same MHA source, '
+        'initialisation and data order), each arm at the learning rate with the lowest mean '
+        'validation loss: mean ± sample std (ddof 1), 95% t-interval; Δ = paired difference '
+        'over seeds with its 95% interval; KV cache: bytes per token over all layers in '
+        'bfloat16. ' + summary.family_note(len(pairs)),
+        '',
+        '| model | conversion | α (uptraining steps) | total steps | held-out loss | 95% CI | '
+        'Δ vs from scratch, same total steps | KV cache B/token | lr |',
+        '|---|---|---|---|---|---|---|---|---|',
+        f'| MHA (source) | — | — | {n} | {summary.cell(values[src])} | — | {kv[SOURCE]} | '
+        f'{_lr(chosen, src)} |',
+    ]
+    for label, names in methods.items():
+        for method in names:
+            for alpha in ab.fractions:
+                if (arm := (label, method, alpha)) not in values:
+                    continue  # alpha = 0 under a second schedule: the same model, not repeated
+                up = ab.up_steps(alpha)
+                done = pairs.get((arm, (label, 'scratch', n + up)))
+                delta = summary.diff_cell(done[0], done[2]) if done else '— (not trained)'
+                lines.append(
+                    f'| {label} | {method} | {alpha:g} ({up}) | {n + up} | '
+                    f'{summary.cell(values[arm])} | {delta} | {kv[label]} | '
+                    f'{_lr(chosen, arm) if alpha else "—"} |'
+                )
+        for total in ab.totals():
+            arm = (label, 'scratch', total)
+            lines.append(
+                f'| {label} | from scratch | — | {total} | {summary.cell(values[arm])} | — | '
+                f'{kv[label]} | {_lr(chosen, arm)} |'
+            )
+    return '\n'.join(lines + _method_comparisons(pairs))
+
+
+def _method_comparisons(pairs: dict[tuple, tuple]) -> list[str]:
+    """Table rows of the paired difference between every two conversions of a target (methods
+    and schedules) at an alpha, with its Holm-adjusted p."""
+    lines = []
+    for (a, b), (diff, _, p_holm) in pairs.items():
+        if b[1] != 'scratch':
+            ordering = stats.ordering(a[1], b[1], diff, summary.holm_resolved(p_holm))
+            cell = summary.diff_cell(diff, p_holm)
+            lines.append(f'| {a[0]} | {a[2]:g} | {a[1]} | {b[1]} | {cell} | {ordering} |')
+    header = [
+        '',
+        '| model | α | a | b | Δ held-out loss a − b (95% CI), p (Holm) | ordering |',
+        '|---|---|---|---|---|---|',
+    ]
+    return header + lines if lines else []
+
+
+def compare_table(
+    ab: Ablation,
+    specs: list[Spec],
+    chosen: dict,
+    values: dict[tuple, dict[int, float]],
+    out_dir: str,
+    other: str,
+) -> str:
+    """Paired differences (same seed = same source) between this out_dir's conversion arms and
+    the same runs (same name: same learning rate) in `other`, an earlier out_dir, read from its
+    cached results, on the held-out part; Holm-corrected over the rows."""
+    theirs: dict[tuple, dict[int, float]] = {}
+    settings = None
+    for spec in specs:
+        arm = spec.arm[:3]
+        if arm[1] == 'scratch' or chosen.get(arm) != spec.arm[3]:
+            continue
+        saved = read_result(os.path.join(other, spec.name))
+        if saved is not None and 'heldout' in saved:
+            theirs.setdefault(arm, {})[spec.seed] = heldout_loss(saved)
+            settings = saved['fingerprint']
+    keys = [k for k, ours in values.items() if set(theirs.get(k, {})) >= set(ours) > set()]
+    done = summary.family([(values[k], theirs[k]) for k in keys])
+    rows = [
+        f'| {label} | {method} | {alpha:g} | {summary.diff_cell(d, p_holm)} | {d.n} |'
+        for (label, method, alpha), (d, _, p_holm) in zip(keys, done, strict=True)
+    ]
+    now = ab.settings()
+    changed = ', '.join(
+        f'{k} {settings[k]} there' for k in now if settings and settings.get(k) != now[k]
+    )
+    return '\n'.join(
+        [
+            f'Paired difference over seeds on the held-out part, this run ({out_dir}) minus '
+            f'{other} ({changed or "same settings"}). {summary.family_note(len(rows))}',
+            '',
+            '| model | conversion | α | Δ held-out loss this − that (95% CI) | seeds |',
+            '|---|---|---|---|---|',
+            *rows,
+        ]
+    )

@@ -1,0 +1,42 @@
+"""The learning-rate rule of an experiment with a grid of learning rates per arm: the rate is
+chosen on the validation split and the arm is reported on the held-out split (lm.data.parts),
+so the choice does not flatter the reported score.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping
+
+from lm.experiments import stats
+
+Values = Mapping[int, float]  # {seed: loss} of one arm at one learning rate
+
+
+def choose(by_lr: Mapping[float, Values]) -> float:
+    """The learning rate with the lowest mean validation loss over seeds, among the rates run
+    for every seed any rate was run for (a rate missing a seed is not compared); a non-finite
+    mean (a diverged run) loses to any finite one; ties go to the smaller rate."""
+    if not by_lr:
+        raise ValueError('no learning rate to choose from')
+    seeds = set().union(*(set(v) for v in by_lr.values()))
+    complete = [lr for lr, values in by_lr.items() if set(values) == seeds]
+
+    def rank(lr: float) -> tuple[float, float]:
+        m = stats.mean(list(by_lr[lr].values()))
+        return (m if math.isfinite(m) else math.inf, lr)
+
+    return min(complete, key=rank)
+
+
+def select(
+    validation: Mapping[tuple, Values], report: Mapping[tuple, Values]
+) -> tuple[dict[Hashable, dict[int, float]], dict[Hashable, float]]:
+    """({arm: report values at its chosen rate}, {arm: chosen rate}) from values keyed
+    (*arm, lr): the rate by `choose` on `validation`, the values from `report` (held-out)."""
+    grids: dict[Hashable, dict[float, Values]] = {}
+    for key, values in validation.items():
+        grids.setdefault(tuple(key[:-1]), {})[key[-1]] = values
+    chosen = {arm: choose(grid) for arm, grid in grids.items()}
+    out = {arm: dict(report.get((*arm, lr), {})) for arm, lr in chosen.items()}
+    return {arm: v for arm, v in out.items() if v}, chosen

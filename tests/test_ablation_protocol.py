@@ -1,0 +1,116 @@
+"""The uptraining ablation's protocol (lm/experiments/ablation.py, lr_grid.py): its arms, the
+corpus parts each run trains on, and the learning-rate rule. No training here."""
+
+import math
+import os
+
+import pytest
+
+from lm.experiments import lr_grid
+from lm.experiments.ablation import Ablation, arms, base_config, plan
+
+CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'configs', 'shakespeare_char.py')
+
+
+def ablation(**overrides):
+    settings = dict(
+        config_file=CONFIG,
+        data_path='text.txt',
+        steps=100,
+        seeds=2,
+        fractions=(0.0, 0.1),
+        scratch_fractions=(0.0, 0.1),
+        targets=(2, 1),
+        methods=('mean', 'aligned'),
+        mla_ranks=(16,),
+        schedules=('continue', 'rewarm'),
+        lrs=(3e-4, 1e-3, 3e-3),
+    )
+    return Ablation(**{**settings, **overrides})
+
+
+def test_choose_takes_the_lowest_mean_validation_loss():
+    by_lr = {1e-3: {0: 2.0, 1: 2.2}, 3e-3: {0: 1.9, 1: 2.2}, 1e-2: {0: 1.0}}  # 1e-2: one seed
+    assert lr_grid.choose(by_lr) == 3e-3  # 2.05 < 2.1; 1e-2 lacks seed 1, not compared
+    assert lr_grid.choose({1e-3: {0: 2.0}, 3e-4: {0: 2.0}}) == 3e-4  # a tie: the smaller rate
+    assert lr_grid.choose({1e-2: {0: math.nan}, 1e-3: {0: 9.0}}) == 1e-3  # diverged loses
+    with pytest.raises(ValueError, match='no learning rate'):
+        lr_grid.choose({})
+
+
+def test_select_reports_the_held_out_values_at_the_chosen_rate():
+    validation = {
+        ('GQA-2', 'mean', 0.1, 1e-3): {0: 1.5, 1: 1.7},
+        ('GQA-2', 'mean', 0.1, 3e-3): {0: 1.6, 1: 1.7},
+        ('MQA', 'scratch', 110, 1e-3): {0: 1.9, 1: 1.9},
+        ('MQA', 'scratch', 110, 3e-3): {0: 1.8, 1: 1.85},
+    }
+    held = {
+        key: {s: v + 10 * key[-1] + 0.01 for s, v in vals.items()}
+        for key, vals in validation.items()
+    }
+    values, chosen = lr_grid.select(validation, held)
+    assert chosen == {('GQA-2', 'mean', 0.1): 1e-3, ('MQA', 'scratch', 110): 3e-3}
+    assert values[('GQA-2', 'mean', 0.1)] == pytest.approx({0: 1.52, 1: 1.72})
+    assert values[('MQA', 'scratch', 110)] == pytest.approx({0: 1.84, 1: 1.89})
+
+
+def test_the_grid_has_rewarm_aligned_and_a_scratch_baseline_per_target_and_budget():
+    ab = ablation()
+    by_label = arms(ab)
+    assert set(by_label) == {'GQA-2', 'MQA', 'MLA-16'}
+    for label in ('GQA-2', 'MQA'):
+        options = by_label[label][1]['rewarm-aligned']
+        assert (options.schedule, options.method) == ('rewarm', 'aligned')
+        assert by_label[label][1]['aligned'].schedule == 'continue'
+    source = base_config(ab, 0, ab.steps)
+    names = {s.name for s in plan(ab, 'out')}
+    for label, (make, _) in by_label.items():
+        for alpha in ab.fractions:  # the same tokens: steps x batch x seq_len
+            total = ab.steps + round(alpha * ab.steps)
+            scratch = make(0, total, 3e-3)
+            assert scratch.train.steps == total and scratch.train.lr == 3e-3
+            assert scratch.train.batch_size == source.train.batch_size
+            assert scratch.data.seq_len == source.data.seq_len
+            assert all(f'{label}_scratch_{total}_lr{lr:g}_s1' in names for lr in ab.lrs)
+    assert 'MQA_rewarm-aligned_a0.1_lr0.003_s0' in names
+    assert 'MQA_rewarm-aligned_a0_lr0.0003_s0' not in names  # alpha 0: no schedule, run once
+
+
+def test_each_run_trains_on_its_own_part_and_continue_carries_the_optimizer_state():
+    ab = ablation()
+    assert base_config(ab, 0, ab.steps).data.split == 'pretrain'
+    for make, methods in arms(ab).values():
+        assert make(0, ab.steps).data.split == 'pretrain+uptrain'
+        for options in methods.values():
+            assert options.data_split == 'uptrain'
+            if options.schedule == 'continue':
+                assert options.optimizer_state == 'convert'
+    splits = {}
+    for spec in plan(ab, 'out'):
+        splits.setdefault(spec.arm[1] == 'scratch' and spec.arm[0] != 'MHA', set()).add(
+            (spec.arm[0] == 'MHA', spec.fingerprint['split'])
+        )
+    assert splits == {
+        True: {(False, 'pretrain+uptrain')},
+        False: {(True, 'pretrain'), (False, 'uptrain')},
+    }
+
+
+def test_without_a_grid_runs_keep_their_names_and_the_recipe_rate():
+    ab = ablation(lrs=(), schedules=('continue',), mla_ranks=())
+    specs = plan(ab, 'out')
+    assert {s.arm[-1] for s in specs} == {base_config(ab, 0, 1).train.lr}
+    assert 'GQA-2_mean_a0.1_s0' in {s.name for s in specs}
+
+
+@pytest.mark.parametrize(
+    'overrides, message',
+    [
+        ({'schedules': ('warm',)}, '--schedule: expected one or more of'),
+        ({'lrs': (1e-3, 0.0)}, '--lrs: every learning rate must be > 0'),
+    ],
+)
+def test_bad_settings_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        ablation(**overrides)

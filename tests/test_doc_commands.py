@@ -1,0 +1,405 @@
+"""Every shell command of README.md and docs/*.md runs, scaled down, in one scratch directory.
+
+The commands are the bash blocks' lines (continuations joined, comments dropped; a `for` loop is
+one command). `PLAN` says what the test does with each, keyed by its exact text, so a command
+added to the docs (or changed) fails the test until it is listed here:
+
+- `Run(subs, extra)`: runs it (bash, in the scratch directory, in document order: README first)
+  after the substitutions `subs` (old -> new, the explicit scaling), with `extra` appended to the
+  command; every `train.py --config` and `sweep.py --config` also gets `TINY` (a 1-layer model of
+  width 32, 40 steps, checkpoints and evaluations every 20). Run commands chain: train, then
+  eval, uptrain, analysis and export read what earlier ones wrote.
+- `Flags(subs)`: benchmarks, multi-host and long experiments: each `python` command runs with
+  `--help` appended, so absl parses (and checks) every flag the docs give, and runs nothing.
+- `Skip(reason)`: what cannot run here at all.
+
+Data: `data/tinyshakespeare.txt` is a text the test writes (no network); scripts/get_data.py is
+only flag-checked (it would download).
+"""
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import ROOT, stdlib_text
+
+DOCS = ['README.md'] + sorted(f'docs/{p.name}' for p in (ROOT / 'docs').glob('*.md'))
+TINY = (
+    '--config.model.d_model=32 --config.model.num_layers=1 --config.data.seq_len=16 '
+    '--config.train.steps=40 --config.eval_every=20 --config.log_every=20 '
+    '--config.checkpoint_every=20 --config.eval_tokens=64 --config.train.warmup_steps=2 '
+    '--config.data.cache_dir=cache --config.compilation_cache_dir=xla'
+)
+TEXT = '--config.data.source=text --config.data.path=data/tinyshakespeare.txt'
+ANALYSIS = {'@2000': '@40', '@2100': '@42'}  # 40 source steps, then round(0.05 * 40) = 2
+SMALL_ANALYSIS = '--batch=4 --max_batches=2 --num_random=4'
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    subs: tuple[tuple[str, str], ...] = ()
+    extra: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
+class Flags:
+    subs: tuple[tuple[str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Skip:
+    reason: str
+
+
+BENCH = Flags()
+SERVER = Skip('tensorboard serves until stopped')
+GET_DATA = Flags()  # downloads; tests/test_fresh_clone.py checks it offline
+FIXTURE = str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')  # 4 heads, 2 layers, width 32
+
+PLAN = {
+    # README.md
+    "pip install -e '.[dev]'": Skip('installs the package the suite runs in'),
+    'python train.py --config=configs/quickstart.py --workdir=runs/quickstart': Run(extra=TEXT),
+    'tensorboard --logdir runs/quickstart/tb': SERVER,
+    'pytest -q': Skip('the suite itself'),
+    'pytest -q -m "not slow"': Skip('the suite itself'),
+    'python scripts/get_data.py tinyshakespeare': GET_DATA,
+    'python train.py --config=configs/shakespeare_char.py:gqa2 --workdir=runs/gqa2 '
+    '--config.data.path=data/tinyshakespeare.txt --config.train.steps=500 '
+    '--config.model.dtype=bfloat16': Run(),
+    'python -c "from lm.config import load_config_file as f; '
+    "print(f('configs/shakespeare_char.py', 'gqa2'))\"": Run(),
+    'python train.py --config=configs/shakespeare_char.py --workdir=runs/shakespeare_mha '
+    '--config.data.path=data/tinyshakespeare.txt': Run(),
+    'python eval.py --workdir=runs/shakespeare_mha': Run(),
+    'python eval.py --workdir=runs/quickstart': Run(),
+    'python eval.py --workdir=runs/quickstart --step=400 --split=train --eval_tokens=100000': Run(
+        subs=(('--step=400', '--step=20'), ('--eval_tokens=100000', '--eval_tokens=256'))
+    ),
+    'python eval.py --workdir=runs/gqa2 --config=configs/shakespeare_char.py '
+    '--config.data.path=other.txt': Run(  # eval.py takes only data settings from --config
+        extra='--config.data.seq_len=16 --config.data.cache_dir=cache'
+    ),
+    'python train.py --config=configs/shakespeare_char.py --workdir=runs/one '
+    '--config.data.path=data/tinyshakespeare.txt': Run(),
+    'python train.py --config=configs/shakespeare_char.py --workdir=runs/node '
+    '--config.data.path=data/tinyshakespeare.txt --config.train.batch_size=16 '
+    '--config.mesh.data=2 --config.mesh.fsdp=2 --config.mesh.tensor=2': Flags(),  # 8 GPUs
+    'python train.py --config=configs/shakespeare_char.py --workdir=runs/cpu8 '
+    '--config.data.path=data/tinyshakespeare.txt --config.train.batch_size=16 '
+    '--config.mesh.cpu_devices=8 --config.mesh.data=2 --config.mesh.fsdp=2 '
+    '--config.mesh.tensor=2': Run(),
+    'python train.py --config=configs/shakespeare_char.py --workdir=/shared/runs/cluster '
+    '--config.data.path=/shared/data/tinyshakespeare.txt --config.train.batch_size=64 '
+    '--config.mesh.data=-1 --config.mesh.fsdp=8 --coordinator_address=host0:1234 '
+    '--num_processes=4 --process_id=$RANK': Flags(),  # 4 hosts
+    'gcloud compute tpus tpu-vm ssh my-pod --worker=all --command="cd lm && python train.py '
+    '--config=configs/shakespeare_char.py --workdir=gs://bucket/runs/pod '
+    '--config.data.path=tinyshakespeare.txt --config.train.batch_size=64 '
+    '--config.mesh.fsdp=-1 --config.mesh.tensor=1 --distributed"': Skip('a TPU pod'),
+    'python scripts/uptrain.py --src=runs/shakespeare_mha --dst=runs/gqa2_uptrained '
+    '--num_kv_heads=2': Run(),
+    'python train.py --workdir=runs/gqa2_uptrained --tb_dir=runs/tb': Run(),
+    'python scripts/analyze_heads.py --workdir=runs/shakespeare_mha '
+    '--compare=runs/gqa2_uptrained@2000 --compare=runs/gqa2_uptrained '
+    '--out=runs/heads_mha_vs_gqa2': Run(subs=(('@2000', '@40'),), extra=SMALL_ANALYSIS),
+    'python scripts/convert_hf.py import --hf_dir=meta-llama/Llama-2-7b-hf '
+    '--workdir=runs/llama2 --config=configs/base.py --config.data.seq_len=1024 '
+    '--config.train.lr=3e-5': Run(
+        subs=(('meta-llama/Llama-2-7b-hf', FIXTURE), ('seq_len=1024', 'seq_len=16')),
+        extra=f'{TEXT} --config.data.cache_dir=cache --config.eval_tokens=64',
+    ),
+    'python eval.py --workdir=runs/llama2': Run(),
+    'python scripts/generate.py --workdir=runs/llama2 --prompt="The capital of France is"': Run(
+        extra='--max_new_tokens=4'
+    ),
+    'python scripts/uptrain.py --src=runs/llama2 --dst=runs/llama2_gqa8 --num_kv_heads=8 '
+    '--steps=2000': Run(subs=(('--num_kv_heads=8', '--num_kv_heads=2'), ('=2000', '=2'))),
+    'python train.py --workdir=runs/llama2_gqa8': Run(),
+    'python scripts/convert_hf.py export --workdir=runs/llama2_gqa8 '
+    '--hf_dir=out/llama2_gqa8': Run(),
+    'python scripts/generate.py --workdir=runs/shakespeare_mha --prompt="ROMEO:" '
+    '--max_new_tokens=200': Run(subs=(('=200', '=8'),)),
+    'python scripts/generate.py --workdir=runs/shakespeare_mha --prompt="ROMEO:" '
+    '--prompt="JULIET:" --sampling=temperature=0.8,top_k=40,top_p=0.95': Run(
+        extra='--max_new_tokens=8'
+    ),
+    'python scripts/bench_decode.py': BENCH,
+    'python scripts/bench_decode.py --json=decode.json && '
+    'python scripts/plot_roofline.py --json=decode.json': BENCH,
+    'python scripts/sweep.py --config=configs/shakespeare_char.py --sweep_dir=runs/heads '
+    '--config.data.path=data/tinyshakespeare.txt --grid model.attention=gqa '
+    '--grid model.num_heads=4,8 --grid model.num_kv_heads=1,2,4,8': Run(
+        subs=(('num_heads=4,8', 'num_heads=4'), ('num_kv_heads=1,2,4,8', 'num_kv_heads=1,2'))
+    ),
+    'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds '
+    '--seeds=3': Run(subs=(('--seeds=3', '--seeds=1'),)),
+    'tensorboard --logdir runs/kinds/tb': SERVER,
+    'python scripts/bench_train.py': BENCH,
+    'python scripts/profile_train.py': BENCH,
+    'python scripts/bench_torch_baseline.py': BENCH,
+    'python scripts/bench_xla_options.py': BENCH,
+    # docs/analysis.md: one seed of the loop, at 40 + 2 steps
+    'python train.py --config=configs/shakespeare_char.py --workdir=runs/analysis_mha '
+    '--config.data.path=data/tinyshakespeare.txt': Run(),
+    'python scripts/uptrain.py --src=runs/analysis_mha --dst=runs/analysis_gqa2 '
+    '--num_kv_heads=2': Run(),
+    'python train.py --workdir=runs/analysis_gqa2': Run(),
+    'python scripts/analyze_heads.py --workdir=runs/analysis_mha '
+    '--compare=runs/analysis_gqa2@2000 --compare=runs/analysis_gqa2@2100 '
+    '--out=runs/heads_analysis': Run(subs=tuple(ANALYSIS.items()), extra=SMALL_ANALYSIS),
+    'for s in 1 2 3 4; do\n'
+    'python train.py --config=configs/shakespeare_char.py --workdir=runs/analysis_mha_s$s '
+    '--config.data.path=data/tinyshakespeare.txt --config.seed=$s\n'
+    'python scripts/uptrain.py --src=runs/analysis_mha_s$s --dst=runs/analysis_gqa2_s$s '
+    '--num_kv_heads=2\n'
+    'python train.py --workdir=runs/analysis_gqa2_s$s\n'
+    'python scripts/analyze_heads.py --workdir=runs/analysis_mha_s$s '
+    '--compare=runs/analysis_gqa2_s$s@2000 --compare=runs/analysis_gqa2_s$s@2100 '
+    '--out=runs/heads_s$s\n'
+    'done': Run(
+        subs=(
+            ('for s in 1 2 3 4', 'for s in 1'),
+            *ANALYSIS.items(),
+            ('--out=runs/heads_s$s', f'--out=runs/heads_s$s {SMALL_ANALYSIS}'),
+        )
+    ),
+    # docs/data.md
+    'python scripts/bench_data.py --workdir=/tmp/bench_data': BENCH,
+    'python scripts/bench_data.py --workdir=/tmp/bench_data --json=data.json '
+    '--num_proc=1,2,4,8': BENCH,
+    'python scripts/sweep.py --config=configs/sweeps/data_sampling.py --sweep_dir=runs/sampling '
+    '--seeds=5': Run(subs=(('--seeds=5', '--seeds=1'),), extra=TEXT),
+    # docs/decoding.md
+    'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=8192 --batch=4': BENCH,
+    'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=1024,8192,32768 '
+    '--batch=1,4,8 --new_tokens=16 --json=f32.json': BENCH,
+    'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=1024,8192 --batch=4 '
+    '--new_tokens=8 --dtype=bfloat16 --json=bf16.json': BENCH,
+    'python scripts/plot_roofline.py --json=f32.json,bf16.json': BENCH,
+    # docs/kv_layouts.md
+    'python scripts/bench_decode.py --d_model=256 --num_layers=4 --contexts=1024,4096 --batch=1 '
+    '--new_tokens=16 --variants=mha,gqa4,gqa4_local --window=256 --layer_pattern=LLLG '
+    '--kv_cache_dtype=float': BENCH,
+    # docs/performance.md
+    'python scripts/bench_train.py --steps=60 --rounds=5': BENCH,
+    'python scripts/bench_train.py --variants=mha,mla --steps=40 --rounds=4 '
+    '--torch_threads=1': BENCH,
+    'python scripts/bench_train.py --set=train.steps_per_call=1': BENCH,
+    'python train.py --config=configs/shakespeare_char.py --workdir=/tmp/ttq/run '
+    '--config.data.path=data/tinyshakespeare.txt --config.eval_every=100': BENCH,
+    'python scripts/bench_torch_baseline.py --target_loss=1.886 --eval_every=100 --threads=1 '
+    '--data_path=data/tinyshakespeare.txt': BENCH,
+    'python scripts/profile_train.py --top=20': BENCH,
+    'for c in 0 1; do taskset -c $c python scripts/bench_train.py --variants=mha --steps=100 '
+    '--set=mesh.cpu_devices=1 --set=train.batch_size=6 & done; wait': BENCH,
+    'python -m cProfile -s tottime train.py --config=configs/shakespeare_char.py '
+    '--workdir=/tmp/prof --config.data.path=data/tinyshakespeare.txt --config.train.steps=400 '
+    '--config.eval_every=400 --config.checkpoint_every=400 --config.eval_tokens=1536': BENCH,
+    'for r in 1 2; do python train.py --config=configs/shakespeare_char.py --workdir=/tmp/cc$r '
+    '--config.data.path=data/tinyshakespeare.txt --config.train.steps=20 '
+    '--config.compilation_cache_dir=/tmp/xla; done': BENCH,
+    'python scripts/bench_xla_options.py --option=ynn_dots:'
+    'xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT --rounds=12': BENCH,
+    'bash scripts/bench_gpu.sh train OUT_DIR': Skip('a GPU'),
+    'bash scripts/bench_gpu.sh rest OUT_DIR': Skip('a GPU'),
+    'python scripts/bench_decode.py --contexts=8192 --batch=8 --variants=mha,gqa4,mqa,mla '
+    '--dtype=bfloat16 --d_model=768 --num_layers=12': BENCH,
+    # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
+    'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '
+    '--seeds=5': Run(subs=(('runs/kinds5', 'runs/kinds'), ('--seeds=5', '--seeds=1'))),
+    'tensorboard --logdir runs/kinds5/tb': SERVER,
+    'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py '
+    '--sweep_dir=runs/kinds5_params --seeds=5 --match=params --parallel=2': Flags(),
+    # docs/uptraining.md
+    'COMMON="--data_path=data/tinyshakespeare.txt --steps=5000 --seeds=5 --parallel=2"': Run(),
+    'python scripts/uptrain_ablation.py $COMMON --out_dir=runs/uptrain5k_continue '
+    '--methods=mean,similarity-mean,aligned,first,random --fractions=0,0.05 '
+    '--scratch_fractions=0.05 --targets=2,1 --report=runs/table_methods.md': Flags(),
+    'python scripts/uptrain_ablation.py $COMMON --out_dir=runs/uptrain5k_continue --targets= '
+    '--mla_ranks=32,64 --fractions=0,0.05 --scratch_fractions= '
+    '--report=runs/table_mla.md': Flags(),
+    'python scripts/uptrain_ablation.py $COMMON --out_dir=runs/uptrain5k_continue '
+    '--methods=mean,first,random --fractions=0,0.05,0.1 --scratch_fractions=0.05 '
+    '--targets=2,1 --report=runs/table_continue.md': Flags(),
+    'python scripts/uptrain_ablation.py $COMMON --out_dir=runs/uptrain5k_rewarm '
+    '--schedule=rewarm --reuse=runs/uptrain5k_continue --methods=mean,first,random '
+    '--fractions=0.05 --scratch_fractions=0.05 --targets=2,1 '
+    '--compare_with=runs/uptrain5k_continue --report=runs/table_rewarm.md': Flags(),
+    'python scripts/uptrain.py --src=runs/mha --dst=runs/gqa2_sim_al --num_kv_heads=2 '
+    '--grouping=similarity --method=aligned': Run(subs=(('runs/mha', 'runs/shakespeare_mha'),)),
+    'python scripts/uptrain.py --src=runs/mha --dst=runs/mla64 --target=mla --kv_lora_rank=64 '
+    '--qk_rope_head_dim=8 --optimizer_state=fresh': Run(
+        subs=(  # the tiny source's heads are 8 wide
+            ('runs/mha', 'runs/shakespeare_mha'),
+            ('--kv_lora_rank=64', '--kv_lora_rank=16'),
+            ('--qk_rope_head_dim=8', '--qk_rope_head_dim=4'),
+        )
+    ),
+}
+
+
+def doc_commands(text: str) -> list[str]:
+    """The commands of a document's bash blocks: continuation lines joined, comments and blank
+    lines dropped, runs of spaces made one, a multi-line `for` loop kept whole."""
+    out = []
+    for block in re.findall(r'```bash\n(.*?)```', text, flags=re.S):
+        lines = []
+        for line in block.replace('\\\n', ' ').splitlines():
+            line = re.sub(r'\s+#\s.*$', '', line).strip()
+            if line and not line.startswith('#'):
+                lines.append(' '.join(line.split()))
+        i = 0
+        while i < len(lines):
+            j = i
+            if lines[i].startswith('for ') and 'done' not in lines[i]:
+                j = lines.index('done', i)
+            out.append('\n'.join(lines[i : j + 1]))
+            i = j + 1
+    return out
+
+
+def all_commands() -> list[tuple[str, str]]:
+    return [(doc, c) for doc in DOCS for c in doc_commands((ROOT / doc).read_text())]
+
+
+def test_every_doc_command_is_planned():
+    """A command added to (or changed in) the docs needs its line in PLAN; a stale line fails."""
+    found = all_commands()
+    unknown = [f'{doc}: {c!r}' for doc, c in found if c not in PLAN]
+    assert not unknown, 'doc commands tests/test_doc_commands.py does not know:\n' + '\n'.join(
+        unknown
+    )
+    stale = set(PLAN) - {c for _, c in found}
+    assert not stale, f'PLAN lists commands no doc has: {sorted(stale)}'
+
+
+def scaled(command: str, action: Run | Flags) -> str:
+    """The command as the test runs it: substituted, TINY / extra appended (Run), or each python
+    command ended by --help (Flags)."""
+    for old, new in action.subs:
+        assert old in command, (old, command)
+        command = command.replace(old, new)
+    if isinstance(action, Flags):
+        parts = re.split(r'(\s*(?:&&|;|&|\n)\s*)', command)
+        return ''.join(p + ' --help' if 'python ' in p else p for p in parts)
+    lines = []
+    for line in command.split('\n'):
+        if re.match(r'python (train|scripts/sweep)\.py --config', line):
+            line += ' ' + TINY
+        lines.append(line)
+    return '\n'.join(lines) + (f' {action.extra}' if action.extra else '')
+
+
+def scratch(tmp_path):
+    """A directory that looks like the repository to the commands (entry points and scripts
+    linked in, configs copied), with `python` on PATH and the data files the commands read."""
+    for name in ('train.py', 'eval.py', 'scripts'):
+        (tmp_path / name).symlink_to(ROOT / name)
+    shutil.copytree(ROOT / 'configs', tmp_path / 'configs')  # their '..' paths stay in here
+    (tmp_path / 'bin').mkdir()
+    (tmp_path / 'bin' / 'python').symlink_to(sys.executable)
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'tinyshakespeare.txt').write_text(stdlib_text(60_000), encoding='utf-8')
+    (tmp_path / 'other.txt').write_text(stdlib_text(20_000), encoding='utf-8')
+    env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': str(ROOT), 'RANK': '0'}
+    env['PATH'] = f'{tmp_path / "bin"}{os.pathsep}{env["PATH"]}'
+    return env
+
+
+def bash(command: str, cwd, env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ['bash', '-c', command], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.mark.slow
+def test_every_doc_command_runs_scaled_down(tmp_path):
+    env = scratch(tmp_path)
+    shell_vars, flag_checks, seen = '', {}, set()
+    for doc, command in all_commands():
+        action = PLAN[command]
+        if isinstance(action, Skip) or (doc, command) in seen:
+            continue
+        seen.add((doc, command))
+        if isinstance(action, Flags):
+            flag_checks.setdefault(shell_vars + scaled(command, action), f'{doc}: {command}')
+            continue
+        if re.match(r'^[A-Z_]+=', command):  # a shell variable the block's later lines use
+            shell_vars += command + '\n'
+            continue
+        out = bash(scaled(command, action), tmp_path, env)
+        assert out.returncode == 0, f'{doc}: {command}\n{out.stdout[-2000:]}{out.stderr[-4000:]}'
+    with ThreadPoolExecutor(2) as pool:
+        results = pool.map(lambda c: (c, bash(c, tmp_path, env)), flag_checks)
+        for command, out in results:
+            where = flag_checks[command]
+            assert out.returncode == 0 and 'flags:' in out.stdout, f'{where}\n{out.stderr[-3000:]}'
+    for path in (
+        'runs/heads_analysis/heads.csv',
+        'runs/heads_s1/heads.csv',
+        'out/llama2_gqa8/config.json',
+        'runs/heads/summary.md',
+        'runs/kinds/summary.md',
+        'runs/sampling/summary.md',
+        'runs/mla64/checkpoints',
+    ):
+        assert (tmp_path / path).exists(), path
+
+
+@pytest.mark.slow
+def test_quickstart_perplexities_are_in_the_readme_ranges(tmp_path):
+    """The README's quickstart, as written (its workdir and caches moved under tmp_path): the
+    step-0 and final eval perplexities fall in the ranges the README states."""
+    readme = ' '.join((ROOT / 'README.md').read_text().split())
+    found = re.search(
+        r'falling from (\d+)–(\d+) at step 0 .*? to (\d+\.\d+)–(\d+\.\d+) at step (\d+)', readme
+    )
+    assert found, 'README: the quickstart perplexity sentence moved'
+    lo0, hi0, lo, hi, steps = (float(g) for g in found.groups())
+    commands = doc_commands((ROOT / 'README.md').read_text())
+    (command,) = [c for c in commands if 'configs/quickstart.py' in c]
+    command = command.replace('runs/quickstart', str(tmp_path / 'run'))
+    command += f' --config.data.cache_dir={tmp_path / "cache"} --config.compilation_cache_dir='
+    out = subprocess.run(
+        [sys.executable, *command.split()[1:]],
+        cwd=ROOT,
+        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    evals = dict(re.findall(r'eval at step (\d+): .*?perplexity ([\d.]+)', out.stderr))
+    assert lo0 <= float(evals['0']) <= hi0, evals
+    assert lo <= float(evals[str(int(steps))]) <= hi, evals
+
+
+def test_readme_names_sweep_runs_and_hparams_as_the_code_does():
+    from conftest import tiny_config
+
+    from lm.experiments.sweep import run_name
+    from lm.model.transformer import model_config
+    from lm.train.run_log import hparams
+
+    readme = ' '.join((ROOT / 'README.md').read_text().split())
+    example = re.search(
+        r'\(`(\w+)` for `model.attention=(\w+)`, `model.num_heads=(\d+)`, '
+        r'`model.num_kv_heads=(\d+)`\)',
+        readme,
+    )
+    assert example, 'README: the sweep run-name example moved'
+    name, kind, heads, kv = example.groups()
+    point = {'model.attention': kind, 'model.num_heads': int(heads), 'model.num_kv_heads': int(kv)}
+    assert run_name(point) == name
+    keys = re.search(
+        r'HParams tab tabulates eval perplexity against `([\w.]+)`, `([\w.]+)`', readme
+    )
+    assert keys, 'README: the HParams sentence moved'
+    config = tiny_config(attention='gqa', num_kv_heads=2)
+    assert set(keys.groups()) <= set(hparams(config, model_config(config.model), 1000))
