@@ -182,6 +182,10 @@ PLAN = {
     'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=1024,8192 --batch=4 '
     '--new_tokens=8 --dtype=bfloat16 --json=bf16.json': BENCH,
     'python scripts/plot_roofline.py --json=f32.json,bf16.json': BENCH,
+    # docs/kv_layouts.md
+    'python scripts/bench_decode.py --d_model=256 --num_layers=4 --contexts=1024,4096 --batch=1 '
+    '--new_tokens=16 --variants=mha,gqa4,gqa4_local --window=256 --layer_pattern=LLLG '
+    '--kv_cache_dtype=float': BENCH,
     # docs/performance.md
     'python scripts/bench_train.py --steps=60 --rounds=5': BENCH,
     'python scripts/bench_train.py --variants=mha,mla --steps=40 --rounds=4 '
