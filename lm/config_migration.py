@@ -43,6 +43,8 @@ ADDED_KEYS = {
     'uptrain.groups': '',
     'uptrain.rope_pairs': '',
     'uptrain.calibration_tokens': 8192,
+    'model.sliding_window': 0,
+    'model.layer_pattern': '',
     'model.decode_chunk': 0,
     'data.recall_seed': 0,
     'data.recall_eval_examples': 1000,

@@ -6,7 +6,11 @@ matter is filled to L tokens (random contents: speed depends on the length, not 
 then the jitted decode loop generates --new_tokens tokens per row; the median of --repeats timed
 runs is reported. Cache bytes per token are measured from the live cache arrays and shown next
 to the accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L for MLA; with
-cross-layer attention, 'cla2' / 'mqa_cla2', only every n-th layer holds a cache).
+cross-layer attention, 'cla2' / 'mqa_cla2', only every n-th layer holds a cache; a local layer
+holds at most W tokens; an int8 cache a byte per element plus a scale per vector), per token of
+the cache's S = L + new tokens. A variant name ending in '_local' ('gqa4_local') has
+sliding-window layers (--window, --layer_pattern); --kv_cache_dtype=int8 stores every cache as
+int8; --decode_chunk sets config.model.decode_chunk.
 
 Roofline: a decode step must read every weight and the filled cache once, so its time is at
 least (bytes read per step) / (read bandwidth). The bandwidth is measured in the same run (a
@@ -19,6 +23,7 @@ context) next to the speedup the bytes predict (MHA's bytes per step / the varia
   python scripts/bench_decode.py                       # the table in docs/decoding.md
   python scripts/bench_decode.py --contexts=256,1024 --batch=1,8 --json=decode.json
   python scripts/plot_roofline.py decode.json          # docs/decoding_roofline.png
+  python scripts/bench_decode.py --variants=gqa4,gqa4_local --window=256 --kv_cache_dtype=int8
 """
 
 import dataclasses
@@ -34,8 +39,9 @@ from absl import flags
 from lm.cli import run_app
 from lm.config import load_config_file
 from lm.infer.decode import Decoder, init_caches
-from lm.model.accounting import kv_cache_bytes_per_token, param_counts
+from lm.model.accounting import kv_cache_bytes, param_counts
 from lm.model.attention import parse_variant
+from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.model.transformer import build_model, model_config
 
 _CONTEXTS = flags.DEFINE_list('contexts', ['256', '1024', '4096', '8192'], 'Cache fill lengths.')
@@ -52,6 +58,13 @@ _D_MODEL = flags.DEFINE_integer('d_model', 512, 'Model width (8 heads of d_model
 _LAYERS = flags.DEFINE_integer('num_layers', 4, 'Layers.')
 _JSON = flags.DEFINE_string('json', '', 'Also write the rows as JSON here.')
 _BW_GIB = flags.DEFINE_float('bandwidth_gib', 1.0, 'Array size of the bandwidth measurement.')
+_WINDOW = flags.DEFINE_integer('window', 256, "Sliding window W of a '<variant>_local' variant.")
+_PATTERN = flags.DEFINE_string(
+    'layer_pattern', 'LLLG', "Local/global layers of a '<variant>_local' variant ('' = all L)."
+)
+_KV_DTYPE = flags.DEFINE_enum(
+    'kv_cache_dtype', 'float', list(KV_CACHE_DTYPES), 'Cache storage: the compute dtype or int8.'
+)
 _CHUNK = flags.DEFINE_integer(
     'decode_chunk', 512, 'config.model.decode_chunk: cache slots read per chunk (0 = all at once).'
 )
@@ -75,7 +88,10 @@ def model_for(variant: str):
     config.model.mla.update(
         kv_lora_rank=E // 2, qk_nope_head_dim=E // 8, qk_rope_head_dim=E // 16, v_head_dim=E // 8
     )
-    config.model.update(parse_variant(variant))
+    base, local = variant.removesuffix('_local'), variant.endswith('_local')
+    config.model.update(parse_variant(base))
+    if local:  # local (sliding-window) layers by --layer_pattern
+        config.model.update(sliding_window=_WINDOW.value, layer_pattern=_PATTERN.value)
     return model_config(config.model)
 
 
@@ -92,6 +108,13 @@ def read_bandwidth(gib: float, repeats: int = 7) -> float:
     return x.nbytes / float(np.median(times))
 
 
+def random_like(key: jax.Array, a: jax.Array) -> jax.Array:
+    """Random contents of a cache array's shape and dtype (int8 codes: uniform in +-127)."""
+    if jnp.issubdtype(a.dtype, jnp.integer):
+        return jax.random.randint(key, a.shape, -127, 128).astype(a.dtype)
+    return jax.random.normal(key, a.shape, a.dtype)
+
+
 def bench(variant: str, context: int, B: int) -> dict:
     cfg = model_for(variant)
     decoder = Decoder(build_model(cfg))
@@ -101,10 +124,10 @@ def bench(variant: str, context: int, B: int) -> dict:
     caches = [  # filled up to slot `context`
         dataclasses.replace(
             c,
-            arrays={k: jax.random.normal(key, a.shape, a.dtype) for k, a in c.arrays.items()},
+            arrays={k: random_like(key, a) for k, a in c.arrays.items()},
             slot=np.int32(context),
         )
-        for c in init_caches(cfg, B, S)
+        for c in init_caches(cfg, B, S, _KV_DTYPE.value)
     ]
     measured = sum(a.nbytes for c in caches for a in c.arrays.values()) / (B * S)
     logits = np.zeros((B, cfg.vocab_size), np.float32)
@@ -135,15 +158,18 @@ def bench(variant: str, context: int, B: int) -> dict:
         'batch': B,
         'params': param_counts(cfg)['total'],
         'cache_bytes_per_token_measured': measured,
-        'cache_bytes_per_token_formula': kv_cache_bytes_per_token(cfg, _DTYPE.value),
+        'cache_bytes_per_token_formula': kv_cache_bytes(cfg, S, _DTYPE.value, _KV_DTYPE.value) / S,
+        'kv_cache_dtype': _KV_DTYPE.value,
         'cache_bytes_total': int(measured * B * S),
         'decode_tokens_per_sec': B * n / dt,
         'ms_per_step': dt / n * 1e3,
         'first_call_s': compile_s,
         'dtype': _DTYPE.value,
         'decode_chunk': _CHUNK.value,
-        # what one step must read: every weight, and the cache filled to L + n/2 on average
-        'bytes_per_step': weight_bytes + measured * B * (context + n / 2),
+        # what one step must read: every weight, and the cache filled to L + n/2 on average (a
+        # local layer's ring: at most W of them; formula = measured bytes, tests/test_decode.py)
+        'bytes_per_step': weight_bytes
+        + B * kv_cache_bytes(cfg, context + n // 2, _DTYPE.value, _KV_DTYPE.value),
     }
 
 
@@ -167,7 +193,8 @@ def ratio(x: float | None) -> str:
 def print_table(rows: list[dict], B: int) -> None:
     print(
         f'\ndecode benchmark: {jax.devices()[0].device_kind}, batch {B}, '
-        f'{_NEW.value} new tokens, {_DTYPE.value}, d_model {_D_MODEL.value}, '
+        f'{_NEW.value} new tokens, {_DTYPE.value} ({_KV_DTYPE.value} cache), '
+        f'd_model {_D_MODEL.value}, '
         f'{_LAYERS.value} layers, decode_chunk {_CHUNK.value}, 8 heads '
         f'({rows[0]["params"]:,} params for '
         f'{rows[0]["variant"]}), measured read bandwidth {rows[0]["bandwidth_GBps"]:.1f} GB/s'
@@ -181,7 +208,7 @@ def print_table(rows: list[dict], B: int) -> None:
     for r in rows:
         print(
             f'| {r["variant"]} | {r["context"]} | {r["cache_bytes_per_token_measured"]:,.0f} | '
-            f'{r["cache_bytes_per_token_formula"]:,} | {r["cache_bytes_total"] / 2**20:,.1f} MiB'
+            f'{r["cache_bytes_per_token_formula"]:,.0f} | {r["cache_bytes_total"] / 2**20:,.1f} MiB'
             f' | {r["decode_tokens_per_sec"]:,.0f} | {r["ms_per_step"]:.2f} | '
             f'{r["bytes_per_step"] / 1e6:,.1f} | {r["achieved_GBps"]:.1f} | '
             f'{100 * r["fraction_of_bandwidth"]:.0f}% | {ratio(r["speedup_vs_mha"])} | '

@@ -24,6 +24,7 @@ from lm.convert.hf_files import max_position
 from lm.data.corpus import load_tokenizer
 from lm.data.tokenizer import Tokenizer
 from lm.infer.decode import Decoder, parse_sampling
+from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.train.checkpoint import check_finite
 from lm.train.interrupt import StopRequest
 from lm.train.run import assemble, stored_config
@@ -48,6 +49,9 @@ _SAMPLING = flags.DEFINE_string(
 )
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
 _STOP = flags.DEFINE_bool('stop_at_eos', True, 'Stop a row at the end-of-text token.')
+_KV_DTYPE = flags.DEFINE_enum(
+    'kv_cache_dtype', 'float', list(KV_CACHE_DTYPES), 'KV cache storage: compute dtype or int8.'
+)
 _STREAM_CONTEXT = 4  # tokens decoded before the new ones, so a token's spacing is kept
 
 
@@ -152,7 +156,10 @@ def run() -> int:
         where = f'--workdir={_WORKDIR.value}: the checkpoint at step {restored.step}'
         check_finite(restored.state['params'], where)
         stop.check()
-        decoder = Decoder(nnx.merge(restored.ctx.graphdef, restored.state['params']))
+        decoder = Decoder(
+            nnx.merge(restored.ctx.graphdef, restored.state['params']),
+            kv_cache_dtype=_KV_DTYPE.value,
+        )
         del restored  # the decoder holds the parameters
         eos = tokenizer.eos_id if _STOP.value else None
         stream = Stream(tokenizer, eos, len(rows), _MAX_NEW.value, stop)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lm.model.chunked import chunked_attention
-from lm.model.variant import cache_mask
+from lm.model.kv_cache import cache_mask
 
 
 def reference(q, k, v, mask, scale):
@@ -36,9 +36,8 @@ def test_chunked_attention_equals_reference(G, U, one_head, T, filled):
     q = rng.normal(size=(B, T, H, D)).astype(np.float32)
     k = rng.normal(size=(B, G, S, D)).astype(np.float32)
     v = rng.normal(size=(B, G, S, U)).astype(np.float32)
-    valid = np.ones((B, S), bool)
-    valid[1, : min(filled - T, 3)] = False  # row 1 left-padded
-    mask = np.asarray(cache_mask(jnp.asarray(valid), jnp.int32(filled - T), T))
+    pad = jnp.array([0, min(filled - T, 3)], jnp.int32)  # row 1 left-padded
+    mask = np.asarray(cache_mask(jnp.arange(S), pad, jnp.int32(filled - T), T))
     want = reference(q, k, v, mask, 0.3)
     kc, vc = (k[:, 0], v[:, 0]) if one_head else (k, v)
     run = jax.jit(chunked_attention, static_argnames=('scale', 'chunk'))
@@ -53,7 +52,7 @@ def test_values_may_be_the_keys_and_unfilled_slots_are_never_read():
     rng = np.random.default_rng(0)
     q = rng.normal(size=(B, T, H, D)).astype(np.float32)
     kv = rng.normal(size=(B, S, D)).astype(np.float32)
-    mask = np.asarray(cache_mask(jnp.ones((B, S), bool), jnp.int32(filled - T), T))
+    mask = np.asarray(cache_mask(jnp.arange(S), jnp.zeros(B, jnp.int32), jnp.int32(filled - T), T))
     want = reference(q, kv[:, None], kv[:, None], mask, 0.5)
     kv[:, 16:] = np.nan  # chunks of 8: slots 16.. lie in chunks past the filled ones
     got = chunked_attention(q, kv, kv, mask, scale=0.5, filled=jnp.int32(filled), chunk=8)

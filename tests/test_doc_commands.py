@@ -216,6 +216,9 @@ PLAN = {
     '--out_dir=runs/uptrain_cla --parallel=2': Flags(),
     'python scripts/bench_decode.py --variants=mha,gqa2,mqa,cla2,mqa_cla2 '
     '--contexts=256,2048': BENCH,
+    'python scripts/bench_decode.py --d_model=256 --num_layers=4 --contexts=1024,4096 --batch=1 '
+    '--new_tokens=16 --variants=mha,gqa4,gqa4_local --window=256 --layer_pattern=LLLG '
+    '--kv_cache_dtype=float': BENCH,
     # docs/performance.md
     'python scripts/bench_train.py --steps=60 --rounds=5': BENCH,
     'python scripts/bench_train.py --variants=mha,mla --steps=40 --rounds=4 '

@@ -26,7 +26,7 @@ from lm.experiments import sweep
 from lm.experiments.runner import Spec
 from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
 from lm.model import accounting, attention
-from lm.model.attention import AttentionVariant, KVCache, document_mask
+from lm.model.attention import AttentionVariant, KVCache
 from lm.model.config import ModelConfig
 from lm.model.layers import Dense, residual_scale, rope
 from lm.model.transformer import build_model, model_config
@@ -75,10 +75,10 @@ class SharedKV(AttentionVariant):
         theta = self.cfg.rope_theta
         q_BTHD = rope(self.q_proj(x_BTE), positions_BT, theta)
         kv_BGSD = rope(self.kv_proj(x_BTE), positions_BT, theta).transpose(0, 2, 1, 3)
-        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
+        mask = self.mask(x_BTE.shape[1], segment_ids_BT)
         if cache is not None:
-            cache, mask = cache.write(kv=kv_BGSD)
-            kv_BGSD = cache.arrays['kv'].astype(q_BTHD.dtype)
+            cache, seen, mask = cache.write(kv=kv_BGSD)
+            kv_BGSD = seen['kv'].astype(q_BTHD.dtype)
         out_BTHD = self.attend(q_BTHD, kv_BGSD, kv_BGSD, scale=self.cfg.head_dim**-0.5, mask=mask)
         return self.o_proj(out_BTHD), cache
 
@@ -218,7 +218,8 @@ def test_accounting_uptraining_and_export_ask_the_variant(toy):
         hf.hf_from_model(cfg, 64)
     assert str(refused.value) == (
         "config.model.attention='toy_shared_kv' (SharedKV) has no Hugging Face mapping; export "
-        'supports LlamaForCausalLM (llama: mha/gqa/mqa), DeepseekV3ForCausalLM (deepseek_v3: mla)'
+        'supports LlamaForCausalLM (llama: mha/gqa/mqa), Qwen2ForCausalLM (qwen2: mha/gqa/mqa), '
+        'DeepseekV3ForCausalLM (deepseek_v3: mla)'
     )
 
 
@@ -268,7 +269,7 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
         "error: config.model.attention='toy_shared_kv' (SharedKV) has no Hugging Face mapping; "
-        'export supports LlamaForCausalLM (llama: mha/gqa/mqa), DeepseekV3ForCausalLM '
-        '(deepseek_v3: mla)'
+        'export supports LlamaForCausalLM (llama: mha/gqa/mqa), Qwen2ForCausalLM '
+        '(qwen2: mha/gqa/mqa), DeepseekV3ForCausalLM (deepseek_v3: mla)'
     )
     assert not out.exists()

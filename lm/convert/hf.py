@@ -68,7 +68,16 @@ def export_mapping(cfg: ModelConfig) -> HFMapping:
             f'{cfg.kv_heads_per_layer}: Hugging Face Llama has one K/V per layer and one KV head '
             'count for all; export supports uniform layouts only'
         )
-    return cls.hf_mappings[0]
+    if not cfg.sliding_window:
+        return cls.hf_mappings[0]
+    for mapping in cls.hf_mappings:
+        if mapping.layer_types:
+            return mapping
+    raise ValueError(
+        f'config.model.sliding_window={cfg.sliding_window} with attention={cfg.attention!r} '
+        'has no Hugging Face architecture with local/global layers; export supports '
+        + ', '.join(m.architecture for m in mappings() if m.layer_types)
+    )
 
 
 def import_mapping(hf: dict) -> HFMapping:

@@ -8,7 +8,8 @@ pass of the unpadded prompt. Decode step i writes slot T + i for every row. Pref
 step are the model's own forward pass with one `KVCache` per layer (`Transformer.__call__` with
 `caches`); each attention variant owns its cache layout (its `init_cache`, lm/model/attention.py):
 K and V per KV head for MHA / GQA / MQA (head-major, [B, G, S, D]), the latent c_KV and the
-shared RoPE key for MLA.
+shared RoPE key for MLA. A local (sliding-window) layer's cache is a ring of W slots, and any
+cache may be stored as int8 (lm/model/kv_cache.py).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from jax.experimental import io_callback
 
 from lm.model import attention, layout
 from lm.model.config import DTYPES, ModelConfig
+from lm.model.kv_cache import KV_CACHE_DTYPES, KVCache
 from lm.model.transformer import Transformer
-from lm.model.variant import KVCache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,14 +94,26 @@ def parse_sampling(spec: str) -> Sampling:
     return sampling
 
 
-def init_caches(cfg: ModelConfig, batch: int, length: int) -> list[KVCache]:
+def init_caches(
+    cfg: ModelConfig, batch: int, length: int, kv_cache_dtype: str = 'float'
+) -> list[KVCache]:
     """One zeroed cache per layer that computes K/V (every layer but CLA consumers,
-    lm/model/layout.py), each in its layer's shape, in the compute dtype."""
+    lm/model/layout.py), each in its layer's shape, for `length` tokens, in the compute dtype
+    or stored as int8 (`kv_cache_dtype`, lm/model/kv_cache.py): a local layer whose window W is
+    shorter than `length` gets a ring of W slots."""
+    if kv_cache_dtype != 'float' and cfg.kv_share_every > 1:
+        raise ValueError(
+            f'config.model.kv_share_every={cfg.kv_share_every} with '
+            f'kv_cache_dtype={kv_cache_dtype!r}: CLA decodes from float caches only'
+        )
     cls, dtype = attention.variant(cfg), DTYPES[cfg.dtype]
-    return [
-        cls.init_cache(layout.layer_config(cfg, i), batch, length, dtype)
-        for i in layout.producers(cfg)
-    ]
+    caches = []
+    for layer in layout.producers(cfg):
+        W = cfg.layer_window(layer)
+        window = W if 0 < W < length else 0
+        cache = cls.init_cache(layout.layer_config(cfg, layer), batch, window or length, dtype)
+        caches.append(cache.configured(window, length, kv_cache_dtype))
+    return caches
 
 
 def cache_elements_per_token(caches: list[KVCache]) -> int:
@@ -142,9 +155,15 @@ class Decoder:
     """Jitted prefill, single decode steps, and a whole generation loop for one model.
 
     `absorb`: MLA decodes by weight absorption (False: it expands per-head K/V from its latent
-    cache, the naive path); variants without that option ignore it."""
+    cache, the naive path); variants without that option ignore it. `kv_cache_dtype`: how
+    `generate` stores the caches, 'float' (the compute dtype) or 'int8' (`init_caches`)."""
 
-    def __init__(self, model: Transformer, absorb: bool = True):
+    def __init__(self, model: Transformer, absorb: bool = True, kv_cache_dtype: str = 'float'):
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f'kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}'
+            )
+        self.kv_cache_dtype = kv_cache_dtype
         model = nnx.clone(model)
         model.set_attributes(absorb=absorb, raise_if_not_found=False)
         self.cfg = model.cfg
@@ -172,9 +191,8 @@ class Decoder:
         caches). Row b's padding (slots [0, pad_b)) is marked never to be attended."""
         T = tokens_BT.shape[1]
         positions = jnp.maximum(jnp.arange(T)[None, :] - pad_B[:, None], 0)
-        valid_BS = jnp.arange(caches[0].valid_BS.shape[1])[None, :] >= pad_B[:, None]
         start = jnp.zeros((), jnp.int32)
-        caches = [dataclasses.replace(c, slot=start, valid_BS=valid_BS) for c in caches]
+        caches = [dataclasses.replace(c, slot=start, pad_B=pad_B) for c in caches]
         return self._forward(params, tokens_BT, positions, caches)
 
     def _step(self, params, tokens_B, pad_B, caches):
@@ -202,7 +220,7 @@ class Decoder:
         place: the ones passed in are donated). All arguments but `stream` are traced, so
         this compiles once per (batch, cache length). `stream`: each step's tokens (-1 for
         rows already stopped) go to `_emit` as they are made, which may stop the loop."""
-        B, S = caches[0].valid_BS.shape
+        B, S = caches[0].pad_B.shape[0], caches[0].length
 
         def cond(carry):
             i, done, stopped = carry[0], carry[1], carry[-1]
@@ -265,7 +283,7 @@ class Decoder:
             )
         pad = np.array([T - len(p) for p in prompts], np.int32)
         tokens = np.array([[0] * (T - len(p)) + list(p) for p in prompts], np.int32)
-        caches = init_caches(self.cfg, len(prompts), S)
+        caches = init_caches(self.cfg, len(prompts), S, self.kv_cache_dtype)
         logits, caches = self.prefill(self.params, tokens, pad, caches)
         self._on_token = on_token
         loop = self.loop if on_token is None else self.streaming_loop

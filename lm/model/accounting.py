@@ -5,7 +5,9 @@ KV cache per token: the sum over layers of each layer's elements, which are 2·h
 (`kv_cache_elements`, `score_dims`), reading its own config section (MLA's ranks:
 `cfg.section`). Layers differ where the KV layout says so (lm/model/layout.py): a layer's own KV
 head count (`kv_heads_per_layer`), and none for a cross-layer-attention consumer, which reads
-its producer's cache.
+its producer's cache. A sequence's cache (`kv_cache_bytes`, `kv_cache_bytes_by_layer`) counts
+local (sliding-window) layers at most W tokens each, and int8 storage as a byte per element plus
+one scale per cached vector.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from flax import nnx
 
 from lm.model import attention, layout
 from lm.model.config import DTYPES, ModelConfig
+from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.model.transformer import Transformer
 
 COMPONENTS = ('embedding', 'attention', 'mlp', 'norm', 'lm_head')
@@ -57,15 +60,46 @@ def kv_cache_elements_per_token(cfg: ModelConfig) -> int:
     return sum(kv_cache_elements_per_layer(cfg))
 
 
-def kv_cache_bytes_per_layer(cfg: ModelConfig, dtype: str = 'bfloat16') -> list[int]:
-    """[L] cache bytes per token of each layer for elements stored as `dtype`."""
+def kv_cache_bytes_per_layer(
+    cfg: ModelConfig, dtype: str = 'bfloat16', kv_cache_dtype: str = 'float'
+) -> list[int]:
+    """[L] cache bytes per token of each layer: its elements in `dtype` ('float'), or one int8
+    byte each plus a `dtype` scale per cached vector ('int8', lm/model/kv_quant.py)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f'kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}')
     size = jnp.dtype(DTYPES[dtype]).itemsize
-    return [n * size for n in kv_cache_elements_per_layer(cfg)]
+    if kv_cache_dtype == 'float':
+        return [n * size for n in kv_cache_elements_per_layer(cfg)]
+    cls = attention.variant(cfg)
+    vectors = [
+        cls.kv_cache_vectors(layout.layer_config(cfg, i)) if layout.is_producer(cfg, i) else 0
+        for i in range(cfg.num_layers)
+    ]
+    return [n + v * size for n, v in zip(kv_cache_elements_per_layer(cfg), vectors, strict=True)]
 
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str = 'bfloat16') -> int:
-    """Cache bytes per token across all layers for elements stored as `dtype`."""
+    """Cache bytes per token across all layers for elements stored as `dtype`, every layer
+    counted as holding every token (`kv_cache_bytes` bounds local layers by their window)."""
     return sum(kv_cache_bytes_per_layer(cfg, dtype))
+
+
+def kv_cache_bytes_by_layer(
+    cfg: ModelConfig, length: int, dtype: str = 'bfloat16', kv_cache_dtype: str = 'float'
+) -> list[int]:
+    """[L] bytes each layer's cache holds for one sequence of `length` tokens: a global layer
+    keeps every token, a local one (sliding window W) at most W, each at its
+    `kv_cache_bytes_per_layer` (0 for a CLA consumer)."""
+    per_token = kv_cache_bytes_per_layer(cfg, dtype, kv_cache_dtype)
+    return [min(length, cfg.layer_window(i) or length) * b for i, b in enumerate(per_token)]
+
+
+def kv_cache_bytes(
+    cfg: ModelConfig, length: int, dtype: str = 'bfloat16', kv_cache_dtype: str = 'float'
+) -> int:
+    """Bytes one sequence's cache holds for `length` tokens, all layers
+    (`kv_cache_bytes_by_layer`)."""
+    return sum(kv_cache_bytes_by_layer(cfg, length, dtype, kv_cache_dtype))
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:

@@ -24,13 +24,12 @@ from flax import nnx
 
 from lm.model.config import ModelConfig
 from lm.model.gqa import GroupedQueryAttention
+from lm.model.kv_cache import KVCache, cache_mask, write_cache
 from lm.model.mla import MultiHeadLatentAttention
 from lm.model.variant import (
     VARIANTS,
     AttentionVariant,
     AttentionWeights,
-    KVCache,
-    cache_mask,
     causal_mask,
     document_mask,
     grouped_attention,
@@ -38,7 +37,7 @@ from lm.model.variant import (
     register,
     sections,
     unregister,
-    write_cache,
+    window_mask,
 )
 
 __all__ = [
@@ -60,6 +59,7 @@ __all__ = [
     'sections',
     'unregister',
     'variant',
+    'window_mask',
     'write_cache',
 ]
 

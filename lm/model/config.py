@@ -52,6 +52,8 @@ class ModelConfig:
     init_std: float
     param_dtype: str
     dtype: str
+    sliding_window: int
+    layer_pattern: str
     section: Any = None
 
     @classmethod
@@ -103,6 +105,7 @@ class ModelConfig:
                 "config.model.attention_impl='cudnn' needs config.model.dtype bfloat16 or "
                 f'float16 (cuDNN fused attention), got {self.dtype!r}'
             )
+        self.check_layer_pattern()
         if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
             raise ValueError('config.model.rope_theta, norm_eps and init_std must all be > 0')
         if self.rope_scaling not in ROPE_SCALINGS:
@@ -119,6 +122,32 @@ class ModelConfig:
                 "config.model.rope_scaling='llama3' needs rope_scaling_factor > 0, "
                 '0 < rope_low_freq_factor < rope_high_freq_factor and rope_original_max_len > 0'
             )
+
+    def check_layer_pattern(self) -> None:
+        """Raises ValueError for a sliding window or local/global pattern that cannot apply."""
+        W, pattern = self.sliding_window, self.layer_pattern
+        if W < 0:
+            raise ValueError(f'config.model.sliding_window must be >= 0 (0 = off), got {W}')
+        if set(pattern) - set('LG'):
+            raise ValueError(
+                f"config.model.layer_pattern={pattern!r} must hold only 'L' (local) and 'G' "
+                "(global), e.g. 'LG' or 'LLLLLG'"
+            )
+        if pattern and not W:
+            raise ValueError(
+                f'config.model.layer_pattern={pattern!r} needs config.model.sliding_window > 0'
+            )
+        if W and pattern and 'L' not in pattern[: self.num_layers]:
+            raise ValueError(
+                f'config.model.sliding_window={W} applies to no layer: '
+                f'config.model.layer_pattern={pattern!r} has no local layer'
+            )
+
+    def layer_window(self, layer: int) -> int:
+        """The sliding window of layer `layer` (0-based): sliding_window for a local layer of
+        `layer_pattern` (repeated over the layers; '' = every layer local), 0 for a global one."""
+        pattern = self.layer_pattern or 'L'
+        return self.sliding_window if pattern[layer % len(pattern)] == 'L' else 0
 
 
 def _round_up(x: int, multiple: int) -> int:

@@ -16,9 +16,10 @@ from flax import nnx
 
 from lm.model import layout
 from lm.model.config import ModelConfig
-from lm.model.hf_mapping import LLAMA
+from lm.model.hf_mapping import LLAMA, QWEN2
+from lm.model.kv_cache import cache_mask
 from lm.model.layers import Dense, fused_dense, residual_scale, rope
-from lm.model.variant import AttentionVariant, KVCache, cache_mask, document_mask, register
+from lm.model.variant import AttentionVariant, KVCache, document_mask, register
 
 
 @register
@@ -61,6 +62,11 @@ class GroupedQueryAttention(AttentionVariant):
     def kv_cache_elements(cfg: ModelConfig) -> int:
         """Cached elements per token per layer: K and V for each KV head, 2·g·d_h."""
         return 2 * cfg.num_kv_heads * cfg.head_dim
+
+    @staticmethod
+    def kv_cache_vectors(cfg: ModelConfig) -> int:
+        """K and V of each KV head."""
+        return 2 * cfg.num_kv_heads
 
     @staticmethod
     def kv_heads(cfg: ModelConfig) -> str:
@@ -149,17 +155,17 @@ class GroupedQueryAttention(AttentionVariant):
         q_BTHD = rope(q_BTHD, positions_BT, cfg.rope_theta, cfg)
         k_BTGD = rope(k_BTGD, positions_BT, cfg.rope_theta, cfg)
         k_BGSD, v_BGSD = k_BTGD.transpose(0, 2, 1, 3), v_BTGD.transpose(0, 2, 1, 3)  # head-major
-        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
-        filled = None  # with a decoding cache: its slots written so far
+        mask = self.mask(x_BTE.shape[1], segment_ids_BT)
+        filled = None  # with a decoding cache: `KVCache.filled`
         if cache is not None:  # S = the cache's slots instead of the T new tokens
             if cache.arrays['k'].ndim == 3:  # one KV head, cached [B, S, D]
                 k_BGSD, v_BGSD = k_BGSD[:, 0], v_BGSD[:, 0]
-            cache, mask = cache.write(k=k_BGSD, v=v_BGSD)
-            k_BGSD, v_BGSD = (cache.arrays[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
-            filled = cache.slot
+            cache, seen, mask = cache.write(k=k_BGSD, v=v_BGSD)
+            k_BGSD, v_BGSD = (seen[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
+            filled = cache.filled
         elif self.kv_to_above:  # the K/V the layers above read, as a cache of these T tokens
-            valid_BT = jnp.ones(k_BGSD.shape[:1] + k_BGSD.shape[2:3], bool)
-            cache = KVCache({'k': k_BGSD, 'v': v_BGSD}, jnp.int32(k_BGSD.shape[2]), valid_BT)
+            T, pad_B = k_BGSD.shape[2], jnp.zeros(k_BGSD.shape[:1], jnp.int32)
+            cache = KVCache({'k': k_BGSD, 'v': v_BGSD}, jnp.int32(T), pad_B, length=T)
         out_BTHD = self.attend(
             q_BTHD, k_BGSD, v_BGSD, scale=cfg.head_dim**-0.5, mask=mask, filled=filled
         )
@@ -173,20 +179,21 @@ class GroupedQueryAttention(AttentionVariant):
         below: KVCache,
     ) -> jax.Array:
         """A CLA consumer: its queries attend `below`, the K/V its producer returned (its
-        updated cache, the T new tokens last written), through the producer's mask."""
+        updated full-length float cache, the T new tokens last written: layout.resolve and
+        init_caches refuse windows and int8 with CLA), through the producer's mask."""
         cfg = self.cfg
         q_BTHD = rope(self.q_proj(x_BTE), positions_BT, cfg.rope_theta, cfg)
-        k_BGSD, v_BGSD = (below.arrays[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
-        T = x_BTE.shape[1]
+        k_BGSD, v_BGSD = (below.read(n, q_BTHD.dtype) for n in ('k', 'v'))
+        T, S = x_BTE.shape[1], k_BGSD.shape[-2]
         if segment_ids_BT is not None:
             mask = document_mask(segment_ids_BT)
         else:
-            mask = cache_mask(below.valid_BS, below.slot - T, T)
+            mask = cache_mask(jnp.arange(S), below.pad_B, below.slot - T, T)
         # a decoding cache has more slots than new tokens; training's K/V are these T tokens
-        filled = below.slot if k_BGSD.shape[-2] != T else None
+        filled = below.filled if S != T else None
         out_BTHD = self.attend(
             q_BTHD, k_BGSD, v_BGSD, scale=cfg.head_dim**-0.5, mask=mask, filled=filled
         )
         return self.o_proj(out_BTHD)
 
-    hf_mappings = (LLAMA,)
+    hf_mappings = (LLAMA, QWEN2)

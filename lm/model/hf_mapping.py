@@ -7,6 +7,9 @@ SwiGLU MLP, RoPE base and llama3 scaling) is lm/convert/hf.py's.
 
 - `LLAMA` (`LlamaForCausalLM`) is lm's 'mha' / 'gqa' / 'mqa' (contiguous KV groups, rotate-half
   RoPE: no permutation).
+- `QWEN2` (`Qwen2ForCausalLM`) is lm's 'mha' / 'gqa' / 'mqa' with q/k/v biases and no o bias,
+  and carries local (sliding-window) / global layers (`layer_types`, `sliding_window`): export
+  picks it for a model with `config.model.sliding_window` > 0.
 - `DEEPSEEK_V3` (`DeepseekV3ForCausalLM`, dense layers only) is lm's 'mla'.
 
 An HF `weight` is [out, in]; an lm kernel is [in..., out...] with heads split out:
@@ -62,6 +65,7 @@ class HFMapping:
     to_hf: Callable[[ModelConfig], dict]
     attention_tensors: Callable[[ModelConfig, bool], list[Tensor]]
     interleaved_rope: bool = False  # exports write RoPE columns interleaved (`rope_interleave`)
+    layer_types: bool = False  # carries local (sliding-window) / global layers (`layer_types`)
 
 
 def refuse(field: str, value, why: str) -> ValueError:
@@ -124,6 +128,76 @@ LLAMA = HFMapping(
     from_hf=_llama_from_hf,
     to_hf=_llama_to_hf,
     attention_tensors=_llama_tensors,
+)
+
+
+def layer_pattern(layer_types: list[str]) -> str:
+    """The shortest `config.model.layer_pattern` that repeats to HF's `layer_types`."""
+    letters = ''.join({'sliding_attention': 'L', 'full_attention': 'G'}[t] for t in layer_types)
+    for n in range(1, len(letters) + 1):
+        if all(letters[i] == letters[i % n] for i in range(len(letters))):
+            return letters[:n]
+    return letters
+
+
+def _qwen2_layer_types(hf: dict) -> list[str]:
+    """config.json's `layer_types`, or what Qwen2Config derives without it (sliding layers from
+    `max_window_layers` on, when `use_sliding_window`)."""
+    L, sliding = hf['num_hidden_layers'], hf.get('use_sliding_window') and hf.get('sliding_window')
+    if hf.get('layer_types'):
+        return list(hf['layer_types'])
+    first = hf.get('max_window_layers', 28)
+    return ['sliding_attention' if sliding and i >= first else 'full_attention' for i in range(L)]
+
+
+def _qwen2_from_hf(hf: dict) -> tuple[dict, bool]:
+    settings, _ = _llama_from_hf(hf)
+    types = _qwen2_layer_types(hf)
+    if unknown := sorted(set(types) - {'sliding_attention', 'full_attention'}):
+        raise refuse('layer_types', unknown, 'lm has sliding-window and full attention layers')
+    local = 'sliding_attention' in types
+    if local and not (hf.get('use_sliding_window', True) and hf.get('sliding_window')):
+        raise refuse('sliding_window', hf.get('sliding_window'), 'sliding layers need a window')
+    pattern = layer_pattern(types) if local else ''
+    settings.update(
+        qkv_bias=True,
+        o_bias=False,
+        sliding_window=int(hf['sliding_window']) if local else 0,
+        layer_pattern='' if pattern == 'L' else pattern,
+    )
+    return settings, False
+
+
+def _qwen2_to_hf(cfg: ModelConfig) -> dict:
+    if not cfg.qkv_bias or cfg.o_bias:
+        raise ValueError(
+            f'config.model.qkv_bias={cfg.qkv_bias} with o_bias={cfg.o_bias}: Qwen2ForCausalLM, '
+            'the Hugging Face architecture with local/global layers, has q/k/v biases and no o '
+            'bias; train with qkv_bias=True, o_bias=False to export sliding-window layers'
+        )
+    types = [
+        'sliding_attention' if cfg.layer_window(i) else 'full_attention'
+        for i in range(cfg.num_layers)
+    ]
+    return {
+        'num_key_value_heads': cfg.num_kv_heads,
+        'head_dim': cfg.head_dim,
+        'use_sliding_window': bool(cfg.sliding_window),
+        'sliding_window': cfg.sliding_window or None,
+        'max_window_layers': cfg.num_layers,
+        'layer_types': types,
+    }
+
+
+QWEN2 = HFMapping(
+    architecture='Qwen2ForCausalLM',
+    model_type='qwen2',
+    required=(),
+    rope_scalings=('',),
+    from_hf=_qwen2_from_hf,
+    to_hf=_qwen2_to_hf,
+    attention_tensors=_llama_tensors,
+    layer_types=True,
 )
 
 

@@ -38,6 +38,11 @@ def resolve(cls, cfg: ModelConfig) -> ModelConfig:
             f'config.model.kv_share_every={n} needs an attention variant with K/V heads '
             f"(mha / gqa / mqa), got attention='{cfg.attention}'"
         )
+    if n > 1 and cfg.sliding_window:
+        raise ValueError(
+            f'config.model.kv_share_every={n} with config.model.sliding_window='
+            f'{cfg.sliding_window}: cross-layer attention over local layers is not supported'
+        )
     if per_layer:
         _check_per_layer(cfg)
     return cfg

@@ -12,7 +12,7 @@ from flax import nnx
 from lm.model.config import ModelConfig
 from lm.model.hf_mapping import DEEPSEEK_V3
 from lm.model.layers import Dense, RMSNorm, residual_scale, rope
-from lm.model.variant import AttentionVariant, KVCache, document_mask, register
+from lm.model.variant import AttentionVariant, KVCache, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +76,11 @@ class MultiHeadLatentAttention(AttentionVariant):
     def kv_cache_elements(cfg: ModelConfig) -> int:
         """Cached elements per token per layer: the latent and the shared RoPE key, d_c + d_h^R."""
         return cfg.section.kv_lora_rank + cfg.section.qk_rope_head_dim
+
+    @staticmethod
+    def kv_cache_vectors(cfg: ModelConfig) -> int:
+        """One [c_KV; k_R] latent per token."""
+        return 1
 
     @staticmethod
     def kv_heads(cfg: ModelConfig) -> str:
@@ -201,12 +206,12 @@ class MultiHeadLatentAttention(AttentionVariant):
         `absorb` is False."""
         q_nope_BTHN, q_pe_BTHP = self.queries(x_BTE, positions_BT)
         latent_BSD = self.latents(x_BTE, positions_BT)
-        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
+        mask = self.mask(x_BTE.shape[1], segment_ids_BT)
         if cache is not None:  # S = the cache's slots instead of the T new tokens
-            cache, mask = cache.write(latent=latent_BSD)
-            latent_BSD = cache.arrays['latent'].astype(q_nope_BTHN.dtype)
+            cache, seen, mask = cache.write(latent=latent_BSD)
+            latent_BSD = seen['latent'].astype(q_nope_BTHN.dtype)
         absorb = self.absorb and cache is not None
-        filled = None if cache is None else cache.slot
+        filled = None if cache is None else cache.filled
         out_BTHU = self.latent_attention(
             q_nope_BTHN, q_pe_BTHP, latent_BSD, mask, absorb, filled=filled
         )

@@ -70,13 +70,16 @@ def check_model_config(model: ml_collections.ConfigDict) -> ModelConfig:
 
 
 class Block(nnx.Module):
-    """One pre-norm transformer block."""
+    """One pre-norm transformer block: layer `layer` of the model, which sets its attention's
+    KV layout role (`layout.sharing`, `layout.layer_config`) and sliding window
+    (`cfg.layer_window`: 0 for a global layer)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, layer: int = 0):
         self.attn_norm = RMSNorm(cfg.d_model, cfg)
         self.attn = attention.make_attention(
             layout.layer_config(cfg, layer), rngs=rngs, **layout.sharing(cfg, layer)
         )
+        self.attn.window = cfg.layer_window(layer)  # a local layer's sliding window (0: global)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg)
         self.mlp = SwiGLU(cfg, rngs=rngs)
 

@@ -17,6 +17,7 @@ from flax import nnx
 from lm.model.chunked import chunked_attention
 from lm.model.config import ModelConfig
 from lm.model.hf_mapping import HFMapping
+from lm.model.kv_cache import KVCache
 
 
 def causal_mask(T: int, S: int | None = None) -> jax.Array:
@@ -32,54 +33,11 @@ def document_mask(segment_ids_BT: jax.Array) -> jax.Array:
     return same_BTS & causal_mask(segment_ids_BT.shape[1])[None]
 
 
-def cache_mask(valid_BS: jax.Array, slot: jax.Array, T: int) -> jax.Array:
-    """[B, T, S] mask for T new queries written at cache slots slot..slot+T-1: a query attends
-    valid slots at or before its own (valid_BS: False for slots never to be attended)."""
-    S = valid_BS.shape[1]
-    causal_TS = jnp.arange(S)[None, :] <= slot + jnp.arange(T)[:, None]
-    return valid_BS[:, None, :] & causal_TS[None]
-
-
-def write_cache(cache_B_SX: jax.Array, new_B_TX: jax.Array, slot: jax.Array) -> jax.Array:
-    """Writes T new entries into a [B, ..., S, X] cache (slots on the second-to-last axis) at
-    slots slot..slot+T-1; the update is in place when the cache buffer is not read elsewhere."""
-    new_B_TX = new_B_TX.astype(cache_B_SX.dtype)
-    return jax.lax.dynamic_update_slice_in_dim(cache_B_SX, new_B_TX, slot, cache_B_SX.ndim - 2)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class KVCache:
-    """One layer's decoding cache: the variant's arrays and where decoding stands (a pytree).
-
-    arrays: the variant's own, [B, ..., S, X] each: slots on the second-to-last axis, so a
-    per-head cache is head-major, [B, G, S, D], and each head's slots are contiguous for the
-    attention of one new token (its `init_cache` says which). slot: the cache slot the next
-    token is written to (int32 scalar). valid_BS: False for slots no query may
-    attend (a shorter prompt's left padding); slots not yet written are excluded by causality.
-    """
-
-    arrays: dict[str, jax.Array]
-    slot: jax.Array
-    valid_BS: jax.Array
-
-    @classmethod
-    def empty(cls, **arrays_B_SX: jax.Array) -> KVCache:
-        """A cache of the given (zeroed) arrays: slot 0, every slot valid."""
-        shape = next(iter(arrays_B_SX.values())).shape
-        B, S = shape[0], shape[-2]
-        return cls(arrays_B_SX, jnp.zeros((), jnp.int32), jnp.ones((B, S), bool))
-
-    def write(self, **new_B_TX: jax.Array) -> tuple[KVCache, jax.Array]:
-        """Writes T new entries of the named arrays, [B, ..., T, X] in the cache's layout, at
-        slots slot..slot+T-1. Returns the cache (slot advanced by T) and the [B, T, S] mask of
-        the T new queries (`cache_mask`)."""
-        T = next(iter(new_B_TX.values())).shape[-2]
-        arrays = dict(self.arrays)
-        for name, x_B_TX in new_B_TX.items():
-            arrays[name] = write_cache(arrays[name], x_B_TX, self.slot)
-        mask_BTS = cache_mask(self.valid_BS, self.slot, T)
-        return dataclasses.replace(self, arrays=arrays, slot=self.slot + T), mask_BTS
+def window_mask(T: int, window: int) -> jax.Array:
+    """[T, T] causal sliding-window mask: query t attends key s with 0 <= t - s < window
+    (transformers' Mistral / Gemma convention: the window counts the query itself)."""
+    diff_TT = jnp.arange(T)[:, None] - jnp.arange(T)[None, :]
+    return (diff_TT >= 0) & (diff_TT < window)
 
 
 def grouped_attention(
@@ -148,13 +106,16 @@ class AttentionVariant(nnx.Module):
     Model: `__init__(cfg, rngs=...)` (keeping the ModelConfig as `self.cfg`) and one
     computation, `__call__(x_BTE, positions_BT, *, segment_ids_BT=None, cache=None) -> (y_BTE,
     cache)`, for training, prefill, cached decoding and analysis alike. Segment ids given (no
-    cache): attend only within a document (`document_mask`). A `KVCache` given (`init_cache`
-    makes one): the T new tokens are written at its slot (`KVCache.write`) and attend what it
-    holds; the updated cache is returned (None without one). The softmax goes through `attend`,
-    which sows the weights as `AttentionWeights` when `sow_weights` is set (lm/analysis reads
-    them with `nnx.capture`). Static facts, read without building the module: `resolve` (check
-    the variant's knobs and fill in derived ones), `kv_cache_elements` and `kv_heads` (what the
-    cache holds: accounting, tables), `score_dims` (FLOP counts). Capabilities:
+    cache): attend only within a document (`document_mask`); a local layer (`window` > 0, set by
+    the model) also attends only the last `window` keys: `mask` builds either. A `KVCache`
+    given (`init_cache` makes one): the T new tokens are written at its slot and attend what
+    `KVCache.write` returns (arrays and mask: the cache may be a ring or int8, the variant
+    never sees which); the updated cache is returned (None without one). The softmax goes
+    through `attend`, which sows the weights as `AttentionWeights` when `sow_weights` is set
+    (lm/analysis reads them with `nnx.capture`). Static facts, read without building the
+    module: `resolve` (check the variant's knobs and fill in derived ones), `kv_cache_elements`
+    and `kv_heads` (what the cache holds: accounting, tables), `score_dims` (FLOP counts).
+    Capabilities:
     `poolable_kv_heads` (per-head K/V projections, `kv_projections`, that uptraining may pool,
     lm/convert/uptrain.py), `latent_kv` (a conversion target with a KV latent,
     lm/convert/methods.py), `cross_layer_kv` (cross-layer attention, lm/model/layout.py: the
@@ -168,6 +129,16 @@ class AttentionVariant(nnx.Module):
     latent_kv: ClassVar[bool] = False  # K/V from a shared latent + RoPE key (lm/convert/methods.py)
     cross_layer_kv: ClassVar[bool] = False  # layers may reuse the K/V of the layer below
     sow_weights: bool = False  # set on a model copy (`set_attributes`) to sow AttentionWeights
+    window: int = 0  # sliding window W of a local layer (set by the model); 0 = global
+
+    def mask(self, T: int, segment_ids_BT: jax.Array | None) -> jax.Array | None:
+        """The training / analysis mask of T tokens (no cache): None (causal), within documents
+        (`document_mask`, [B, T, T]), and within this layer's `window` (`window_mask`)."""
+        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
+        if not self.window:
+            return mask
+        local_TT = window_mask(T, self.window)
+        return local_TT if mask is None else mask & local_TT[None]
 
     @staticmethod
     def resolve(cfg: ModelConfig) -> ModelConfig:
@@ -177,6 +148,11 @@ class AttentionVariant(nnx.Module):
     @staticmethod
     def kv_cache_elements(cfg: ModelConfig) -> int:
         """Cached elements per token per layer."""
+        raise NotImplementedError
+
+    @staticmethod
+    def kv_cache_vectors(cfg: ModelConfig) -> int:
+        """Cached vectors per token per layer (an int8 cache keeps one scale for each)."""
         raise NotImplementedError
 
     @staticmethod
@@ -235,9 +211,10 @@ class AttentionVariant(nnx.Module):
         """`grouped_attention` (keys and values head-major, [B, G, S, D], or [B, S, D] for one
         KV head) with `impl` (default:
         config.model.attention_impl), sowing its weights when `sow_weights` is set (on the
-        einsum path, the one that forms them). filled: with a cache, the slots written so far;
-        then einsum attention reads only those, config.model.decode_chunk slots at a time
-        (`chunked_attention`), unless decode_chunk is 0."""
+        einsum path, the one that forms them). filled: with a full cache, the slots written so far
+        (`KVCache.filled`; None for a ring, attended whole); then einsum attention reads only
+        those, config.model.decode_chunk slots at a time (`chunked_attention`), unless
+        decode_chunk is 0."""
         impl = 'einsum' if self.sow_weights else impl or self.cfg.attention_impl
         chunk = self.cfg.decode_chunk
         S = k_BGSD.shape[-2]

@@ -1,0 +1,160 @@
+"""The decoding cache every attention variant shares (`KVCache`): one layer's arrays and where
+decoding stands, as a pytree. A cache is full (one slot per token, `length` slots) or, for a
+local (sliding-window) layer, a ring of W slots, so its memory stays constant with context; its
+arrays are stored as they come (float) or as int8 codes with one absmax scale per cached vector
+(`KV_CACHE_DTYPES`, lm/model/kv_quant.py). Variants never see either choice: `KVCache.write`
+takes the new entries and returns what the new queries attend, in float.
+Shape letters: see the legend in lm/model/transformer.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from lm.model import kv_quant
+
+KV_CACHE_DTYPES = ('float', 'int8')  # how cache arrays are stored (`KVCache.configured`)
+
+
+def write_cache(cache_B_SX: jax.Array, new_B_TX: jax.Array, slot: jax.Array) -> jax.Array:
+    """Writes T new entries into a [B, ..., S, X] cache (slots on the second-to-last axis) at
+    slots slot..slot+T-1; the update is in place when the cache buffer is not read elsewhere."""
+    new_B_TX = new_B_TX.astype(cache_B_SX.dtype)
+    return jax.lax.dynamic_update_slice_in_dim(cache_B_SX, new_B_TX, slot, cache_B_SX.ndim - 2)
+
+
+def cache_mask(
+    keys_S: jax.Array, pad_B: jax.Array, slot: jax.Array, T: int, window: int = 0
+) -> jax.Array:
+    """[B, T, S] mask for T new queries at absolute indices slot..slot+T-1 over keys at absolute
+    indices `keys_S` (negative: an empty slot): a query attends keys at or before its own, not
+    in its row's left padding (indices < pad_B), and, with a `window` W > 0, fewer than W
+    behind it (q - k < W, transformers' sliding-window convention)."""
+    q_T1 = slot + jnp.arange(T)[:, None]
+    ok_TS = (keys_S[None, :] <= q_T1) & (keys_S[None, :] >= 0)
+    if window:
+        ok_TS &= q_T1 - keys_S[None, :] < window
+    return ok_TS[None] & (keys_S[None, None, :] >= pad_B[:, None, None])
+
+
+def ring_indices(window: int, written: jax.Array) -> jax.Array:
+    """[W] absolute index each ring slot holds once `written` tokens went in (slot j holds the
+    latest index = j mod W; negative: none yet)."""
+    last = written - 1
+    return last - jnp.mod(last - jnp.arange(window), window)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """One layer's decoding cache (a pytree).
+
+    arrays: the stored arrays, [B, ..., S, X] each: slots on the second-to-last axis, so a
+    per-head cache is head-major, [B, G, S, D], and each head's slots are contiguous for the
+    attention of one new token (the variant's `init_cache` says which). With quant 'int8' each
+    of the variant's arrays `name` is stored as int8 codes under `name` and its scales,
+    [B, ..., S, 1], under `name_scale`. slot: the absolute index of the next token (int32
+    scalar; a ring writes it at slot mod W). pad_B: row b's first pad_B[b] indices are left
+    padding, never attended. window: 0 for a full cache; W for a ring of W slots (a local
+    layer). length: the tokens the cache was made for. quant: '' (float) or 'int8'.
+    """
+
+    arrays: dict[str, jax.Array]
+    slot: jax.Array
+    pad_B: jax.Array
+    window: int = dataclasses.field(default=0, metadata={'static': True})
+    length: int = dataclasses.field(default=0, metadata={'static': True})
+    quant: str = dataclasses.field(default='', metadata={'static': True})
+
+    @classmethod
+    def empty(cls, **arrays_B_SX: jax.Array) -> KVCache:
+        """A full cache of the given (zeroed) arrays: slot 0, no padding."""
+        shape = next(iter(arrays_B_SX.values())).shape
+        B, S = shape[0], shape[-2]
+        return cls(arrays_B_SX, jnp.zeros((), jnp.int32), jnp.zeros((B,), jnp.int32), length=S)
+
+    def configured(self, window: int, length: int, kv_cache_dtype: str = 'float') -> KVCache:
+        """This empty cache as a ring of `window` slots (0: full) for `length` tokens, stored
+        as `kv_cache_dtype` (`KV_CACHE_DTYPES`)."""
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f'kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}'
+            )
+        quant = '' if kv_cache_dtype == 'float' else kv_cache_dtype
+        arrays = self.arrays
+        if quant:
+            arrays = {}
+            for name, a_B_SX in self.arrays.items():
+                arrays.update(kv_quant.encode(name, a_B_SX))
+        return dataclasses.replace(self, arrays=arrays, window=window, length=length, quant=quant)
+
+    @property
+    def filled(self) -> jax.Array | None:
+        """After `write`: how many leading slots of what the new queries attend hold tokens, in
+        order, so that chunked decoding may read only those (lm/model/chunked.py); None for a
+        ring, whose slots are not in token order (attended whole, through the mask)."""
+        return None if self.window else self.slot
+
+    def read(self, name: str, dtype) -> jax.Array:
+        """The variant's array `name` as stored, in `dtype` (dequantized when quantized)."""
+        if self.quant:
+            return kv_quant.decode(name, self.arrays, dtype)
+        return self.arrays[name].astype(dtype)
+
+    def _encoded(self, new_B_TX: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        if not self.quant:
+            return new_B_TX
+        out = {}
+        for name, x_B_TX in new_B_TX.items():
+            out.update(kv_quant.encode(name, x_B_TX))
+        return out
+
+    def write(self, **new_B_TX: jax.Array) -> tuple[KVCache, dict[str, jax.Array], jax.Array]:
+        """Writes T new entries of the named arrays, [B, ..., T, X] in the cache's layout, at
+        absolute indices slot..slot+T-1. Returns the cache (slot advanced by T), the arrays the
+        T new queries attend (in the new entries' dtype; the new entries themselves unrounded
+        by quantization) and their [B, T, S'] mask (`cache_mask`). A ring takes T > 1 new
+        entries (a prefill) by attending its W slots followed by the T new ones, then keeping
+        the last W."""
+        T = next(iter(new_B_TX.values())).shape[-2]
+        dtype = next(iter(new_B_TX.values())).dtype
+        stored_B_TX = self._encoded(new_B_TX)
+        if self.window and T > 1:
+            keys_S = jnp.concatenate(
+                [ring_indices(self.window, self.slot), self.slot + jnp.arange(T)]
+            )
+            seen = {
+                n: jnp.concatenate([self.read(n, dtype), x.astype(dtype)], axis=-2)
+                for n, x in new_B_TX.items()
+            }
+            cache = dataclasses.replace(self, arrays=self._ring_kept(stored_B_TX, T))
+        else:
+            at = jnp.mod(self.slot, self.window) if self.window else self.slot
+            arrays = {n: write_cache(a, stored_B_TX[n], at) for n, a in self.arrays.items()}
+            cache = dataclasses.replace(self, arrays=arrays)
+            keys_S = (
+                ring_indices(self.window, self.slot + T)
+                if self.window
+                else jnp.arange(next(iter(arrays.values())).shape[-2])
+            )
+            seen = {n: cache.read(n, dtype) for n in new_B_TX}
+            if self.quant:  # the new tokens attend themselves unrounded
+                seen = {n: write_cache(s, new_B_TX[n].astype(dtype), at) for n, s in seen.items()}
+        mask_BTS = cache_mask(keys_S, self.pad_B, self.slot, T, self.window)
+        return dataclasses.replace(cache, slot=self.slot + T), seen, mask_BTS
+
+    def _ring_kept(self, stored_B_TX: dict[str, jax.Array], T: int) -> dict[str, jax.Array]:
+        """The ring after T new stored entries: each slot keeps the latest index it holds."""
+        held_W = ring_indices(self.window, self.slot + T)
+        src_W = jnp.where(
+            held_W >= self.slot, self.window + held_W - self.slot, jnp.arange(self.window)
+        )
+        return {
+            n: jnp.take(
+                jnp.concatenate([a, stored_B_TX[n].astype(a.dtype)], axis=-2), src_W, axis=-2
+            )
+            for n, a in self.arrays.items()
+        }
