@@ -66,7 +66,7 @@ _KV_DTYPE = flags.DEFINE_enum(
     'kv_cache_dtype', 'float', list(KV_CACHE_DTYPES), 'Cache storage: the compute dtype or int8.'
 )
 _CHUNK = flags.DEFINE_integer(
-    'decode_chunk', 512, 'config.model.decode_chunk: cache slots read per chunk (0 = all at once).'
+    'decode_chunk', 0, 'config.model.decode_chunk: cache slots read per chunk (0 = all at once).'
 )
 
 BASE = os.path.join(
