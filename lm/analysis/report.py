@@ -184,6 +184,7 @@ def analyse_run(
             f'windows of {T} tokens; lower --batch'
         )
     label = f'{os.path.basename(os.path.normpath(workdir))}@{restored.step}'
+    logging.info('%s: scoring %d batches of %d windows', label, len(windows), batch)
     text, loss_sum, icl, moments = _text_over(model, windows, label, stop)
     logging.info('head analysis of %s: %d repeated random sequences', label, num_random)
     token_ids = np.unique(np.asarray(corpus.tokens['validation']))

@@ -63,8 +63,9 @@ def call(argv: list[str], log, echo: Callable[[str], None] | None = None) -> int
         proc = subprocess.Popen(argv, stderr=subprocess.STDOUT, **out)
         _CHILDREN.add(proc)
     try:
-        for line in proc.stdout if echo else ():
+        for line in iter(proc.stdout.readline, '') if echo else ():  # as each line comes
             log.write(line)
+            log.flush()
             echo(line)
         return proc.wait()
     finally:

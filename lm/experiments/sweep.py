@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import math
 import os
 import types
 from typing import Any
@@ -348,9 +349,14 @@ def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> 
         d = stats.Estimate(p['seeds'], p['loss_diff'], p['loss_diff_std'], p['ci_lo'], p['ci_hi'])
         lines.append(
             f'| {p["a"]} | {p["b"]} | {p["loss_diff"]:+.4f} | {d.interval()} | {p["seeds"]} | '
-            f'{p["p"]:.3g} | {p["p_holm"]:.3g} | {p["ordering"]}{" ✓" if p["resolved"] else ""} |'
+            f'{_p(p["p"])} | {_p(p["p_holm"])} | {p["ordering"]}{" ✓" if p["resolved"] else ""} |'
         )
     return '\n'.join(lines) + '\n'
+
+
+def _p(p: float) -> str:
+    """A p-value cell: 'n/a' where one seed gives no test."""
+    return 'n/a' if math.isnan(p) else f'{p:.3g}'
 
 
 MARKERS = 'os^Dv<>ph*'  # one per attention kind, in registry order
