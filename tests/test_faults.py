@@ -267,7 +267,7 @@ def test_sigterm_to_a_sweep_saves_its_current_run_and_starts_no_other(tmp_path):
     cfg = sweep_file(tmp_path, config, [{}])
     sw = tmp_path / 'sw'
     proc, lines = start('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={sw}', '--seeds=2')
-    log = sw / 'base_s0' / 'train.log'
+    log = sw / 'gqa_h4_kv2_s0' / 'train.log'
 
     def training():
         return log.exists() and 'compiled the train step' in log.read_text()
@@ -277,13 +277,13 @@ def test_sigterm_to_a_sweep_saves_its_current_run_and_starts_no_other(tmp_path):
     code, took, err = sigterm_and_wait(proc, lines)
     assert code == 143, err[-20:]
     assert took < 30, took
-    steps = saved_steps(str(sw / 'base_s0'))
+    steps = saved_steps(str(sw / 'gqa_h4_kv2_s0'))
     assert len(steps) == 1 and 0 < steps[0] < 100_000, steps
     assert err[-1] == (
-        f'base_s0 stopped by SIGTERM: its checkpoint of step {steps[0]} kept; repeating the '
+        f'gqa_h4_kv2_s0 stopped by SIGTERM: its checkpoint of step {steps[0]} kept; repeating the '
         'command resumes it; no further runs started'
     ), err[-20:]
-    assert not (sw / 'base_s1').exists()
+    assert not (sw / 'gqa_h4_kv2_s1').exists()
 
 
 BIG = dict(attention='gqa', num_kv_heads=2, d_model=512, num_heads=8, num_layers=8, mlp_dim=2048)
