@@ -56,12 +56,8 @@ def entry_command(script, *args):
     return [sys.executable, str(ROOT / script), *map(str, args)]
 
 
-def sigterm_while_training(
-    script, *args, marker: str = 'compiled the train step', times: int = 1, delay: float = 1.0
-) -> tuple[int, str]:
-    """Starts an entry point, sends it SIGTERM `delay` seconds after `marker` appeared `times`
-    times on its stderr (default: a second after it compiled its train step), and returns
-    (exit code, stderr)."""
+def start_entry(script, *args) -> tuple[subprocess.Popen, list[str]]:
+    """An entry point started with its stderr collected line by line in the returned list."""
     proc = subprocess.Popen(
         entry_command(script, *args),
         cwd=ROOT,
@@ -70,8 +66,18 @@ def sigterm_while_training(
         stderr=subprocess.PIPE,
         text=True,
     )
-    lines = []
+    lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    return proc, lines
+
+
+def sigterm_while_training(
+    script, *args, marker: str = 'compiled the train step', times: int = 1, delay: float = 1.0
+) -> tuple[int, str]:
+    """Starts an entry point, sends it SIGTERM `delay` seconds after `marker` appeared `times`
+    times on its stderr (default: a second after it compiled its train step), and returns
+    (exit code, stderr)."""
+    proc, lines = start_entry(script, *args)
     deadline = time.time() + 120
     while sum(marker in line for line in lines) < times:
         assert time.time() < deadline and proc.poll() is None, ''.join(lines)[-2000:]

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import types
 
@@ -20,8 +19,8 @@ import pytest
 from conftest import (
     ENV,
     ROOT,
-    entry_command,
     run_entry,
+    start_entry,
     stdlib_text,
     sweep_file,
     tiny_train_config,
@@ -194,21 +193,6 @@ def test_a_long_evaluation_says_how_long_it_takes_and_shows_progress(monkeypatch
     ], lines
 
 
-def start(script, *args) -> tuple[subprocess.Popen, list[str]]:
-    """An entry point started with its stderr collected line by line in the returned list."""
-    proc = subprocess.Popen(
-        entry_command(script, *args),
-        cwd=ROOT,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
-    return proc, lines
-
-
 def wait_for(condition, proc, lines, timeout=240) -> None:
     deadline = time.time() + timeout
     while not condition():
@@ -240,7 +224,7 @@ def test_sigterm_during_head_analysis_stops_it_writing_nothing(tmp_path):
     ckpt.save(0, run.state, meta)
     ckpt.close()
     out = tmp_path / 'heads'
-    proc, lines = start(
+    proc, lines = start_entry(
         'scripts/analyze_heads.py', f'--workdir={tmp_path / "run"}', f'--out={out}', '--batch=8'
     )
     # the first progress line (a tenth of the batches): compiled, most of the scoring ahead
@@ -266,7 +250,9 @@ def test_sigterm_to_a_sweep_saves_its_current_run_and_starts_no_other(tmp_path):
     )
     cfg = sweep_file(tmp_path, config, [{}])
     sw = tmp_path / 'sw'
-    proc, lines = start('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={sw}', '--seeds=2')
+    proc, lines = start_entry(
+        'scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={sw}', '--seeds=2'
+    )
     log = sw / 'gqa_h4_kv2_s0' / 'train.log'
 
     def training():
@@ -304,7 +290,7 @@ def test_kill9_during_export_leaves_the_old_export_or_the_new_one(tmp_path):
     hf_io.export_hf(str(tmp_path / 'run1'), str(fresh))
     old, new = files(out), files(fresh)
     assert old != new
-    proc, lines = start(
+    proc, lines = start_entry(
         'scripts/convert_hf.py',
         'export',
         f'--workdir={tmp_path / "run1"}',
@@ -323,17 +309,26 @@ def test_kill9_during_export_leaves_the_old_export_or_the_new_one(tmp_path):
 def test_kill9_during_import_leaves_no_checkpoint(tmp_path):
     """An import killed once its checkpoint is being written: the workdir holds no checkpoint
     (the save happens in a staging directory beside it), and the import can be repeated."""
-    write_run(tmp_path / 'run', **BIG)
-    hf = tmp_path / 'hf'
-    hf_io.export_hf(str(tmp_path / 'run'), str(hf))
-    work = tmp_path / 'w'
-    proc, lines = start('scripts/convert_hf.py', 'import', f'--hf_dir={hf}', f'--workdir={work}')
-    wait_for(lambda: list(tmp_path.glob('.w.import-partial-*/checkpoints/*')), proc, lines)
+    proc, lines, hf, work = import_saving(tmp_path)
     proc.kill()
     proc.wait(timeout=60)
     assert saved_steps(str(work)) == []
     hf_io.import_hf(str(hf), str(work), base_config())
     assert saved_steps(str(work)) == [0]
+
+
+def import_saving(tmp_path) -> tuple[subprocess.Popen, list[str], object, object]:
+    """An import of a big exported run, started and waited for until its checkpoint is being
+    written (in its staging directory): (process, stderr lines, hf dir, workdir)."""
+    write_run(tmp_path / 'run', **BIG)
+    hf = tmp_path / 'hf'
+    hf_io.export_hf(str(tmp_path / 'run'), str(hf))
+    work = tmp_path / 'w'
+    proc, lines = start_entry(
+        'scripts/convert_hf.py', 'import', f'--hf_dir={hf}', f'--workdir={work}'
+    )
+    wait_for(lambda: list(tmp_path.glob('.w.import-partial-*/checkpoints/*')), proc, lines)
+    return proc, lines, hf, work
 
 
 def reliability_tests() -> list[str]:
@@ -360,12 +355,7 @@ def test_every_test_named_in_the_reliability_section_exists():
 def test_sigterm_during_import_save_leaves_nothing(tmp_path):
     """SIGTERM once the import's checkpoint is being written: exit 143, one line, no workdir
     and no staging directory left."""
-    write_run(tmp_path / 'run', **BIG)
-    hf = tmp_path / 'hf'
-    hf_io.export_hf(str(tmp_path / 'run'), str(hf))
-    work = tmp_path / 'w'
-    proc, lines = start('scripts/convert_hf.py', 'import', f'--hf_dir={hf}', f'--workdir={work}')
-    wait_for(lambda: list(tmp_path.glob('.w.import-partial-*/checkpoints/*')), proc, lines)
+    proc, lines, hf, work = import_saving(tmp_path)
     code, took, err = sigterm_and_wait(proc, lines)
     assert code == 143, err[-20:]
     assert err[-1] == 'stopped by SIGTERM; nothing written', err[-20:]

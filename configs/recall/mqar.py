@@ -35,8 +35,6 @@ def get_config(variant: str = 'mha'):
         min_lr=3e-4,
         warmup_steps=200,
         b2=0.99,
-        weight_decay=0.1,
-        grad_clip=1.0,
     )
     config.update(eval_every=250, log_every=50, checkpoint_every=1000, eval_batch_size=200)
     config.train.steps_per_call = 10
