@@ -73,6 +73,16 @@ class Corpus:
     def bytes_per_token(self, split: str) -> float:
         return self.num_bytes[split] / len(self.tokens[split])
 
+    def train_call(self, data: ml_collections.ConfigDict, **where) -> np.ndarray:
+        """This process's batches of one train call (`where`: seed, step, steps, batch_size,
+        process_index, process_count): the recall task's, else windows of the train split
+        (`lm.data.windows.call_batch`, `data.seq_len` and `data.sampling`)."""
+        if self.task is not None:
+            return self.task.call_batch(**where)
+        return call_batch(
+            self.tokens['train'], seq_len=data.seq_len, sampling=data.sampling, **where
+        )
+
 
 def cache_dir(data: ml_collections.ConfigDict) -> str:
     return os.path.expanduser(data.cache_dir or '~/.cache/lm')

@@ -15,7 +15,6 @@ import numpy as np
 from absl import logging
 
 from lm.data.parts import HELDOUT
-from lm.data.windows import call_batch
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import Interrupted, StopRequest
 from lm.train.loss_spike import LossSpikeGuard
@@ -44,18 +43,17 @@ def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...
 
 
 def _prefetch(run: Run, start: int, sizes: list[int], depth: int = 2):
-    """Yields this process's numpy batch of each call (`lm.data.corpus.call_batch`) from a
-    background
+    """Yields this process's numpy batch of each call (`Corpus.train_call`) from a background
     thread; an exception there is raised here, as a RunError naming the step."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     c = run.config
 
     def produce():
         step = start
-        task = run.corpus.task
         try:
             for n in sizes:
-                where = dict(
+                batch = run.corpus.train_call(
+                    c.data,
                     seed=c.seed,
                     step=step,
                     steps=n,
@@ -63,17 +61,7 @@ def _prefetch(run: Run, start: int, sizes: list[int], depth: int = 2):
                     process_index=jax.process_index(),
                     process_count=jax.process_count(),
                 )
-                if task is not None:
-                    q.put(task.call_batch(**where))
-                else:
-                    q.put(
-                        call_batch(
-                            run.corpus.tokens['train'],
-                            seq_len=c.data.seq_len,
-                            sampling=c.data.sampling,
-                            **where,
-                        )
-                    )
+                q.put(batch)
                 step += n
         except BaseException as e:  # noqa: BLE001 - handed to the training thread
             first = str(e).splitlines()[0] if str(e) else ''
