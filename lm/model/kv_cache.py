@@ -84,12 +84,8 @@ class KVCache:
                 f'kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}'
             )
         quant = '' if kv_cache_dtype == 'float' else kv_cache_dtype
-        arrays = self.arrays
-        if quant:
-            arrays = {}
-            for name, a_B_SX in self.arrays.items():
-                arrays.update(kv_quant.encode(name, a_B_SX))
-        return dataclasses.replace(self, arrays=arrays, window=window, length=length, quant=quant)
+        stored = dataclasses.replace(self, window=window, length=length, quant=quant)
+        return dataclasses.replace(stored, arrays=stored._encoded(self.arrays))
 
     @property
     def filled(self) -> jax.Array | None:
@@ -105,6 +101,7 @@ class KVCache:
         return self.arrays[name].astype(dtype)
 
     def _encoded(self, new_B_TX: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """Entries as this cache stores them (int8 codes and scales when quantized)."""
         if not self.quant:
             return new_B_TX
         out = {}
