@@ -178,16 +178,16 @@ def test_a_negative_seed_is_refused_before_anything_is_written(tmp_path, text):
 
 @pytest.mark.slow
 def test_an_error_in_the_batch_thread_ends_the_run(tmp_path, text, monkeypatch):
-    import lm.train.loop
+    import lm.data.corpus
 
-    real = lm.train.loop.call_batch
+    real = lm.data.corpus.call_batch
 
     def failing(*args, step, **kwargs):
         if step >= 2:
             raise OSError(5, 'Input/output error')
         return real(*args, step=step, **kwargs)
 
-    monkeypatch.setattr(lm.train.loop, 'call_batch', failing)
+    monkeypatch.setattr(lm.data.corpus, 'call_batch', failing)
     config = tiny_train_config(tmp_path, text)
     with Alarm(120), pytest.raises(RunError) as e:
         train(config, str(tmp_path / 'run'))

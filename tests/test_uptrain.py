@@ -21,6 +21,7 @@ from flax import nnx
 from tensorboard.backend.event_processing import event_accumulator
 from test_train import read_hparams
 
+import lm.data.corpus
 import lm.train.loop
 from lm.convert.uptrain import (
     ConversionOptions,
@@ -244,7 +245,7 @@ def test_converted_optimizer_state_for_random_zeroes_kv_moments():
 def _recorded_batches(monkeypatch) -> dict:
     """{step: batch} of every batch the training loop hands to the train step."""
     seen = {}
-    real = lm.train.loop.call_batch
+    real = lm.data.corpus.call_batch
 
     def recording(tokens, **kw):
         batch = real(tokens, **kw)
@@ -253,7 +254,7 @@ def _recorded_batches(monkeypatch) -> dict:
             seen[kw['step'] + i] = rows_i
         return batch
 
-    monkeypatch.setattr(lm.train.loop, 'call_batch', recording)
+    monkeypatch.setattr(lm.data.corpus, 'call_batch', recording)
     return seen
 
 

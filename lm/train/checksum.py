@@ -40,10 +40,12 @@ def _flat_index(shape: tuple[int, ...]) -> jax.Array:
 
 @jax.jit
 def _leaf_sums(x: jax.Array) -> jax.Array:
+    """[a, b] of one array, as one reduction: two independent reductions of a sharded array
+    become two all-reduces that XLA's CPU runtime may start in different orders on different
+    devices, which deadlocks."""
     w, i = _words(x), _flat_index(x.shape)
-    a = jnp.sum(w * (2 * i + 1), dtype=jnp.uint32)
-    b = jnp.sum(w * ((i * np.uint32(2654435761)) | 1), dtype=jnp.uint32)
-    return jnp.stack([a, b])
+    weights = jnp.stack([2 * i + 1, (i * np.uint32(2654435761)) | 1])
+    return jnp.sum(w[None] * weights, axis=tuple(range(1, w.ndim + 1)), dtype=jnp.uint32)
 
 
 def array_checksums(tree) -> dict[str, str]:
