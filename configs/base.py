@@ -130,6 +130,7 @@ def get_config() -> ml_collections.ConfigDict:
     uptrain.target = ''  # Set by scripts/uptrain.py: the converted attention ('gqa'|'mqa'|'mla').
     uptrain.groups = ''  # Set by scripts/uptrain.py (similarity): merged heads, '0,2|1,3;...'.
     uptrain.rope_pairs = ''  # Set by scripts/uptrain.py (mla target): source RoPE pairs kept.
+    uptrain.kv_budget = 0  # Total KV heads, split over layers by head similarity; 0 = off.
     uptrain.calibration_tokens = 8192  # Source train tokens fitting similarity/aligned/mla.
     uptrain.source_workdir = ''  # Set by scripts/uptrain.py: the run this one was converted from.
     uptrain.source_step = -1  # Set by scripts/uptrain.py: the source checkpoint's step.

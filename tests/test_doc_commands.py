@@ -211,6 +211,11 @@ PLAN = {
         subs=(('runs/mha', 'runs/llama2'),), extra='--steps=2'
     ),
     'python train.py --workdir=runs/mqa_cla2': Run(),
+    'python scripts/uptrain.py --src=runs/mha --dst=runs/kv6 --kv_budget=6 '
+    '--grouping=similarity --method=mean': Run(
+        subs=(('runs/mha', 'runs/llama2'),), extra='--steps=2'
+    ),
+    'python train.py --workdir=runs/kv6': Run(),
     'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=5000 '
     '--seeds=5 --targets=1 --methods=mean,first,similarity-aligned --cla=cla2,mqa_cla2 '
     '--out_dir=runs/uptrain_cla --parallel=2': Flags(),

@@ -23,13 +23,13 @@ from test_train import read_hparams
 
 import lm.data.corpus
 import lm.train.loop
+from lm.convert.pooling import merge_kv_heads
 from lm.convert.uptrain import (
     ConversionOptions,
     check_conversion,
     convert_checkpoint,
     convert_opt_state,
     convert_params,
-    merge_kv_heads,
     uptrain_config,
     with_schedule_count,
 )

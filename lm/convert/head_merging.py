@@ -5,7 +5,7 @@ parameters.
 A layer's attention parameters are the checkpointed dict of `GroupedQueryAttention`: q_proj
 [E, H, D], k_proj / v_proj [E, G, D], o_proj [H, D, E] (each {'kernel', optional 'bias'}). Query
 head i reads KV head i // R, R = H / G. Merging G heads into g = G / r pools runs of r consecutive
-KV heads (`lm.convert.uptrain.merge_kv_heads`), so both methods here first rewrite the layer so that
+KV heads (`lm.convert.pooling.merge_kv_heads`), so both methods here first rewrite the layer so that
 the heads to be merged are consecutive and alike, keeping the layer's function exactly:
 
 - Grouping (AsymGQA, arXiv 2406.14963; QCQA, 2406.10247): which r source KV heads share a head.

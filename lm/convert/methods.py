@@ -26,7 +26,7 @@ import optax
 from flax import nnx
 
 from lm.analysis import scores as analysis
-from lm.convert import head_merging, mla
+from lm.convert import head_merging, mla, per_layer
 from lm.data.parts import PARTS
 from lm.model import attention
 from lm.model.config import ModelConfig
@@ -61,6 +61,7 @@ KEYS = {
     'seed': 'ConversionOptions.seed',
     'data_split': 'config.data.split',
     'lr': 'config.train.lr',
+    'kv_budget': 'config.uptrain.kv_budget',
 }
 _k = types.SimpleNamespace(**KEYS)  # the keys by attribute, for the messages
 
@@ -81,7 +82,9 @@ class ConversionOptions:
     `schedule` with `optimizer_state`; `seed` draws method 'random's fresh K/V. None for
     `calibration_tokens`: the source config's. `data_split` (None: the source's) is the corpus
     part the converted run trains on (`lm.data.parts`); `lr` (None: the source's) its peak
-    learning rate, the source's min_lr scaled by the same factor."""
+    learning rate, the source's min_lr scaled by the same factor. `kv_budget` B > 0 (with
+    num_kv_heads unset, grouping 'similarity', method 'mean') gives each layer its own KV head
+    count, B in all, where its heads are least alike (lm/convert/per_layer.py)."""
 
     target: str = ''
     num_kv_heads: int = 0
@@ -99,6 +102,7 @@ class ConversionOptions:
     seed: int = 0
     data_split: str | None = None
     lr: float | None = None
+    kv_budget: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'method', self.method or _default_method(self.target))
@@ -115,7 +119,12 @@ class ConversionOptions:
 
     @property
     def needs_calibration(self) -> bool:
-        return self.latent or self.grouping != 'contiguous' or self.method == 'aligned'
+        return (
+            self.latent
+            or self.grouping != 'contiguous'
+            or self.method == 'aligned'
+            or self.kv_budget > 0
+        )
 
 
 def _default_method(target: str) -> str:
@@ -183,7 +192,9 @@ def _check_pool(opts: ConversionOptions) -> None:
     _one_of(opts, 'method', POOL_METHODS)
     if opts.kv_share_every < 1:
         raise ValueError(f'{_k.kv_share_every} must be >= 1, got {opts.kv_share_every}')
-    if opts.num_kv_heads < (0 if opts.kv_share_every > 1 else 1):  # 0 with CLA: the source's
+    if opts.kv_budget:
+        _check_budget(opts)
+    elif opts.num_kv_heads < (0 if opts.kv_share_every > 1 else 1):  # 0 with CLA: the source's
         raise ValueError(f'{_k.num_kv_heads} must be >= 1, got {opts.num_kv_heads}')
     if opts.kv_lora_rank or opts.qk_rope_head_dim:
         raise ValueError(
@@ -193,6 +204,22 @@ def _check_pool(opts: ConversionOptions) -> None:
     if opts.grouping == 'similarity' and opts.method == 'random':
         raise ValueError(
             f'{_k.grouping}=similarity has no effect with {_k.method}=random (fresh K/V)'
+        )
+
+
+def _check_budget(opts: ConversionOptions) -> None:
+    """Per-layer counts under a budget: chosen by similarity, pooled by mean, one count each."""
+    b = f'{_k.kv_budget}={opts.kv_budget}'
+    if opts.kv_budget < 0:
+        raise ValueError(f'{_k.kv_budget} must be >= 0 (0 = off), got {opts.kv_budget}')
+    if opts.num_kv_heads:
+        raise ValueError(f"{b} chooses each layer's KV heads; leave {_k.num_kv_heads} unset")
+    if opts.kv_share_every != 1:
+        raise ValueError(f'{b} does not combine with {_k.kv_share_every}; leave it 1')
+    if opts.grouping != 'similarity' or opts.method != 'mean':
+        raise ValueError(
+            f'{b} merges the most similar heads by their mean: set {_k.grouping}=similarity '
+            f'and {_k.method}=mean, got {opts.grouping} and {opts.method}'
         )
 
 
@@ -236,6 +263,14 @@ def check_conversion(src: ModelConfig, opts: ConversionOptions) -> None:
         )
     if opts.latent:
         check_latent_source(src, opts)
+        return
+    if opts.kv_budget:
+        L, options = src.num_layers, per_layer.head_counts(src.num_kv_heads, src.num_heads)
+        if not options[0] * L <= opts.kv_budget <= src.num_kv_heads * L:
+            raise ValueError(
+                f'{_k.kv_budget}={opts.kv_budget} must be between {options[0] * L} and '
+                f"{src.num_kv_heads * L} (the source's KV heads over its {L} layers)"
+            )
         return
     g_src, H, key = src.num_kv_heads, src.num_heads, _k.num_kv_heads
     g = opts.num_kv_heads or g_src

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import itertools
 
+import jax
 import numpy as np
+import optax
 
 from lm.convert import head_merging
-from lm.convert.uptrain import merge_kv_heads
+from lm.convert.pooling import map_opt_state, merge_kv_heads
 
 
 def similarities(params: dict, inputs: list) -> list[np.ndarray]:
@@ -70,8 +72,9 @@ def layer_groups(sims: list[np.ndarray], counts: tuple[int, ...]) -> list:
 
 
 def convert_params(params: dict, counts: tuple[int, ...], groups: list | None = None) -> dict:
-    """The parameter tree with layer i's K/V heads mean-pooled to counts[i]: `groups[i]` merged
-    (heads permuted first, `head_merging.permute_heads`; default: consecutive runs)."""
+    """The parameter tree (or a moment tree shaped like it) with layer i's K/V heads
+    mean-pooled to counts[i]: `groups[i]` merged (heads permuted first,
+    `head_merging.permute_heads`; default: consecutive runs)."""
     params = head_merging.permute_and_rotate(params, groups, None)
     out = dict(params)
     out['blocks'] = {}
@@ -84,3 +87,22 @@ def convert_params(params: dict, counts: tuple[int, ...], groups: list | None = 
             }
         out['blocks'][name] = {**block, 'attn': attn}
     return out
+
+
+def convert_opt_state(opt_state, params: dict, counts: tuple[int, ...], groups: list):
+    """The optax state with every moment tree shaped like `params` (Adam's mu and nu) pooled
+    as `convert_params` pools the weights (the mean of the merged heads' moments); counts and
+    the rest kept."""
+    treedef = jax.tree.structure(params)
+
+    def moments(node):
+        if isinstance(node, optax.ScaleByAdamState):
+            return node._replace(
+                mu=convert_params(node.mu, counts, groups),
+                nu=convert_params(node.nu, counts, groups),
+            )
+        if isinstance(node, dict) and jax.tree.structure(node) == treedef:
+            return convert_params(node, counts, groups)
+        return None
+
+    return map_opt_state(opt_state, moments)

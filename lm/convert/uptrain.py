@@ -39,10 +39,11 @@ import optax
 from absl import logging
 from flax import nnx
 
-from lm.convert import cla, head_merging, mla
+from lm.convert import cla, head_merging, mla, per_layer
 from lm.convert import methods as conversion
 from lm.convert.hf_files import copy_run_files
 from lm.convert.methods import SCHEDULES, ConversionOptions, check_conversion, check_steps
+from lm.convert.pooling import map_kv, map_opt_state, merge_kv_heads, merge_proj
 from lm.data.corpus import load_corpus
 from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
@@ -61,35 +62,6 @@ METHODS = conversion.POOL_METHODS  # for K/V pooling: 'mean', 'first', 'random',
 PARTIAL = '.uptrain-partial-'  # a conversion is written here, inside its workdir, then moved in
 SOURCE = 'config.uptrain.source_workdir'  # what errors call the source workdir (as recorded)
 WORKDIR = 'workdir'  # and the converted run's (convert_checkpoint's argument)
-
-
-def merge_kv_heads(x: jax.Array, head_axis: int, num_kv_heads: int, method: str) -> jax.Array:
-    """Merges runs of consecutive heads along `head_axis` down to `num_kv_heads` heads."""
-    G = x.shape[head_axis]
-    r = G // num_kv_heads
-    grouped = x.reshape(x.shape[:head_axis] + (num_kv_heads, r) + x.shape[head_axis + 1 :])
-    if method in ('mean', 'aligned'):
-        return grouped.mean(axis=head_axis + 1, dtype=jnp.float32).astype(x.dtype)
-    return jnp.take(grouped, 0, axis=head_axis + 1)
-
-
-def _map_kv(params: dict, fn: Callable[[dict], dict]) -> dict:
-    """`params` with fn applied to every layer's k_proj and v_proj dicts; the rest shared."""
-    out = dict(params)
-    out['blocks'] = {}
-    for layer, block in params['blocks'].items():
-        attn = dict(block['attn'])
-        for name in ('k_proj', 'v_proj'):
-            attn[name] = fn(dict(attn[name]))
-        out['blocks'][layer] = {**block, 'attn': attn}
-    return out
-
-
-def _merge_proj(proj: dict, num_kv_heads: int, method: str) -> dict:
-    proj['kernel'] = merge_kv_heads(proj['kernel'], 1, num_kv_heads, method)  # [E, G, D]
-    if 'bias' in proj:
-        proj['bias'] = merge_kv_heads(proj['bias'], 0, num_kv_heads, method)  # [G, D]
-    return proj
 
 
 def convert_params(
@@ -116,7 +88,7 @@ def convert_params(
         params, groups, rotations if method == 'aligned' else None
     )
     if method != 'random':
-        return _map_kv(params, lambda proj: _merge_proj(proj, num_kv_heads, method))
+        return map_kv(params, lambda proj: merge_proj(proj, num_kv_heads, method))
     key = jax.random.key(seed)
 
     def fresh(proj: dict) -> dict:
@@ -129,7 +101,7 @@ def convert_params(
             proj['bias'] = jnp.zeros((num_kv_heads, D), proj['bias'].dtype)
         return proj
 
-    return _map_kv(params, fresh)
+    return map_kv(params, fresh)
 
 
 def convert_moments(
@@ -148,9 +120,9 @@ def convert_moments(
     (tree, second) -> tree: a further step, such as merging layers (lm/convert/cla.py)."""
     if method != 'random':
         moments = head_merging.permute_and_rotate(moments, groups, rotations, second)
-        moments = _map_kv(moments, lambda proj: _merge_proj(proj, num_kv_heads, method))
+        moments = map_kv(moments, lambda proj: merge_proj(proj, num_kv_heads, method))
     else:
-        moments = _map_kv(
+        moments = map_kv(
             moments,
             lambda proj: {
                 k: jnp.zeros_like(merge_kv_heads(v, v.ndim - 2, num_kv_heads, 'first'))
@@ -186,7 +158,7 @@ def convert_opt_state(
             return convert(node, rotations=rotations)
         return None
 
-    return _map_opt_state(opt_state, moments)
+    return map_opt_state(opt_state, moments)
 
 
 def with_schedule_count(opt_state, step: int):
@@ -198,25 +170,7 @@ def with_schedule_count(opt_state, step: int):
             return node._replace(count=jnp.full_like(node.count, step))
         return None
 
-    return _map_opt_state(opt_state, schedule_count)
-
-
-def _map_opt_state(opt_state, replace):
-    """`opt_state` (optax's namedtuples, tuples, lists and dicts) rebuilt with every node for
-    which `replace(node)` is not None replaced by that value."""
-
-    def visit(node):
-        if (new := replace(node)) is not None:
-            return new
-        if isinstance(node, tuple) and hasattr(node, '_fields'):
-            return type(node)(*(visit(x) for x in node))
-        if isinstance(node, (tuple, list)):
-            return type(node)(visit(x) for x in node)
-        if isinstance(node, dict):
-            return {k: visit(v) for k, v in node.items()}
-        return node
-
-    return visit(opt_state)
+    return map_opt_state(opt_state, schedule_count)
 
 
 def uptrain_config(
@@ -319,6 +273,8 @@ def _converted_params(source, options: ConversionOptions):
         params, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs, eps)
         order = mla.q_order(cfg.head_dim, np.array([int(j) for j in pairs.split(',')]))
         return params, (order, None, None), settings, {**record, 'rope_pairs': pairs}
+    if options.kv_budget:
+        return _per_layer_params(params, cfg, options, inputs, record)
     g, method, n = options.num_kv_heads or cfg.num_kv_heads, options.method, options.kv_share_every
     if options.grouping == 'similarity':
         groups = conversion.similarity_groups(params, g, method, inputs)
@@ -333,6 +289,21 @@ def _converted_params(source, options: ConversionOptions):
         settings = {**attention.VARIANTS[cfg.attention].pooled(g), 'kv_share_every': n}
         then = cla.moment_step(n, method, recipe)
     return params, (groups, rotations, then), settings, record
+
+
+def _per_layer_params(params: dict, cfg: ModelConfig, options, inputs: list, record: dict):
+    """`_converted_params` under a KV budget: each layer's count and groups from its heads'
+    similarity (lm/convert/per_layer.py); the recipe is (counts, groups)."""
+    sims = per_layer.similarities(params, inputs)
+    counts = per_layer.choose_counts(sims, cfg.num_heads, options.kv_budget)
+    groups = per_layer.layer_groups(sims, counts)
+    params = per_layer.convert_params(params, counts, groups)
+    settings = {
+        **attention.VARIANTS[cfg.attention].pooled(max(counts)),
+        'kv_heads_per_layer': counts,
+    }
+    record.update(groups=conversion.format_groups(groups), kv_budget=options.kv_budget)
+    return params, (counts, groups), settings, record
 
 
 def _converted_config(
@@ -373,6 +344,8 @@ def _converted_state(source, options: ConversionOptions, ctx, params: dict, reci
     if options.optimizer_state == 'convert' and options.latent:
         fresh = with_schedule_count(ctx.tx.init(params), source.step)
         opt_state = conversion.latent_opt_state(state['opt_state'], fresh, recipe[0])
+    elif options.optimizer_state == 'convert' and options.kv_budget:
+        opt_state = per_layer.convert_opt_state(state['opt_state'], state['params'], *recipe)
     elif options.optimizer_state == 'convert':
         g = options.num_kv_heads or source.model_cfg.num_kv_heads
         opt_state = convert_opt_state(
