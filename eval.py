@@ -7,15 +7,20 @@ the run's validation split this gives exactly the loss its training logged at th
   python eval.py --workdir=runs/quickstart --step=500 --split=train --eval_tokens=100000
   python eval.py --workdir=runs/gqa2 --config=configs/shakespeare_char.py \
       --config.data.path=other.txt                          # another data source
+  python eval.py --workdir=runs/gqa2 --kv_cache_dtype=int8  # decoded through an int8 KV cache
 """
 
 import json
 import math
 
 from absl import flags
+from flax import nnx
 from ml_collections import config_flags
 
 from lm.cli import bootstrap, check_writable_dir, define_distributed_flags, run_app
+from lm.infer.cached_eval import make_cached_eval_step
+from lm.infer.decode import Decoder
+from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import StopRequest
 from lm.train.run import assemble, stored_config
@@ -32,6 +37,12 @@ _TOKENS = flags.DEFINE_integer(
 )
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, "Optional config whose data (source, path, tokenizer) replaces the run's."
+)
+_CACHE = flags.DEFINE_string(
+    'kv_cache_dtype',
+    '',
+    "'' = the training forward; else each window is decoded token by token through a KV cache "
+    "stored as this ('float', 'int8'; lm/infer/cached_eval.py), logged as eval_cache_<dtype>.",
 )
 define_distributed_flags()
 _TB_DIR = flags.DEFINE_string(
@@ -51,6 +62,8 @@ def run() -> int:
                 f'eval.py takes only --config.data.* from --config; --config.{ignored[0]} would be '
                 "ignored (the model, training and mesh settings are the checkpoint's)"
             )
+    if _CACHE.value and _CACHE.value not in KV_CACHE_DTYPES:
+        raise ValueError(f'--kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {_CACHE.value!r}')
     check_writable_dir(
         run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir' if _TB_DIR.value else '--workdir'
     )
@@ -63,10 +76,16 @@ def run() -> int:
     if _TOKENS.value is not None:
         config.eval_tokens = _TOKENS.value
     restored = assemble(config, state='params', workdir=_WORKDIR.value, step=_STEP.value, data=True)
+    eval_step, params = make_eval_step(restored.ctx), restored.state['params']
+    if _CACHE.value:
+        if restored.corpus.task is not None:
+            raise ValueError('--kv_cache_dtype evaluates text windows; this run is a recall task')
+        decoder = Decoder(nnx.merge(restored.ctx.graphdef, params), kv_cache_dtype=_CACHE.value)
+        eval_step, params = make_cached_eval_step(decoder, restored.mesh), decoder.params
     with StopRequest() as stop:  # SIGTERM: stop between batches, write nothing
         metrics = evaluate(
-            make_eval_step(restored.ctx),
-            restored.state['params'],
+            eval_step,
+            params,
             restored.corpus,
             _SPLIT.value,
             batch_size=eval_batch_size(restored.config),
@@ -86,6 +105,8 @@ def run() -> int:
         if same and _SPLIT.value == 'validation'
         else (f'eval_{config.data.source}_{restored.corpus.fingerprint[:6]}_{_SPLIT.value}')
     )
+    if _CACHE.value:  # decoded through a cache: its own tag, never the run's eval
+        prefix += f'_cache_{_CACHE.value}'
     if restored.config.eval_tokens != own_tokens:  # another protocol: never overwrite the run's
         prefix += f'_tokens{restored.config.eval_tokens}'
 

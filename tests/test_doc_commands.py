@@ -92,6 +92,7 @@ PLAN = {
     '--config.data.path=data/tinyshakespeare.txt': Run(),
     'python eval.py --workdir=runs/shakespeare_mha': Run(),
     'python eval.py --workdir=runs/quickstart': Run(),
+    'python eval.py --workdir=runs/quickstart --kv_cache_dtype=int8': Run(),
     'python eval.py --workdir=runs/quickstart --step=400 --split=train --eval_tokens=100000': Run(
         subs=(('--step=400', '--step=20'), ('--eval_tokens=100000', '--eval_tokens=256'))
     ),

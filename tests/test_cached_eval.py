@@ -1,0 +1,72 @@
+"""Evaluation through the decoding cache (lm/infer/cached_eval.py, eval.py --kv_cache_dtype):
+token-by-token decoding of each window equals the training forward with a float cache, and an
+int8 cache changes the loss by a little, not by nothing."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import read_scalars, run_entry, tiny_config, tiny_train_config, write_config_file
+
+from lm.infer.cached_eval import cached_token_losses
+from lm.infer.decode import Decoder
+from lm.model.kv_cache import KV_CACHE_DTYPES
+from lm.model.transformer import build_model, model_config
+
+
+def forward_losses(model, batch_BT1: np.ndarray) -> np.ndarray:
+    """[B, T] next-token nats from the full forward, log-softmax in float64 NumPy."""
+    logits = np.asarray(model(jnp.asarray(batch_BT1[:, :-1])), np.float64)
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    return -np.take_along_axis(logp, batch_BT1[:, 1:, None], axis=-1)[..., 0]
+
+
+@pytest.mark.parametrize(
+    'overrides',
+    [
+        {'attention': 'gqa', 'num_kv_heads': 2},
+        {'attention': 'mla'},
+        {'attention': 'mha', 'sliding_window': 4, 'layer_pattern': 'LG'},
+    ],
+    ids=['gqa2', 'mla', 'mha_local'],
+)
+def test_float_cache_equals_the_forward_and_int8_differs_a_little(overrides):
+    cfg = model_config(tiny_config(**overrides).model)
+    model = build_model(cfg, seed=3)
+    batch = np.asarray(jax.random.randint(jax.random.key(1), (3, 13), 0, cfg.vocab_size))
+    want = forward_losses(model, batch)
+    fl = Decoder(model, kv_cache_dtype='float')
+    got = np.asarray(jax.jit(cached_token_losses, static_argnums=0)(fl, fl.params, batch))
+    np.testing.assert_allclose(got, want, atol=2e-5)  # float32 forward vs float32 decoding
+    q = Decoder(model, kv_cache_dtype='int8')
+    quant = np.asarray(jax.jit(cached_token_losses, static_argnums=0)(q, q.params, batch))
+    delta = np.abs(quant - want)
+    assert delta.max() < 0.05 and delta[:, 1:].max() > 0  # token 0 attends only itself
+
+
+@pytest.mark.slow
+def test_eval_py_through_the_cache_tags_its_own_scalars(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text, **{'train.steps': 8})
+    workdir = tmp_path / 'run'
+    run_entry('train.py', f'--config={write_config_file(config, tmp_path / "c.py")}',
+              f'--workdir={workdir}', check=True)  # fmt: skip
+    plain = json.loads(run_entry('eval.py', f'--workdir={workdir}', check=True).stdout)
+    results = {}
+    for dtype in ('float', 'int8'):
+        out = run_entry('eval.py', f'--workdir={workdir}', f'--kv_cache_dtype={dtype}', check=True)
+        results[dtype] = json.loads(out.stdout)
+        assert results[dtype]['tag'] == f'eval_cache_{dtype}'
+        assert results[dtype]['tokens'] == plain['tokens']
+    assert abs(results['float']['loss'] - plain['loss']) < 1e-4
+    assert 0 < abs(results['int8']['loss'] - plain['loss']) < 0.02
+    logged = read_scalars(workdir / 'tb', 'eval_cache_int8/loss')
+    assert logged == {8: pytest.approx(results['int8']['loss'])}
+    assert read_scalars(workdir / 'tb', 'eval/loss')[8] == pytest.approx(plain['loss'])
+    bad = run_entry('eval.py', f'--workdir={workdir}', '--kv_cache_dtype=int3')
+    assert bad.returncode != 0
+    assert bad.stderr.strip().splitlines()[-1].endswith(
+        f"--kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got 'int3'"
+    )
