@@ -264,3 +264,15 @@ def test_qwen2_logits_and_decoding_equal_transformers(tmp_path):
     assert out == greedy.numpy().tolist()
     export_hf(str(tmp_path / 'w'), str(tmp_path / 'out'))
     assert_close_logits(transformers_logits(tmp_path / 'out', tokens), want)
+
+
+def test_bytes_per_context_token_count_a_local_layer_at_its_window():
+    """Per token of a 16-token sequence: the local layer holds 4 slots, the global one 16, so
+    (4 + 16) / 16 slots of 2 K/V heads of 8 in bfloat16; a model without local layers gets its
+    per-token bytes."""
+    local = model_config(tiny_config(num_kv_heads=2, sliding_window=4, layer_pattern='LG').model)
+    slot = 2 * 2 * 8 * 2  # K and V, 2 heads of 8, 2 bytes
+    assert accounting.kv_cache_bytes_per_context_token(local, 16) == round((4 + 16) * slot / 16)
+    full = model_config(tiny_config(num_kv_heads=2).model)
+    assert accounting.kv_cache_bytes_per_context_token(full, 16) == 2 * slot
+    assert accounting.kv_cache_bytes_per_token(full) == 2 * slot

@@ -1,8 +1,10 @@
 r"""KV layouts across layers beside head sharing: MHA and MQA, cross-layer attention (CLA2: every
-two layers share one K/V; MQA-CLA2, GQA-2-CLA2) and per-layer KV head counts, at the depth and
+two layers share one K/V; MQA-CLA2, GQA-2-CLA2), per-layer KV head counts and local/global layers
+(three sliding-window layers of W = 16 under one global, 'LLLG'), at the depth and
 width of configs/sweeps/attention_kinds.py (8 heads of 16, d_model 128, 4 layers) on Tiny
 Shakespeare. With --match=params the MLP widths make every point as large as MHA (CLA's
-consumer layers have no K/V projections).
+consumer layers have no K/V projections). KV bytes per token are a training-length (64-token)
+sequence's: a local layer holds 16 slots of them.
 
   python scripts/sweep.py --config=configs/sweeps/kv_layouts.py --sweep_dir=runs/kv_layouts \
       --config.data.path=data/tinyshakespeare.txt --seeds=5
@@ -34,5 +36,11 @@ def get_points():
             'name': 'kv_8421',
             'model.attention': 'gqa',
             'model.kv_heads_per_layer': (8, 4, 2, 1),
+        },
+        {
+            'name': 'mha_local',
+            'model.attention': 'mha',
+            'model.sliding_window': 16,
+            'model.layer_pattern': 'LLLG',
         },
     ]

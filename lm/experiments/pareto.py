@@ -102,9 +102,11 @@ def arm_label(arm: Hashable) -> str:
 
 
 def run_model(workdir: str) -> tuple[str, int]:
-    """A run's attention kind and bf16 KV-cache bytes per token, from its saved config."""
-    cfg = model_config(stored_config(workdir).model)
-    return cfg.attention, accounting.kv_cache_bytes_per_token(cfg, 'bfloat16')
+    """A run's attention kind and bf16 KV-cache bytes per token of a training-length sequence,
+    from its saved config."""
+    config = stored_config(workdir)
+    cfg = model_config(config.model)
+    return cfg.attention, accounting.kv_cache_bytes_per_context_token(cfg, config.data.seq_len)
 
 
 def points(runs: Iterable[Run], metric: str, panel: str = '') -> list[Point]:

@@ -286,15 +286,18 @@ def summarise(
 
 def _point_model(workdir: str) -> dict:
     """A point's model columns, from its run's saved config: size, what its KV cache holds and
-    its bf16 KV-cache bytes per token."""
-    cfg = model_config(stored_config(workdir).model)
+    its bf16 KV-cache bytes per token of a training-length sequence (local layers hold W)."""
+    config = stored_config(workdir)
+    cfg = model_config(config.model)
     return {
         'attention': cfg.attention,
         'num_heads': cfg.num_heads,
         'kv_heads': attention.variant(cfg).kv_heads(cfg),
         'mlp_dim': cfg.mlp_dim,
         'params': accounting.param_counts(cfg)['total'],
-        'kv_cache_bytes_per_token': accounting.kv_cache_bytes_per_token(cfg, 'bfloat16'),
+        'kv_cache_bytes_per_token': accounting.kv_cache_bytes_per_context_token(
+            cfg, config.data.seq_len
+        ),
     }
 
 

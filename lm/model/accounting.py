@@ -102,6 +102,12 @@ def kv_cache_bytes(
     return sum(kv_cache_bytes_by_layer(cfg, length, dtype, kv_cache_dtype))
 
 
+def kv_cache_bytes_per_context_token(cfg: ModelConfig, length: int, dtype: str = 'bfloat16') -> int:
+    """Cache bytes per token of one sequence of `length` tokens, rounded to a byte: equals
+    `kv_cache_bytes_per_token` unless local layers hold fewer than `length` slots."""
+    return round(kv_cache_bytes(cfg, length, dtype) / length)
+
+
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     """Training FLOPs per token, PaLM App. B: 6N + 12·L·H·Q·T.
 
