@@ -3,6 +3,8 @@ grouped storage with its float residual written in pieces against a NumPy refere
 against the float cache (within a stated tolerance; exact while every token is in the
 residual), bytes = the formula, and the one-line refusals."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,16 +76,21 @@ def test_codes_and_scales_equal_numpy():
 
 
 def test_storage_written_in_pieces_equals_numpy():
-    """Entries written 5, 1, 1, 4, 3 at a time into a cache of 15 slots (G = 4): after each
-    write, the new queries see the new entries exact and the others as read back (to rounding);
-    a complete group reads back as its own per-channel (keys) or per-token (values)
-    quantization by a NumPy reference (within half a step, statistics from exactly its G
+    """Entries written 5, 1, 1, 4, 3 at a time into a cache of 15 slots (G = 4), row 1 with 2
+    slots of left padding holding keys of 100: after each write, the new queries see the new
+    entries exact and the others as read back (to rounding); a complete group reads back as its
+    own per-channel (keys, the padding left out of the statistics) or per-token (values)
+    quantization by a NumPy reference (within half a step, statistics from exactly its
     entries), and the tokens of the incomplete group (the residual) read back exactly."""
     G, S, D = 4, 15, 6
-    x = np.asarray(jax.random.normal(jax.random.key(2), (2, 3, S, D)), np.float32)
+    x = np.array(jax.random.normal(jax.random.key(2), (2, 3, S, D)), np.float32)
     y = np.asarray(jax.random.normal(jax.random.key(3), (2, 3, S, D)), np.float32)
+    pad = np.array([0, 2], np.int32)
+    x[1, :, :2] = 100.0  # never attended: must not widen group 0's range
+    valid = (np.arange(S) >= pad[:, None])[:, None, :, None]  # [B, 1, S, 1]
     zeros = jnp.zeros((2, 3, S, D), jnp.float32)
     cache = KVCache.empty(per_channel=('k',), k=zeros, v=zeros).configured(0, S, 'kivi4', G)
+    cache = dataclasses.replace(cache, pad_B=jnp.asarray(pad))
     assert cache.arrays['k'].shape == (2, 3, (4 + 1) * G, D // 2)
     write = jax.jit(lambda c, k, v: c.write(k=k, v=v))
     done = 0
@@ -101,16 +108,19 @@ def test_storage_written_in_pieces_equals_numpy():
         for name, ref, axis in (('k', x, -2), ('v', y, -1)):
             got = np.asarray(cache.read(name, jnp.float32))
             np.testing.assert_array_equal(got[..., full:done, :], ref[..., full:done, :])
-            g = ref[..., :full, :].astype(np.float64).reshape(2, 3, -1, G, D)
-            lo, hi = g.min(axis, keepdims=True), g.max(axis, keepdims=True)
+            counted = valid[..., :full, :] if name == 'k' else np.ones((1, 1, full, 1), bool)
+            g = np.where(counted, ref[..., :full, :], np.nan).astype(np.float64)
+            g = g.reshape(2, 3, -1, G, D)
+            lo, hi = np.nanmin(g, axis, keepdims=True), np.nanmax(g, axis, keepdims=True)
             step = (hi - lo) / 15
             err = np.abs(got[..., :full, :].reshape(g.shape) - g)
-            assert np.all(err <= step / 2 * (1 + 1e-5) + 1e-6), name
-            # the stored minima: of exactly each complete group's entries
-            stored = np.asarray(cache.arrays[f'{name}_min'])
-            stored = stored[..., : full // G, :] if name == 'k' else stored[..., :full, 0]
-            want = lo[..., 0, :] if name == 'k' else lo[..., 0].reshape(2, 3, full)
-            np.testing.assert_array_equal(stored, want.astype(np.float32))
+            assert np.all(np.isnan(err) | (err <= step / 2 * (1 + 1e-5) + 1e-6)), name
+            # the stored statistics: of exactly each complete group's entries
+            for stat, want in (('min', lo), ('scale', step)):
+                stored = np.asarray(cache.arrays[f'{name}_{stat}'])
+                stored = stored[..., : full // G, :] if name == 'k' else stored[..., :full, 0]
+                want = want[..., 0, :] if name == 'k' else want[..., 0].reshape(2, 3, full)
+                np.testing.assert_allclose(stored, want, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize(

@@ -166,10 +166,10 @@ class KVCache:
         by quantization) and their [B, T, S'] mask (`cache_mask`). A ring takes T > 1 new
         entries (a prefill) by attending its W slots followed by the T new ones, then keeping
         the last W."""
-        T = next(iter(new_B_TX.values())).shape[-2]
-        dtype = next(iter(new_B_TX.values())).dtype
         if self.quant == 'kivi4':
             return self._write_kivi(new_B_TX)
+        T = next(iter(new_B_TX.values())).shape[-2]
+        dtype = next(iter(new_B_TX.values())).dtype
         stored_B_TX = self._encoded(new_B_TX)
         if self.window and T > 1:
             keys_S = jnp.concatenate(
@@ -206,7 +206,9 @@ class KVCache:
         arrays = {}
         for n, x_B_TX in new_B_TX.items():
             channel = n in self.per_channel
-            arrays.update(kv_kivi.write(n, self.arrays, x_B_TX, self.slot, self.group, channel))
+            arrays.update(
+                kv_kivi.write(n, self.arrays, x_B_TX, self.slot, self.pad_B, self.group, channel)
+            )
         cache = dataclasses.replace(self, arrays=arrays, slot=self.slot + T)
         seen = {
             n: write_cache(cache.read(n, dtype), x.astype(dtype), self.slot)

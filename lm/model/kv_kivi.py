@@ -39,12 +39,20 @@ def unpack(packed_BY: jax.Array) -> jax.Array:
     return both_BY2.reshape(*packed_BY.shape[:-1], 2 * packed_BY.shape[-1])
 
 
-def quantize(x: jax.Array, axis: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def quantize(
+    x: jax.Array, axis: int, valid: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(codes uint8 shaped like x, min, scale) with min and scale over `axis` (kept, size 1) in
-    x's dtype; the codes are computed from min and scale as stored (rounded to that dtype)."""
+    x's dtype; the codes are computed from min and scale as stored (rounded to that dtype).
+    valid (broadcastable to x): the entries the min and max are taken over (none: 0 and 0)."""
     x32 = x.astype(jnp.float32)
-    lo = jnp.min(x32, axis=axis, keepdims=True)
-    hi = jnp.max(x32, axis=axis, keepdims=True)
+    if valid is None:
+        lo = jnp.min(x32, axis=axis, keepdims=True)
+        hi = jnp.max(x32, axis=axis, keepdims=True)
+    else:
+        lo = jnp.min(jnp.where(valid, x32, jnp.inf), axis=axis, keepdims=True)
+        hi = jnp.max(jnp.where(valid, x32, -jnp.inf), axis=axis, keepdims=True)
+        lo, hi = jnp.where(lo > hi, 0.0, lo), jnp.where(lo > hi, 0.0, hi)
     mn, scale = lo.astype(x.dtype), ((hi - lo) / LEVELS).astype(x.dtype)
     safe = jnp.where(scale > 0, scale.astype(jnp.float32), 1.0)
     codes = jnp.clip(jnp.round((x32 - mn.astype(jnp.float32)) / safe), 0, LEVELS)
@@ -57,10 +65,16 @@ def dequantize(codes: jax.Array, mn: jax.Array, scale: jax.Array, dtype) -> jax.
     return (codes.astype(f32) * scale.astype(f32) + mn.astype(f32)).astype(dtype)
 
 
-def quantize_per_channel(x_B_LX: jax.Array, group: int) -> tuple[jax.Array, ...]:
-    """Keys: (codes [..., L, X], min and scale [..., L/G, X]) over each group of G tokens."""
+def quantize_per_channel(
+    x_B_LX: jax.Array, group: int, valid_B_L1: jax.Array | None = None
+) -> tuple[jax.Array, ...]:
+    """Keys: (codes [..., L, X], min and scale [..., L/G, X]) over each group of G tokens (those
+    `valid_B_L1` marks, [..., L, 1], broadcastable: all when None)."""
     *lead, L, X = x_B_LX.shape
-    codes_BNGX, mn_BN1X, scale_BN1X = quantize(x_B_LX.reshape(*lead, L // group, group, X), -2)
+    x_BNGX = x_B_LX.reshape(*lead, L // group, group, X)
+    if valid_B_L1 is not None:
+        valid_B_L1 = valid_B_L1.reshape(*valid_B_L1.shape[:-2], L // group, group, 1)
+    codes_BNGX, mn_BN1X, scale_BN1X = quantize(x_BNGX, -2, valid_B_L1)
     return codes_BNGX.reshape(x_B_LX.shape), mn_BN1X[..., 0, :], scale_BN1X[..., 0, :]
 
 
@@ -92,6 +106,7 @@ def write(
     stored: dict[str, jax.Array],
     new_B_TX: jax.Array,
     slot: jax.Array,
+    pad_B: jax.Array,
     group: int,
     per_channel: bool,
 ) -> dict[str, jax.Array]:
@@ -100,7 +115,8 @@ def write(
     starting at group slot // G; every group of it is quantized and written there (the
     incomplete ones too: their slots are overlaid by the residual, or not yet attended, until
     a later write rewrites them whole), and the residual becomes the group holding the last
-    (slot + T) mod G entries."""
+    (slot + T) mod G entries. Row b's left padding (slots < pad_B[b], never attended) is left
+    out of the per-channel statistics, so that it cannot widen a group's range."""
     residual_B_GX = stored[f'{name}_residual']
     *lead, T, X = new_B_TX.shape
     axis = new_B_TX.ndim - 2
@@ -113,7 +129,10 @@ def write(
         buf_B_LX, new_B_TX.astype(buf_B_LX.dtype), start, axis
     )
     if per_channel:
-        codes, mn, scale = quantize_per_channel(buf_B_LX, group)
+        slots_L = slot // group * group + jnp.arange(n * group)
+        valid_BL = slots_L[None, :] >= pad_B[:, None]
+        valid_B_L1 = valid_BL.reshape(valid_BL.shape[0], *[1] * (axis - 1), n * group, 1)
+        codes, mn, scale = quantize_per_channel(buf_B_LX, group, valid_B_L1)
         stat_at = slot // group
     else:
         codes, mn, scale = quantize_per_token(buf_B_LX)
