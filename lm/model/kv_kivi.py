@@ -3,8 +3,9 @@ Quantization for KV Cache"; here with 4 bits): asymmetric min/max quantization t
 
   scale = (max - min) / 15,  code = round((v - min) / scale) in [0, 15],  v̂ = code · scale + min
 
-keys per channel (min and scale per channel over a group of G consecutive tokens), values per
-token (min and scale per cached vector), two codes packed per uint8 byte along the channels.
+keys per channel (min and scale per channel over a group of G consecutive tokens, a row's left
+padding left out), values per token (min and scale per cached vector), two codes packed per
+uint8 byte along the channels.
 
 Storage of a [B, ..., S, X] array `name` (X even) for G-token groups: `name` the packed codes
 [B, ..., S', X/2] uint8 with S' = (ceil(S/G) + 1)·G slots (one spare group, so that writing
