@@ -59,6 +59,7 @@ ADDED_KEYS = {
     'data.uptrain_fraction': 0.1,
     'data.heldout_fraction': 0.5,
     'uptrain.kv_budget': 0,
+    'model.kv_quant_group': 32,
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

@@ -7,10 +7,12 @@ then the jitted decode loop generates --new_tokens tokens per row; the median of
 runs is reported. Cache bytes per token are measured from the live cache arrays and shown next
 to the accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L for MLA; with
 cross-layer attention, 'cla2' / 'mqa_cla2', only every n-th layer holds a cache; a local layer
-holds at most W tokens; an int8 cache a byte per element plus a scale per vector), per token of
-the cache's S = L + new tokens. A variant name ending in '_local' ('gqa4_local') has
-sliding-window layers (--window, --layer_pattern); --kv_cache_dtype=int8 stores every cache as
-int8; --decode_chunk sets config.model.decode_chunk.
+holds at most W tokens; an int8 cache a byte per element plus a scale per vector; a kivi4 cache
+half a byte per element plus its group statistics and float residual), per token of the cache's
+S = L + new tokens. A variant name ending in '_local' ('gqa4_local') has sliding-window layers
+(--window, --layer_pattern); --kv_cache_dtype=int8 stores every cache as int8, =kivi4 as KIVI's
+4 bits (full caches only: not with '_local' or CLA variants) in groups of --kv_quant_group
+tokens; --decode_chunk sets config.model.decode_chunk.
 
 Roofline: a decode step must read every weight and the filled cache once, so its time is at
 least (bytes read per step) / (read bandwidth). The bandwidth is measured in the same run (a
@@ -63,7 +65,13 @@ _PATTERN = flags.DEFINE_string(
     'layer_pattern', 'LLLG', "Local/global layers of a '<variant>_local' variant ('' = all L)."
 )
 _KV_DTYPE = flags.DEFINE_enum(
-    'kv_cache_dtype', 'float', list(KV_CACHE_DTYPES), 'Cache storage: the compute dtype or int8.'
+    'kv_cache_dtype',
+    'float',
+    list(KV_CACHE_DTYPES),
+    'Cache storage: the compute dtype, int8 or kivi4 (KIVI, 4 bits).',
+)
+_GROUP = flags.DEFINE_integer(
+    'kv_quant_group', 32, 'config.model.kv_quant_group: tokens per kivi4 key group.'
 )
 _CHUNK = flags.DEFINE_integer(
     'decode_chunk', 0, 'config.model.decode_chunk: cache slots read per chunk (0 = all at once).'
@@ -84,6 +92,7 @@ def model_for(variant: str):
         num_heads=8,
         dtype=_DTYPE.value,
         decode_chunk=_CHUNK.value,
+        kv_quant_group=_GROUP.value,
     )
     config.model.mla.update(
         kv_lora_rank=E // 2, qk_nope_head_dim=E // 8, qk_rope_head_dim=E // 16, v_head_dim=E // 8
@@ -109,9 +118,11 @@ def read_bandwidth(gib: float, repeats: int = 7) -> float:
 
 
 def random_like(key: jax.Array, a: jax.Array) -> jax.Array:
-    """Random contents of a cache array's shape and dtype (int8 codes: uniform in +-127)."""
+    """Random contents of a cache array's shape and dtype (int8 codes: uniform in +-127;
+    kivi4's uint8 bytes of two codes: uniform in 0..255)."""
     if jnp.issubdtype(a.dtype, jnp.integer):
-        return jax.random.randint(key, a.shape, -127, 128).astype(a.dtype)
+        lo = -127 if a.dtype == jnp.int8 else 0
+        return jax.random.randint(key, a.shape, lo, jnp.iinfo(a.dtype).max + 1).astype(a.dtype)
     return jax.random.normal(key, a.shape, a.dtype)
 
 
@@ -160,6 +171,7 @@ def bench(variant: str, context: int, B: int) -> dict:
         'cache_bytes_per_token_measured': measured,
         'cache_bytes_per_token_formula': kv_cache_bytes(cfg, S, _DTYPE.value, _KV_DTYPE.value) / S,
         'kv_cache_dtype': _KV_DTYPE.value,
+        'kv_quant_group': _GROUP.value,
         'cache_bytes_total': int(measured * B * S),
         'decode_tokens_per_sec': B * n / dt,
         'ms_per_step': dt / n * 1e3,

@@ -50,7 +50,10 @@ _SAMPLING = flags.DEFINE_string(
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
 _STOP = flags.DEFINE_bool('stop_at_eos', True, 'Stop a row at the end-of-text token.')
 _KV_DTYPE = flags.DEFINE_enum(
-    'kv_cache_dtype', 'float', list(KV_CACHE_DTYPES), 'KV cache storage: compute dtype or int8.'
+    'kv_cache_dtype',
+    'float',
+    list(KV_CACHE_DTYPES),
+    'KV cache storage: compute dtype, int8, or kivi4 (KIVI 4-bit, config.model.kv_quant_group).',
 )
 _STREAM_CONTEXT = 4  # tokens decoded before the new ones, so a token's spacing is kept
 

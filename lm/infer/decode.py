@@ -9,7 +9,7 @@ step are the model's own forward pass with one `KVCache` per layer (`Transformer
 `caches`); each attention variant owns its cache layout (its `init_cache`, lm/model/attention.py):
 K and V per KV head for MHA / GQA / MQA (head-major, [B, G, S, D]), the latent c_KV and the
 shared RoPE key for MLA. A local (sliding-window) layer's cache is a ring of W slots, and any
-cache may be stored as int8 (lm/model/kv_cache.py).
+cache may be stored as int8, a full one also as KIVI's 4 bits (lm/model/kv_cache.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from jax.experimental import io_callback
 
 from lm.model import attention, layout
 from lm.model.config import DTYPES, ModelConfig
-from lm.model.kv_cache import KV_CACHE_DTYPES, KVCache
+from lm.model.kv_cache import KVCache, check_storage
 from lm.model.transformer import Transformer
 
 
@@ -99,20 +99,17 @@ def init_caches(
 ) -> list[KVCache]:
     """One zeroed cache per layer that computes K/V (every layer but CLA consumers,
     lm/model/layout.py), each in its layer's shape, for `length` tokens, in the compute dtype
-    or stored as int8 (`kv_cache_dtype`, lm/model/kv_cache.py): a local layer whose window W is
-    shorter than `length` gets a ring of W slots."""
-    if kv_cache_dtype != 'float' and cfg.kv_share_every > 1:
-        raise ValueError(
-            f'config.model.kv_share_every={cfg.kv_share_every} with '
-            f'kv_cache_dtype={kv_cache_dtype!r}: CLA decodes from float caches only'
-        )
+    or stored as int8 or KIVI's 4 bits in groups of config.model.kv_quant_group tokens
+    (`kv_cache_dtype`, lm/model/kv_cache.py): a local layer whose window W is shorter than
+    `length` gets a ring of W slots. Refused in one line: `check_storage`."""
+    check_storage(cfg, kv_cache_dtype)
     cls, dtype = attention.variant(cfg), DTYPES[cfg.dtype]
     caches = []
     for layer in layout.producers(cfg):
         W = cfg.layer_window(layer)
         window = W if 0 < W < length else 0
         cache = cls.init_cache(layout.layer_config(cfg, layer), batch, window or length, dtype)
-        caches.append(cache.configured(window, length, kv_cache_dtype))
+        caches.append(cache.configured(window, length, kv_cache_dtype, cfg.kv_quant_group))
     return caches
 
 
@@ -156,13 +153,11 @@ class Decoder:
 
     `absorb`: MLA decodes by weight absorption (False: it expands per-head K/V from its latent
     cache, the naive path); variants without that option ignore it. `kv_cache_dtype`: how
-    `generate` stores the caches, 'float' (the compute dtype) or 'int8' (`init_caches`)."""
+    `generate` stores the caches, 'float' (the compute dtype), 'int8' or 'kivi4'
+    (`init_caches`; refused here already where the model cannot use it)."""
 
     def __init__(self, model: Transformer, absorb: bool = True, kv_cache_dtype: str = 'float'):
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f'kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}'
-            )
+        check_storage(model.cfg, kv_cache_dtype)
         self.kv_cache_dtype = kv_cache_dtype
         model = nnx.clone(model)
         model.set_attributes(absorb=absorb, raise_if_not_found=False)

@@ -6,8 +6,11 @@ KV cache per token: the sum over layers of each layer's elements, which are 2·h
 `cfg.section`). Layers differ where the KV layout says so (lm/model/layout.py): a layer's own KV
 head count (`kv_heads_per_layer`), and none for a cross-layer-attention consumer, which reads
 its producer's cache. A sequence's cache (`kv_cache_bytes`, `kv_cache_bytes_by_layer`) counts
-local (sliding-window) layers at most W tokens each, and int8 storage as a byte per element plus
-one scale per cached vector.
+local (sliding-window) layers at most W tokens each, int8 storage as a byte per element plus
+one scale per cached vector, and KIVI's 4-bit storage (lm/model/kv_kivi.py) as it lays out a
+full cache of `length` tokens in groups of G = config.model.kv_quant_group: half a byte per
+element of S' = (ceil(length/G) + 1)·G slots, a min and a scale per key channel per group and
+per value vector per slot, and a float residual of G slots (`kivi4_bytes`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from flax import nnx
 
 from lm.model import attention, layout
 from lm.model.config import DTYPES, ModelConfig
-from lm.model.kv_cache import KV_CACHE_DTYPES
+from lm.model.kv_cache import check_storage
 from lm.model.transformer import Transformer
 
 COMPONENTS = ('embedding', 'attention', 'mlp', 'norm', 'lm_head')
@@ -60,22 +63,59 @@ def kv_cache_elements_per_token(cfg: ModelConfig) -> int:
     return sum(kv_cache_elements_per_layer(cfg))
 
 
+def _vectors_per_layer(cfg: ModelConfig) -> list[tuple[int, int, int]]:
+    """[L] (vectors, key elements, key vectors) per token of each layer (`kv_cache_vectors`,
+    `kv_cache_per_channel`; zeros for a layer that reads another's cache)."""
+    cls = attention.variant(cfg)
+    out = []
+    for i in range(cfg.num_layers):
+        if layout.is_producer(cfg, i):
+            layer = layout.layer_config(cfg, i)
+            out.append((cls.kv_cache_vectors(layer), *cls.kv_cache_per_channel(layer)))
+        else:
+            out.append((0, 0, 0))
+    return out
+
+
 def kv_cache_bytes_per_layer(
     cfg: ModelConfig, dtype: str = 'bfloat16', kv_cache_dtype: str = 'float'
-) -> list[int]:
+) -> list[float]:
     """[L] cache bytes per token of each layer: its elements in `dtype` ('float'), or one int8
-    byte each plus a `dtype` scale per cached vector ('int8', lm/model/kv_quant.py)."""
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f'kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}')
+    byte each plus a `dtype` scale per cached vector ('int8', lm/model/kv_quant.py); 'kivi4':
+    the bytes per token as the length grows (half a byte per element, a min and a scale per key
+    channel per G tokens and per value vector; a float, not whole bytes), without the residual
+    and the spare group that `kivi4_bytes` adds for a given length."""
+    check_storage(cfg, kv_cache_dtype)
     size = jnp.dtype(DTYPES[dtype]).itemsize
+    elements = kv_cache_elements_per_layer(cfg)
     if kv_cache_dtype == 'float':
-        return [n * size for n in kv_cache_elements_per_layer(cfg)]
-    cls = attention.variant(cfg)
-    vectors = [
-        cls.kv_cache_vectors(layout.layer_config(cfg, i)) if layout.is_producer(cfg, i) else 0
-        for i in range(cfg.num_layers)
+        return [n * size for n in elements]
+    vectors = _vectors_per_layer(cfg)
+    if kv_cache_dtype == 'int8':
+        return [n + v * size for n, (v, _, _) in zip(elements, vectors, strict=True)]
+    G = cfg.kv_quant_group
+    return [
+        n / 2 + 2 * size * (ke / G + v - kv)
+        for n, (v, ke, kv) in zip(elements, vectors, strict=True)
     ]
-    return [n + v * size for n, v in zip(kv_cache_elements_per_layer(cfg), vectors, strict=True)]
+
+
+def kivi4_bytes(cfg: ModelConfig, length: int, dtype: str = 'bfloat16') -> list[int]:
+    """[L] bytes of each layer's 'kivi4' cache for one sequence of `length` tokens, exactly as
+    lm/model/kv_kivi.py stores it, G = config.model.kv_quant_group: S' = (ceil(length/G) + 1)·G
+    slots of packed codes (half a byte per element), a `dtype` min and scale per key channel
+    per group (S'/G groups) and per value vector per slot, and the float residual of G slots
+    (all elements)."""
+    check_storage(cfg, 'kivi4')
+    size = jnp.dtype(DTYPES[dtype]).itemsize
+    G = cfg.kv_quant_group
+    slots = (math.ceil(length / G) + 1) * G
+    return [
+        slots * n // 2 + 2 * size * (slots // G * ke + slots * (v - kv)) + G * n * size
+        for n, (v, ke, kv) in zip(
+            kv_cache_elements_per_layer(cfg), _vectors_per_layer(cfg), strict=True
+        )
+    ]
 
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str = 'bfloat16') -> int:
@@ -89,7 +129,9 @@ def kv_cache_bytes_by_layer(
 ) -> list[int]:
     """[L] bytes each layer's cache holds for one sequence of `length` tokens: a global layer
     keeps every token, a local one (sliding window W) at most W, each at its
-    `kv_cache_bytes_per_layer` (0 for a CLA consumer)."""
+    `kv_cache_bytes_per_layer` (0 for a CLA consumer); 'kivi4': `kivi4_bytes`."""
+    if kv_cache_dtype == 'kivi4':
+        return kivi4_bytes(cfg, length, dtype)
     per_token = kv_cache_bytes_per_layer(cfg, dtype, kv_cache_dtype)
     return [min(length, cfg.layer_window(i) or length) * b for i, b in enumerate(per_token)]
 

@@ -38,6 +38,7 @@ class ModelConfig:
     head_dim: int
     attention_impl: str
     decode_chunk: int
+    kv_quant_group: int
     qkv_bias: bool
     o_bias: bool
     mlp_dim: int
@@ -89,6 +90,11 @@ class ModelConfig:
         for name in ('vocab_size', 'num_kv_heads', 'head_dim', 'mlp_dim', 'decode_chunk'):
             if getattr(self, name) < 0:
                 raise ValueError(f'config.model.{name} must be >= 0, got {getattr(self, name)}')
+        if self.kv_quant_group <= 0:
+            raise ValueError(
+                f'config.model.kv_quant_group must be > 0 (tokens per KIVI key group), '
+                f'got {self.kv_quant_group}'
+            )
         for name in ('param_dtype', 'dtype'):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(

@@ -69,6 +69,11 @@ class GroupedQueryAttention(AttentionVariant):
         return 2 * cfg.num_kv_heads
 
     @staticmethod
+    def kv_cache_per_channel(cfg: ModelConfig) -> tuple[int, int]:
+        """The keys, K of each KV head (KIVI quantizes keys per channel, values per token)."""
+        return cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads
+
+    @staticmethod
     def kv_heads(cfg: ModelConfig) -> str:
         return layout.describe(cfg, str(cfg.num_kv_heads))
 
@@ -127,10 +132,12 @@ class GroupedQueryAttention(AttentionVariant):
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
         """Per-layer decoding cache: K and V for each KV head, head-major [B, G, S, D] each;
         [B, S, D] for one KV head (with a [B, 1, S, D] cache XLA on CPU copied every cache
-        array each decode step, fusing the write into the matmul's bitcast)."""
+        array each decode step, fusing the write into the matmul's bitcast). K holds the keys
+        (`per_channel`)."""
         G = cfg.num_kv_heads
         shape = (batch, length, cfg.head_dim) if G == 1 else (batch, G, length, cfg.head_dim)
-        return KVCache.empty(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+        k, v = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+        return KVCache.empty(per_channel=('k',), k=k, v=v)
 
     def _projections(self, x_BTE: jax.Array) -> list[jax.Array]:
         """q [B, T, H, D], k and v [B, T, G, D] before RoPE, in one fused matmul."""

@@ -1,9 +1,11 @@
 """The decoding cache every attention variant shares (`KVCache`): one layer's arrays and where
 decoding stands, as a pytree. A cache is full (one slot per token, `length` slots) or, for a
 local (sliding-window) layer, a ring of W slots, so its memory stays constant with context; its
-arrays are stored as they come (float) or as int8 codes with one absmax scale per cached vector
-(`KV_CACHE_DTYPES`, lm/model/kv_quant.py). Variants never see either choice: `KVCache.write`
-takes the new entries and returns what the new queries attend, in float.
+arrays are stored as they come (float), as int8 codes with one absmax scale per cached vector
+(lm/model/kv_quant.py) or, full caches only, as KIVI's 4-bit codes (lm/model/kv_kivi.py: the
+arrays the variant names `per_channel`, its keys, per channel over groups of G tokens, the others
+per token) with the last incomplete group in float (`KV_CACHE_DTYPES`). Variants never see the
+choice: `KVCache.write` takes the new entries and returns what the new queries attend, in float.
 Shape letters: see the legend in lm/model/transformer.py.
 """
 
@@ -14,9 +16,28 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from lm.model import kv_quant
+from lm.model import kv_kivi, kv_quant
+from lm.model.config import ModelConfig
 
-KV_CACHE_DTYPES = ('float', 'int8')  # how cache arrays are stored (`KVCache.configured`)
+KV_CACHE_DTYPES = ('float', 'int8', 'kivi4')  # how cache arrays are stored (`KVCache.configured`)
+
+
+def check_storage(cfg: ModelConfig, kv_cache_dtype: str) -> None:
+    """One-line ValueError unless a model of `cfg` can decode with caches stored as
+    `kv_cache_dtype`: a known one; cross-layer attention reads float caches only; KIVI's grouped
+    storage is for full caches, not a local layer's ring."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f'kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}')
+    if kv_cache_dtype != 'float' and cfg.kv_share_every > 1:
+        raise ValueError(
+            f'config.model.kv_share_every={cfg.kv_share_every} with '
+            f'kv_cache_dtype={kv_cache_dtype!r}: CLA decodes from float caches only'
+        )
+    if kv_cache_dtype == 'kivi4' and any(cfg.layer_window(i) for i in range(cfg.num_layers)):
+        raise ValueError(
+            f'config.model.sliding_window={cfg.sliding_window} with '
+            "kv_cache_dtype='kivi4': local layers' ring caches are stored as float or int8 only"
+        )
 
 
 def write_cache(cache_B_SX: jax.Array, new_B_TX: jax.Array, slot: jax.Array) -> jax.Array:
@@ -56,10 +77,13 @@ class KVCache:
     per-head cache is head-major, [B, G, S, D], and each head's slots are contiguous for the
     attention of one new token (the variant's `init_cache` says which). With quant 'int8' each
     of the variant's arrays `name` is stored as int8 codes under `name` and its scales,
-    [B, ..., S, 1], under `name_scale`. slot: the absolute index of the next token (int32
-    scalar; a ring writes it at slot mod W). pad_B: row b's first pad_B[b] indices are left
-    padding, never attended. window: 0 for a full cache; W for a ring of W slots (a local
-    layer). length: the tokens the cache was made for. quant: '' (float) or 'int8'.
+    [B, ..., S, 1], under `name_scale`; with 'kivi4' as lm/model/kv_kivi.py lays it out.
+    slot: the absolute index of the next token (int32 scalar; a ring writes it at slot mod W).
+    pad_B: row b's first pad_B[b] indices are left padding, never attended. window: 0 for a
+    full cache; W for a ring of W slots (a local layer). length: the tokens the cache was made
+    for. quant: '' (float), 'int8' or 'kivi4'. per_channel: the arrays a 'kivi4' cache
+    quantizes per channel (the variant's keys, named by its `init_cache`). group: G, the tokens
+    of a 'kivi4' group (0 otherwise).
     """
 
     arrays: dict[str, jax.Array]
@@ -68,24 +92,45 @@ class KVCache:
     window: int = dataclasses.field(default=0, metadata={'static': True})
     length: int = dataclasses.field(default=0, metadata={'static': True})
     quant: str = dataclasses.field(default='', metadata={'static': True})
+    per_channel: tuple[str, ...] = dataclasses.field(default=(), metadata={'static': True})
+    group: int = dataclasses.field(default=0, metadata={'static': True})
 
     @classmethod
-    def empty(cls, **arrays_B_SX: jax.Array) -> KVCache:
-        """A full cache of the given (zeroed) arrays: slot 0, no padding."""
+    def empty(cls, per_channel: tuple[str, ...] = (), **arrays_B_SX: jax.Array) -> KVCache:
+        """A full cache of the given (zeroed) arrays: slot 0, no padding. per_channel: the
+        arrays that hold keys, which a 'kivi4' cache quantizes per channel."""
         shape = next(iter(arrays_B_SX.values())).shape
         B, S = shape[0], shape[-2]
-        return cls(arrays_B_SX, jnp.zeros((), jnp.int32), jnp.zeros((B,), jnp.int32), length=S)
+        return cls(
+            arrays_B_SX,
+            jnp.zeros((), jnp.int32),
+            jnp.zeros((B,), jnp.int32),
+            length=S,
+            per_channel=per_channel,
+        )
 
-    def configured(self, window: int, length: int, kv_cache_dtype: str = 'float') -> KVCache:
+    def configured(
+        self, window: int, length: int, kv_cache_dtype: str = 'float', group: int = 0
+    ) -> KVCache:
         """This empty cache as a ring of `window` slots (0: full) for `length` tokens, stored
-        as `kv_cache_dtype` (`KV_CACHE_DTYPES`)."""
+        as `kv_cache_dtype` (`KV_CACHE_DTYPES`; 'kivi4': full only, in groups of `group`)."""
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f'kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}'
             )
         quant = '' if kv_cache_dtype == 'float' else kv_cache_dtype
-        stored = dataclasses.replace(self, window=window, length=length, quant=quant)
-        return dataclasses.replace(stored, arrays=stored._encoded(self.arrays))
+        if quant != 'kivi4':
+            stored = dataclasses.replace(self, window=window, length=length, quant=quant)
+            return dataclasses.replace(stored, arrays=stored._encoded(self.arrays))
+        if window or group <= 0:
+            raise ValueError(
+                f"kv_cache_dtype='kivi4' needs a full cache (window 0, got {window}) and a "
+                f'group of > 0 tokens (got {group})'
+            )
+        arrays = {}
+        for n, a in self.arrays.items():
+            arrays.update(kv_kivi.empty(n, a, group, n in self.per_channel))
+        return dataclasses.replace(self, arrays=arrays, length=length, quant=quant, group=group)
 
     @property
     def filled(self) -> jax.Array | None:
@@ -96,6 +141,11 @@ class KVCache:
 
     def read(self, name: str, dtype) -> jax.Array:
         """The variant's array `name` as stored, in `dtype` (dequantized when quantized)."""
+        if self.quant == 'kivi4':  # the residual at the group of token `slot`
+            channel = name in self.per_channel
+            return kv_kivi.read(
+                name, self.arrays, self.slot, self.length, self.group, channel, dtype
+            )
         if self.quant:
             return kv_quant.decode(name, self.arrays, dtype)
         return self.arrays[name].astype(dtype)
@@ -116,6 +166,8 @@ class KVCache:
         by quantization) and their [B, T, S'] mask (`cache_mask`). A ring takes T > 1 new
         entries (a prefill) by attending its W slots followed by the T new ones, then keeping
         the last W."""
+        if self.quant == 'kivi4':
+            return self._write_kivi(new_B_TX)
         T = next(iter(new_B_TX.values())).shape[-2]
         dtype = next(iter(new_B_TX.values())).dtype
         stored_B_TX = self._encoded(new_B_TX)
@@ -142,6 +194,28 @@ class KVCache:
                 seen = {n: write_cache(s, new_B_TX[n].astype(dtype), at) for n, s in seen.items()}
         mask_BTS = cache_mask(keys_S, self.pad_B, self.slot, T, self.window)
         return dataclasses.replace(cache, slot=self.slot + T), seen, mask_BTS
+
+    def _write_kivi(
+        self, new_B_TX: dict[str, jax.Array]
+    ) -> tuple[KVCache, dict[str, jax.Array], jax.Array]:
+        """`write` for a 'kivi4' cache (full, token i at slot i): the new entries go through
+        the residual (lm/model/kv_kivi.py); the new queries attend the cache as read back
+        with the new entries themselves unrounded over their slots."""
+        T = next(iter(new_B_TX.values())).shape[-2]
+        dtype = next(iter(new_B_TX.values())).dtype
+        arrays = {}
+        for n, x_B_TX in new_B_TX.items():
+            channel = n in self.per_channel
+            arrays.update(
+                kv_kivi.write(n, self.arrays, x_B_TX, self.slot, self.pad_B, self.group, channel)
+            )
+        cache = dataclasses.replace(self, arrays=arrays, slot=self.slot + T)
+        seen = {
+            n: write_cache(cache.read(n, dtype), x.astype(dtype), self.slot)
+            for n, x in new_B_TX.items()
+        }
+        mask_BTS = cache_mask(jnp.arange(self.length), self.pad_B, self.slot, T)
+        return cache, seen, mask_BTS
 
     def _ring_kept(self, stored_B_TX: dict[str, jax.Array], T: int) -> dict[str, jax.Array]:
         """The ring after T new stored entries: each slot keeps the latest index it holds."""

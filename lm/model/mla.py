@@ -141,7 +141,10 @@ class MultiHeadLatentAttention(AttentionVariant):
 
     @staticmethod
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
-        """Per-layer decoding cache: each token's `latents`, [c_KV; k_R] [B, S, C + P]."""
+        """Per-layer decoding cache: each token's `latents`, [c_KV; k_R] [B, S, C + P]. No
+        array is named `per_channel`: the latent serves as keys and values alike (absorbed),
+        and a 'kivi4' cache quantizes it per token, like KIVI's values (KIVI covers per-head
+        K/V only)."""
         width = cfg.section.kv_lora_rank + cfg.section.qk_rope_head_dim
         return KVCache.empty(latent=jnp.zeros((batch, length, width), dtype))
 

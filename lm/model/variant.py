@@ -113,8 +113,9 @@ class AttentionVariant(nnx.Module):
     never sees which); the updated cache is returned (None without one). The softmax goes
     through `attend`, which sows the weights as `AttentionWeights` when `sow_weights` is set
     (lm/analysis reads them with `nnx.capture`). Static facts, read without building the
-    module: `resolve` (check the variant's knobs and fill in derived ones), `kv_cache_elements`
-    and `kv_heads` (what the cache holds: accounting, tables), `score_dims` (FLOP counts).
+    module: `resolve` (check the variant's knobs and fill in derived ones), `kv_cache_elements`,
+    `kv_cache_vectors`, `kv_cache_per_channel` and `kv_heads` (what the cache holds:
+    accounting, tables), `score_dims` (FLOP counts).
     Capabilities:
     `poolable_kv_heads` (per-head K/V projections, `kv_projections`, that uptraining may pool,
     lm/convert/uptrain.py), `latent_kv` (a conversion target with a KV latent,
@@ -154,6 +155,13 @@ class AttentionVariant(nnx.Module):
     def kv_cache_vectors(cfg: ModelConfig) -> int:
         """Cached vectors per token per layer (an int8 cache keeps one scale for each)."""
         raise NotImplementedError
+
+    @staticmethod
+    def kv_cache_per_channel(cfg: ModelConfig) -> tuple[int, int]:
+        """(elements, vectors) per token per layer of the cached keys, the arrays `init_cache`
+        names `per_channel` (a 'kivi4' cache quantizes them per channel, the others per
+        token, lm/model/kv_kivi.py); (0, 0): none."""
+        return 0, 0
 
     @staticmethod
     def kv_heads(cfg: ModelConfig) -> str:
