@@ -70,3 +70,19 @@ def test_eval_py_through_the_cache_tags_its_own_scalars(tmp_path, small_text):
     assert bad.stderr.strip().splitlines()[-1].endswith(
         f"--kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got 'int3'"
     )
+
+
+def test_kivi4_cache_costs_more_than_int8_and_its_residual_nothing():
+    """GQA with groups of 4 tokens: 12 positions decode through 4-bit keys and values once
+    their group is complete (the first 3 positions attend the float residual only, exactly)."""
+    cfg = model_config(tiny_config(attention='gqa', num_kv_heads=2, kv_quant_group=4).model)
+    model = build_model(cfg, seed=3)
+    batch = np.asarray(jax.random.randint(jax.random.key(2), (3, 13), 0, cfg.vocab_size))
+    want = forward_losses(model, batch)
+    deltas = {}
+    for dtype in ('int8', 'kivi4'):
+        d = Decoder(model, kv_cache_dtype=dtype)
+        got = np.asarray(jax.jit(cached_token_losses, static_argnums=0)(d, d.params, batch))
+        deltas[dtype] = np.abs(got - want)
+    np.testing.assert_allclose(deltas['kivi4'][:, :3], 0, atol=2e-5)  # group 0 not yet full
+    assert deltas['kivi4'].max() < 0.3 and deltas['kivi4'].mean() > deltas['int8'].mean()
