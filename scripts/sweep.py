@@ -20,6 +20,8 @@ Holm-corrected over every pair, is below 0.05; and
 pareto_eval_loss.png (pareto_eval_recall_accuracy.png where runs have it), also the image
 'pareto/<metric>' of the run 'pareto' in the TensorBoard directory (scripts/plot_pareto.py).
 
+  python scripts/sweep.py --config=configs/sweeps/kv_layouts.py --sweep_dir=runs/kv4 \
+      --points=mha,mqa,cla2,mha_local           # some of a sweep file's points, by name
   python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds_p \
       --seeds=5 --parallel=2 --match=params      # equal parameters instead of equal width
 """
@@ -56,6 +58,9 @@ _SWEEP_DIR = flags.DEFINE_string(
 _TB_DIR = flags.DEFINE_string(
     'tb_dir', '', "Shared TensorBoard directory of the runs; '' = <sweep_dir>/tb."
 )
+_POINTS = flags.DEFINE_list(
+    'points', [], "Only these of the sweep file's points, by name (default: all)."
+)
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per point (a point may set its own).')
 _PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at once.')
 _MATCH = flags.DEFINE_enum(
@@ -82,7 +87,8 @@ def run() -> int:
     module = load_sweep_file(config_flags.get_config_filename(flags.FLAGS['config']))
     match = fairness(module, _MATCH.value)
     base = _CONFIG.value
-    points = [{**p, **g} for p in file_points(module) for g in parse_grid(base, _GRID.value)]
+    chosen = file_points(module, _POINTS.value)
+    points = [{**p, **g} for p in chosen for g in parse_grid(base, _GRID.value)]
     train = [sys.executable, TRAIN]
     specs = plan(base, points, sweep_dir, train, _SEEDS.value, match, _TB_DIR.value)
     t = time.time()

@@ -10,7 +10,7 @@ from conftest import run_entry, sweep_file, tiny_config, tiny_train_config
 
 from lm.experiments.fairness import match_parameters, reference_config
 from lm.experiments.runner import Spec
-from lm.experiments.sweep import parse_grid, point_config, run_name, summarise
+from lm.experiments.sweep import file_points, parse_grid, point_config, run_name, summarise
 from lm.model.accounting import param_counts
 from lm.model.transformer import model_config
 
@@ -133,6 +133,16 @@ def test_grid_errors_before_any_run(tmp_path, small_text):
         assert out.returncode == 1, out.stderr
         assert out.stderr.strip().splitlines()[-1] == message
         assert not (tmp_path / 'sw').exists()
+
+
+def test_points_picks_named_points_in_file_order():
+    import types
+
+    module = types.SimpleNamespace(get_points=lambda: [{'name': n} for n in ('a', 'b', 'c')])
+    assert file_points(module, ['c', 'a']) == [{'name': 'a'}, {'name': 'c'}]
+    assert file_points(module) == [{'name': 'a'}, {'name': 'b'}, {'name': 'c'}]
+    with pytest.raises(ValueError, match=r"^--points: \['d'\] not among the sweep file's points"):
+        file_points(module, ['a', 'd'])
 
 
 def test_grid_product_and_names(tmp_path, small_text):

@@ -105,8 +105,14 @@ def load_sweep_file(path: str) -> types.ModuleType:
     return module
 
 
-def file_points(module: types.ModuleType) -> list[dict]:
-    return module.get_points() if hasattr(module, 'get_points') else [{}]
+def file_points(module: types.ModuleType, names: list[str] = ()) -> list[dict]:
+    """The sweep file's points (`get_points()`, else one empty point); only those `names`
+    names when any are given (--points), in the file's order."""
+    points = module.get_points() if hasattr(module, 'get_points') else [{}]
+    known = [p.get('name', '') for p in points]
+    if unknown := [n for n in names if n not in known]:
+        raise ValueError(f"--points: {unknown} not among the sweep file's points {known}")
+    return [p for p in points if not names or p.get('name', '') in names]
 
 
 def fairness(module: types.ModuleType, match: str = '') -> str:
