@@ -14,16 +14,14 @@ import json
 import math
 
 from absl import flags
-from flax import nnx
 from ml_collections import config_flags
 
 from lm.cli import bootstrap, check_writable_dir, define_distributed_flags, run_app
-from lm.infer.cached_eval import make_cached_eval_step
-from lm.infer.decode import Decoder
+from lm.infer.cached_eval import evaluate_cached
 from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import StopRequest
-from lm.train.run import assemble, stored_config
+from lm.train.run import Run, assemble, stored_config
 from lm.train.step import make_eval_step
 from lm.train.summary import Summary, run_logdir
 
@@ -48,6 +46,28 @@ define_distributed_flags()
 _TB_DIR = flags.DEFINE_string(
     'tb_dir', '', "Shared TensorBoard directory to log to; '' = the one the run was trained with."
 )
+
+
+def _evaluate(restored: Run) -> dict[str, float]:
+    """The checkpoint's metrics on --split, by the training forward or through a KV cache."""
+    if _CACHE.value and restored.corpus.task is not None:
+        raise ValueError('--kv_cache_dtype evaluates text windows; this run is a recall task')
+    with StopRequest() as stop:  # SIGTERM: stop between batches, write nothing
+        if _CACHE.value:
+            metrics = evaluate_cached(restored, _CACHE.value, _SPLIT.value, stop.check)
+        else:
+            metrics = evaluate(
+                make_eval_step(restored.ctx),
+                restored.state['params'],
+                restored.corpus,
+                _SPLIT.value,
+                batch_size=eval_batch_size(restored.config),
+                seq_len=restored.config.data.seq_len,
+                eval_tokens=restored.config.eval_tokens,
+                batch_sharding=restored.ctx.batch_sharding,
+                stop=stop.check,
+            )
+    return metrics
 
 
 def run() -> int:
@@ -76,24 +96,7 @@ def run() -> int:
     if _TOKENS.value is not None:
         config.eval_tokens = _TOKENS.value
     restored = assemble(config, state='params', workdir=_WORKDIR.value, step=_STEP.value, data=True)
-    eval_step, params = make_eval_step(restored.ctx), restored.state['params']
-    if _CACHE.value:
-        if restored.corpus.task is not None:
-            raise ValueError('--kv_cache_dtype evaluates text windows; this run is a recall task')
-        decoder = Decoder(nnx.merge(restored.ctx.graphdef, params), kv_cache_dtype=_CACHE.value)
-        eval_step, params = make_cached_eval_step(decoder, restored.mesh), decoder.params
-    with StopRequest() as stop:  # SIGTERM: stop between batches, write nothing
-        metrics = evaluate(
-            eval_step,
-            params,
-            restored.corpus,
-            _SPLIT.value,
-            batch_size=eval_batch_size(restored.config),
-            seq_len=config.data.seq_len,
-            eval_tokens=restored.config.eval_tokens,
-            batch_sharding=restored.ctx.batch_sharding,
-            stop=stop.check,
-        )
+    metrics = _evaluate(restored)
     if not math.isfinite(metrics['loss']):
         raise FloatingPointError(
             f'--workdir={_WORKDIR.value}: the loss of step {restored.step} is {metrics["loss"]} '

@@ -2,6 +2,7 @@
 token-by-token decoding of each window equals the training forward with a float cache, and an
 int8 cache changes the loss by a little, not by nothing."""
 
+import csv
 import json
 
 import jax
@@ -67,8 +68,10 @@ def test_eval_py_through_the_cache_tags_its_own_scalars(tmp_path, small_text):
     assert read_scalars(workdir / 'tb', 'eval/loss')[8] == pytest.approx(plain['loss'])
     bad = run_entry('eval.py', f'--workdir={workdir}', '--kv_cache_dtype=int3')
     assert bad.returncode != 0
-    assert bad.stderr.strip().splitlines()[-1].endswith(
-        f"--kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got 'int3'"
+    assert (
+        bad.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"--kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got 'int3'")
     )
 
 
@@ -86,3 +89,33 @@ def test_kivi4_cache_costs_more_than_int8_and_its_residual_nothing():
         deltas[dtype] = np.abs(got - want)
     np.testing.assert_allclose(deltas['kivi4'][:, :3], 0, atol=2e-5)  # group 0 not yet full
     assert deltas['kivi4'].max() < 0.3 and deltas['kivi4'].mean() > deltas['int8'].mean()
+
+
+@pytest.mark.slow
+def test_cache_quality_pairs_a_sweeps_seeds_with_their_quantized_losses(tmp_path, small_text):
+    """scripts/cache_quality.py on a 2-seed tiny sweep: the sweep's rows, then `gqa+int8` per
+    seed, each within 0.02 nats of its float loss; bad requests are one line, nothing written."""
+    from conftest import sweep_file
+
+    base = tiny_train_config(tmp_path, small_text, **{'train.steps': 6})
+    cfg = sweep_file(tmp_path, base, [{'name': 'gqa'}])
+    sweep_dir, out = tmp_path / 'sw', tmp_path / 'seeds.csv'
+    run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={sweep_dir}', '--seeds=2',
+              check=True)  # fmt: skip
+    bad = run_entry('scripts/cache_quality.py', f'--sweep_dir={sweep_dir}', '--points=mla',
+                    f'--out={out}')  # fmt: skip
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "error: --points: ['mla'] not among the sweep's points ['gqa']"
+    )
+    args = ['--points=gqa', '--kv_cache_dtypes=int8', f'--out={out}']
+    run_entry('scripts/cache_quality.py', f'--sweep_dir={sweep_dir}', *args, check=True)
+    rows = list(csv.DictReader(out.open()))
+    assert [(r['arm'], r['seed']) for r in rows] == [
+        ('gqa', '0'),
+        ('gqa', '1'),
+        ('gqa+int8', '0'),
+        ('gqa+int8', '1'),
+    ]
+    loss = {(r['arm'], r['seed']): float(r['eval_loss']) for r in rows}
+    for seed in ('0', '1'):
+        assert 0 < abs(loss['gqa+int8', seed] - loss['gqa', seed]) < 0.02

@@ -1,0 +1,76 @@
+"""What a quantized KV cache costs a sweep's models: each run of some points evaluated again,
+its windows decoded through caches stored as int8 / kivi4 (lm/infer/cached_eval.py), paired by
+seed with the sweep's own losses, as per-seed rows (arm, seed, eval_loss) that
+lm/experiments/tables.py's 'seeds' tables read (`point+int8` beside `point`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Callable
+
+from lm.infer.cached_eval import evaluate_cached
+from lm.model.kv_cache import KV_CACHE_DTYPES
+from lm.train.run import assemble
+
+
+def sweep_seeds(sweep_dir: str) -> list[dict]:
+    """The sweep's per-seed losses (<sweep_dir>/summary_seeds.csv) as rows arm, seed, eval_loss."""
+    path = os.path.join(sweep_dir, 'summary_seeds.csv')
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'--sweep_dir: {path} does not exist (run the sweep first)')
+    with open(path, newline='') as f:
+        return [
+            {'arm': r['point'], 'seed': int(r['seed']), 'eval_loss': float(r['eval_loss'])}
+            for r in csv.DictReader(f)
+        ]
+
+
+def point_runs(sweep_dir: str, point: str) -> dict[int, str]:
+    """{seed: workdir} of the point's finished runs (named `point` or `point_s<k>`)."""
+    runs = {}
+    for name in sorted(os.listdir(sweep_dir)):
+        result = os.path.join(sweep_dir, name, 'result.json')
+        if (name == point or name.rsplit('_s', 1)[0] == point) and os.path.isfile(result):
+            with open(result) as f:
+                runs[int(json.load(f)['fingerprint']['seed'])] = os.path.join(sweep_dir, name)
+    return runs
+
+
+def check_request(rows: list[dict], points: list[str], dtypes: list[str]) -> None:
+    """One-line errors for points the sweep lacks and cache dtypes that do not exist."""
+    known = sorted({r['arm'] for r in rows})
+    if unknown := [p for p in points if p not in known]:
+        raise ValueError(f"--points: {unknown} not among the sweep's points {known}")
+    if bad := [d for d in dtypes if d not in KV_CACHE_DTYPES or d == 'float']:
+        raise ValueError(
+            f'--kv_cache_dtypes: {bad} is not a quantized cache; choose from '
+            f'{[d for d in KV_CACHE_DTYPES if d != "float"]}'
+        )
+
+
+def quantized_rows(
+    sweep_dir: str,
+    points: list[str],
+    dtypes: list[str],
+    log: Callable[[str], None] = print,
+    stop: Callable[[], None] | None = None,
+) -> list[dict]:
+    """The sweep's rows, then for each point, seed and dtype the run's validation loss through
+    that cache (arm `point+dtype`); the sweep's own runs, protocol and seeds."""
+    rows = sweep_seeds(sweep_dir)
+    check_request(rows, points, dtypes)
+    out = list(rows)
+    for point in points:
+        seeds = {r['seed'] for r in rows if r['arm'] == point}
+        runs = point_runs(sweep_dir, point)
+        for seed in sorted(seeds):
+            if seed not in runs:
+                raise FileNotFoundError(f'--sweep_dir: no finished run of {point} seed {seed}')
+            restored = assemble(runs[seed], state='params', data=True)
+            for dtype in dtypes:
+                loss = evaluate_cached(restored, dtype, stop=stop)['loss']
+                out.append({'arm': f'{point}+{dtype}', 'seed': seed, 'eval_loss': loss})
+                log(f'{point} seed {seed} {dtype}: eval loss {loss:.4f}')
+    return out

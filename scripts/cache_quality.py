@@ -1,0 +1,40 @@
+r"""The quality cost of quantized KV caches over a sweep's seeds: every run of --points is
+evaluated again under the sweep's protocol (its validation split, each window once), decoding
+each window token by token through caches stored as each of --kv_cache_dtypes
+(lm/infer/cached_eval.py); the per-seed losses, after the sweep's own, go to --out as rows
+arm, seed, eval_loss (`mha+int8` beside `mha`), the input of scripts/make_tables.py's 'seeds'
+tables (mean, 95% interval, Holm-corrected paired differences).
+
+  python scripts/cache_quality.py --sweep_dir=runs/kv_layouts --points=mha \
+      --kv_cache_dtypes=int8,kivi4 --out=docs/results/kv_layouts_seeds.csv
+"""
+
+import os
+
+from absl import flags
+
+from lm.cli import check_writable_dir, run_app
+from lm.experiments.cache_quality import quantized_rows
+from lm.experiments.summary import write_csv
+from lm.train.interrupt import StopRequest
+
+_SWEEP_DIR = flags.DEFINE_string('sweep_dir', None, 'A finished sweep.', required=True)
+_POINTS = flags.DEFINE_list('points', ['mha'], 'Points whose runs are evaluated again.')
+_DTYPES = flags.DEFINE_list('kv_cache_dtypes', ['int8', 'kivi4'], 'Quantized caches.')
+_OUT = flags.DEFINE_string('out', None, 'CSV to write (arm, seed, eval_loss).', required=True)
+
+
+def run() -> int:
+    out = os.path.abspath(_OUT.value)
+    if os.path.isdir(out):
+        raise IsADirectoryError(f'--out={_OUT.value} is a directory; give a CSV file path')
+    check_writable_dir(os.path.dirname(out), '--out')
+    with StopRequest() as stop:  # SIGTERM: stop between batches; nothing written
+        rows = quantized_rows(_SWEEP_DIR.value, _POINTS.value, _DTYPES.value, stop=stop.check)
+    write_csv(_OUT.value, rows)
+    print(f'wrote {_OUT.value}: {len(rows)} rows')
+    return 0
+
+
+if __name__ == '__main__':
+    run_app(run)
