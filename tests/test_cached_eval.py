@@ -28,11 +28,14 @@ def forward_losses(model, batch_BT1: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize(
     'overrides',
     [
-        {'attention': 'gqa', 'num_kv_heads': 2},
-        {'attention': 'mla'},
-        {'attention': 'mha', 'sliding_window': 4, 'layer_pattern': 'LG'},
+        pytest.param({'attention': 'gqa', 'num_kv_heads': 2}, id='gqa2'),
+        pytest.param({'attention': 'mla'}, id='mla', marks=pytest.mark.slow),
+        pytest.param(
+            {'attention': 'mha', 'sliding_window': 4, 'layer_pattern': 'LG'},
+            id='mha_local',
+            marks=pytest.mark.slow,
+        ),
     ],
-    ids=['gqa2', 'mla', 'mha_local'],
 )
 def test_float_cache_equals_the_forward_and_int8_differs_a_little(overrides):
     cfg = model_config(tiny_config(**overrides).model)
