@@ -6,7 +6,11 @@ arm, seed, eval_loss (`mha+int8` beside `mha`), the input of scripts/make_tables
 tables (mean, 95% interval, Holm-corrected paired differences).
 
   python scripts/cache_quality.py --sweep_dir=runs/kv_layouts --points=mha \
-      --kv_cache_dtypes=int8,kivi4 --out=docs/results/kv_layouts_seeds.csv
+      --kv_cache_dtypes=int8,kivi4 --out=docs/results/kv_layouts_seeds.csv \
+      --pareto_table=docs/results/kv_layouts_pareto.csv
+
+--pareto_table also writes the rows with each arm's KV-cache bytes per token of one evaluation
+window, for `scripts/plot_pareto.py --table`.
 """
 
 import os
@@ -14,7 +18,7 @@ import os
 from absl import flags
 
 from lm.cli import check_writable_dir, run_app
-from lm.experiments.cache_quality import quantized_rows
+from lm.experiments.cache_quality import pareto_rows, quantized_rows
 from lm.experiments.summary import write_csv
 from lm.train.interrupt import StopRequest
 
@@ -22,16 +26,21 @@ _SWEEP_DIR = flags.DEFINE_string('sweep_dir', None, 'A finished sweep.', require
 _POINTS = flags.DEFINE_list('points', ['mha'], 'Points whose runs are evaluated again.')
 _DTYPES = flags.DEFINE_list('kv_cache_dtypes', ['int8', 'kivi4'], 'Quantized caches.')
 _OUT = flags.DEFINE_string('out', None, 'CSV to write (arm, seed, eval_loss).', required=True)
+_PARETO = flags.DEFINE_string('pareto_table', '', 'Also this CSV, for plot_pareto.py --table.')
+_PANEL = flags.DEFINE_string('panel', 'KV layouts and caches', "The Pareto table's panel title.")
 
 
 def run() -> int:
-    out = os.path.abspath(_OUT.value)
-    if os.path.isdir(out):
-        raise IsADirectoryError(f'--out={_OUT.value} is a directory; give a CSV file path')
-    check_writable_dir(os.path.dirname(out), '--out')
+    for flag, path in (('--out', _OUT.value), ('--pareto_table', _PARETO.value)):
+        if path and os.path.isdir(path):
+            raise IsADirectoryError(f'{flag}={path} is a directory; give a CSV file path')
+        if path:
+            check_writable_dir(os.path.dirname(os.path.abspath(path)), flag)
     with StopRequest() as stop:  # SIGTERM: stop between batches; nothing written
         rows = quantized_rows(_SWEEP_DIR.value, _POINTS.value, _DTYPES.value, stop=stop.check)
     write_csv(_OUT.value, rows)
+    if _PARETO.value:
+        write_csv(_PARETO.value, pareto_rows(_SWEEP_DIR.value, rows, _PANEL.value))
     print(f'wrote {_OUT.value}: {len(rows)} rows')
     return 0
 

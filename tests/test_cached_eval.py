@@ -110,7 +110,8 @@ def test_cache_quality_pairs_a_sweeps_seeds_with_their_quantized_losses(tmp_path
     assert bad.stderr.strip().splitlines()[-1] == (
         "error: --points: ['mla'] not among the sweep's points ['gqa']"
     )
-    args = ['--points=gqa', '--kv_cache_dtypes=int8', f'--out={out}']
+    pareto = tmp_path / 'pareto.csv'
+    args = ['--points=gqa', '--kv_cache_dtypes=int8', f'--out={out}', f'--pareto_table={pareto}']
     run_entry('scripts/cache_quality.py', f'--sweep_dir={sweep_dir}', *args, check=True)
     rows = list(csv.DictReader(out.open()))
     assert [(r['arm'], r['seed']) for r in rows] == [
@@ -122,3 +123,6 @@ def test_cache_quality_pairs_a_sweeps_seeds_with_their_quantized_losses(tmp_path
     loss = {(r['arm'], r['seed']): float(r['eval_loss']) for r in rows}
     for seed in ('0', '1'):
         assert 0 < abs(loss['gqa+int8', seed] - loss['gqa', seed]) < 0.02
+    kv = {r['label']: int(r['kv_cache_bytes_per_token']) for r in csv.DictReader(pareto.open())}
+    # 2 layers, K and V of 2 heads of 8: bf16 2 bytes each; int8 1 byte plus a bf16 scale per 8
+    assert kv == {'gqa': 2 * 2 * 2 * 8 * 2, 'gqa+int8': 2 * 2 * 2 * (8 + 2)}

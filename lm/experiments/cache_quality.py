@@ -11,8 +11,10 @@ import os
 from collections.abc import Callable
 
 from lm.infer.cached_eval import evaluate_cached
+from lm.model.accounting import kv_cache_bytes_per_context_token
 from lm.model.kv_cache import KV_CACHE_DTYPES
-from lm.train.run import assemble
+from lm.model.transformer import model_config
+from lm.train.run import assemble, stored_config
 
 
 def sweep_seeds(sweep_dir: str) -> list[dict]:
@@ -73,4 +75,31 @@ def quantized_rows(
                 loss = evaluate_cached(restored, dtype, stop=stop)['loss']
                 out.append({'arm': f'{point}+{dtype}', 'seed': seed, 'eval_loss': loss})
                 log(f'{point} seed {seed} {dtype}: eval loss {loss:.4f}')
+    return out
+
+
+def pareto_rows(sweep_dir: str, rows: list[dict], panel: str) -> list[dict]:
+    """`rows` (arm, seed, eval_loss) as per-seed rows of lm.experiments.pareto's table: each
+    arm's KV-cache bytes per token of one evaluation window (bfloat16; a quantized arm's as
+    stored, `kv_cache_bytes_per_context_token`), family 'float' or the cache dtype."""
+    out, kv = [], {}
+    for r in rows:
+        point, _, cache = r['arm'].partition('+')
+        if r['arm'] not in kv:
+            config = stored_config(next(iter(point_runs(sweep_dir, point).values())))
+            cfg, length = model_config(config.model), config.data.seq_len
+            kv[r['arm']] = kv_cache_bytes_per_context_token(
+                cfg, length, 'bfloat16', cache or 'float'
+            )
+        out.append(
+            {
+                'panel': panel,
+                'family': cache or 'float',
+                'label': r['arm'],
+                'kv_cache_bytes_per_token': kv[r['arm']],
+                'metric': 'eval/loss',
+                'seed': r['seed'],
+                'value': r['eval_loss'],
+            }
+        )
     return out

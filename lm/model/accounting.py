@@ -144,10 +144,13 @@ def kv_cache_bytes(
     return sum(kv_cache_bytes_by_layer(cfg, length, dtype, kv_cache_dtype))
 
 
-def kv_cache_bytes_per_context_token(cfg: ModelConfig, length: int, dtype: str = 'bfloat16') -> int:
-    """Cache bytes per token of one sequence of `length` tokens, rounded to a byte: equals
-    `kv_cache_bytes_per_token` unless local layers hold fewer than `length` slots."""
-    return round(kv_cache_bytes(cfg, length, dtype) / length)
+def kv_cache_bytes_per_context_token(
+    cfg: ModelConfig, length: int, dtype: str = 'bfloat16', kv_cache_dtype: str = 'float'
+) -> int:
+    """Cache bytes per token of one sequence of `length` tokens (`kv_cache_bytes` / length,
+    rounded to a byte): `kv_cache_bytes_per_token` for a float cache without local layers; a
+    local layer counts its W slots, a kivi4 cache its float residual and spare group."""
+    return round(kv_cache_bytes(cfg, length, dtype, kv_cache_dtype) / length)
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
