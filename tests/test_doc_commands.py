@@ -70,7 +70,7 @@ BENCH = Flags()
 SERVER = Skip('tensorboard serves until stopped')
 PIP = Skip('installs into the environment the suite runs in')
 GET_DATA = Flags()  # downloads; tests/test_fresh_clone.py checks it offline
-MADE = ('*.png', 'mqar_calibration.csv')  # docs/ files the doc commands write
+MADE = ('*.png', 'mqar_calibration*.csv')  # docs/ files the doc commands write
 FIXTURE = str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')  # 4 heads, 2 layers, width 32
 
 PLAN = {
@@ -271,7 +271,45 @@ PLAN = {
     'python scripts/curve_csv.py --tag=eval/recall_accuracy '
     '--out=docs/results/mqar_calibration.csv --runs=p8v256_lr3e-3=runs/calib_p8v256_lr3e-3/tb,'
     'p8v256_lr1e-2=runs/calib_p8v256_lr1e-2/tb,p4v64_lr3e-3=runs/calib_p4v64_lr3e-3/tb': Run(),
+    'P4="--config.data.recall_pairs=4 --config.data.recall_vocab=64 '
+    '--config.train.warmup_steps=100 --config.train.weight_decay=0"': Run(),
+    'S32="--config.data.seq_len=32 --config.train.batch_size=128"': Run(
+        subs=(('batch_size=128', 'batch_size=32'),)  # MQAR_EVAL's 64 rows hold no batch of 128
+    ),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_h8_lr3e-3 $COMMON $P4 '
+    '--config.model.num_heads=8 --config.train.lr=3e-3 --config.train.min_lr=1e-3 '
+    '--config.train.steps=600 --config.checkpoint_every=600': Run(extra=MQAR_EVAL),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_s32_lr3e-3 $COMMON $P4 '
+    '$S32 --config.train.lr=3e-3 --config.train.min_lr=1e-3 --config.train.steps=600 '
+    '--config.checkpoint_every=600': Run(extra=MQAR_EVAL),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_s32_lr5e-3 $COMMON $P4 '
+    '$S32 --config.train.lr=5e-3 --config.train.min_lr=1.7e-3 --config.train.steps=600 '
+    '--config.checkpoint_every=600': Run(extra=MQAR_EVAL),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_s32_lr1.5e-3 $COMMON '
+    '$P4 $S32 --config.train.lr=1.5e-3 --config.train.min_lr=5e-4 --config.train.steps=600 '
+    '--config.checkpoint_every=600': Run(extra=MQAR_EVAL),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_s32_long $P4 $S32 '
+    '--config.mesh.cpu_devices=1 --config.eval_every=200 --config.train.lr=1.5e-3 '
+    '--config.train.min_lr=5e-4 --config.train.steps=4000 --config.checkpoint_every=4000': Run(
+        extra=MQAR_EVAL
+    ),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_s32_long $P4 $S32 '
+    '--config.mesh.cpu_devices=1 --config.eval_every=200 --config.train.lr=1.5e-3 '
+    '--config.train.min_lr=5e-4 --config.train.steps=8000 --config.checkpoint_every=8000': Run(
+        extra=MQAR_EVAL  # TINY's 40 steps again: the run is done and says so
+    ),
+    'python scripts/curve_csv.py --tag=eval/recall_accuracy '
+    '--out=docs/results/mqar_calibration_p4.csv --runs=h8_lr3e-3=runs/p4_h8_lr3e-3/tb,'
+    's32_lr3e-3=runs/p4_s32_lr3e-3/tb,s32_lr5e-3=runs/p4_s32_lr5e-3/tb,'
+    's32_lr1.5e-3=runs/p4_s32_lr1.5e-3/tb,s32_long=runs/p4_s32_long/tb': Run(),
     'python scripts/make_tables.py': Run(),
+    'python scripts/recall_by_order.py --workdir=runs/p4_s32_long --step=1670': Run(
+        subs=(('--step=1670', '--step=20'),)
+    ),
+    'python scripts/recall_by_order.py --workdir=runs/p4_s32_long --step=4000': Run(
+        subs=(('--step=4000', '--step=40'),)
+    ),
+    'python scripts/recall_by_order.py --workdir=runs/p4_s32_long': Run(),
     # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '
     '--seeds=5': Run(subs=(('runs/kinds5', 'runs/kinds'), ('--seeds=5', '--seeds=1'))),
@@ -423,6 +461,7 @@ def test_every_doc_command_runs_scaled_down(tmp_path):
         'runs/cla2/checkpoints',
         'docs/pareto_reported.png',
         'docs/results/mqar_calibration.csv',
+        'docs/results/mqar_calibration_p4.csv',
     ):
         assert (tmp_path / path).exists(), path
     recall = (tmp_path / 'docs' / 'recall.md').read_text()

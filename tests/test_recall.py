@@ -12,7 +12,7 @@ from conftest import ROOT, read_scalars, run_entry, tiny_config
 
 from lm.config import with_values
 from lm.data.corpus import load_corpus
-from lm.data.recall import FILLER, QUESTION, TARGET_FLAG
+from lm.data.recall import FILLER, QUESTION, TARGET_FLAG, nth_answer_only
 from lm.train.evaluation import evaluate
 from lm.train.loop import train
 from lm.train.run import assemble
@@ -225,3 +225,19 @@ def test_bad_recall_settings_name_their_key(tmp_path):
         source = 'passkey' if 'passkey' in key else 'mqar'
         with pytest.raises(ValueError, match=re.escape(words)):
             load_corpus(recall_config(tmp_path, source, **{key: value}).data)
+
+
+def test_nth_answer_only_keeps_each_rows_nth_flag():
+    """Against a plain loop over random flag patterns: flag n of a row stays, the others are
+    cleared to their token, and rows with at most n flags keep none."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 64, (20, 17))
+    flags = rng.random((20, 17)) < 0.3
+    rows = np.where(flags, tokens | TARGET_FLAG, tokens).astype(np.int32)
+    for n in range(4):
+        got = nth_answer_only(rows, n)
+        for b in range(20):
+            where = [i for i in range(17) if flags[b, i]]
+            kept = [where[n]] if n < len(where) else []
+            want = [int(t) | TARGET_FLAG if i in kept else int(t) for i, t in enumerate(tokens[b])]
+            assert got[b].tolist() == want

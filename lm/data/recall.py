@@ -166,6 +166,14 @@ def pack(tokens: np.ndarray, scored: np.ndarray) -> np.ndarray:
     return np.where(scored, tokens | TARGET_FLAG, tokens).astype(np.int32)
 
 
+def nth_answer_only(rows: np.ndarray, n: int) -> np.ndarray:
+    """Packed rows [B, T + 1] with only each row's n-th flagged answer (0 = the first) still
+    flagged: scoring them gives the accuracy on the n-th answer of every row."""
+    flagged_BT = (rows & TARGET_FLAG) != 0
+    drop_BT = flagged_BT & (np.cumsum(flagged_BT, axis=1) - 1 != n)
+    return np.where(drop_BT, rows & (TARGET_FLAG - 1), rows).astype(np.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class RecallTask:
     """A recall source: its examples as functions of a seed, and the held-out grid's labels."""
