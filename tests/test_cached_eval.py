@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import read_scalars, run_entry, tiny_config, tiny_train_config, write_config_file
+from conftest import read_scalars, run_entry, tiny_config, tiny_train_config
 
 from lm.infer.cached_eval import cached_token_losses
 from lm.infer.decode import Decoder
@@ -51,33 +51,6 @@ def test_float_cache_equals_the_forward_and_int8_differs_a_little(overrides):
     assert delta.max() < 0.05 and delta[:, 1:].max() > 0  # token 0 attends only itself
 
 
-@pytest.mark.slow
-def test_eval_py_through_the_cache_tags_its_own_scalars(tmp_path, small_text):
-    config = tiny_train_config(tmp_path, small_text, **{'train.steps': 8})
-    workdir = tmp_path / 'run'
-    run_entry('train.py', f'--config={write_config_file(config, tmp_path / "c.py")}',
-              f'--workdir={workdir}', check=True)  # fmt: skip
-    plain = json.loads(run_entry('eval.py', f'--workdir={workdir}', check=True).stdout)
-    results = {}
-    for dtype in ('float', 'int8'):
-        out = run_entry('eval.py', f'--workdir={workdir}', f'--kv_cache_dtype={dtype}', check=True)
-        results[dtype] = json.loads(out.stdout)
-        assert results[dtype]['tag'] == f'eval_cache_{dtype}'
-        assert results[dtype]['tokens'] == plain['tokens']
-    assert abs(results['float']['loss'] - plain['loss']) < 1e-4
-    assert 0 < abs(results['int8']['loss'] - plain['loss']) < 0.02
-    logged = read_scalars(workdir / 'tb', 'eval_cache_int8/loss')
-    assert logged == {8: pytest.approx(results['int8']['loss'])}
-    assert read_scalars(workdir / 'tb', 'eval/loss')[8] == pytest.approx(plain['loss'])
-    bad = run_entry('eval.py', f'--workdir={workdir}', '--kv_cache_dtype=int3')
-    assert bad.returncode != 0
-    assert (
-        bad.stderr.strip()
-        .splitlines()[-1]
-        .endswith(f"--kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got 'int3'")
-    )
-
-
 def test_kivi4_cache_costs_more_than_int8_and_its_residual_nothing():
     """GQA with groups of 4 tokens: 12 positions decode through 4-bit keys and values once
     their group is complete (the first 3 positions attend the float residual only, exactly)."""
@@ -95,9 +68,10 @@ def test_kivi4_cache_costs_more_than_int8_and_its_residual_nothing():
 
 
 @pytest.mark.slow
-def test_cache_quality_pairs_a_sweeps_seeds_with_their_quantized_losses(tmp_path, small_text):
-    """scripts/cache_quality.py on a 2-seed tiny sweep: the sweep's rows, then `gqa+int8` per
-    seed, each within 0.02 nats of its float loss; bad requests are one line, nothing written."""
+def test_eval_py_and_cache_quality_through_quantized_caches(tmp_path, small_text):
+    """A 2-seed tiny sweep; eval.py --kv_cache_dtype on one run logs its own tag (float equals
+    the run's eval, int8 differs a little); scripts/cache_quality.py then pairs each seed's
+    loss with its int8 one and counts each arm's cache bytes; bad requests are one line."""
     from conftest import sweep_file
 
     base = tiny_train_config(tmp_path, small_text, **{'train.steps': 6})
@@ -105,6 +79,7 @@ def test_cache_quality_pairs_a_sweeps_seeds_with_their_quantized_losses(tmp_path
     sweep_dir, out = tmp_path / 'sw', tmp_path / 'seeds.csv'
     run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={sweep_dir}', '--seeds=2',
               check=True)  # fmt: skip
+    _eval_py_through_the_cache(sweep_dir / 'gqa_s0')
     bad = run_entry('scripts/cache_quality.py', f'--sweep_dir={sweep_dir}', '--points=mla',
                     f'--out={out}')  # fmt: skip
     assert bad.stderr.strip().splitlines()[-1] == (
@@ -126,3 +101,25 @@ def test_cache_quality_pairs_a_sweeps_seeds_with_their_quantized_losses(tmp_path
     kv = {r['label']: int(r['kv_cache_bytes_per_token']) for r in csv.DictReader(pareto.open())}
     # 2 layers, K and V of 2 heads of 8: bf16 2 bytes each; int8 1 byte plus a bf16 scale per 8
     assert kv == {'gqa': 2 * 2 * 2 * 8 * 2, 'gqa+int8': 2 * 2 * 2 * (8 + 2)}
+
+
+def _eval_py_through_the_cache(workdir) -> None:
+    plain = json.loads(run_entry('eval.py', f'--workdir={workdir}', check=True).stdout)
+    results = {}
+    for dtype in ('float', 'int8'):
+        out = run_entry('eval.py', f'--workdir={workdir}', f'--kv_cache_dtype={dtype}', check=True)
+        results[dtype] = json.loads(out.stdout)
+        assert results[dtype]['tag'] == f'eval_cache_{dtype}'
+        assert results[dtype]['tokens'] == plain['tokens']
+    assert abs(results['float']['loss'] - plain['loss']) < 1e-4
+    assert 0 < abs(results['int8']['loss'] - plain['loss']) < 0.02
+    tb = workdir.parent / 'tb' / workdir.name
+    assert read_scalars(tb, 'eval_cache_int8/loss') == {6: pytest.approx(results['int8']['loss'])}
+    assert read_scalars(tb, 'eval/loss')[6] == pytest.approx(plain['loss'])
+    bad = run_entry('eval.py', f'--workdir={workdir}', '--kv_cache_dtype=int3')
+    assert bad.returncode != 0
+    assert (
+        bad.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"--kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got 'int3'")
+    )
