@@ -220,6 +220,14 @@ PLAN = {
     'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=5000 '
     '--seeds=5 --targets=1 --methods=mean,first,similarity-aligned --cla=cla2,mqa_cla2 '
     '--out_dir=runs/uptrain_cla --parallel=2': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/kv_layouts.py --sweep_dir=runs/kv_layouts '
+    '--config.data.path=data/tinyshakespeare.txt --config.train.steps=1000 --seeds=5 '
+    '--points=mha,mqa,cla2,mha_local': Flags(),
+    'python scripts/cache_quality.py --sweep_dir=runs/kv_layouts --points=mha,mqa '
+    '--kv_cache_dtypes=int8,kivi4 --out=docs/results/kv_layouts_seeds.csv '
+    '--pareto_table=docs/results/kv_layouts_pareto.csv': Flags(),
+    'python scripts/plot_pareto.py --table=docs/results/kv_layouts_pareto.csv '
+    '--out=docs/kv_layouts_pareto.png': Run(),
     'python scripts/bench_decode.py --variants=mha,gqa2,mqa,cla2,mqa_cla2 '
     '--contexts=256,2048': BENCH,
     'python scripts/bench_decode.py --d_model=256 --num_layers=4 --contexts=1024,4096 --batch=1 '
@@ -460,6 +468,7 @@ def test_every_doc_command_runs_scaled_down(tmp_path):
         'runs/mqa_cla2/checkpoints',
         'runs/cla2/checkpoints',
         'docs/pareto_reported.png',
+        'docs/kv_layouts_pareto.png',
         'docs/results/mqar_calibration.csv',
         'docs/results/mqar_calibration_p4.csv',
     ):
