@@ -1,12 +1,14 @@
 r"""The quality cost of quantized KV caches over a sweep's seeds: every run of --points is
 evaluated again under the sweep's protocol (its validation split, each window once), decoding
 each window token by token through caches stored as each of --kv_cache_dtypes
-(lm/infer/cached_eval.py); the per-seed losses, after the sweep's own, go to --out as rows
-arm, seed, eval_loss (`mha+int8` beside `mha`), the input of scripts/make_tables.py's 'seeds'
-tables (mean, 95% interval, Holm-corrected paired differences).
+(lm/infer/cached_eval.py). Per-seed rows arm, seed, eval_loss, the input of
+scripts/make_tables.py's 'seeds' tables (mean, 95% interval, Holm-corrected paired
+differences), go to --out for the --points (`mha` beside `mha+int8`, `mha+kivi4`) and, with
+--sweep_out, every point of the sweep in float, so each table corrects for its own comparisons.
 
   python scripts/cache_quality.py --sweep_dir=runs/kv_layouts --points=mha \
-      --kv_cache_dtypes=int8,kivi4 --out=docs/results/kv_layouts_seeds.csv \
+      --kv_cache_dtypes=int8,kivi4 --out=docs/results/kv_cache_seeds.csv \
+      --sweep_out=docs/results/kv_layouts_seeds.csv \
       --pareto_table=docs/results/kv_layouts_pareto.csv
 
 --pareto_table also writes the rows with each arm's KV-cache bytes per token of one evaluation
@@ -26,19 +28,23 @@ _SWEEP_DIR = flags.DEFINE_string('sweep_dir', None, 'A finished sweep.', require
 _POINTS = flags.DEFINE_list('points', ['mha'], 'Points whose runs are evaluated again.')
 _DTYPES = flags.DEFINE_list('kv_cache_dtypes', ['int8', 'kivi4'], 'Quantized caches.')
 _OUT = flags.DEFINE_string('out', None, 'CSV to write (arm, seed, eval_loss).', required=True)
+_SWEEP_OUT = flags.DEFINE_string('sweep_out', '', "Also the sweep's own rows (every point, float).")
 _PARETO = flags.DEFINE_string('pareto_table', '', 'Also this CSV, for plot_pareto.py --table.')
 _PANEL = flags.DEFINE_string('panel', 'KV layouts and caches', "The Pareto table's panel title.")
 
 
 def run() -> int:
-    for flag, path in (('--out', _OUT.value), ('--pareto_table', _PARETO.value)):
+    outputs = (('--out', _OUT.value), ('--sweep_out', _SWEEP_OUT.value))
+    for flag, path in (*outputs, ('--pareto_table', _PARETO.value)):
         if path and os.path.isdir(path):
             raise IsADirectoryError(f'{flag}={path} is a directory; give a CSV file path')
         if path:
             check_writable_dir(os.path.dirname(os.path.abspath(path)), flag)
     with StopRequest() as stop:  # SIGTERM: stop between batches; nothing written
         rows = quantized_rows(_SWEEP_DIR.value, _POINTS.value, _DTYPES.value, stop=stop.check)
-    write_csv(_OUT.value, rows)
+    write_csv(_OUT.value, [r for r in rows if r['arm'].partition('+')[0] in _POINTS.value])
+    if _SWEEP_OUT.value:
+        write_csv(_SWEEP_OUT.value, [r for r in rows if '+' not in r['arm']])
     if _PARETO.value:
         write_csv(_PARETO.value, pareto_rows(_SWEEP_DIR.value, rows, _PANEL.value))
     print(f'wrote {_OUT.value}: {len(rows)} rows')

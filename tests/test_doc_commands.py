@@ -224,7 +224,8 @@ PLAN = {
     '--config.data.path=data/tinyshakespeare.txt --config.train.steps=1000 --seeds=5 '
     '--points=mha,mqa,cla2,mha_local': Flags(),
     'python scripts/cache_quality.py --sweep_dir=runs/kv_layouts --points=mha,mqa '
-    '--kv_cache_dtypes=int8,kivi4 --out=docs/results/kv_layouts_seeds.csv '
+    '--kv_cache_dtypes=int8,kivi4 --out=docs/results/kv_cache_seeds.csv '
+    '--sweep_out=docs/results/kv_layouts_seeds.csv '
     '--pareto_table=docs/results/kv_layouts_pareto.csv': Flags(),
     'python scripts/plot_pareto.py --table=docs/results/kv_layouts_pareto.csv '
     '--out=docs/kv_layouts_pareto.png': Run(),
