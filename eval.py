@@ -17,7 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.cli import bootstrap, check_writable_dir, define_distributed_flags, run_app
-from lm.infer.cached_eval import evaluate_cached
+from lm.experiments.cache_quality import evaluate_cached
 from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import StopRequest

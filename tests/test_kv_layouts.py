@@ -13,6 +13,7 @@ from reference import causal_weights, p, rmsnorm, rope
 
 from lm.infer.decode import GREEDY, Decoder, init_caches
 from lm.model.accounting import (
+    kv_cache_bytes_per_context_token,
     kv_cache_bytes_per_layer,
     kv_cache_bytes_per_token,
     param_counts,
@@ -204,8 +205,10 @@ def test_kv_layouts_sweep_points_are_valid_and_smaller_than_mha():
     for point in module.get_points():
         config = point_config(base, {k: v for k, v in point.items() if k != 'name'})
         assert invalid_reason(config) is None, point
-        kv[point['name']] = kv_cache_bytes_per_token(model_config(config.model, 256))
-    # bf16, 4 layers, d_h 16: 2·g·16·2 bytes per producing layer
+        cfg = model_config(config.model, 256)
+        kv[point['name']] = kv_cache_bytes_per_context_token(cfg, config.data.seq_len)
+    # bf16, 4 layers, d_h 16: 2·g·16·2 bytes per producing layer and token; a 64-token
+    # sequence's three local layers hold 16 of its tokens each
     assert kv == {
         'mha': 4 * 512,
         'mqa': 4 * 64,
@@ -213,6 +216,7 @@ def test_kv_layouts_sweep_points_are_valid_and_smaller_than_mha():
         'gqa2_cla2': 2 * 128,
         'mqa_cla2': 2 * 64,
         'kv_8421': 512 + 256 + 128 + 64,
+        'mha_local': 512 + 3 * 512 * 16 // 64,
     }
 
 

@@ -10,11 +10,37 @@ import json
 import os
 from collections.abc import Callable
 
-from lm.infer.cached_eval import evaluate_cached
+from flax import nnx
+
+from lm.infer.cached_eval import make_cached_eval_step
+from lm.infer.decode import Decoder
 from lm.model.accounting import kv_cache_bytes_per_context_token
 from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.model.transformer import model_config
-from lm.train.run import assemble, stored_config
+from lm.train.evaluation import eval_batch_size, evaluate
+from lm.train.run import Run, assemble, stored_config
+
+
+def evaluate_cached(
+    run: Run, kv_cache_dtype: str, split: str = 'validation', stop: Callable | None = None
+) -> dict[str, float]:
+    """`lm.train.evaluation.evaluate` of a restored run (`assemble(..., state='params',
+    data=True)`) on `split` under the run's own protocol, each window decoded through caches
+    stored as `kv_cache_dtype`; `stop` as there."""
+    decoder = Decoder(
+        nnx.merge(run.ctx.graphdef, run.state['params']), kv_cache_dtype=kv_cache_dtype
+    )
+    return evaluate(
+        make_cached_eval_step(decoder, run.mesh),
+        decoder.params,
+        run.corpus,
+        split,
+        batch_size=eval_batch_size(run.config),
+        seq_len=run.config.data.seq_len,
+        eval_tokens=run.config.eval_tokens,
+        batch_sharding=run.ctx.batch_sharding,
+        stop=stop,
+    )
 
 
 def sweep_seeds(sweep_dir: str) -> list[dict]:

@@ -14,12 +14,9 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from lm.infer.decode import Decoder, init_caches
-from lm.train.evaluation import eval_batch_size, evaluate
-from lm.train.run import Run
 
 
 def cached_token_losses(decoder: Decoder, params, batch_BT1: jax.Array) -> jax.Array:
@@ -51,25 +48,3 @@ def make_cached_eval_step(decoder: Decoder, mesh: jax.sharding.Mesh) -> Callable
         return (cached_token_losses(decoder, params, batch_BT1) * weights_BT).sum(axis=-1)
 
     return jax.jit(step, out_shardings=NamedSharding(mesh, PartitionSpec()))
-
-
-def evaluate_cached(
-    run: Run, kv_cache_dtype: str, split: str = 'validation', stop: Callable | None = None
-) -> dict[str, float]:
-    """`lm.train.evaluation.evaluate` of a restored run (`assemble(..., state='params',
-    data=True)`) on `split` under the run's own protocol, each window decoded through caches
-    stored as `kv_cache_dtype`; `stop` as there."""
-    decoder = Decoder(
-        nnx.merge(run.ctx.graphdef, run.state['params']), kv_cache_dtype=kv_cache_dtype
-    )
-    return evaluate(
-        make_cached_eval_step(decoder, run.mesh),
-        decoder.params,
-        run.corpus,
-        split,
-        batch_size=eval_batch_size(run.config),
-        seq_len=run.config.data.seq_len,
-        eval_tokens=run.config.eval_tokens,
-        batch_sharding=run.ctx.batch_sharding,
-        stop=stop,
-    )

@@ -50,11 +50,15 @@ def _leaf_sums(x: jax.Array) -> jax.Array:
 
 def array_checksums(tree) -> dict[str, str]:
     """{'['params']['embed']': '1f03...', ...}: a 16-hex-digit checksum per array of `tree`,
-    one array at a time (the temporaries are one array's, and a compile serves every array of
-    the same shape)."""
-    sums = jax.device_get(jax.tree.map(_leaf_sums, tree))
-    flat = jax.tree_util.tree_flatten_with_path(sums)[0]
-    return {jax.tree_util.keystr(path): f'{int(s[0]):08x}{int(s[1]):08x}' for path, s in flat}
+    one array at a time (the temporaries are one array's, a compile serves every array of the
+    same shape, and only one checksum program is in flight)."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        # Fetched before the next leaf is dispatched: XLA:CPU's in-process collectives (a mesh
+        # of several CPU devices) can deadlock when many multi-device programs are queued.
+        a, b = np.asarray(jax.device_get(_leaf_sums(leaf)))
+        out[jax.tree_util.keystr(path)] = f'{int(a):08x}{int(b):08x}'
+    return out
 
 
 def mismatches(saved: dict[str, str], tree) -> list[str]:
