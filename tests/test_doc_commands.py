@@ -448,7 +448,7 @@ def test_every_doc_command_runs_scaled_down(tmp_path):
         if isinstance(action, Flags):
             flag_checks.setdefault(shell_vars + scaled(command, action), f'{doc}: {command}')
             continue
-        if re.match(r'^[A-Z_]+=', command):  # a shell variable the block's later lines use
+        if re.match(r'^[A-Z_][A-Z0-9_]*=', command):  # a shell variable the block's later lines use
             shell_vars += command + '\n'
             continue
         out = bash(shell_vars + scaled(command, action), tmp_path, env)
