@@ -449,7 +449,7 @@ def test_every_doc_command_runs_scaled_down(tmp_path):
             flag_checks.setdefault(shell_vars + scaled(command, action), f'{doc}: {command}')
             continue
         if re.match(r'^[A-Z_][A-Z0-9_]*=', command):  # a shell variable the block's later lines use
-            shell_vars += command + '\n'
+            shell_vars += scaled(command, action) + '\n'
             continue
         out = bash(shell_vars + scaled(command, action), tmp_path, env)
         assert out.returncode == 0, f'{doc}: {command}\n{out.stdout[-2000:]}{out.stderr[-4000:]}'
