@@ -17,12 +17,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.cli import bootstrap, check_writable_dir, define_distributed_flags, run_app
-from lm.experiments.cache_quality import evaluate_cached
+from lm.experiments.cache_quality import evaluate_run
 from lm.model.kv_cache import KV_CACHE_DTYPES
-from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import StopRequest
 from lm.train.run import Run, assemble, stored_config
-from lm.train.step import make_eval_step
 from lm.train.summary import Summary, run_logdir
 
 _WORKDIR = flags.DEFINE_string(
@@ -53,21 +51,7 @@ def _evaluate(restored: Run) -> dict[str, float]:
     if _CACHE.value and restored.corpus.task is not None:
         raise ValueError('--kv_cache_dtype evaluates text windows; this run is a recall task')
     with StopRequest() as stop:  # SIGTERM: stop between batches, write nothing
-        if _CACHE.value:
-            metrics = evaluate_cached(restored, _CACHE.value, _SPLIT.value, stop.check)
-        else:
-            metrics = evaluate(
-                make_eval_step(restored.ctx),
-                restored.state['params'],
-                restored.corpus,
-                _SPLIT.value,
-                batch_size=eval_batch_size(restored.config),
-                seq_len=restored.config.data.seq_len,
-                eval_tokens=restored.config.eval_tokens,
-                batch_sharding=restored.ctx.batch_sharding,
-                stop=stop.check,
-            )
-    return metrics
+        return evaluate_run(restored, _SPLIT.value, stop.check, _CACHE.value)
 
 
 def run() -> int:

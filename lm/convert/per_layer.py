@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import itertools
 
-import jax
 import numpy as np
-import optax
 
 from lm.convert import head_merging
-from lm.convert.pooling import map_opt_state, merge_kv_heads
+from lm.convert.pooling import map_moments, merge_kv_heads
 
 
 def similarities(params: dict, inputs: list) -> list[np.ndarray]:
@@ -93,16 +91,4 @@ def convert_opt_state(opt_state, params: dict, counts: tuple[int, ...], groups: 
     """The optax state with every moment tree shaped like `params` (Adam's mu and nu) pooled
     as `convert_params` pools the weights (the mean of the merged heads' moments); counts and
     the rest kept."""
-    treedef = jax.tree.structure(params)
-
-    def moments(node):
-        if isinstance(node, optax.ScaleByAdamState):
-            return node._replace(
-                mu=convert_params(node.mu, counts, groups),
-                nu=convert_params(node.nu, counts, groups),
-            )
-        if isinstance(node, dict) and jax.tree.structure(node) == treedef:
-            return convert_params(node, counts, groups)
-        return None
-
-    return map_opt_state(opt_state, moments)
+    return map_moments(opt_state, params, lambda tree, _: convert_params(tree, counts, groups))

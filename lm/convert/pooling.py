@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import optax
 
 
 def merge_kv_heads(x: jax.Array, head_axis: int, num_kv_heads: int, method: str) -> jax.Array:
@@ -54,3 +55,19 @@ def map_opt_state(opt_state, replace):
         return node
 
     return visit(opt_state)
+
+
+def map_moments(opt_state, params: dict, convert: Callable[[dict, bool], dict]):
+    """`opt_state` with every moment tree (a subtree shaped like `params`) replaced by
+    `convert(tree, second)`: Adam's mu (second False) and nu (second True), other such trees as
+    first moments; counts and the rest kept."""
+    treedef = jax.tree.structure(params)
+
+    def moments(node):
+        if isinstance(node, optax.ScaleByAdamState):
+            return node._replace(mu=convert(node.mu, False), nu=convert(node.nu, True))
+        if isinstance(node, dict) and jax.tree.structure(node) == treedef:
+            return convert(node, False)
+        return None
+
+    return map_opt_state(opt_state, moments)

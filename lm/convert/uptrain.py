@@ -24,7 +24,6 @@ kept and zero for the new latent factors), 'fresh' starts the moments anew.
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import os
 import shutil
@@ -43,7 +42,7 @@ from lm.convert import cla, head_merging, mla, per_layer
 from lm.convert import methods as conversion
 from lm.convert.hf_files import copy_run_files
 from lm.convert.methods import SCHEDULES, ConversionOptions, check_conversion, check_steps
-from lm.convert.pooling import map_kv, map_opt_state, merge_kv_heads, merge_proj
+from lm.convert.pooling import map_kv, map_moments, map_opt_state, merge_kv_heads, merge_proj
 from lm.data.corpus import load_corpus
 from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
@@ -144,21 +143,14 @@ def convert_opt_state(
     """The optax state `opt_state` (namedtuples, tuples and dicts) with every subtree shaped like
     `params` (the moments; Adam's nu as a second moment) converted by `convert_moments`;
     counts and the rest kept."""
-    treedef = jax.tree.structure(params)
-    convert = functools.partial(
-        convert_moments, num_kv_heads=num_kv_heads, method=method, groups=groups, then=then
-    )
     rotations = rotations if method == 'aligned' else None
-
-    def moments(node):
-        if isinstance(node, optax.ScaleByAdamState):
-            mu = convert(node.mu, rotations=rotations)
-            return node._replace(mu=mu, nu=convert(node.nu, rotations=rotations, second=True))
-        if isinstance(node, dict) and jax.tree.structure(node) == treedef:
-            return convert(node, rotations=rotations)
-        return None
-
-    return map_opt_state(opt_state, moments)
+    return map_moments(
+        opt_state,
+        params,
+        lambda tree, second: convert_moments(
+            tree, num_kv_heads, method, groups, rotations, second=second, then=then
+        ),
+    )
 
 
 def with_schedule_count(opt_state, step: int):

@@ -19,20 +19,23 @@ from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.model.transformer import model_config
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.run import Run, assemble, stored_config
+from lm.train.step import make_eval_step
 
 
-def evaluate_cached(
-    run: Run, kv_cache_dtype: str, split: str = 'validation', stop: Callable | None = None
+def evaluate_run(
+    run: Run, split: str = 'validation', stop: Callable | None = None, kv_cache_dtype: str = ''
 ) -> dict[str, float]:
     """`lm.train.evaluation.evaluate` of a restored run (`assemble(..., state='params',
-    data=True)`) on `split` under the run's own protocol, each window decoded through caches
-    stored as `kv_cache_dtype`; `stop` as there."""
-    decoder = Decoder(
-        nnx.merge(run.ctx.graphdef, run.state['params']), kv_cache_dtype=kv_cache_dtype
-    )
+    data=True)`) on `split` under the run's own protocol: by the training forward, or with a
+    `kv_cache_dtype` each window decoded through caches stored so; `stop` as there."""
+    step, params = make_eval_step(run.ctx), run.state['params']
+    if kv_cache_dtype:
+        model = nnx.merge(run.ctx.graphdef, params)
+        decoder = Decoder(model, kv_cache_dtype=kv_cache_dtype)
+        step, params = make_cached_eval_step(decoder, run.mesh), decoder.params
     return evaluate(
-        make_cached_eval_step(decoder, run.mesh),
-        decoder.params,
+        step,
+        params,
         run.corpus,
         split,
         batch_size=eval_batch_size(run.config),
@@ -98,7 +101,7 @@ def quantized_rows(
                 raise FileNotFoundError(f'--sweep_dir: no finished run of {point} seed {seed}')
             restored = assemble(runs[seed], state='params', data=True)
             for dtype in dtypes:
-                loss = evaluate_cached(restored, dtype, stop=stop)['loss']
+                loss = evaluate_run(restored, stop=stop, kv_cache_dtype=dtype)['loss']
                 out.append({'arm': f'{point}+{dtype}', 'seed': seed, 'eval_loss': loss})
                 log(f'{point} seed {seed} {dtype}: eval loss {loss:.4f}')
     return out

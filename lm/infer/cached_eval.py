@@ -29,7 +29,7 @@ def cached_token_losses(decoder: Decoder, params, batch_BT1: jax.Array) -> jax.A
     def body(caches, t):
         tokens_B1 = jax.lax.dynamic_slice_in_dim(inputs_BT, t, 1, axis=1)
         positions_B1 = jnp.full((B, 1), t, jnp.int32)
-        logits_B1V, caches = decoder._forward(params, tokens_B1, positions_B1, caches)
+        logits_B1V, caches = decoder.forward(params, tokens_B1, positions_B1, caches)
         logp_BV = jax.nn.log_softmax(logits_B1V[:, 0].astype(jnp.float32), axis=-1)
         target_B1 = jax.lax.dynamic_slice_in_dim(targets_BT, t, 1, axis=1)
         return caches, -jnp.take_along_axis(logp_BV, target_B1, axis=-1)[:, 0]

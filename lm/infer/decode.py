@@ -177,7 +177,8 @@ class Decoder:
         """The streaming loop's host callback: True stops the loop."""
         return np.bool_(bool(self._on_token(np.asarray(tokens_B))))
 
-    def _forward(self, params, tokens_BT, positions_BT, caches):
+    def forward(self, params, tokens_BT, positions_BT, caches):
+        """The model on `tokens_BT` at `positions_BT` through `caches` -> (logits, caches)."""
         model = nnx.merge(self.graphdef, params)
         return model(tokens_BT, positions_BT, caches=caches)
 
@@ -188,12 +189,12 @@ class Decoder:
         positions = jnp.maximum(jnp.arange(T)[None, :] - pad_B[:, None], 0)
         start = jnp.zeros((), jnp.int32)
         caches = [dataclasses.replace(c, slot=start, pad_B=pad_B) for c in caches]
-        return self._forward(params, tokens_BT, positions, caches)
+        return self.forward(params, tokens_BT, positions, caches)
 
     def _step(self, params, tokens_B, pad_B, caches):
         """Feeds one token per row at the caches' slot -> (logits [B, V], caches)."""
         positions = (caches[0].slot - pad_B)[:, None]
-        logits, caches = self._forward(params, tokens_B[:, None], positions, caches)
+        logits, caches = self.forward(params, tokens_B[:, None], positions, caches)
         return logits[:, 0], caches
 
     def _loop(
