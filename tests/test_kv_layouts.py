@@ -211,7 +211,9 @@ def test_kv_layouts_sweep_points_are_valid_and_smaller_than_mha():
     # sequence's three local layers hold 16 of its tokens each
     assert kv == {
         'mha': 4 * 512,
+        'gqa2': 4 * 128,
         'mqa': 4 * 64,
+        'mla': 4 * (64 + 8) * 2,
         'cla2': 2 * 512,
         'gqa2_cla2': 2 * 128,
         'mqa_cla2': 2 * 64,

@@ -1,8 +1,8 @@
-r"""KV layouts across layers beside head sharing: MHA and MQA, cross-layer attention (CLA2: every
-two layers share one K/V; MQA-CLA2, GQA-2-CLA2), per-layer KV head counts and local/global layers
-(three sliding-window layers of W = 16 under one global, 'LLLG'), at the depth and
-width of configs/sweeps/attention_kinds.py (8 heads of 16, d_model 128, 4 layers) on Tiny
-Shakespeare. With --match=params the MLP widths make every point as large as MHA (CLA's
+r"""KV layouts beside head sharing (MHA, GQA-2, MQA) and latent compression (MLA): cross-layer
+attention (CLA2: every two layers share one K/V; MQA-CLA2, GQA-2-CLA2), per-layer KV head counts
+and local/global layers (three sliding-window layers of W = 16 under one global, 'LLLG'), at the
+depth and width of configs/sweeps/attention_kinds.py (8 heads of 16, d_model 128, 4 layers) on
+Tiny Shakespeare. With --match=params the MLP widths make every point as large as MHA (CLA's
 consumer layers have no K/V projections). KV bytes per token are a training-length (64-token)
 sequence's: a local layer holds 16 slots of them.
 
@@ -23,7 +23,9 @@ def get_config():
 def get_points():
     return [
         {'name': 'mha', 'model.attention': 'mha'},
+        {'name': 'gqa2', 'model.attention': 'gqa', 'model.num_kv_heads': 2},
         {'name': 'mqa', 'model.attention': 'mqa'},
+        {'name': 'mla', 'model.attention': 'mla'},
         {'name': 'cla2', 'model.attention': 'mha', 'model.kv_share_every': 2},
         {
             'name': 'gqa2_cla2',
