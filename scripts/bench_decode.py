@@ -14,10 +14,11 @@ S = L + new tokens. A variant name ending in '_local' ('gqa4_local') has sliding
 4 bits (full caches only: not with '_local' or CLA variants) in groups of --kv_quant_group
 tokens; --decode_chunk sets config.model.decode_chunk.
 
-Roofline: a decode step must read every weight and the filled cache once, so its time is at
-least (bytes read per step) / (read bandwidth). The bandwidth is measured in the same run (a
-jitted sum over a --bandwidth_gib array, median of 7 repeats, before each row and at the end;
-the median of those is the one used); each
+Roofline: a decode step must read every weight and the filled cache once per layer that attends
+it (a CLA producer's cache is read by its consumers too: CLA halves what is stored, not what is
+read), so its time is at least (bytes read per step) / (read bandwidth). The bandwidth is
+measured in the same run (a jitted sum over a --bandwidth_gib array, median of 7 repeats,
+before each row and at the end; the median of those is the one used); each
 row reports the bytes a step reads (weights + the cache filled to L + half the new tokens), the
 achieved GB/s, its % of the measured bandwidth, and its speedup over MHA (same batch and
 context) next to the speedup the bytes predict (MHA's bytes per step / the variant's).
@@ -41,7 +42,7 @@ from absl import flags
 from lm.cli import run_app
 from lm.config import load_config_file
 from lm.infer.decode import Decoder, init_caches
-from lm.model.accounting import kv_cache_bytes, param_counts
+from lm.model.accounting import kv_cache_bytes, kv_cache_bytes_read, param_counts
 from lm.model.attention import parse_variant
 from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.model.transformer import build_model, model_config
@@ -179,9 +180,10 @@ def bench(variant: str, context: int, B: int) -> dict:
         'dtype': _DTYPE.value,
         'decode_chunk': _CHUNK.value,
         # what one step must read: every weight, and the cache filled to L + n/2 on average (a
-        # local layer's ring: at most W of them; formula = measured bytes, tests/test_decode.py)
+        # local layer's ring: at most W of them; formula = measured bytes, tests/test_decode.py),
+        # read by every layer that attends it (a CLA producer's cache by its consumers too)
         'bytes_per_step': weight_bytes
-        + B * kv_cache_bytes(cfg, context + n // 2, _DTYPE.value, _KV_DTYPE.value),
+        + B * kv_cache_bytes_read(cfg, context + n // 2, _DTYPE.value, _KV_DTYPE.value),
     }
 
 

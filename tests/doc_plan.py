@@ -218,20 +218,26 @@ PLAN = {
         subs=(('runs/mha', 'runs/llama2'),), extra='--steps=2'
     ),
     'python train.py --workdir=runs/kv6': Run(),
-    'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=5000 '
-    '--seeds=5 --targets=1 --methods=mean,first,similarity-aligned --cla=cla2,mqa_cla2 '
-    '--out_dir=runs/uptrain_cla --parallel=2': Flags(),
+    'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=1000 '
+    '--seeds=5 --targets= --methods=mean,first,similarity-aligned --cla=cla2,mqa_cla2 '
+    '--fractions=0,0.1 --scratch_fractions=0.1 --out_dir=runs/uptrain_cla1k --parallel=2': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/kv_layouts.py --sweep_dir=runs/kv_layouts '
     '--config.data.path=data/tinyshakespeare.txt --config.train.steps=1000 --seeds=5 '
-    '--points=mha,mqa,cla2,mha_local': Flags(),
+    '--points=mha,gqa2,mqa,mla,cla2,mha_local': Flags(),
     'python scripts/cache_quality.py --sweep_dir=runs/kv_layouts --points=mha,mqa '
     '--kv_cache_dtypes=int8,kivi4 --out=docs/results/kv_cache_seeds.csv '
     '--sweep_out=docs/results/kv_layouts_seeds.csv '
     '--pareto_table=docs/results/kv_layouts_pareto.csv': Flags(),
     'python scripts/plot_pareto.py --table=docs/results/kv_layouts_pareto.csv '
     '--out=docs/kv_layouts_pareto.png': Run(),
-    'python scripts/bench_decode.py --variants=mha,gqa2,mqa,cla2,mqa_cla2 '
-    '--contexts=256,2048': BENCH,
+    'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla,cla2,mqa_cla2,gqa4_local '
+    '--window=256 --layer_pattern=LLLG --contexts=1024,8192 --batch=4 --new_tokens=16 '
+    '--kv_cache_dtype=float': BENCH,
+    'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla,gqa4_local --window=256 '
+    '--layer_pattern=LLLG --contexts=1024,8192 --batch=4 --new_tokens=16 '
+    '--kv_cache_dtype=int8': BENCH,
+    'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=1024,8192 --batch=4 '
+    '--new_tokens=16 --kv_cache_dtype=kivi4': BENCH,
     'python scripts/bench_decode.py --d_model=256 --num_layers=4 --contexts=1024,4096 --batch=1 '
     '--new_tokens=16 --variants=mha,gqa4,gqa4_local --window=256 --layer_pattern=LLLG '
     '--kv_cache_dtype=float': BENCH,

@@ -13,9 +13,11 @@ from reference import causal_weights, p, rmsnorm, rope
 
 from lm.infer.decode import GREEDY, Decoder, init_caches
 from lm.model.accounting import (
+    kv_cache_bytes,
     kv_cache_bytes_per_context_token,
     kv_cache_bytes_per_layer,
     kv_cache_bytes_per_token,
+    kv_cache_bytes_read,
     param_counts,
 )
 from lm.model.transformer import build_model, model_config
@@ -220,6 +222,21 @@ def test_kv_layouts_sweep_points_are_valid_and_smaller_than_mha():
         'kv_8421': 512 + 256 + 128 + 64,
         'mha_local': 512 + 3 * 512 * 16 // 64,
     }
+
+
+def test_a_decode_step_reads_each_producer_cache_once_per_attending_layer():
+    # bf16, d_h 8, 10 tokens: one KV head is 2·8·2 = 32 B per token and layer
+    per_head = 32 * 10
+    cases = [  # (settings, heads each layer attends, heads stored)
+        ('mqa_cla2', (1, 1, 1, 1), 2),
+        ('gqa2_cla3', (2, 2, 2, 2, 2), 4),
+        ('per_layer', (4, 2, 2, 1), 9),
+        ('per_layer_cla2', (4, 4, 1, 1), 5),
+    ]
+    for name, read, stored in cases:
+        cfg = layout_config(dict(LAYOUTS)[name])
+        assert kv_cache_bytes(cfg, 10, 'bfloat16') == stored * per_head, name
+        assert kv_cache_bytes_read(cfg, 10, 'bfloat16') == sum(read) * per_head, name
 
 
 def test_hf_export_refuses_layouts_llama_cannot_hold():

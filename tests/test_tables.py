@@ -78,6 +78,31 @@ def test_intervals_table_recovers_p_and_applies_holm():
     assert math.isclose(2 * 0.016130, 0.03226, abs_tol=1e-5)
 
 
+def test_ablation_table_keeps_each_targets_trained_arms():
+    rows = [
+        {'model': m, 'conversion': c, 'alpha_or_steps': a, 'seed': str(k), 'loss': str(v)}
+        for m, c, a, vs in [
+            ('MHA', 'scratch', '0.0', (1.0, 1.1, 1.2)),  # the source
+            ('CLA2', 'mean', '0.0', (3.0, 3.1, 3.2)),  # converted, not trained
+            ('CLA2', 'mean', '0.1', (1.10, 1.25, 1.00)),
+            ('CLA2', 'scratch', '110', (1.00, 1.20, 0.90)),
+            ('MQA', 'mean', '0.1', (2.0, 2.1, 2.2)),
+        ]
+        for k, v in enumerate(vs)
+    ]
+    text = tables.ablation_table(rows)
+    cla, mqa = text.split('\n\nMQA:\n\n')
+    assert cla.startswith('CLA2:\n\n| arm | loss (mean ± std) |')
+    assert '| mean, α = 0.1 | 1.1167 ± 0.1258 |' in cla
+    assert '| from scratch, 110 steps | 1.0333 ± 0.1528 |' in cla
+    # paired differences 0.10, 0.05, 0.10 (as in the seeds test above): one comparison
+    pair = '| mean, α = 0.1 | from scratch, 110 steps | +0.0833 [0.0116, 0.1550] p=0.0377 ✓ |'
+    assert pair in cla
+    assert 'α = 0.0' not in text and '3.1000' not in text  # the untrained arm is left out
+    assert 'MHA' not in text  # and so is the source
+    assert '| mean, α = 0.1 | 2.1000 ± 0.1000 |' in mqa
+
+
 def test_curve_table():
     rows = [
         {'run': 'lr1e-3', 'step': '100', 'metric': 'recall_accuracy', 'value': '0.5'},

@@ -10,6 +10,10 @@ of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
   then every pair's paired difference, Holm-corrected over the pairs (lm.experiments.summary).
 - 'intervals': comparisons kept only as reported summaries (columns family, a, b, diff, ci_lo,
   ci_hi, seeds): each p recovered from its t-interval, Holm-corrected within its family.
+- 'ablation': an uptraining ablation's seeds.csv (columns model, conversion, alpha_or_steps,
+  seed, value): per target model a 'seeds' table of its uptrained arms (α > 0) and its
+  from-scratch baselines, each model Holm-corrected on its own; the source's rows and the
+  untrained conversions (α = 0) are left out.
 - 'curve': a learning curve (columns run, step, then metrics): one row per step, one column
   per run, of the metric named by the CSV's `metric` column.
 """
@@ -81,6 +85,19 @@ def intervals_table(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
+def ablation_table(rows: list[dict], source: str = 'MHA') -> str:
+    """Per target model its trained arms' estimates and Holm-corrected paired differences."""
+    value = list(rows[0])[-1]
+    models: dict[str, list[dict]] = {}
+    for r in rows:
+        conversion, at = r['conversion'], r['alpha_or_steps']
+        if r['model'] == source or (conversion != 'scratch' and float(at) == 0):
+            continue
+        arm = f'from scratch, {at} steps' if conversion == 'scratch' else f'{conversion}, α = {at}'
+        models.setdefault(r['model'], []).append({'arm': arm, 'seed': r['seed'], value: r[value]})
+    return '\n\n'.join(f'{model}:\n\n{seeds_table(arms)}' for model, arms in models.items())
+
+
 def curve_table(rows: list[dict]) -> str:
     """Steps down, runs across: each run's `metric` at each step it was measured."""
     runs = list(dict.fromkeys(r['run'] for r in rows))
@@ -97,6 +114,7 @@ def curve_table(rows: list[dict]) -> str:
 KINDS: dict[str, Callable[[list[dict]], str]] = {
     'seeds': seeds_table,
     'intervals': intervals_table,
+    'ablation': ablation_table,
     'curve': curve_table,
 }
 

@@ -144,6 +144,16 @@ def kv_cache_bytes(
     return sum(kv_cache_bytes_by_layer(cfg, length, dtype, kv_cache_dtype))
 
 
+def kv_cache_bytes_read(
+    cfg: ModelConfig, length: int, dtype: str = 'bfloat16', kv_cache_dtype: str = 'float'
+) -> int:
+    """Cache bytes one decode step reads for one sequence of `length` tokens: every layer reads
+    the cache it attends, its own or (a CLA consumer) its producer's, so cross-layer attention
+    shrinks what is stored (`kv_cache_bytes`) but not what is read."""
+    by_layer = kv_cache_bytes_by_layer(cfg, length, dtype, kv_cache_dtype)
+    return sum(by_layer[layout.kv_source(cfg, i)] for i in range(cfg.num_layers))
+
+
 def kv_cache_bytes_per_context_token(
     cfg: ModelConfig, length: int, dtype: str = 'bfloat16', kv_cache_dtype: str = 'float'
 ) -> int:
