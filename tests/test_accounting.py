@@ -4,6 +4,7 @@ from conftest import tiny_config
 
 from lm.model.accounting import (
     flops_per_token,
+    kv_cache_bytes,
     kv_cache_bytes_per_token,
     kv_cache_elements_per_token,
     param_counts,
@@ -37,6 +38,21 @@ def test_llama4_maverick_kv_cache_bytes():
     )
     assert kv_cache_bytes_per_token(cfg, 'bfloat16') == 196_608
     assert kv_cache_bytes_per_token(cfg, 'float32') == 2 * 196_608
+
+
+def test_llama4_chunked_layers_hold_at_most_a_chunk():
+    # Llama 4 (Scout, Maverick): 48 layers, 8 KV heads of 128; three of every four layers attend
+    # within chunks of 8,192 tokens (attention_chunk_size), every fourth globally. A chunked
+    # layer holds at most one chunk, counted as a local layer of W = 8,192 (its upper bound).
+    # At 131,072 tokens in bf16 (2·8·128·2 = 4,096 B per token and layer): 12 global layers
+    # hold every token, 36 chunked ones 8,192: 6.44 GB + 1.21 GB, against 25.8 GB if uniform.
+    shape = dict(d_model=5120, num_layers=48, attention='gqa', num_heads=40, num_kv_heads=8)
+    uniform = big(head_dim=128, **shape)
+    chunked = big(head_dim=128, sliding_window=8192, layer_pattern='LLLG', **shape)
+    n = 131_072
+    assert kv_cache_bytes(uniform, n, 'bfloat16') == 48 * n * 4096 == 25_769_803_776
+    assert kv_cache_bytes(chunked, n, 'bfloat16') == 12 * n * 4096 + 36 * 8192 * 4096
+    assert kv_cache_bytes(chunked, 4096, 'bfloat16') == 48 * 4096 * 4096  # shorter than a chunk
 
 
 def test_deepseek_v3_mla_cache_elements():
