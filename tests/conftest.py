@@ -7,6 +7,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -31,6 +32,16 @@ os.environ['XLA_FLAGS'] = (
 ).strip()
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# One persistent compilation cache per test worker, new each session: the runs the tests start
+# reuse each other's compiled steps (a tiny train.py run: 11 s compiling afresh, 5 s from the
+# cache). Per worker, so two workers never write one entry at once; tests of the cache itself
+# (tests/test_train.py) give their runs directories of their own.
+XLA_CACHE = os.path.join(
+    tempfile.gettempdir(),
+    'lm-tests-xla',
+    os.environ.get('PYTEST_XDIST_TESTRUNUID', f'pid{os.getpid()}'),
+    os.environ.get('PYTEST_XDIST_WORKER', 'main'),
+)
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'JAX_NUMPY_RANK_PROMOTION': 'raise'}
 
 
@@ -108,7 +119,7 @@ def tiny_config(**model_overrides):
     """configs/base.py with a tiny model (vocab 61, d_model 32, 2 layers, 4 heads). Keys of
     MLA's section may be given flat (`q_lora_rank=8`): they go to `config.model.mla`."""
     config = load_config_file(os.fspath(ROOT / 'configs' / 'base.py'))
-    config.compilation_cache_dir = ''  # tests compile afresh (test_train checks the cache)
+    config.compilation_cache_dir = XLA_CACHE
     config.model.update(vocab_size=61, d_model=32, num_layers=2, num_heads=4, num_kv_heads=0)
     config.model.update(mlp_dim=64)
     config.model.mla.update(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)

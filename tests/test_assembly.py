@@ -28,6 +28,7 @@ def test_training_and_restoring_in_process_assemble_once(tmp_path, small_text, c
         small_text,
         **{'train.steps': 2, 'eval_every': 2, 'checkpoint_every': 2, 'train.peak_flops': 1e12},
     )
+    config.compilation_cache_dir = ''  # the pytest worker's own JAX keeps no persistent cache
     bootstrap(config)  # what train.py does first
     train(config, str(tmp_path / 'run'))
     assert counts == ONCE

@@ -21,6 +21,7 @@ def test_user_errors_are_one_line_with_exit_status_1(capsys):
 
 def test_bootstrap_checks_device_settings_first():
     config = tiny_config()
+    config.compilation_cache_dir = ''  # the pytest worker's own JAX keeps no persistent cache
     bootstrap(config)  # 0 CPU devices (JAX's default) and no compilation cache: nothing to do
     config.mesh.cpu_devices = -2
     with pytest.raises(ValueError, match=r'config.mesh.cpu_devices must be >= 0, got -2'):
