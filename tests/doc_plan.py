@@ -433,6 +433,8 @@ def bash(command: str, cwd, env) -> subprocess.CompletedProcess:
 
 
 # Chains of Run commands that share no files: docs/recall.md trains its own runs from scratch.
+# Only its chain writes the recall CSVs (MADE), so `make_tables.py` in another doc's bash block
+# fails in the main chain: other docs name it in prose.
 CHAINS = {'recall': ['docs/recall.md']}
 CHAINS['main'] = [doc for doc in DOCS if doc not in CHAINS['recall']]
 

@@ -185,6 +185,7 @@ def hand_built_model():
     return model
 
 
+@pytest.mark.slow
 def test_hand_built_heads_are_found():
     model = hand_built_model()
     rng = np.random.default_rng(0)

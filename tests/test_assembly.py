@@ -22,6 +22,7 @@ def counts():
     restore_calls()
 
 
+@pytest.mark.slow
 def test_training_and_restoring_in_process_assemble_once(tmp_path, small_text, counts):
     config = tiny_train_config(
         tmp_path,

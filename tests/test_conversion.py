@@ -186,6 +186,7 @@ def test_aligned_merging_folds_exactly_and_recovers_rotated_copies():
     assert np.abs(logits(dst, mean) - want).max() > 1e-2
 
 
+@pytest.mark.slow
 def test_aligned_first_moment_rotates_like_the_gradient():
     """Adam's mu is an average of gradients, and the gradient of the rotated (same-function)
     model is the rotated gradient: so mu converts exactly; nu by Q∘Q keeps its total per row."""
@@ -377,6 +378,7 @@ def adam(opt_state) -> optax.ScaleByAdamState:
     return node
 
 
+@pytest.mark.slow
 def test_latent_optimizer_state_carries_the_kept_moments():
     """MHA -> MLA with optimizer_state='convert': Adam's count and the moments of every kept
     parameter carried over (q_proj's columns reordered as its weights are), the new latent

@@ -153,6 +153,7 @@ def test_decode_loop_reads_the_cache_without_copying_it(variant):
     assert not copied, copied
 
 
+@pytest.mark.slow
 def test_on_token_sees_each_step_in_order_and_can_stop_the_loop():
     """`on_token` gets each step's tokens as they are made (-1 for rows already at EOS), the
     result is unchanged by it, and returning True ends the generation after that step."""
@@ -222,6 +223,7 @@ def test_a_stop_signal_during_the_jitted_loop_stops_it_at_the_next_token():
     assert out.stdout.strip() == 'stopped by SIGTERM 4 [4, 4]', out.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_sampling_options():
     _, _, decoder = model_and_decoder(attention='mqa', seed=2)
     greedy = decoder.generate(PROMPTS, max_new_tokens=5)

@@ -29,6 +29,7 @@ def words_text(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_evaluate_matches_an_unpadded_per_window_reference(tmp_path, words_text):
     config = tiny_train_config(tmp_path, words_text, eval_batch_size=8)
     exp = assemble(config, data=True)

@@ -191,6 +191,7 @@ def test_import_of_export_is_bitwise_equal(tmp_path, case):
     assert_bitwise_equal(flat_params(tmp_path / 'run'), flat_params(tmp_path / 'back'))
 
 
+@pytest.mark.slow
 def test_export_shards_and_sharded_import(tmp_path):
     """Over-size exports are split with an index; the index form reads back bitwise."""
     write_run(tmp_path / 'run', attention='gqa', num_kv_heads=2)

@@ -96,6 +96,7 @@ def check_byte_export(run, out, tmp_path):
         assert (tmp_path / 'again' / name).read_bytes() == (out / name).read_bytes()
 
 
+@pytest.mark.slow
 def test_byte_run_exports_a_tokenizer_and_imports_back(byte_run, tmp_path):
     check_byte_export(*byte_run, tmp_path)
 

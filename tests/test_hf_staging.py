@@ -23,6 +23,7 @@ def leftovers(parent):
     return [name for name in os.listdir(parent) if 'partial' in name or name.endswith('-old')]
 
 
+@pytest.mark.slow
 def test_export_into_a_non_empty_dir_is_refused(tmp_path):
     write_run(tmp_path / 'run', attention='gqa', num_kv_heads=2)
     out = tmp_path / 'out'
@@ -34,6 +35,7 @@ def test_export_into_a_non_empty_dir_is_refused(tmp_path):
     assert contents(out) == {'notes.txt': b'mine'}
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_the_export_whole(tmp_path):
     """No file of the old export survives: the result equals an export into a new directory."""
     write_run(tmp_path / 'run', attention='gqa', num_kv_heads=2)
@@ -46,6 +48,7 @@ def test_overwrite_replaces_the_export_whole(tmp_path):
     assert not leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_failed_overwrite_keeps_the_old_export(tmp_path, monkeypatch):
     write_run(tmp_path / 'run', attention='gqa', num_kv_heads=2)
     out = tmp_path / 'out'
@@ -67,6 +70,7 @@ def test_a_failed_overwrite_keeps_the_old_export(tmp_path, monkeypatch):
     assert not leftovers(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('inside', ['', 'hf_out'])
 def test_export_into_the_workdir_is_refused(tmp_path, inside):
     write_run(tmp_path / 'run', attention='gqa', num_kv_heads=2)

@@ -532,6 +532,7 @@ def test_loss_spike_stops_the_run_and_keeps_the_checkpoint_before_it(tmp_path, t
     assert Checkpointer(str(work)).steps() == [kept, kept + 12]
 
 
+@pytest.mark.slow
 def test_a_read_only_restore_refuses_a_damaged_latest_checkpoint_and_changes_nothing(
     tmp_path, text
 ):

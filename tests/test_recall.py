@@ -135,6 +135,7 @@ def test_loss_counts_the_answers_only(tmp_path):
     np.testing.assert_array_equal(per_row[:, 2], flagged.sum(1))
 
 
+@pytest.mark.slow
 def test_passkey_eval_reports_accuracy_by_depth_and_length(tmp_path):
     run = assemble(recall_config(tmp_path, 'passkey'), data=True)
     params = init_state(run.ctx, run.model_cfg, 0)['params']

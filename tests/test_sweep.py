@@ -168,7 +168,8 @@ def test_grid_product_and_names(tmp_path, small_text):
         parse_grid(config, ['train.lr=0.001,1e-3'])
 
 
-@pytest.mark.parametrize('d_model,heads', [(32, 4), pytest.param(128, 8, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize('d_model,heads', [(32, 4), (128, 8)])
 def test_equal_parameter_mode_lands_within_one_percent(d_model, heads):
     base = tiny_config(attention='gqa', d_model=d_model, num_heads=heads, num_kv_heads=2)
     points = [

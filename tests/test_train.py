@@ -504,6 +504,7 @@ def test_mfu_is_against_a_stated_peak_and_never_over_100_percent(monkeypatch):
     assert perf.peak_flops() == (8 * 989e12, 'table: NVIDIA H100 80GB HBM3 x 8')
 
 
+@pytest.mark.slow
 def test_an_eval_at_a_checkpoint_is_on_disk_before_the_checkpoint(
     tmp_path, small_text, monkeypatch
 ):
