@@ -100,6 +100,9 @@ def test_ablation_table_keeps_each_targets_trained_arms():
     assert pair in cla
     assert 'α = 0.0' not in text and '3.1000' not in text  # the untrained arm is left out
     assert 'MHA' not in text  # and so is the source
+    from lm.experiments.ablation import SOURCE
+
+    assert tables.ablation_table.__defaults__ == (SOURCE,)  # the ablation's label of its source
     assert '| mean, α = 0.1 | 2.1000 ± 0.1000 |' in mqa
 
 

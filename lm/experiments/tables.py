@@ -86,7 +86,9 @@ def intervals_table(rows: list[dict]) -> str:
 
 
 def ablation_table(rows: list[dict], source: str = 'MHA') -> str:
-    """Per target model its trained arms' estimates and Holm-corrected paired differences."""
+    """Per target model its trained arms' estimates and Holm-corrected paired differences;
+    `source`: the ablation's label of its MHA source (lm.experiments.ablation.SOURCE, not
+    imported: this module reads CSVs without the training stack)."""
     value = list(rows[0])[-1]
     models: dict[str, list[dict]] = {}
     for r in rows:
