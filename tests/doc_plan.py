@@ -44,7 +44,8 @@ SMALL_ANALYSIS = '--batch=4 --max_batches=2 --num_random=4'
 # The recall tasks at TINY's seq_len (MQAR: 4 x pairs <= 16) with a small held-out set; passkey
 # examples need >= 102 bytes, so its rows stay longer.
 MQAR_EVAL = '--config.data.recall_eval_examples=64 --config.eval_batch_size=32'
-MQAR = f'--config.data.recall_pairs=2 {MQAR_EVAL}'
+# configs/recall/mqar.py's batch of 128 is more rows than the 64 held-out ones: 32
+MQAR = f'--config.data.recall_pairs=2 --config.train.batch_size=32 {MQAR_EVAL}'
 PASSKEY = (
     '--config.data.seq_len=128 --config.data.passkey_lengths=102,129 '
     '--config.data.recall_eval_examples=20 --config.eval_batch_size=10 --config.train.batch_size=8'
@@ -71,7 +72,7 @@ BENCH = Flags()
 SERVER = Skip('tensorboard serves until stopped')
 PIP = Skip('installs into the environment the suite runs in')
 GET_DATA = Flags()  # downloads; tests/test_fresh_clone.py checks it offline
-MADE = ('*.png', 'mqar_calibration*.csv')  # docs/ files the doc commands write
+MADE = ('*.png', 'mqar_calibration_s32.csv')  # docs/ files the doc commands write
 FIXTURE = str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')  # 4 heads, 2 layers, width 32
 
 PLAN = {
@@ -270,62 +271,37 @@ PLAN = {
     # scratch copy of docs/)
     'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/mqar_mha': Run(extra=MQAR),
     'python eval.py --workdir=runs/mqar_mha': Run(),
+    'python scripts/recall_by_order.py --workdir=runs/mqar_mha': Run(),
     'python train.py --config=configs/recall/passkey.py:mqa --workdir=runs/passkey_mqa': Run(
         extra=PASSKEY
     ),
-    'COMMON="--config.eval_every=100 --config.mesh.cpu_devices=1"': Run(),
-    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/calib_p8v256_lr3e-3 '
-    '$COMMON --config.train.lr=3e-3 --config.train.min_lr=3e-4 --config.train.steps=1500 '
-    '--config.checkpoint_every=1500': Run(extra=MQAR),
-    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/calib_p8v256_lr1e-2 '
-    '$COMMON --config.train.lr=1e-2 --config.train.min_lr=1e-3 --config.train.steps=800 '
-    '--config.checkpoint_every=800': Run(extra=MQAR),
-    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/calib_p4v64_lr3e-3 '
-    '$COMMON --config.train.lr=3e-3 --config.train.min_lr=3e-4 --config.train.steps=800 '
-    '--config.checkpoint_every=800 --config.data.recall_pairs=4 '
-    '--config.data.recall_vocab=64': Run(extra=MQAR_EVAL),  # 4 pairs fill 16 tokens exactly
+    'C1K="--config.train.steps=1000 --config.checkpoint_every=1000 --config.eval_every=250"': Run(),
+    'TIED="--config.model.tie_embeddings=True"': Run(),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/cal_tied_lr1.5e-3 $C1K '
+    '$TIED --config.train.lr=1.5e-3 --config.train.min_lr=1.5e-3': Run(extra=MQAR),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/cal_tied_lr3e-3 $C1K '
+    '$TIED': Run(extra=MQAR),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/cal_lr1.5e-3 $C1K '
+    '--config.train.lr=1.5e-3 --config.train.min_lr=1.5e-3': Run(extra=MQAR),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/cal_lr1.5e-3_bias $C1K '
+    '--config.train.lr=1.5e-3 --config.train.min_lr=1.5e-3 --config.model.qkv_bias=True': Run(
+        extra=MQAR
+    ),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/cal_lr3e-3 $C1K': Run(
+        extra=MQAR
+    ),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/cal_h8x16 '
+    '--config.model.num_heads=8': Run(extra=MQAR),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/cal_h8x32 '
+    '--config.model.num_heads=8 --config.model.head_dim=32': Run(extra=MQAR),
     'python scripts/curve_csv.py --tag=eval/recall_accuracy '
-    '--out=docs/results/mqar_calibration.csv --runs=p8v256_lr3e-3=runs/calib_p8v256_lr3e-3/tb,'
-    'p8v256_lr1e-2=runs/calib_p8v256_lr1e-2/tb,p4v64_lr3e-3=runs/calib_p4v64_lr3e-3/tb': Run(),
-    'P4="--config.data.recall_pairs=4 --config.data.recall_vocab=64 '
-    '--config.train.warmup_steps=100 --config.train.weight_decay=0"': Run(),
-    'S32="--config.data.seq_len=32 --config.train.batch_size=128"': Run(
-        subs=(('batch_size=128', 'batch_size=32'),)  # MQAR_EVAL's 64 rows hold no batch of 128
-    ),
-    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_h8_lr3e-3 $COMMON $P4 '
-    '--config.model.num_heads=8 --config.train.lr=3e-3 --config.train.min_lr=1e-3 '
-    '--config.train.steps=600 --config.checkpoint_every=600': Run(extra=MQAR_EVAL),
-    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_s32_lr3e-3 $COMMON $P4 '
-    '$S32 --config.train.lr=3e-3 --config.train.min_lr=1e-3 --config.train.steps=600 '
-    '--config.checkpoint_every=600': Run(extra=MQAR_EVAL),
-    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_s32_lr5e-3 $COMMON $P4 '
-    '$S32 --config.train.lr=5e-3 --config.train.min_lr=1.7e-3 --config.train.steps=600 '
-    '--config.checkpoint_every=600': Run(extra=MQAR_EVAL),
-    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_s32_lr1.5e-3 $COMMON '
-    '$P4 $S32 --config.train.lr=1.5e-3 --config.train.min_lr=5e-4 --config.train.steps=600 '
-    '--config.checkpoint_every=600': Run(extra=MQAR_EVAL),
-    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_s32_long $P4 $S32 '
-    '--config.mesh.cpu_devices=1 --config.eval_every=200 --config.train.lr=1.5e-3 '
-    '--config.train.min_lr=5e-4 --config.train.steps=4000 --config.checkpoint_every=4000': Run(
-        extra=MQAR_EVAL
-    ),
-    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/p4_s32_long $P4 $S32 '
-    '--config.mesh.cpu_devices=1 --config.eval_every=200 --config.train.lr=1.5e-3 '
-    '--config.train.min_lr=5e-4 --config.train.steps=8000 --config.checkpoint_every=8000': Run(
-        extra=MQAR_EVAL  # TINY's 40 steps again: the run is done and says so
-    ),
-    'python scripts/curve_csv.py --tag=eval/recall_accuracy '
-    '--out=docs/results/mqar_calibration_p4.csv --runs=h8_lr3e-3=runs/p4_h8_lr3e-3/tb,'
-    's32_lr3e-3=runs/p4_s32_lr3e-3/tb,s32_lr5e-3=runs/p4_s32_lr5e-3/tb,'
-    's32_lr1.5e-3=runs/p4_s32_lr1.5e-3/tb,s32_long=runs/p4_s32_long/tb': Run(),
+    '--out=docs/results/mqar_calibration_s32.csv --runs=tied_lr1.5e-3=runs/cal_tied_lr1.5e-3/tb,'
+    'tied_lr3e-3=runs/cal_tied_lr3e-3/tb,lr1.5e-3=runs/cal_lr1.5e-3/tb,'
+    'lr1.5e-3_bias=runs/cal_lr1.5e-3_bias/tb,lr3e-3=runs/cal_lr3e-3/tb,h8x16=runs/cal_h8x16/tb,'
+    'h8x32=runs/cal_h8x32/tb': Run(),
+    'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall '
+    '--seeds=5': Run(subs=(('--seeds=5', '--seeds=1 --points=mha,mqa'),), extra=MQAR),
     'python scripts/make_tables.py': Run(),
-    'python scripts/recall_by_order.py --workdir=runs/p4_s32_long --step=1670': Run(
-        subs=(('--step=1670', '--step=20'),)
-    ),
-    'python scripts/recall_by_order.py --workdir=runs/p4_s32_long --step=4000': Run(
-        subs=(('--step=4000', '--step=40'),)
-    ),
-    'python scripts/recall_by_order.py --workdir=runs/p4_s32_long': Run(),
     # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '
     '--seeds=5': Run(subs=(('runs/kinds5', 'runs/kinds'), ('--seeds=5', '--seeds=1'))),

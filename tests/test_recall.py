@@ -175,6 +175,7 @@ def test_training_a_recall_config_logs_recall_accuracy(tmp_path):
         '--config.data.recall_pairs=2',
         '--config.data.seq_len=16',
         '--config.train.steps=300',
+        '--config.train.batch_size=64',
         '--config.train.warmup_steps=20',
         '--config.eval_every=150',
         '--config.eval_batch_size=64',

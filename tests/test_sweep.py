@@ -198,9 +198,10 @@ def test_equal_parameter_mode_lands_within_one_percent(d_model, heads):
         match_parameters([point_config(base, {'model.num_layers': 40})], shrunk, ['big'])
 
 
-def fake_run(tmp_path, point, seed, loss, attention='mha', **model):
+def fake_run(tmp_path, point, seed, loss, attention='mha', accuracy=None, **model):
     """A finished run as the summary reads it: its Spec, its result and the config saved with its
-    checkpoint (lm.train.checkpoint.read_latest_meta reads the JSON side-car)."""
+    checkpoint (lm.train.checkpoint.read_latest_meta reads the JSON side-car); with `accuracy`, a
+    recall run's."""
     name = f'{point}_s{seed}'
     meta = tmp_path / name / 'checkpoints' / '8' / 'meta'
     meta.mkdir(parents=True)
@@ -212,6 +213,8 @@ def fake_run(tmp_path, point, seed, loss, attention='mha', **model):
         'eval': {'loss': loss, 'perplexity': math.exp(loss), 'loss_stderr': 0.01, 'tokens': 1234},
         'tokens_per_sec': 100.0,
     }
+    if accuracy is not None:
+        result['eval']['recall_accuracy'] = accuracy
     return Spec(name, {}, lambda w: result, arm=point, seed=seed), result
 
 
@@ -260,6 +263,34 @@ def test_summary_reports_intervals_and_resolved_orderings(tmp_path):
         ('mha', '0', 1.10),
         ('mha', '1', 1.25),
     ]
+
+
+def test_recall_summary_reports_accuracy_with_its_own_holm_family(tmp_path):
+    accuracy = {'mha': [0.90, 0.95, 0.97], 'mqa': [0.80, 0.88, 0.91]}
+    runs = [
+        fake_run(tmp_path, point, s, 1.0 + s / 10, attention=point, accuracy=a)
+        for point, values in accuracy.items()
+        for s, a in enumerate(values)
+    ]
+    rows = summarise(str(tmp_path), [s for s, _ in runs], {s.name: r for s, r in runs})
+    # mha: mean 0.94, sample std sqrt(((-.04)^2 + .01^2 + .03^2) / 2) = 0.036056
+    assert rows[0]['eval_recall_accuracy'] == pytest.approx(0.94, abs=1e-9)
+    assert rows[0]['eval_recall_accuracy_std'] == pytest.approx(0.0360555, abs=1e-6)
+    # mha - mqa = 0.10, 0.07, 0.06: mean 0.07667, std 0.020817, t = 6.3790, df 2:
+    # p = 1 - t / sqrt(t^2 + 2) = 0.023704; one comparison, so Holm leaves it
+    with open(tmp_path / 'summary_pairs_recall.csv') as f:
+        (pair,) = list(csv.DictReader(f))
+    assert float(pair['accuracy_diff']) == pytest.approx(0.076667, abs=1e-6)
+    assert float(pair['p_holm']) == pytest.approx(0.023704, abs=5e-6)
+    assert pair['resolved'] == 'True' and pair['ordering'] == 'mha > mqa'
+    md = (tmp_path / 'summary.md').read_text()
+    assert '| mha | mqa | +0.0767 |' in md and 'Orderings (recall accuracy' in md
+    assert f'| mha | {rows[0]["kv_cache_bytes_per_token"]:,} | 0.9400 ± 0.0361 |' in md
+    with open(tmp_path / 'summary_seeds.csv') as f:
+        seeds = list(csv.DictReader(f))
+    assert [(r['point'], float(r['eval_loss']), float(r['eval_recall_accuracy'])) for r in seeds][
+        4
+    ] == ('mqa', 1.1, 0.88)
 
 
 def test_a_run_echoes_its_evaluations_while_it_trains(tmp_path, capsys):

@@ -90,10 +90,10 @@ def estimate_columns(name: str, values: Values) -> dict:
     }
 
 
-def all_pairs(values: Mapping[str, Values]) -> list[dict]:
-    """Every two arms (a before b, in order) as a row: the paired difference a − b (loss_diff,
-    its std and 95% interval, seeds paired), its p and Holm-adjusted p over these pairs (the
-    comparisons counted), whether that resolves it and the ordering."""
+def all_pairs(values: Mapping[str, Values], value: str = 'loss') -> list[dict]:
+    """Every two arms (a before b, in order) as a row: the paired difference a − b of `value`
+    (`<value>_diff`, its std and 95% interval, seeds paired), its p and Holm-adjusted p over these
+    pairs (the comparisons counted), whether that resolves it and the ordering."""
     names = list(values)
     ab = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
     results = family([(values[a], values[b]) for a, b in ab])
@@ -103,8 +103,8 @@ def all_pairs(values: Mapping[str, Values]) -> list[dict]:
             {
                 'a': a,
                 'b': b,
-                'loss_diff': d.mean,
-                'loss_diff_std': d.std,
+                f'{value}_diff': d.mean,
+                f'{value}_diff_std': d.std,
                 'ci_lo': d.lo,
                 'ci_hi': d.hi,
                 'seeds': d.n,

@@ -249,15 +249,19 @@ def summarise(
 ) -> list[dict]:
     """Writes summary.csv, summary_pairs.csv, summary_seeds.csv (each run's loss),
     summary.md and summary.png from the finished runs (`found`: {name: result},
-    lm.experiments.runner.results); returns the rows.
+    lm.experiments.runner.results); returns the rows. Where every run is a recall run, the same
+    for its held-out recall accuracy beside the loss, with its pairs in
+    summary_pairs_recall.csv.
 
-    Loss per point: mean, sample std (ddof 1) and 95% t-interval over seeds; between points:
-    the paired difference over the seeds both ran (same seed = same data order), resolved when
-    its Holm-corrected p (over every pair of points) is below 0.05. `match` is the fairness the
-    sweep used (`lm.experiments.fairness`).
+    Loss (and accuracy) per point: mean, sample std (ddof 1) and 95% t-interval over seeds;
+    between points: the paired difference over the seeds both ran (same seed = same data order),
+    resolved when its Holm-corrected p (over every pair of points, one family per metric) is
+    below 0.05. `match` is the fairness the sweep used (`lm.experiments.fairness`).
     """
     specs = [s for s in specs if s.name in found]
     losses = summary.by_arm(specs, found, summary.loss)
+    recall = all('recall_accuracy' in found[s.name]['eval'] for s in specs)
+    accuracy = summary.by_arm(specs, found, _accuracy) if recall else {}
     ppl = summary.by_arm(specs, found, lambda r: r['eval']['perplexity'])
     rows = []
     for point, values in losses.items():
@@ -279,15 +283,30 @@ def summarise(
                 'seeds': len(values),
             }
         )
+        if recall:
+            rows[-1].update(summary.estimate_columns('eval_recall_accuracy', accuracy[point]))
     pairs = summary.all_pairs(losses)
     summary.write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
     summary.write_csv(os.path.join(sweep_dir, 'summary_pairs.csv'), pairs)
     seeds = summary.seed_rows(losses, ('point',), 'eval_loss')
+    recall_pairs = []
+    if recall:
+        recall_pairs = summary.all_pairs(accuracy, 'accuracy')
+        summary.write_csv(os.path.join(sweep_dir, 'summary_pairs_recall.csv'), recall_pairs)
+        by_seed = summary.seed_rows(accuracy, ('point',), 'eval_recall_accuracy')
+        seeds = [{**a, **b} for a, b in zip(seeds, by_seed, strict=True)]
     summary.write_csv(os.path.join(sweep_dir, 'summary_seeds.csv'), seeds)
     with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
         f.write(_markdown(rows, pairs, losses, match))
+        if recall:
+            f.write(_recall_markdown(rows, recall_pairs, accuracy))
     _plot(rows, os.path.join(sweep_dir, 'summary.png'))
     return rows
+
+
+def _accuracy(result: dict) -> float:
+    """A recall run's final held-out recall accuracy."""
+    return result['eval']['recall_accuracy']
 
 
 def _point_model(workdir: str) -> dict:
@@ -346,21 +365,47 @@ def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> 
             f'{r["seeds"]} | '
             f'{delta} |'
         )
-    lines += [
+    return '\n'.join(lines + _orderings(pairs, 'loss', 'eval loss')) + '\n'
+
+
+def _recall_markdown(rows: list[dict], pairs: list[dict], accuracy: dict) -> str:
+    """The recall table: each point's held-out recall accuracy against its KV bytes, and its
+    orderings (their own Holm family)."""
+    lines = [
         '',
-        'Orderings (eval loss, paired over seeds; resolved when the Holm-corrected p over these '
+        'Recall accuracy on the held-out examples (answers whose argmax is right): mean ± sample '
+        'std over seeds, with its 95% t-interval. '
+        + summary.family_note(pairs[0]['comparisons'] if pairs else 0),
+        '',
+        '| run | KV cache B/token (bf16) | recall accuracy | 95% CI | seeds |',
+        '|---|---|---|---|---|',
+    ]
+    for r in rows:
+        lines.append(
+            f'| {r["point"]} | {r["kv_cache_bytes_per_token"]:,} | '
+            f'{summary.cell(accuracy[r["point"]])} | {r["seeds"]} |'
+        )
+    return '\n'.join(lines + _orderings(pairs, 'accuracy', 'recall accuracy')) + '\n'
+
+
+def _orderings(pairs: list[dict], value: str, label: str) -> list[str]:
+    """The lines of an orderings table: every pair's paired difference of `value`."""
+    lines = [
+        '',
+        f'Orderings ({label}, paired over seeds; resolved when the Holm-corrected p over these '
         f'{len(pairs)} comparisons is below 0.05):',
         '',
-        '| a | b | Δ loss a − b | 95% CI | seeds | p | p (Holm) | ordering |',
+        f'| a | b | Δ {value} a − b | 95% CI | seeds | p | p (Holm) | ordering |',
         '|---|---|---|---|---|---|---|---|',
     ]
     for p in pairs:
-        d = stats.Estimate(p['seeds'], p['loss_diff'], p['loss_diff_std'], p['ci_lo'], p['ci_hi'])
+        diff = p[f'{value}_diff']
+        d = stats.Estimate(p['seeds'], diff, p[f'{value}_diff_std'], p['ci_lo'], p['ci_hi'])
         lines.append(
-            f'| {p["a"]} | {p["b"]} | {p["loss_diff"]:+.4f} | {d.interval()} | {p["seeds"]} | '
+            f'| {p["a"]} | {p["b"]} | {diff:+.4f} | {d.interval()} | {p["seeds"]} | '
             f'{_p(p["p"])} | {_p(p["p_holm"])} | {p["ordering"]}{" ✓" if p["resolved"] else ""} |'
         )
-    return '\n'.join(lines) + '\n'
+    return lines
 
 
 def _p(p: float) -> str:
