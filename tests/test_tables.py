@@ -44,6 +44,28 @@ def test_a_stale_table_is_found_and_rewritten(tmp_path):
         tables.update_docs(str(docs), str(results))
 
 
+def test_a_sweeps_seed_csv_gives_one_table_per_value():
+    rows = [
+        {'point': a, 'seed': str(s), 'eval_loss': str(loss), 'eval_recall_accuracy': str(acc)}
+        for a, s, loss, acc in [
+            ('mha', 0, 1.10, 0.90),
+            ('mha', 1, 1.25, 0.95),
+            ('mha', 2, 1.00, 0.97),
+            ('mqa', 0, 1.00, 0.80),
+            ('mqa', 1, 1.20, 0.88),
+            ('mqa', 2, 0.90, 0.91),
+        ]
+    ]
+    text = tables.seeds_table(rows)
+    loss, acc = text.split('eval_recall_accuracy:')
+    assert (
+        loss.startswith('eval_loss:') and '| mha | mqa | +0.0833 [0.0116, 0.1550] p=0.0377' in loss
+    )
+    # accuracy mha − mqa = 0.10, 0.07, 0.06: mean 0.0767, t = 6.379, p = 0.0237 (2 df)
+    assert '| mha | mqa | +0.0767 [0.0250, 0.1284] p=0.0237 ✓ | mha > mqa |' in acc
+    assert '| mha | 0.9400 ± 0.0361 |' in acc
+
+
 def test_intervals_table_recovers_p_and_applies_holm():
     # Two comparisons of 5 seeds whose intervals give t = 4 and t = 2 (half-width = t_{.975,4} x
     # se with se = 0.01): p = 0.016130 and 0.116117 (t distribution, 4 df); Holm: 2 x 0.016130

@@ -8,6 +8,7 @@ disagree with its data: `scripts/make_tables.py` rewrites every marked region
 of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
 - 'seeds': per-seed values (columns arm, seed, value): per arm mean ± std and 95% t-interval,
   then every pair's paired difference, Holm-corrected over the pairs (lm.experiments.summary).
+  A sweep's summary_seeds.csv (point, seed, then its values) gives one such table per value.
 - 'intervals': comparisons kept only as reported summaries (columns family, a, b, diff, ci_lo,
   ci_hi, seeds): each p recovered from its t-interval, Holm-corrected within its family.
 - 'ablation': an uptraining ablation's seeds.csv (columns model, conversion, alpha_or_steps,
@@ -36,11 +37,21 @@ def read_csv(path: str) -> list[dict]:
 
 
 def seeds_table(rows: list[dict]) -> str:
-    """Per arm its estimate over seeds; between arms the Holm-corrected paired differences."""
-    value = next(k for k in rows[0] if k not in ('arm', 'seed'))
+    """Per arm its estimate over seeds; between arms the Holm-corrected paired differences. The
+    arm is the 'arm' column, else 'point' (a sweep's summary_seeds.csv); each further column but
+    'seed' is a value with its own table and Holm family."""
+    arm = 'arm' if 'arm' in rows[0] else 'point'
+    columns = [k for k in rows[0] if k not in (arm, 'seed')]
+    if len(columns) == 1:
+        return _value_table(rows, arm, columns[0])
+    return '\n\n'.join(f'{c}:\n\n{_value_table(rows, arm, c)}' for c in columns)
+
+
+def _value_table(rows: list[dict], arm: str, value: str) -> str:
+    """`seeds_table` of one value column."""
     values: dict[str, dict[int, float]] = {}
     for r in rows:
-        values.setdefault(r['arm'], {})[int(r['seed'])] = float(r[value])
+        values.setdefault(r[arm], {})[int(r['seed'])] = float(r[value])
     lines = [f'| arm | {value} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
     lines += [f'| {arm} | {summary.cell(v)} | {len(v)} |' for arm, v in values.items()]
     pairs = summary.all_pairs(values)
