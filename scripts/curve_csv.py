@@ -3,11 +3,13 @@ TensorBoard scalar of each run, read from its event files.
 
   python scripts/curve_csv.py --tag=eval/recall_accuracy --out=docs/results/mqar_calibration.csv \
       --runs=lr3e-3=runs/mqar_lr3e-3/tb,lr1e-3=runs/mqar_lr1e-3/tb
+  python scripts/curve_csv.py --out=docs/results/recall_sweep_curves.csv --sweep_dir=runs/recall
 
 Rows: run, step, metric, value.
 """
 
 import csv
+import os
 
 from absl import flags
 
@@ -15,14 +17,34 @@ from lm.cli import run_app
 
 _TAG = flags.DEFINE_string('tag', 'eval/recall_accuracy', 'The scalar to read.')
 _OUT = flags.DEFINE_string('out', None, 'CSV to write.', required=True)
-_RUNS = flags.DEFINE_list('runs', None, 'NAME=TB_DIR of each run, in column order.', required=True)
+_RUNS = flags.DEFINE_list('runs', [], 'NAME=TB_DIR of each run, in column order.')
+_SWEEP_DIR = flags.DEFINE_string(
+    'sweep_dir', '', "Instead of --runs: every run of a sweep (the sweep's plan order)."
+)
+
+
+def sweep_runs(sweep_dir: str) -> list[str]:
+    """NAME=TB_DIR of every finished run of a sweep directory, in the order they started."""
+    from lm.experiments.runner import STARTED, read_result
+
+    names = [
+        n
+        for n in os.listdir(sweep_dir)
+        if os.path.isdir(os.path.join(sweep_dir, n)) and read_result(os.path.join(sweep_dir, n))
+    ]
+    if not names:
+        raise ValueError(f'--sweep_dir={sweep_dir}: no finished runs')
+    names.sort(key=lambda n: os.path.getmtime(os.path.join(sweep_dir, n, STARTED)))
+    return [f'{n}={os.path.join(sweep_dir, "tb", n)}' for n in names]
 
 
 def run() -> int:
     from tensorboard.backend.event_processing import event_accumulator
 
+    if bool(_RUNS.value) == bool(_SWEEP_DIR.value):
+        raise ValueError('give exactly one of --runs and --sweep_dir')
     rows = []
-    for arg in _RUNS.value:
+    for arg in _RUNS.value or sweep_runs(_SWEEP_DIR.value):
         name, _, logdir = arg.partition('=')
         if not logdir:
             raise ValueError(f'{arg!r}: --runs takes NAME=TB_DIR')

@@ -66,6 +66,24 @@ def test_a_sweeps_seed_csv_gives_one_table_per_value():
     assert '| mha | 0.9400 ± 0.0361 |' in acc
 
 
+def test_seed_curve_table_averages_each_arm_over_its_seeds():
+    rows = [
+        {'run': run, 'step': str(step), 'metric': 'recall_accuracy', 'value': str(v)}
+        for run, step, v in [
+            ('mha_s0', 100, 0.2),
+            ('mha_s1', 100, 0.4),
+            ('mha_s0', 200, 0.9),
+            ('mha_s1', 200, 0.8),
+            ('gqa2_s0', 100, 0.5),
+        ]
+    ]
+    text = tables.seed_curve_table(rows)
+    assert text.startswith('recall_accuracy by step (mean ± std over seeds):')
+    # mha at 100: mean 0.3, sample std 0.1414; gqa2 has one seed there and none at 200
+    assert '| 100 | 0.300 ± 0.141 | 0.500 (n = 1) |' in text
+    assert '| 200 | 0.850 ± 0.071 |  |' in text
+
+
 def test_intervals_table_recovers_p_and_applies_holm():
     # Two comparisons of 5 seeds whose intervals give t = 4 and t = 2 (half-width = t_{.975,4} x
     # se with se = 0.01): p = 0.016130 and 0.116117 (t distribution, 4 df); Holm: 2 x 0.016130

@@ -17,6 +17,8 @@ of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
   untrained conversions (α = 0) are left out.
 - 'curve': a learning curve (columns run, step, then metrics): one row per step, one column
   per run, of the metric named by the CSV's `metric` column.
+- 'seed_curve': a sweep's learning curves (the same columns, runs named <arm>_s<seed>): one
+  column per arm, its mean ± std over seeds at each step.
 """
 
 from __future__ import annotations
@@ -124,11 +126,28 @@ def curve_table(rows: list[dict]) -> str:
     return f'{metric} by step:\n\n' + '\n'.join(lines)
 
 
+def seed_curve_table(rows: list[dict]) -> str:
+    """A sweep's learning curves (runs named <arm>_s<seed>): steps down, arms across, each cell
+    the arm's mean ± sample std over its seeds at that step."""
+    at: dict[tuple[str, int], dict[int, float]] = {}
+    for r in rows:
+        arm, _, seed = r['run'].rpartition('_s')
+        at.setdefault((arm, int(r['step'])), {})[int(seed)] = float(r['value'])
+    arms = list(dict.fromkeys(a for a, _ in at))
+    steps = sorted({s for _, s in at})
+    lines = [f'| step | {" | ".join(arms)} |', '|---|' + '---|' * len(arms)]
+    for s in steps:
+        cells = [summary.spread(at[(a, s)], 3) if (a, s) in at else '' for a in arms]
+        lines.append(f'| {s} | {" | ".join(cells)} |')
+    return f'{rows[0]["metric"]} by step (mean ± std over seeds):\n\n' + '\n'.join(lines)
+
+
 KINDS: dict[str, Callable[[list[dict]], str]] = {
     'seeds': seeds_table,
     'intervals': intervals_table,
     'ablation': ablation_table,
     'curve': curve_table,
+    'seed_curve': seed_curve_table,
 }
 
 
