@@ -72,7 +72,8 @@ BENCH = Flags()
 SERVER = Skip('tensorboard serves until stopped')
 PIP = Skip('installs into the environment the suite runs in')
 GET_DATA = Flags()  # downloads; tests/test_fresh_clone.py checks it offline
-MADE = ('*.png', 'mqar_calibration_s32.csv')  # docs/ files the doc commands write
+# docs/ files the doc commands write
+MADE = ('*.png', 'mqar_calibration_s32.csv', 'recall_seeds.csv', 'recall_sweep_curves.csv')
 FIXTURE = str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')  # 4 heads, 2 layers, width 32
 
 PLAN = {
@@ -301,6 +302,11 @@ PLAN = {
     'h8x32=runs/cal_h8x32/tb': Run(),
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall '
     '--seeds=5': Run(subs=(('--seeds=5', '--seeds=1 --points=mha,mqa'),), extra=MQAR),
+    'cp runs/recall/summary_seeds.csv docs/results/recall_seeds.csv': Run(),
+    'python scripts/curve_csv.py --out=docs/results/recall_sweep_curves.csv '
+    '--sweep_dir=runs/recall': Run(),
+    'python scripts/plot_pareto.py --run_dir=runs/recall --metric=eval/recall_accuracy '
+    '--out=docs/recall_pareto.png': Run(),
     'python scripts/make_tables.py': Run(),
     # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '

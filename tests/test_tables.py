@@ -75,13 +75,14 @@ def test_seed_curve_table_averages_each_arm_over_its_seeds():
             ('mha_s0', 200, 0.9),
             ('mha_s1', 200, 0.8),
             ('gqa2_s0', 100, 0.5),
+            ('mla', 100, 0.25),  # a one-seed sweep's run has no _s<k>
         ]
     ]
     text = tables.seed_curve_table(rows)
     assert text.startswith('recall_accuracy by step (mean ± std over seeds):')
     # mha at 100: mean 0.3, sample std 0.1414; gqa2 has one seed there and none at 200
-    assert '| 100 | 0.300 ± 0.141 | 0.500 (n = 1) |' in text
-    assert '| 200 | 0.850 ± 0.071 |  |' in text
+    assert '| 100 | 0.300 ± 0.141 | 0.500 (n = 1) | 0.250 (n = 1) |' in text
+    assert '| 200 | 0.850 ± 0.071 |  |  |' in text
 
 
 def test_intervals_table_recovers_p_and_applies_holm():

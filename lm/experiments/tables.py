@@ -127,12 +127,13 @@ def curve_table(rows: list[dict]) -> str:
 
 
 def seed_curve_table(rows: list[dict]) -> str:
-    """A sweep's learning curves (runs named <arm>_s<seed>): steps down, arms across, each cell
-    the arm's mean ± sample std over its seeds at that step."""
+    """A sweep's learning curves (runs named <arm>_s<seed>, or <arm> for one seed): steps down,
+    arms across, each cell the arm's mean ± sample std over its seeds at that step."""
     at: dict[tuple[str, int], dict[int, float]] = {}
     for r in rows:
-        arm, _, seed = r['run'].rpartition('_s')
-        at.setdefault((arm, int(r['step'])), {})[int(seed)] = float(r['value'])
+        seeded = re.fullmatch(r'(.+)_s(\d+)', r['run'])  # a sweep's one-seed run: no suffix
+        arm, seed = (seeded[1], int(seeded[2])) if seeded else (r['run'], 0)
+        at.setdefault((arm, int(r['step'])), {})[seed] = float(r['value'])
     arms = list(dict.fromkeys(a for a, _ in at))
     steps = sorted({s for _, s in at})
     lines = [f'| step | {" | ".join(arms)} |', '|---|' + '---|' * len(arms)]
