@@ -44,8 +44,8 @@ from lm.experiments.sweep import (
     load_sweep_file,
     parse_grid,
     plan,
-    summarise,
 )
+from lm.experiments.sweep_summary import summarise
 from lm.train.workdir import WorkdirLock
 
 _CONFIG = config_flags.DEFINE_config_file(

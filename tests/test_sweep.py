@@ -10,7 +10,8 @@ from conftest import run_entry, sweep_file, tiny_config, tiny_train_config
 
 from lm.experiments.fairness import match_parameters, reference_config
 from lm.experiments.runner import Spec
-from lm.experiments.sweep import file_points, parse_grid, point_config, run_name, summarise
+from lm.experiments.sweep import file_points, parse_grid, point_config, run_name
+from lm.experiments.sweep_summary import summarise
 from lm.model.accounting import param_counts
 from lm.model.transformer import model_config
 

@@ -22,7 +22,7 @@ from jax.extend import core as jax_core
 from lm.analysis import scores as analysis
 from lm.convert import hf
 from lm.convert.uptrain import ConversionOptions, check_conversion
-from lm.experiments import sweep
+from lm.experiments import sweep, sweep_summary
 from lm.experiments.runner import Spec
 from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
 from lm.model import accounting, attention
@@ -241,7 +241,7 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
     train(config, str(tmp_path / 'toy'))
     result = json.loads((tmp_path / 'toy' / 'results.json').read_text())
     spec = Spec('toy', {}, lambda workdir: result, arm='toy')
-    rows = {r['point']: r for r in sweep.summarise(str(tmp_path), [spec], {'toy': result})}
+    rows = {r['point']: r for r in sweep_summary.summarise(str(tmp_path), [spec], {'toy': result})}
     cfg = model_config(tiny_config(attention='toy_shared_kv', num_kv_heads=2, vocab_size=258).model)
     assert rows['toy']['attention'] == 'toy_shared_kv' and rows['toy']['kv_heads'] == '2 shared'
     assert rows['toy']['kv_cache_bytes_per_token'] == accounting.kv_cache_bytes_per_token(cfg)
@@ -249,7 +249,7 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
     assert math.isfinite(rows['toy']['eval_perplexity'])
     assert '| toy | toy_shared_kv | 4 | 2 shared |' in (tmp_path / 'summary.md').read_text()
     gqa = {**rows['toy'], 'point': 'gqa', 'attention': 'gqa', 'kv_cache_bytes_per_token': 64}
-    labels = sweep._plot([rows['toy'], gqa], str(tmp_path / 'plot.png'))
+    labels = sweep_summary._plot([rows['toy'], gqa], str(tmp_path / 'plot.png'))
     assert labels == ['GQA', 'TOY_SHARED_KV']  # every kind gets a marker, registry order
 
     # The export command refuses the trained toy run in one line, writing nothing.
