@@ -9,7 +9,8 @@ to the accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L
 cross-layer attention, 'cla2' / 'mqa_cla2', only every n-th layer holds a cache; a local layer
 holds at most W tokens; an int8 cache a byte per element plus a scale per vector; a kivi4 cache
 half a byte per element plus its group statistics and float residual), per token of the cache's
-S = L + new tokens. A variant name ending in '_local' ('gqa4_local') has sliding-window layers
+S slots: L + new tokens rounded up to a multiple of 128 (`cache_capacity`, as generate sizes
+it). A variant name ending in '_local' ('gqa4_local') has sliding-window layers
 (--window, --layer_pattern); --kv_cache_dtype=int8 stores every cache as int8, =kivi4 as KIVI's
 4 bits (full caches only: not with '_local' or CLA variants) in groups of --kv_quant_group
 tokens; --decode_chunk sets config.model.decode_chunk.
@@ -41,7 +42,7 @@ from absl import flags
 
 from lm.cli import run_app
 from lm.config import load_config_file
-from lm.infer.decode import Decoder, init_caches
+from lm.infer.decode import Decoder, cache_capacity, init_caches
 from lm.model.accounting import kv_cache_bytes, kv_cache_bytes_read, param_counts
 from lm.model.attention import parse_variant
 from lm.model.kv_cache import KV_CACHE_DTYPES
@@ -131,7 +132,7 @@ def bench(variant: str, context: int, B: int) -> dict:
     cfg = model_for(variant)
     decoder = Decoder(build_model(cfg))
     n = _NEW.value
-    S = context + n
+    S = cache_capacity(context + n)  # as generate sizes it
     key = jax.random.key(0)
     caches = [  # filled up to slot `context`
         dataclasses.replace(

@@ -13,6 +13,7 @@ from lm.infer.decode import (
     GREEDY,
     Decoder,
     Sampling,
+    cache_capacity,
     cache_elements_per_token,
     init_caches,
     parse_sampling,
@@ -125,6 +126,20 @@ def test_decode_loop_compiles_once_per_batch_and_cache_length():
     )
     decoder.generate([[9] * 20, [1]], max_new_tokens=2, cache_len=32, seed=5)
     assert decoder.loop._cache_size() == 1
+
+
+def test_generate_sizes_its_cache_in_aligned_slots_that_are_never_attended():
+    """The default cache is rounded up to a multiple of 128 slots (an unaligned length costs a
+    GPU a copy of the cache per step); the spare slots change no token: greedy generation
+    equals the same generation in a cache of exactly prompt + new tokens."""
+    assert [cache_capacity(n) for n in (1, 128, 129, 8224)] == [128, 128, 256, 8320]
+    _, _, decoder = model_and_decoder(attention='gqa', num_kv_heads=2)
+    T = max(map(len, PROMPTS))
+    aligned = decoder.generate(PROMPTS, 6, GREEDY)
+    decoder.generate(PROMPTS, 9, GREEDY)  # 7 + 9 tokens: the same 128 slots, no new compile
+    assert decoder.loop._cache_size() == 1
+    assert aligned == decoder.generate(PROMPTS, 6, GREEDY, cache_len=T + 6)
+    assert decoder.loop._cache_size() == 2
 
 
 @pytest.mark.slow

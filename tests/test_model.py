@@ -95,3 +95,39 @@ def test_fused_dense_equals_separate_projections():
     x = jax.random.normal(jax.random.key(4), (2, 5, 32))
     for fused, layer in zip(fused_dense(x, layers), layers, strict=True):
         np.testing.assert_allclose(fused, layer(x), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_tied_logits_and_their_gradients_match_a_float64_reference(dtype):
+    """tied_logits: float32 logits x · tableᵀ; its hand-written backward gives autodiff's
+    gradients (float64 numpy reference of the same bf16-rounded inputs; tolerance 1e-5
+    relative in float32, 2e-2 in bfloat16, whose backward rounds the cotangent to bf16)."""
+    from lm.model.layers import tied_logits
+
+    kx, kw, kg = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.normal(kx, (2, 5, 16)).astype(dtype)
+    w = jax.random.normal(kw, (40, 16)).astype(dtype)
+    g = jax.random.normal(kg, (2, 5, 40))
+    logits, vjp = jax.vjp(tied_logits, x, w)
+    gx, gw = vjp(g)
+    assert logits.dtype == jnp.float32 and gx.dtype == x.dtype and gw.dtype == w.dtype
+    x64, w64, g64 = (np.asarray(a, np.float64) for a in (x, w, g))
+    tol = 1e-5 if dtype == 'float32' else 2e-2
+    np.testing.assert_allclose(logits, x64 @ w64.T, rtol=1e-5, atol=1e-5)
+    for got, want in ((gx, g64 @ w64), (gw, np.einsum('btv,bte->ve', g64, x64))):
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(np.asarray(got, np.float64) / scale, want / scale, atol=tol)
+
+
+def test_tied_head_backward_multiplies_in_the_compute_dtype():
+    """In a bfloat16 model the tied head's backward matmuls take bfloat16 operands (float32
+    ones run as TF32 on a GPU at half the rate); its forward keeps float32 logits."""
+    from lm.model.layers import tied_logits
+
+    x = jnp.ones((2, 3, 8), jnp.bfloat16)
+    w = jnp.ones((12, 8), jnp.bfloat16)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: tied_logits(x, w).sum(), argnums=(0, 1)))(x, w)
+    dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == 'dot_general']
+    assert len(dots) >= 2
+    for e in dots:
+        assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16, jnp.bfloat16], e

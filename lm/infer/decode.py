@@ -94,6 +94,16 @@ def parse_sampling(spec: str) -> Sampling:
     return sampling
 
 
+CACHE_ALIGN = 128
+
+
+def cache_capacity(tokens: int) -> int:
+    """Slots of a cache that must hold `tokens`: rounded up to a multiple of CACHE_ALIGN. The
+    spare slots are never attended. On a GPU an unaligned length costs a copy of the whole
+    cache per step (XLA pads the cache for its split-K matmul; docs/performance.md)."""
+    return -(-tokens // CACHE_ALIGN) * CACHE_ALIGN
+
+
 def init_caches(
     cfg: ModelConfig, batch: int, length: int, kv_cache_dtype: str = 'float'
 ) -> list[KVCache]:
@@ -259,10 +269,11 @@ class Decoder:
         on_token: Callable[[np.ndarray], bool] | None = None,
     ) -> list[list[int]]:
         """Continues each prompt by up to `max_new_tokens` tokens (fewer if it emits eos_id,
-        which is included). The cache holds `cache_len` tokens (default: just enough).
-        `on_token(tokens_B)` runs on the host after each step, in order, with that step's token
-        per row (-1 for rows already stopped); when it returns True the generation ends there
-        (the tokens made so far are returned). Generation is one jitted call either way."""
+        which is included). The cache holds `cache_len` tokens (default: enough, rounded up by
+        `cache_capacity`). `on_token(tokens_B)` runs on the host after each step, in order,
+        with that step's token per row (-1 for rows already stopped); when it returns True the
+        generation ends there (the tokens made so far are returned). Generation is one jitted
+        call either way."""
         if not prompts:
             raise ValueError('no prompts given')
         for i, p in enumerate(prompts):
@@ -271,7 +282,7 @@ class Decoder:
         if max_new_tokens < 1:
             raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}')
         T = max(len(p) for p in prompts)
-        S = cache_len or T + max_new_tokens
+        S = cache_len or cache_capacity(T + max_new_tokens)
         if T + max_new_tokens > S:
             raise ValueError(
                 f'prompt of {T} tokens + max_new_tokens={max_new_tokens} is longer '

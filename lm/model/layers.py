@@ -28,6 +28,33 @@ def _lead(x: jax.Array, ndim: int) -> jax.Array:
     return x.reshape((1,) * (ndim - x.ndim) + x.shape)
 
 
+@jax.custom_vjp
+def tied_logits(x_BTE: jax.Array, table_VE: jax.Array) -> jax.Array:
+    """Float32 logits x · tableᵀ [B, T, V] of same-dtype inputs.
+
+    The backward multiplies in the inputs' dtype: left to autodiff, the float32 cotangent would
+    promote both backward matmuls ([B·T, V] by [V, E]) to float32, TF32 on a GPU at half the
+    bfloat16 rate (a fifth of a 125M model's bfloat16 train step on an H200)."""
+    # BTE,VE->BTV: each position's hidden state against every token's embedding
+    return jnp.einsum('BTE,VE->BTV', x_BTE, table_VE, preferred_element_type=jnp.float32)
+
+
+def _tied_logits_fwd(x_BTE, table_VE):
+    return tied_logits(x_BTE, table_VE), (x_BTE, table_VE)
+
+
+def _tied_logits_bwd(res, g_BTV):
+    x_BTE, table_VE = res
+    g_BTV = g_BTV.astype(x_BTE.dtype)
+    # BTV,VE->BTE: back to the hidden states; BTV,BTE->VE: back to the table
+    g_x = jnp.einsum('BTV,VE->BTE', g_BTV, table_VE, preferred_element_type=jnp.float32)
+    g_table = jnp.einsum('BTV,BTE->VE', g_BTV, x_BTE, preferred_element_type=jnp.float32)
+    return g_x.astype(x_BTE.dtype), g_table.astype(table_VE.dtype)
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
+
+
 class Dense(nnx.Module):
     """y = x · W, contracting the trailing `len(in_shape)` dims of x with the leading dims of W.
 

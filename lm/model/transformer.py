@@ -27,7 +27,7 @@ from flax import nnx
 
 from lm.model import attention, layout
 from lm.model.config import DTYPES, ModelConfig
-from lm.model.layers import Dense, RMSNorm, SwiGLU
+from lm.model.layers import Dense, RMSNorm, SwiGLU, tied_logits
 from lm.model.variant import KVCache
 
 Constrain = Callable[[jax.Array, tuple[str | None, ...]], jax.Array]
@@ -159,13 +159,7 @@ class Transformer(nnx.Module):
         dtype = DTYPES[self.cfg.dtype]
         x_BTE = self.final_norm(x_BTE)
         if self.lm_head is None:
-            # Tied head: logits = x · embedᵀ.
-            logits = jnp.einsum(
-                'BTE,VE->BTV',
-                x_BTE,
-                self.embed[...].astype(dtype),
-                preferred_element_type=jnp.float32,
-            )
+            logits = tied_logits(x_BTE, self.embed[...].astype(dtype))  # x · embedᵀ
         else:
             logits = self.lm_head(x_BTE)
         return logits.astype(jnp.float32)
