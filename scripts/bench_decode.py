@@ -28,6 +28,7 @@ context) next to the speedup the bytes predict (MHA's bytes per step / the varia
   python scripts/bench_decode.py --contexts=256,1024 --batch=1,8 --json=decode.json
   python scripts/plot_roofline.py decode.json          # docs/decoding_roofline.png
   python scripts/bench_decode.py --variants=gqa4,gqa4_local --window=256 --kv_cache_dtype=int8
+  python scripts/bench_decode.py --contexts=8192 --batch=8 --profile_top=15   # ops per step
 """
 
 import dataclasses
@@ -47,6 +48,7 @@ from lm.model.accounting import kv_cache_bytes, kv_cache_bytes_read, param_count
 from lm.model.attention import parse_variant
 from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.model.transformer import build_model, model_config
+from lm.train.profile import load_profile, print_profile
 
 _CONTEXTS = flags.DEFINE_list('contexts', ['256', '1024', '4096', '8192'], 'Cache fill lengths.')
 _VARIANTS = flags.DEFINE_list(
@@ -75,6 +77,10 @@ _KV_DTYPE = flags.DEFINE_enum(
 _GROUP = flags.DEFINE_integer(
     'kv_quant_group', 32, 'config.model.kv_quant_group: tokens per kivi4 key group.'
 )
+_PROFILE = flags.DEFINE_integer(
+    'profile_top', 0, 'Trace one more call per row and list its top N ops per step (0: off).'
+)
+_PROFILE_DIR = flags.DEFINE_string('profile_dir', '/tmp/lm_decode_profile', 'Where traces go.')
 _CHUNK = flags.DEFINE_integer(
     'decode_chunk', 0, 'config.model.decode_chunk: cache slots read per chunk (0 = all at once).'
 )
@@ -163,6 +169,8 @@ def bench(variant: str, context: int, B: int) -> dict:
         jax.block_until_ready(decoder.loop(*args))
         times.append(time.perf_counter() - t)
     compile_s, times = times[0], times[1:]
+    if _PROFILE.value:
+        profile_loop(decoder, args, caches, f'{variant}, context {context}, batch {B}')
     dt = float(np.median(times))
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(decoder.params))
     return {
@@ -186,6 +194,20 @@ def bench(variant: str, context: int, B: int) -> dict:
         'bytes_per_step': weight_bytes
         + B * kv_cache_bytes_read(cfg, context + n // 2, _DTYPE.value, _KV_DTYPE.value),
     }
+
+
+def profile_loop(decoder: Decoder, args: list, caches: list, label: str) -> None:
+    """Traces one more decode call and prints its ops per decode step (lm/train/profile.py)."""
+    args[2] = jax.tree.map(jnp.copy, caches)
+    hlo = decoder.loop.lower(*args).compile().as_text()
+    trace_dir = os.path.join(_PROFILE_DIR.value, label.replace(', ', '_').replace(' ', ''))
+    args[2] = jax.block_until_ready(jax.tree.map(jnp.copy, caches))
+    jax.profiler.start_trace(trace_dir)
+    jax.block_until_ready(decoder.loop(*args))
+    jax.profiler.stop_trace()
+    p = load_profile(trace_dir, hlo, _NEW.value)
+    print(f'\nprofile of {label}: {p.busy:.3f} ms of op time per decode step')
+    print_profile(p, _PROFILE.value)
 
 
 def add_roofline(rows: list[dict], bandwidth: float) -> None:

@@ -56,6 +56,25 @@ def test_bench_decode_smoke(tmp_path):
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
+def test_bench_decode_profiles_each_row_by_op(tmp_path):
+    stdout = run(
+        'bench_decode.py',
+        '--contexts=32',
+        '--repeats=1',
+        '--new_tokens=2',
+        '--d_model=64',
+        '--num_layers=1',
+        '--variants=gqa2',
+        '--batch=1',
+        '--bandwidth_gib=0.01',
+        '--profile_top=30',
+        f'--profile_dir={tmp_path}',
+    )
+    assert 'profile of gqa2, context 32, batch 1:' in stdout
+    assert '| matmul |' in stdout
+    assert 'while/body/' in stdout  # ops traced to their source in the decode loop
+
+
 @pytest.fixture
 def text_file(tmp_path):
     """The benchmarks' --data_path (their default, data/tinyshakespeare.txt, is fetched by
@@ -186,6 +205,20 @@ def test_bench_xla_options_smoke(text_file):
     rows = [ln for ln in stdout.splitlines() if ln.startswith('| ') and 'ms' not in ln]
     assert [r.split(' | ')[0] for r in rows] == ['| base', '| eigen1']
     assert rows[0].endswith('| 1.00x |')
+
+
+def test_profile_train_lists_a_steps_ops_by_category(tmp_path, text_file):
+    stdout = run(
+        'profile_train.py',
+        f'--data_path={text_file}',
+        '--steps=2',
+        '--top=40',
+        '--set=train.batch_size=4',
+        '--set=data.seq_len=16',
+        f'--trace_dir={tmp_path}',
+    )
+    assert 'ms/step wall' in stdout and '| matmul |' in stdout
+    assert 'transpose(jvp())' in stdout  # the backward pass, traced to its source
 
 
 def test_bench_xla_options_rejects_a_malformed_option():
