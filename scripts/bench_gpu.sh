@@ -3,13 +3,14 @@
 #
 #   bash scripts/bench_gpu.sh train OUT_DIR   # environment, 125M train step, decode at 8k context
 #   bash scripts/bench_gpu.sh rest OUT_DIR    # cuDNN attention: train step, tests, profile; fast tier
+#   bash scripts/bench_gpu.sh decode OUT_DIR  # decode at 8k and 32k, then each 8k row's ops per step
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
-# H100, 2026-11-23: results and what they show in docs/performance.md.
+# H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/performance.md.
 set -u
-part=${1:?usage: bench_gpu.sh train|rest OUT_DIR}
-out=${2:?usage: bench_gpu.sh train|rest OUT_DIR}
+part=${1:?usage: bench_gpu.sh train|rest|decode OUT_DIR}
+out=${2:?usage: bench_gpu.sh train|rest|decode OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/NAME.log
@@ -41,13 +42,21 @@ rest)
     --json="$out/train_cudnn.json"
   XLA_PYTHON_CLIENT_PREALLOCATE=false step test_gpu 70 python3 -m pytest tests/test_gpu.py \
     -q -n 4 -p no:cacheprovider
-  step profile 80 python3 scripts/profile_train.py --config=configs/gpt125m.py --variant=mha \
+  step profile 150 python3 scripts/profile_train.py --config=configs/gpt125m.py --variant=mha \
     --steps=5 --top=20 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile
-  XLA_PYTHON_CLIENT_PREALLOCATE=false step tests 140 python3 -m pytest -m 'not slow' -q -n 12 \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false step tests 110 python3 -m pytest -m 'not slow' -q -n 12 \
     -p no:cacheprovider --deselect tests/test_gpu.py
   ;;
+decode)
+  step decode 150 python3 scripts/bench_decode.py --contexts=8192,32768 --batch=8 \
+    --variants=mha,gqa4,mqa,mla --dtype=bfloat16 --d_model=768 --num_layers=12 \
+    --bandwidth_gib=4 --json="$out/decode.json"
+  step decode_profile 150 python3 scripts/bench_decode.py --contexts=8192 --batch=8 \
+    --variants=mha,gqa4,mqa,mla --dtype=bfloat16 --d_model=768 --num_layers=12 \
+    --bandwidth_gib=4 --profile_top=15 --profile_dir=/tmp/lm_decode_profile
+  ;;
 *)
-  echo "unknown part $part (train|rest)" >&2
+  echo "unknown part $part (train|rest|decode)" >&2
   exit 2
   ;;
 esac

@@ -265,8 +265,19 @@ PLAN = {
     'xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT --rounds=12': BENCH,
     'bash scripts/bench_gpu.sh train OUT_DIR': Skip('a GPU'),
     'bash scripts/bench_gpu.sh rest OUT_DIR': Skip('a GPU'),
+    'bash scripts/bench_gpu.sh decode OUT_DIR': Skip('a GPU'),
     'python scripts/bench_decode.py --contexts=8192 --batch=8 --variants=mha,gqa4,mqa,mla '
     '--dtype=bfloat16 --d_model=768 --num_layers=12': BENCH,
+    'python scripts/bench_train.py --config=configs/gpt125m.py --variants=mha --steps=20 '
+    '--set=model.attention_impl=cudnn --torch_baseline=false': Skip('a GPU (cuDNN attention)'),
+    'python scripts/profile_train.py --config=configs/gpt125m.py --variant=mha --steps=5 --top=25 '
+    '--set=model.attention_impl=cudnn': Skip('a GPU (cuDNN attention)'),
+    'python scripts/bench_decode.py --contexts=8192,32768 --batch=8 --variants=mha,gqa4,mqa,mla '
+    '--dtype=bfloat16 --d_model=768 --num_layers=12 --bandwidth_gib=4': BENCH,
+    'python scripts/bench_decode.py --contexts=8192 --batch=8 --variants=mha,gqa4 --new_tokens=32 '
+    '--dtype=bfloat16 --d_model=768 --num_layers=12 --bandwidth_gib=4 --repeats=5': BENCH,
+    'python scripts/bench_decode.py --contexts=8192 --batch=8 --variants=mha,gqa4 --new_tokens=64 '
+    '--dtype=bfloat16 --d_model=768 --num_layers=12 --bandwidth_gib=4 --repeats=5': BENCH,
     # docs/recall.md: the tasks at the tiny size (fewer pairs, shorter passkey examples); the
     # calibration runs too, so curve_csv.py and make_tables.py read real event files (in the
     # scratch copy of docs/)
