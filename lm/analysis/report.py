@@ -126,9 +126,7 @@ def _random_stats(model, tokens_BT):
     return scores, loss_T, [p[0] for p in probs]
 
 
-def _text_over(
-    model, windows: list[np.ndarray], label: str, stop: Callable[[], None]
-) -> tuple:
+def _text_over(model, windows: list[np.ndarray], label: str, stop: Callable[[], None]) -> tuple:
     """Text scores averaged over the batches of `windows`, the summed per-position loss, the
     per-window ICL scores and the K/V head moments summed in float64 (None without K/V heads).
     `stop` is called before each batch (it raises to stop); progress is logged about every

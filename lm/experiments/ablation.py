@@ -182,9 +182,7 @@ def latent_config(ab: Ablation, rank: int, seed: int, steps: int, lr=None):
     return config
 
 
-def _pooled_options(
-    ab: Ablation, g: int, kv_share_every: int = 1
-) -> dict[str, ConversionOptions]:
+def _pooled_options(ab: Ablation, g: int, kv_share_every: int = 1) -> dict[str, ConversionOptions]:
     """{method label: options} of the pooled arms to `g` KV heads (0 = the source's), K/V shared
     by every `kv_share_every` layers, every method × schedule."""
     out = {}
