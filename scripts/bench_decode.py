@@ -60,7 +60,8 @@ _BATCH = flags.DEFINE_list('batch', ['4'], 'Rows decoded together (one table per
 _NEW = flags.DEFINE_integer('new_tokens', 32, 'Tokens generated per timed run.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed runs per point (median reported).')
 _DTYPE = flags.DEFINE_string('dtype', 'float32', 'Compute (and cache) dtype.')
-_D_MODEL = flags.DEFINE_integer('d_model', 512, 'Model width (8 heads of d_model / 8).')
+_D_MODEL = flags.DEFINE_integer('d_model', 512, 'Model width (--num_heads heads of d_model / H).')
+_HEADS = flags.DEFINE_integer('num_heads', 8, "Query heads H ('gqa4': 4 KV heads of them).")
 _LAYERS = flags.DEFINE_integer('num_layers', 4, 'Layers.')
 _JSON = flags.DEFINE_string('json', '', 'Also write the rows as JSON here.')
 _BW_GIB = flags.DEFINE_float('bandwidth_gib', 1.0, 'Array size of the bandwidth measurement.')
@@ -92,18 +93,21 @@ BASE = os.path.join(
 
 def model_for(variant: str):
     config = load_config_file(BASE)
-    E = _D_MODEL.value
+    E, H = _D_MODEL.value, _HEADS.value
     config.model.update(
         vocab_size=256,
         d_model=E,
         num_layers=_LAYERS.value,
-        num_heads=8,
+        num_heads=_HEADS.value,
         dtype=_DTYPE.value,
         decode_chunk=_CHUNK.value,
         kv_quant_group=_GROUP.value,
     )
     config.model.mla.update(
-        kv_lora_rank=E // 2, qk_nope_head_dim=E // 8, qk_rope_head_dim=E // 16, v_head_dim=E // 8
+        kv_lora_rank=E // 2,
+        qk_nope_head_dim=E // H,
+        qk_rope_head_dim=E // (2 * H),
+        v_head_dim=E // H,
     )
     base, local = variant.removesuffix('_local'), variant.endswith('_local')
     config.model.update(parse_variant(base))
@@ -232,7 +236,7 @@ def print_table(rows: list[dict], B: int) -> None:
         f'\ndecode benchmark: {jax.devices()[0].device_kind}, batch {B}, '
         f'{_NEW.value} new tokens, {_DTYPE.value} ({_KV_DTYPE.value} cache), '
         f'd_model {_D_MODEL.value}, '
-        f'{_LAYERS.value} layers, decode_chunk {_CHUNK.value}, 8 heads '
+        f'{_LAYERS.value} layers, decode_chunk {_CHUNK.value}, {_HEADS.value} heads '
         f'({rows[0]["params"]:,} params for '
         f'{rows[0]["variant"]}), measured read bandwidth {rows[0]["bandwidth_GBps"]:.1f} GB/s'
     )

@@ -3,7 +3,7 @@
 #
 #   bash scripts/bench_gpu.sh train OUT_DIR   # environment, 125M train step, decode at 8k context
 #   bash scripts/bench_gpu.sh rest OUT_DIR    # cuDNN attention: train step, tests, profile; fast tier
-#   bash scripts/bench_gpu.sh decode OUT_DIR  # decode at 8k and 32k, then each 8k row's ops per step
+#   bash scripts/bench_gpu.sh decode OUT_DIR  # decode at 8k/32k, ops per step, 12 heads to 4 KV heads
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
@@ -54,6 +54,9 @@ decode)
   step decode_profile 150 python3 scripts/bench_decode.py --contexts=8192 --batch=8 \
     --variants=mha,gqa4,mqa,mla --dtype=bfloat16 --d_model=768 --num_layers=12 \
     --bandwidth_gib=4 --profile_top=15 --profile_dir=/tmp/lm_decode_profile
+  step decode_h12 100 python3 scripts/bench_decode.py --contexts=8192 --batch=8 \
+    --variants=mha,gqa4,mqa --num_heads=12 --dtype=bfloat16 --d_model=768 --num_layers=12 \
+    --bandwidth_gib=4 --json="$out/decode_h12.json"
   ;;
 *)
   echo "unknown part $part (train|rest|decode)" >&2

@@ -65,12 +65,13 @@ def test_bench_decode_profiles_each_row_by_op(tmp_path):
         '--d_model=64',
         '--num_layers=1',
         '--variants=gqa2',
+        '--num_heads=4',
         '--batch=1',
         '--bandwidth_gib=0.01',
         '--profile_top=30',
         f'--profile_dir={tmp_path}',
     )
-    assert 'profile of gqa2, context 32, batch 1:' in stdout
+    assert 'profile of gqa2, context 32, batch 1:' in stdout and ', 4 heads (' in stdout
     assert '| matmul |' in stdout
     assert 'while/body/' in stdout  # ops traced to their source in the decode loop
 
