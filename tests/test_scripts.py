@@ -15,17 +15,23 @@ def run(script, *args):
     return run_entry(f'scripts/{script}', *args, check=True).stdout
 
 
+# bench_decode.py at a size that runs in seconds (the flags each test adds come after these)
+TINY_DECODE = (
+    '--contexts=32',
+    '--repeats=1',
+    '--new_tokens=2',
+    '--d_model=64',
+    '--bandwidth_gib=0.01',
+)
+
+
 def test_bench_decode_smoke(tmp_path):
     stdout = run(
         'bench_decode.py',
-        '--contexts=32',
-        '--repeats=1',
-        '--new_tokens=2',
-        '--d_model=64',
+        *TINY_DECODE,
         '--num_layers=2',
         '--variants=mha,gqa2,mqa,mla,mqa_cla2',
         '--batch=2,1',
-        '--bandwidth_gib=0.01',
         f'--json={tmp_path / "d.json"}',
     )
     rows = json.loads((tmp_path / 'd.json').read_text())
@@ -59,15 +65,11 @@ def test_bench_decode_smoke(tmp_path):
 def test_bench_decode_profiles_each_row_by_op(tmp_path):
     stdout = run(
         'bench_decode.py',
-        '--contexts=32',
-        '--repeats=1',
-        '--new_tokens=2',
-        '--d_model=64',
+        *TINY_DECODE,
         '--num_layers=1',
         '--variants=gqa2',
         '--num_heads=4',
         '--batch=1',
-        '--bandwidth_gib=0.01',
         '--profile_top=30',
         f'--profile_dir={tmp_path}',
     )
