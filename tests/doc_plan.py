@@ -73,7 +73,13 @@ SERVER = Skip('tensorboard serves until stopped')
 PIP = Skip('installs into the environment the suite runs in')
 GET_DATA = Flags()  # downloads; tests/test_fresh_clone.py checks it offline
 # docs/ files the doc commands write
-MADE = ('*.png', 'mqar_calibration_s32.csv', 'recall_seeds.csv', 'recall_sweep_curves.csv')
+MADE = (
+    '*.png',
+    'mqar_calibration_s32.csv',
+    'recall_seeds.csv',
+    'recall_seeds_3000.csv',
+    'recall_sweep_curves.csv',
+)
 FIXTURE = str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')  # 4 heads, 2 layers, width 32
 
 PLAN = {
@@ -318,6 +324,15 @@ PLAN = {
     '--sweep_dir=runs/recall': Run(),
     'python scripts/plot_pareto.py --run_dir=runs/recall --metric=eval/recall_accuracy '
     '--out=docs/recall_pareto.png': Run(),
+    # the extension: TINY's 40 steps, then 60 (extra comes after TINY)
+    'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall --seeds=5 '
+    '--config.train.steps=3000 --config.mesh.cpu_devices=1 --parallel=2': Run(
+        subs=(('--seeds=5', '--seeds=1 --points=mha,mqa'),),
+        extra=f'{MQAR} --config.train.steps=60',
+    ),
+    'cp runs/recall/summary_seeds.csv docs/results/recall_seeds_3000.csv': Run(),
+    'python scripts/plot_pareto.py --run_dir=runs/recall --metric=eval/recall_accuracy '
+    '--out=docs/recall_pareto_3000.png': Run(),
     'python scripts/make_tables.py': Run(),
     # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '
