@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import ENV, ROOT, run_entry, tiny_config, tiny_train_config
+from flax import nnx
 
 from lm.infer.decode import (
     GREEDY,
@@ -71,6 +72,24 @@ def test_cached_decoding_equals_full_forward(variant):
     for b, prompt in enumerate(PROMPTS):
         want = model(np.array([prompt + cont[b].tolist()], np.int32))[0]
         np.testing.assert_allclose(got[b], want, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize('variant', ['gqa2', 'mla'])
+def test_bfloat16_decoder_holds_its_matrices_in_bfloat16_with_the_same_logits(variant):
+    """A bfloat16 model's decoder casts its float32 kernels and embeddings to bfloat16 once
+    (norm scales stay float32) and decodes exactly what the float32 parameters give when every
+    layer casts them itself."""
+    cfg, model, decoder = model_and_decoder(**VARIANTS[variant], dtype='bfloat16')
+    leaves = jax.tree.leaves(decoder.params)
+    assert {x.dtype.name for x in leaves if x.ndim >= 2} == {'bfloat16'}
+    assert {x.dtype.name for x in leaves if x.ndim == 1} == {'float32'}
+    cont = np.asarray(jax.random.randint(jax.random.key(4), (3, 4), 0, cfg.vocab_size), np.int32)
+    got = teacher_forced_logits(decoder, PROMPTS, cont)
+    decoder.params = nnx.split(model, nnx.Param)[1]  # the model's own, float32
+    assert {x.dtype.name for x in jax.tree.leaves(decoder.params)} == {'float32'}
+    want = teacher_forced_logits(decoder, PROMPTS, cont)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize('q_lora_rank', [0, 8])

@@ -158,6 +158,19 @@ def _sample_tempered(logits_BV: jax.Array, key: jax.Array, temperature, top_k, t
     return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
 
 
+def compute_dtype_weights(params: nnx.State, dtype: jnp.dtype) -> nnx.State:
+    """`params` with every float matrix (ndim >= 2: kernels, embeddings) cast to the compute
+    `dtype` once. Every layer casts its weights to that dtype before using them, so the model
+    computes the same values; a decode loop given float32 weights of a bfloat16 model would cast
+    (read and write) every weight again on each step. Vectors (norm scales, biases) are kept."""
+
+    def cast(x: jax.Array) -> jax.Array:
+        floating = jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype
+        return x.astype(dtype) if floating and x.ndim >= 2 else x
+
+    return jax.tree.map(cast, params)
+
+
 class Decoder:
     """Jitted prefill, single decode steps, and a whole generation loop for one model.
 
@@ -172,7 +185,8 @@ class Decoder:
         model = nnx.clone(model)
         model.set_attributes(absorb=absorb, raise_if_not_found=False)
         self.cfg = model.cfg
-        self.graphdef, self.params = nnx.split(model, nnx.Param)
+        self.graphdef, params = nnx.split(model, nnx.Param)
+        self.params = compute_dtype_weights(params, DTYPES[self.cfg.dtype])
         # The caches are donated: each call updates them in place (no copy of the whole cache
         # per call); pass the returned caches on and do not reuse the ones passed in.
         self.prefill = jax.jit(self._prefill, donate_argnames='caches')
