@@ -82,6 +82,9 @@ _PROFILE = flags.DEFINE_integer(
     'profile_top', 0, 'Trace one more call per row and list its top N ops per step (0: off).'
 )
 _PROFILE_DIR = flags.DEFINE_string('profile_dir', '/tmp/lm_decode_profile', 'Where traces go.')
+_XLA_DEFAULTS = flags.DEFINE_bool(
+    'xla_defaults', False, "Compile the decoder with XLA's defaults (not CPU_DECODE_XLA_OPTIONS)."
+)
 _CHUNK = flags.DEFINE_integer(
     'decode_chunk', 0, 'config.model.decode_chunk: cache slots read per chunk (0 = all at once).'
 )
@@ -140,7 +143,7 @@ def random_like(key: jax.Array, a: jax.Array) -> jax.Array:
 
 def bench(variant: str, context: int, B: int) -> dict:
     cfg = model_for(variant)
-    decoder = Decoder(build_model(cfg))
+    decoder = Decoder(build_model(cfg), xla_options={} if _XLA_DEFAULTS.value else None)
     n = _NEW.value
     S = cache_capacity(context + n)  # as generate sizes it
     key = jax.random.key(0)
@@ -192,6 +195,7 @@ def bench(variant: str, context: int, B: int) -> dict:
         'first_call_s': compile_s,
         'dtype': _DTYPE.value,
         'decode_chunk': _CHUNK.value,
+        'xla_defaults': _XLA_DEFAULTS.value,
         # what one step must read: every weight, and the cache filled to L + n/2 on average (a
         # local layer's ring: at most W of them; formula = measured bytes, tests/test_decode.py),
         # read by every layer that attends it (a CLA producer's cache by its consumers too)

@@ -204,6 +204,8 @@ PLAN = {
     '--seeds=5': Run(subs=(('--seeds=5', '--seeds=1'),), extra=TEXT),
     # docs/decoding.md
     'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=8192 --batch=4': BENCH,
+    'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=8192 --batch=4 '
+    '--xla_defaults': BENCH,
     'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=1024,8192,32768 '
     '--batch=1,4,8 --new_tokens=16 --json=f32.json': BENCH,
     'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --contexts=1024,8192 --batch=4 '
@@ -284,6 +286,9 @@ PLAN = {
     '--dtype=bfloat16 --d_model=768 --num_layers=12 --bandwidth_gib=4 --repeats=5': BENCH,
     'python scripts/bench_decode.py --contexts=8192 --batch=8 --variants=mha,gqa4 --new_tokens=64 '
     '--dtype=bfloat16 --d_model=768 --num_layers=12 --bandwidth_gib=4 --repeats=5': BENCH,
+    'python scripts/bench_decode.py --contexts=8192 --batch=8,16 --num_heads=16 '
+    '--variants=mha,gqa4,mqa --dtype=bfloat16 --d_model=768 --num_layers=12 '
+    '--bandwidth_gib=4': BENCH,
     # docs/recall.md: the tasks at the tiny size (fewer pairs, shorter passkey examples); the
     # calibration runs too, so curve_csv.py and make_tables.py read real event files (in the
     # scratch copy of docs/)

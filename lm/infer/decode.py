@@ -158,6 +158,12 @@ def _sample_tempered(logits_BV: jax.Array, key: jax.Array, temperature, top_k, t
     return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
 
 
+# XLA:CPU's YNNPACK library fusions off for decoding: with them, a GQA/MQA/MLA step's value sum
+# (R >= 2 queries per KV head against the whole cache) ran at ~7 GB/s against ~11 GB/s for
+# XLA's default dot, and MQA decoded ~1.25x slower (docs/decoding.md, jaxlib 0.10.2).
+CPU_DECODE_XLA_OPTIONS = {'xla_cpu_experimental_ynn_fusion_type': ''}
+
+
 def compute_dtype_weights(params: nnx.State, dtype: jnp.dtype) -> nnx.State:
     """`params` with every float matrix (ndim >= 2: kernels, embeddings) cast to the compute
     `dtype` once. Every layer casts its weights to that dtype before using them, so the model
@@ -177,9 +183,17 @@ class Decoder:
     `absorb`: MLA decodes by weight absorption (False: it expands per-head K/V from its latent
     cache, the naive path); variants without that option ignore it. `kv_cache_dtype`: how
     `generate` stores the caches, 'float' (the compute dtype), 'int8' or 'kivi4'
-    (`init_caches`; refused here already where the model cannot use it)."""
+    (`init_caches`; refused here already where the model cannot use it). `xla_options`: XLA
+    compiler options of its jitted functions; None: `CPU_DECODE_XLA_OPTIONS` on a CPU, XLA's
+    defaults elsewhere; {} for XLA's defaults everywhere."""
 
-    def __init__(self, model: Transformer, absorb: bool = True, kv_cache_dtype: str = 'float'):
+    def __init__(
+        self,
+        model: Transformer,
+        absorb: bool = True,
+        kv_cache_dtype: str = 'float',
+        xla_options: dict[str, str] | None = None,
+    ):
         check_storage(model.cfg, kv_cache_dtype)
         self.kv_cache_dtype = kv_cache_dtype
         model = nnx.clone(model)
@@ -189,12 +203,13 @@ class Decoder:
         self.params = compute_dtype_weights(params, DTYPES[self.cfg.dtype])
         # The caches are donated: each call updates them in place (no copy of the whole cache
         # per call); pass the returned caches on and do not reuse the ones passed in.
-        self.prefill = jax.jit(self._prefill, donate_argnames='caches')
-        self.step = jax.jit(self._step, donate_argnames='caches')
-        self.loop = jax.jit(self._loop, donate_argnames='caches')
-        self.streaming_loop = jax.jit(
-            functools.partial(self._loop, stream=True), donate_argnames='caches'
-        )
+        if xla_options is None:
+            xla_options = CPU_DECODE_XLA_OPTIONS if jax.default_backend() == 'cpu' else {}
+        jit = functools.partial(jax.jit, donate_argnames='caches', compiler_options=xla_options)
+        self.prefill = jit(self._prefill)
+        self.step = jit(self._step)
+        self.loop = jit(self._loop)
+        self.streaming_loop = jit(functools.partial(self._loop, stream=True))
         self._on_token: Callable[[np.ndarray], bool] | None = None  # see `generate`
 
     def _emit(self, tokens_B: np.ndarray) -> np.bool_:
