@@ -71,3 +71,18 @@ def test_paired_p_value_by_hand():
     assert stats.p_value(stats.paired_difference({0: 1.0, 1: 1.0}, {0: 1.0, 1: 1.0})) == 1.0
     assert stats.p_value(stats.paired_difference({0: 2.0, 1: 2.0}, {0: 1.0, 1: 1.0})) == 0.0
     assert math.isnan(stats.p_value(stats.paired_difference({0: 2.0}, {0: 1.0})))
+
+
+def test_rate_interval_and_count_p_by_hand():
+    """Clopper-Pearson at the edges has a closed form: 0 of n -> [0, 1 - (α/2)^(1/n)], n of n ->
+    [(α/2)^(1/n), 1]; Fisher's exact test on 4 of 5 against 1 of 5 sums the hypergeometric
+    tables at most as likely as the observed one (margins 5, 5 and 5, 5)."""
+    assert stats.rate_interval(0, 5) == (0.0, pytest.approx(1 - 0.025 ** (1 / 5), abs=1e-12))
+    assert stats.rate_interval(5, 5) == (pytest.approx(0.025 ** (1 / 5), abs=1e-12), 1.0)
+    lo, hi = stats.rate_interval(2, 5)
+    assert 0 < lo < 0.4 < hi < 1
+    # P(k successes in arm a) = C(5, k) C(5, 5 - k) / C(10, 5); observed k = 4 (p = 25 / 252);
+    # as or less likely: k = 0, 1, 4, 5 -> (1 + 25 + 25 + 1) / 252
+    assert stats.count_p_value(4, 5, 1, 5) == pytest.approx(52 / 252, abs=1e-12)
+    assert stats.count_p_value(5, 5, 5, 5) == pytest.approx(1.0)
+    assert stats.count_p_value(5, 5, 0, 5) == pytest.approx(2 / 252, abs=1e-12)

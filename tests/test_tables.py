@@ -188,3 +188,24 @@ def test_ablation_tables_correct_over_the_whole_report():
     assert 'Holm-corrected over the 3 comparisons' in text
     assert '+0.0833 [0.0116, 0.1550] p=0.113 |' in text and ' ✓ |' not in text
     assert '| MQA | 0.1 | mean | first | -0.0833 [-0.1550, -0.0116] p=0.113 | mean ~ first' in text
+
+
+def test_learned_table_counts_runs_and_corrects_the_fisher_tests():
+    """Three arms of five seeds: learned (accuracy >= 0.9) 5, 4 and 0 times. Fisher's exact
+    p (by hand, hypergeometric over margins 5 and 5): 5 vs 4 -> 1; 5 vs 0 -> 2/252; 4 vs 0 ->
+    (1 + 5 + 5 + 1)/252 = 12/252 (k = 0, 1, 4, 5 in arm b as or less likely). Holm over three:
+    2/252 * 3 = 0.0238 (resolved), 12/252 * 2 = 0.0952, 1."""
+    acc = {'a': [0.95, 0.97, 0.91, 0.99, 0.90], 'b': [0.95, 0.4, 0.93, 0.96, 0.92]}
+    acc['c'] = [0.4, 0.41, 0.39, 0.89, 0.6]
+    rows = [
+        {'point': arm, 'seed': str(s), 'eval_loss': '1.0', 'eval_recall_accuracy': str(v)}
+        for arm, values in acc.items()
+        for s, v in enumerate(values)
+    ]
+    text = tables.learned_table(rows)
+    assert '| a | 5 of 5 | [0.48, 1.00] |' in text
+    assert '| c | 0 of 5 | [0.00, 0.52] |' in text
+    assert 'Holm-corrected over the 3 comparisons' in text
+    assert '| a | b | 1 | 1 | a ~ b (unresolved) |' in text
+    assert f'| a | c | {2 / 252:.3g} | {3 * 2 / 252:.3g} | a > c |' in text
+    assert f'| b | c | {12 / 252:.3g} | {2 * 12 / 252:.3g} | b ~ c (unresolved) |' in text

@@ -127,3 +127,18 @@ def holm(p_values: Sequence[float]) -> list[float]:
 def family_size(p_values: Sequence[float]) -> int:
     """m: the comparisons a Holm correction of `p_values` counts (those with a p-value)."""
     return sum(not math.isnan(p) for p in p_values)
+
+
+def rate_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Clopper-Pearson (exact) interval of a rate from k successes in n trials: for a bounded,
+    two-valued outcome (a run learned the task or not), where a t-interval can leave [0, 1]."""
+    alpha = 1 - confidence
+    lo = 0.0 if k == 0 else float(_scipy_stats.beta.ppf(alpha / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(_scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return lo, hi
+
+
+def count_p_value(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
+    """Two-sided p of Fisher's exact test that two arms' rates are equal (k of n each)."""
+    table = [[k_a, n_a - k_a], [k_b, n_b - k_b]]
+    return float(_scipy_stats.fisher_exact(table, alternative='two-sided').pvalue)

@@ -17,6 +17,10 @@ of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
   untrained conversions (α = 0) are left out.
 - 'curve': a learning curve (columns run, step, then metrics): one row per step, one column
   per run, of the metric named by the CSV's `metric` column.
+- 'learned': per-seed recall accuracies (a sweep's summary_seeds.csv): per arm the runs that
+  reached LEARNED (a two-valued outcome on MQAR), with a Clopper-Pearson 95% interval of the
+  rate, then every pair's Fisher exact test (unpaired: the counts), Holm-corrected over the
+  pairs.
 - 'seed_curve': a sweep's learning curves (the same columns, runs named <arm>_s<seed>): one
   column per arm, its mean ± std over seeds at each step.
 """
@@ -64,6 +68,39 @@ def _value_table(rows: list[dict], arm: str, value: str) -> str:
         lines.append(
             f'| {p["a"]} | {p["b"]} | {summary.diff_cell(d, p["p_holm"])} | {p["ordering"]} |'
         )
+    return '\n'.join(lines)
+
+
+LEARNED = 0.9  # recall accuracy at which a run counts as having learned the task
+
+
+def learned_table(rows: list[dict], value: str = 'eval_recall_accuracy') -> str:
+    """Per arm the seeds whose `value` reached LEARNED; between arms Fisher's exact test on the
+    counts, Holm-corrected over every pair."""
+    arm = 'arm' if 'arm' in rows[0] else 'point'
+    counts: dict[str, list[bool]] = {}
+    for r in rows:
+        counts.setdefault(r[arm], []).append(float(r[value]) >= LEARNED)
+    lines = [f'| arm | runs with {value} ≥ {LEARNED} | rate, 95% CI (exact) |', '|---|---|---|']
+    for name, hits in counts.items():
+        lo, hi = stats.rate_interval(sum(hits), len(hits))
+        lines.append(f'| {name} | {sum(hits)} of {len(hits)} | [{lo:.2f}, {hi:.2f}] |')
+    names = list(counts)
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    p = [
+        stats.count_p_value(sum(counts[a]), len(counts[a]), sum(counts[b]), len(counts[b]))
+        for a, b in pairs
+    ]
+    p_holm = stats.holm(p)
+    lines += ['', f'p: Fisher exact test, Holm-corrected over the {len(pairs)} comparisons.', '']
+    lines += ['| a | b | p | p (Holm) | ordering |', '|---|---|---|---|---|']
+    for (a, b), raw, adj in zip(pairs, p, p_holm, strict=True):
+        rate_a, rate_b = sum(counts[a]) / len(counts[a]), sum(counts[b]) / len(counts[b])
+        if summary.holm_resolved(adj):
+            order = f'{a} > {b}' if rate_a > rate_b else f'{b} > {a}'
+        else:
+            order = f'{a} ~ {b} (unresolved)'
+        lines.append(f'| {a} | {b} | {raw:.3g} | {adj:.3g} | {order} |')
     return '\n'.join(lines)
 
 
@@ -149,6 +186,7 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
     'ablation': ablation_table,
     'curve': curve_table,
     'seed_curve': seed_curve_table,
+    'learned': learned_table,
 }
 
 
