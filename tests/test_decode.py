@@ -188,6 +188,31 @@ def test_decode_loop_reads_the_cache_without_copying_it(variant):
 
 
 @pytest.mark.slow
+def test_decoder_compiles_with_its_xla_options():
+    """On a CPU the decoder's functions compile with CPU_DECODE_XLA_OPTIONS (no YNNPACK library
+    fusion in the loop); `xla_options={}` compiles with XLA's defaults (which, in a jaxlib that
+    emits them, fuse the value sum into one), with the same tokens."""
+    if jax.default_backend() != 'cpu':
+        pytest.skip('CPU compiler options')
+    cfg = model_config(tiny_config(attention='mqa', d_model=64).model)
+    model = build_model(cfg, seed=2)
+    B, S = 4, 256
+    args = (np.zeros(B, np.int32), np.int32(4), np.int32(-1), jax.random.key(0), np.float32(0))
+    hlo = {}
+    for name, options in (('ours', None), ('defaults', {})):
+        decoder = Decoder(model, xla_options=options)
+        logits = np.zeros((B, cfg.vocab_size), np.float32)
+        caches = init_caches(cfg, B, S)
+        lowered = decoder.loop.lower(decoder.params, logits, caches, *args, np.int32(0), 1.0)
+        hlo[name] = lowered.compile().as_text()
+    assert '__ynn_fusion' not in hlo['ours']
+    if '__ynn_fusion' not in hlo['defaults']:
+        pytest.skip('this jaxlib emits no YNNPACK fusion for the loop by default')
+    ours, defaults = Decoder(model), Decoder(model, xla_options={})
+    assert ours.generate(PROMPTS, 5, GREEDY) == defaults.generate(PROMPTS, 5, GREEDY)
+
+
+@pytest.mark.slow
 def test_on_token_sees_each_step_in_order_and_can_stop_the_loop():
     """`on_token` gets each step's tokens as they are made (-1 for rows already at EOS), the
     result is unchanged by it, and returning True ends the generation after that step."""
