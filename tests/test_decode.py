@@ -77,8 +77,10 @@ def test_cached_decoding_equals_full_forward(variant):
 @pytest.mark.parametrize('variant', ['gqa2', 'mla'])
 def test_bfloat16_decoder_holds_its_matrices_in_bfloat16_with_the_same_logits(variant):
     """A bfloat16 model's decoder casts its float32 kernels and embeddings to bfloat16 once
-    (norm scales stay float32) and decodes exactly what the float32 parameters give when every
-    layer casts them itself."""
+    (norm scales stay float32) and decodes what the float32 parameters give when every layer
+    casts them itself: exactly on a CPU; on a GPU, XLA may fold the float32 -> bfloat16
+    conversion into the matmul and skip the weights' rounding, so there within bfloat16's
+    resolution (an H100 differed by up to 0.007 on logits of magnitude ~0.1)."""
     cfg, model, decoder = model_and_decoder(**VARIANTS[variant], dtype='bfloat16')
     leaves = jax.tree.leaves(decoder.params)
     assert {x.dtype.name for x in leaves if x.ndim >= 2} == {'bfloat16'}
@@ -88,8 +90,9 @@ def test_bfloat16_decoder_holds_its_matrices_in_bfloat16_with_the_same_logits(va
     decoder.params = nnx.split(model, nnx.Param)[1]  # the model's own, float32
     assert {x.dtype.name for x in jax.tree.leaves(decoder.params)} == {'float32'}
     want = teacher_forced_logits(decoder, PROMPTS, cont)
+    atol = 0.0 if jax.default_backend() == 'cpu' else 0.02
     for a, b in zip(got, want, strict=True):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, rtol=0, atol=atol)
 
 
 @pytest.mark.parametrize('q_lora_rank', [0, 8])

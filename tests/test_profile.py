@@ -10,7 +10,7 @@ def test_a_cpu_trace_attributes_the_matmul_to_its_category_and_source(tmp_path):
     def f(a, b):
         return jnp.tanh(a @ b).sum()
 
-    a = jnp.ones((256, 256))
+    a = jax.device_put(jnp.ones((256, 256)), jax.devices('cpu')[0])  # a CPU trace on any machine
     compiled = jax.jit(f).lower(a, a).compile()
     jax.block_until_ready(compiled(a, a))
     jax.profiler.start_trace(str(tmp_path))
