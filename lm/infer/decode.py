@@ -165,14 +165,17 @@ CPU_DECODE_XLA_OPTIONS = {'xla_cpu_experimental_ynn_fusion_type': ''}
 
 
 def compute_dtype_weights(params: nnx.State, dtype: jnp.dtype) -> nnx.State:
-    """`params` with every float matrix (ndim >= 2: kernels, embeddings) cast to the compute
-    `dtype` once. Every layer casts its weights to that dtype before using them, so the model
-    computes the same values; a decode loop given float32 weights of a bfloat16 model would cast
-    (read and write) every weight again on each step. Vectors (norm scales, biases) are kept."""
+    """`params` with every float matrix (ndim >= 2: kernels, embeddings) wider than the compute
+    `dtype` cast to it once. Every layer casts its weights to that dtype before using them, so
+    the model computes the same values; a decode loop given float32 weights of a bfloat16 model
+    would cast (read and write) every weight again on each step. Vectors (norm scales, biases)
+    and weights already as narrow are kept."""
+
+    size = jnp.dtype(dtype).itemsize
 
     def cast(x: jax.Array) -> jax.Array:
-        floating = jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype
-        return x.astype(dtype) if floating and x.ndim >= 2 else x
+        wider = jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize > size
+        return x.astype(dtype) if wider and x.ndim >= 2 else x
 
     return jax.tree.map(cast, params)
 
