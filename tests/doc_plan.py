@@ -78,7 +78,8 @@ MADE = (
     'mqar_calibration_s32.csv',
     'recall_seeds.csv',
     'recall_seeds_3000.csv',
-    'recall_lr_seeds.csv',
+    'recall_lr_mha.csv',
+    'recall_lr_mla.csv',
     'recall_sweep_curves.csv',
 )
 FIXTURE = str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')  # 4 heads, 2 layers, width 32
@@ -340,13 +341,11 @@ PLAN = {
     'python scripts/plot_pareto.py --run_dir=runs/recall --metric=eval/recall_accuracy '
     '--out=docs/recall_pareto_3000.png': Run(),
     'python scripts/sweep.py --config=configs/sweeps/recall_lr.py --sweep_dir=runs/recall_lr '
-    '--seeds=5 --points=mha_lr1e-3,mha_lr6e-3 --config.mesh.cpu_devices=1 --parallel=2': Run(
-        subs=(('--seeds=5', '--seeds=1'),), extra=MQAR
-    ),
-    "{ head -1 runs/recall_lr/summary_seeds.csv; grep '^mha_lr1e-3,' "
-    "runs/recall_lr/summary_seeds.csv; grep '^mha,' docs/results/recall_seeds.csv | "
-    "sed 's/^mha,/mha_lr3e-3,/'; grep '^mha_lr6e-3,' runs/recall_lr/summary_seeds.csv; } > "
-    'docs/results/recall_lr_seeds.csv': Run(),
+    '--seeds=5 --points=mha_lr1e-3,mha_lr6e-3,mla_lr1e-3 --config.mesh.cpu_devices=1 '
+    '--parallel=2': Run(subs=(('--seeds=5', '--seeds=1'),), extra=MQAR),
+    'for arm in mha mla; do { head -1 runs/recall_lr/summary_seeds.csv; grep "^${arm}_lr" '
+    'runs/recall_lr/summary_seeds.csv; grep "^$arm," docs/results/recall_seeds.csv | '
+    'sed "s/^$arm,/${arm}_lr3e-3,/"; } > docs/results/recall_lr_$arm.csv; done': Run(),
     'python scripts/make_tables.py': Run(),
     # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '

@@ -191,12 +191,12 @@ def test_ablation_tables_correct_over_the_whole_report():
 
 
 def test_learned_table_counts_runs_and_corrects_the_fisher_tests():
-    """Three arms of five seeds: learned (accuracy >= 0.9) 5, 4 and 0 times. Fisher's exact
+    """Three arms of five seeds: learned (accuracy >= 0.8) 5, 4 and 0 times. Fisher's exact
     p (by hand, hypergeometric over margins 5 and 5): 5 vs 4 -> 1; 5 vs 0 -> 2/252; 4 vs 0 ->
     (1 + 5 + 5 + 1)/252 = 12/252 (k = 0, 1, 4, 5 in arm b as or less likely). Holm over three:
     2/252 * 3 = 0.0238 (resolved), 12/252 * 2 = 0.0952, 1."""
     acc = {'a': [0.95, 0.97, 0.91, 0.99, 0.90], 'b': [0.95, 0.4, 0.93, 0.96, 0.92]}
-    acc['c'] = [0.4, 0.41, 0.39, 0.89, 0.6]
+    acc['c'] = [0.4, 0.41, 0.39, 0.79, 0.6]
     rows = [
         {'point': arm, 'seed': str(s), 'eval_loss': '1.0', 'eval_recall_accuracy': str(v)}
         for arm, values in acc.items()

@@ -3,7 +3,8 @@ variant at a constant lr of 1e-3 and 6e-3 as well, the rest of configs/recall/mq
 Is there an lr at which every seed leaves the no-recall plateau within 1500 steps?
 
   python scripts/sweep.py --config=configs/sweeps/recall_lr.py --sweep_dir=runs/recall_lr \
-      --seeds=5 --points=mha_lr1e-3,mha_lr6e-3 --config.mesh.cpu_devices=1 --parallel=2
+      --seeds=5 --points=mha_lr1e-3,mha_lr6e-3,mla_lr1e-3 --config.mesh.cpu_devices=1 \
+      --parallel=2
 """
 
 import os

@@ -18,9 +18,9 @@ of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
 - 'curve': a learning curve (columns run, step, then metrics): one row per step, one column
   per run, of the metric named by the CSV's `metric` column.
 - 'learned': per-seed recall accuracies (a sweep's summary_seeds.csv): per arm the runs that
-  reached LEARNED (a two-valued outcome on MQAR), with a Clopper-Pearson 95% interval of the
-  rate, then every pair's Fisher exact test (unpaired: the counts), Holm-corrected over the
-  pairs.
+  reached LEARNED (left the plateau: a two-valued outcome on MQAR), with a Clopper-Pearson 95%
+  interval of the rate, then every pair's Fisher exact test (unpaired: the counts),
+  Holm-corrected over the pairs.
 - 'seed_curve': a sweep's learning curves (the same columns, runs named <arm>_s<seed>): one
   column per arm, its mean ± std over seeds at each step.
 """
@@ -71,7 +71,10 @@ def _value_table(rows: list[dict], arm: str, value: str) -> str:
     return '\n'.join(lines)
 
 
-LEARNED = 0.9  # recall accuracy at which a run counts as having learned the task
+# Recall accuracy at which a run counts as having left the no-recall plateau (MQAR: the
+# plateau sits near 40%, runs that leave it end at 89-99%; any threshold between gives the same
+# counts on the committed runs)
+LEARNED = 0.8
 
 
 def learned_table(rows: list[dict], value: str = 'eval_recall_accuracy') -> str:
