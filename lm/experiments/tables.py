@@ -81,26 +81,24 @@ def learned_table(rows: list[dict], value: str = 'eval_recall_accuracy') -> str:
     """Per arm the seeds whose `value` reached LEARNED; between arms Fisher's exact test on the
     counts, Holm-corrected over every pair."""
     arm = 'arm' if 'arm' in rows[0] else 'point'
-    counts: dict[str, list[bool]] = {}
+    hits: dict[str, list[bool]] = {}
     for r in rows:
-        counts.setdefault(r[arm], []).append(float(r[value]) >= LEARNED)
+        hits.setdefault(r[arm], []).append(float(r[value]) >= LEARNED)
+    counts = {name: (sum(h), len(h)) for name, h in hits.items()}  # (learned, seeds)
     lines = [f'| arm | runs with {value} ≥ {LEARNED} | rate, 95% CI (exact) |', '|---|---|---|']
-    for name, hits in counts.items():
-        lo, hi = stats.rate_interval(sum(hits), len(hits))
-        lines.append(f'| {name} | {sum(hits)} of {len(hits)} | [{lo:.2f}, {hi:.2f}] |')
+    for name, (k, n) in counts.items():
+        lo, hi = stats.rate_interval(k, n)
+        lines.append(f'| {name} | {k} of {n} | [{lo:.2f}, {hi:.2f}] |')
     names = list(counts)
     pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
-    p = [
-        stats.count_p_value(sum(counts[a]), len(counts[a]), sum(counts[b]), len(counts[b]))
-        for a, b in pairs
-    ]
+    p = [stats.count_p_value(*counts[a], *counts[b]) for a, b in pairs]
     p_holm = stats.holm(p)
     lines += ['', f'p: Fisher exact test, Holm-corrected over the {len(pairs)} comparisons.', '']
     lines += ['| a | b | p | p (Holm) | ordering |', '|---|---|---|---|---|']
     for (a, b), raw, adj in zip(pairs, p, p_holm, strict=True):
-        rate_a, rate_b = sum(counts[a]) / len(counts[a]), sum(counts[b]) / len(counts[b])
+        (k_a, n_a), (k_b, n_b) = counts[a], counts[b]
         if summary.holm_resolved(adj):
-            order = f'{a} > {b}' if rate_a > rate_b else f'{b} > {a}'
+            order = f'{a} > {b}' if k_a / n_a > k_b / n_b else f'{b} > {a}'
         else:
             order = f'{a} ~ {b} (unresolved)'
         lines.append(f'| {a} | {b} | {raw:.3g} | {adj:.3g} | {order} |')
