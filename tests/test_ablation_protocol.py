@@ -77,6 +77,33 @@ def test_the_grid_has_rewarm_aligned_and_a_scratch_baseline_per_target_and_budge
     assert 'MQA_rewarm-aligned_a0_lr0.0003_s0' not in names  # alpha 0: no schedule, run once
 
 
+def test_lr_grid_rows_keep_every_trained_run_but_the_source_and_untrained_conversions():
+    from lm.experiments.ablation_tables import lr_grid_rows
+
+    ab = ablation(seeds=1)
+    specs = plan(ab, 'out')
+    found = {
+        s.name: {'eval': {'loss': 2.0 + i}, 'heldout': {'loss': 3.0 + i}}
+        for i, s in enumerate(specs)
+    }
+    rows = lr_grid_rows(specs, found)
+    trained = [s for s in specs if s.arm[0] != 'MHA' and (s.arm[1] == 'scratch' or s.arm[2])]
+    # per rate: GQA-2 and MQA 4 arms (2 methods x 2 schedules), MLA 2, 3 targets x 2 baselines
+    assert len(rows) == len(trained) == len(ab.lrs) * (4 + 4 + 2 + 3 * 2)
+    by_name = dict(zip([s.name for s in trained], rows, strict=True))
+    i = [s.name for s in specs].index('MQA_rewarm-aligned_a0.1_lr0.003_s0')
+    assert by_name['MQA_rewarm-aligned_a0.1_lr0.003_s0'] == {
+        'model': 'MQA',
+        'conversion': 'rewarm-aligned',
+        'alpha_or_steps': 0.1,
+        'lr': 3e-3,
+        'seed': 0,
+        'validation_loss': 2.0 + i,
+        'heldout_loss': 3.0 + i,
+    }
+    assert lr_grid_rows(specs, {}) == []  # runs not finished: no rows
+
+
 def test_each_run_trains_on_its_own_part_and_continue_carries_the_optimizer_state():
     ab = ablation()
     assert base_config(ab, 0, ab.steps).data.split == 'pretrain'

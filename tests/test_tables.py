@@ -147,6 +147,41 @@ def test_ablation_table_keeps_each_targets_trained_arms():
     assert '| mean, α = 0.1 | 2.1000 ± 0.1000 |' in mqa
 
 
+def test_lr_grid_table_marks_the_rate_chosen_on_validation_and_reports_held_out_there():
+    grid = {  # (model, conversion, alpha_or_steps, lr): per seed (validation, held-out)
+        ('MQA', 'mean', '0.05', '0.001'): ((2.0, 2.5), (2.2, 2.7)),
+        ('MQA', 'mean', '0.05', '0.003'): ((1.9, 3.0), (2.0, 3.1)),  # mean 2.45 > 2.25
+        ('MQA', 'mean', '0.05', '0.0003'): ((2.4, 2.6), (2.5, 2.5)),
+        ('MQA', 'scratch', '105', '0.003'): ((1.5, 1.7), (1.6, 1.8)),  # lowest, largest rate
+        ('MQA', 'scratch', '105', '0.001'): ((1.8, 1.8), (1.9, 1.9)),
+        ('MQA', 'scratch', '105', '0.0003'): ((2.0, 2.0), (2.1, 2.1)),
+    }
+    rows = [
+        {
+            'model': m,
+            'conversion': c,
+            'alpha_or_steps': a,
+            'lr': lr,
+            'seed': str(k),
+            'validation_loss': str(v),
+            'heldout_loss': str(h),
+        }
+        for (m, c, a, lr), (vs, hs) in grid.items()
+        for k, (v, h) in enumerate(zip(vs, hs, strict=True))
+    ]
+    lines = tables.lr_grid_table(rows).splitlines()
+    assert lines[0] == (
+        '| model | arm | validation, lr 0.0003 | validation, lr 0.001 | validation, lr 0.003 | '
+        'chosen lr | held-out there |'
+    )
+    mean, scratch = lines[2], lines[3]
+    # mean validation 2.5 / 2.25 / 2.45: 1e-3 chosen, held-out there (2.2 + 2.7) / 2
+    assert mean.startswith('| MQA | mean, α = 0.05 | 2.5000 ± 0.1414 | **2.2500 ± 0.3536** |')
+    assert mean.endswith('| 0.001 | 2.4500 ± 0.3536 |')
+    assert scratch.startswith('| MQA | from scratch, 105 steps |')
+    assert scratch.endswith('| **1.6000 ± 0.1414** | 0.003 (edge) | 1.7000 ± 0.1414 |')
+
+
 def test_curve_table():
     rows = [
         {'run': 'lr1e-3', 'step': '100', 'metric': 'recall_accuracy', 'value': '0.5'},

@@ -24,6 +24,31 @@ def report(specs: list[Spec], found: dict[str, dict]) -> tuple[dict, dict]:
     return lr_grid.select(validation, summary.by_arm(specs, found, heldout_loss))
 
 
+def lr_grid_rows(specs: list[Spec], found: dict[str, dict]) -> list[dict]:
+    """Per-seed CSV rows of every trained run but the source (given, not tuned; the untrained
+    α = 0 conversions have no rate):
+    model, conversion, alpha_or_steps, lr, seed, validation and held-out loss; the table kind
+    'lr_grid' (lm.experiments.tables) shows each arm's choice from them."""
+    rows = []
+    for spec in specs:
+        result = found.get(spec.name)
+        label, method, at, lr = spec.arm
+        if result is None or label == SOURCE or (method != 'scratch' and at == 0):
+            continue
+        rows.append(
+            {
+                'model': label,
+                'conversion': method,
+                'alpha_or_steps': at,
+                'lr': lr,
+                'seed': spec.seed,
+                'validation_loss': summary.loss(result),
+                'heldout_loss': heldout_loss(result),
+            }
+        )
+    return rows
+
+
 def _lr(chosen: dict, arm: tuple) -> str:
     return f'{chosen[arm]:g}' if arm in chosen else '—'
 

@@ -21,6 +21,9 @@ of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
   reached LEARNED (left the plateau: a two-valued outcome on MQAR), with a Clopper-Pearson 95%
   interval of the rate, then every pair's Fisher exact test (unpaired: the counts),
   Holm-corrected over the pairs.
+- 'lr_grid': an uptraining ablation's lr_grid.csv (columns model, conversion, alpha_or_steps,
+  lr, seed, validation_loss, heldout_loss): per arm the mean validation loss at each rate, the
+  rate chosen on it and the held-out loss there (lm.experiments.lr_grid).
 - 'seed_curve': a sweep's learning curves (the same columns, runs named <arm>_s<seed>): one
   column per arm, its mean ± std over seeds at each step.
 """
@@ -32,7 +35,7 @@ import os
 import re
 from collections.abc import Callable
 
-from lm.experiments import stats, summary
+from lm.experiments import lr_grid, stats, summary
 
 MARKER = re.compile(r'(<!-- table: (\w+) ([\w.-]+) -->\n)(.*?)(<!-- /table -->)', re.S)
 
@@ -181,6 +184,35 @@ def seed_curve_table(rows: list[dict]) -> str:
     return f'{rows[0]["metric"]} by step (mean ± std over seeds):\n\n' + '\n'.join(lines)
 
 
+def lr_grid_table(rows: list[dict]) -> str:
+    """An experiment's learning-rate grid (columns model, conversion, alpha_or_steps, lr, seed,
+    validation_loss, heldout_loss): per arm its mean ± std validation loss at each rate, the
+    rate `lr_grid.choose` picks (bold; 'edge' where it is the grid's smallest or largest) and
+    the arm's held-out loss there."""
+    arms: dict[tuple, dict[float, dict[int, tuple[float, float]]]] = {}
+    for r in rows:
+        arm = (r['model'], r['conversion'], r['alpha_or_steps'])
+        by_seed = arms.setdefault(arm, {}).setdefault(float(r['lr']), {})
+        by_seed[int(r['seed'])] = (float(r['validation_loss']), float(r['heldout_loss']))
+    lrs = sorted({lr for grid in arms.values() for lr in grid})
+    lines = [
+        f'| model | arm | {" | ".join(f"validation, lr {lr:g}" for lr in lrs)} | chosen lr | '
+        'held-out there |',
+        '|---|---|' + '---|' * (len(lrs) + 2),
+    ]
+    for (model, conversion, at), grid in arms.items():
+        chosen = lr_grid.choose({lr: {s: v for s, (v, _) in g.items()} for lr, g in grid.items()})
+        cells = []
+        for lr in lrs:
+            text = summary.spread({s: v for s, (v, _) in grid[lr].items()}) if lr in grid else ''
+            cells.append(f'**{text}**' if lr == chosen else text)
+        edge = ' (edge)' if chosen in (min(grid), max(grid)) and len(grid) > 2 else ''
+        arm = f'from scratch, {at} steps' if conversion == 'scratch' else f'{conversion}, α = {at}'
+        held = summary.spread({s: h for s, (_, h) in grid[chosen].items()})
+        lines.append(f'| {model} | {arm} | {" | ".join(cells)} | {chosen:g}{edge} | {held} |')
+    return '\n'.join(lines)
+
+
 KINDS: dict[str, Callable[[list[dict]], str]] = {
     'seeds': seeds_table,
     'intervals': intervals_table,
@@ -188,6 +220,7 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
     'curve': curve_table,
     'seed_curve': seed_curve_table,
     'learned': learned_table,
+    'lr_grid': lr_grid_table,
 }
 
 
