@@ -255,6 +255,8 @@ PLAN = {
     '--kv_cache_dtype=float': BENCH,
     # docs/performance.md
     'python scripts/bench_train.py --steps=60 --rounds=5': BENCH,
+    'python scripts/bench_train.py --steps=60 --rounds=5 '
+    '--data_path=data/tinyshakespeare.txt': BENCH,
     'python scripts/bench_train.py --variants=mha,mla --steps=40 --rounds=4 '
     '--torch_threads=1': BENCH,
     'python scripts/bench_train.py --set=train.steps_per_call=1': BENCH,
@@ -356,6 +358,10 @@ PLAN = {
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py '
     '--sweep_dir=runs/kinds5_params --seeds=5 --match=params --parallel=2': Flags(),
     # docs/uptraining.md
+    'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=1000 '
+    '--seeds=5 --parallel=2 --out_dir=runs/uptrain1k_parts --schedule=continue,rewarm '
+    '--methods=mean,aligned --targets=2,1 --mla_ranks=32 --fractions=0,0.05 '
+    '--scratch_fractions=0.05 --lrs=3e-4,1e-3,3e-3,1e-2 --report=runs/table_parts1k.md': Flags(),
     'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=5000 '
     '--seeds=5 --parallel=2 --out_dir=runs/uptrain5k_parts --schedule=continue,rewarm '
     '--methods=mean,aligned,first,random --targets=2,1 --mla_ranks=32,64 '
