@@ -345,9 +345,10 @@ PLAN = {
     'python scripts/sweep.py --config=configs/sweeps/recall_lr.py --sweep_dir=runs/recall_lr '
     '--seeds=5 --points=mha_lr1e-3,mha_lr6e-3,mla_lr1e-3 --config.mesh.cpu_devices=1 '
     '--parallel=2': Run(subs=(('--seeds=5', '--seeds=1'),), extra=MQAR),
-    'for arm in mha mla; do { head -1 runs/recall_lr/summary_seeds.csv; grep "^${arm}_lr" '
+    'for arm in mha mla; do { head -1 runs/recall_lr/summary_seeds.csv; { grep "^${arm}_lr" '
     'runs/recall_lr/summary_seeds.csv; grep "^$arm," docs/results/recall_seeds.csv | '
-    'sed "s/^$arm,/${arm}_lr3e-3,/"; } > docs/results/recall_lr_$arm.csv; done': Run(),
+    'sed "s/^$arm,/${arm}_lr3e-3,/"; } | sort -s -t, -k1,1; } > docs/results/recall_lr_$arm.csv; '
+    'done': Run(),
     'python scripts/make_tables.py': Run(),
     # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '
