@@ -25,10 +25,10 @@ def report(specs: list[Spec], found: dict[str, dict]) -> tuple[dict, dict]:
 
 
 def lr_grid_rows(specs: list[Spec], found: dict[str, dict]) -> list[dict]:
-    """Per-seed CSV rows of every trained run but the source (given, not tuned; the untrained
-    α = 0 conversions have no rate):
-    model, conversion, alpha_or_steps, lr, seed, validation and held-out loss; the table kind
-    'lr_grid' (lm.experiments.tables) shows each arm's choice from them."""
+    """Per-seed CSV rows (model, conversion, alpha_or_steps, lr, seed, validation and held-out
+    loss) of every trained run but the source (given, not tuned); the untrained α = 0
+    conversions have no rate. The table kind 'lr_grid' (lm.experiments.tables) shows each
+    arm's choice from them."""
     rows = []
     for spec in specs:
         result = found.get(spec.name)

@@ -139,6 +139,11 @@ def intervals_table(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
+def _ablation_arm(conversion: str, at: str) -> str:
+    """An uptraining ablation's arm as its tables name it (at: α, or a baseline's steps)."""
+    return f'from scratch, {at} steps' if conversion == 'scratch' else f'{conversion}, α = {at}'
+
+
 def ablation_table(rows: list[dict], source: str = 'MHA') -> str:
     """Per target model its trained arms' estimates and Holm-corrected paired differences;
     `source`: the ablation's label of its MHA source (lm.experiments.ablation.SOURCE, not
@@ -149,7 +154,7 @@ def ablation_table(rows: list[dict], source: str = 'MHA') -> str:
         conversion, at = r['conversion'], r['alpha_or_steps']
         if r['model'] == source or (conversion != 'scratch' and float(at) == 0):
             continue
-        arm = f'from scratch, {at} steps' if conversion == 'scratch' else f'{conversion}, α = {at}'
+        arm = _ablation_arm(conversion, at)
         models.setdefault(r['model'], []).append({'arm': arm, 'seed': r['seed'], value: r[value]})
     return '\n\n'.join(f'{model}:\n\n{seeds_table(arms)}' for model, arms in models.items())
 
@@ -207,7 +212,7 @@ def lr_grid_table(rows: list[dict]) -> str:
             text = summary.spread({s: v for s, (v, _) in grid[lr].items()}) if lr in grid else ''
             cells.append(f'**{text}**' if lr == chosen else text)
         edge = ' (edge)' if chosen in (min(grid), max(grid)) and len(grid) > 2 else ''
-        arm = f'from scratch, {at} steps' if conversion == 'scratch' else f'{conversion}, α = {at}'
+        arm = _ablation_arm(conversion, at)
         held = summary.spread({s: h for s, (_, h) in grid[chosen].items()})
         lines.append(f'| {model} | {arm} | {" | ".join(cells)} | {chosen:g}{edge} | {held} |')
     return '\n'.join(lines)
