@@ -349,6 +349,16 @@ PLAN = {
     'runs/recall_lr/summary_seeds.csv; grep "^$arm," docs/results/recall_seeds.csv | '
     'sed "s/^$arm,/${arm}_lr3e-3,/"; } | sort -s -t, -k1,1; } > docs/results/recall_lr_$arm.csv; '
     'done': Run(),
+    'for s in 0 1 2 3 4; do python train.py --config=configs/recall/mqar.py:mha '
+    '--workdir=runs/mqar_b64/mha_s$s --config.seed=$s --config.mesh.cpu_devices=1 '
+    '--config.train.batch_size=64 --config.train.steps=3000 --config.checkpoint_every=3000; '
+    'done': Flags(),
+    'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/mqar_warm500_s4 '
+    '--config.seed=4 --config.mesh.cpu_devices=1 --config.train.warmup_steps=500': Flags(),
+    'python scripts/curve_csv.py --tag=eval/recall_accuracy --out=docs/results/mqar_b64.csv '
+    '--runs=b64_s0=runs/mqar_b64/mha_s0/tb,b64_s1=runs/mqar_b64/mha_s1/tb,'
+    'b64_s2=runs/mqar_b64/mha_s2/tb,b64_s3=runs/mqar_b64/mha_s3/tb,b64_s4=runs/mqar_b64/mha_s4/tb,'
+    'warm500_s4=runs/mqar_warm500_s4/tb': Flags(),
     'python scripts/make_tables.py': Run(),
     # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '
