@@ -165,17 +165,18 @@ def test_generate_sizes_its_cache_in_aligned_slots_that_are_never_attended():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('B', [1, 3])
 @pytest.mark.parametrize(
     'variant', ['mha', 'gqa2', 'mqa', 'mla', 'mha_chunked', 'mqa_chunked', 'mla_chunked']
 )
-def test_decode_loop_reads_the_cache_without_copying_it(variant):
+def test_decode_loop_reads_the_cache_without_copying_it(variant, B):
     """The compiled generation loop neither copies nor transposes a cache array (the caches
     are donated and updated in place; the kernel reads the head-major layout as it is): no
     copy or transpose in the optimised HLO yields as many elements as a cache array. With the
-    [B, S, G, D] layout XLA transposed K every step, and for MQA's [B, 1, S, D] it copied
-    each cache array per step."""
+    [B, S, G, D] layout XLA transposed K every step, and with a size-1 axis before the slots
+    (one KV head, or batch 1) it copied each cache array several times per step."""
     cfg, _, decoder = model_and_decoder(**VARIANTS[variant])
-    B, S = 3, 37
+    S = 37
     caches = init_caches(cfg, B, S)
     sizes = {a.size for c in caches for a in c.arrays.values()}
     logits = np.zeros((B, cfg.vocab_size), np.float32)

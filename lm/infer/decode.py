@@ -125,7 +125,9 @@ def init_caches(
 
 def cache_elements_per_token(caches: list[KVCache]) -> int:
     """Elements the live cache arrays hold per token (all layers), measured from their shapes."""
-    return sum(a.size // (a.shape[0] * a.shape[-2]) for c in caches for a in c.arrays.values())
+    return sum(
+        a.size // (c.pad_B.shape[0] * a.shape[-2]) for c in caches for a in c.arrays.values()
+    )
 
 
 def _sample(logits_BV: jax.Array, key: jax.Array, temperature, top_k, top_p) -> jax.Array:

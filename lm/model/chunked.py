@@ -12,21 +12,30 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lm.model.kv_cache import drop_unit_axes
+
 NEG = jnp.finfo(jnp.float32).min
 
 
 def read_chunk(
-    k_BGSD: jax.Array, v_BGSU: jax.Array, mask_BTS: jax.Array, i: jax.Array, chunk: int
+    k_xSD: jax.Array,
+    v_xSU: jax.Array,
+    mask_BTS: jax.Array,
+    i: jax.Array,
+    chunk: int,
+    lead: tuple[int, int],
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Chunk i of the cache: keys [B, G, C, D], values [B, G, C, U] and its mask [B, 1, 1, T, C]
-    (the last chunk is read from S - C; its slots that chunk i - 1 covered are masked out)."""
-    S = k_BGSD.shape[-2]
+    (the last chunk is read from S - C; its slots that chunk i - 1 covered are masked out).
+    k_xSD / v_xSU: the cache as stored, without size-1 axes (`drop_unit_axes`): slicing the
+    bitcast that strips one, XLA copied the whole cache per step. lead: (B, G)."""
+    S = k_xSD.shape[-2]
     start = jnp.minimum(i * chunk, S - chunk)
-    axis = k_BGSD.ndim - 2
-    k_BGCD = jax.lax.dynamic_slice_in_dim(k_BGSD, start, chunk, axis=axis)
-    v_BGCU = jax.lax.dynamic_slice_in_dim(v_BGSU, start, chunk, axis=axis)
-    if k_BGSD.ndim == 3:  # one KV head, [B, S, D]: sliced without a G axis (no copy of it)
-        k_BGCD, v_BGCU = k_BGCD[:, None], v_BGCU[:, None]
+    axis = k_xSD.ndim - 2
+    k_xCD = jax.lax.dynamic_slice_in_dim(k_xSD, start, chunk, axis=axis)
+    v_xCU = jax.lax.dynamic_slice_in_dim(v_xSU, start, chunk, axis=axis)
+    k_BGCD = k_xCD.reshape(lead + k_xCD.shape[-2:])
+    v_BGCU = v_xCU.reshape(lead + v_xCU.shape[-2:])
     m_BTC = jax.lax.dynamic_slice_in_dim(mask_BTS, start, chunk, axis=2)
     m_BTC = m_BTC & (start + jnp.arange(chunk) >= i * chunk)[None, None]
     return k_BGCD, v_BGCU, m_BTC[:, None, None]
@@ -83,8 +92,10 @@ def chunked_attention(
     S, U = k_BGSD.shape[-2], v_BGSU.shape[-1]
     q_BGRTD = q_BTHD.reshape(B, T, G, H // G, D).transpose(0, 2, 3, 1, 4)
 
+    k_xSD, v_xSU = drop_unit_axes(k_BGSD), drop_unit_axes(v_BGSU)
+
     def body(i, carry):
-        k_BGCD, v_BGCU, m_B11TC = read_chunk(k_BGSD, v_BGSU, mask_BTS, i, chunk)
+        k_BGCD, v_BGCU, m_B11TC = read_chunk(k_xSD, v_xSU, mask_BTS, i, chunk, (B, G))
         return online_softmax_step(carry, q_BGRTD, k_BGCD, v_BGCU, m_B11TC, scale)
 
     stats_BGRT1 = jnp.zeros((B, G, H // G, T, 1), jnp.float32)

@@ -130,12 +130,9 @@ class GroupedQueryAttention(AttentionVariant):
 
     @staticmethod
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
-        """Per-layer decoding cache: K and V for each KV head, head-major [B, G, S, D] each;
-        [B, S, D] for one KV head (with a [B, 1, S, D] cache XLA on CPU copied every cache
-        array each decode step, fusing the write into the matmul's bitcast). K holds the keys
-        (`per_channel`)."""
-        G = cfg.num_kv_heads
-        shape = (batch, length, cfg.head_dim) if G == 1 else (batch, G, length, cfg.head_dim)
+        """Per-layer decoding cache: K and V for each KV head, head-major [B, G, S, D] each.
+        K holds the keys (`per_channel`)."""
+        shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
         k, v = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
         return KVCache.empty(per_channel=('k',), k=k, v=v)
 
@@ -165,8 +162,6 @@ class GroupedQueryAttention(AttentionVariant):
         mask = self.mask(x_BTE.shape[1], segment_ids_BT)
         filled = None  # with a decoding cache: `KVCache.filled`
         if cache is not None:  # S = the cache's slots instead of the T new tokens
-            if cache.arrays['k'].ndim == 3:  # one KV head, cached [B, S, D]
-                k_BGSD, v_BGSD = k_BGSD[:, 0], v_BGSD[:, 0]
             cache, seen, mask = cache.write(k=k_BGSD, v=v_BGSD)
             k_BGSD, v_BGSD = (seen[n].astype(q_BTHD.dtype) for n in ('k', 'v'))
             filled = cache.filled

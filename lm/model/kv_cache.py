@@ -47,6 +47,12 @@ def write_cache(cache_B_SX: jax.Array, new_B_TX: jax.Array, slot: jax.Array) -> 
     return jax.lax.dynamic_update_slice_in_dim(cache_B_SX, new_B_TX, slot, cache_B_SX.ndim - 2)
 
 
+def drop_unit_axes(x_B_SX: jax.Array) -> jax.Array:
+    """A [B, ..., S, X] array without the size-1 axes before its slots (batch 1, one KV head),
+    as `KVCache` stores it: XLA:CPU copies a cache whose size-1 axis the attention strips."""
+    return x_B_SX.reshape(tuple(d for d in x_B_SX.shape[:-2] if d != 1) + x_B_SX.shape[-2:])
+
+
 def cache_mask(
     keys_S: jax.Array, pad_B: jax.Array, slot: jax.Array, T: int, window: int = 0
 ) -> jax.Array:
@@ -83,7 +89,8 @@ class KVCache:
     full cache; W for a ring of W slots (a local layer). length: the tokens the cache was made
     for. quant: '' (float), 'int8' or 'kivi4'. per_channel: the arrays a 'kivi4' cache
     quantizes per channel (the variant's keys, named by its `init_cache`). group: G, the tokens
-    of a 'kivi4' group (0 otherwise).
+    of a 'kivi4' group (0 otherwise). lead: the variant's axes before the slots ([B, ...]) when
+    the arrays are stored without their size-1 ones (`squeezed`); () when stored as made.
     """
 
     arrays: dict[str, jax.Array]
@@ -94,6 +101,7 @@ class KVCache:
     quant: str = dataclasses.field(default='', metadata={'static': True})
     per_channel: tuple[str, ...] = dataclasses.field(default=(), metadata={'static': True})
     group: int = dataclasses.field(default=0, metadata={'static': True})
+    lead: tuple[int, ...] = dataclasses.field(default=(), metadata={'static': True})
 
     @classmethod
     def empty(cls, per_channel: tuple[str, ...] = (), **arrays_B_SX: jax.Array) -> KVCache:
@@ -121,7 +129,7 @@ class KVCache:
         quant = '' if kv_cache_dtype == 'float' else kv_cache_dtype
         if quant != 'kivi4':
             stored = dataclasses.replace(self, window=window, length=length, quant=quant)
-            return dataclasses.replace(stored, arrays=stored._encoded(self.arrays))
+            return dataclasses.replace(stored, arrays=stored._encoded(self.arrays)).squeezed()
         if window or group <= 0:
             raise ValueError(
                 f"kv_cache_dtype='kivi4' needs a full cache (window 0, got {window}) and a "
@@ -131,6 +139,22 @@ class KVCache:
         for n, a in self.arrays.items():
             arrays.update(kv_kivi.empty(n, a, group, n in self.per_channel))
         return dataclasses.replace(self, arrays=arrays, length=length, quant=quant, group=group)
+
+    def squeezed(self) -> KVCache:
+        """This cache with its arrays stored without size-1 axes before the slots (batch 1,
+        one KV head): XLA:CPU copied every [1, ..., S, X] cache array each decode step, the
+        cache write fused twice, into the loop's carry and into the degenerate axis' bitcast
+        that the attention matmul reads (`drop_unit_axes`). `read` gives the variant's layout
+        back."""
+        lead = next(iter(self.arrays.values())).shape[:-2]
+        if 1 not in lead:
+            return self
+        arrays = {n: drop_unit_axes(a) for n, a in self.arrays.items()}
+        return dataclasses.replace(self, arrays=arrays, lead=lead)
+
+    def _stored_shape(self, x_B_TX: jax.Array) -> jax.Array:
+        """New entries [B, ..., T, X] in the layout the arrays are stored in."""
+        return drop_unit_axes(x_B_TX) if self.lead else x_B_TX
 
     @property
     def filled(self) -> jax.Array | None:
@@ -147,16 +171,18 @@ class KVCache:
                 name, self.arrays, self.slot, self.length, self.group, channel, dtype
             )
         if self.quant:
-            return kv_quant.decode(name, self.arrays, dtype)
-        return self.arrays[name].astype(dtype)
+            out = kv_quant.decode(name, self.arrays, dtype)
+        else:
+            out = self.arrays[name].astype(dtype)
+        return out.reshape(self.lead + out.shape[-2:]) if self.lead else out
 
     def _encoded(self, new_B_TX: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """Entries as this cache stores them (int8 codes and scales when quantized)."""
         if not self.quant:
-            return new_B_TX
+            return {n: self._stored_shape(x) for n, x in new_B_TX.items()}
         out = {}
         for name, x_B_TX in new_B_TX.items():
-            out.update(kv_quant.encode(name, x_B_TX))
+            out.update(kv_quant.encode(name, self._stored_shape(x_B_TX)))
         return out
 
     def write(self, **new_B_TX: jax.Array) -> tuple[KVCache, dict[str, jax.Array], jax.Array]:
