@@ -11,8 +11,9 @@ run's result.json and its saved config (KV bytes); runs named <arm>_s<k> are see
 Several --run_dir share one panel, each a family (NAME=PATH names it; default: the directory's
 name); without NAME=, a single directory's points are coloured by attention kind. --table reads
 a CSV (columns in lm/experiments/pareto.py), whose `panel` column splits the figure. sweep.py
-and uptrain_ablation.py draw the same figure at their end (<out_dir>/pareto_eval_loss.png and
-an image in their TensorBoard directory).
+and uptrain_ablation.py draw the same figure at their end (<out_dir>/pareto_eval_loss.png, the
+ablation's pareto_heldout_loss.png at each arm's chosen learning rate, and an image in their
+TensorBoard directory).
 """
 
 import dataclasses

@@ -17,8 +17,9 @@ mean, sample std and 95% t-interval over seeds, and paired differences between a
 over the report's comparisons, with each model's KV-cache bytes per token (bfloat16, all
 layers) beside its loss; each run's held-out loss goes to <out_dir>/seeds.csv (at the chosen
 rate) and every trained run's validation and held-out loss to <out_dir>/lr_grid.csv. At the
-end, loss against KV bytes per arm with the Pareto front: <out_dir>/pareto_eval_loss.png and
-the image 'pareto/eval/loss' in <out_dir>/tb (scripts/plot_pareto.py).
+end, the held-out loss against KV bytes, one point per arm at its chosen rate, with the Pareto
+front: <out_dir>/pareto_heldout_loss.png and the image 'pareto/heldout/loss' in <out_dir>/tb
+(scripts/plot_pareto.py).
 
   python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --schedule=continue,rewarm --lrs=3e-4,1e-3,3e-3 \
@@ -50,9 +51,16 @@ from absl import flags
 from lm.cli import bootstrap, check_writable_dir, run_app
 from lm.convert.methods import SCHEDULES
 from lm.convert.uptrain import METHODS
-from lm.experiments import pareto, pareto_plot, runner, summary
+from lm.experiments import pareto_plot, runner, summary
 from lm.experiments.ablation import Ablation, base_config, plan
-from lm.experiments.ablation_tables import compare_table, lr_grid_rows, report, tables
+from lm.experiments.ablation_tables import (
+    PLOTTED,
+    chosen_runs,
+    compare_table,
+    lr_grid_rows,
+    report,
+    tables,
+)
 
 _DATA = flags.DEFINE_string('data_path', 'data/tinyshakespeare.txt', 'Text file.')
 _OUT = flags.DEFINE_string('out_dir', 'runs/uptrain_ablation', 'Workdirs and TensorBoard.')
@@ -213,8 +221,8 @@ def run() -> int:
     seeds = summary.seed_rows(values, ('model', 'conversion', 'alpha_or_steps'), 'heldout_loss')
     summary.write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for docs/results
     summary.write_csv(os.path.join(_OUT.value, 'lr_grid.csv'), lr_grid_rows(specs, found))
-    runs = pareto.runs_of(specs, found, _OUT.value)
-    pareto_plot.summarise(runs, _OUT.value, os.path.join(_OUT.value, 'tb'), pareto.METRICS)
+    runs = chosen_runs(specs, found, chosen, _OUT.value)
+    pareto_plot.summarise(runs, _OUT.value, os.path.join(_OUT.value, 'tb'), PLOTTED)
     table = tables(ab, values, chosen)
     if _COMPARE.value:
         table += '\n\n' + compare_table(ab, specs, chosen, values, _OUT.value, _COMPARE.value)

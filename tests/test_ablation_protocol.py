@@ -104,6 +104,28 @@ def test_lr_grid_rows_keep_every_trained_run_but_the_source_and_untrained_conver
     assert lr_grid_rows(specs, {}) == []  # runs not finished: no rows
 
 
+def test_the_pareto_figure_takes_each_arm_at_its_chosen_rate_only():
+    from lm.experiments.ablation_tables import chosen_runs, report
+    from lm.experiments.runner import workdir
+
+    ab = ablation()
+    specs = plan(ab, 'out')
+
+    def val(s):  # validation loss lowest at 1e-3, for MQA at 3e-3
+        best = 3e-3 if s.arm[0] == 'MQA' else 1e-3
+        return 2.0 + abs(math.log(s.arm[-1] / best)) + 0.01 * s.seed
+
+    found = {s.name: {'eval': {'loss': val(s)}, 'heldout': {'loss': val(s) + 1}} for s in specs}
+    _, chosen = report(specs, found)
+    runs = chosen_runs(specs, found, chosen, 'out')
+    assert len(runs) == len({s.arm[:-1] for s in specs}) * ab.seeds  # not one per rate
+    by_dir = {workdir('out', s): s for s in specs}
+    assert all(by_dir[r.workdir].arm == (*r.arm, chosen[r.arm]) for r in runs)
+    tuned = {a: lr for a, lr in chosen.items() if a[0] != 'MHA' and (a[1] == 'scratch' or a[2])}
+    assert tuned and all(lr == (3e-3 if a[0] == 'MQA' else 1e-3) for a, lr in tuned.items())
+    assert chosen_runs(specs, {}, chosen, 'out') == []
+
+
 def test_each_run_trains_on_its_own_part_and_continue_carries_the_optimizer_state():
     ab = ablation()
     assert base_config(ab, 0, ab.steps).data.split == 'pretrain'

@@ -512,8 +512,8 @@ def test_ablation_script_smoke(tmp_path):
     assert '| MQA | from scratch | — | 6 |' not in table
     assert 'Final loss on the held-out part' in table
     assert 'Holm-corrected over the' in table
-    assert (tmp_path / 'abl' / 'pareto_eval_loss.png').stat().st_size > 10_000  # and in TB:
-    assert read_images(tmp_path / 'abl' / 'tb' / 'pareto') == ['pareto/eval/loss']
+    assert (tmp_path / 'abl' / 'pareto_heldout_loss.png').stat().st_size > 10_000  # and in TB:
+    assert read_images(tmp_path / 'abl' / 'tb' / 'pareto') == ['pareto/heldout/loss']
     num = r'-?\d\.\d{4}'
     arm = rf'\| MQA \| mean \| 0\.5 \(3\) \| 9 \| {num} ± {num} \| \[{num}, {num}\] \| '
     assert re.search(arm + rf'[+-]\d\.\d{{4}} \[{num}, {num}\]', table), table

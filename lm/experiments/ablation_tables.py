@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 
-from lm.experiments import lr_grid, stats, summary
+from lm.experiments import lr_grid, pareto, stats, summary
 from lm.experiments.ablation import SOURCE, Ablation, arms, kv_bytes
-from lm.experiments.runner import Spec, read_result
+from lm.experiments.runner import Spec, read_result, workdir
+
+PLOTTED = ('heldout/loss',)  # the Pareto figure's metric: the loss the tables report
 
 
 def heldout_loss(result: dict) -> float:
@@ -22,6 +24,18 @@ def report(specs: list[Spec], found: dict[str, dict]) -> tuple[dict, dict]:
     at the rate with the lowest mean validation loss (`lr_grid.select`)."""
     validation = summary.by_arm(specs, found, summary.loss)
     return lr_grid.select(validation, summary.by_arm(specs, found, heldout_loss))
+
+
+def chosen_runs(
+    specs: list[Spec], found: dict[str, dict], chosen: dict, out_dir: str
+) -> list[pareto.Run]:
+    """The finished runs at their arm's chosen learning rate (`report`), the arm without its
+    rate: the Pareto figure has one point per arm, as the tables have one row."""
+    return [
+        pareto.Run(s.arm[:-1], s.seed, found[s.name], workdir(out_dir, s))
+        for s in specs
+        if s.name in found and chosen.get(tuple(s.arm[:-1])) == s.arm[-1]
+    ]
 
 
 def lr_grid_rows(specs: list[Spec], found: dict[str, dict]) -> list[dict]:
