@@ -145,6 +145,15 @@ def test_ablation_table_keeps_each_targets_trained_arms():
 
     assert tables.ablation_table.__defaults__ == (SOURCE,)  # the ablation's label of its source
     assert '| mean, α = 0.1 | 2.1000 ± 0.1000 |' in mqa
+    # An ablation at α = 0 alone: its untrained conversions against the from-scratch baseline.
+    untrained = [r for r in rows if r['alpha_or_steps'] in ('0.0', '100')]
+    untrained += [{**r, 'alpha_or_steps': '100'} for r in rows if r['alpha_or_steps'] == '110']
+    text = tables.ablation_table(untrained)
+    assert text.startswith('CLA2:\n\n') and 'MQA' not in text
+    assert '| mean, α = 0.0 | 3.1000 ± 0.1000 |' in text
+    # differences 2.0, 1.9, 2.3: mean 2.0667, sd 0.2082, t(2) half-width 0.5171, p 0.00336
+    pair = '| mean, α = 0.0 | from scratch, 100 steps | +2.0667 [1.5496, 2.5838] p=0.00336 ✓ |'
+    assert pair in text, text
 
 
 def test_lr_grid_table_marks_the_rate_chosen_on_validation_and_reports_held_out_there():

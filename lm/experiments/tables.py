@@ -146,13 +146,20 @@ def _ablation_arm(conversion: str, at: str) -> str:
 
 def ablation_table(rows: list[dict], source: str = 'MHA') -> str:
     """Per target model its trained arms' estimates and Holm-corrected paired differences;
-    `source`: the ablation's label of its MHA source (lm.experiments.ablation.SOURCE, not
-    imported: this module reads CSVs without the training stack)."""
+    a target's untrained conversions (α = 0) are left out unless it has no trained one (an
+    ablation at α = 0 alone, compared with its from-scratch baselines). `source`: the
+    ablation's label of its MHA source (lm.experiments.ablation.SOURCE, not imported: this
+    module reads CSVs without the training stack)."""
     value = list(rows[0])[-1]
+
+    def untrained(r: dict) -> bool:
+        return r['conversion'] != 'scratch' and float(r['alpha_or_steps']) == 0
+
+    trained = {r['model'] for r in rows if r['conversion'] != 'scratch' and not untrained(r)}
     models: dict[str, list[dict]] = {}
     for r in rows:
         conversion, at = r['conversion'], r['alpha_or_steps']
-        if r['model'] == source or (conversion != 'scratch' and float(at) == 0):
+        if r['model'] == source or (untrained(r) and r['model'] in trained):
             continue
         arm = _ablation_arm(conversion, at)
         models.setdefault(r['model'], []).append({'arm': arm, 'seed': r['seed'], value: r[value]})
