@@ -82,8 +82,8 @@ def chunked_attention(
     """Softmax attention of T queries over the first `filled` of S cached slots, chunk by chunk:
     [B, T, H, U], equal to `grouped_attention` with the same mask (up to float rounding).
 
-    k_BGSD / v_BGSU: head-major caches, or [B, S, D] / [B, S, U] for one KV head (MQA, absorbed
-    MLA); v may be k itself. mask_BTS: True = attend (slots at or past `filled` never are).
+    k_BGSD / v_BGSU: head-major caches, or [B, S, D] / [B, S, U] for one shared KV head (absorbed
+    MLA's latent); v may be k itself. mask_BTS: True = attend (slots at or past `filled` never are).
     filled: int32 scalar, the slots written so far. chunk: C < S (the caller attends in one
     piece otherwise); S need not be a multiple of C.
     """

@@ -230,7 +230,7 @@ class AttentionVariant(nnx.Module):
             return chunked_attention(
                 q_BTHD, k_BGSD, v_BGSU, mask, scale=scale, filled=filled, chunk=chunk
             )
-        if k_BGSD.ndim == 3:  # one KV head cached as [B, S, D]
+        if k_BGSD.ndim == 3:  # one shared KV head as [B, S, D] (absorbed MLA's latent)
             k_BGSD, v_BGSU = k_BGSD[:, None], v_BGSU[:, None]
         out_BTHU, p_BHTS = grouped_attention(
             q_BTHD, k_BGSD, v_BGSU, scale=scale, mask=mask, impl=impl
