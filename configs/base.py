@@ -24,6 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
     model.head_dim = 0  # Per-head width d_h for mha/gqa/mqa; 0 = d_model // num_heads.
     model.attention_impl = 'einsum'  # 'einsum' (K/V not repeated) | 'dot_product' (XLA) | 'cudnn'.
     model.decode_chunk = 0  # Cached decoding reads the filled slots this many at a time; 0 = all.
+    model.decode_kernel = 'xla'  # Decode steps: 'xla' | 'pallas' (GPU kernel) | 'pallas_interpret'.
     model.kv_quant_group = 32  # kivi4 KV cache: tokens per key group and float residual (KIVI).
     model.qkv_bias = False  # Biases on q_proj / k_proj / v_proj (Qwen-style); mha/gqa/mqa only.
     model.o_bias = False  # Bias on o_proj (HF Llama attention_bias=True); mha/gqa/mqa only.

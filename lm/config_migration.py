@@ -46,6 +46,7 @@ ADDED_KEYS = {
     'model.sliding_window': 0,
     'model.layer_pattern': '',
     'model.decode_chunk': 0,
+    'model.decode_kernel': 'xla',
     'data.recall_seed': 0,
     'data.recall_eval_examples': 1000,
     'data.recall_pairs': 8,

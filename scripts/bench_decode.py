@@ -13,7 +13,8 @@ S slots: L + new tokens rounded up to a multiple of 128 (`cache_capacity`, as ge
 it). A variant name ending in '_local' ('gqa4_local') has sliding-window layers
 (--window, --layer_pattern); --kv_cache_dtype=int8 stores every cache as int8, =kivi4 as KIVI's
 4 bits (full caches only: not with '_local' or CLA variants) in groups of --kv_quant_group
-tokens; --decode_chunk sets config.model.decode_chunk.
+tokens; --decode_chunk sets config.model.decode_chunk, --decode_kernel config.model.decode_kernel
+('pallas': the fused GPU kernel of lm/model/flash_decode.py).
 
 Roofline: a decode step must read every weight and the filled cache once per layer that attends
 it (a CLA producer's cache is read by its consumers too: CLA halves what is stored, not what is
@@ -46,6 +47,7 @@ from lm.config import load_config_file
 from lm.infer.decode import Decoder, cache_capacity, init_caches
 from lm.model.accounting import kv_cache_bytes, kv_cache_bytes_read, param_counts
 from lm.model.attention import parse_variant
+from lm.model.config import DECODE_KERNELS
 from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.model.transformer import build_model, model_config
 from lm.train.profile import load_profile, print_profile
@@ -88,6 +90,9 @@ _XLA_DEFAULTS = flags.DEFINE_bool(
 _CHUNK = flags.DEFINE_integer(
     'decode_chunk', 0, 'config.model.decode_chunk: cache slots read per chunk (0 = all at once).'
 )
+_KERNEL = flags.DEFINE_enum(
+    'decode_kernel', 'xla', DECODE_KERNELS, "config.model.decode_kernel ('pallas': GPU kernel)."
+)
 
 BASE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'base.py'
@@ -104,6 +109,7 @@ def model_for(variant: str):
         num_heads=_HEADS.value,
         dtype=_DTYPE.value,
         decode_chunk=_CHUNK.value,
+        decode_kernel=_KERNEL.value,
         kv_quant_group=_GROUP.value,
     )
     config.model.mla.update(
@@ -195,6 +201,7 @@ def bench(variant: str, context: int, B: int) -> dict:
         'first_call_s': compile_s,
         'dtype': _DTYPE.value,
         'decode_chunk': _CHUNK.value,
+        'decode_kernel': _KERNEL.value,
         'xla_defaults': _XLA_DEFAULTS.value,
         # what one step must read: every weight, and the cache filled to L + n/2 on average (a
         # local layer's ring: at most W of them; formula = measured bytes, tests/test_decode.py),
@@ -240,7 +247,8 @@ def print_table(rows: list[dict], B: int) -> None:
         f'\ndecode benchmark: {jax.devices()[0].device_kind}, batch {B}, '
         f'{_NEW.value} new tokens, {_DTYPE.value} ({_KV_DTYPE.value} cache), '
         f'd_model {_D_MODEL.value}, '
-        f'{_LAYERS.value} layers, decode_chunk {_CHUNK.value}, {_HEADS.value} heads '
+        f'{_LAYERS.value} layers, decode_chunk {_CHUNK.value}, decode_kernel {_KERNEL.value}, '
+        f'{_HEADS.value} heads '
         f'({rows[0]["params"]:,} params for '
         f'{rows[0]["variant"]}), measured read bandwidth {rows[0]["bandwidth_GBps"]:.1f} GB/s'
     )

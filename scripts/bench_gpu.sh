@@ -4,13 +4,15 @@
 #   bash scripts/bench_gpu.sh train OUT_DIR   # environment, 125M train step, decode at 8k context
 #   bash scripts/bench_gpu.sh rest OUT_DIR    # cuDNN attention: train step, tests, profile; fast tier
 #   bash scripts/bench_gpu.sh decode OUT_DIR  # decode at 8k/32k, ops per step, 12 heads to 4 KV heads
+#   bash scripts/bench_gpu.sh flash OUT_DIR   # the fused decode kernel: its tests, then decoding
+#                                             # at 8k with it and with XLA's attention, same run
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
 # H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/performance.md.
 set -u
-part=${1:?usage: bench_gpu.sh train|rest|decode OUT_DIR}
-out=${2:?usage: bench_gpu.sh train|rest|decode OUT_DIR}
+part=${1:?usage: bench_gpu.sh train|rest|decode|flash OUT_DIR}
+out=${2:?usage: bench_gpu.sh train|rest|decode|flash OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/NAME.log
@@ -58,8 +60,18 @@ decode)
     --variants=mha,gqa4,mqa --num_heads=12 --dtype=bfloat16 --d_model=768 --num_layers=12 \
     --bandwidth_gib=4 --json="$out/decode_h12.json"
   ;;
+flash)
+  step env 60 bash -c 'date -u; nvidia-smi -L; python3 -c "import jax; print(jax.__version__)"'
+  XLA_PYTHON_CLIENT_PREALLOCATE=false step test_flash 150 python3 -m pytest \
+    tests/test_flash_decode.py -q -n 0 -p no:cacheprovider
+  for kernel in pallas xla; do
+    step "decode_$kernel" 170 python3 scripts/bench_decode.py --contexts=8192 --batch=8,16 \
+      --variants=mha,gqa4,mqa --num_heads=16 --d_model=1024 --dtype=bfloat16 --num_layers=12 \
+      --bandwidth_gib=4 --decode_kernel=$kernel --json="$out/decode_$kernel.json"
+  done
+  ;;
 *)
-  echo "unknown part $part (train|rest|decode)" >&2
+  echo "unknown part $part (train|rest|decode|flash)" >&2
   exit 2
   ;;
 esac

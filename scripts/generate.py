@@ -24,6 +24,7 @@ from lm.convert.hf_files import max_position
 from lm.data.corpus import load_tokenizer
 from lm.data.tokenizer import Tokenizer
 from lm.infer.decode import Decoder, parse_sampling
+from lm.model.config import DECODE_KERNELS
 from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.train.checkpoint import check_finite
 from lm.train.interrupt import StopRequest
@@ -54,6 +55,13 @@ _KV_DTYPE = flags.DEFINE_enum(
     'float',
     list(KV_CACHE_DTYPES),
     'KV cache storage: compute dtype, int8, or kivi4 (KIVI 4-bit, config.model.kv_quant_group).',
+)
+_KERNEL = flags.DEFINE_enum(
+    'decode_kernel',
+    None,
+    list(DECODE_KERNELS),
+    "Decode steps' attention (config.model.decode_kernel; 'pallas': one fused GPU kernel per "
+    "layer, power-of-2 head widths); default: the run's.",
 )
 _STREAM_CONTEXT = 4  # tokens decoded before the new ones, so a token's spacing is kept
 
@@ -155,7 +163,10 @@ def run() -> int:
     check_lengths(prompts, rows, _MAX_NEW.value, max_position(_WORKDIR.value, config))
     bootstrap(config)
     with StopRequest() as stop:
-        restored = assemble(_WORKDIR.value, state='params', step=_STEP.value)
+        kernel = {} if _KERNEL.value is None else {'decode_kernel': _KERNEL.value}
+        restored = assemble(
+            _WORKDIR.value, state='params', step=_STEP.value, model_overrides=kernel
+        )
         where = f'--workdir={_WORKDIR.value}: the checkpoint at step {restored.step}'
         check_finite(restored.state['params'], where)
         stop.check()

@@ -23,14 +23,18 @@ VARIANTS = ['mha', 'gqa2', 'mqa', 'mla']
 WIDTHS = dict(d_model=64, mlp_dim=128, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16)
 
 
-def config_for(variant: str, impl: str, dtype: str):
-    return tiny_config(**parse_variant(variant), **WIDTHS, attention_impl=impl, dtype=dtype)
+def config_for(variant: str, impl: str, dtype: str, num_layers: int = 2):
+    return tiny_config(
+        **parse_variant(variant), **WIDTHS, attention_impl=impl, dtype=dtype, num_layers=num_layers
+    )
 
 
-def models(variant: str) -> tuple[nnx.Module, nnx.Module]:
+def models(variant: str, num_layers: int = 2) -> tuple[nnx.Module, nnx.Module]:
     """(cuDNN in bfloat16, einsum in float32) with the same parameters."""
-    fast = build_model(model_config(config_for(variant, 'cudnn', 'bfloat16').model), seed=0)
-    ref = build_model(model_config(config_for(variant, 'einsum', 'float32').model), seed=0)
+    fast, ref = (
+        build_model(model_config(config_for(variant, impl, dtype, num_layers).model), seed=0)
+        for impl, dtype in (('cudnn', 'bfloat16'), ('einsum', 'float32'))
+    )
     return fast, ref
 
 
@@ -55,7 +59,10 @@ def test_cudnn_needs_a_half_precision_dtype():
 @gpu_only
 @pytest.mark.parametrize('variant', VARIANTS)
 def test_cudnn_forward_and_gradients_match_einsum(variant):
-    fast, ref = models(variant)
+    """One layer: with --xla_gpu_deterministic_ops (tests/conftest.py), XLA fails to compile two
+    identically shaped cuDNN backward calls (IndexError 'raw_hash_map<>::at', openxla/xla#46500;
+    seen on an H100 with JAX 0.11.2). Training, without that flag, compiles any depth."""
+    fast, ref = models(variant, num_layers=1)
     tokens = jax.random.randint(jax.random.key(1), (2, 65), 0, 61)  # inputs of 64: cuDNN's tiles
 
     def loss_and_grads(model):

@@ -13,6 +13,7 @@ import ml_collections
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 ATTENTION_IMPLS = ('einsum', 'dot_product', 'cudnn')
 ROPE_SCALINGS = ('', 'llama3')
+DECODE_KERNELS = ('xla', 'pallas', 'pallas_interpret')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,7 @@ class ModelConfig:
     head_dim: int
     attention_impl: str
     decode_chunk: int
+    decode_kernel: str
     kv_quant_group: int
     qkv_bias: bool
     o_bias: bool
@@ -105,6 +107,11 @@ class ModelConfig:
             raise ValueError(
                 f'config.model.attention_impl must be one of {ATTENTION_IMPLS}, '
                 f'got {self.attention_impl!r}'
+            )
+        if self.decode_kernel not in DECODE_KERNELS:
+            raise ValueError(
+                f'config.model.decode_kernel must be one of {DECODE_KERNELS}, '
+                f'got {self.decode_kernel!r}'
             )
         if self.attention_impl == 'cudnn' and self.dtype not in ('bfloat16', 'float16'):
             raise ValueError(

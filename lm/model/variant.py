@@ -16,6 +16,7 @@ from flax import nnx
 
 from lm.model.chunked import chunked_attention
 from lm.model.config import ModelConfig
+from lm.model.flash_decode import flash_decode
 from lm.model.hf_mapping import HFMapping
 from lm.model.kv_cache import KVCache
 
@@ -220,12 +221,18 @@ class AttentionVariant(nnx.Module):
         KV head) with `impl` (default:
         config.model.attention_impl), sowing its weights when `sow_weights` is set (on the
         einsum path, the one that forms them). filled: with a full cache, the slots written so far
-        (`KVCache.filled`; None for a ring, attended whole); then einsum attention reads only
-        those, config.model.decode_chunk slots at a time (`chunked_attention`), unless
-        decode_chunk is 0."""
+        (`KVCache.filled`; None for a ring, attended whole); then a decode step's one query
+        attends in one fused kernel when config.model.decode_kernel is 'pallas'
+        (`flash_decode`), and otherwise einsum attention reads only the filled slots,
+        config.model.decode_chunk at a time (`chunked_attention`), unless decode_chunk is 0."""
         impl = 'einsum' if self.sow_weights else impl or self.cfg.attention_impl
-        chunk = self.cfg.decode_chunk
+        chunk, kernel = self.cfg.decode_chunk, self.cfg.decode_kernel
         S = k_BGSD.shape[-2]
+        if filled is not None and kernel != 'xla' and q_BTHD.shape[1] == 1 and not self.sow_weights:
+            interpret = kernel == 'pallas_interpret'
+            return flash_decode(
+                q_BTHD, k_BGSD, v_BGSU, mask, scale=scale, filled=filled, interpret=interpret
+            )
         if filled is not None and 0 < chunk < S and impl == 'einsum' and not self.sow_weights:
             return chunked_attention(
                 q_BTHD, k_BGSD, v_BGSU, mask, scale=scale, filled=filled, chunk=chunk

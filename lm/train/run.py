@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import ml_collections
@@ -166,6 +167,7 @@ def assemble(
     check: Callable[[ModelConfig], None] | None = None,
     allow_config_change: bool = False,
     flag: str = '--workdir',
+    model_overrides: Mapping[str, Any] | None = None,
 ) -> Run:
     """The one way a run is built: its config checked (`check_config`), sharding rules and mesh
     made, `data` tokenised, the model config resolved, `check(model_config)` run, the step
@@ -176,7 +178,9 @@ def assemble(
     and 'resume' read
     `workdir`; 'resume' (training) first takes the workdir (`WorkdirLock`, released by
     `Run.close`) and refuses a config changed since its checkpoint unless
-    `allow_config_change`. `flag` names the workdir in errors."""
+    `allow_config_change`. `flag` names the workdir in errors. `model_overrides`: `config.model`
+    keys set on the config before the model is built, for settings that leave the parameters
+    as they are (e.g. inference's `decode_kernel`)."""
     if state not in STATES:
         raise ValueError(f'state must be one of {STATES}, got {state!r}')
     saved = isinstance(source, str)
@@ -184,6 +188,9 @@ def assemble(
     if state in ('restore', 'params', 'resume') and workdir is None:
         raise ValueError(f'state={state!r} needs a workdir to read the checkpoint from')
     config = check_config(stored_config(workdir, flag, step) if saved else source, saved)
+    if model_overrides:
+        config.model.update(model_overrides)
+        check_model_config(config.model)
     rules = rules_table(config.mesh)
     mesh = make_mesh(config.mesh)
     if not saved:
