@@ -1,8 +1,9 @@
 """The model wing: the model config schema (`config`), layers, the attention-variant contract
-(`variant`), chunked decoding attention (`chunked`), one file per variant (`gqa`, `mla`), the
-factory (`attention`), KV layouts across layers (`layout`: cross-layer attention, per-layer KV
-heads), the variants' Hugging Face mappings as data (`hf_mapping`), the decoding cache every
-variant shares (`kv_cache`: full or a sliding-window ring, float or int8 via `kv_quant`, or, full
-caches, KIVI's 4 bits via `kv_kivi`), the decoder (`transformer`) and the accounting of
-parameters, KV-cache bytes and FLOPs. Imports no other wing.
+(`variant`), chunked decoding attention (`chunked`) and its fused GPU kernel (`flash_decode`),
+one file per variant (`gqa`, `mla`), the factory (`attention`), KV layouts across layers
+(`layout`: cross-layer attention, per-layer KV heads), the variants' Hugging Face mappings as
+data (`hf_mapping`), the decoding cache every variant shares (`kv_cache`: full or a
+sliding-window ring, float or int8 via `kv_quant`, or, full caches, KIVI's 4 bits via
+`kv_kivi`), the decoder (`transformer`) and the accounting of parameters, KV-cache bytes and
+FLOPs. Imports no other wing.
 """
