@@ -109,3 +109,10 @@ def test_shapes_the_kernel_cannot_tile_are_refused_in_one_line():
         flash_decode(q, kv, kv, jnp.ones((1, 1, 40), bool), scale=1.0, filled=1, interpret=True)
     with pytest.raises(ValueError, match=r'config.model.decode_kernel must be one of'):
         model_config(tiny_config(decode_kernel='triton').model)
+
+
+@pytest.mark.skipif(ON_GPU, reason='the refusal is for machines without a GPU')
+def test_the_compiled_kernel_is_refused_without_a_gpu():
+    q, kv = jnp.zeros((1, 1, 4, 16)), jnp.zeros((1, 4, 32, 16))
+    with pytest.raises(ValueError, match=r"decode_kernel='pallas' needs a GPU \(Triton kernels\)"):
+        flash_decode(q, kv, kv, jnp.ones((1, 1, 32), bool), scale=1.0, filled=1)

@@ -157,6 +157,11 @@ def flash_decode(
     block: slots per tile (a power of 2 >= 16; smaller when the cache has fewer).
     interpret: run in Pallas's interpreter (any backend; for tests).
     """
+    if not interpret and jax.default_backend() != 'gpu':
+        raise ValueError(
+            "config.model.decode_kernel='pallas' needs a GPU (Triton kernels); this backend is "
+            f"{jax.default_backend()!r}: use 'xla', or 'pallas_interpret' to check the kernel"
+        )
     B, _, H, D = q_B1HD.shape
     if k_BGSD.ndim == 3:
         k_BGSD, v_BGSU = k_BGSD[:, None], v_BGSU[:, None]
