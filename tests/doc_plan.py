@@ -381,6 +381,11 @@ PLAN = {
     '--seeds=5 --parallel=2 --out_dir=runs/uptrain1k_a0 --reuse=runs/uptrain1k_parts '
     '--methods=mean,aligned --targets=2,1 --mla_ranks=32 --fractions=0 --scratch_fractions=0 '
     '--lrs=3e-4,1e-3,3e-3,1e-2,3e-2 --report=runs/table_a0.md': Flags(),
+    'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=1000 '
+    '--seeds=5 --parallel=3 --out_dir=runs/uptrain1k_a01 --reuse=runs/uptrain1k_parts '
+    '--schedule=continue,rewarm --methods=mean,aligned --targets=2,1 --mla_ranks=32 '
+    '--fractions=0.1 --scratch_fractions=0.1 --lrs=1e-3,3e-3,1e-2 '
+    '--report=runs/table_a01.md': Flags(),
     'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=5000 '
     '--seeds=5 --parallel=2 --out_dir=runs/uptrain5k_parts --schedule=continue,rewarm '
     '--methods=mean,aligned,first,random --targets=2,1 --mla_ranks=32,64 '
