@@ -11,7 +11,7 @@ from conftest import tiny_config
 
 from lm.infer.decode import Decoder, init_caches
 from lm.model.attention import parse_variant
-from lm.model.flash_decode import flash_decode
+from lm.model.flash_decode import flash_decode, slots_per_tile
 from lm.model.transformer import build_model, model_config
 
 ON_GPU = jax.default_backend() == 'gpu'
@@ -67,16 +67,20 @@ def test_kernel_equals_reference(G, D, U, one_head, filled):
 
 
 def test_values_may_be_the_keys():
-    """Absorbed MLA passes its latent as both keys and values."""
+    """Absorbed MLA passes its latent as both keys and values; 48 slots tile by 16 by default."""
     rng = np.random.default_rng(0)
     q = rng.standard_normal((2, 1, 4, 32)).astype(np.float32)
     kv = rng.standard_normal((2, 48, 32)).astype(np.float32)
     mask = np.ones((2, 1, 48), bool)
     got = flash_decode(
-        q, kv, kv, mask, scale=0.2, filled=jnp.int32(48), block=16, interpret=not ON_GPU
+        q, kv, kv, mask, scale=0.2, filled=jnp.int32(48), interpret=not ON_GPU
     )
     want = reference(q[:, 0], kv[:, None], kv[:, None], mask[:, 0], 0.2)
     np.testing.assert_allclose(np.asarray(got)[:, 0], want, atol=ATOL, rtol=0)
+
+
+def test_the_tile_is_the_largest_power_of_2_dividing_the_cache():
+    assert [slots_per_tile(s, 128) for s in (8, 48, 144, 1024, 8192)] == [8, 16, 16, 128, 128]
 
 
 def step_logits(variant: str, kernel: str) -> np.ndarray:
@@ -105,7 +109,7 @@ def test_shapes_the_kernel_cannot_tile_are_refused_in_one_line():
     with pytest.raises(ValueError, match=r"decode_kernel='pallas' needs power-of-2 key widths"):
         flash_decode(q, kv, kv, jnp.ones((1, 1, 32), bool), scale=1.0, filled=1, interpret=True)
     q, kv = jnp.zeros((1, 1, 4, 16)), jnp.zeros((1, 4, 40, 16))
-    with pytest.raises(ValueError, match=r'needs a cache of a multiple of 32 slots, got 40'):
+    with pytest.raises(ValueError, match=r'needs a cache of a multiple of 16 slots, got 40'):
         flash_decode(q, kv, kv, jnp.ones((1, 1, 40), bool), scale=1.0, filled=1, interpret=True)
     with pytest.raises(ValueError, match=r'config.model.decode_kernel must be one of'):
         model_config(tiny_config(decode_kernel='triton').model)

@@ -6,7 +6,8 @@ scores, the softmax and the weighted value sum on chip; a few XLA ops then combi
 matmuls, the masking and the softmax's pieces (docs/performance.md: on an H100 it reads the cache
 at ~2.5 TB/s). `config.model.decode_kernel='pallas'` selects it for decode steps (T = 1).
 Triton loads power-of-2 tiles: the key and value widths must be powers of 2 and the cache a
-multiple of 16 slots (`lm.infer.decode.cache_capacity` gives multiples of 128).
+multiple of 16 slots or one smaller power-of-2 tile (`lm.infer.decode.cache_capacity` gives
+multiples of 128).
 Shape letters: see the legend in lm/model/transformer.py; N = B·G (sequence, KV head) pairs,
 P = splits, C = slots per tile.
 """
@@ -26,8 +27,13 @@ MIN_ROWS = 16  # Triton's smallest matmul tile: a KV head's R query heads are pa
 TARGET_PROGRAMS = 512  # splits of the slots until B·G·splits reaches this (a few per GPU core)
 
 
+def slots_per_tile(S: int, block: int) -> int:
+    """The tile for a cache of S slots: the largest power of 2 dividing S, at most `block`."""
+    return min(block, S & -S)
+
+
 def check_shapes(k_BGSD: jax.Array, v_BGSU: jax.Array, block: int) -> None:
-    """ValueError naming the setting when the kernel cannot take this cache."""
+    """ValueError naming the setting when the kernel cannot take this cache (tiles of `block`)."""
     D, U, S = k_BGSD.shape[-1], v_BGSU.shape[-1], k_BGSD.shape[-2]
     for name, width in (('key', D), ('value', U)):
         if width < 16 or width & (width - 1):
@@ -35,9 +41,9 @@ def check_shapes(k_BGSD: jax.Array, v_BGSU: jax.Array, block: int) -> None:
                 f"config.model.decode_kernel='pallas' needs power-of-2 {name} widths >= 16 "
                 f"(Triton tiles); this variant's are {width}; use decode_kernel='xla'"
             )
-    if S % block:
+    if block < MIN_ROWS and block != S:
         raise ValueError(
-            f"config.model.decode_kernel='pallas' needs a cache of a multiple of {block} slots, "
+            f"config.model.decode_kernel='pallas' needs a cache of a multiple of {MIN_ROWS} slots, "
             f'got {S} (lm.infer.decode.cache_capacity sizes caches so)'
         )
 
@@ -154,7 +160,8 @@ def flash_decode(
 
     k_BGSD / v_BGSU: head-major caches, or [B, S, D] / [B, S, U] for one shared KV head (absorbed
     MLA's latent). mask_B1S: True = attend. filled: int32 scalar, the slots written so far.
-    block: slots per tile (a power of 2 >= 16; smaller when the cache has fewer).
+    block: the most slots per tile (a power of 2; the tile is the largest power of 2 <= block
+    dividing S, at least 16 unless the whole cache is one smaller power-of-2 tile).
     interpret: run in Pallas's interpreter (any backend; for tests).
     """
     if not interpret and jax.default_backend() != 'gpu':
@@ -167,7 +174,7 @@ def flash_decode(
         k_BGSD, v_BGSU = k_BGSD[:, None], v_BGSU[:, None]
     G, S, U = k_BGSD.shape[1], k_BGSD.shape[2], v_BGSU.shape[-1]
     R = H // G
-    block = min(block, 1 << (S.bit_length() - 1))
+    block = slots_per_tile(S, block)
     check_shapes(k_BGSD, v_BGSU, block)
     rows = max(MIN_ROWS, 1 << (R - 1).bit_length())
     splits, per_split = split_slots(S // block, B * G)
