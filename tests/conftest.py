@@ -45,6 +45,15 @@ XLA_CACHE = os.path.join(
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'JAX_NUMPY_RANK_PROMOTION': 'raise'}
 
 
+def tiered(values, fast):
+    """Parametrize values (tuples for several argnames) with every one not in `fast` marked slow
+    (run in the full suite only)."""
+    slow = [
+        pytest.param(*v if isinstance(v, tuple) else (v,), marks=pytest.mark.slow) for v in values
+    ]
+    return [v if v in fast else p for v, p in zip(values, slow, strict=True)]
+
+
 def run_entry(script, *args, env=None, timeout=600, check=False):
     """Runs an entry point (`'train.py'`, `'scripts/sweep.py'`, ...) in a fresh Python on the
     CPU backend from the repository root; returns the CompletedProcess (text output). With

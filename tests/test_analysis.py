@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from conftest import ROOT, read_scalars, sown_weights, tiny_config, tiny_train_config
+from conftest import ROOT, read_scalars, sown_weights, tiered, tiny_config, tiny_train_config
 from flax import nnx
 from reference import p, rmsnorm
 
@@ -222,7 +222,7 @@ def randomise_biases(model, rng):
                 proj.bias[...] = jnp.asarray(rng.normal(size=proj.bias.shape), jnp.float32)
 
 
-@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize('variant', tiered(VARIANTS, fast=('mha', 'mla')))
 def test_sown_weights_times_values_give_the_attention_output(variant):
     """The weights a variant sows (what the probe reads) · float64 values → o_proj reproduces
     the module's own output on the same call (float32, atol 2e-5), for every variant."""

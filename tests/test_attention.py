@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from conftest import sown_weights, tiny_config
+from conftest import sown_weights, tiered, tiny_config
 from flax import nnx
 
 from lm.model.attention import VARIANTS, make_attention, variant
@@ -51,7 +51,7 @@ def inputs(cfg, B=2, T=16, seed=0):
     return x, start + jnp.arange(T)[None]
 
 
-@pytest.mark.parametrize('case', CASES)
+@pytest.mark.parametrize('case', tiered(CASES, fast=('mha', 'gqa2', 'mla')))
 def test_attention_matches_reference(case):
     cfg = model_config(tiny_config(**CASES[case]).model)
     attn = make_attention(cfg, rngs=nnx.Rngs(0))

@@ -28,7 +28,7 @@ def forward_losses(model, batch_BT1: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize(
     'overrides',
     [
-        pytest.param({'attention': 'gqa', 'num_kv_heads': 2}, id='gqa2'),
+        pytest.param({'attention': 'gqa', 'num_kv_heads': 2}, id='gqa2', marks=pytest.mark.slow),
         pytest.param({'attention': 'mla'}, id='mla', marks=pytest.mark.slow),
         pytest.param(
             {'attention': 'mha', 'sliding_window': 4, 'layer_pattern': 'LG'},

@@ -55,7 +55,7 @@ def with_layers(params, fn):
     'model',
     [
         dict(attention='mha', qkv_bias=True, o_bias=True),
-        dict(attention='gqa', num_kv_heads=4, num_heads=8),
+        pytest.param(dict(attention='gqa', num_kv_heads=4, num_heads=8), marks=pytest.mark.slow),
     ],
 )
 def test_permuting_heads_keeps_the_function(model):
@@ -258,6 +258,7 @@ def test_mla_factors_reproduce_the_non_rope_key_and_value_at_full_rank():
     assert dst.rope_theta == pytest.approx(cfg.rope_theta ** (stride * P / D))
 
 
+@pytest.mark.slow
 def test_mla_logit_error_falls_as_the_latent_grows():
     cfg, params = source(attention='mha')
     want, inputs = logits(cfg, params), calibration(cfg, params)

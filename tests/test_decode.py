@@ -7,7 +7,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import ENV, ROOT, run_entry, tiny_config, tiny_train_config
+from conftest import ENV, ROOT, run_entry, tiered, tiny_config, tiny_train_config
 from flax import nnx
 
 from lm.infer.decode import (
@@ -64,7 +64,10 @@ def model_and_decoder(seed=0, absorb=True, **model):
     return cfg, m, Decoder(m, absorb=absorb)
 
 
-@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize(
+    'variant',  # MHA, MQA and MLA's plain latent in the full suite only
+    tiered(VARIANTS, fast=[v for v in VARIANTS if v not in ('mha', 'mqa', 'mla')]),
+)
 def test_cached_decoding_equals_full_forward(variant):
     cfg, model, decoder = model_and_decoder(**VARIANTS[variant])
     cont = np.asarray(jax.random.randint(jax.random.key(1), (3, 5), 0, cfg.vocab_size), np.int32)

@@ -66,6 +66,7 @@ def test_document_mask_equals_each_document_alone(spec, impl):
     assert np.abs(plain[5:13] - want[1, :8]).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_training_loss_with_document_mask_is_each_documents_own_loss():
     """The production path: `token_losses` with the run's EOS (set by `assemble` when
     config.data.document_mask). A document's last token (EOS) predicts the next document's

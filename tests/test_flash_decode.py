@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import tiered, tiny_config
 
 from lm.infer.decode import Decoder, init_caches
 from lm.model.attention import parse_variant
@@ -72,9 +72,7 @@ def test_values_may_be_the_keys():
     q = rng.standard_normal((2, 1, 4, 32)).astype(np.float32)
     kv = rng.standard_normal((2, 48, 32)).astype(np.float32)
     mask = np.ones((2, 1, 48), bool)
-    got = flash_decode(
-        q, kv, kv, mask, scale=0.2, filled=jnp.int32(48), interpret=not ON_GPU
-    )
+    got = flash_decode(q, kv, kv, mask, scale=0.2, filled=jnp.int32(48), interpret=not ON_GPU)
     want = reference(q[:, 0], kv[:, None], kv[:, None], mask[:, 0], 0.2)
     np.testing.assert_allclose(np.asarray(got)[:, 0], want, atol=ATOL, rtol=0)
 
@@ -98,7 +96,10 @@ def step_logits(variant: str, kernel: str) -> np.ndarray:
     return np.stack(out)
 
 
-@pytest.mark.parametrize('variant', ['mha', 'gqa2', 'mqa', 'mla'])
+@pytest.mark.parametrize(
+    'variant',  # GQA in the fast tier, the others in the full suite
+    tiered(('mha', 'gqa2', 'mqa', 'mla'), fast=('gqa2',)),
+)
 def test_decoding_with_the_kernel_equals_the_xla_path(variant):
     got, want = step_logits(variant, KERNEL), step_logits(variant, 'xla')
     np.testing.assert_allclose(got, want, atol=10 * ATOL, rtol=0)

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 import reference
-from conftest import ROOT, tiny_config
+from conftest import ROOT, tiered, tiny_config
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
@@ -103,7 +103,9 @@ def test_llama3_frequencies_match_reference():
     np.testing.assert_allclose(rope_inv_freq(half, 500_000.0, cfg), want, rtol=2e-6)
 
 
-@pytest.mark.parametrize('name', NAMES)
+@pytest.mark.parametrize(
+    'name', tiered(NAMES, fast=[n for n in NAMES if not n.endswith('_halves')])
+)
 def test_import_matches_transformers(tmp_path, name):
     """Logits and KV-cache greedy decoding of the imported model equal transformers'."""
     d = FIXTURES / name
@@ -175,10 +177,8 @@ ROUND_TRIPS = {
 }
 
 
-@pytest.mark.parametrize(
-    'case',  # one case in the fast tier, the others in the full suite
-    [c if c == 'mla_qlora' else pytest.param(c, marks=pytest.mark.slow) for c in ROUND_TRIPS],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize('case', ROUND_TRIPS)
 def test_import_of_export_is_bitwise_equal(tmp_path, case):
     write_run(tmp_path / 'run', **ROUND_TRIPS[case])
     export_hf(str(tmp_path / 'run'), str(tmp_path / 'hf'))

@@ -75,6 +75,7 @@ def test_codes_and_scales_equal_numpy():
     assert np.all(np.asarray(back)[1, 2, 5] == -0.25)
 
 
+@pytest.mark.slow
 def test_storage_written_in_pieces_equals_numpy():
     """Entries written 5, 1, 1, 4, 3 at a time into a cache of 15 slots (G = 4), row 1 with 2
     slots of left padding holding keys of 100: after each write, the new queries see the new
@@ -123,9 +124,8 @@ def test_storage_written_in_pieces_equals_numpy():
                 np.testing.assert_allclose(stored, want, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize(
-    'variant', [v if v == 'gqa2' else pytest.param(v, marks=pytest.mark.slow) for v in VARIANTS]
-)
+@pytest.mark.slow
+@pytest.mark.parametrize('variant', VARIANTS)
 def test_kivi4_decodes_within_tolerance_of_float(variant):
     """Teacher-forced logits (a 7-token prefill + 8 steps, 15 tokens) with G = 4 (prefill and
     steps cross three group boundaries) within 25% of the largest |logit| of the float cache's

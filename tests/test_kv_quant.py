@@ -52,10 +52,8 @@ def teacher_forced(decoder, cfg, cont, kv_cache_dtype):
     return np.stack(out, 1)
 
 
-@pytest.mark.parametrize(
-    'variant',
-    [v if v == 'gqa2_local' else pytest.param(v, marks=pytest.mark.slow) for v in VARIANTS],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize('variant', VARIANTS)
 def test_int8_cache_decodes_within_tolerance_of_float(variant):
     """Teacher-forced logits (prefill + 8 steps) with the int8 cache within 3% of the largest
     |logit| of the float cache's (measured: 0.9% to 2.0%; this random tiny model's logits are

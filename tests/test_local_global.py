@@ -108,7 +108,8 @@ def assert_equals_full_forward(model, cont, rows):
         np.testing.assert_allclose(rows[b], want, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize('attention', ['gqa', pytest.param('mla', marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize('attention', ['gqa', 'mla'])
 def test_decode_equals_full_forward_past_the_window(attention):
     """Prefill (prompts longer and shorter than W, left-padded) then 12 steps through rings of
     W = 4 slots give the full forward's logits token for token (atol 2e-5, rtol 1e-4)."""
@@ -123,7 +124,8 @@ def test_decode_equals_full_forward_past_the_window(attention):
         np.testing.assert_array_equal(np.argmax(full[len(prompt) - 1 : -1], -1), new)
 
 
-@pytest.mark.parametrize('kv_cache_dtype', ['float', pytest.param('int8', marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize('kv_cache_dtype', ['float', 'int8'])
 def test_chunked_decoding_with_local_layers_and_per_layer_heads(kv_cache_dtype):
     """Local/global layers (W = 4) with per-layer KV heads (2, 1, 2) and decode_chunk = 3: the
     global layer's 21-slot cache is read 3 slots at a time, the rings whole. Each cache has its
@@ -157,7 +159,7 @@ def test_cla_with_local_layers_or_int8_is_refused():
         init_caches(cla, 1, 8, 'int8')
 
 
-@pytest.mark.parametrize('kv_cache_dtype', ['float', 'int8'])
+@pytest.mark.parametrize('kv_cache_dtype', ['float', pytest.param('int8', marks=pytest.mark.slow)])
 def test_local_cache_is_constant_with_context(kv_cache_dtype):
     """Local layers' arrays hold W slots whatever the length; the bytes equal the formula."""
     cfg = local_cfg(layer_pattern='LLG', dtype='bfloat16')

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import tiered, tiny_config
 from flax import nnx
 
 from lm.model.transformer import build_model, model_config
@@ -17,8 +17,13 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize('impl', ['einsum', 'dot_product'])
-@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize(
+    'variant, impl',  # the full suite crosses every variant with both implementations
+    tiered(
+        [(v, i) for v in VARIANTS for i in ('einsum', 'dot_product')],
+        fast=[('mha', 'einsum'), ('gqa2', 'dot_product'), ('mla', 'einsum')],
+    ),
+)
 def test_causality(variant, impl):
     """Changing tokens after position t changes no logit at or before t (atol 1e-6)."""
     cfg = model_config(tiny_config(**VARIANTS[variant], attention_impl=impl).model)
@@ -31,7 +36,7 @@ def test_causality(variant, impl):
     assert np.abs(a[:, t + 1 :] - b[:, t + 1 :]).max() > 1e-3
 
 
-@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize('variant', tiered(VARIANTS, fast=('mha', 'gqa2', 'mla')))
 def test_bfloat16_compute_keeps_float32_params(variant):
     cfg32 = model_config(tiny_config(**VARIANTS[variant]).model)
     cfg16 = model_config(tiny_config(**VARIANTS[variant], dtype='bfloat16').model)

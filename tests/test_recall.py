@@ -110,6 +110,7 @@ def test_same_seed_same_examples_other_seed_others(tmp_path):
     assert (task.call_batch(seed=1, step=4, steps=1, batch_size=8) != three[0]).mean() > 0.5
 
 
+@pytest.mark.slow
 def test_loss_counts_the_answers_only(tmp_path):
     """batch_loss against a float64 reference over the flagged targets, from the same logits;
     and the eval step's accuracy against numpy's argmax."""
@@ -192,6 +193,7 @@ def test_training_a_recall_config_logs_recall_accuracy(tmp_path):
     assert result['recall_accuracy'] == pytest.approx(acc[300], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_train_loop_logs_recall_accuracy_in_process(tmp_path):
     """The fast tier's end-to-end: a few steps of the normal loop write eval/recall_accuracy."""
     workdir = tmp_path / 'run'
