@@ -66,16 +66,32 @@ def test_every_base_key_has_a_comment():
     assert not missing, missing
 
 
-def test_sweep_file_points_are_valid():
-    path = ROOT / 'configs' / 'sweeps' / 'attention_kinds.py'
-    spec = importlib.util.spec_from_file_location('sweep_file', path)
+def sweep_file(name):
+    spec = importlib.util.spec_from_file_location('sweep_file', ROOT / 'configs' / 'sweeps' / name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize('name', sorted(p.name for p in (ROOT / 'configs' / 'sweeps').glob('*.py')))
+def test_every_sweep_files_points_are_valid(name):
+    """Each point of each sweep file gives a valid model and data config, under a unique name."""
+    module = sweep_file(name)
     base = module.get_config()
-    kinds = []
-    for point in module.get_points():
+    points = module.get_points()
+    assert len({p['name'] for p in points}) == len(points)
+    for point in points:
         config = point_config(base, {k: v for k, v in point.items() if k != 'name'})
         assert invalid_reason(config) is None, point
+        valid_model(config)
+        check_data_config(config.data)
+
+
+def test_sweep_file_points_are_valid():
+    base = sweep_file('attention_kinds.py').get_config()
+    kinds = []
+    for point in sweep_file('attention_kinds.py').get_points():
+        config = point_config(base, {k: v for k, v in point.items() if k != 'name'})
         cfg = valid_model(config)
         kinds.append((cfg.attention, cfg.num_kv_heads, cfg.num_heads, cfg.d_model))
     assert kinds == [
@@ -96,18 +112,11 @@ def test_gpt125m_is_gpt2_small_sized():
 
 
 def test_data_sampling_sweep_points_are_valid():
-    from lm.data.corpus import check_data_config
 
-    path = ROOT / 'configs' / 'sweeps' / 'data_sampling.py'
-    spec = importlib.util.spec_from_file_location('sweep_file', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = sweep_file('data_sampling.py')
     base = module.get_config()
     settings = []
     for point in module.get_points():
         config = point_config(base, {k: v for k, v in point.items() if k != 'name'})
-        assert invalid_reason(config) is None, point
-        check_data_config(config.data)
-        valid_model(config)
         settings.append((config.data.sampling, config.data.document_mask, config.eval_tokens))
     assert settings == [('random', False, 0), ('epochs', False, 0), ('epochs', True, 0)]
