@@ -5,6 +5,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import jax
@@ -546,3 +547,20 @@ def test_rerunning_a_finished_run_does_nothing_at_once(tmp_path, small_text):
     assert finished_step(with_values(config, {'eval_every': 2}), str(work)) == 4  # resumable key
     assert finished_step(with_values(config, {'train.lr': 0.5}), str(work)) is None  # refused later
     assert finished_step(with_values(config, {'train.steps': 6}), str(work)) is None  # goes on
+
+
+def test_the_tensorboard_writer_does_not_import_pytorch(tmp_path):
+    """tensorboardX's writer imports torch where installed (seconds of every run's start-up)
+    only to accept torch tensors; the run's writer gets it without. A fresh process: this one
+    may hold torch from the HF tests."""
+    code = (
+        'import sys\n'
+        'from lm.train.summary import Summary\n'
+        f'Summary({str(tmp_path)!r}).scalars(0, {{"a": 1.0}})\n'
+        'assert "tensorboardX" in sys.modules and "torch" not in sys.modules\n'
+    )
+    out = subprocess.run(
+        [sys.executable, '-c', code], env=ENV, cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert list(tmp_path.glob('events.out.tfevents.*'))

@@ -17,12 +17,30 @@ import fcntl
 import glob
 import json
 import os
+import sys
 import time
 
 import ml_collections
 
 from lm.model import accounting, attention
 from lm.model.config import ModelConfig
+
+
+def import_tensorboardx() -> None:
+    """Imports tensorboardX without PyTorch: its writer module imports torch where installed
+    (2-4 s of start-up) only to accept torch tensors, which lm never logs. A process that has
+    imported torch already keeps it."""
+    if 'tensorboardX' in sys.modules:
+        return
+    absent = 'torch' not in sys.modules
+    if absent:
+        sys.modules['torch'] = None  # `import torch` raises ImportError while this is set
+    try:
+        import tensorboardX  # noqa: F401
+    finally:
+        if absent:
+            del sys.modules['torch']
+
 
 # The metric columns, in the order the dashboard shows them.
 METRICS = ('eval/perplexity', 'eval/loss', 'eval/bits_per_byte', 'train/loss')
@@ -73,6 +91,7 @@ def register(logdir: str, root: str, values: dict) -> None:
 def experiment(runs: list[dict]):
     """The experiment summary of `runs` (each a `hparam_values` dict): every hparam with its
     type, domain and whether it differs between runs, and the metrics of METRICS."""
+    import_tensorboardx()
     from tensorboardX.proto.api_pb2 import DataType, Experiment, HParamInfo, MetricInfo, MetricName
 
     names = list(dict.fromkeys(k for r in runs for k in r))
@@ -113,6 +132,7 @@ def _write_json(path: str, data: dict) -> None:
 def _write_events(path: str, summary, values: dict) -> None:
     """One event file holding the experiment summary and the run's session-start info (its
     hparams), replaced atomically."""
+    import_tensorboardx()
     from tensorboardX.proto.event_pb2 import Event
     from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData, SessionStartInfo
     from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata

@@ -2,8 +2,7 @@
 (`lm.train.hparams`).
 
 Only process 0 writes; on other processes every call is a no-op. tensorboardX is imported when
-a writer is made: it imports PyTorch where installed (seconds), which an entry point that stops
-at a bad setting should not pay.
+a writer is made, and without PyTorch (`lm.train.hparams.import_tensorboardx`).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ class Summary:
     def __init__(self, logdir: str):
         self.writer, self.files, self.logdir = None, 0, logdir
         if jax.process_index() == 0:
+            hparams_tab.import_tensorboardx()
             from tensorboardX import SummaryWriter
 
             self.writer = SummaryWriter(logdir, flush_secs=30)
