@@ -8,6 +8,7 @@ layers), the held-out recall accuracy and answer loss per point with Holm-marked
 import os
 
 from lm.config import load_config_file
+from lm.experiments.sweep import variant_points
 
 
 def get_config():
@@ -15,9 +16,4 @@ def get_config():
 
 
 def get_points():
-    return [
-        {'name': 'mha', 'model.attention': 'mha'},
-        {'name': 'gqa2', 'model.attention': 'gqa', 'model.num_kv_heads': 2},
-        {'name': 'mqa', 'model.attention': 'mqa'},
-        {'name': 'mla', 'model.attention': 'mla'},
-    ]
+    return variant_points(['mha', 'gqa2', 'mqa', 'mla'])

@@ -102,6 +102,15 @@ def load_sweep_file(path: str) -> types.ModuleType:
     return module
 
 
+def variant_points(specs: list[str]) -> list[dict[str, Any]]:
+    """Sweep points named by attention-variant specs ('mha', 'gqa2', 'mqa', 'mla', ...), each
+    setting the model keys `lm.model.attention.parse_variant` gives for it."""
+    return [
+        {'name': spec, **{f'model.{k}': v for k, v in attention.parse_variant(spec).items()}}
+        for spec in specs
+    ]
+
+
 def file_points(module: types.ModuleType, names: list[str] = ()) -> list[dict]:
     """The sweep file's points (`get_points()`, else one empty point); only those `names`
     names when any are given (--points), in the file's order."""
