@@ -1,11 +1,14 @@
-r"""A learning curve as CSV for docs/results (the 'curve' tables of lm.experiments.tables): one
-TensorBoard scalar of each run, read from its event files.
+r"""Learning curves as CSV for docs/results (the 'curve' and 'last_step' tables of
+lm.experiments.tables): one or more TensorBoard scalars of each run, read from its event files.
 
   python scripts/curve_csv.py --tag=eval/recall_accuracy --out=docs/results/mqar_calibration.csv \
       --runs=lr3e-3=runs/mqar_lr3e-3/tb,lr1e-3=runs/mqar_lr1e-3/tb
   python scripts/curve_csv.py --out=docs/results/recall_sweep_curves.csv --sweep_dir=runs/recall
 
-Rows: run, step, metric, value.
+  python scripts/curve_csv.py --tag=eval/recall_accuracy,eval/recall_accuracy/depth0 \\
+      --out=docs/results/passkey_calibration.csv --runs=s0=runs/passkey/tb/mha_s0
+
+Rows: run, step, metric, value (a metric is its tag without the first part: recall_accuracy).
 """
 
 import csv
@@ -15,7 +18,7 @@ from absl import flags
 
 from lm.cli import run_app
 
-_TAG = flags.DEFINE_string('tag', 'eval/recall_accuracy', 'The scalar to read.')
+_TAG = flags.DEFINE_list('tag', ['eval/recall_accuracy'], 'The scalars to read, in column order.')
 _OUT = flags.DEFINE_string('out', None, 'CSV to write.', required=True)
 _RUNS = flags.DEFINE_list('runs', [], 'NAME=TB_DIR of each run, in column order.')
 _SWEEP_DIR = flags.DEFINE_string(
@@ -50,14 +53,15 @@ def run() -> int:
             raise ValueError(f'{arg!r}: --runs takes NAME=TB_DIR')
         acc = event_accumulator.EventAccumulator(logdir, size_guidance={'scalars': 0})
         acc.Reload()
-        if _TAG.value not in acc.Tags()['scalars']:
-            raise ValueError(f'{logdir}: no scalar {_TAG.value!r}')
-        by_step = {e.step: e.value for e in acc.Scalars(_TAG.value)}  # later writes win
-        metric = _TAG.value.split('/', 1)[-1]
-        rows += [
-            {'run': name, 'step': s, 'metric': metric, 'value': f'{v:.4f}'}
-            for s, v in sorted(by_step.items())
-        ]
+        for tag in _TAG.value:
+            if tag not in acc.Tags()['scalars']:
+                raise ValueError(f'{logdir}: no scalar {tag!r}')
+            by_step = {e.step: e.value for e in acc.Scalars(tag)}  # later writes win
+            metric = tag.split('/', 1)[-1]
+            rows += [
+                {'run': name, 'step': s, 'metric': metric, 'value': f'{v:.4f}'}
+                for s, v in sorted(by_step.items())
+            ]
     with open(_OUT.value, 'w', newline='') as f:
         writer = csv.DictWriter(f, fieldnames=['run', 'step', 'metric', 'value'])
         writer.writeheader()

@@ -203,6 +203,24 @@ def test_curve_table():
     )
 
 
+def test_last_step_table_and_the_curve_of_a_csv_of_several_metrics():
+    rows = [
+        {'run': 's0', 'step': '100', 'metric': 'acc', 'value': '0.5'},
+        {'run': 's0', 'step': '100', 'metric': 'acc/depth0', 'value': '0.4'},
+        {'run': 's0', 'step': '200', 'metric': 'acc', 'value': '0.75'},
+        {'run': 's0', 'step': '200', 'metric': 'acc/depth0', 'value': '0.625'},
+        {'run': 's1', 'step': '100', 'metric': 'acc', 'value': '0.25'},
+    ]
+    assert tables.last_step_table(rows) == (
+        '| run | step | acc | acc/depth0 |\n|---|---|---|---|\n'
+        '| s0 | 200 | 0.750 | 0.625 |\n| s1 | 100 | 0.250 |  |'
+    )
+    assert tables.curve_table(rows) == (  # the first metric only
+        'acc by step:\n\n| step | s0 | s1 |\n|---|---|---|\n| 100 | 0.500 | 0.250 |\n'
+        '| 200 | 0.750 |  |'
+    )
+
+
 def test_ablation_tables_correct_over_the_whole_report():
     """The uptraining report's Δ-vs-scratch cells and method comparisons are one Holm family,
     whose size the report states; a difference resolved alone can be unresolved within it."""

@@ -15,8 +15,9 @@ of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
   seed, value): per target model a 'seeds' table of its uptrained arms (α > 0) and its
   from-scratch baselines, each model Holm-corrected on its own; the source's rows and the
   untrained conversions (α = 0) are left out.
-- 'curve': a learning curve (columns run, step, then metrics): one row per step, one column
-  per run, of the metric named by the CSV's `metric` column.
+- 'curve': a learning curve (columns run, step, metric, value): one row per step, one column
+  per run, of the CSV's first metric.
+- 'last_step': the same CSV, one row per run: every metric at the run's last step.
 - 'learned': per-seed recall accuracies (a sweep's summary_seeds.csv): per arm the runs that
   reached LEARNED (left the plateau: a two-valued outcome on MQAR), with a Clopper-Pearson 95%
   interval of the rate, then every pair's Fisher exact test (unpaired: the counts),
@@ -167,9 +168,10 @@ def ablation_table(rows: list[dict], source: str = 'MHA') -> str:
 
 
 def curve_table(rows: list[dict]) -> str:
-    """Steps down, runs across: each run's `metric` at each step it was measured."""
-    runs = list(dict.fromkeys(r['run'] for r in rows))
+    """Steps down, runs across: each run's first metric at each step it was measured."""
     metric = rows[0]['metric']
+    rows = [r for r in rows if r['metric'] == metric]
+    runs = list(dict.fromkeys(r['run'] for r in rows))
     at = {(r['run'], int(r['step'])): float(r['value']) for r in rows}
     steps = sorted({s for _, s in at})
     lines = [f'| step | {" | ".join(runs)} |', '|---|' + '---|' * len(runs)]
@@ -177,6 +179,22 @@ def curve_table(rows: list[dict]) -> str:
         cells = [f'{at[(r, s)]:.3f}' if (r, s) in at else '' for r in runs]
         lines.append(f'| {s} | {" | ".join(cells)} |')
     return f'{metric} by step:\n\n' + '\n'.join(lines)
+
+
+def last_step_table(rows: list[dict]) -> str:
+    """Runs down, metrics across: each run's values at its last step."""
+    last = {}
+    for r in rows:
+        last[r['run']] = max(last.get(r['run'], 0), int(r['step']))
+    metrics = list(dict.fromkeys(r['metric'] for r in rows))
+    at = {
+        (r['run'], r['metric']): float(r['value']) for r in rows if int(r['step']) == last[r['run']]
+    }
+    lines = [f'| run | step | {" | ".join(metrics)} |', '|---|---|' + '---|' * len(metrics)]
+    for run, step in last.items():
+        cells = [f'{at[(run, m)]:.3f}' if (run, m) in at else '' for m in metrics]
+        lines.append(f'| {run} | {step} | {" | ".join(cells)} |')
+    return '\n'.join(lines)
 
 
 def seed_curve_table(rows: list[dict]) -> str:
@@ -230,6 +248,7 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
     'intervals': intervals_table,
     'ablation': ablation_table,
     'curve': curve_table,
+    'last_step': last_step_table,
     'seed_curve': seed_curve_table,
     'learned': learned_table,
     'lr_grid': lr_grid_table,
