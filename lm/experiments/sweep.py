@@ -103,8 +103,8 @@ def load_sweep_file(path: str) -> types.ModuleType:
 
 
 def variant_points(specs: list[str]) -> list[dict[str, Any]]:
-    """Sweep points named by attention-variant specs ('mha', 'gqa2', 'mqa', 'mla', ...), each
-    setting the model keys `lm.model.attention.parse_variant` gives for it."""
+    """Sweep points named by attention-variant specs, each setting the model keys
+    `lm.model.attention.parse_variant` gives for its spec."""
     return [
         {'name': spec, **{f'model.{k}': v for k, v in attention.parse_variant(spec).items()}}
         for spec in specs
