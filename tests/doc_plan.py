@@ -81,6 +81,7 @@ MADE = (
     'recall_lr_mha.csv',
     'recall_lr_mla.csv',
     'recall_sweep_curves.csv',
+    'passkey_calibration.csv',
 )
 FIXTURE = str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')  # 4 heads, 2 layers, width 32
 
@@ -362,6 +363,27 @@ PLAN = {
     '--runs=b64_s0=runs/mqar_b64/mha_s0/tb,b64_s1=runs/mqar_b64/mha_s1/tb,'
     'b64_s2=runs/mqar_b64/mha_s2/tb,b64_s3=runs/mqar_b64/mha_s3/tb,b64_s4=runs/mqar_b64/mha_s4/tb,'
     'warm500_s4=runs/mqar_warm500_s4/tb': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey '
+    '--seeds=5 --config.mesh.cpu_devices=1 --parallel=2 --points=mha': Run(
+        subs=(('--seeds=5', '--seeds=2'),), extra=PASSKEY
+    ),
+    # the tiny runs' examples are 102 and 129 bytes long (PASSKEY), two seeds
+    'python scripts/curve_csv.py --out=docs/results/passkey_calibration.csv '
+    '--tag=eval/recall_accuracy,eval/recall_accuracy/depth0,eval/recall_accuracy/depth0.5,'
+    'eval/recall_accuracy/depth1,eval/recall_accuracy/len128,eval/recall_accuracy/len257 '
+    '--runs=mha_s0=runs/passkey/tb/mha_s0,mha_s1=runs/passkey/tb/mha_s1,'
+    'mha_s2=runs/passkey/tb/mha_s2,mha_s3=runs/passkey/tb/mha_s3,'
+    'mha_s4=runs/passkey/tb/mha_s4': Run(
+        subs=(
+            ('len128', 'len102'),
+            ('len257', 'len129'),
+            (
+                ',mha_s2=runs/passkey/tb/mha_s2,mha_s3=runs/passkey/tb/mha_s3,'
+                'mha_s4=runs/passkey/tb/mha_s4',
+                '',
+            ),
+        )
+    ),
     'python scripts/make_tables.py': Run(),
     # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '
