@@ -24,6 +24,7 @@ from jax.experimental.pallas import triton as plgpu
 
 NEG = float(jnp.finfo(jnp.float32).min)
 MIN_ROWS = 16  # Triton's smallest matmul tile: a KV head's R query heads are padded to this.
+MIN_SLOTS = 16  # Triton's smallest matmul tile along the cache: a tile holds at least this many.
 TARGET_PROGRAMS = 512  # splits of the slots until B·G·splits reaches this (a few per GPU core)
 
 
@@ -41,9 +42,9 @@ def check_shapes(k_BGSD: jax.Array, v_BGSU: jax.Array, block: int) -> None:
                 f"config.model.decode_kernel='pallas' needs power-of-2 {name} widths >= 16 "
                 f"(Triton tiles); this variant's are {width}; use decode_kernel='xla'"
             )
-    if block < MIN_ROWS and block != S:
+    if block < MIN_SLOTS and block != S:
         raise ValueError(
-            f"config.model.decode_kernel='pallas' needs a cache of a multiple of {MIN_ROWS} slots, "
+            f"config.model.decode_kernel='pallas' needs a cache of a multiple of {MIN_SLOTS} slots, "
             f'got {S} (lm.infer.decode.cache_capacity sizes caches so)'
         )
 
