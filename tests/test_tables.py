@@ -271,3 +271,33 @@ def test_learned_table_counts_runs_and_corrects_the_fisher_tests():
     assert '| a | b | 1 | 1 | a ~ b (unresolved) |' in text
     assert f'| a | c | {2 / 252:.3g} | {3 * 2 / 252:.3g} | a > c |' in text
     assert f'| b | c | {12 / 252:.3g} | {2 * 12 / 252:.3g} | b ~ c (unresolved) |' in text
+
+
+def test_steps_to_table_pairs_first_steps_and_skips_runs_that_never_reached():
+    """mha's seeds first reach 0.9 at steps 300, 500, 400 (seed 1 touches exactly 0.9, then
+    dips: the first step counts), mqa's at 500, 600, 600; mla's one run never does. Paired
+    mha − mqa = −200, −100, −200: mean −166.67, sample std 57.735, t = −5 with 2 df, two-sided
+    p = 1 − 5/√27 = 0.0377 (df 2 has a closed form), the one pair tested (Holm over 1); 95% CI
+    −166.67 ± 4.3027 · 33.333 = [−310, −23]."""
+    curves = {
+        'mha_s0': [0.5, 0.95, 0.97],
+        'mha_s1': [0.5, 0.6, 0.7, 0.9, 0.85],
+        'mha_s2': [0.5, 0.6, 0.91],
+        'mqa_s0': [0.5, 0.6, 0.7, 0.92],
+        'mqa_s1': [0.5, 0.6, 0.7, 0.8, 0.93],
+        'mqa_s2': [0.5, 0.6, 0.7, 0.8, 0.90],
+        'mla_s0': [0.5, 0.6, 0.89],
+    }
+    rows = [
+        {'run': run, 'step': str(200 + 100 * i), 'metric': 'recall_accuracy', 'value': str(v)}
+        for run, values in reversed(curves.items())  # arms in the CSV's order: mla, mqa, mha
+        for i, v in reversed(list(enumerate(values)))  # steps in any order
+    ]
+    rows.append({'run': 'mha_s0', 'step': '100', 'metric': 'loss', 'value': '0.95'})  # other metric
+    text = tables.steps_to_table(rows)
+    assert '| mha | 400 ± 100 | [152, 648] | 3 | 0 |' in text  # t_{.975,2} · 100/√3 = 248
+    assert '| mqa | 567 ± 58 | [423, 710] | 3 | 0 |' in text
+    assert '| mla | n/a | n/a | 0 | 1 |' in text
+    assert 'Holm-corrected over the 1 comparisons' in text
+    assert f'| mqa | mha | +167 [23, 310] p={1 - 5 / 27**0.5:.3g} ✓ | mqa > mha |' in text
+    assert '| mla | mqa | not tested | 1 run(s) never reached 0.9 |' in text

@@ -64,11 +64,12 @@ def family(pairs: list[tuple[Values, Values]]) -> list[tuple[stats.Estimate, flo
     return list(zip(diffs, p, stats.holm(p), strict=True))
 
 
-def diff_cell(diff: stats.Estimate, p_holm: float) -> str:
+def diff_cell(diff: stats.Estimate, p_holm: float, digits: int = 4) -> str:
     """'+0.0833 [0.0116, 0.1550] p=0.012 ✓': a paired difference a − b with its 95% interval
     and Holm-adjusted p, ✓ = resolved after the correction."""
     p = '' if math.isnan(p_holm) else f' p={p_holm:.3g}'
-    return f'{diff.mean:+.4f} {diff.interval()}{p}{" ✓" if holm_resolved(p_holm) else ""}'
+    resolved = ' ✓' if holm_resolved(p_holm) else ''
+    return f'{diff.mean:+.{digits}f} {diff.interval(digits)}{p}{resolved}'
 
 
 def family_note(m: int) -> str:

@@ -27,6 +27,9 @@ of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
   rate chosen on it and the held-out loss there (lm.experiments.lr_grid).
 - 'seed_curve': a sweep's learning curves (the same columns, runs named <arm>_s<seed>): one
   column per arm, its mean ± std over seeds at each step.
+- 'steps_to': the same curves: per run the first step its first metric reached REACHED, per arm
+  their mean ± std and 95% t-interval, then the paired differences (same seed), Holm-corrected
+  over the pairs tested; a pair with a run that never reached it is not tested.
 """
 
 from __future__ import annotations
@@ -197,13 +200,23 @@ def last_step_table(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
+# Accuracy a recall run must reach to count as calibrated (docs/recall.md): the step it first
+# does measures how fast a variant learns the task
+REACHED = 0.9
+
+
+def _seeded(run: str) -> tuple[str, int]:
+    """(arm, seed) of a sweep's run name <arm>_s<seed>; a one-seed run without it is seed 0."""
+    match = re.fullmatch(r'(.+)_s(\d+)', run)
+    return (match[1], int(match[2])) if match else (run, 0)
+
+
 def seed_curve_table(rows: list[dict]) -> str:
     """A sweep's learning curves (runs named <arm>_s<seed>, or <arm> for one seed): steps down,
     arms across, each cell the arm's mean ± sample std over its seeds at that step."""
     at: dict[tuple[str, int], dict[int, float]] = {}
     for r in rows:
-        seeded = re.fullmatch(r'(.+)_s(\d+)', r['run'])  # a sweep's one-seed run: no suffix
-        arm, seed = (seeded[1], int(seeded[2])) if seeded else (r['run'], 0)
+        arm, seed = _seeded(r['run'])
         at.setdefault((arm, int(r['step'])), {})[seed] = float(r['value'])
     arms = list(dict.fromkeys(a for a, _ in at))
     steps = sorted({s for _, s in at})
@@ -212,6 +225,56 @@ def seed_curve_table(rows: list[dict]) -> str:
         cells = [summary.spread(at[(a, s)], 3) if (a, s) in at else '' for a in arms]
         lines.append(f'| {s} | {" | ".join(cells)} |')
     return f'{rows[0]["metric"]} by step (mean ± std over seeds):\n\n' + '\n'.join(lines)
+
+
+def steps_to_table(rows: list[dict]) -> str:
+    """Per arm the step at which each seed's first metric first reached REACHED (the curve's
+    resolution is its eval interval); between arms the paired differences of those steps."""
+    metric = rows[0]['metric']
+    curves: dict[str, dict[int, list[tuple[int, float]]]] = {}
+    for r in rows:
+        if r['metric'] == metric:
+            arm, seed = _seeded(r['run'])
+            point = (int(r['step']), float(r['value']))
+            curves.setdefault(arm, {}).setdefault(seed, []).append(point)
+    steps: dict[str, dict[int, float]] = {arm: {} for arm in curves}  # {arm: {seed: step}}
+    missed: dict[str, int] = dict.fromkeys(curves, 0)  # {arm: runs that never reached}
+    for arm, by_seed in curves.items():
+        for seed, curve in by_seed.items():
+            reached = [step for step, v in sorted(curve) if v >= REACHED]
+            if reached:
+                steps[arm][seed] = float(reached[0])
+            else:
+                missed[arm] += 1
+    lines = [
+        f'| arm | first step with {metric} ≥ {REACHED} (mean ± std) | 95% CI | seeds reached '
+        '| not reached |',
+        '|---|---|---|---|---|',
+    ]
+    for arm, by_seed in steps.items():
+        est = stats.estimate(list(by_seed.values())) if by_seed else None
+        text = (
+            f'{summary.mean_std(est.mean, est.std, est.n, 0)} | {est.interval(0)}'
+            if est
+            else 'n/a | n/a'
+        )
+        lines.append(f'| {arm} | {text} | {len(by_seed)} | {missed[arm]} |')
+    arms = list(curves)
+    pairs = [(a, b) for i, a in enumerate(arms) for b in arms[i + 1 :]]
+    tested = [(a, b) for a, b in pairs if not missed[a] and not missed[b]]
+    family = summary.family([(steps[a], steps[b]) for a, b in tested])
+    results = dict(zip(tested, family, strict=True))
+    lines += ['', summary.family_note(len(tested)), '']
+    lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
+    for a, b in pairs:
+        if (a, b) not in results:
+            n = missed[a] + missed[b]
+            lines.append(f'| {a} | {b} | not tested | {n} run(s) never reached {REACHED} |')
+            continue
+        d, _, p_holm = results[(a, b)]
+        order = stats.ordering(a, b, d, summary.holm_resolved(p_holm))
+        lines.append(f'| {a} | {b} | {summary.diff_cell(d, p_holm, digits=0)} | {order} |')
+    return '\n'.join(lines)
 
 
 def lr_grid_table(rows: list[dict]) -> str:
@@ -252,6 +315,7 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
     'seed_curve': seed_curve_table,
     'learned': learned_table,
     'lr_grid': lr_grid_table,
+    'steps_to': steps_to_table,
 }
 
 
