@@ -82,6 +82,9 @@ MADE = (
     'recall_lr_mla.csv',
     'recall_sweep_curves.csv',
     'passkey_calibration.csv',
+    'passkey_seeds.csv',
+    'passkey_sweep_curves.csv',
+    'passkey_sweep_depths.csv',
 )
 FIXTURE = str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')  # 4 heads, 2 layers, width 32
 
@@ -384,6 +387,23 @@ PLAN = {
             ),
         )
     ),
+    # the sweep of the variants: MHA's two seeds cached above, MQA's two runs (MLA: flags only)
+    'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey '
+    '--seeds=3 --config.mesh.cpu_devices=1 --parallel=2 --points=mla': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey '
+    '--seeds=5 --config.mesh.cpu_devices=1 --parallel=2 --points=mha,gqa2,mqa': Run(
+        subs=(('--seeds=5', '--seeds=2'), ('--points=mha,gqa2,mqa', '--points=mha,mqa')),
+        extra=PASSKEY,
+    ),
+    'cp runs/passkey/summary_seeds.csv docs/results/passkey_seeds.csv': Run(),
+    'python scripts/curve_csv.py --out=docs/results/passkey_sweep_curves.csv '
+    '--sweep_dir=runs/passkey': Run(),
+    'python scripts/curve_csv.py --out=docs/results/passkey_sweep_depths.csv '
+    '--sweep_dir=runs/passkey --tag=eval/recall_accuracy,eval/recall_accuracy/depth0,'
+    'eval/recall_accuracy/depth0.5,eval/recall_accuracy/depth1,eval/recall_accuracy/len128,'
+    'eval/recall_accuracy/len257': Run(subs=(('len128', 'len102'), ('len257', 'len129'))),
+    'python scripts/plot_pareto.py --run_dir=runs/passkey --metric=eval/recall_accuracy '
+    '--out=docs/passkey_pareto.png': Run(),
     'python scripts/make_tables.py': Run(),
     # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '

@@ -44,8 +44,8 @@ def check_shapes(k_BGSD: jax.Array, v_BGSU: jax.Array, block: int) -> None:
             )
     if block < MIN_SLOTS and block != S:
         raise ValueError(
-            f"config.model.decode_kernel='pallas' needs a cache of a multiple of {MIN_SLOTS} slots, "
-            f'got {S} (lm.infer.decode.cache_capacity sizes caches so)'
+            f"config.model.decode_kernel='pallas' needs a cache of a multiple of {MIN_SLOTS} "
+            f'slots, got {S} (lm.infer.decode.cache_capacity sizes caches so)'
         )
 
 
