@@ -18,17 +18,15 @@ import csv
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Hashable, Iterable, Mapping
 
 from lm.experiments import stats
-from lm.experiments.runner import Spec, read_result, workdir
+from lm.experiments.runner import Spec, arm_and_seed, read_result, workdir
 from lm.model import accounting
 from lm.model.transformer import model_config
 from lm.train.run import stored_config
 
 METRICS = ('eval/loss', 'eval/recall_accuracy')  # what experiments plot, where their runs have it
-SEED_SUFFIX = re.compile(r'^(.+)_s(\d+)$')  # a run of several seeds: <arm>_s<seed>
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +137,7 @@ def runs_in(out_dir: str) -> list[Run]:
         workdir = os.path.join(out_dir, name)
         if not os.path.isdir(workdir) or (result := read_result(workdir)) is None:
             continue
-        match = SEED_SUFFIX.match(name)
-        arm, seed = (match.group(1), int(match.group(2))) if match else (name, 0)
+        arm, seed = arm_and_seed(name)
         runs.append(Run(arm, seed, result, workdir))
     if not runs:
         raise ValueError(f'{out_dir} holds no finished run (no <run>/result.json)')

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -83,6 +84,13 @@ def stopped_by(code: int) -> str | None:
 
 def _never(key: str) -> bool:
     return False
+
+
+def arm_and_seed(name: str) -> tuple[str, int]:
+    """(arm, seed) of a run named <arm>_s<seed> (a point run on several seeds); any other name is
+    seed 0 of its own arm."""
+    match = re.fullmatch(r'(.+)_s(\d+)', name)
+    return (match[1], int(match[2])) if match else (name, 0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,6 +40,7 @@ import re
 from collections.abc import Callable
 
 from lm.experiments import lr_grid, stats, summary
+from lm.experiments.runner import arm_and_seed
 
 MARKER = re.compile(r'(<!-- table: (\w+) ([\w.-]+) -->\n)(.*?)(<!-- /table -->)', re.S)
 
@@ -205,18 +206,12 @@ def last_step_table(rows: list[dict]) -> str:
 REACHED = 0.9
 
 
-def _seeded(run: str) -> tuple[str, int]:
-    """(arm, seed) of a sweep's run name <arm>_s<seed>; a one-seed run without it is seed 0."""
-    match = re.fullmatch(r'(.+)_s(\d+)', run)
-    return (match[1], int(match[2])) if match else (run, 0)
-
-
 def seed_curve_table(rows: list[dict]) -> str:
     """A sweep's learning curves (runs named <arm>_s<seed>, or <arm> for one seed): steps down,
     arms across, each cell the arm's mean ± sample std over its seeds at that step."""
     at: dict[tuple[str, int], dict[int, float]] = {}
     for r in rows:
-        arm, seed = _seeded(r['run'])
+        arm, seed = arm_and_seed(r['run'])
         at.setdefault((arm, int(r['step'])), {})[seed] = float(r['value'])
     arms = list(dict.fromkeys(a for a, _ in at))
     steps = sorted({s for _, s in at})
@@ -234,7 +229,7 @@ def steps_to_table(rows: list[dict]) -> str:
     curves: dict[str, dict[int, list[tuple[int, float]]]] = {}
     for r in rows:
         if r['metric'] == metric:
-            arm, seed = _seeded(r['run'])
+            arm, seed = arm_and_seed(r['run'])
             point = (int(r['step']), float(r['value']))
             curves.setdefault(arm, {}).setdefault(seed, []).append(point)
     steps: dict[str, dict[int, float]] = {arm: {} for arm in curves}  # {arm: {seed: step}}
