@@ -394,6 +394,9 @@ PLAN = {
         subs=(('--seeds=5', '--seeds=2'), ('--parallel=2', '--parallel=2 --points=mha,mqa')),
         extra=PASSKEY,
     ),
+    'python scripts/sweep.py --config=configs/sweeps/passkey.py '
+    '--sweep_dir=runs/passkey_mla_lr1e-3 --seeds=2 --config.mesh.cpu_devices=1 --parallel=2 '
+    '--points=mla --config.train.lr=1e-3 --config.train.min_lr=1e-3': Flags(),
     'cp runs/passkey/summary_seeds.csv docs/results/passkey_seeds.csv': Run(),
     'python scripts/curve_csv.py --out=docs/results/passkey_sweep_curves.csv '
     '--sweep_dir=runs/passkey': Run(),
