@@ -11,9 +11,10 @@ added to the docs (or changed) fails tests/test_doc_commands.py until it is list
   width 32, 40 steps, checkpoints and evaluations every 20). Run commands chain: train, then
   eval, uptrain, analysis and export read what earlier ones wrote. `CHAINS` cuts the docs into
   chains that share no runs, each one test in its own file, so the suite's workers share them.
-- `Flags(subs)`: benchmarks, multi-host and long experiments: each `python` command runs with
-  `--help` appended, so absl parses (and checks) every flag the docs give, and runs nothing
-  (tests/test_doc_flags.py).
+- `Flags(subs)`: benchmarks, multi-host and long experiments: each `python` command gets
+  `--help` appended (so a real `python` would run nothing); tests/test_doc_flags.py records the
+  invocations bash makes and parses each one's flags with its entry point's own parser
+  (tests/flag_parse.py: an unknown flag or config key fails), running nothing.
 - `Skip(reason)`: what cannot run here at all.
 
 A line that only sets a shell variable (`COMMON=...`) is kept for its document's later commands.

@@ -1,21 +1,69 @@
 """Every benchmark, multi-host and long-experiment command of the docs parses its flags
-(tests/doc_plan.py's `Flags`): each `python` command runs with `--help`, so absl checks every
-flag the docs give, and nothing runs."""
+(tests/doc_plan.py's `Flags`): each `python` command's flags are parsed by its own parser, so
+an unknown flag, a bad value or a config key that does not exist fails, and nothing runs.
 
-from concurrent.futures import ThreadPoolExecutor
+bash runs each command as written (variables, loops, `&&`, `taskset`) with a stand-in `python`
+first on PATH that records each invocation; tests/flag_parse.py then parses all of them in one
+Python that has imported `lm` once, each in a forked child, instead of ~60 fresh interpreters
+(`--help`, which the plan appends, would hide an unknown flag: absl exits at `--help` first)."""
+
+import json
+import subprocess
+import sys
 
 import pytest
+from conftest import ROOT
 from doc_plan import DOCS, Flags, bash, scaled, scratch, walk
+from flag_parse import PARSED
+
+# `python` for bash: records "$PWD", then the arguments, NUL-separated, in a file of its own
+RECORDER = '#!/usr/bin/env bash\nprintf \'%s\\0\' "$PWD" "$@" > "$(mktemp "$CALLS/call.XXXXXX")"\n'
+
+
+def invocations(command: str, tmp_path, env, index: int) -> list[dict]:
+    """The python invocations (cwd, argv) bash makes running `command`."""
+    calls = tmp_path / 'calls' / str(index)
+    calls.mkdir(parents=True)
+    out = bash(command, tmp_path, {**env, 'CALLS': str(calls)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = []
+    for path in sorted(calls.iterdir()):
+        cwd, *argv = path.read_bytes().decode().split('\0')[:-1]
+        found.append({'cwd': cwd, 'argv': argv})
+    assert found, 'no python command ran'
+    return found
 
 
 @pytest.mark.slow
 def test_every_doc_flag_parses(tmp_path):
-    env, checks = scratch(tmp_path), {}
+    env = scratch(tmp_path)
+    recorder = tmp_path / 'recorder'
+    recorder.mkdir()
+    (recorder / 'python').write_text(RECORDER)
+    (recorder / 'python').chmod(0o755)
+    record_env = {**env, 'PATH': f'{recorder}:{env["PATH"]}'}
+    labels, calls = [], []
     for doc, command, action, shell_vars in walk(DOCS):
         if isinstance(action, Flags):
-            checks.setdefault(shell_vars + scaled(command, action), f'{doc}: {command}')
-    with ThreadPoolExecutor(2) as pool:
-        for command, out in pool.map(lambda c: (c, bash(c, tmp_path, env)), checks):
-            assert out.returncode == 0 and 'flags:' in out.stdout, (
-                f'{checks[command]}\n{out.stderr[-3000:]}'
-            )
+            command_run = shell_vars + scaled(command, action)
+            found = invocations(command_run, tmp_path, record_env, len(labels))
+            labels += [f'{doc}: {command}'] * len(found)
+            calls += found
+    # the check itself: a flag no entry point defines fails, even before a --help
+    canary = {'cwd': str(tmp_path), 'argv': ['train.py', '--no_such_flag=1', '--help']}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / 'tests' / 'flag_parse.py')],
+        input=json.dumps([canary, *calls]),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    refused, *results = json.loads(out.stdout)
+    assert refused['code'] == 1 and "Unknown command line flag 'no_such_flag'" in refused['out']
+    for label, call, result in zip(labels, calls, results, strict=True):
+        assert result['code'] == 0 and PARSED in result['out'], (
+            f'{label}\n{call["argv"]}\n{result["out"][-3000:]}'
+        )
