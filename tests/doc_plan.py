@@ -398,6 +398,12 @@ PLAN = {
     'python scripts/sweep.py --config=configs/sweeps/passkey.py '
     '--sweep_dir=runs/passkey_mla_lr1e-3 --seeds=2 --config.mesh.cpu_devices=1 --parallel=2 '
     '--points=mla --config.train.lr=1e-3 --config.train.min_lr=1e-3': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/passkey.py '
+    '--sweep_dir=runs/passkey_mha_lr1e-3 --seeds=2 --config.mesh.cpu_devices=1 --parallel=2 '
+    '--points=mha --config.train.lr=1e-3 --config.train.min_lr=1e-3': Flags(),
+    'python scripts/curve_csv.py --out=docs/results/passkey_lr1e-3.csv '
+    '--runs=mla_s0=runs/passkey_mla_lr1e-3/tb/mla_s0,mla_s1=runs/passkey_mla_lr1e-3/tb/mla_s1,'
+    'mha_s0=runs/passkey_mha_lr1e-3/tb/mha_s0,mha_s1=runs/passkey_mha_lr1e-3/tb/mha_s1': Flags(),
     'cp runs/passkey/summary_seeds.csv docs/results/passkey_seeds.csv': Run(),
     'python scripts/curve_csv.py --out=docs/results/passkey_sweep_curves.csv '
     '--sweep_dir=runs/passkey': Run(),
