@@ -2,7 +2,9 @@
 
 import math
 
+import numpy as np
 import pytest
+import scipy.stats
 
 from lm.experiments import stats
 
@@ -86,3 +88,31 @@ def test_rate_interval_and_count_p_by_hand():
     assert stats.count_p_value(4, 5, 1, 5) == pytest.approx(52 / 252, abs=1e-12)
     assert stats.count_p_value(5, 5, 5, 5) == pytest.approx(1.0)
     assert stats.count_p_value(5, 5, 0, 5) == pytest.approx(2 / 252, abs=1e-12)
+
+
+def test_against_scipy_stats_on_random_inputs():
+    """The t, beta and Fisher computations (scipy.special and exact binomial weights) give
+    scipy.stats' values: t.sf / t.ppf / beta.ppf / fisher_exact on random inputs, to 1e-12
+    relative (one reference written another way)."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n_a, n_b = (int(x) for x in rng.integers(1, 15, 2))
+        k_a, k_b = int(rng.integers(0, n_a + 1)), int(rng.integers(0, n_b + 1))
+        want = scipy.stats.fisher_exact([[k_a, n_a - k_a], [k_b, n_b - k_b]]).pvalue
+        assert stats.count_p_value(k_a, n_a, k_b, n_b) == pytest.approx(want, rel=1e-12)
+        lo, hi = stats.rate_interval(k_a, n_a)
+        assert lo == (
+            0.0
+            if k_a == 0
+            else pytest.approx(scipy.stats.beta.ppf(0.025, k_a, n_a - k_a + 1), rel=1e-12)
+        )
+        assert hi == (
+            1.0
+            if k_a == n_a
+            else pytest.approx(scipy.stats.beta.ppf(0.975, k_a + 1, n_a - k_a), rel=1e-12)
+        )
+        n, mean, std = int(rng.integers(2, 30)), rng.normal(), rng.uniform(0.01, 2)
+        diff = stats.Estimate(n, mean, std, math.nan, math.nan)
+        t = mean / (std / math.sqrt(n))
+        assert stats.p_value(diff) == pytest.approx(2 * scipy.stats.t.sf(abs(t), n - 1), rel=1e-12)
+        assert stats.t_quantile(n) == pytest.approx(scipy.stats.t.ppf(0.975, n), rel=1e-12)
