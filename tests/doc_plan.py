@@ -71,6 +71,7 @@ class Skip:
 
 BENCH = Flags()
 SERVER = Skip('tensorboard serves until stopped')
+REUSE_SCREENS = Skip("copies the passkey screens' runs, which the tests only flag-check")
 PIP = Skip('installs into the environment the suite runs in')
 GET_DATA = Flags()  # downloads; tests/test_fresh_clone.py checks it offline
 # docs/ files the doc commands write
@@ -404,6 +405,15 @@ PLAN = {
     'python scripts/curve_csv.py --out=docs/results/passkey_lr1e-3.csv '
     '--runs=mla_s0=runs/passkey_mla_lr1e-3/tb/mla_s0,mla_s1=runs/passkey_mla_lr1e-3/tb/mla_s1,'
     'mha_s0=runs/passkey_mha_lr1e-3/tb/mha_s0,mha_s1=runs/passkey_mha_lr1e-3/tb/mha_s1': Flags(),
+    # the sweep at 1e-3 reuses the screens' runs (flag-checked only, so nothing to copy here)
+    'mkdir -p runs/passkey_lr1e-3/tb': REUSE_SCREENS,
+    'for r in mla_s0 mla_s1; do cp -r runs/passkey_mla_lr1e-3/$r runs/passkey_lr1e-3/; '
+    'cp -r runs/passkey_mla_lr1e-3/tb/$r runs/passkey_lr1e-3/tb/; done': REUSE_SCREENS,
+    'for r in mha_s0 mha_s1; do cp -r runs/passkey_mha_lr1e-3/$r runs/passkey_lr1e-3/; '
+    'cp -r runs/passkey_mha_lr1e-3/tb/$r runs/passkey_lr1e-3/tb/; done': REUSE_SCREENS,
+    'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey_lr1e-3 '
+    '--seeds=3 --config.mesh.cpu_devices=1 --parallel=2 --config.train.lr=1e-3 '
+    '--config.train.min_lr=1e-3': Flags(),
     'cp runs/passkey/summary_seeds.csv docs/results/passkey_seeds.csv': Run(),
     'python scripts/curve_csv.py --out=docs/results/passkey_sweep_curves.csv '
     '--sweep_dir=runs/passkey': Run(),
