@@ -16,7 +16,13 @@ import math
 from absl import flags
 from ml_collections import config_flags
 
-from lm.cli import bootstrap, check_writable_dir, define_distributed_flags, run_app
+from lm.cli import (
+    bootstrap,
+    check_data_overrides,
+    check_writable_dir,
+    define_distributed_flags,
+    run_app,
+)
 from lm.experiments.cache_quality import evaluate_run
 from lm.model.kv_cache import KV_CACHE_DTYPES
 from lm.train.interrupt import StopRequest
@@ -56,16 +62,7 @@ def _evaluate(restored: Run) -> dict[str, float]:
 
 def run() -> int:
     if _CONFIG.value is not None:
-        ignored = sorted(
-            k
-            for k in config_flags.get_override_values(flags.FLAGS['config'])
-            if not k.startswith('data.')
-        )
-        if ignored:
-            raise ValueError(
-                f'eval.py takes only --config.data.* from --config; --config.{ignored[0]} would be '
-                "ignored (the model, training and mesh settings are the checkpoint's)"
-            )
+        check_data_overrides('eval.py')
     if _CACHE.value and _CACHE.value not in KV_CACHE_DTYPES:
         raise ValueError(f'--kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {_CACHE.value!r}')
     check_writable_dir(

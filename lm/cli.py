@@ -14,6 +14,7 @@ from collections.abc import Callable
 import jax
 import ml_collections
 from absl import app, flags, logging
+from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from lm.config import get_key, load_config_file, with_overrides
@@ -162,6 +163,17 @@ def bootstrap(config: ml_collections.ConfigDict, compilation_cache: bool = True)
         use_compilation_cache(config.compilation_cache_dir)
     if 'coordinator_address' in flags.FLAGS:
         initialize_distributed()
+
+
+def check_data_overrides(entry: str, flag: str = 'config') -> None:
+    """One-line error if --config overrides anything outside config.data, for an entry point that
+    takes only the data from --config (the model, training and mesh are the checkpoint's)."""
+    overrides = config_flags.get_override_values(flags.FLAGS[flag])
+    if ignored := sorted(k for k in overrides if not k.startswith('data.')):
+        raise ValueError(
+            f'{entry} takes only --{flag}.data.* from --{flag}; --{flag}.{ignored[0]} would be '
+            "ignored (the model, training and mesh settings are the checkpoint's)"
+        )
 
 
 def _first_line(e: BaseException) -> str:

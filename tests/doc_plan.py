@@ -414,6 +414,12 @@ PLAN = {
     'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey_lr1e-3 '
     '--seeds=3 --config.mesh.cpu_devices=1 --parallel=2 --config.train.lr=1e-3 '
     '--config.train.min_lr=1e-3': Flags(),
+    'cp runs/passkey_lr1e-3/summary_seeds.csv docs/results/passkey_lr1e-3_seeds.csv': Skip(
+        'the sweep at 1e-3 is only flag-checked'
+    ),
+    'python scripts/eval_sweep.py --sweep_dir=runs/passkey_lr1e-3 '
+    '--config=configs/recall/passkey.py --config.data.recall_seed=1 '
+    '--out=docs/results/passkey_lr1e-3_test.csv': Flags(),
     'cp runs/passkey/summary_seeds.csv docs/results/passkey_seeds.csv': Run(),
     'python scripts/curve_csv.py --out=docs/results/passkey_sweep_curves.csv '
     '--sweep_dir=runs/passkey': Run(),

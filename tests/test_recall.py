@@ -2,6 +2,7 @@
 determinism by seed, the answer-only loss against a float64 reference, and training a recall
 config logging eval/recall_accuracy to TensorBoard."""
 
+import csv
 import json
 import re
 
@@ -245,3 +246,39 @@ def test_nth_answer_only_keeps_each_rows_nth_flag():
             kept = [where[n]] if n < len(where) else []
             want = [int(t) | TARGET_FLAG if i in kept else int(t) for i, t in enumerate(tokens[b])]
             assert got[b].tolist() == want
+
+
+@pytest.mark.slow
+def test_eval_sweep_scores_every_run_on_a_second_heldout_set(tmp_path):
+    """scripts/eval_sweep.py: on the runs' own data it gives back each run's final eval (same
+    protocol); with recall_seed 1 (other held-out examples) other values; a --config override
+    outside data, and a sweep with no finished run, are refused in one line."""
+    from conftest import sweep_file
+
+    base = recall_config(tmp_path, **{'mesh.cpu_devices': 1, 'compilation_cache_dir': ''})
+    cfg = sweep_file(tmp_path, base, [{'name': 'mha'}, {'name': 'mqa', 'model.attention': 'mqa'}])
+    sweep_dir = tmp_path / 'sw'
+    run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={sweep_dir}', '--seeds=2',
+              check=True)  # fmt: skip
+    rows = {}
+    for seed in (0, 1):
+        out = tmp_path / f'seed{seed}.csv'
+        args = [f'--sweep_dir={sweep_dir}', f'--config={cfg}', f'--out={out}']
+        run_entry('scripts/eval_sweep.py', *args, f'--config.data.recall_seed={seed}', check=True)
+        rows[seed] = {(r['point'], int(r['seed'])): r for r in csv.DictReader(out.open())}
+    assert sorted(rows[0]) == [('mha', 0), ('mha', 1), ('mqa', 0), ('mqa', 1)]
+    for (point, seed), row in rows[0].items():
+        final = json.loads((sweep_dir / f'{point}_s{seed}' / 'result.json').read_text())['eval']
+        assert float(row['eval_loss']) == pytest.approx(final['loss'], abs=1e-6)
+        assert float(row['eval_recall_accuracy']) == pytest.approx(final['recall_accuracy'])
+        assert float(rows[1][point, seed]['eval_loss']) != pytest.approx(final['loss'], abs=1e-4)
+    args = [f'--config={cfg}', f'--out={tmp_path / "x.csv"}']
+    bad = run_entry('scripts/eval_sweep.py', f'--sweep_dir={sweep_dir}', *args,
+                    '--config.model.d_model=64')  # fmt: skip
+    assert bad.stderr.strip().splitlines()[-1] == (
+        'error: eval_sweep.py takes only --config.data.* from --config; --config.model.d_model '
+        "would be ignored (the model, training and mesh settings are the checkpoint's)"
+    )
+    (tmp_path / 'empty').mkdir()
+    bad = run_entry('scripts/eval_sweep.py', f'--sweep_dir={tmp_path / "empty"}', *args)
+    assert bad.stderr.strip().splitlines()[-1].endswith('holds no finished run <arm>_s<seed>')

@@ -1,7 +1,8 @@
-"""What a quantized KV cache costs a sweep's models: each run of some points evaluated again,
-its windows decoded through caches stored as int8 / kivi4 (lm/infer/cached_eval.py), paired by
-seed with the sweep's own losses, as per-seed rows (arm, seed, eval_loss) that
-lm/experiments/tables.py's 'seeds' tables read (`point+int8` beside `point`)."""
+"""A sweep's finished models evaluated again: what a quantized KV cache costs them (each run of
+some points with its windows decoded through caches stored as int8 / kivi4,
+lm/infer/cached_eval.py, paired by seed with the sweep's own losses: `point+int8` beside
+`point`), and every run on other data (`heldout_rows`, e.g. a second held-out set), as per-seed
+rows that lm/experiments/tables.py's 'seeds' tables read."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import json
 import os
 from collections.abc import Callable
 
+import ml_collections
 from flax import nnx
 
+from lm.experiments.runner import arm_and_seed
 from lm.infer.cached_eval import make_cached_eval_step
 from lm.infer.decode import Decoder
 from lm.model.accounting import kv_cache_bytes_per_context_token
@@ -104,6 +107,47 @@ def quantized_rows(
                 loss = evaluate_run(restored, stop=stop, kv_cache_dtype=dtype)['loss']
                 out.append({'arm': f'{point}+{dtype}', 'seed': seed, 'eval_loss': loss})
                 log(f'{point} seed {seed} {dtype}: eval loss {loss:.4f}')
+    return out
+
+
+def finished_runs(sweep_dir: str) -> list[tuple[tuple[str, int], str]]:
+    """[((arm, seed), workdir)] of the sweep's finished runs (`runner.arm_and_seed` names), by
+    arm then seed; a one-line error if there are none."""
+    runs = sorted(
+        (arm_and_seed(name), os.path.join(sweep_dir, name))
+        for name in os.listdir(sweep_dir)
+        if os.path.isfile(os.path.join(sweep_dir, name, 'result.json'))
+    )
+    if not runs:
+        raise FileNotFoundError(f'--sweep_dir: {sweep_dir} holds no finished run <arm>_s<seed>')
+    return runs
+
+
+def heldout_rows(
+    sweep_dir: str,
+    data: ml_collections.ConfigDict,
+    log: Callable[[str], None] = print,
+    stop: Callable[[], None] | None = None,
+) -> list[dict]:
+    """Every finished run `<arm>_s<seed>` of the sweep evaluated again with its data config
+    replaced by `data` (e.g. a recall task's second held-out set, `recall_seed` 1), under the
+    run's own protocol: rows point, seed, eval_loss (and eval_recall_accuracy for a recall run),
+    as a sweep's summary_seeds.csv has them."""
+    runs = finished_runs(sweep_dir)
+    out = []
+    for (arm, seed), workdir in runs:
+        config = stored_config(workdir)
+        config.data = data
+        metrics = evaluate_run(
+            assemble(config, state='params', workdir=workdir, data=True), stop=stop
+        )
+        row = {'point': arm, 'seed': seed, 'eval_loss': metrics['loss']}
+        if 'recall_accuracy' in metrics:
+            row['eval_recall_accuracy'] = metrics['recall_accuracy']
+        out.append(row)
+        log(
+            ' '.join(f'{k} {v:.4f}' if isinstance(v, float) else f'{k} {v}' for k, v in row.items())
+        )
     return out
 
 
