@@ -47,10 +47,11 @@ SMALL_ANALYSIS = '--batch=4 --max_batches=2 --num_random=4'
 MQAR_EVAL = '--config.data.recall_eval_examples=64 --config.eval_batch_size=32'
 # configs/recall/mqar.py's batch of 128 is more rows than the 64 held-out ones: 32
 MQAR = f'--config.data.recall_pairs=2 --config.train.batch_size=32 {MQAR_EVAL}'
-PASSKEY = (
+PASSKEY_DATA = (
     '--config.data.seq_len=128 --config.data.passkey_lengths=102,129 '
-    '--config.data.recall_eval_examples=20 --config.eval_batch_size=10 --config.train.batch_size=8'
+    '--config.data.recall_eval_examples=20'
 )
+PASSKEY = f'{PASSKEY_DATA} --config.eval_batch_size=10 --config.train.batch_size=8'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,6 +421,11 @@ PLAN = {
     'python scripts/eval_sweep.py --sweep_dir=runs/passkey_lr1e-3 '
     '--config=configs/recall/passkey.py --config.data.recall_seed=1 '
     '--out=docs/results/passkey_lr1e-3_test.csv': Flags(),
+    'python scripts/curve_csv.py --out=docs/results/passkey_lr1e-3_curves.csv '
+    '--sweep_dir=runs/passkey_lr1e-3': Flags(),
+    # on the scaled-down passkey sweep run above, its own data sizes
+    'python scripts/eval_sweep.py --sweep_dir=runs/passkey --config=configs/recall/passkey.py '
+    '--config.data.recall_seed=1 --out=docs/results/passkey_test.csv': Run(extra=PASSKEY_DATA),
     'cp runs/passkey/summary_seeds.csv docs/results/passkey_seeds.csv': Run(),
     'python scripts/curve_csv.py --out=docs/results/passkey_sweep_curves.csv '
     '--sweep_dir=runs/passkey': Run(),
