@@ -251,12 +251,13 @@ def test_nth_answer_only_keeps_each_rows_nth_flag():
 @pytest.mark.slow
 def test_eval_sweep_scores_every_run_on_a_second_heldout_set(tmp_path):
     """scripts/eval_sweep.py: on the runs' own data it gives back each run's final eval (same
-    protocol); with recall_seed 1 (other held-out examples) other values; a --config override
-    outside data, and a sweep with no finished run, are refused in one line."""
+    protocol), points in the sweep's order; with recall_seed 1 (other held-out examples) other
+    values; a --config override outside data, and a sweep with no finished run, are refused in
+    one line."""
     from conftest import sweep_file
 
     base = recall_config(tmp_path, **{'mesh.cpu_devices': 1, 'compilation_cache_dir': ''})
-    cfg = sweep_file(tmp_path, base, [{'name': 'mha'}, {'name': 'mqa', 'model.attention': 'mqa'}])
+    cfg = sweep_file(tmp_path, base, [{'name': 'mqa', 'model.attention': 'mqa'}, {'name': 'mha'}])
     sweep_dir = tmp_path / 'sw'
     run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={sweep_dir}', check=True)
     rows = {}
@@ -265,7 +266,8 @@ def test_eval_sweep_scores_every_run_on_a_second_heldout_set(tmp_path):
         args = [f'--sweep_dir={sweep_dir}', f'--config={cfg}', f'--out={out}']
         run_entry('scripts/eval_sweep.py', *args, f'--config.data.recall_seed={seed}', check=True)
         rows[seed] = {(r['point'], int(r['seed'])): r for r in csv.DictReader(out.open())}
-    assert sorted(rows[0]) == [('mha', 0), ('mqa', 0)]  # one seed: runs named by their point
+    # in the sweep's order, not by name; one seed: runs named by their point
+    assert list(rows[0]) == list(rows[1]) == [('mqa', 0), ('mha', 0)]
     for (point, seed), row in rows[0].items():
         final = json.loads((sweep_dir / point / 'result.json').read_text())['eval']
         assert float(row['eval_loss']) == pytest.approx(final['loss'], abs=1e-6)

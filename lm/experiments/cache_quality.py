@@ -112,12 +112,17 @@ def quantized_rows(
 
 def finished_runs(sweep_dir: str) -> list[tuple[tuple[str, int], str]]:
     """[((arm, seed), workdir)] of the sweep's finished runs (`runner.arm_and_seed` names), by
-    arm then seed; a one-line error if there are none."""
-    runs = sorted(
+    arm (in the order of the sweep's summary_seeds.csv where it has one, then by name) and seed;
+    a one-line error if there are none."""
+    path = os.path.join(sweep_dir, 'summary_seeds.csv')
+    order = [r['arm'] for r in sweep_seeds(sweep_dir)] if os.path.isfile(path) else []
+    found = [
         (arm_and_seed(name), os.path.join(sweep_dir, name))
         for name in os.listdir(sweep_dir)
         if os.path.isfile(os.path.join(sweep_dir, name, 'result.json'))
-    )
+    ]
+    rank = {arm: order.index(arm) if arm in order else len(order) for (arm, _), _ in found}
+    runs = sorted(found, key=lambda run: (rank[run[0][0]], run[0]))
     if not runs:
         raise FileNotFoundError(f'--sweep_dir: {sweep_dir} holds no finished run <arm>_s<seed>')
     return runs
