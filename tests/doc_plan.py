@@ -303,6 +303,9 @@ PLAN = {
     'python scripts/bench_decode.py --contexts=8192 --batch=8,16,32 --variants=mha,gqa4,mqa '
     '--num_heads=16 --d_model=1024 --dtype=bfloat16 --num_layers=12 --bandwidth_gib=4 '
     '--decode_kernel=pallas': BENCH,
+    'python scripts/bench_decode.py --contexts=8192 --batch=32,64 --variants=mha,gqa4 '
+    '--num_heads=16 --d_model=1024 --dtype=bfloat16 --num_layers=12 --bandwidth_gib=4 '
+    '--decode_kernel=pallas': BENCH,
     # docs/recall.md: the tasks at the tiny size (fewer pairs, shorter passkey examples); the
     # calibration runs too, so curve_csv.py and make_tables.py read real event files (in the
     # scratch copy of docs/)
