@@ -129,16 +129,15 @@ def finished_runs(sweep_dir: str) -> list[tuple[tuple[str, int], str]]:
 
 
 def heldout_rows(
-    sweep_dir: str,
+    runs: list[tuple[tuple[str, int], str]],
     data: ml_collections.ConfigDict,
     log: Callable[[str], None] = print,
     stop: Callable[[], None] | None = None,
 ) -> list[dict]:
-    """Every finished run `<arm>_s<seed>` of the sweep evaluated again with its data config
+    """Each of a sweep's finished runs (`finished_runs`) evaluated again with its data config
     replaced by `data` (e.g. a recall task's second held-out set, `recall_seed` 1), under the
     run's own protocol: rows point, seed, eval_loss (and eval_recall_accuracy for a recall run),
     as a sweep's summary_seeds.csv has them."""
-    runs = finished_runs(sweep_dir)
     out = []
     for (arm, seed), workdir in runs:
         config = stored_config(workdir)
@@ -150,8 +149,10 @@ def heldout_rows(
         if 'recall_accuracy' in metrics:
             row['eval_recall_accuracy'] = metrics['recall_accuracy']
         out.append(row)
+        recall = metrics.get('recall_accuracy')
         log(
-            ' '.join(f'{k} {v:.4f}' if isinstance(v, float) else f'{k} {v}' for k, v in row.items())
+            f'{arm} seed {seed}: eval loss {metrics["loss"]:.4f}'
+            + ('' if recall is None else f', recall accuracy {recall:.4f}')
         )
     return out
 
