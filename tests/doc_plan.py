@@ -416,7 +416,7 @@ PLAN = {
     'for r in mha_s0 mha_s1; do cp -r runs/passkey_mha_lr1e-3/$r runs/passkey_lr1e-3/; '
     'cp -r runs/passkey_mha_lr1e-3/tb/$r runs/passkey_lr1e-3/tb/; done': REUSE_SCREENS,
     'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey_lr1e-3 '
-    '--seeds=3 --config.mesh.cpu_devices=1 --parallel=2 --config.train.lr=1e-3 '
+    '--seeds=5 --config.mesh.cpu_devices=1 --parallel=2 --config.train.lr=1e-3 '
     '--config.train.min_lr=1e-3': Flags(),
     'cp runs/passkey_lr1e-3/summary_seeds.csv docs/results/passkey_lr1e-3_seeds.csv': Skip(
         'the sweep at 1e-3 is only flag-checked'
