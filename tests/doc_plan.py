@@ -426,6 +426,9 @@ PLAN = {
     '--out=docs/results/passkey_lr1e-3_test.csv': Flags(),
     'python scripts/curve_csv.py --out=docs/results/passkey_lr1e-3_curves.csv '
     '--sweep_dir=runs/passkey_lr1e-3': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey_lr3e-4 '
+    '--seeds=2 --config.mesh.cpu_devices=1 --parallel=2 --config.train.lr=3e-4 '
+    '--config.train.min_lr=3e-4': Flags(),
     # on the scaled-down passkey sweep run above, its own data sizes
     'python scripts/eval_sweep.py --sweep_dir=runs/passkey --config=configs/recall/passkey.py '
     '--config.data.recall_seed=1 --out=docs/results/passkey_test.csv': Run(extra=PASSKEY_DATA),
