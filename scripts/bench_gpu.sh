@@ -6,13 +6,16 @@
 #   bash scripts/bench_gpu.sh decode OUT_DIR  # decode at 8k/32k, ops per step, 12 heads to 4 KV heads
 #   bash scripts/bench_gpu.sh flash OUT_DIR   # the fused decode kernel: its tests, then decoding
 #                                             # at 8k with it and with XLA's attention, same run
+#   bash scripts/bench_gpu.sh batch64 OUT_DIR # the fused kernel at batch 32 and 64 (8k), then the
+#                                             # 125M cuDNN step with XLA's Triton GEMMs and without,
+#                                             # and its profile
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
 # H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/performance.md.
 set -u
-part=${1:?usage: bench_gpu.sh train|rest|decode|flash OUT_DIR}
-out=${2:?usage: bench_gpu.sh train|rest|decode|flash OUT_DIR}
+part=${1:?usage: bench_gpu.sh train|rest|decode|flash|batch64 OUT_DIR}
+out=${2:?usage: bench_gpu.sh train|rest|decode|flash|batch64 OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/NAME.log
@@ -70,8 +73,21 @@ flash)
       --bandwidth_gib=4 --decode_kernel=$kernel --json="$out/decode_$kernel.json"
   done
   ;;
+batch64)
+  step env 30 bash -c 'date -u; nvidia-smi -L; python3 -c "import jax; print(jax.__version__)"'
+  step decode_b64 130 python3 scripts/bench_decode.py --contexts=8192 --batch=32,64 \
+    --variants=mha,gqa4 --num_heads=16 --d_model=1024 --dtype=bfloat16 --num_layers=12 \
+    --bandwidth_gib=4 --decode_kernel=pallas --json="$out/decode_b64.json"
+  train=(python3 scripts/bench_train.py --config=configs/gpt125m.py --variants=mha --steps=20
+    --set=model.attention_impl=cudnn --torch_baseline=false --rounds=1)
+  step train_cudnn 130 "${train[@]}" --json="$out/train_cudnn.json"
+  XLA_FLAGS=--xla_gpu_enable_triton_gemm=false step train_no_triton 130 "${train[@]}" \
+    --json="$out/train_no_triton.json"
+  step profile 140 python3 scripts/profile_train.py --config=configs/gpt125m.py --variant=mha \
+    --steps=5 --top=25 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile
+  ;;
 *)
-  echo "unknown part $part (train|rest|decode|flash)" >&2
+  echo "unknown part $part (train|rest|decode|flash|batch64)" >&2
   exit 2
   ;;
 esac
