@@ -116,13 +116,13 @@ def finished_runs(sweep_dir: str) -> list[tuple[tuple[str, int], str]]:
     a one-line error if there are none."""
     path = os.path.join(sweep_dir, 'summary_seeds.csv')
     order = [r['arm'] for r in sweep_seeds(sweep_dir)] if os.path.isfile(path) else []
+    rank = {arm: i for i, arm in reversed(list(enumerate(order)))}  # each arm's first place
     found = [
         (arm_and_seed(name), os.path.join(sweep_dir, name))
         for name in os.listdir(sweep_dir)
         if os.path.isfile(os.path.join(sweep_dir, name, 'result.json'))
     ]
-    rank = {arm: order.index(arm) if arm in order else len(order) for (arm, _), _ in found}
-    runs = sorted(found, key=lambda run: (rank[run[0][0]], run[0]))
+    runs = sorted(found, key=lambda run: (rank.get(run[0][0], len(order)), run[0]))
     if not runs:
         raise FileNotFoundError(f'--sweep_dir: {sweep_dir} holds no finished run <arm>_s<seed>')
     return runs
@@ -146,10 +146,10 @@ def heldout_rows(
             assemble(config, state='params', workdir=workdir, data=True), stop=stop
         )
         row = {'point': arm, 'seed': seed, 'eval_loss': metrics['loss']}
-        if 'recall_accuracy' in metrics:
-            row['eval_recall_accuracy'] = metrics['recall_accuracy']
-        out.append(row)
         recall = metrics.get('recall_accuracy')
+        if recall is not None:
+            row['eval_recall_accuracy'] = recall
+        out.append(row)
         log(
             f'{arm} seed {seed}: eval loss {metrics["loss"]:.4f}'
             + ('' if recall is None else f', recall accuracy {recall:.4f}')
