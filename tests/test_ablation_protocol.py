@@ -163,3 +163,17 @@ def test_without_a_grid_runs_keep_their_names_and_the_recipe_rate():
 def test_bad_settings_are_refused(overrides, message):
     with pytest.raises(ValueError, match=message):
         ablation(**overrides)
+
+
+def test_choose_by_accuracy_takes_the_best_mean_then_the_lower_loss_then_the_higher_rate():
+    acc = {3e-3: {0: 0.96, 1: 0.94}, 1e-3: {0: 1.0, 1: 0.98}, 3e-4: {0: 1.0, 1: 0.993}}
+    loss = {3e-3: {0: 0.1, 1: 0.2}, 1e-3: {0: 0.01, 1: 0.03}, 3e-4: {0: 0.02, 1: 0.03}}
+    assert lr_grid.choose_by_accuracy(acc, loss) == 3e-4  # 99.65% against 99.0%: over the band
+    assert lr_grid.choose_by_accuracy(acc, loss, tie=0.01) == 1e-3  # tied: 1e-3's lower loss
+    same = {1e-3: {0: 0.02, 1: 0.03}, 3e-4: {0: 0.02, 1: 0.03}}
+    tied = {1e-3: {0: 0.99, 1: 0.99}, 3e-4: {0: 0.99, 1: 0.99}}
+    assert lr_grid.choose_by_accuracy(tied, same) == 1e-3  # all equal: the higher rate
+    with pytest.raises(ValueError, match=r'lr 0.0003: seeds \[0\], expected \[0, 1\]'):
+        lr_grid.choose_by_accuracy({1e-3: {0: 1.0, 1: 1.0}, 3e-4: {0: 1.0}}, same)
+    with pytest.raises(ValueError, match='no learning rate'):
+        lr_grid.choose_by_accuracy({}, {})

@@ -3,6 +3,9 @@ marked table in docs/ regenerates to exactly what is committed, and each kind of
 hand-computed values."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
@@ -189,6 +192,43 @@ def test_lr_grid_table_marks_the_rate_chosen_on_validation_and_reports_held_out_
     assert mean.endswith('| 0.001 | 2.4500 ± 0.3536 |')
     assert scratch.startswith('| MQA | from scratch, 105 steps |')
     assert scratch.endswith('| **1.6000 ± 0.1414** | 0.003 (edge) | 1.7000 ± 0.1414 |')
+
+
+def test_lr_screen_table_bolds_the_rate_chosen_by_accuracy_and_stacks_per_seed_csvs(tmp_path):
+    per_rate = {  # lr: the per-seed CSV of that rate's sweep: point, seed, loss, accuracy
+        '3e-3': [('mha', 0, 0.1, 0.96), ('mha', 1, 0.2, 0.94), ('mha', 2, 0.3, 0.5)],
+        '1e-3': [('mha', 0, 0.01, 1.0), ('mha', 1, 0.03, 0.98)]
+        + [('mqa', 0, 0.02, 0.99), ('mqa', 1, 0.02, 0.99)],
+        '3e-4': [('mha', 0, 0.02, 1.0), ('mha', 1, 0.03, 0.993)]
+        + [('mqa', 0, 0.01, 0.991), ('mqa', 1, 0.01, 0.991)],
+    }
+    for lr, rows in per_rate.items():
+        lines = [','.join(map(str, r)) for r in rows]
+        text = '\n'.join(['point,seed,eval_loss,eval_recall_accuracy', *lines])
+        (tmp_path / f'{lr}.csv').write_text(text + '\n')
+    out = tmp_path / 'screen.csv'
+    rates = ','.join(f'{lr}={tmp_path / lr}.csv' for lr in per_rate)
+    script = os.path.join(ROOT, 'scripts', 'lr_screen_csv.py')
+    run = [sys.executable, script, f'--rates={rates}', f'--out={out}']
+    subprocess.run([*run, '--seeds=0,1'], check=True, capture_output=True)
+    rows = tables.read_csv(str(out))
+    assert [(r['point'], r['lr'], r['seed']) for r in rows][:3] == [
+        ('mha', '3e-3', '0'),
+        ('mha', '3e-3', '1'),
+        ('mha', '1e-3', '0'),
+    ]  # seed 2 cut
+    lines = tables.lr_screen_table(rows).splitlines()
+    assert lines[0] == (
+        '| arm | lr 0.003: accuracy, loss | lr 0.001: accuracy, loss | lr 0.0003: accuracy, loss '
+        '| chosen lr |'
+    )
+    # MHA: 95.00 / 99.00 / 99.65%: 3e-4 over the 0.5-point band; MQA (no 3e-3 run): 99.0 and
+    # 99.1%, tied: 3e-4's lower loss
+    assert lines[2] == '| mha | 95.00%, 0.1500 | 99.00%, 0.0200 | **99.65%, 0.0250** | 0.0003 |'
+    assert lines[3] == '| mqa |  | 99.00%, 0.0200 | **99.10%, 0.0100** | 0.0003 |'
+    bad = subprocess.run([*run, '--seeds=0,1,2'], capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert f'--rates: {tmp_path / "1e-3"}.csv, mha: seeds [0, 1] lack [0, 1, 2]' in bad.stderr
 
 
 def test_curve_table():

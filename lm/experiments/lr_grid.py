@@ -29,6 +29,25 @@ def choose(by_lr: Mapping[float, Values]) -> float:
     return min(complete, key=rank)
 
 
+def choose_by_accuracy(
+    accuracy: Mapping[float, Values], loss: Mapping[float, Values], tie: float = 0.005
+) -> float:
+    """The learning rate with the highest mean accuracy over seeds (a recall task's rule);
+    rates within `tie` of the best are tied and go to the lower mean loss, then the higher
+    rate. Every rate must have the same seeds, in both mappings."""
+    if not accuracy:
+        raise ValueError('no learning rate to choose from')
+    seeds = {lr: set(v) for lr, v in accuracy.items()}
+    first = next(iter(seeds.values()))
+    for lr in accuracy:
+        if seeds[lr] != first or set(loss.get(lr, {})) != first:
+            raise ValueError(f'lr {lr:g}: seeds {sorted(seeds[lr])}, expected {sorted(first)}')
+    acc = {lr: stats.mean(list(v.values())) for lr, v in accuracy.items()}
+    best = max(acc.values())
+    tied = [lr for lr, a in acc.items() if a >= best - tie]
+    return min(tied, key=lambda lr: (stats.mean(list(loss[lr].values())), -lr))
+
+
 def select(
     validation: Mapping[tuple, Values], report: Mapping[tuple, Values]
 ) -> tuple[dict[Hashable, dict[int, float]], dict[Hashable, float]]:

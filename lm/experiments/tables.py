@@ -25,6 +25,9 @@ of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
 - 'lr_grid': an uptraining ablation's lr_grid.csv (columns model, conversion, alpha_or_steps,
   lr, seed, validation_loss, heldout_loss): per arm the mean validation loss at each rate, the
   rate chosen on it and the held-out loss there (lm.experiments.lr_grid).
+- 'lr_screen': a recall task's learning-rate screen (columns point, lr, seed, eval_loss,
+  eval_recall_accuracy): per arm its mean accuracy and answer loss at each rate and the rate
+  `lr_grid.choose_by_accuracy` picks (bold).
 - 'seed_curve': a sweep's learning curves (the same columns, runs named <arm>_s<seed>): one
   column per arm, its mean ± std over seeds at each step.
 - 'steps_to': the same curves: per run the first step its first metric reached REACHED, per arm
@@ -301,6 +304,36 @@ def lr_grid_table(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
+def lr_screen_table(rows: list[dict]) -> str:
+    """A recall task's learning-rate screen: per arm and rate the mean accuracy and answer loss
+    over the seeds, and the rate `lr_grid.choose_by_accuracy` picks (bold)."""
+    arms: dict[str, dict[float, tuple[dict, dict]]] = {}
+    for r in rows:
+        acc, loss = arms.setdefault(r['point'], {}).setdefault(float(r['lr']), ({}, {}))
+        acc[int(r['seed'])] = float(r['eval_recall_accuracy'])
+        loss[int(r['seed'])] = float(r['eval_loss'])
+    lrs = sorted({lr for grid in arms.values() for lr in grid}, reverse=True)
+    lines = [
+        f'| arm | {" | ".join(f"lr {lr:g}: accuracy, loss" for lr in lrs)} | chosen lr |',
+        '|---|' + '---|' * (len(lrs) + 1),
+    ]
+    for arm, grid in arms.items():
+        chosen = lr_grid.choose_by_accuracy(
+            {lr: a for lr, (a, _) in grid.items()}, {lr: lo for lr, (_, lo) in grid.items()}
+        )
+        cells = []
+        for lr in lrs:
+            a, lo = grid.get(lr, ({}, {}))
+            text = (
+                f'{100 * stats.mean(list(a.values())):.2f}%, {stats.mean(list(lo.values())):.4f}'
+                if a
+                else ''
+            )
+            cells.append(f'**{text}**' if lr == chosen else text)
+        lines.append(f'| {arm} | {" | ".join(cells)} | {chosen:g} |')
+    return '\n'.join(lines)
+
+
 KINDS: dict[str, Callable[[list[dict]], str]] = {
     'seeds': seeds_table,
     'intervals': intervals_table,
@@ -310,6 +343,7 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
     'seed_curve': seed_curve_table,
     'learned': learned_table,
     'lr_grid': lr_grid_table,
+    'lr_screen': lr_screen_table,
     'steps_to': steps_to_table,
 }
 

@@ -1,0 +1,60 @@
+r"""A learning-rate screen as one CSV for docs/results (the 'lr_screen' table of
+lm.experiments.tables): the per-seed CSVs of one sweep per rate, stacked with an 'lr' column and
+cut to the screened seeds.
+
+  python scripts/lr_screen_csv.py --seeds=0,1 --out=docs/results/passkey_lr_screen.csv \
+      --rates=3e-3=docs/results/passkey_seeds.csv,1e-3=docs/results/passkey_lr1e-3_seeds.csv,3e-4=runs/passkey_lr3e-4/summary_seeds.csv
+
+Rows: point, lr, seed, then the per-seed CSVs' value columns (which must agree).
+"""
+
+import csv
+
+from absl import flags
+
+from lm.cli import run_app
+
+_RATES = flags.DEFINE_list('rates', [], 'LR=CSV of each rate: a per-seed CSV (point, seed, ...).')
+_SEEDS = flags.DEFINE_list('seeds', ['0', '1'], 'The screened seeds (every rate must have them).')
+_OUT = flags.DEFINE_string('out', None, 'CSV to write.', required=True)
+
+
+def stack(rates: list[str], seeds: list[int]) -> list[dict]:
+    """The rows of every LR=CSV cut to `seeds`, each with its 'lr'; refuses a rate that misses
+    a screened seed of some point, or CSVs whose columns differ."""
+    if not rates:
+        raise ValueError('--rates: none given, expected LR=CSV,...')
+    out, columns = [], None
+    for item in rates:
+        lr, sep, path = item.partition('=')
+        if not sep or not path:
+            raise ValueError(f'--rates: {item!r}, expected LR=CSV')
+        float(lr)
+        with open(path, newline='') as f:
+            rows = list(csv.DictReader(f))
+        if columns is None:
+            columns = list(rows[0])
+        elif list(rows[0]) != columns:
+            raise ValueError(f'--rates: {path} has columns {list(rows[0])}, expected {columns}')
+        for point in dict.fromkeys(r['point'] for r in rows):
+            have = {int(r['seed']) for r in rows if r['point'] == point}
+            if not set(seeds) <= have:
+                raise ValueError(f'--rates: {path}, {point}: seeds {sorted(have)} lack {seeds}')
+        for r in rows:
+            if int(r['seed']) in seeds:
+                out.append({'point': r['point'], 'lr': lr, **{k: r[k] for k in columns[1:]}})
+    return out
+
+
+def main() -> int:
+    rows = stack(_RATES.value, [int(s) for s in _SEEDS.value])
+    with open(_OUT.value, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f'{_OUT.value}: {len(rows)} rows')
+    return 0
+
+
+if __name__ == '__main__':
+    run_app(main)
