@@ -11,12 +11,12 @@ lm.experiments.tables): one or more TensorBoard scalars of each run, read from i
 Rows: run, step, metric, value (a metric is its tag without the first part: recall_accuracy).
 """
 
-import csv
 import os
 
 from absl import flags
 
 from lm.cli import run_app
+from lm.experiments.summary import write_csv
 
 _TAG = flags.DEFINE_list('tag', ['eval/recall_accuracy'], 'The scalars to read, in column order.')
 _OUT = flags.DEFINE_string('out', None, 'CSV to write.', required=True)
@@ -62,10 +62,7 @@ def run() -> int:
                 {'run': name, 'step': s, 'metric': metric, 'value': f'{v:.4f}'}
                 for s, v in sorted(by_step.items())
             ]
-    with open(_OUT.value, 'w', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=['run', 'step', 'metric', 'value'])
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(_OUT.value, rows)
     print(f'wrote {len(rows)} rows to {_OUT.value}')
     return 0
 

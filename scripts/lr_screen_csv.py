@@ -13,6 +13,7 @@ import csv
 from absl import flags
 
 from lm.cli import run_app
+from lm.experiments.summary import write_csv
 
 _RATES = flags.DEFINE_list('rates', [], 'LR=CSV of each rate: a per-seed CSV (point, seed, ...).')
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1'], 'The screened seeds (every rate must have them).')
@@ -48,10 +49,7 @@ def stack(rates: list[str], seeds: list[int]) -> list[dict]:
 
 def main() -> int:
     rows = stack(_RATES.value, [int(s) for s in _SEEDS.value])
-    with open(_OUT.value, 'w', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(_OUT.value, rows)
     print(f'{_OUT.value}: {len(rows)} rows')
     return 0
 
