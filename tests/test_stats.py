@@ -71,7 +71,12 @@ def test_paired_p_value_by_hand():
     assert stats.p_value(d) == pytest.approx(1 - 5 / math.sqrt(27), abs=1e-9)
     assert stats.p_from_interval(d.mean, d.lo, d.hi, d.n) == pytest.approx(stats.p_value(d))
     assert stats.p_value(stats.paired_difference({0: 1.0, 1: 1.0}, {0: 1.0, 1: 1.0})) == 1.0
-    assert stats.p_value(stats.paired_difference({0: 2.0, 1: 2.0}, {0: 1.0, 1: 1.0})) == 0.0
+    # no spread: the sign-flip test, all n signs alike in 2 of 2^n patterns (not a t of inf)
+    same = stats.paired_difference({0: 2.0, 1: 2.0}, {0: 1.0, 1: 1.0})
+    assert stats.p_value(same) == 0.5 and not same.resolved
+    six = stats.estimate([100.0] * 6)
+    assert stats.p_value(six) == 1 / 32 and six.resolved
+    assert not stats.estimate([100.0] * 5).resolved  # 1/16 > 0.05
     assert math.isnan(stats.p_value(stats.paired_difference({0: 2.0}, {0: 1.0})))
 
 

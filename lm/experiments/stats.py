@@ -33,7 +33,10 @@ class Estimate:
 
     @property
     def resolved(self) -> bool:
-        """The interval excludes 0 (for a difference: the sign of the effect is resolved)."""
+        """The interval excludes 0 (for a difference: the sign of the effect is resolved); with
+        no spread, where the interval is a point, `p_value`'s sign-flip test decides."""
+        if self.n >= 2 and self.std == 0:
+            return p_value(self) < 1 - CONFIDENCE
         return self.n >= 2 and (self.lo > 0 or self.hi < 0)
 
     def interval(self, digits: int = 4) -> str:
@@ -95,11 +98,13 @@ def ordering(name_a: str, name_b: str, diff: Estimate, resolved: bool | None = N
 
 def p_value(diff: Estimate) -> float:
     """Two-sided p of the paired t-test that the mean difference is 0 (df = n - 1); nan for
-    n < 2; with no spread, 0 for a non-zero mean and 1 for a zero one."""
+    n < 2. With no spread (every difference the same, e.g. steps on an evaluation grid) the
+    t-test is undefined: the exact sign-flip test's p then, 2^(1 - n) for a non-zero mean (all
+    n signs alike: 2 of the 2^n sign patterns) and 1 for a zero one."""
     if diff.n < 2:
         return math.nan
     if diff.std == 0:
-        return 0.0 if diff.mean != 0 else 1.0
+        return 2.0 ** (1 - diff.n) if diff.mean != 0 else 1.0
     t = diff.mean / (diff.std / math.sqrt(diff.n))
     return float(2 * special.stdtr(diff.n - 1, -abs(t)))
 
