@@ -86,6 +86,7 @@ MADE = (
     'recall_sweep_curves.csv',
     'passkey_calibration.csv',
     'passkey_seeds.csv',
+    'passkey_lr_screen.csv',
     'passkey_sweep_curves.csv',
     'passkey_sweep_depths.csv',
 )
@@ -430,10 +431,24 @@ PLAN = {
     'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey_lr3e-4 '
     '--seeds=2 --config.mesh.cpu_devices=1 --parallel=2 --config.train.lr=3e-4 '
     '--config.train.min_lr=3e-4': Flags(),
+    'python scripts/curve_csv.py --out=docs/results/passkey_lr3e-4_screen_curves.csv '
+    '--runs=mha_s0=runs/passkey_lr3e-4/tb/mha_s0,mha_s1=runs/passkey_lr3e-4/tb/mha_s1'
+    ',gqa2_s0=runs/passkey_lr3e-4/tb/gqa2_s0,gqa2_s1=runs/passkey_lr3e-4/tb/gqa2_s1,m'
+    'qa_s0=runs/passkey_lr3e-4/tb/mqa_s0,mqa_s1=runs/passkey_lr3e-4/tb/mqa_s1,mla_s0='
+    'runs/passkey_lr3e-4/tb/mla_s0,mla_s1=runs/passkey_lr3e-4/tb/mla_s1': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey_lr3e-4 '
+    '--seeds=5 --points=mha,gqa2,mqa --config.mesh.cpu_devices=1 --parallel=2 '
+    '--config.train.lr=3e-4 --config.train.min_lr=3e-4': Flags(),
     # on the scaled-down passkey sweep run above, its own data sizes
     'python scripts/eval_sweep.py --sweep_dir=runs/passkey --config=configs/recall/passkey.py '
     '--config.data.recall_seed=1 --out=docs/results/passkey_test.csv': Run(extra=PASSKEY_DATA),
     'cp runs/passkey/summary_seeds.csv docs/results/passkey_seeds.csv': Run(),
+    # the 3e-4 screen is only flag-checked: the scaled-down sweep above stands in for it
+    'python scripts/lr_screen_csv.py --seeds=0,1 --out=docs/results/passkey_lr_screen.csv '
+    '--rates=3e-3=docs/results/passkey_seeds.csv,1e-3=docs/results/passkey_lr1e-3_seeds.csv,'
+    '3e-4=runs/passkey_lr3e-4/summary_seeds.csv': Run(
+        subs=(('runs/passkey_lr3e-4/summary_seeds.csv', 'runs/passkey/summary_seeds.csv'),)
+    ),
     'python scripts/curve_csv.py --out=docs/results/passkey_sweep_curves.csv '
     '--sweep_dir=runs/passkey': Run(),
     'python scripts/curve_csv.py --out=docs/results/passkey_sweep_depths.csv '
