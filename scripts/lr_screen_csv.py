@@ -6,6 +6,15 @@ cut to the screened seeds.
       --rates=3e-3=docs/results/passkey_seeds.csv,1e-3=docs/results/passkey_lr1e-3_seeds.csv,3e-4=runs/passkey_lr3e-4/summary_seeds.csv
 
 Rows: point, lr, seed, then the per-seed CSVs' value columns (which must agree).
+
+With --choose_on=SCREEN_CSV (such a screen), the rows of each of the screen's points at the rate
+the screen chose for it instead (lm.experiments.lr_grid.screen_choices), arms named
+'POINT at lr LR' and no lr column: a 'seeds' table of every variant at its own rate, e.g. on a
+second held-out set (scripts/eval_sweep.py's CSVs):
+
+  python scripts/lr_screen_csv.py --seeds=0,1,2,3,4 --choose_on=docs/results/passkey_lr_screen.csv \
+      --out=docs/results/passkey_chosen_test.csv \
+      --rates=1e-3=docs/results/passkey_lr1e-3_test.csv,3e-4=docs/results/passkey_lr3e-4_test.csv
 """
 
 import csv
@@ -13,11 +22,15 @@ import csv
 from absl import flags
 
 from lm.cli import run_app
+from lm.experiments import lr_grid
 from lm.experiments.summary import write_csv
 
 _RATES = flags.DEFINE_list('rates', [], 'LR=CSV of each rate: a per-seed CSV (point, seed, ...).')
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1'], 'The screened seeds (every rate must have them).')
 _OUT = flags.DEFINE_string('out', None, 'CSV to write.', required=True)
+_CHOOSE_ON = flags.DEFINE_string(
+    'choose_on', '', "A screen CSV: keep each of its points' rows at the rate it chose there."
+)
 
 
 def stack(rates: list[str], seeds: list[int]) -> list[dict]:
@@ -30,7 +43,10 @@ def stack(rates: list[str], seeds: list[int]) -> list[dict]:
         lr, sep, path = item.partition('=')
         if not sep or not path:
             raise ValueError(f'--rates: {item!r}, expected LR=CSV')
-        float(lr)
+        try:
+            float(lr)
+        except ValueError:
+            raise ValueError(f'--rates: {item!r}, LR must be a number') from None
         with open(path, newline='') as f:
             rows = list(csv.DictReader(f))
         if columns is None:
@@ -47,8 +63,25 @@ def stack(rates: list[str], seeds: list[int]) -> list[dict]:
     return out
 
 
+def at_chosen_rates(rows: list[dict], screen: list[dict]) -> list[dict]:
+    """`stack`'s rows of each screened point at its chosen rate, arm 'POINT at lr LR'; refuses
+    a screened point with no rows there."""
+    out = []
+    for point, lr in lr_grid.screen_choices(screen).items():
+        kept = [r for r in rows if r['point'] == point and float(r['lr']) == lr]
+        if not kept:
+            raise ValueError(f'--rates: no rows of {point} at its chosen lr {lr:g}')
+        for r in kept:
+            values = {k: v for k, v in r.items() if k not in ('point', 'lr')}
+            out.append({'point': f'{point} at lr {r["lr"]}', **values})
+    return out
+
+
 def main() -> int:
     rows = stack(_RATES.value, [int(s) for s in _SEEDS.value])
+    if _CHOOSE_ON.value:
+        with open(_CHOOSE_ON.value, newline='') as f:
+            rows = at_chosen_rates(rows, list(csv.DictReader(f)))
     write_csv(_OUT.value, rows)
     print(f'{_OUT.value}: {len(rows)} rows')
     return 0

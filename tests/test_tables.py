@@ -229,6 +229,22 @@ def test_lr_screen_table_bolds_the_rate_chosen_by_accuracy_and_stacks_per_seed_c
     bad = subprocess.run([*run, '--seeds=0,1,2'], capture_output=True, text=True)
     assert bad.returncode != 0
     assert f'--rates: {tmp_path / "1e-3"}.csv, mha: seeds [0, 1] lack [0, 1, 2]' in bad.stderr
+    # --choose_on: each point's rows at the rate its screen chose (here the same CSVs)
+    chosen = tmp_path / 'chosen.csv'
+    pick = [script, f'--rates={rates}', f'--out={chosen}', f'--choose_on={out}', '--seeds=0,1']
+    subprocess.run([sys.executable, *pick], check=True, capture_output=True)
+    assert chosen.read_text().splitlines() == [
+        'point,seed,eval_loss,eval_recall_accuracy',
+        'mha at lr 3e-4,0,0.02,1.0',
+        'mha at lr 3e-4,1,0.03,0.993',
+        'mqa at lr 3e-4,0,0.01,0.991',
+        'mqa at lr 3e-4,1,0.01,0.991',
+    ]
+    no_3e4 = f'--rates={tmp_path / "1e-3"}.csv'.replace('--rates=', '--rates=1e-3=')
+    bad = subprocess.run([sys.executable, *pick, no_3e4], capture_output=True, text=True)
+    assert bad.stderr.strip().splitlines()[-1] == (
+        'error: --rates: no rows of mha at its chosen lr 0.0003'
+    )
 
 
 def test_curve_table():

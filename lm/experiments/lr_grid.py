@@ -48,6 +48,27 @@ def choose_by_accuracy(
     return min(tied, key=lambda lr: (stats.mean(list(loss[lr].values())), -lr))
 
 
+def screen_grid(rows: list[dict]) -> dict[str, dict[float, tuple[dict, dict]]]:
+    """{point: {lr: ({seed: accuracy}, {seed: loss})}} of a recall screen's rows (point, lr,
+    seed, eval_loss, eval_recall_accuracy: scripts/lr_screen_csv.py)."""
+    grid: dict[str, dict[float, tuple[dict, dict]]] = {}
+    for r in rows:
+        acc, loss = grid.setdefault(r['point'], {}).setdefault(float(r['lr']), ({}, {}))
+        acc[int(r['seed'])] = float(r['eval_recall_accuracy'])
+        loss[int(r['seed'])] = float(r['eval_loss'])
+    return grid
+
+
+def screen_choices(rows: list[dict]) -> dict[str, float]:
+    """{point: the rate `choose_by_accuracy` picks} of a recall screen's rows."""
+    return {
+        point: choose_by_accuracy(
+            {lr: a for lr, (a, _) in g.items()}, {lr: lo for lr, (_, lo) in g.items()}
+        )
+        for point, g in screen_grid(rows).items()
+    }
+
+
 def select(
     validation: Mapping[tuple, Values], report: Mapping[tuple, Values]
 ) -> tuple[dict[Hashable, dict[int, float]], dict[Hashable, float]]:

@@ -307,20 +307,14 @@ def lr_grid_table(rows: list[dict]) -> str:
 def lr_screen_table(rows: list[dict]) -> str:
     """A recall task's learning-rate screen: per arm and rate the mean accuracy and answer loss
     over the seeds, and the rate `lr_grid.choose_by_accuracy` picks (bold)."""
-    arms: dict[str, dict[float, tuple[dict, dict]]] = {}
-    for r in rows:
-        acc, loss = arms.setdefault(r['point'], {}).setdefault(float(r['lr']), ({}, {}))
-        acc[int(r['seed'])] = float(r['eval_recall_accuracy'])
-        loss[int(r['seed'])] = float(r['eval_loss'])
+    arms, choices = lr_grid.screen_grid(rows), lr_grid.screen_choices(rows)
     lrs = sorted({lr for grid in arms.values() for lr in grid}, reverse=True)
     lines = [
         f'| arm | {" | ".join(f"lr {lr:g}: accuracy, loss" for lr in lrs)} | chosen lr |',
         '|---|' + '---|' * (len(lrs) + 1),
     ]
     for arm, grid in arms.items():
-        chosen = lr_grid.choose_by_accuracy(
-            {lr: a for lr, (a, _) in grid.items()}, {lr: lo for lr, (_, lo) in grid.items()}
-        )
+        chosen = choices[arm]
         cells = []
         for lr in lrs:
             a, lo = grid.get(lr, ({}, {}))
