@@ -4,6 +4,7 @@ int8 cache changes the loss by a little, not by nothing."""
 
 import csv
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -123,3 +124,32 @@ def _eval_py_through_the_cache(workdir) -> None:
         .splitlines()[-1]
         .endswith(f"--kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got 'int3'")
     )
+
+
+def test_a_sweeps_finished_runs_carry_the_seeds_they_trained_with(tmp_path):
+    """cache_quality.finished_runs / point_runs: the arm from a run's name, the seed from its
+    fingerprint (base config.seed 3: runs <arm>_s0 and _s1 trained with seeds 3 and 4, the
+    seeds summary_seeds.csv pairs by), arms in summary_seeds.csv's order; unfinished runs and
+    files left out."""
+    from lm.experiments.cache_quality import finished_runs, point_runs
+
+    for name, seed in [('mha_s0', 3), ('mha_s1', 4), ('mqa_s0', 3), ('mqa_s1', 4)]:
+        (tmp_path / name).mkdir()
+        result = {'eval': {'loss': 1.0}, 'fingerprint': {'seed': seed}}
+        (tmp_path / name / 'result.json').write_text(json.dumps(result))
+    (tmp_path / 'mla_s0').mkdir()  # started, not finished
+    (tmp_path / 'summary.md').write_text('')
+    rows = ['point,seed,eval_loss', 'mqa,3,1.0', 'mqa,4,1.0', 'mha,3,1.0', 'mha,4,1.0']
+    (tmp_path / 'summary_seeds.csv').write_text('\n'.join(rows) + '\n')
+    runs = finished_runs(str(tmp_path))
+    assert [(key, os.path.basename(w)) for key, w in runs] == [
+        (('mqa', 3), 'mqa_s0'),
+        (('mqa', 4), 'mqa_s1'),
+        (('mha', 3), 'mha_s0'),
+        (('mha', 4), 'mha_s1'),
+    ]
+    assert point_runs(str(tmp_path), 'mha') == {
+        3: str(tmp_path / 'mha_s0'),
+        4: str(tmp_path / 'mha_s1'),
+    }
+    assert point_runs(str(tmp_path), 'mla') == {}

@@ -7,14 +7,13 @@ rows that lm/experiments/tables.py's 'seeds' tables read."""
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections.abc import Callable
 
 import ml_collections
 from flax import nnx
 
-from lm.experiments.runner import arm_and_seed
+from lm.experiments.runner import arm_and_seed, read_result
 from lm.infer.cached_eval import make_cached_eval_step
 from lm.infer.decode import Decoder
 from lm.model.accounting import kv_cache_bytes_per_context_token
@@ -62,14 +61,8 @@ def sweep_seeds(sweep_dir: str) -> list[dict]:
 
 
 def point_runs(sweep_dir: str, point: str) -> dict[int, str]:
-    """{seed: workdir} of the point's finished runs (named `point` or `point_s<k>`)."""
-    runs = {}
-    for name in sorted(os.listdir(sweep_dir)):
-        result = os.path.join(sweep_dir, name, 'result.json')
-        if (name == point or name.rsplit('_s', 1)[0] == point) and os.path.isfile(result):
-            with open(result) as f:
-                runs[int(json.load(f)['fingerprint']['seed'])] = os.path.join(sweep_dir, name)
-    return runs
+    """{seed: workdir} of the point's finished runs (`finished_runs`)."""
+    return {seed: workdir for (arm, seed), workdir in finished_runs(sweep_dir) if arm == point}
 
 
 def check_request(rows: list[dict], points: list[str], dtypes: list[str]) -> None:
@@ -111,17 +104,19 @@ def quantized_rows(
 
 
 def finished_runs(sweep_dir: str) -> list[tuple[tuple[str, int], str]]:
-    """[((arm, seed), workdir)] of the sweep's finished runs (`runner.arm_and_seed` names), by
-    arm (in the order of the sweep's summary_seeds.csv where it has one, then by name) and seed;
-    a one-line error if there are none."""
+    """[((arm, seed), workdir)] of the sweep's finished runs: the arm from the run's name
+    (`runner.arm_and_seed`), the seed its config trained with (the fingerprint's, as the sweep's
+    summary_seeds.csv pairs by: base `config.seed` + k for run `<arm>_s<k>`), by arm (in the
+    order of summary_seeds.csv where there is one, then by name) and seed; a one-line error if
+    there are none."""
     path = os.path.join(sweep_dir, 'summary_seeds.csv')
     order = [r['arm'] for r in sweep_seeds(sweep_dir)] if os.path.isfile(path) else []
     rank = {arm: i for i, arm in reversed(list(enumerate(order)))}  # each arm's first place
-    found = [
-        (arm_and_seed(name), os.path.join(sweep_dir, name))
-        for name in os.listdir(sweep_dir)
-        if os.path.isfile(os.path.join(sweep_dir, name, 'result.json'))
-    ]
+    found = []
+    for name in os.listdir(sweep_dir):
+        workdir = os.path.join(sweep_dir, name)
+        if os.path.isdir(workdir) and (result := read_result(workdir)):
+            found.append(((arm_and_seed(name)[0], int(result['fingerprint']['seed'])), workdir))
     runs = sorted(found, key=lambda run: (rank.get(run[0][0], len(order)), run[0]))
     if not runs:
         raise FileNotFoundError(f'--sweep_dir: {sweep_dir} holds no finished run <arm>_s<seed>')
