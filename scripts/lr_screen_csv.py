@@ -8,9 +8,9 @@ cut to the screened seeds.
 Rows: point, lr, seed, then the per-seed CSVs' value columns (which must agree).
 
 With --choose_on=SCREEN_CSV (such a screen), the rows of each of the screen's points at the rate
-the screen chose for it instead (lm.experiments.lr_grid.screen_choices), arms named
-'POINT at lr LR' and no lr column: a 'seeds' table of every variant at its own rate, e.g. on a
-second held-out set (scripts/eval_sweep.py's CSVs):
+the screen chose for it instead (lm.experiments.lr_grid.screen_choices; only those rows need
+every seed), arms named 'POINT at lr LR' and no lr column: a 'seeds' table of every variant at
+its own rate, e.g. on a second held-out set (scripts/eval_sweep.py's CSVs):
 
   python scripts/lr_screen_csv.py --seeds=0,1,2,3,4 --choose_on=docs/results/passkey_lr_screen.csv \
       --out=docs/results/passkey_chosen_test.csv \
@@ -34,8 +34,8 @@ _CHOOSE_ON = flags.DEFINE_string(
 
 
 def stack(rates: list[str], seeds: list[int]) -> list[dict]:
-    """The rows of every LR=CSV cut to `seeds`, each with its 'lr'; refuses a rate that misses
-    a screened seed of some point, or CSVs whose columns differ."""
+    """The rows of every LR=CSV cut to `seeds`, each with its 'lr'; refuses CSVs whose columns
+    differ."""
     if not rates:
         raise ValueError('--rates: none given, expected LR=CSV,...')
     out, columns = [], None
@@ -53,17 +53,23 @@ def stack(rates: list[str], seeds: list[int]) -> list[dict]:
             columns = list(rows[0])
         elif list(rows[0]) != columns:
             raise ValueError(f'--rates: {path} has columns {list(rows[0])}, expected {columns}')
-        for point in dict.fromkeys(r['point'] for r in rows):
-            have = {int(r['seed']) for r in rows if r['point'] == point}
-            if not set(seeds) <= have:
-                raise ValueError(f'--rates: {path}, {point}: seeds {sorted(have)} lack {seeds}')
         for r in rows:
             if int(r['seed']) in seeds:
                 out.append({'point': r['point'], 'lr': lr, **{k: r[k] for k in columns[1:]}})
     return out
 
 
-def at_chosen_rates(rows: list[dict], screen: list[dict]) -> list[dict]:
+def check_seeds(rows: list[dict], seeds: list[int]) -> None:
+    """Refuses a point and rate of `rows` that lacks one of `seeds`."""
+    have: dict[tuple[str, str], set[int]] = {}
+    for r in rows:
+        have.setdefault((r['point'], r['lr']), set()).add(int(r['seed']))
+    for (point, lr), got in have.items():
+        if not set(seeds) <= got:
+            raise ValueError(f'--rates: {point} at lr {lr}: seeds {sorted(got)} lack {seeds}')
+
+
+def at_chosen_rates(rows: list[dict], screen: list[dict], seeds: list[int]) -> list[dict]:
     """`stack`'s rows of each screened point at its chosen rate, arm 'POINT at lr LR'; refuses
     a screened point with no rows there."""
     out = []
@@ -71,6 +77,7 @@ def at_chosen_rates(rows: list[dict], screen: list[dict]) -> list[dict]:
         kept = [r for r in rows if r['point'] == point and float(r['lr']) == lr]
         if not kept:
             raise ValueError(f'--rates: no rows of {point} at its chosen lr {lr:g}')
+        check_seeds(kept, seeds)
         for r in kept:
             values = {k: v for k, v in r.items() if k not in ('point', 'lr')}
             out.append({'point': f'{point} at lr {r["lr"]}', **values})
@@ -78,10 +85,13 @@ def at_chosen_rates(rows: list[dict], screen: list[dict]) -> list[dict]:
 
 
 def main() -> int:
-    rows = stack(_RATES.value, [int(s) for s in _SEEDS.value])
+    seeds = [int(s) for s in _SEEDS.value]
+    rows = stack(_RATES.value, seeds)
     if _CHOOSE_ON.value:
         with open(_CHOOSE_ON.value, newline='') as f:
-            rows = at_chosen_rates(rows, list(csv.DictReader(f)))
+            rows = at_chosen_rates(rows, list(csv.DictReader(f)), seeds)
+    else:
+        check_seeds(rows, seeds)
     write_csv(_OUT.value, rows)
     print(f'{_OUT.value}: {len(rows)} rows')
     return 0

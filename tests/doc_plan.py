@@ -439,6 +439,13 @@ PLAN = {
     'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey_lr3e-4 '
     '--seeds=5 --points=mha,gqa2,mqa --config.mesh.cpu_devices=1 --parallel=2 '
     '--config.train.lr=3e-4 --config.train.min_lr=3e-4': Flags(),
+    'python scripts/eval_sweep.py --sweep_dir=runs/passkey_lr3e-4 '
+    '--config=configs/recall/passkey.py --config.data.recall_seed=1 '
+    '--out=docs/results/passkey_lr3e-4_test.csv': Flags(),
+    'python scripts/lr_screen_csv.py --seeds=0,1,2,3,4 '
+    '--choose_on=docs/results/passkey_lr_screen.csv --out=docs/results/passkey_chosen_test.csv '
+    '--rates=1e-3=docs/results/passkey_lr1e-3_test.csv,'
+    '3e-4=docs/results/passkey_lr3e-4_test.csv': Flags(),
     # on the scaled-down passkey sweep run above, its own data sizes
     'python scripts/eval_sweep.py --sweep_dir=runs/passkey --config=configs/recall/passkey.py '
     '--config.data.recall_seed=1 --out=docs/results/passkey_test.csv': Run(extra=PASSKEY_DATA),

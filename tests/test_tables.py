@@ -228,7 +228,9 @@ def test_lr_screen_table_bolds_the_rate_chosen_by_accuracy_and_stacks_per_seed_c
     assert lines[3] == '| mqa |  | 99.00%, 0.0200 | **99.10%, 0.0100** | 0.0003 |'
     bad = subprocess.run([*run, '--seeds=0,1,2'], capture_output=True, text=True)
     assert bad.returncode != 0
-    assert f'--rates: {tmp_path / "1e-3"}.csv, mha: seeds [0, 1] lack [0, 1, 2]' in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1] == (
+        'error: --rates: mha at lr 1e-3: seeds [0, 1] lack [0, 1, 2]'
+    )
     # --choose_on: each point's rows at the rate its screen chose (here the same CSVs)
     chosen = tmp_path / 'chosen.csv'
     pick = [script, f'--rates={rates}', f'--out={chosen}', f'--choose_on={out}', '--seeds=0,1']
@@ -240,6 +242,10 @@ def test_lr_screen_table_bolds_the_rate_chosen_by_accuracy_and_stacks_per_seed_c
         'mqa at lr 3e-4,0,0.01,0.991',
         'mqa at lr 3e-4,1,0.01,0.991',
     ]
+    bad = subprocess.run([sys.executable, *pick, '--seeds=0,1,2'], capture_output=True, text=True)
+    assert bad.stderr.strip().splitlines()[-1] == (  # the chosen rates' seeds are checked
+        'error: --rates: mha at lr 3e-4: seeds [0, 1] lack [0, 1, 2]'
+    )
     no_3e4 = f'--rates={tmp_path / "1e-3"}.csv'.replace('--rates=', '--rates=1e-3=')
     bad = subprocess.run([sys.executable, *pick, no_3e4], capture_output=True, text=True)
     assert bad.stderr.strip().splitlines()[-1] == (
