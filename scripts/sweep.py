@@ -24,6 +24,10 @@ pareto_eval_loss.png (pareto_eval_recall_accuracy.png where runs have it), also 
       --points=mha,mqa,cla2,mha_local           # some of a sweep file's points, by name
   python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds_p \
       --seeds=5 --parallel=2 --match=params      # equal parameters instead of equal width
+
+The same command with --status prints where each of its runs stands (finished with its final
+evaluation, started with its last checkpoint's step, or not started) and exits; it reads files
+only, so it is safe beside the sweep running.
 """
 
 import os
@@ -44,6 +48,7 @@ from lm.experiments.sweep import (
     load_sweep_file,
     parse_grid,
     plan,
+    progress,
 )
 from lm.experiments.sweep_summary import summarise
 from lm.train.workdir import WorkdirLock
@@ -63,6 +68,9 @@ _POINTS = flags.DEFINE_list(
 )
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per point (a point may set its own).')
 _PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at once.')
+_STATUS = flags.DEFINE_bool(
+    'status', False, 'Print where each run of the plan stands (reads files only) and exit.'
+)
 _MATCH = flags.DEFINE_enum(
     'match',
     '',
@@ -91,6 +99,9 @@ def run() -> int:
     points = [{**p, **g} for p in chosen for g in parse_grid(base, _GRID.value)]
     train = [sys.executable, TRAIN]
     specs = plan(base, points, sweep_dir, train, _SEEDS.value, match, _TB_DIR.value)
+    if _STATUS.value:
+        print('\n'.join(progress(specs, sweep_dir)))
+        return 0
     t = time.time()
     with WorkdirLock(sweep_dir, '--sweep_dir'):
         check_same_fairness(sweep_dir, match)  # the more specific refusal first

@@ -8,9 +8,10 @@ import os
 import pytest
 from conftest import run_entry, sweep_file, tiny_config, tiny_train_config
 
+from lm.experiments import runner
 from lm.experiments.fairness import match_parameters, reference_config
 from lm.experiments.runner import Spec
-from lm.experiments.sweep import file_points, parse_grid, point_config, run_name
+from lm.experiments.sweep import file_points, parse_grid, plan, point_config, progress, run_name
 from lm.experiments.sweep_summary import summarise
 from lm.model.accounting import param_counts
 from lm.model.transformer import model_config
@@ -93,6 +94,11 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
 
     again = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}', '--match=params')
     assert again.returncode == 0 and again.stdout.count('finished earlier, skipped') == 4
+    status = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}', '--match=params',
+                   '--status').stdout.strip().splitlines()  # fmt: skip
+    assert status[0].startswith('skipping bad: ')  # the plan's own note, then a line per run
+    assert status[1].startswith('mha_s0: finished at step 4: eval loss ')
+    assert status[-1] == f'4 runs in {tmp_path / "sw"}: 4 finished, 0 started, 0 not started'
     other = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}')  # width by default
     assert other.returncode == 1 and other.stderr.strip().splitlines()[-1] == (
         f'error: --match=width: {tmp_path / "sw"} holds a --match=params sweep; use another '
@@ -314,3 +320,37 @@ def test_a_run_echoes_its_evaluations_while_it_trains(tmp_path, capsys):
         'gqa_h4_kv1: resumed from /x/checkpoints at step 4',
     ]
     assert (workdir / 'train.log').read_text().splitlines() == lines
+
+
+def test_status_says_where_each_run_stands_from_its_files(tmp_path):
+    """sweep.py --status (lm.experiments.sweep.progress): finished runs with their final
+    evaluation, a result under other settings, a started run's last evaluation from its
+    train.log, runs not started, and the count."""
+    config = tiny_config()
+    config.train.steps = 300
+    points = [{'name': 'mha', 'model.attention': 'mha', 'seeds': 3},
+              {'name': 'mqa', 'model.attention': 'mqa'}]  # fmt: skip
+    specs = plan(config, points, str(tmp_path), ['train.py'])
+    assert [s.name for s in specs] == ['mha_s0', 'mha_s1', 'mha_s2', 'mqa']
+    done, other, started = (tmp_path / s.name for s in specs[:3])
+    for wd in (done, other, started):
+        wd.mkdir()
+    result = {'step': 300, 'eval': {'loss': 1.25, 'perplexity': 3.49, 'recall_accuracy': 0.5}}
+    (done / 'result.json').write_text(
+        json.dumps({**result, 'fingerprint': runner.fingerprint(specs[0])})
+    )
+    changed = {**runner.fingerprint(specs[1]), 'train.lr': 1.0}
+    (other / 'result.json').write_text(json.dumps({**result, 'fingerprint': changed}))
+    (started / 'run.json').write_text(json.dumps({'fingerprint': runner.fingerprint(specs[2])}))
+    log = [
+        'I1127 loop.py:239] eval at step 100: loss 2.0',
+        'I1127 loop.py:239] eval at step 200: loss 1.9',
+    ]
+    (started / 'train.log').write_text('\n'.join(log) + '\n')
+    assert progress(specs, str(tmp_path)) == [
+        'mha_s0: finished at step 300: eval loss 1.2500, recall accuracy 0.5000',
+        'mha_s1: finished with other settings (a re-run checks them)',
+        'mha_s2: started: last eval at step 200, no checkpoint yet, of 300 steps',
+        'mqa: not started',
+        f'4 runs in {tmp_path}: 1 finished, 2 started, 1 not started',
+    ]

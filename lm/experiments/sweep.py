@@ -22,6 +22,7 @@ import ml_collections
 
 from lm.config import parse_assignment, with_values, write_config_file
 from lm.config_migration import ADDED_KEYS
+from lm.experiments import runner
 from lm.experiments.fairness import MATCHES, match_parameters, reference_config
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
 from lm.model import attention
@@ -248,3 +249,48 @@ def check_same_fairness(sweep_dir: str, match: str) -> None:
         os.makedirs(sweep_dir, exist_ok=True)
         with open(path, 'w') as f:
             f.write(match + '\n')
+
+
+SHOWN = ('loss', 'recall_accuracy')  # the final evaluation's values `progress` prints
+
+
+def last_eval(workdir: str) -> str:
+    """'last eval at step N' from a sweep run's train.log, or 'no eval yet'."""
+    found = 'no eval yet'
+    path = os.path.join(workdir, 'train.log')
+    if os.path.exists(path):
+        with open(path, errors='replace') as f:
+            for line in f:
+                if PROGRESS[0] in line:
+                    found = 'last eval at step ' + line.split(PROGRESS[0], 1)[1].split(':')[0]
+    return found
+
+
+def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
+    """Where each planned run stands, one line each, then a count; reads files only (safe
+    beside a running sweep): finished (its final evaluation), finished under other settings,
+    started (its last checkpoint's step of train.steps) or not started."""
+    lines, counts = [], dict.fromkeys(('finished', 'started', 'not started'), 0)
+    for spec in specs:
+        wd, steps = runner.workdir(sweep_dir, spec), spec.fingerprint['train.steps']
+        result = runner.read_result(wd)
+        if result is not None and runner.cached(spec, wd) is not None:
+            counts['finished'] += 1
+            final = result['eval']
+            metrics = ', '.join(
+                f'{k.replace("_", " ")} {final[k]:.4f}' for k in SHOWN if k in final
+            )
+            lines.append(f'{spec.name}: finished at step {result["step"]}: eval {metrics}')
+        elif result is not None:
+            counts['started'] += 1
+            lines.append(f'{spec.name}: finished with other settings (a re-run checks them)')
+        elif os.path.exists(os.path.join(wd, runner.STARTED)):
+            counts['started'] += 1
+            saved = saved_steps(wd)
+            at = f'checkpoint at step {saved[-1]}' if saved else 'no checkpoint yet'
+            lines.append(f'{spec.name}: started: {last_eval(wd)}, {at}, of {steps} steps')
+        else:
+            counts['not started'] += 1
+            lines.append(f'{spec.name}: not started')
+    tally = ', '.join(f'{n} {state}' for state, n in counts.items())
+    return [*lines, f'{len(specs)} runs in {sweep_dir}: {tally}']
