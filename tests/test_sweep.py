@@ -98,7 +98,9 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
                    '--status').stdout.strip().splitlines()  # fmt: skip
     assert status[0].startswith('skipping bad: ')  # the plan's own note, then a line per run
     assert status[1].startswith('mha_s0: finished at step 4: eval loss ')
-    assert status[-1] == f'4 runs in {tmp_path / "sw"}: 4 finished, 0 started, 0 not started'
+    assert status[-1] == (
+        f'4 runs in {tmp_path / "sw"}: 4 finished, 0 with other settings, 0 started, 0 not started'
+    )
     other = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}')  # width by default
     assert other.returncode == 1 and other.stderr.strip().splitlines()[-1] == (
         f'error: --match=width: {tmp_path / "sw"} holds a --match=params sweep; use another '
@@ -352,5 +354,5 @@ def test_status_says_where_each_run_stands_from_its_files(tmp_path):
         'mha_s1: finished with other settings (a re-run checks them)',
         'mha_s2: started: last eval at step 200, no checkpoint yet, of 300 steps',
         'mqa: not started',
-        f'4 runs in {tmp_path}: 1 finished, 2 started, 1 not started',
+        f'4 runs in {tmp_path}: 1 finished, 1 with other settings, 1 started, 1 not started',
     ]

@@ -61,12 +61,14 @@ def screen_grid(rows: list[dict]) -> dict[str, dict[float, tuple[dict, dict]]]:
 
 def screen_choices(rows: list[dict]) -> dict[str, float]:
     """{point: the rate `choose_by_accuracy` picks} of a recall screen's rows."""
-    return {
-        point: choose_by_accuracy(
-            {lr: a for lr, (a, _) in g.items()}, {lr: lo for lr, (_, lo) in g.items()}
-        )
-        for point, g in screen_grid(rows).items()
-    }
+    out = {}
+    for point, g in screen_grid(rows).items():
+        acc, loss = {lr: a for lr, (a, _) in g.items()}, {lr: lo for lr, (_, lo) in g.items()}
+        try:
+            out[point] = choose_by_accuracy(acc, loss)
+        except ValueError as e:
+            raise ValueError(f'{point}: {e}') from None
+    return out
 
 
 def select(

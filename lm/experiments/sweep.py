@@ -268,9 +268,10 @@ def last_eval(workdir: str) -> str:
 
 def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
     """Where each planned run stands, one line each, then a count; reads files only (safe
-    beside a running sweep): finished (its final evaluation), finished under other settings,
-    started (its last checkpoint's step of train.steps) or not started."""
-    lines, counts = [], dict.fromkeys(('finished', 'started', 'not started'), 0)
+    beside a running sweep): finished (its final evaluation), finished with other settings
+    than the plan's, started (its last evaluation and checkpoint) or not started."""
+    states = ('finished', 'with other settings', 'started', 'not started')
+    lines, counts = [], dict.fromkeys(states, 0)
     for spec in specs:
         wd, steps = runner.workdir(sweep_dir, spec), spec.fingerprint['train.steps']
         result = runner.read_result(wd)
@@ -282,7 +283,7 @@ def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
             )
             lines.append(f'{spec.name}: finished at step {result["step"]}: eval {metrics}')
         elif result is not None:
-            counts['started'] += 1
+            counts['with other settings'] += 1
             lines.append(f'{spec.name}: finished with other settings (a re-run checks them)')
         elif os.path.exists(os.path.join(wd, runner.STARTED)):
             counts['started'] += 1
