@@ -26,7 +26,8 @@ pareto_eval_loss.png (pareto_eval_recall_accuracy.png where runs have it), also 
       --seeds=5 --parallel=2 --match=params      # equal parameters instead of equal width
 
 The same command with --status prints where each of its runs stands (finished with its final
-evaluation, started with its last checkpoint's step, or not started) and exits; it reads files
+evaluation, started with its last evaluation, checkpoint and minutes left, or not started) and
+exits; it reads files
 only, so it is safe beside the sweep running.
 """
 

@@ -327,15 +327,16 @@ def test_a_run_echoes_its_evaluations_while_it_trains(tmp_path, capsys):
 def test_status_says_where_each_run_stands_from_its_files(tmp_path):
     """sweep.py --status (lm.experiments.sweep.progress): finished runs with their final
     evaluation, a result under other settings, a started run's last evaluation from its
-    train.log, runs not started, and the count."""
+    train.log (with the minutes left at the rate between its last two, when they carry times),
+    runs not started, and the count."""
     config = tiny_config()
     config.train.steps = 300
-    points = [{'name': 'mha', 'model.attention': 'mha', 'seeds': 3},
+    points = [{'name': 'mha', 'model.attention': 'mha', 'seeds': 4},
               {'name': 'mqa', 'model.attention': 'mqa'}]  # fmt: skip
     specs = plan(config, points, str(tmp_path), ['train.py'])
-    assert [s.name for s in specs] == ['mha_s0', 'mha_s1', 'mha_s2', 'mqa']
-    done, other, started = (tmp_path / s.name for s in specs[:3])
-    for wd in (done, other, started):
+    assert [s.name for s in specs] == ['mha_s0', 'mha_s1', 'mha_s2', 'mha_s3', 'mqa']
+    done, other, timed, untimed = (tmp_path / s.name for s in specs[:4])
+    for wd in (done, other, timed, untimed):
         wd.mkdir()
     result = {'step': 300, 'eval': {'loss': 1.25, 'perplexity': 3.49, 'recall_accuracy': 0.5}}
     (done / 'result.json').write_text(
@@ -343,16 +344,20 @@ def test_status_says_where_each_run_stands_from_its_files(tmp_path):
     )
     changed = {**runner.fingerprint(specs[1]), 'train.lr': 1.0}
     (other / 'result.json').write_text(json.dumps({**result, 'fingerprint': changed}))
-    (started / 'run.json').write_text(json.dumps({'fingerprint': runner.fingerprint(specs[2])}))
+    for spec, wd in zip(specs[2:4], (timed, untimed), strict=True):
+        (wd / 'run.json').write_text(json.dumps({'fingerprint': runner.fingerprint(spec)}))
     log = [
-        'I1127 loop.py:239] eval at step 100: loss 2.0',
-        'I1127 loop.py:239] eval at step 200: loss 1.9',
+        f'I1127 14:0{k // 100}:30.000001 1 loop.py:239] eval at step {k}: loss 2'
+        for k in (100, 200)
     ]
-    (started / 'train.log').write_text('\n'.join(log) + '\n')
+    (timed / 'train.log').write_text('\n'.join(log) + '\n')  # 100 steps a minute, 100 to go
+    (untimed / 'train.log').write_text('\n'.join([log[0], 'no time] eval at step 150: x']) + '\n')
     assert progress(specs, str(tmp_path)) == [
         'mha_s0: finished at step 300: eval loss 1.2500, recall accuracy 0.5000',
         'mha_s1: finished with other settings (a re-run checks them)',
-        'mha_s2: started: last eval at step 200, no checkpoint yet, of 300 steps',
+        'mha_s2: started: last eval at step 200 (~1 min left at its last rate), no checkpoint '
+        'yet, of 300 steps',
+        'mha_s3: started: last eval at step 150, no checkpoint yet, of 300 steps',
         'mqa: not started',
-        f'4 runs in {tmp_path}: 1 finished, 1 with other settings, 1 started, 1 not started',
+        f'5 runs in {tmp_path}: 1 finished, 1 with other settings, 2 started, 1 not started',
     ]

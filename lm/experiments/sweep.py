@@ -11,6 +11,7 @@ train.steps, ...) may change: the run then resumes from its checkpoint.
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import itertools
 import json
@@ -254,16 +255,34 @@ def check_same_fairness(sweep_dir: str, match: str) -> None:
 SHOWN = ('loss', 'recall_accuracy')  # the final evaluation's values `progress` prints
 
 
-def last_eval(workdir: str) -> str:
-    """'last eval at step N' from a sweep run's train.log, or 'no eval yet'."""
-    found = 'no eval yet'
+def last_eval(workdir: str, steps: int) -> str:
+    """'last eval at step N' from a sweep run's train.log (absl lines, 'I1127 14:52:26.93 ...')
+    and, from the last two evaluations' times, the minutes left to `steps` at that rate; or
+    'no eval yet'."""
+    evals = []  # (time, step) of each evaluation line
     path = os.path.join(workdir, 'train.log')
     if os.path.exists(path):
         with open(path, errors='replace') as f:
             for line in f:
                 if PROGRESS[0] in line:
-                    found = 'last eval at step ' + line.split(PROGRESS[0], 1)[1].split(':')[0]
-    return found
+                    step = int(line.split(PROGRESS[0], 1)[1].split(':')[0])
+                    evals.append((_log_time(line), step))
+    if not evals:
+        return 'no eval yet'
+    text = f'last eval at step {evals[-1][1]}'
+    (t0, s0), (t1, s1) = evals[-2:] if len(evals) > 1 else (evals[0], evals[0])
+    if t0 is not None and t1 is not None and s1 > s0 and t1 > t0:
+        per_step = (t1 - t0).total_seconds() / (s1 - s0)
+        text += f' (~{per_step * (steps - s1) / 60:.0f} min left at its last rate)'
+    return text
+
+
+def _log_time(line: str) -> datetime.datetime | None:
+    """The time of an absl log line ('I1127 14:52:26.934585 ...'; no year), None if it has none."""
+    try:
+        return datetime.datetime.strptime(' '.join(line[1:].split()[:2]), '%m%d %H:%M:%S.%f')
+    except ValueError:
+        return None
 
 
 def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
@@ -289,7 +308,7 @@ def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
             counts['started'] += 1
             saved = saved_steps(wd)
             at = f'checkpoint at step {saved[-1]}' if saved else 'no checkpoint yet'
-            lines.append(f'{spec.name}: started: {last_eval(wd)}, {at}, of {steps} steps')
+            lines.append(f'{spec.name}: started: {last_eval(wd, steps)}, {at}, of {steps} steps')
         else:
             counts['not started'] += 1
             lines.append(f'{spec.name}: not started')
