@@ -27,8 +27,7 @@ pareto_eval_loss.png (pareto_eval_recall_accuracy.png where runs have it), also 
 
 The same command with --status prints where each of its runs stands (finished with its final
 evaluation, started with its last evaluation, checkpoint and minutes left, or not started) and
-exits; it reads files
-only, so it is safe beside the sweep running.
+exits; it reads files only, so it is safe beside the sweep running.
 """
 
 import os
