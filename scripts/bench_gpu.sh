@@ -9,13 +9,15 @@
 #   bash scripts/bench_gpu.sh batch64 OUT_DIR # the fused kernel at batch 32 and 64 (8k), then the
 #                                             # 125M cuDNN step with XLA's Triton GEMMs and without,
 #                                             # and its profile
+#   bash scripts/bench_gpu.sh cublas OUT_DIR  # Triton GEMMs off as a per-compile option, A/B in
+#                                             # one process; the profile with them off (env flag)
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
 # H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/performance.md.
 set -u
-part=${1:?usage: bench_gpu.sh train|rest|decode|flash|batch64 OUT_DIR}
-out=${2:?usage: bench_gpu.sh train|rest|decode|flash|batch64 OUT_DIR}
+part=${1:?usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas OUT_DIR}
+out=${2:?usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/NAME.log
@@ -86,8 +88,17 @@ batch64)
   step profile 140 python3 scripts/profile_train.py --config=configs/gpt125m.py --variant=mha \
     --steps=5 --top=25 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile
   ;;
+cublas)
+  step env 30 bash -c 'date -u; nvidia-smi -L; python3 -c "import jax; print(jax.__version__)"'
+  step xla_options 200 python3 scripts/bench_xla_options.py --config=configs/gpt125m.py \
+    --set=model.attention_impl=cudnn --option=no_triton:xla_gpu_enable_triton_gemm=false \
+    --rounds=4
+  XLA_FLAGS=--xla_gpu_enable_triton_gemm=false step profile_no_triton 140 \
+    python3 scripts/profile_train.py --config=configs/gpt125m.py --variant=mha --steps=5 \
+    --top=25 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile_no_triton
+  ;;
 *)
-  echo "unknown part $part (train|rest|decode|flash|batch64)" >&2
+  echo "unknown part $part (train|rest|decode|flash|batch64|cublas)" >&2
   exit 2
   ;;
 esac
