@@ -49,6 +49,8 @@ def stack(rates: list[str], seeds: list[int]) -> list[dict]:
             raise ValueError(f'--rates: {item!r}, LR must be a number') from None
         with open(path, newline='') as f:
             rows = list(csv.DictReader(f))
+        if not rows or list(rows[0])[:2] != ['point', 'seed']:
+            raise ValueError(f'--rates: {path} is not a per-seed CSV (point, seed, values...)')
         if columns is None:
             columns = list(rows[0])
         elif list(rows[0]) != columns:

@@ -246,6 +246,13 @@ def test_lr_screen_table_bolds_the_rate_chosen_by_accuracy_and_stacks_per_seed_c
     assert bad.stderr.strip().splitlines()[-1] == (  # the chosen rates' seeds are checked
         'error: --rates: mha at lr 3e-4: seeds [0, 1] lack [0, 1, 2]'
     )
+    (tmp_path / 'curve.csv').write_text('run,step,metric,value\nmha_s0,100,acc,0.5\n')
+    bad = subprocess.run(
+        [*run, f'--rates=1e-3={tmp_path / "curve.csv"}'], capture_output=True, text=True
+    )
+    assert bad.stderr.strip().splitlines()[-1] == (
+        f'error: --rates: {tmp_path / "curve.csv"} is not a per-seed CSV (point, seed, values...)'
+    )
     no_3e4 = f'--rates={tmp_path / "1e-3"}.csv'.replace('--rates=', '--rates=1e-3=')
     bad = subprocess.run([sys.executable, *pick, no_3e4], capture_output=True, text=True)
     assert bad.stderr.strip().splitlines()[-1] == (
