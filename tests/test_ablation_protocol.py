@@ -177,3 +177,11 @@ def test_choose_by_accuracy_takes_the_best_mean_then_the_lower_loss_then_the_hig
         lr_grid.choose_by_accuracy({1e-3: {0: 1.0, 1: 1.0}, 3e-4: {0: 1.0}}, same)
     with pytest.raises(ValueError, match='no learning rate'):
         lr_grid.choose_by_accuracy({}, {})
+
+
+def test_screen_choices_name_the_point_whose_seeds_differ():
+    row = {'point': 'mqa', 'eval_loss': '0.1', 'eval_recall_accuracy': '0.9'}
+    rows = [{**row, 'lr': lr, 'seed': k} for lr, k in [('1e-3', 0), ('1e-3', 1), ('3e-4', 0)]]
+    with pytest.raises(ValueError, match=r'^mqa: lr 0.0003: seeds \[0\], expected \[0, 1\]$'):
+        lr_grid.screen_choices(rows)
+    assert lr_grid.screen_choices(rows[:2]) == {'mqa': 1e-3}
