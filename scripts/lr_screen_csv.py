@@ -33,12 +33,12 @@ _CHOOSE_ON = flags.DEFINE_string(
 )
 
 
-def stack(rates: list[str], seeds: list[int]) -> list[dict]:
-    """The rows of every LR=CSV cut to `seeds`, each with its 'lr'; refuses CSVs whose columns
-    differ."""
+def read_rates(rates: list[str]) -> dict[str, list[dict]]:
+    """{LR: rows} of every LR=CSV; refuses a CSV that is not per-seed, or whose columns differ
+    from the first's."""
     if not rates:
         raise ValueError('--rates: none given, expected LR=CSV,...')
-    out, columns = [], None
+    out, columns = {}, None
     for item in rates:
         lr, sep, path = item.partition('=')
         if not sep or not path:
@@ -55,45 +55,21 @@ def stack(rates: list[str], seeds: list[int]) -> list[dict]:
             columns = list(rows[0])
         elif list(rows[0]) != columns:
             raise ValueError(f'--rates: {path} has columns {list(rows[0])}, expected {columns}')
-        for r in rows:
-            if int(r['seed']) in seeds:
-                out.append({'point': r['point'], 'lr': lr, **{k: r[k] for k in columns[1:]}})
-    return out
-
-
-def check_seeds(rows: list[dict], seeds: list[int]) -> None:
-    """Refuses a point and rate of `rows` that lacks one of `seeds`."""
-    have: dict[tuple[str, str], set[int]] = {}
-    for r in rows:
-        have.setdefault((r['point'], r['lr']), set()).add(int(r['seed']))
-    for (point, lr), got in have.items():
-        if not set(seeds) <= got:
-            raise ValueError(f'--rates: {point} at lr {lr}: seeds {sorted(got)} lack {seeds}')
-
-
-def at_chosen_rates(rows: list[dict], screen: list[dict], seeds: list[int]) -> list[dict]:
-    """`stack`'s rows of each screened point at its chosen rate, arm 'POINT at lr LR'; refuses
-    a screened point with no rows there."""
-    out = []
-    for point, lr in lr_grid.screen_choices(screen).items():
-        kept = [r for r in rows if r['point'] == point and float(r['lr']) == lr]
-        if not kept:
-            raise ValueError(f'--rates: no rows of {point} at its chosen lr {lr:g}')
-        check_seeds(kept, seeds)
-        for r in kept:
-            values = {k: v for k, v in r.items() if k not in ('point', 'lr')}
-            out.append({'point': f'{point} at lr {r["lr"]}', **values})
+        out[lr] = rows
     return out
 
 
 def main() -> int:
     seeds = [int(s) for s in _SEEDS.value]
-    rows = stack(_RATES.value, seeds)
-    if _CHOOSE_ON.value:
-        with open(_CHOOSE_ON.value, newline='') as f:
-            rows = at_chosen_rates(rows, list(csv.DictReader(f)), seeds)
-    else:
-        check_seeds(rows, seeds)
+    rows = lr_grid.stack(read_rates(_RATES.value), seeds)
+    try:
+        if _CHOOSE_ON.value:
+            with open(_CHOOSE_ON.value, newline='') as f:
+                rows = lr_grid.at_chosen_rates(rows, list(csv.DictReader(f)), seeds)
+        else:
+            lr_grid.check_seeds(rows, seeds)
+    except ValueError as e:
+        raise ValueError(f'--rates: {e}') from None
     write_csv(_OUT.value, rows)
     print(f'{_OUT.value}: {len(rows)} rows')
     return 0

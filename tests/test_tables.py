@@ -226,11 +226,6 @@ def test_lr_screen_table_bolds_the_rate_chosen_by_accuracy_and_stacks_per_seed_c
     # 99.1%, tied: 3e-4's lower loss
     assert lines[2] == '| mha | 95.00%, 0.1500 | 99.00%, 0.0200 | **99.65%, 0.0250** | 0.0003 |'
     assert lines[3] == '| mqa |  | 99.00%, 0.0200 | **99.10%, 0.0100** | 0.0003 |'
-    bad = subprocess.run([*run, '--seeds=0,1,2'], capture_output=True, text=True)
-    assert bad.returncode != 0
-    assert bad.stderr.strip().splitlines()[-1] == (
-        'error: --rates: mha at lr 1e-3: seeds [0, 1] lack [0, 1, 2]'
-    )
     # --choose_on: each point's rows at the rate its screen chose (here the same CSVs)
     chosen = tmp_path / 'chosen.csv'
     pick = [script, f'--rates={rates}', f'--out={chosen}', f'--choose_on={out}', '--seeds=0,1']
@@ -242,10 +237,6 @@ def test_lr_screen_table_bolds_the_rate_chosen_by_accuracy_and_stacks_per_seed_c
         'mqa at lr 3e-4,0,0.01,0.991',
         'mqa at lr 3e-4,1,0.01,0.991',
     ]
-    bad = subprocess.run([sys.executable, *pick, '--seeds=0,1,2'], capture_output=True, text=True)
-    assert bad.stderr.strip().splitlines()[-1] == (  # the chosen rates' seeds are checked
-        'error: --rates: mha at lr 3e-4: seeds [0, 1] lack [0, 1, 2]'
-    )
     (tmp_path / 'curve.csv').write_text('run,step,metric,value\nmha_s0,100,acc,0.5\n')
     bad = subprocess.run(
         [*run, f'--rates=1e-3={tmp_path / "curve.csv"}'], capture_output=True, text=True
@@ -253,11 +244,37 @@ def test_lr_screen_table_bolds_the_rate_chosen_by_accuracy_and_stacks_per_seed_c
     assert bad.stderr.strip().splitlines()[-1] == (
         f'error: --rates: {tmp_path / "curve.csv"} is not a per-seed CSV (point, seed, values...)'
     )
-    no_3e4 = f'--rates={tmp_path / "1e-3"}.csv'.replace('--rates=', '--rates=1e-3=')
-    bad = subprocess.run([sys.executable, *pick, no_3e4], capture_output=True, text=True)
-    assert bad.stderr.strip().splitlines()[-1] == (
-        'error: --rates: no rows of mha at its chosen lr 0.0003'
-    )
+
+
+def test_a_screens_seeds_are_checked_for_the_rows_that_are_used():
+    """lr_grid.check_seeds / at_chosen_rates: stacking every rate needs every seed of every
+    point; picking each point's chosen rate needs them at that rate only."""
+    from lm.experiments import lr_grid
+
+    def row(point, seed, acc):
+        return {'point': point, 'seed': str(seed), 'eval_loss': '0.1', 'eval_recall_accuracy': acc}
+
+    by_rate = {
+        '1e-3': [row('mha', 0, '0.9'), row('mha', 1, '0.9'), row('mha', 2, '0.9')],
+        '3e-4': [row('mha', 0, '1.0'), row('mha', 1, '1.0')],
+    }
+    screen = lr_grid.stack(by_rate, [0, 1])  # 3e-4 chosen: 100% against 90%
+    assert [(r['point'], r['lr'], r['seed']) for r in screen][:2] == [
+        ('mha', '1e-3', '0'),
+        ('mha', '1e-3', '1'),
+    ]
+    lr_grid.check_seeds(screen, [0, 1])
+    with pytest.raises(ValueError, match=r'^mha at lr 3e-4: seeds \[0, 1\] lack \[0, 1, 2\]$'):
+        lr_grid.check_seeds(lr_grid.stack(by_rate, [0, 1, 2]), [0, 1, 2])
+    picked = lr_grid.at_chosen_rates(lr_grid.stack(by_rate, [0, 1]), screen, [0, 1])
+    assert [(r['point'], r['seed']) for r in picked] == [
+        ('mha at lr 3e-4', '0'),
+        ('mha at lr 3e-4', '1'),
+    ]
+    with pytest.raises(ValueError, match=r'^mha at lr 3e-4: seeds \[0, 1\] lack \[0, 1, 2\]$'):
+        lr_grid.at_chosen_rates(lr_grid.stack(by_rate, [0, 1, 2]), screen, [0, 1, 2])
+    with pytest.raises(ValueError, match=r'^no rows of mha at its chosen lr 0.0003$'):
+        lr_grid.at_chosen_rates(lr_grid.stack({'1e-3': by_rate['1e-3']}, [0, 1]), screen, [0, 1])
 
 
 def test_curve_table():

@@ -71,6 +71,43 @@ def screen_choices(rows: list[dict]) -> dict[str, float]:
     return out
 
 
+def stack(by_rate: Mapping[str, list[dict]], seeds: list[int]) -> list[dict]:
+    """Per-seed rows (point, seed, values...) of one sweep per rate ({rate as written: rows}),
+    cut to `seeds`, each with its 'lr' after 'point': a screen's rows."""
+    return [
+        {'point': r['point'], 'lr': lr, **{k: v for k, v in r.items() if k != 'point'}}
+        for lr, rows in by_rate.items()
+        for r in rows
+        if int(r['seed']) in seeds
+    ]
+
+
+def check_seeds(rows: list[dict], seeds: list[int]) -> None:
+    """Refuses a point and rate of `stack`'s rows that lacks one of `seeds`."""
+    have: dict[tuple[str, str], set[int]] = {}
+    for r in rows:
+        have.setdefault((r['point'], r['lr']), set()).add(int(r['seed']))
+    for (point, lr), got in have.items():
+        if not set(seeds) <= got:
+            raise ValueError(f'{point} at lr {lr}: seeds {sorted(got)} lack {seeds}')
+
+
+def at_chosen_rates(rows: list[dict], screen: list[dict], seeds: list[int]) -> list[dict]:
+    """`stack`'s rows of each point of `screen` at the rate `screen_choices` picks there, arm
+    'POINT at lr LR' (a 'seeds' table of every variant at its own rate); refuses a point with
+    no rows there, or missing one of `seeds` (other rates need not have them)."""
+    out = []
+    for point, lr in screen_choices(screen).items():
+        kept = [r for r in rows if r['point'] == point and float(r['lr']) == lr]
+        if not kept:
+            raise ValueError(f'no rows of {point} at its chosen lr {lr:g}')
+        check_seeds(kept, seeds)
+        for r in kept:
+            values = {k: v for k, v in r.items() if k not in ('point', 'lr')}
+            out.append({'point': f'{point} at lr {r["lr"]}', **values})
+    return out
+
+
 def select(
     validation: Mapping[tuple, Values], report: Mapping[tuple, Values]
 ) -> tuple[dict[Hashable, dict[int, float]], dict[Hashable, float]]:
