@@ -12,7 +12,8 @@ and heads: `gqa_h4_kv2`, `mqa_h8`, ...), logging to <tb_dir>/<name> (--tb_dir, d
 <sweep_dir>/tb); the sweep is a plan of runs (lm.experiments.sweep) handed to the experiment
 runner (lm.experiments.runner). Re-running the command skips finished runs and resumes
 interrupted ones (or ones given more train.steps); a re-run whose settings differ otherwise from
-a run's is refused, naming the run and the keys. `--grid seed=...` sets each point's first seed.
+a run's is refused, naming the run and the keys. `--grid seed=...` sets each point's first seed
+(runs are named <point>_s<seed>, by the seed they train with).
 At the end: <sweep_dir>/summary.md, summary.csv, summary_pairs.csv, summary_seeds.csv and
 summary.png: loss as mean, sample std and 95% t-interval over seeds, and paired differences
 between points (same seed = same data order) marked resolved when their paired t-test p,

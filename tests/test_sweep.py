@@ -177,6 +177,16 @@ def test_grid_product_and_names(tmp_path, small_text):
         parse_grid(config, ['train.lr=0.001,1e-3'])
 
 
+def test_runs_are_named_by_the_seed_they_train_with(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text)
+    config.seed = 5  # as `--grid seed=5` sets it: seeds 5 and 6, not 0 and 1
+    specs = plan(config, [{'name': 'mha'}], str(tmp_path), ['train.py'], seeds=2)
+    assert [(s.name, s.seed, s.fingerprint['seed']) for s in specs] == [
+        ('mha_s5', 5, 5),
+        ('mha_s6', 6, 6),
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('d_model,heads', [(32, 4), (128, 8)])
 def test_equal_parameter_mode_lands_within_one_percent(d_model, heads):

@@ -159,8 +159,8 @@ def plan(
 ) -> list[Spec]:
     """A Spec per (point, seed) after skipping invalid points; with match='params', each point's
     mlp_dim brings it within 1% of the MHA point's parameters. A point's 'seeds' overrides
-    `seeds`; seed s of a point trains with config.seed + s. Runs log to `tb_dir` (default
-    <sweep_dir>/tb)."""
+    `seeds`; its k-th run trains with seed config.seed + k and is named `<point>_s<seed>` (so
+    `--grid seed=5` gives mha_s5, mha_s6, ...). Runs log to `tb_dir` (default <sweep_dir>/tb)."""
     valid = _valid_points(base, points)
     if match == 'params':
         configs = [c for _, _, c in valid]
@@ -180,7 +180,7 @@ def plan(
                 raise ValueError(f'sweep point {name}: {e}') from None
             specs.append(
                 Spec(
-                    name=f'{name}_s{s}' if n > 1 else name,
+                    name=f'{name}_s{seeded.seed}' if n > 1 else name,
                     fingerprint=flat_config(seeded),
                     run=_trainer(seeded, train_command, tb_dir),
                     arm=name,
