@@ -83,6 +83,8 @@ MADE = (
     'recall_seeds_3000.csv',
     'recall_lr_mha.csv',
     'recall_lr_mla.csv',
+    'recall_seeds_10.csv',
+    'recall_s5-9_curves.csv',
     'recall_sweep_curves.csv',
     'passkey_calibration.csv',
     'passkey_seeds.csv',
@@ -364,6 +366,14 @@ PLAN = {
     'runs/recall_lr/summary_seeds.csv; grep "^$arm," docs/results/recall_seeds.csv | '
     'sed "s/^$arm,/${arm}_lr3e-3,/"; } | sort -s -t, -k1,1; } > docs/results/recall_lr_$arm.csv; '
     'done': Run(),
+    'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_s5-9 '
+    '--seeds=5 --grid seed=5 --config.mesh.cpu_devices=1 --parallel=2': Run(
+        subs=(('--seeds=5', '--seeds=1 --points=mha'),), extra=MQAR
+    ),
+    '{ cat docs/results/recall_seeds.csv; tail -n +2 runs/recall_s5-9/summary_seeds.csv; } > '
+    'docs/results/recall_seeds_10.csv': Run(),
+    'python scripts/curve_csv.py --out=docs/results/recall_s5-9_curves.csv '
+    '--sweep_dir=runs/recall_s5-9': Run(),
     'for s in 0 1 2 3 4; do python train.py --config=configs/recall/mqar.py:mha '
     '--workdir=runs/mqar_b64/mha_s$s --config.seed=$s --config.mesh.cpu_devices=1 '
     '--config.train.batch_size=64 --config.train.steps=3000 --config.checkpoint_every=3000; '
