@@ -456,6 +456,11 @@ PLAN = {
     '--choose_on=docs/results/passkey_lr_screen.csv --out=docs/results/passkey_chosen_test.csv '
     '--rates=1e-3=docs/results/passkey_lr1e-3_test.csv,'
     '3e-4=docs/results/passkey_lr3e-4_test.csv': Flags(),
+    'cp runs/passkey_lr3e-4/summary_seeds.csv docs/results/passkey_lr3e-4_seeds.csv': Skip(
+        "copies the 3e-4 sweep's summary; the tests only flag-check that sweep"
+    ),
+    'python scripts/curve_csv.py --out=docs/results/passkey_lr3e-4_curves.csv '
+    '--sweep_dir=runs/passkey_lr3e-4': Flags(),
     # on the scaled-down passkey sweep run above, its own data sizes
     'python scripts/eval_sweep.py --sweep_dir=runs/passkey --config=configs/recall/passkey.py '
     '--config.data.recall_seed=1 --out=docs/results/passkey_test.csv': Run(extra=PASSKEY_DATA),
