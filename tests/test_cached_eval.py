@@ -128,9 +128,9 @@ def _eval_py_through_the_cache(workdir) -> None:
 
 def test_a_sweeps_finished_runs_carry_the_seeds_they_trained_with(tmp_path):
     """cache_quality.finished_runs / point_runs: the arm from a run's name, the seed from its
-    fingerprint (base config.seed 3: runs <arm>_s0 and _s1 trained with seeds 3 and 4, the
-    seeds summary_seeds.csv pairs by), arms in summary_seeds.csv's order; unfinished runs and
-    files left out."""
+    fingerprint, the seed summary_seeds.csv pairs by (here runs <arm>_s0 and _s1 trained with
+    seeds 3 and 4, as sweeps named the runs of base config.seed 3 before runs were named by
+    their seed), arms in summary_seeds.csv's order; unfinished runs and files left out."""
     from lm.experiments.cache_quality import finished_runs, point_runs
 
     for name, seed in [('mha_s0', 3), ('mha_s1', 4), ('mqa_s0', 3), ('mqa_s1', 4)]:
