@@ -491,6 +491,12 @@ PLAN = {
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py '
     '--sweep_dir=runs/kinds5_params --seeds=5 --match=params --parallel=2': Flags(),
     # docs/uptraining.md
+    'python scripts/mla_rope_selection.py --qk_rope_head_dim=8 '
+    '--out=docs/results/rope_selection_mha.csv $(for s in 0 1 2 3 4; do echo '
+    '--workdir=runs/passkey_lr3e-4/mha_s$s; done)': Flags(),
+    'python scripts/mla_rope_selection.py --qk_rope_head_dim=8 '
+    '--out=docs/results/rope_selection_gqa2.csv $(for s in 0 1 2 3 4; do echo '
+    '--workdir=runs/passkey_lr3e-4/gqa2_s$s; done)': Flags(),
     'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=1000 '
     '--seeds=5 --parallel=2 --out_dir=runs/uptrain1k_parts --schedule=continue,rewarm '
     '--methods=mean,aligned --targets=2,1 --mla_ranks=32 --fractions=0,0.05 '
