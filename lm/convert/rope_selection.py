@@ -94,8 +94,8 @@ def selections(attn: dict, x_BTE: np.ndarray, theta: float, P: int, stride: int)
         error, tv = attention_error(q_src, k_src, q2, partial_rope(keys_BTGD, inv_freq_J, kept_GJ))
         return {'logit_error': error, 'attention_tv': tv}
 
-    ladder_GR = np.tile(mla.kept_dims(D, P, stride)[0][:r], (G, 1))
-    rope_dims = mla.kept_dims(D, P, stride)[0]
+    rope_dims = mla.kept_dims(D, P, stride)[0]  # the ladder's pairs, then their partners
+    ladder_GR = np.tile(rope_dims[:r], (G, 1))
     shared_BTGD = k_BTGD.copy()
     shared_BTGD[..., rope_dims] = k_BTGD[..., rope_dims].mean(axis=2, keepdims=True)
     rows = {
