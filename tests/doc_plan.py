@@ -376,6 +376,8 @@ PLAN = {
     '--sweep_dir=runs/recall_s5-9': Run(),
     'python scripts/sweep.py --config=configs/sweeps/recall_h8.py --sweep_dir=runs/recall_h8 '
     '--seeds=5 --config.mesh.cpu_devices=1 --parallel=2': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/recall_mla.py --sweep_dir=runs/recall_mla '
+    '--seeds=5 --config.mesh.cpu_devices=1 --parallel=2': Flags(),
     'for s in 0 1 2 3 4; do python train.py --config=configs/recall/mqar.py:mha '
     '--workdir=runs/mqar_b64/mha_s$s --config.seed=$s --config.mesh.cpu_devices=1 '
     '--config.train.batch_size=64 --config.train.steps=3000 --config.checkpoint_every=3000; '
