@@ -47,7 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
     mla.kv_lora_rank = 128  # d_c: rank of the joint KV latent c_KV (what the cache stores).
     mla.q_lora_rank = 0  # d_c': rank of the query latent; 0 = queries straight from h_t.
     mla.qk_nope_head_dim = 32  # Per-head key/query width without RoPE (up-projected from c_KV).
-    mla.qk_rope_head_dim = 16  # d_h^R: decoupled RoPE width; the RoPE key is shared by heads.
+    mla.qk_rope_head_dim = 16  # d_h^R: decoupled RoPE width of each RoPE key.
+    mla.rope_heads = 1  # RoPE keys per token: 1 = shared by all heads; R: head h reads h // (H/R).
     mla.v_head_dim = 32  # Per-head value width.
     mla.latent_norm_eps = 0.0  # Epsilon of MLA's q/kv latent RMSNorms; 0 = norm_eps.
 

@@ -61,6 +61,7 @@ ADDED_KEYS = {
     'data.heldout_fraction': 0.5,
     'uptrain.kv_budget': 0,
     'model.kv_quant_group': 32,
+    'model.mla.rope_heads': 1,
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

@@ -27,6 +27,9 @@ Beyond contiguous mean-pooling (docs/uptraining.md, "Conversion methods"):
   # MHA / GQA -> MLA (MHA2MLA): latent rank 64, RoPE on 8 dims of a shared key
   python scripts/uptrain.py --src=runs/mha --dst=runs/mla64 --target=mla --kv_lora_rank=64 \
       --qk_rope_head_dim=8 --optimizer_state=fresh
+  # ... with a RoPE key per KV head of a 4-KV-head source, as MHA2MLA caches it (4 x 8 dims)
+  python scripts/uptrain.py --src=runs/mha --dst=runs/mla64_k4 --target=mla --kv_lora_rank=64 \
+      --qk_rope_head_dim=8 --rope_heads=4 --optimizer_state=fresh
 """
 
 import re
@@ -85,7 +88,13 @@ _KV_LORA = flags.DEFINE_integer(
     'kv_lora_rank', 0, '--target=mla: latent rank C (config.model.mla.kv_lora_rank).'
 )
 _ROPE_DIM = flags.DEFINE_integer(
-    'qk_rope_head_dim', 0, '--target=mla: RoPE width of the shared key (even; frequency pairs x 2).'
+    'qk_rope_head_dim', 0, '--target=mla: RoPE width of each RoPE key (even; frequency pairs x 2).'
+)
+_ROPE_HEADS = flags.DEFINE_integer(
+    'rope_heads',
+    1,
+    "--target=mla: RoPE keys per token, dividing the source's KV heads G: 1 = one shared key "
+    '(their mean); G = each KV head its own, as MHA2MLA (config.model.mla.rope_heads).',
 )
 _CALIBRATION = flags.DEFINE_integer(
     'calibration_tokens',
@@ -147,6 +156,7 @@ def options() -> ConversionOptions:
         kv_share_every=_SHARE.value,
         kv_lora_rank=_KV_LORA.value,
         qk_rope_head_dim=_ROPE_DIM.value,
+        rope_heads=_ROPE_HEADS.value,
         method=_METHOD.value,
         grouping=_GROUPING.value,
         calibration_tokens=_CALIBRATION.value,

@@ -4,22 +4,22 @@ Train MHA on the pretrain part of Tiny Shakespeare (configs/shakespeare_char.py)
 convert it to GQA-2 and MQA by mean-pooling, keeping the first head, or re-initialising K/V
 (and, with --methods, by aligned merging and with similarity grouping: 'similarity-mean',
 'similarity-aligned'), to MLA at each latent rank of --mla_ranks (MHA2MLA, RoPE on
---mla_rope_dim dims) and to cross-layer attention (--cla=cla2,mqa_cla2: adjacent layers' K/V
-merged); uptrain each under every --schedule for a fraction alpha of N
-(round(alpha·N) steps) on the uptrain part; compare with the same target trained from scratch
-on both parts for exactly the same total, N + round(alpha·N) steps of the same batch, at every
-alpha. The corpus is cut into disjoint pretrain / uptrain / validation / held-out parts
-(config.data.split, lm/data/parts.py). Every trained arm runs at each learning rate of --lrs;
-each arm is shown at the rate with the lowest mean loss on the validation part and scored on
-the held-out part (lm/experiments/lr_grid.py). Every arm runs for --seeds seeds; the tables show
-mean, sample std and 95% t-interval over seeds, and paired differences between arms (same seed
-= same source, initialisation and data order) marked where resolved after Holm's correction
-over the report's comparisons, with each model's KV-cache bytes per token (bfloat16, all
-layers) beside its loss; each run's held-out loss goes to <out_dir>/seeds.csv (at the chosen
-rate) and every trained run's validation and held-out loss to <out_dir>/lr_grid.csv. At the
-end, the held-out loss against KV bytes, one point per arm at its chosen rate, with the Pareto
-front: <out_dir>/pareto_heldout_loss.png and the image 'pareto/heldout/loss' in <out_dir>/tb
-(scripts/plot_pareto.py).
+--mla_rope_dim dims of one shared key, or of each count of keys in --mla_rope_heads) and to
+cross-layer attention (--cla=cla2,mqa_cla2: adjacent layers' K/V merged); uptrain each under
+every --schedule for a fraction alpha of N (round(alpha·N) steps) on the uptrain part; compare
+with the same target trained from scratch on both parts for exactly the same total, N +
+round(alpha·N) steps of the same batch, at every alpha. The corpus is cut into disjoint pretrain
+/ uptrain / validation / held-out parts (config.data.split, lm/data/parts.py). Every trained arm
+runs at each learning rate of --lrs; each arm is shown at the rate with the lowest mean loss on
+the validation part and scored on the held-out part (lm/experiments/lr_grid.py). Every arm runs
+for --seeds seeds; the tables show mean, sample std and 95% t-interval over seeds, and paired
+differences between arms (same seed = same source, initialisation and data order) marked where
+resolved after Holm's correction over the report's comparisons, with each model's KV-cache bytes
+per token (bfloat16, all layers) beside its loss; each run's held-out loss goes to
+<out_dir>/seeds.csv (at the chosen rate) and every trained run's validation and held-out loss to
+<out_dir>/lr_grid.csv. At the end, the held-out loss against KV bytes, one point per arm at its
+chosen rate, with the Pareto front: <out_dir>/pareto_heldout_loss.png and the image
+'pareto/heldout/loss' in <out_dir>/tb (scripts/plot_pareto.py).
 
   python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --schedule=continue,rewarm --lrs=3e-4,1e-3,3e-3 \
@@ -88,6 +88,12 @@ _CLA = flags.DEFINE_list(
     "kept), 'mqa_cla2', 'gqa2_cla3' (none: no CLA).",
 )
 _MLA_ROPE = flags.DEFINE_integer('mla_rope_dim', 8, 'MHA -> MLA arms: model.mla.qk_rope_head_dim.')
+_MLA_ROPE_HEADS = flags.DEFINE_list(
+    'mla_rope_heads',
+    ['1'],
+    'MHA -> MLA arms, one per value and rank: RoPE keys (model.mla.rope_heads), dividing the '
+    "source's KV heads: 1 = one shared key (MLA-<C>), G = one per KV head (MLA-<C>-k<G>).",
+)
 _CALIBRATION = flags.DEFINE_integer(
     'calibration_tokens',
     None,
@@ -147,6 +153,13 @@ def fraction_list(values: list[str], flag: str) -> list[float]:
         raise ValueError(f'{flag}: expected numbers, got {",".join(values)}') from None
 
 
+def int_list(values: list[str], flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(a) for a in values)
+    except ValueError:
+        raise ValueError(f'{flag}: expected whole numbers, got {",".join(values)}') from None
+
+
 def ablation() -> Ablation:
     """The ablation the flags describe."""
     fractions = fraction_list(_FRACTIONS.value, '--fractions')
@@ -160,11 +173,12 @@ def ablation() -> Ablation:
         scratch_fractions=tuple(
             fractions if scratch is None else fraction_list(scratch, '--scratch_fractions')
         ),
-        targets=tuple(int(g) for g in _TARGETS.value),
+        targets=int_list(_TARGETS.value, '--targets'),
         methods=tuple(_METHODS.value),
-        mla_ranks=tuple(int(c) for c in _MLA_RANKS.value),
+        mla_ranks=int_list(_MLA_RANKS.value, '--mla_ranks'),
         cla=tuple(_CLA.value),
         mla_rope_dim=_MLA_ROPE.value,
+        mla_rope_heads=int_list(_MLA_ROPE_HEADS.value, '--mla_rope_heads'),
         calibration_tokens=_CALIBRATION.value,
         optimizer_state=_OPT_STATE.value,
         eval_tokens=_EVAL_TOKENS.value,

@@ -513,6 +513,10 @@ PLAN = {
     '--schedule=continue,rewarm --methods=mean,aligned --targets=2,1 --mla_ranks=32 '
     '--fractions=0.1 --scratch_fractions=0.1 --lrs=1e-3,3e-3,1e-2 '
     '--report=runs/table_a01.md': Flags(),
+    'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=1000 '
+    '--seeds=5 --parallel=2 --out_dir=runs/uptrain1k_mla_keys --schedule=continue,rewarm '
+    '--targets= --mla_ranks=32 --mla_rope_heads=1,4 --fractions=0,0.05 --scratch_fractions= '
+    '--lrs=1e-3,3e-3,1e-2 --report=runs/table_mla_keys.md': Flags(),
     'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=5000 '
     '--seeds=5 --parallel=2 --out_dir=runs/uptrain5k_parts --schedule=continue,rewarm '
     '--methods=mean,aligned,first,random --targets=2,1 --mla_ranks=32,64 '
@@ -541,6 +545,9 @@ PLAN = {
             ('--qk_rope_head_dim=8', '--qk_rope_head_dim=4'),
         )
     ),
+    # --rope_heads end to end: tests/test_uptrain.py (test_uptrain_end_to_end)
+    'python scripts/uptrain.py --src=runs/mha --dst=runs/mla64_k4 --target=mla --kv_lora_rank=64 '
+    '--qk_rope_head_dim=8 --rope_heads=4 --optimizer_state=fresh': Flags(),
 }
 
 

@@ -84,9 +84,11 @@ def mla_qkv(attn, cfg, x, pos):
     q = np.concatenate([q[..., :Dn], rope(q[..., Dn:], pos, cfg.rope_theta, cfg)], axis=-1)
     kv_a = x @ p(attn.kv_a_proj_with_mqa.kernel)
     c = rmsnorm(kv_a[..., :C], p(attn.kv_a_layernorm.scale), eps)
-    k_pe = rope(kv_a[:, :, None, C:], pos, cfg.rope_theta, cfg)  # one RoPE key, all heads
+    R, P = cfg.section.rope_heads, cfg.section.qk_rope_head_dim
+    k_pe = np.stack([kv_a[..., C + r * P : C + (r + 1) * P] for r in range(R)], axis=2)
+    k_pe = rope(k_pe, pos, cfg.rope_theta, cfg)  # R RoPE keys; head h reads key h // (H / R)
     kv = np.einsum('btc,chk->bthk', c, p(attn.kv_b_proj.kernel))
-    k = np.concatenate([kv[..., :Dn], np.repeat(k_pe, H, axis=2)], axis=-1)
+    k = np.concatenate([kv[..., :Dn], k_pe[:, :, [h * R // H for h in range(H)]]], axis=-1)
     return q, k, kv[..., Dn:], (Dn + cfg.section.qk_rope_head_dim) ** -0.5
 
 

@@ -77,6 +77,27 @@ def test_the_grid_has_rewarm_aligned_and_a_scratch_baseline_per_target_and_budge
     assert 'MQA_rewarm-aligned_a0_lr0.0003_s0' not in names  # alpha 0: no schedule, run once
 
 
+def test_mla_arms_per_rope_key_count_convert_and_train_from_scratch_with_it():
+    """--mla_rope_heads 1,4 (the shakespeare recipe's 4 KV heads): an arm per count, its
+    conversions and its from-scratch baseline with that many RoPE keys, the cache bytes apart
+    by (4 - 1) keys of P = 8 dims per layer."""
+    from lm.experiments.ablation import kv_bytes
+
+    ab = ablation(mla_rope_heads=(1, 4), lrs=())
+    by_label = arms(ab)
+    assert {'MLA-16', 'MLA-16-k4'} <= set(by_label)
+    for label, r in (('MLA-16', 1), ('MLA-16-k4', 4)):
+        make, methods = by_label[label]
+        assert {o.rope_heads for o in methods.values()} == {r}
+        assert make(0, 10).model.mla.rope_heads == r
+    layers = base_config(ab, 0, 1).model.num_layers
+    assert kv_bytes(ab)['MLA-16-k4'] - kv_bytes(ab)['MLA-16'] == layers * 3 * 8 * 2  # bfloat16
+    with pytest.raises(ValueError, match=r'^config.model.mla.rope_heads=3 must be >= 1 and divide'):
+        plan(ablation(mla_rope_heads=(3,)), 'out')  # before any run
+    with pytest.raises(ValueError, match=r'^config.model.mla.kv_lora_rank=512 is larger than'):
+        plan(ablation(mla_ranks=(512,)), 'out')
+
+
 def test_lr_grid_rows_keep_every_trained_run_but_the_source_and_untrained_conversions():
     from lm.experiments.ablation_tables import lr_grid_rows
 

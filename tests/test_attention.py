@@ -31,6 +31,7 @@ CASES = {
         rope_original_max_len=64,  # head_dim 8: one frequency in each llama3 regime
     ),
     'mla_qlora_latent_eps': dict(attention='mla', q_lora_rank=12, latent_norm_eps=0.5),
+    'mla_rope_heads2': dict(attention='mla', rope_heads=2),  # heads 0, 1 read key 0; 2, 3 key 1
 }
 # float32 module vs float64 reference on O(1) activations.
 ATOL, RTOL = 2e-5, 1e-4
@@ -51,7 +52,7 @@ def inputs(cfg, B=2, T=16, seed=0):
     return x, start + jnp.arange(T)[None]
 
 
-@pytest.mark.parametrize('case', tiered(CASES, fast=('mha', 'gqa2', 'mla')))
+@pytest.mark.parametrize('case', tiered(CASES, fast=('mha', 'gqa2', 'mla', 'mla_rope_heads2')))
 def test_attention_matches_reference(case):
     cfg = model_config(tiny_config(**CASES[case]).model)
     attn = make_attention(cfg, rngs=nnx.Rngs(0))

@@ -38,6 +38,11 @@ BAD = [
     (dict(attention='mla', latent_norm_eps=-1.0), r'config.model.mla.latent_norm_eps must be >= 0'),
     (dict(attention='mla', num_kv_heads=2), r"num_kv_heads=2 does not apply to attention='mla'"),
     (
+        dict(attention='mla', rope_heads=3),
+        r'config.model.mla.rope_heads=3 must be >= 1 and divide config.model.num_heads=4',
+    ),
+    (dict(attention='mla', rope_heads=0), r'config.model.mla.rope_heads=0 must be >= 1'),
+    (
         dict(attention='mha', d_model=30),
         r'd_model=30 must be divisible by num_heads=4 when '
         r'head_dim is 0',

@@ -17,6 +17,7 @@ from lm.convert import methods as conversion
 from lm.convert import mla as mla_conversion
 from lm.convert.methods import ConversionOptions
 from lm.convert.uptrain import check_conversion, convert_params
+from lm.model.accounting import kv_cache_elements_per_token
 from lm.model.transformer import build_model, model_config
 from lm.train.optimizer import make_optimizer
 
@@ -215,9 +216,13 @@ def test_aligned_first_moment_rotates_like_the_gradient():
         np.testing.assert_allclose(a.sum(axis=-1), b.sum(axis=-1), rtol=1e-5)
 
 
-def mla_conversion_of(cfg, params, C, P=4, inputs=None):
+def mla_conversion_of(cfg, params, C, P=4, inputs=None, rope_heads=1):
     options = ConversionOptions(
-        target='mla', kv_lora_rank=C, qk_rope_head_dim=P, optimizer_state='fresh'
+        target='mla',
+        kv_lora_rank=C,
+        qk_rope_head_dim=P,
+        rope_heads=rope_heads,
+        optimizer_state='fresh',
     )
     check_conversion(cfg, options)
     inputs = calibration(cfg, params) if inputs is None else inputs
@@ -256,6 +261,42 @@ def test_mla_factors_reproduce_the_non_rope_key_and_value_at_full_rank():
     wk = np.asarray(params['blocks'][0]['attn']['k_proj']['kernel'])[..., rope_dims]
     np.testing.assert_allclose(w_kr, wk.mean(axis=1), atol=1e-6)
     assert dst.rope_theta == pytest.approx(cfg.rope_theta ** (stride * P / D))
+
+
+def test_mla_rope_keys_per_kv_head_or_averaged_over_adjacent_kv_heads():
+    """rope_heads R of an MHA source's G = 4 KV heads: key r is the mean of KV heads
+    r·G/R .. (r + 1)·G/R − 1's kept key columns (R = G: each its own); the queries, the
+    latent factors and the cache's latent part do not depend on R. The converted model runs,
+    with a cache of C + R·P per token and layer."""
+    cfg, params = source(attention='mha')
+    D, P, C, G = 8, 4, 8, 4
+    inputs = calibration(cfg, params)
+    shared = mla_conversion_of(cfg, params, C, P, inputs)[1]
+    for R in (1, 2, 4):
+        dst, out, pairs = mla_conversion_of(cfg, params, C, P, inputs, rope_heads=R)
+        assert dst.section.rope_heads == R
+        assert kv_cache_elements_per_token(dst) == cfg.num_layers * (C + R * P)
+        rope_dims = mla_conversion.kept_dims(D, P, int(pairs.split(',')[1]))[0]
+        for layer, block in params['blocks'].items():
+            a = np.asarray(out['blocks'][layer]['attn']['kv_a_proj_with_mqa']['kernel'])
+            wk = np.asarray(block['attn']['k_proj']['kernel'], np.float64)[..., rope_dims]
+            for r in range(R):
+                heads = list(range(r * G // R, (r + 1) * G // R))
+                want = sum(wk[:, g] for g in heads) / len(heads)
+                np.testing.assert_allclose(a[:, C + r * P : C + (r + 1) * P], want, atol=1e-6)
+            same = shared['blocks'][layer]['attn']
+            np.testing.assert_array_equal(a[:, :C], same['kv_a_proj_with_mqa']['kernel'][:, :C])
+            for name in ('q_proj', 'kv_b_proj', 'kv_a_layernorm', 'o_proj'):
+                got, want = out['blocks'][layer]['attn'][name], same[name]
+                assert jax.tree.all(jax.tree.map(np.array_equal, got, want)), name
+        assert np.isfinite(logits(dst, out)).all()
+
+
+def test_mla_rope_heads_must_divide_the_source_kv_heads():
+    cfg = model_config(tiny_config(attention='gqa', num_kv_heads=2).model)
+    options = ConversionOptions(**dict(MLA, rope_heads=4))
+    with pytest.raises(ValueError, match=r"rope_heads=4 must divide the source's num_kv_heads=2"):
+        check_conversion(cfg, options)
 
 
 @pytest.mark.slow
@@ -320,9 +361,11 @@ MLA = dict(target='mla', kv_lora_rank=8, qk_rope_head_dim=4, optimizer_state='fr
         ),
         (
             dict(num_kv_heads=2, kv_lora_rank=8),
-            r'^config.model.mla.kv_lora_rank and config.model.mla.qk_rope_head_dim apply only to a '
-            r'config.uptrain.target with a KV latent$',
+            r'^config.model.mla.kv_lora_rank, config.model.mla.qk_rope_head_dim and '
+            r'config.model.mla.rope_heads apply only to a config.uptrain.target with a KV latent$',
         ),
+        (dict(num_kv_heads=2, rope_heads=2), r'^config.model.mla.kv_lora_rank, .* apply only'),
+        (dict(MLA, rope_heads=0), r'^config.model.mla.rope_heads must be >= 1 .*got 0$'),
         (dict(num_kv_heads=0), r'^config.model.num_kv_heads must be >= 1, got 0$'),
         (dict(num_kv_heads=2, method='joint_svd'), r'^config.uptrain.method must be one of'),
         (dict(num_kv_heads=2, calibration_tokens=0), r'calibration_tokens must be >= 1, got 0$'),

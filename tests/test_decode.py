@@ -30,6 +30,7 @@ VARIANTS = {
     'gqa2_dot_product': dict(attention='gqa', num_kv_heads=2, attention_impl='dot_product'),
     'mla': dict(attention='mla'),
     'mla_qlora': dict(attention='mla', q_lora_rank=8),
+    'mla_rope_heads2': dict(attention='mla', rope_heads=2),
     # the cache read in chunks of 4 slots (lm/model/chunked.py): the caches below hold 15
     'mha_chunked': dict(attention='mha', decode_chunk=4),
     'gqa2_chunked': dict(attention='gqa', num_kv_heads=2, decode_chunk=4),
@@ -98,10 +99,11 @@ def test_bfloat16_decoder_holds_its_matrices_in_bfloat16_with_the_same_logits(va
         np.testing.assert_allclose(a, b, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize('q_lora_rank', [0, 8])
-def test_mla_absorbed_equals_naive(q_lora_rank):
-    _, _, absorbed = model_and_decoder(attention='mla', q_lora_rank=q_lora_rank)
-    _, _, naive = model_and_decoder(attention='mla', q_lora_rank=q_lora_rank, absorb=False)
+@pytest.mark.parametrize('q_lora_rank,rope_heads', [(0, 1), (8, 1), (0, 4)])
+def test_mla_absorbed_equals_naive(q_lora_rank, rope_heads):
+    mla = dict(attention='mla', q_lora_rank=q_lora_rank, rope_heads=rope_heads)
+    _, _, absorbed = model_and_decoder(**mla)
+    _, _, naive = model_and_decoder(**mla, absorb=False)
     cont = np.asarray(jax.random.randint(jax.random.key(2), (3, 6), 0, 61), np.int32)
     for a, b in zip(
         teacher_forced_logits(absorbed, PROMPTS, cont),
@@ -111,7 +113,7 @@ def test_mla_absorbed_equals_naive(q_lora_rank):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize('variant', ['mha', 'gqa2', 'mqa', 'mla'])
+@pytest.mark.parametrize('variant', ['mha', 'gqa2', 'mqa', 'mla', 'mla_rope_heads2'])
 def test_cache_sizes_equal_the_accounting_formulas(variant):
     for dtype in ('float32', 'bfloat16'):
         cfg = model_config(tiny_config(**VARIANTS[variant], dtype=dtype).model)
@@ -121,6 +123,8 @@ def test_cache_sizes_equal_the_accounting_formulas(variant):
         assert nbytes == 3 * 10 * kv_cache_bytes_per_token(cfg, dtype)
     if variant == 'mla':
         assert cache_elements_per_token(caches) == 2 * (16 + 4)  # L · (d_c + d_h^R)
+    if variant == 'mla_rope_heads2':
+        assert cache_elements_per_token(caches) == 2 * (16 + 2 * 4)  # L · (d_c + 2 · d_h^R)
     if variant == 'gqa2':
         assert cache_elements_per_token(caches) == 2 * 2 * 2 * 8  # L · 2 · g · d_h
 

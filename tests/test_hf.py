@@ -494,6 +494,10 @@ EXPORT_REFUSALS = {
     'qkv_bias_only': (dict(attention='gqa', num_kv_heads=2, qkv_bias=True), 'qkv_bias=True'),
     'latent_eps': (dict(attention='mla'), 'latent_norm_eps'),
     'mla_llama3': (dict(attention='mla', rope_scaling='llama3'), "rope_scaling='llama3'"),
+    'mla_rope_heads': (
+        dict(attention='mla', rope_heads=2, latent_norm_eps=1e-6),
+        'rope_heads=2, but DeepseekV3 has one RoPE key',
+    ),
 }
 
 

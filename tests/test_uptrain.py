@@ -434,9 +434,10 @@ def test_uptrain_end_to_end(tmp_path, small_text):
         f'--src={tmp_path / "mha"}',
         f'--dst={tmp_path / "mla"}',
         *mla,  # optimizer_state=convert: Adam's count and the kept parameters' moments go on
+        '--rope_heads=2',  # two RoPE keys, each the mean of two of the 4 KV heads' kept columns
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert 'mla with latent 8+4 KV heads by joint_svd' in out.stdout
+    assert 'mla with latent 8+2x4 KV heads by joint_svd' in out.stdout
     check_mla_decoding(tmp_path / 'mla')
     opt_state = assemble(str(tmp_path / 'mla'), state='restore').state['opt_state']
     is_adam = lambda node: isinstance(node, optax.ScaleByAdamState)  # noqa: E731
@@ -448,18 +449,19 @@ def test_uptrain_end_to_end(tmp_path, small_text):
 
 
 def check_mla_decoding(workdir):
-    """The converted MLA checkpoint decodes with its absorbed latent cache, C + P = 8 + 4
-    elements per token per layer, as its full forward pass computes."""
+    """The converted MLA checkpoint decodes with its absorbed latent cache, C + 2·P = 8 + 2·4
+    elements per token per layer (two RoPE keys), as its full forward pass computes."""
     restored = assemble(str(workdir), state='restore')
     cfg = restored.model_cfg
     mla = cfg.section
     assert (mla.kv_lora_rank, mla.qk_rope_head_dim, mla.qk_nope_head_dim) == (8, 4, 4)
+    assert mla.rope_heads == 2
     assert 'mla' in restored.config.model and 'kv_lora_rank' not in restored.config.model
     assert restored.config.uptrain.rope_pairs.count(',') == 1  # two frequency pairs kept
     model = nnx.merge(restored.ctx.graphdef, restored.state['params'])
     decoder = Decoder(model, absorb=True)
     caches = init_caches(cfg, 1, 8)
-    assert cache_elements_per_token(caches) == cfg.num_layers * (8 + 4)
+    assert cache_elements_per_token(caches) == cfg.num_layers * (8 + 2 * 4)
     tokens = np.array([[3, 5, 7, 11, 2, 9]], np.int32)
     pad = np.zeros(1, np.int32)
     prefill, caches = decoder.prefill(decoder.params, tokens[:, :5], pad, caches)

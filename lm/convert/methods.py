@@ -50,6 +50,7 @@ KEYS = {
     'kv_share_every': 'config.model.kv_share_every',
     'kv_lora_rank': 'config.model.mla.kv_lora_rank',
     'qk_rope_head_dim': 'config.model.mla.qk_rope_head_dim',
+    'rope_heads': 'config.model.mla.rope_heads',
     'method': 'config.uptrain.method',
     'grouping': 'config.uptrain.grouping',
     'calibration_tokens': 'config.uptrain.calibration_tokens',
@@ -73,7 +74,9 @@ class ConversionOptions:
 
     target '' pools the source's K/V heads to `num_kv_heads` (GQA / MQA) by `method`
     (`POOL_METHODS`) after `grouping`; a target naming a variant with a KV latent (`latent_kv`)
-    converts to it, with `kv_lora_rank` C and `qk_rope_head_dim` P, by `LATENT_METHODS`. method
+    converts to it, with `kv_lora_rank` C and `qk_rope_head_dim` P, by `LATENT_METHODS`, its RoPE
+    key (`rope_heads` 1) the mean over the source's G KV heads' kept columns, or with `rope_heads`
+    R dividing G, R keys each averaging G / R adjacent KV heads (R = G: each its own). method
     '' becomes the target's default ('mean'; 'joint_svd' for a latent). `kv_share_every` n > 1
     then merges each n adjacent layers' K/V into one (cross-layer attention, lm/convert/cla.py,
     by the same method and grouping); num_kv_heads 0 keeps the source's count. The converted
@@ -91,6 +94,7 @@ class ConversionOptions:
     kv_share_every: int = 1
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
+    rope_heads: int = 1
     method: str = ''
     grouping: str = 'contiguous'
     calibration_tokens: int | None = None
@@ -184,6 +188,8 @@ def _check_latent(opts: ConversionOptions) -> None:
             f'{_k.qk_rope_head_dim} must be an even number >= 2 for {t}, '
             f'got {opts.qk_rope_head_dim}'
         )
+    if opts.rope_heads < 1:
+        raise ValueError(f'{_k.rope_heads} must be >= 1 for {t}, got {opts.rope_heads}')
     if opts.kv_share_every != 1:
         raise ValueError(f'{_k.kv_share_every} does not apply to {t}; leave it 1')
 
@@ -196,9 +202,9 @@ def _check_pool(opts: ConversionOptions) -> None:
         _check_budget(opts)
     elif opts.num_kv_heads < (0 if opts.kv_share_every > 1 else 1):  # 0 with CLA: the source's
         raise ValueError(f'{_k.num_kv_heads} must be >= 1, got {opts.num_kv_heads}')
-    if opts.kv_lora_rank or opts.qk_rope_head_dim:
+    if opts.kv_lora_rank or opts.qk_rope_head_dim or opts.rope_heads != 1:
         raise ValueError(
-            f'{_k.kv_lora_rank} and {_k.qk_rope_head_dim} apply only to a '
+            f'{_k.kv_lora_rank}, {_k.qk_rope_head_dim} and {_k.rope_heads} apply only to a '
             f'{_k.target} with a KV latent'
         )
     if opts.grouping == 'similarity' and opts.method == 'random':
@@ -237,6 +243,11 @@ def check_latent_source(src: ModelConfig, opts: ConversionOptions) -> None:
             f"{_k.kv_lora_rank}={C} is larger than the largest rank of the source's "
             '[W_K,nope | W_V], min(d_model, num_kv_heads · (2 · head_dim − qk_rope_head_dim)) '
             f'= {rank}'
+        )
+    if src.num_kv_heads % opts.rope_heads:
+        raise ValueError(
+            f"{_k.rope_heads}={opts.rope_heads} must divide the source's num_kv_heads="
+            f'{src.num_kv_heads} (each RoPE key stands for num_kv_heads / rope_heads KV heads)'
         )
     if src.qkv_bias or src.o_bias:
         raise ValueError(
@@ -346,7 +357,10 @@ def latent_conversion(
     eps = latent_norm_eps or DEEPSEEK_LATENT_EPS
     out = dict(params)
     out['blocks'] = {
-        layer: {**block, 'attn': mla.mla_layer(block['attn'], x, C, P, stride, eps)}
+        layer: {
+            **block,
+            'attn': mla.mla_layer(block['attn'], x, C, P, stride, eps, options.rope_heads),
+        }
         for (layer, block), x in zip(params['blocks'].items(), inputs, strict=True)
     }
     section = {
@@ -354,6 +368,7 @@ def latent_conversion(
         'q_lora_rank': 0,
         'qk_nope_head_dim': D - P,
         'qk_rope_head_dim': P,
+        'rope_heads': options.rope_heads,
         'v_head_dim': D,
         'latent_norm_eps': eps,
     }

@@ -3,13 +3,13 @@ one layer's attention parameters, mapped onto lm's MLA layout (`MultiHeadLatentA
 lm/model/mla.py, DeepSeek's names, `config.model.mla.q_lora_rank` = 0):
 
   q_proj [E, H, N + P]           per head [q_nope; q_rope]     ← source W_Q columns
-  kv_a_proj_with_mqa [E, C + P]  [W_DKV, W_KR]                 ← joint SVD factor; mean RoPE key
+  kv_a_proj_with_mqa [E, C + RP] [W_DKV, W_KR]                 ← joint SVD factor; mean RoPE key
   kv_a_layernorm scale [C]       c_KV = scale ⊙ z / rms(z)     ← fitted to calibration inputs
   kv_b_proj [C, H, N + D]        per head [W_UK; W_UV]         ← joint SVD factor
   o_proj [H, D, E]               unchanged (v_head_dim = D)
 
 with P = qk_rope_head_dim, N = qk_nope_head_dim = D − P and C = kv_lora_rank (the converted
-run's `config.model.mla` section). Steps:
+run's `config.model.mla` section; R = rope_heads, 1 unless asked). Steps:
 
 1. Partial RoPE. lm's MLA has one RoPE key per token shared by every head, rotated by its own
    frequency ladder θ'^(−2i/P), i < P/2. So the kept frequency pairs are the same for all heads
@@ -21,7 +21,8 @@ run's `config.model.mla` section). Steps:
    its own RoPE key; one key shared by all heads cannot: docs/uptraining.md.) The highest
    frequency, pair 0, is always kept.
 2. Shared RoPE key. W_KR is the mean over the source KV heads of their kept-pair key columns;
-   queries keep their own columns.
+   queries keep their own columns. With R > 1 RoPE keys (`rope_heads`), key r is the mean over
+   the r-th group of G / R adjacent KV heads (R = G: MHA2MLA's key per KV head, on the ladder).
 3. Joint SVD (MHA2MLA's SVD_joint, on the weights): [W_K,nope | W_V] over all KV heads, an
    [E, G·(N + D)] matrix, is U·Σ·Vᵀ; W_DKV = U_C·Σ_C and [W_UK | W_UV] = V_Cᵀ; a KV head's
    up-projection serves each of its R = H / G query heads.
@@ -124,9 +125,13 @@ def latent_scale(z_MC: np.ndarray, eps: float) -> np.ndarray:
     return np.where(den_C > 0, num_C / np.where(den_C > 0, den_C, 1.0), 1.0)
 
 
-def mla_layer(attn: dict, x_ME: np.ndarray, C: int, P: int, stride: int, eps: float) -> dict:
+def mla_layer(
+    attn: dict, x_ME: np.ndarray, C: int, P: int, stride: int, eps: float, rope_heads: int = 1
+) -> dict:
     """The MLA parameters of one MHA / GQA layer (see the module docstring), latent scale fitted
-    on its attention inputs x_ME. Needs no biases (MLA has none)."""
+    on its attention inputs x_ME. Needs no biases (MLA has none). `rope_heads` R (dividing the
+    source's G KV heads): R RoPE keys, key r the mean of KV heads r·G/R .. (r + 1)·G/R − 1's kept
+    columns (R = 1: step 2's one shared key; R = G: each KV head its own, as MHA2MLA)."""
     wq_EHD = np.asarray(attn['q_proj']['kernel'], np.float64)
     wk_EGD = np.asarray(attn['k_proj']['kernel'], np.float64)
     wv_EGD = np.asarray(attn['v_proj']['kernel'], np.float64)
@@ -134,11 +139,12 @@ def mla_layer(attn: dict, x_ME: np.ndarray, C: int, P: int, stride: int, eps: fl
     R = H // wk_EGD.shape[1]
     rope_dims, nope_dims = kept_dims(D, P, stride)
     w_dkv_EC, w_uk_CGN, w_uv_CGD = joint_svd(wk_EGD[..., nope_dims], wv_EGD, C)
-    w_kr_EP = wk_EGD[..., rope_dims].mean(axis=1)
+    G = wk_EGD.shape[1]
+    w_kr_EX = wk_EGD[..., rope_dims].reshape(E, rope_heads, G // rope_heads, P).mean(axis=2)
     scale_C = latent_scale(x_ME.astype(np.float64) @ w_dkv_EC, eps)
     q_kernel = np.concatenate([wq_EHD[..., nope_dims], wq_EHD[..., rope_dims]], axis=-1)
     b_kernel = np.concatenate([np.repeat(w_uk_CGN, R, axis=1), np.repeat(w_uv_CGD, R, axis=1)], -1)
-    a_kernel = np.concatenate([w_dkv_EC, w_kr_EP], axis=1)
+    a_kernel = np.concatenate([w_dkv_EC, w_kr_EX.reshape(E, -1)], axis=1)
     dtype = attn['q_proj']['kernel'].dtype
     return {
         'q_proj': {'kernel': jnp.asarray(q_kernel, dtype)},

@@ -16,6 +16,7 @@ rate, a conversion arm's every setting with its schedule, part and learning rate
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import signal
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from absl import logging
 
 from lm.config import load_config_file, with_overrides
 from lm.convert.methods import SCHEDULES
-from lm.convert.uptrain import ConversionOptions, convert_checkpoint
+from lm.convert.uptrain import ConversionOptions, check_conversion, convert_checkpoint
 from lm.experiments.runner import RunStopped, Spec
 from lm.model import attention
 from lm.model.accounting import kv_cache_bytes_per_token
@@ -54,6 +55,7 @@ class Ablation:
     mla_ranks: tuple[int, ...] = ()  # MHA -> MLA arms at these latent ranks
     cla: tuple[str, ...] = ()  # MHA -> cross-layer attention arms: 'cla2', 'mqa_cla2', 'gqa2_cla3'
     mla_rope_dim: int = 8
+    mla_rope_heads: tuple[int, ...] = (1,)  # RoPE keys of each MLA arm: 1 shared; G: per KV head
     calibration_tokens: int | None = None
     optimizer_state: str = 'convert'  # every conversion arm: the source's Adam state carried
     eval_tokens: int = 0
@@ -168,18 +170,29 @@ def latent_variant() -> str:
     return next(name for name, cls in attention.VARIANTS.items() if cls.latent_kv)
 
 
-def latent_config(ab: Ablation, rank: int, seed: int, steps: int, lr=None):
-    """The source config as the MLA that conversion to latent rank `rank` builds (its RoPE base
-    left as the source's), trained from scratch on both training parts."""
+def latent_config(ab: Ablation, rank: int, seed: int, steps: int, lr=None, rope_heads: int = 1):
+    """The source config as the MLA that conversion to latent rank `rank` with `rope_heads` RoPE
+    keys builds (its RoPE base left as the source's), trained from scratch on both training
+    parts."""
     config = base_config(ab, seed, steps, lr)
     config.data.split = SCRATCH_PART
     D, P = check_model_config(config.model).head_dim, ab.mla_rope_dim
     target = latent_variant()
     config.model.update(attention=target, num_kv_heads=0)
     config.model[attention.VARIANTS[target].config_section].update(
-        kv_lora_rank=rank, q_lora_rank=0, qk_nope_head_dim=D - P, qk_rope_head_dim=P, v_head_dim=D
+        kv_lora_rank=rank,
+        q_lora_rank=0,
+        qk_nope_head_dim=D - P,
+        qk_rope_head_dim=P,
+        rope_heads=rope_heads,
+        v_head_dim=D,
     )
     return config
+
+
+def latent_label(rank: int, rope_heads: int) -> str:
+    """'MLA-64' (one shared RoPE key), 'MLA-64-k4' (4 RoPE keys)."""
+    return f'MLA-{rank}' + (f'-k{rope_heads}' if rope_heads > 1 else '')
 
 
 def _pooled_options(ab: Ablation, g: int, kv_share_every: int = 1) -> dict[str, ConversionOptions]:
@@ -217,12 +230,13 @@ def arms(ab: Ablation) -> dict[str, tuple[Callable, dict[str, ConversionOptions]
             lambda s, t, lr=None, g=g, n=n: cla_config(ab, g, n, s, t, lr),
             _pooled_options(ab, g, kv_share_every=n),
         )
-    for rank in ab.mla_ranks:
+    for rank, r in itertools.product(ab.mla_ranks, ab.mla_rope_heads):
         methods = {
             method_label('joint_svd', schedule): ConversionOptions(
                 target=latent_variant(),
                 kv_lora_rank=rank,
                 qk_rope_head_dim=ab.mla_rope_dim,
+                rope_heads=r,
                 method='joint_svd',
                 optimizer_state=ab.optimizer_state,
                 calibration_tokens=ab.calibration_tokens,
@@ -231,7 +245,10 @@ def arms(ab: Ablation) -> dict[str, tuple[Callable, dict[str, ConversionOptions]
             )
             for schedule in ab.schedules
         }
-        out[f'MLA-{rank}'] = (lambda s, t, lr=None, c=rank: latent_config(ab, c, s, t, lr), methods)
+        out[latent_label(rank, r)] = (
+            lambda s, t, lr=None, c=rank, r=r: latent_config(ab, c, s, t, lr, r),
+            methods,
+        )
     return out
 
 
@@ -294,8 +311,14 @@ def plan(ab: Ablation, out_dir: str) -> list[Spec]:
     """The ablation's runs, a lane per seed ('seed<k>'): the source first, then per target its
     conversion arms (each needing the source) and its from-scratch baselines. Arms (keys of
     the validation values, lm.experiments.lr_grid): (SOURCE, 'scratch', 0.0, lr),
-    (label, method label, alpha, lr) and (label, 'scratch', total steps, lr)."""
+    (label, method label, alpha, lr) and (label, 'scratch', total steps, lr). Every target's
+    model and conversion is checked first: a bad one fails before any training."""
     by_label = arms(ab)
+    source = check_model_config(base_config(ab, 0, 1).model)
+    for make, methods in by_label.values():
+        check_model_config(make(0, ab.steps).model)
+        for options in methods.values():
+            check_conversion(source, options)
     specs = [s for seed in range(ab.seeds) for s in _lane(ab, out_dir, seed, by_label)]
     # An unfinished run starts clean: a conversion writes into an empty workdir.
     return [dataclasses.replace(s, resume=False) for s in specs]

@@ -225,6 +225,11 @@ def _deepseek_from_hf(hf: dict) -> tuple[dict, bool]:
 
 def _deepseek_to_hf(cfg: ModelConfig) -> dict:
     mla = cfg.section
+    if mla.rope_heads != 1:
+        raise ValueError(
+            f'config.model.mla.rope_heads={mla.rope_heads}, but DeepseekV3 has one RoPE key '
+            'shared by all heads (rope_heads=1)'
+        )
     latent_eps = mla.latent_norm_eps or cfg.norm_eps
     if latent_eps != DEEPSEEK_LATENT_EPS:
         raise ValueError(

@@ -22,9 +22,18 @@ class MLAConfig:
     kv_lora_rank: int  # C, the rank of the KV latent c_KV
     q_lora_rank: int  # rank of the query latent c_Q; 0 = queries straight from h
     qk_nope_head_dim: int  # N, per-head query/key width without RoPE
-    qk_rope_head_dim: int  # P, the decoupled RoPE width (one RoPE key shared by the heads)
+    qk_rope_head_dim: int  # P, the decoupled RoPE width of each RoPE key
+    rope_heads: int  # R_K, RoPE keys per token: 1 = DeepSeek's one key shared by every head
     v_head_dim: int  # U, per-head value width
     latent_norm_eps: float  # eps of the latent RMSNorms; 0 = config.model.norm_eps
+
+
+def rope_slots(q_pe_BTHP: jax.Array, rope_heads: int) -> jax.Array:
+    """[B, T, H, R_K·P]: query head h's RoPE part in slot h // (H / R_K) and zeros in the
+    others, so that its dot with the R_K keys [k_1; ...; k_R_K] is its own key's score."""
+    B, T, H, P = q_pe_BTHP.shape
+    slot_HR = jax.nn.one_hot(jnp.arange(H) // (H // rope_heads), rope_heads, dtype=q_pe_BTHP.dtype)
+    return jnp.einsum('BTHP,HR->BTHRP', q_pe_BTHP, slot_HR).reshape(B, T, H, rope_heads * P)
 
 
 @register
@@ -32,11 +41,14 @@ class MultiHeadLatentAttention(AttentionVariant):
     """DeepSeek-V2 MLA (§2.1), with DeepSeek's parameter names.
 
     c_KV = RMSNorm(W_DKV h) of rank C = kv_lora_rank is all a cache would keep, together with the
-    RoPE key k_R = RoPE(W_KR h), one per token shared by every head. Per-head keys and values
-    are up-projections of c_KV: k_C = W_UK c_KV, v = W_UV c_KV. Queries come from h directly
-    (q_lora_rank = 0) or through a normalised latent c_Q of rank q_lora_rank; each head's query
-    is [q_C; RoPE(q_R)]. Softmax scale 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim).
-    The cache holds no per-head K/V: `num_kv_heads` resolves to 0 and tables show the latent.
+    RoPE key k_R = RoPE(W_KR h), one per token shared by every head. (With rope_heads R_K > 1:
+    R_K RoPE keys per token, query head h reading key h // (H / R_K), as MHA2MLA gives each KV
+    head of a converted model its own, arXiv 2502.14837; the cache holds C + R_K·P per token.)
+    Per-head keys and values are up-projections of c_KV: k_C = W_UK c_KV, v = W_UV c_KV.
+    Queries come from h directly (q_lora_rank = 0) or through a normalised latent c_Q of rank
+    q_lora_rank; each head's query is [q_C; RoPE(q_R)]. Softmax scale
+    1 / sqrt(qk_nope_head_dim + qk_rope_head_dim). The cache holds no per-head K/V:
+    `num_kv_heads` resolves to 0 and tables show the latent.
     """
 
     names = ('mla',)
@@ -60,6 +72,11 @@ class MultiHeadLatentAttention(AttentionVariant):
             raise ValueError(
                 f'config.model.mla.qk_rope_head_dim={mla.qk_rope_head_dim} must be even for RoPE'
             )
+        if mla.rope_heads < 1 or cfg.num_heads % mla.rope_heads:
+            raise ValueError(
+                f'config.model.mla.rope_heads={mla.rope_heads} must be >= 1 and divide '
+                f'config.model.num_heads={cfg.num_heads}'
+            )
         if mla.latent_norm_eps < 0:
             raise ValueError(
                 'config.model.mla.latent_norm_eps must be >= 0 (0 = norm_eps), '
@@ -74,8 +91,8 @@ class MultiHeadLatentAttention(AttentionVariant):
 
     @staticmethod
     def kv_cache_elements(cfg: ModelConfig) -> int:
-        """Cached elements per token per layer: the latent and the shared RoPE key, d_c + d_h^R."""
-        return cfg.section.kv_lora_rank + cfg.section.qk_rope_head_dim
+        """Cached elements per token per layer: the latent and the RoPE keys, d_c + R_K·d_h^R."""
+        return cfg.section.kv_lora_rank + cfg.section.rope_heads * cfg.section.qk_rope_head_dim
 
     @staticmethod
     def kv_cache_vectors(cfg: ModelConfig) -> int:
@@ -84,7 +101,9 @@ class MultiHeadLatentAttention(AttentionVariant):
 
     @staticmethod
     def kv_heads(cfg: ModelConfig) -> str:
-        return f'latent {cfg.section.kv_lora_rank}+{cfg.section.qk_rope_head_dim}'
+        mla = cfg.section
+        keys = f'{mla.rope_heads}x' if mla.rope_heads > 1 else ''
+        return f'latent {mla.kv_lora_rank}+{keys}{mla.qk_rope_head_dim}'
 
     @staticmethod
     def score_dims(cfg: ModelConfig) -> tuple[int, int]:
@@ -103,8 +122,11 @@ class MultiHeadLatentAttention(AttentionVariant):
             )
         else:
             self.q_proj = Dense((E,), (H, Dn + Dr), ('embed', 'heads', 'head_dim'), cfg, rngs=rngs)
-        # W_DKV and W_KR in one matrix, as DeepSeek stores them: [E, C + Dr].
-        self.kv_a_proj_with_mqa = Dense((E,), (C + Dr,), ('embed', 'kv_lora'), cfg, rngs=rngs)
+        # W_DKV and W_KR in one matrix, as DeepSeek stores them: [E, C + R_K·Dr] (key r's
+        # columns C + r·Dr onwards).
+        self.kv_a_proj_with_mqa = Dense(
+            (E,), (C + mla.rope_heads * Dr,), ('embed', 'kv_lora'), cfg, rngs=rngs
+        )
         self.kv_a_layernorm = RMSNorm(C, cfg, mla.latent_norm_eps)
         # W_UK and W_UV in one matrix: [C, H, Dn + Dv].
         self.kv_b_proj = Dense((C,), (H, Dn + Dv), ('kv_lora', 'heads', 'head_dim'), cfg, rngs=rngs)
@@ -131,21 +153,22 @@ class MultiHeadLatentAttention(AttentionVariant):
         return q_nope_BTHN, rope(q_pe_BTHP, positions_BT, cfg.rope_theta, cfg)
 
     def latents(self, x_BTE: jax.Array, positions_BT: jax.Array) -> jax.Array:
-        """What a KV cache holds per token: [c_KV; RoPE'd shared key k_R], [B, T, C + P]."""
+        """What a KV cache holds per token: [c_KV; RoPE'd keys k_R], [B, T, C + R_K·P]."""
         cfg = self.cfg
-        c_BTC, k_pe_BTP = jnp.split(
+        c_BTC, k_pe_BTX = jnp.split(
             self.kv_a_proj_with_mqa(x_BTE), [cfg.section.kv_lora_rank], axis=-1
         )
-        k_pe_BTP = rope(k_pe_BTP, positions_BT, cfg.rope_theta, cfg)
-        return jnp.concatenate([self.kv_a_layernorm(c_BTC), k_pe_BTP.astype(c_BTC.dtype)], axis=-1)
+        k_pe_BTRP = k_pe_BTX.reshape(*k_pe_BTX.shape[:2], cfg.section.rope_heads, -1)
+        k_pe_BTX = rope(k_pe_BTRP, positions_BT, cfg.rope_theta, cfg).reshape(k_pe_BTX.shape)
+        return jnp.concatenate([self.kv_a_layernorm(c_BTC), k_pe_BTX.astype(c_BTC.dtype)], axis=-1)
 
     @staticmethod
     def init_cache(cfg: ModelConfig, batch: int, length: int, dtype) -> KVCache:
-        """Per-layer decoding cache: each token's `latents`, [c_KV; k_R] [B, S, C + P]. No
+        """Per-layer decoding cache: each token's `latents`, [c_KV; k_R] [B, S, C + R_K·P]. No
         array is named `per_channel`: the latent serves as keys and values alike (absorbed),
         and a 'kivi4' cache quantizes it per token, like KIVI's values (KIVI covers per-head
         K/V only)."""
-        width = cfg.section.kv_lora_rank + cfg.section.qk_rope_head_dim
+        width = MultiHeadLatentAttention.kv_cache_elements(cfg)
         return KVCache.empty(latent=jnp.zeros((batch, length, width), dtype))
 
     def latent_attention(
@@ -157,21 +180,23 @@ class MultiHeadLatentAttention(AttentionVariant):
         absorb: bool,
         filled: jax.Array | None = None,
     ) -> jax.Array:
-        """Attention of the queries over the `latents` [c_KV; k_R] of S keys (D = C + P here):
-        [B, T, H, U] before o_proj.
+        """Attention of the queries over the `latents` [c_KV; k_R] of S keys (D = C + R_K·P
+        here): [B, T, H, U] before o_proj.
 
         absorb=False materialises per-head keys [W_UK c_KV; k_R] and values W_UV c_KV (training,
         the naive decode). absorb=True is DeepSeek-V2 §2.1.2's weight absorption: W_UK moves
         into the query and W_UV after the attention, so every head attends the latent itself as
-        one shared K/V head (G = 1): <[W_UKᵀ q_C; q_R], [c_KV; k_R]> is the same score."""
+        one shared K/V head (G = 1): <[W_UKᵀ q_C; q_R], [c_KV; k_R]> is the same score (with
+        R_K > 1, q_R in its key's slot of R_K·P, zeros elsewhere: `rope_slots`)."""
         cfg = self.cfg
-        C, N = cfg.section.kv_lora_rank, cfg.section.qk_nope_head_dim
+        C, N, R = cfg.section.kv_lora_rank, cfg.section.qk_nope_head_dim, cfg.section.rope_heads
         if absorb:
             w_uk_CHN, w_uv_CHU = jnp.split(
                 self.kv_b_proj.kernel[...].astype(q_nope_BTHN.dtype), [N], axis=-1
             )
             q_lat_BTHC = jnp.einsum('BTHN,CHN->BTHC', q_nope_BTHN, w_uk_CHN)  # W_UKᵀ q_C per head
-            q_BTHD = jnp.concatenate([q_lat_BTHC, q_pe_BTHP], axis=-1)
+            q_pe_BTHX = rope_slots(q_pe_BTHP, R) if R > 1 else q_pe_BTHP  # X = R_K·P
+            q_BTHD = jnp.concatenate([q_lat_BTHC, q_pe_BTHX], axis=-1)
             # The latent is the one K/V head; its values' first C dims: c_KV. einsum: a head
             # width of C + P is past what cuDNN's fused kernel takes.
             out_BTHD = self.attend(
@@ -184,11 +209,13 @@ class MultiHeadLatentAttention(AttentionVariant):
                 filled=filled,
             )
             return jnp.einsum('BTHC,CHU->BTHU', out_BTHD[..., :C], w_uv_CHU)  # W_UV after
-        c_BSC, k_pe_BSP = jnp.split(latent_BSD, [C], axis=-1)
+        c_BSC, k_pe_BSX = jnp.split(latent_BSD, [C], axis=-1)
         kv_BHSD = self.kv_b_proj(c_BSC).transpose(0, 2, 1, 3)  # head-major for the kernel
         k_nope_BHSN, v_BHSU = jnp.split(kv_BHSD, [N], axis=-1)
-        # [k_C; k_R] with the one RoPE key broadcast to every head.
-        k_pe_BHSP = jnp.broadcast_to(k_pe_BSP[:, None], k_nope_BHSN.shape[:3] + k_pe_BSP.shape[2:])
+        # [k_C; k_R] with RoPE key r broadcast to its H / R_K heads.
+        B, H, S = k_nope_BHSN.shape[:3]
+        k_pe_BRSP = k_pe_BSX.reshape(B, S, R, -1).transpose(0, 2, 1, 3)
+        k_pe_BHSP = jnp.repeat(k_pe_BRSP, H // R, axis=1, total_repeat_length=H)
         q_BTHD = jnp.concatenate([q_nope_BTHN, q_pe_BTHP], axis=-1)
         k_BHSD = jnp.concatenate([k_nope_BHSN, k_pe_BHSP.astype(k_nope_BHSN.dtype)], axis=-1)
         return self.attend(q_BTHD, k_BHSD, v_BHSU, scale=self.scale, mask=mask, filled=filled)
