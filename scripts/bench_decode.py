@@ -2,18 +2,18 @@
 device's memory roofline.
 
 For each batch size, variant and context L, the cache of a model large enough for the cache to
-matter is filled to L tokens (random contents: speed depends on the length, not the values),
-then the jitted decode loop generates --new_tokens tokens per row; the median of --repeats timed
-runs is reported. Cache bytes per token are measured from the live cache arrays and shown next
-to the accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + d_h^R)·L for MLA; with
-cross-layer attention, 'cla2' / 'mqa_cla2', only every n-th layer holds a cache; a local layer
-holds at most W tokens; an int8 cache a byte per element plus a scale per vector; a kivi4 cache
-half a byte per element plus its group statistics and float residual), per token of the cache's
-S slots: L + new tokens rounded up to a multiple of 128 (`cache_capacity`, as generate sizes
-it). A variant name ending in '_local' ('gqa4_local') has sliding-window layers
-(--window, --layer_pattern); --kv_cache_dtype=int8 stores every cache as int8, =kivi4 as KIVI's
-4 bits (full caches only: not with '_local' or CLA variants) in groups of --kv_quant_group
-tokens; --decode_chunk sets config.model.decode_chunk, --decode_kernel config.model.decode_kernel
+matter is filled to L tokens (random contents: speed depends on the length, not the values), then
+the jitted decode loop generates --new_tokens tokens per row; the median of --repeats timed runs
+is reported. Cache bytes per token are measured from the live cache arrays and shown next to the
+accounting formula (2·g·d_h·L layers for MHA/GQA/MQA, (d_c + R·d_h^R)·L for MLA with R RoPE keys;
+with cross-layer attention, 'cla2' / 'mqa_cla2', only every n-th layer holds a cache; a local
+layer holds at most W tokens; an int8 cache a byte per element plus a scale per vector; a kivi4
+cache half a byte per element plus its group statistics and float residual), per token of the
+cache's S slots: L + new tokens rounded up to a multiple of 128 (`cache_capacity`, as generate
+sizes it). A variant name ending in '_local' ('gqa4_local') has sliding-window layers (--window,
+--layer_pattern); --kv_cache_dtype=int8 stores every cache as int8, =kivi4 as KIVI's 4 bits (full
+caches only: not with '_local' or CLA variants) in groups of --kv_quant_group tokens;
+--decode_chunk sets config.model.decode_chunk, --decode_kernel config.model.decode_kernel
 ('pallas': the fused GPU kernel of lm/model/flash_decode.py).
 
 Roofline: a decode step must read every weight and the filled cache once per layer that attends

@@ -96,6 +96,10 @@ def test_mla_arms_per_rope_key_count_convert_and_train_from_scratch_with_it():
         plan(ablation(mla_rope_heads=(3,)), 'out')  # before any run
     with pytest.raises(ValueError, match=r'^config.model.mla.kv_lora_rank=512 is larger than'):
         plan(ablation(mla_ranks=(512,)), 'out')
+    with pytest.raises(ValueError, match=r'^--mla_rope_heads: expected one or more'):
+        ablation(mla_rope_heads=())
+    with pytest.raises(ValueError, match=r'^--mla_rope_heads: a count is repeated'):
+        ablation(mla_rope_heads=(1, 1))
 
 
 def test_lr_grid_rows_keep_every_trained_run_but_the_source_and_untrained_conversions():

@@ -226,7 +226,7 @@ def mla_conversion_of(cfg, params, C, P=4, inputs=None, rope_heads=1):
     )
     check_conversion(cfg, options)
     inputs = calibration(cfg, params) if inputs is None else inputs
-    config = tiny_config(attention='mla')
+    config = tiny_config(attention='mla', num_heads=cfg.num_heads)
     eps = config.model.mla.latent_norm_eps
     out, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs, eps)
     config.model.update(settings)  # the MLA knobs land in config.model.mla
@@ -264,11 +264,11 @@ def test_mla_factors_reproduce_the_non_rope_key_and_value_at_full_rank():
 
 
 def test_mla_rope_keys_per_kv_head_or_averaged_over_adjacent_kv_heads():
-    """rope_heads R of an MHA source's G = 4 KV heads: key r is the mean of KV heads
-    r·G/R .. (r + 1)·G/R − 1's kept key columns (R = G: each its own); the queries, the
-    latent factors and the cache's latent part do not depend on R. The converted model runs,
-    with a cache of C + R·P per token and layer."""
-    cfg, params = source(attention='mha')
+    """rope_heads R of a GQA source's G = 4 KV heads (of 8 query heads): key r is the mean of
+    KV heads r·G/R .. (r + 1)·G/R − 1's kept key columns (R = G: each its own); the queries,
+    the latent factors and the cache's latent part do not depend on R. The converted model
+    runs, with a cache of C + R·P per token and layer."""
+    cfg, params = source(attention='gqa', num_kv_heads=4, num_heads=8, head_dim=8)
     D, P, C, G = 8, 4, 8, 4
     inputs = calibration(cfg, params)
     shared = mla_conversion_of(cfg, params, C, P, inputs)[1]

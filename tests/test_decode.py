@@ -99,7 +99,7 @@ def test_bfloat16_decoder_holds_its_matrices_in_bfloat16_with_the_same_logits(va
         np.testing.assert_allclose(a, b, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize('q_lora_rank,rope_heads', [(0, 1), (8, 1), (0, 4)])
+@pytest.mark.parametrize('q_lora_rank,rope_heads', [(0, 1), (8, 1), (0, 2)])
 def test_mla_absorbed_equals_naive(q_lora_rank, rope_heads):
     mla = dict(attention='mla', q_lora_rank=q_lora_rank, rope_heads=rope_heads)
     _, _, absorbed = model_and_decoder(**mla)

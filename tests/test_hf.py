@@ -366,6 +366,16 @@ def test_legacy_rope_layout_is_read():
     assert model['rope_original_max_len'] == 8192
 
 
+def test_deepseek_import_sets_one_shared_rope_key():
+    """DeepseekV3 has one RoPE key: an import sets rope_heads 1 whatever the base config says
+    (the section is merged into it)."""
+    model, _ = hf.model_from_hf(deepseek_json())
+    assert model['mla']['rope_heads'] == 1
+    base = tiny_config(attention='mla', rope_heads=2)
+    base.model.update(model)
+    assert base.model.mla.rope_heads == 1
+
+
 def edited_fixture(tmp_path, name, edit_tensors=None, edit_config=None):
     d = tmp_path / name
     shutil.copytree(FIXTURES / name, d)

@@ -256,7 +256,7 @@ def check_latent_source(src: ModelConfig, opts: ConversionOptions) -> None:
     if src.rope_scaling:
         raise ValueError(
             f"the source uses rope_scaling='{src.rope_scaling}', whose frequencies the latent "
-            "attention's shared RoPE key cannot reproduce"
+            "attention's RoPE ladder cannot reproduce"
         )
 
 

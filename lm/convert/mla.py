@@ -25,7 +25,7 @@ run's `config.model.mla` section; R = rope_heads, 1 unless asked). Steps:
    the r-th group of G / R adjacent KV heads (R = G: MHA2MLA's key per KV head, on the ladder).
 3. Joint SVD (MHA2MLA's SVD_joint, on the weights): [W_K,nope | W_V] over all KV heads, an
    [E, G·(N + D)] matrix, is U·Σ·Vᵀ; W_DKV = U_C·Σ_C and [W_UK | W_UV] = V_Cᵀ; a KV head's
-   up-projection serves each of its R = H / G query heads.
+   up-projection serves each of its H / G query heads.
 4. Latent norm. MLA normalises the latent, c = scale ⊙ z / rms(z) with z = W_DKV·x, which no
    weights can undo; `scale` is fitted per latent dimension by least squares on calibration
    inputs so that c ≈ z (the scale of z is not lost, only its per-token variation).
@@ -136,14 +136,16 @@ def mla_layer(
     wk_EGD = np.asarray(attn['k_proj']['kernel'], np.float64)
     wv_EGD = np.asarray(attn['v_proj']['kernel'], np.float64)
     E, H, D = wq_EHD.shape
-    R = H // wk_EGD.shape[1]
+    reps = H // wk_EGD.shape[1]  # query heads per source KV head
     rope_dims, nope_dims = kept_dims(D, P, stride)
     w_dkv_EC, w_uk_CGN, w_uv_CGD = joint_svd(wk_EGD[..., nope_dims], wv_EGD, C)
     G = wk_EGD.shape[1]
     w_kr_EX = wk_EGD[..., rope_dims].reshape(E, rope_heads, G // rope_heads, P).mean(axis=2)
     scale_C = latent_scale(x_ME.astype(np.float64) @ w_dkv_EC, eps)
     q_kernel = np.concatenate([wq_EHD[..., nope_dims], wq_EHD[..., rope_dims]], axis=-1)
-    b_kernel = np.concatenate([np.repeat(w_uk_CGN, R, axis=1), np.repeat(w_uv_CGD, R, axis=1)], -1)
+    b_kernel = np.concatenate(
+        [np.repeat(w_uk_CGN, reps, axis=1), np.repeat(w_uv_CGD, reps, axis=1)], -1
+    )
     a_kernel = np.concatenate([w_dkv_EC, w_kr_EX.reshape(E, -1)], axis=1)
     dtype = attn['q_proj']['kernel'].dtype
     return {

@@ -4,7 +4,8 @@ MHA2MLA (arXiv 2502.14837) keeps, per layer and KV head, the r frequency pairs w
 2-norm contribution (`mla.pair_contribution`, summed over the head's query heads), each KV head
 with its own RoPE key. lm's MHA -> MLA conversion (lm/convert/mla.py) keeps one ladder of pairs
 {0, s, 2s, ...} for every head and layer and averages the kept key columns over the KV heads
-into one shared key, which is what its MLA layer and cache hold. Both then factor the rest by
+into one shared key (with `rope_heads` = G, its MLA keeps each KV head's key instead: the
+'ladder, own keys' selection here). Both then factor the rest by
 the same joint SVD; this module measures the step before it, on a source layer's attention over
 calibration windows: what each selection keeps of the source's causal q·k logits (relative
 Frobenius error) and of its attention (mean total-variation distance between softmax rows).

@@ -70,6 +70,10 @@ class Ablation:
             raise ValueError(f'--schedule: expected one or more of {SCHEDULES}')
         if any(not lr > 0 for lr in self.lrs):
             raise ValueError('--lrs: every learning rate must be > 0')
+        if self.mla_ranks and not self.mla_rope_heads:
+            raise ValueError('--mla_rope_heads: expected one or more counts of RoPE keys (1 = one)')
+        if len(set(self.mla_rope_heads)) < len(self.mla_rope_heads):
+            raise ValueError(f'--mla_rope_heads: a count is repeated in {self.mla_rope_heads}')
 
     def settings(self) -> dict:
         """Every setting that changes a run's result beyond its name (arm, alpha, seed) and its

@@ -8,7 +8,7 @@ pass of the unpadded prompt. Decode step i writes slot T + i for every row. Pref
 step are the model's own forward pass with one `KVCache` per layer (`Transformer.__call__` with
 `caches`); each attention variant owns its cache layout (its `init_cache`, lm/model/attention.py):
 K and V per KV head for MHA / GQA / MQA (head-major, [B, G, S, D]), the latent c_KV and the
-shared RoPE key for MLA. A local (sliding-window) layer's cache is a ring of W slots, and any
+RoPE key(s) for MLA. A local (sliding-window) layer's cache is a ring of W slots, and any
 cache may be stored as int8, a full one also as KIVI's 4 bits (lm/model/kv_cache.py).
 """
 

@@ -1,7 +1,7 @@
 """Parameter counts, KV-cache sizes and FLOPs per token for a model config (no arrays built).
 
 KV cache per token: the sum over layers of each layer's elements, which are 2·h·d_h (MHA),
-2·g·d_h (GQA), 2·d_h (MQA) and d_c + d_h^R (MLA); each variant states its own
+2·g·d_h (GQA), 2·d_h (MQA) and d_c + R·d_h^R (MLA, R RoPE keys); each variant states its own
 (`kv_cache_elements`, `score_dims`), reading its own config section (MLA's ranks:
 `cfg.section`). Layers differ where the KV layout says so (lm/model/layout.py): a layer's own KV
 head count (`kv_heads_per_layer`), and none for a cross-layer-attention consumer, which reads

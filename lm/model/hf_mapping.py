@@ -216,6 +216,7 @@ def _deepseek_from_hf(hf: dict) -> tuple[dict, bool]:
         'q_lora_rank': hf.get('q_lora_rank') or 0,
         'qk_nope_head_dim': hf['qk_nope_head_dim'],
         'qk_rope_head_dim': hf['qk_rope_head_dim'],
+        'rope_heads': 1,  # DeepseekV3: one RoPE key shared by all heads
         'v_head_dim': hf['v_head_dim'],
         'latent_norm_eps': DEEPSEEK_LATENT_EPS,
     }

@@ -30,7 +30,8 @@ class MLAConfig:
 
 def rope_slots(q_pe_BTHP: jax.Array, rope_heads: int) -> jax.Array:
     """[B, T, H, R_K·P]: query head h's RoPE part in slot h // (H / R_K) and zeros in the
-    others, so that its dot with the R_K keys [k_1; ...; k_R_K] is its own key's score."""
+    others, so that its dot with the R_K keys [k_1; ...; k_R_K] is its own key's score (the
+    zeros cost R_K - 1 extra P-wide products per head and key in the absorbed scores)."""
     B, T, H, P = q_pe_BTHP.shape
     slot_HR = jax.nn.one_hot(jnp.arange(H) // (H // rope_heads), rope_heads, dtype=q_pe_BTHP.dtype)
     return jnp.einsum('BTHP,HR->BTHRP', q_pe_BTHP, slot_HR).reshape(B, T, H, rope_heads * P)
