@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import scipy.stats
 from conftest import ROOT
 
 from lm.experiments import tables
@@ -157,6 +158,37 @@ def test_ablation_table_keeps_each_targets_trained_arms():
     # differences 2.0, 1.9, 2.3: mean 2.0667, sd 0.2082, t(2) half-width 0.5171, p 0.00336
     pair = '| mean, α = 0.0 | from scratch, 100 steps | +2.0667 [1.5496, 2.5838] p=0.00336 ✓ |'
     assert pair in text, text
+
+
+def test_targets_table_pairs_targets_within_each_shared_arm_in_one_holm_family():
+    rows = [
+        {'model': m, 'conversion': c, 'alpha_or_steps': a, 'seed': str(k), 'loss': str(v)}
+        for m, c, a, vs in [
+            ('MHA', 'scratch', '0.0', (1.0, 1.1, 1.2)),  # the source: left out
+            ('MLA-32', 'joint_svd', '0.0', (3.0, 3.2, 3.1)),
+            ('MLA-32-k4', 'joint_svd', '0.0', (2.9, 3.0, 3.0)),
+            ('MLA-32', 'rewarm-joint_svd', '0.05', (2.0, 2.1, 2.2)),
+            ('MLA-32-k4', 'rewarm-joint_svd', '0.05', (1.9, 2.05, 2.1)),
+            ('MLA-32', 'scratch', '1050', (1.8, 1.9, 1.85)),  # one target only: left out
+        ]
+        for k, v in enumerate(vs)
+    ]
+    text = tables.targets_table(rows)
+    assert 'MHA' not in text and 'from scratch' not in text
+    assert '| joint_svd, α = 0.0 | MLA-32 | 3.1000 ± 0.1000 |' in text
+    assert '| rewarm-joint_svd, α = 0.05 | MLA-32-k4 | 2.0167 ± 0.1041 |' in text
+    assert 'Holm-corrected over the 2 comparisons' in text
+    # independent: scipy's paired t-test per arm, Holm over the two by hand
+    p0 = scipy.stats.ttest_rel([3.0, 3.2, 3.1], [2.9, 3.0, 3.0]).pvalue
+    p1 = scipy.stats.ttest_rel([2.0, 2.1, 2.2], [1.9, 2.05, 2.1]).pvalue
+    lo, hi = sorted([p0, p1])
+    holm = {lo: min(1, 2 * lo), hi: min(1, max(2 * lo, hi))}
+    for arm, p, diff in (
+        ('joint_svd, α = 0.0', p0, 0.1333),
+        ('rewarm-joint_svd, α = 0.05', p1, 0.0833),
+    ):
+        line = next(x for x in text.splitlines() if x.startswith(f'| {arm} | MLA-32 | MLA-32-k4 |'))
+        assert f'+{diff:.4f} [' in line and f'p={holm[p]:.3g}' in line, (line, holm[p])
 
 
 def test_lr_grid_table_marks_the_rate_chosen_on_validation_and_reports_held_out_there():

@@ -15,6 +15,9 @@ of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
   seed, value): per target model a 'seeds' table of its uptrained arms (α > 0) and its
   from-scratch baselines, each model Holm-corrected on its own; the source's rows and the
   untrained conversions (α = 0) are left out.
+- 'targets': the same seeds.csv with several targets converted the same ways (MLA-32 and
+  MLA-32-k4): per arm they share (α = 0 included), each target's estimate, and the paired
+  differences between targets, Holm-corrected over every arm's comparisons together.
 - 'curve': a learning curve (columns run, step, metric, value): one row per step, one column
   per run, of the CSV's first metric.
 - 'last_step': the same CSV, one row per run: every metric at the run's last step.
@@ -172,6 +175,33 @@ def ablation_table(rows: list[dict], source: str = 'MHA') -> str:
         arm = _ablation_arm(conversion, at)
         models.setdefault(r['model'], []).append({'arm': arm, 'seed': r['seed'], value: r[value]})
     return '\n\n'.join(f'{model}:\n\n{seeds_table(arms)}' for model, arms in models.items())
+
+
+def targets_table(rows: list[dict], source: str = 'MHA') -> str:
+    """Targets side by side in each arm they share; one Holm family over all arms."""
+    value = list(rows[0])[-1]
+    by_arm: dict[str, dict[str, dict[int, float]]] = {}
+    for r in rows:
+        if r['model'] != source:
+            arm = _ablation_arm(r['conversion'], r['alpha_or_steps'])
+            by_arm.setdefault(arm, {}).setdefault(r['model'], {})[int(r['seed'])] = float(r[value])
+    shared = {arm: targets for arm, targets in by_arm.items() if len(targets) > 1}
+    pairs = [
+        (arm, a, b) for arm, t in shared.items() for i, a in enumerate(t) for b in list(t)[i + 1 :]
+    ]
+    lines = [f'| arm | target | {value} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|---|']
+    lines += [
+        f'| {arm} | {target} | {summary.cell(v)} | {len(v)} |'
+        for arm, targets in shared.items()
+        for target, v in targets.items()
+    ]
+    lines += ['', summary.family_note(len(pairs)), '']
+    lines += ['| arm | a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|---|']
+    results = summary.family([(shared[arm][a], shared[arm][b]) for arm, a, b in pairs])
+    for (arm, a, b), (d, _, p_holm) in zip(pairs, results, strict=True):
+        order = stats.ordering(a, b, d, summary.holm_resolved(p_holm))
+        lines.append(f'| {arm} | {a} | {b} | {summary.diff_cell(d, p_holm)} | {order} |')
+    return '\n'.join(lines)
 
 
 def curve_table(rows: list[dict]) -> str:
@@ -332,6 +362,7 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
     'seeds': seeds_table,
     'intervals': intervals_table,
     'ablation': ablation_table,
+    'targets': targets_table,
     'curve': curve_table,
     'last_step': last_step_table,
     'seed_curve': seed_curve_table,
