@@ -146,23 +146,18 @@ CONFIG = os.path.join(
 )
 
 
-def fraction_list(values: list[str], flag: str) -> list[float]:
+def number_list(values: list[str], flag: str, cast: type = float) -> tuple:
+    """The flag's values as numbers of type `cast` (float, or int for counts)."""
     try:
-        return [float(a) for a in values]
+        return tuple(cast(a) for a in values)
     except ValueError:
-        raise ValueError(f'{flag}: expected numbers, got {",".join(values)}') from None
-
-
-def int_list(values: list[str], flag: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(a) for a in values)
-    except ValueError:
-        raise ValueError(f'{flag}: expected whole numbers, got {",".join(values)}') from None
+        kind = 'whole numbers' if cast is int else 'numbers'
+        raise ValueError(f'{flag}: expected {kind}, got {",".join(values)}') from None
 
 
 def ablation() -> Ablation:
     """The ablation the flags describe."""
-    fractions = fraction_list(_FRACTIONS.value, '--fractions')
+    fractions = number_list(_FRACTIONS.value, '--fractions')
     scratch = _SCRATCH_FRACTIONS.value
     return Ablation(
         config_file=CONFIG,
@@ -171,19 +166,19 @@ def ablation() -> Ablation:
         seeds=_SEEDS.value,
         fractions=tuple(fractions),
         scratch_fractions=tuple(
-            fractions if scratch is None else fraction_list(scratch, '--scratch_fractions')
+            fractions if scratch is None else number_list(scratch, '--scratch_fractions')
         ),
-        targets=int_list(_TARGETS.value, '--targets'),
+        targets=number_list(_TARGETS.value, '--targets', int),
         methods=tuple(_METHODS.value),
-        mla_ranks=int_list(_MLA_RANKS.value, '--mla_ranks'),
+        mla_ranks=number_list(_MLA_RANKS.value, '--mla_ranks', int),
         cla=tuple(_CLA.value),
         mla_rope_dim=_MLA_ROPE.value,
-        mla_rope_heads=int_list(_MLA_ROPE_HEADS.value, '--mla_rope_heads'),
+        mla_rope_heads=number_list(_MLA_ROPE_HEADS.value, '--mla_rope_heads', int),
         calibration_tokens=_CALIBRATION.value,
         optimizer_state=_OPT_STATE.value,
         eval_tokens=_EVAL_TOKENS.value,
         schedules=tuple(_SCHEDULE.value),
-        lrs=tuple(fraction_list(_LRS.value, '--lrs')),
+        lrs=number_list(_LRS.value, '--lrs'),
         overrides=tuple(_SET.value),
     )
 
