@@ -11,7 +11,7 @@ import pytest
 import scipy.stats
 from conftest import ROOT
 
-from lm.experiments import tables
+from lm.experiments import ablation_doc_tables, summary, tables
 
 
 def test_every_doc_table_matches_its_csv():
@@ -60,7 +60,7 @@ def test_a_sweeps_seed_csv_gives_one_table_per_value():
             ('mqa', 2, 0.90, 0.91),
         ]
     ]
-    text = tables.seeds_table(rows)
+    text = summary.seeds_table(rows)
     loss, acc = text.split('eval_recall_accuracy:')
     assert (
         loss.startswith('eval_loss:') and '| mha | mqa | +0.0833 [0.0116, 0.1550] p=0.0377' in loss
@@ -135,7 +135,7 @@ def test_ablation_table_keeps_each_targets_trained_arms():
         ]
         for k, v in enumerate(vs)
     ]
-    text = tables.ablation_table(rows)
+    text = ablation_doc_tables.ablation_table(rows)
     cla, mqa = text.split('\n\nMQA:\n\n')
     assert cla.startswith('CLA2:\n\n| arm | loss (mean ± std) |')
     assert '| mean, α = 0.1 | 1.1167 ± 0.1258 |' in cla
@@ -147,12 +147,13 @@ def test_ablation_table_keeps_each_targets_trained_arms():
     assert 'MHA' not in text  # and so is the source
     from lm.experiments.ablation import SOURCE
 
-    assert tables.ablation_table.__defaults__ == (SOURCE,)  # the ablation's label of its source
+    # the ablation's label of its source
+    assert ablation_doc_tables.ablation_table.__defaults__ == (SOURCE,)
     assert '| mean, α = 0.1 | 2.1000 ± 0.1000 |' in mqa
     # An ablation at α = 0 alone: its untrained conversions against the from-scratch baseline.
     untrained = [r for r in rows if r['alpha_or_steps'] in ('0.0', '100')]
     untrained += [{**r, 'alpha_or_steps': '100'} for r in rows if r['alpha_or_steps'] == '110']
-    text = tables.ablation_table(untrained)
+    text = ablation_doc_tables.ablation_table(untrained)
     assert text.startswith('CLA2:\n\n') and 'MQA' not in text
     assert '| mean, α = 0.0 | 3.1000 ± 0.1000 |' in text
     # differences 2.0, 1.9, 2.3: mean 2.0667, sd 0.2082, t(2) half-width 0.5171, p 0.00336
@@ -173,7 +174,7 @@ def test_targets_table_pairs_targets_within_each_shared_arm_in_one_holm_family()
         ]
         for k, v in enumerate(vs)
     ]
-    text = tables.targets_table(rows)
+    text = ablation_doc_tables.targets_table(rows)
     assert 'MHA' not in text and 'from scratch' not in text
     assert '| joint_svd, α = 0.0 | MLA-32 | 3.1000 ± 0.1000 |' in text
     assert '| rewarm-joint_svd, α = 0.05 | MLA-32-k4 | 2.0167 ± 0.1041 |' in text
@@ -213,7 +214,7 @@ def test_lr_grid_table_marks_the_rate_chosen_on_validation_and_reports_held_out_
         for (m, c, a, lr), (vs, hs) in grid.items()
         for k, (v, h) in enumerate(zip(vs, hs, strict=True))
     ]
-    lines = tables.lr_grid_table(rows).splitlines()
+    lines = ablation_doc_tables.lr_grid_table(rows).splitlines()
     assert lines[0] == (
         '| model | arm | validation, lr 0.0003 | validation, lr 0.001 | validation, lr 0.003 | '
         'chosen lr | held-out there |'

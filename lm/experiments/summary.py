@@ -135,3 +135,30 @@ def write_csv(path: str, rows: list[dict]) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['point'])
         writer.writeheader()
         writer.writerows(rows)
+
+
+def seeds_table(rows: list[dict]) -> str:
+    """Per arm its estimate over seeds; between arms the Holm-corrected paired differences. The
+    arm is the 'arm' column, else 'point' (a sweep's summary_seeds.csv); each further column but
+    'seed' is a value with its own table and Holm family."""
+    arm = 'arm' if 'arm' in rows[0] else 'point'
+    columns = [k for k in rows[0] if k not in (arm, 'seed')]
+    if len(columns) == 1:
+        return _value_table(rows, arm, columns[0])
+    return '\n\n'.join(f'{c}:\n\n{_value_table(rows, arm, c)}' for c in columns)
+
+
+def _value_table(rows: list[dict], arm: str, value: str) -> str:
+    """`seeds_table` of one value column."""
+    values: dict[str, dict[int, float]] = {}
+    for r in rows:
+        values.setdefault(r[arm], {})[int(r['seed'])] = float(r[value])
+    lines = [f'| arm | {value} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
+    lines += [f'| {arm} | {cell(v)} | {len(v)} |' for arm, v in values.items()]
+    pairs = all_pairs(values)
+    lines += ['', family_note(len(pairs)), '']
+    lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
+    for p in pairs:
+        d = stats.paired_difference(values[p['a']], values[p['b']])
+        lines.append(f'| {p["a"]} | {p["b"]} | {diff_cell(d, p["p_holm"])} | {p["ordering"]} |')
+    return '\n'.join(lines)

@@ -11,10 +11,11 @@ of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
   A sweep's summary_seeds.csv (point, seed, then its values) gives one such table per value.
 - 'intervals': comparisons kept only as reported summaries (columns family, a, b, diff, ci_lo,
   ci_hi, seeds): each p recovered from its t-interval, Holm-corrected within its family.
-- 'ablation': an uptraining ablation's seeds.csv (columns model, conversion, alpha_or_steps,
-  seed, value): per target model a 'seeds' table of its uptrained arms (α > 0) and its
-  from-scratch baselines, each model Holm-corrected on its own; the source's rows and the
-  untrained conversions (α = 0) are left out.
+- 'ablation' (this kind, 'targets' and 'lr_grid' are in lm.experiments.ablation_doc_tables):
+  an uptraining ablation's seeds.csv (columns model, conversion, alpha_or_steps, seed, value):
+  per target model a 'seeds' table of its uptrained arms (α > 0) and its from-scratch
+  baselines, each model Holm-corrected on its own; the source's rows and the untrained
+  conversions (α = 0) are left out.
 - 'targets': the same seeds.csv with several targets converted the same ways (MLA-32 and
   MLA-32-k4): per arm they share (α = 0 included), each target's estimate, and the paired
   differences between targets, Holm-corrected over every arm's comparisons together.
@@ -45,7 +46,7 @@ import os
 import re
 from collections.abc import Callable
 
-from lm.experiments import lr_grid, stats, summary
+from lm.experiments import ablation_doc_tables, lr_grid, stats, summary
 from lm.experiments.runner import arm_and_seed
 
 MARKER = re.compile(r'(<!-- table: (\w+) ([\w.-]+) -->\n)(.*?)(<!-- /table -->)', re.S)
@@ -54,35 +55,6 @@ MARKER = re.compile(r'(<!-- table: (\w+) ([\w.-]+) -->\n)(.*?)(<!-- /table -->)'
 def read_csv(path: str) -> list[dict]:
     with open(path, newline='') as f:
         return list(csv.DictReader(f))
-
-
-def seeds_table(rows: list[dict]) -> str:
-    """Per arm its estimate over seeds; between arms the Holm-corrected paired differences. The
-    arm is the 'arm' column, else 'point' (a sweep's summary_seeds.csv); each further column but
-    'seed' is a value with its own table and Holm family."""
-    arm = 'arm' if 'arm' in rows[0] else 'point'
-    columns = [k for k in rows[0] if k not in (arm, 'seed')]
-    if len(columns) == 1:
-        return _value_table(rows, arm, columns[0])
-    return '\n\n'.join(f'{c}:\n\n{_value_table(rows, arm, c)}' for c in columns)
-
-
-def _value_table(rows: list[dict], arm: str, value: str) -> str:
-    """`seeds_table` of one value column."""
-    values: dict[str, dict[int, float]] = {}
-    for r in rows:
-        values.setdefault(r[arm], {})[int(r['seed'])] = float(r[value])
-    lines = [f'| arm | {value} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
-    lines += [f'| {arm} | {summary.cell(v)} | {len(v)} |' for arm, v in values.items()]
-    pairs = summary.all_pairs(values)
-    lines += ['', summary.family_note(len(pairs)), '']
-    lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
-    for p in pairs:
-        d = stats.paired_difference(values[p['a']], values[p['b']])
-        lines.append(
-            f'| {p["a"]} | {p["b"]} | {summary.diff_cell(d, p["p_holm"])} | {p["ordering"]} |'
-        )
-    return '\n'.join(lines)
 
 
 # Recall accuracy at which a run counts as having left the no-recall plateau (MQAR: the
@@ -147,60 +119,6 @@ def intervals_table(rows: list[dict]) -> str:
                 f'{d.interval()} | {raw:.3g} | {adj:.3g} | {verdict}'
                 f'{" ✓" if summary.holm_resolved(adj) else ""} |'
             )
-    return '\n'.join(lines)
-
-
-def _ablation_arm(conversion: str, at: str) -> str:
-    """An uptraining ablation's arm as its tables name it (at: α, or a baseline's steps)."""
-    return f'from scratch, {at} steps' if conversion == 'scratch' else f'{conversion}, α = {at}'
-
-
-def ablation_table(rows: list[dict], source: str = 'MHA') -> str:
-    """Per target model its trained arms' estimates and Holm-corrected paired differences;
-    a target's untrained conversions (α = 0) are left out unless it has no trained one (an
-    ablation at α = 0 alone, compared with its from-scratch baselines). `source`: the
-    ablation's label of its MHA source (lm.experiments.ablation.SOURCE, not imported: this
-    module reads CSVs without the training stack)."""
-    value = list(rows[0])[-1]
-
-    def untrained(r: dict) -> bool:
-        return r['conversion'] != 'scratch' and float(r['alpha_or_steps']) == 0
-
-    trained = {r['model'] for r in rows if r['conversion'] != 'scratch' and not untrained(r)}
-    models: dict[str, list[dict]] = {}
-    for r in rows:
-        conversion, at = r['conversion'], r['alpha_or_steps']
-        if r['model'] == source or (untrained(r) and r['model'] in trained):
-            continue
-        arm = _ablation_arm(conversion, at)
-        models.setdefault(r['model'], []).append({'arm': arm, 'seed': r['seed'], value: r[value]})
-    return '\n\n'.join(f'{model}:\n\n{seeds_table(arms)}' for model, arms in models.items())
-
-
-def targets_table(rows: list[dict], source: str = 'MHA') -> str:
-    """Targets side by side in each arm they share; one Holm family over all arms."""
-    value = list(rows[0])[-1]
-    by_arm: dict[str, dict[str, dict[int, float]]] = {}
-    for r in rows:
-        if r['model'] != source:
-            arm = _ablation_arm(r['conversion'], r['alpha_or_steps'])
-            by_arm.setdefault(arm, {}).setdefault(r['model'], {})[int(r['seed'])] = float(r[value])
-    shared = {arm: targets for arm, targets in by_arm.items() if len(targets) > 1}
-    pairs = [
-        (arm, a, b) for arm, t in shared.items() for i, a in enumerate(t) for b in list(t)[i + 1 :]
-    ]
-    lines = [f'| arm | target | {value} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|---|']
-    lines += [
-        f'| {arm} | {target} | {summary.cell(v)} | {len(v)} |'
-        for arm, targets in shared.items()
-        for target, v in targets.items()
-    ]
-    lines += ['', summary.family_note(len(pairs)), '']
-    lines += ['| arm | a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|---|']
-    results = summary.family([(shared[arm][a], shared[arm][b]) for arm, a, b in pairs])
-    for (arm, a, b), (d, _, p_holm) in zip(pairs, results, strict=True):
-        order = stats.ordering(a, b, d, summary.holm_resolved(p_holm))
-        lines.append(f'| {arm} | {a} | {b} | {summary.diff_cell(d, p_holm)} | {order} |')
     return '\n'.join(lines)
 
 
@@ -305,35 +223,6 @@ def steps_to_table(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
-def lr_grid_table(rows: list[dict]) -> str:
-    """An experiment's learning-rate grid (columns model, conversion, alpha_or_steps, lr, seed,
-    validation_loss, heldout_loss): per arm its mean ± std validation loss at each rate, the
-    rate `lr_grid.choose` picks (bold; 'edge' where it is the grid's smallest or largest) and
-    the arm's held-out loss there."""
-    arms: dict[tuple, dict[float, dict[int, tuple[float, float]]]] = {}
-    for r in rows:
-        arm = (r['model'], r['conversion'], r['alpha_or_steps'])
-        by_seed = arms.setdefault(arm, {}).setdefault(float(r['lr']), {})
-        by_seed[int(r['seed'])] = (float(r['validation_loss']), float(r['heldout_loss']))
-    lrs = sorted({lr for grid in arms.values() for lr in grid})
-    lines = [
-        f'| model | arm | {" | ".join(f"validation, lr {lr:g}" for lr in lrs)} | chosen lr | '
-        'held-out there |',
-        '|---|---|' + '---|' * (len(lrs) + 2),
-    ]
-    for (model, conversion, at), grid in arms.items():
-        chosen = lr_grid.choose({lr: {s: v for s, (v, _) in g.items()} for lr, g in grid.items()})
-        cells = []
-        for lr in lrs:
-            text = summary.spread({s: v for s, (v, _) in grid[lr].items()}) if lr in grid else ''
-            cells.append(f'**{text}**' if lr == chosen else text)
-        edge = ' (edge)' if chosen in (min(grid), max(grid)) and len(grid) > 2 else ''
-        arm = _ablation_arm(conversion, at)
-        held = summary.spread({s: h for s, (_, h) in grid[chosen].items()})
-        lines.append(f'| {model} | {arm} | {" | ".join(cells)} | {chosen:g}{edge} | {held} |')
-    return '\n'.join(lines)
-
-
 def lr_screen_table(rows: list[dict]) -> str:
     """A recall task's learning-rate screen: per arm and rate the mean accuracy and answer loss
     over the seeds, and the rate `lr_grid.choose_by_accuracy` picks (bold)."""
@@ -359,15 +248,15 @@ def lr_screen_table(rows: list[dict]) -> str:
 
 
 KINDS: dict[str, Callable[[list[dict]], str]] = {
-    'seeds': seeds_table,
+    'seeds': summary.seeds_table,
     'intervals': intervals_table,
-    'ablation': ablation_table,
-    'targets': targets_table,
+    'ablation': ablation_doc_tables.ablation_table,
+    'targets': ablation_doc_tables.targets_table,
     'curve': curve_table,
     'last_step': last_step_table,
     'seed_curve': seed_curve_table,
     'learned': learned_table,
-    'lr_grid': lr_grid_table,
+    'lr_grid': ablation_doc_tables.lr_grid_table,
     'lr_screen': lr_screen_table,
     'steps_to': steps_to_table,
 }
