@@ -92,9 +92,14 @@ def test_mla_arms_per_rope_key_count_convert_and_train_from_scratch_with_it():
         assert make(0, 10).model.mla.rope_heads == r
     layers = base_config(ab, 0, 1).model.num_layers
     assert kv_bytes(ab)['MLA-16-k4'] - kv_bytes(ab)['MLA-16'] == layers * 3 * 8 * 2  # bfloat16
-    with pytest.raises(ValueError, match=r'^config.model.mla.rope_heads=3 must be >= 1 and divide'):
+    flags = '--mla_ranks/--mla_rope_heads/--mla_rope_dim'
+    with pytest.raises(
+        ValueError, match=rf'^{flags}: arm MLA-\d+-k3: config.model.mla.rope_heads=3 must'
+    ):
         plan(ablation(mla_rope_heads=(3,)), 'out')  # before any run
-    with pytest.raises(ValueError, match=r'^config.model.mla.kv_lora_rank=512 is larger than'):
+    with pytest.raises(
+        ValueError, match=rf'^{flags}: arm MLA-512: config.model.mla.kv_lora_rank=512 is'
+    ):
         plan(ablation(mla_ranks=(512,)), 'out')
     with pytest.raises(ValueError, match=r'^--mla_rope_heads: expected one or more'):
         ablation(mla_rope_heads=())

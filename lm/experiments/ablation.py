@@ -311,6 +311,13 @@ def _lane(ab: Ablation, out_dir: str, seed: int, by_label: dict) -> list[Spec]:
     return specs
 
 
+def _arm_flags(label: str) -> str:
+    """The flags that make the target `label` (latent_label, cla_label or a pooled target)."""
+    if label.startswith('MLA-'):
+        return '--mla_ranks/--mla_rope_heads/--mla_rope_dim'
+    return '--cla' if 'CLA' in label else '--targets'
+
+
 def plan(ab: Ablation, out_dir: str) -> list[Spec]:
     """The ablation's runs, a lane per seed ('seed<k>'): the source first, then per target its
     conversion arms (each needing the source) and its from-scratch baselines. Arms (keys of
@@ -319,10 +326,13 @@ def plan(ab: Ablation, out_dir: str) -> list[Spec]:
     model and conversion is checked first: a bad one fails before any training."""
     by_label = arms(ab)
     source = check_model_config(base_config(ab, 0, 1).model)
-    for make, methods in by_label.values():
-        check_model_config(make(0, ab.steps).model)
-        for options in methods.values():
-            check_conversion(source, options)
+    for label, (make, methods) in by_label.items():
+        try:
+            check_model_config(make(0, ab.steps).model)
+            for options in methods.values():
+                check_conversion(source, options)
+        except ValueError as e:
+            raise ValueError(f'{_arm_flags(label)}: arm {label}: {e}') from None
     specs = [s for seed in range(ab.seeds) for s in _lane(ab, out_dir, seed, by_label)]
     # An unfinished run starts clean: a conversion writes into an empty workdir.
     return [dataclasses.replace(s, resume=False) for s in specs]
