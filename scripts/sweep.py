@@ -89,9 +89,10 @@ def run() -> int:
     if _PARALLEL.value < 1 or _SEEDS.value < 1:
         raise ValueError('--parallel and --seeds must be >= 1')
     sweep_dir = _SWEEP_DIR.value
-    check_writable_dir(sweep_dir, '--sweep_dir')
-    if _TB_DIR.value:
-        check_writable_dir(_TB_DIR.value, '--tb_dir')
+    if not _STATUS.value:  # --status only reads: a read-only copy of a sweep is fine
+        check_writable_dir(sweep_dir, '--sweep_dir')
+        if _TB_DIR.value:
+            check_writable_dir(_TB_DIR.value, '--tb_dir')
     check_config_keys(_CONFIG.value)
     module = load_sweep_file(config_flags.get_config_filename(flags.FLAGS['config']))
     match = fairness(module, _MATCH.value)

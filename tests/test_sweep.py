@@ -101,6 +101,11 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
     assert status[-1] == (
         f'4 runs in {tmp_path / "sw"}: 4 finished, 0 with other settings, 0 started, 0 not started'
     )
+    unwritable = '/proc/lm_sweep'  # --status writes nothing: a directory it cannot write is fine
+    status = sweep(f'--config={cfg}', f'--sweep_dir={unwritable}', '--match=params', '--status')
+    assert status.returncode == 0 and status.stdout.strip().splitlines()[-1] == (
+        f'4 runs in {unwritable}: 0 finished, 0 with other settings, 0 started, 4 not started'
+    ), status.stderr[-2000:]
     other = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}')  # width by default
     assert other.returncode == 1 and other.stderr.strip().splitlines()[-1] == (
         f'error: --match=width: {tmp_path / "sw"} holds a --match=params sweep; use another '
