@@ -28,7 +28,6 @@ def test_main_doc_chain_runs_scaled_down(tmp_path):
     run_chain('main', tmp_path)
     for path in (
         'runs/heads_analysis/heads.csv',
-        'runs/heads_s1/heads.csv',
         'out/llama2_gqa8/config.json',
         'runs/heads/summary.md',
         'runs/kinds/summary.md',

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 import reference
-from conftest import ROOT, tiered, tiny_config
+from conftest import ROOT, XLA_CACHE, tiered, tiny_config
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
@@ -630,7 +630,7 @@ def test_commands_end_to_end(tmp_path):
         '--config.train.warmup_steps=1',
         '--config.eval_tokens=128',
         '--config.async_checkpointing=False',
-        '--config.compilation_cache_dir=',
+        f'--config.compilation_cache_dir={XLA_CACHE}',
     ]
     stdout = run(
         'scripts/convert_hf.py', 'import', f'--hf_dir={src}', f'--workdir={w}', *config_args
