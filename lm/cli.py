@@ -306,7 +306,17 @@ _HELP = {'--help', '-help', '-?', '--helpshort', '--helpfull', '--helpxml'}
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flag parsing (pass as `app.run(main, flags_parser=parse_flags)`) where a bad flag,
-    config file or `--config.*` override is one line on stderr, not a traceback."""
+    config file or `--config.*` override is one line on stderr, not a traceback; an exit here
+    (an error, or --help) skips the final collection as `run_reporting_errors` does."""
+    try:
+        return _parse_flags(argv)
+    except SystemExit:
+        gc.freeze()
+        raise
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """`parse_flags`' work: the config files and overrides checked, then absl's parse."""
     try:
         for name in list(flags.FLAGS):
             if isinstance(flags.FLAGS[name].parser, ConfigFileFlagParser):
