@@ -379,6 +379,12 @@ PLAN = {
     '--sweep_dir=runs/recall_h8_s5-9': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/recall_mla.py --sweep_dir=runs/recall_mla '
     '--seeds=5 --config.mesh.cpu_devices=1 --parallel=2': Flags(),
+    '{ head -1 runs/recall_mla/summary_seeds.csv; grep "^mla," docs/results/recall_seeds_10.csv; '
+    'tail -n +2 runs/recall_mla/summary_seeds.csv; } > docs/results/recall_mla_seeds.csv': Skip(
+        'joins the MLA screen, only flag-checked, to the committed seeds'
+    ),
+    'python scripts/curve_csv.py --out=docs/results/recall_mla_curves.csv '
+    '--sweep_dir=runs/recall_mla': Flags(),
     'for s in 0 1 2 3 4; do python train.py --config=configs/recall/mqar.py:mha '
     '--workdir=runs/mqar_b64/mha_s$s --config.seed=$s --config.mesh.cpu_devices=1 '
     '--config.train.batch_size=64 --config.train.steps=3000 --config.checkpoint_every=3000; '
