@@ -345,9 +345,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def run_reporting_errors(main: Callable[[], int | None]) -> None:
     """Runs `main`; a user error becomes one line on stderr and exit status 1. The process then
     exits without the interpreter's final garbage collection (`gc.freeze`): with JAX and Flax
-    loaded it walks every object for about a second, to free memory the exit frees anyway
-    (objects still alive at exit are not promised finalisation; files are closed by their
-    `with` blocks and writers by their owners before this)."""
+    loaded it walks every object, for 0.4 s to a second of each process, to free memory the
+    exit frees anyway. Cycles left unreachable then are not finalised (Python does not promise
+    it at exit); files are closed by their `with` blocks and writers by their owners before."""
     logging.get_absl_handler().addFilter(_QuietLibraries())
     try:
         _run_and_exit(main)

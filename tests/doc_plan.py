@@ -85,6 +85,8 @@ MADE = (
     'recall_seeds_3000.csv',
     'recall_lr_mha.csv',
     'recall_lr_mla.csv',
+    'recall_seeds_10.csv',
+    'recall_s5-9_curves.csv',
     'recall_sweep_curves.csv',
     'passkey_calibration.csv',
     'passkey_seeds.csv',
@@ -183,7 +185,7 @@ PLAN = {
     'python scripts/profile_train.py': BENCH,
     'python scripts/bench_torch_baseline.py': BENCH,
     'python scripts/bench_xla_options.py': BENCH,
-    # docs/analysis.md: one seed of the loop, at 40 + 2 steps
+    # docs/analysis.md: seed 0, at 40 + 2 steps (the loop over seeds 1-4 is only flag-checked)
     'python train.py --config=configs/shakespeare_char.py --workdir=runs/analysis_mha '
     '--config.data.path=data/tinyshakespeare.txt': Run(),
     'python scripts/uptrain.py --src=runs/analysis_mha --dst=runs/analysis_gqa2 '
@@ -357,12 +359,13 @@ PLAN = {
     'sed "s/^$arm,/${arm}_lr3e-3,/"; } | sort -s -t, -k1,1; } > docs/results/recall_lr_$arm.csv; '
     'done': Run(),
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_s5-9 '
-    '--seeds=5 --grid seed=5 --config.mesh.cpu_devices=1 --parallel=2': Flags(),  # seed grids:
-    # tests/test_integrity.py
+    '--seeds=5 --grid seed=5 --config.mesh.cpu_devices=1 --parallel=2': Run(
+        subs=(('--seeds=5', '--seeds=1 --points=mha'),), extra=MQAR
+    ),
     '{ cat docs/results/recall_seeds.csv; tail -n +2 runs/recall_s5-9/summary_seeds.csv; } > '
-    'docs/results/recall_seeds_10.csv': Skip('joins the seeds 5-9 sweep, only flag-checked'),
+    'docs/results/recall_seeds_10.csv': Run(),
     'python scripts/curve_csv.py --out=docs/results/recall_s5-9_curves.csv '
-    '--sweep_dir=runs/recall_s5-9': Flags(),
+    '--sweep_dir=runs/recall_s5-9': Run(),
     'python scripts/sweep.py --config=configs/sweeps/recall_h8.py --sweep_dir=runs/recall_h8 '
     '--seeds=5 --config.mesh.cpu_devices=1 --parallel=2': Flags(),
     'cp runs/recall_h8/summary_seeds.csv docs/results/recall_h8_seeds.csv': Skip(

@@ -101,6 +101,10 @@ def test_mla_arms_per_rope_key_count_convert_and_train_from_scratch_with_it():
         ValueError, match=rf'^{flags}: arm MLA-512: config.model.mla.kv_lora_rank=512 is'
     ):
         plan(ablation(mla_ranks=(512,)), 'out')
+    with pytest.raises(ValueError, match=r'^--targets: arm GQA-3: config.model.num_heads=4 must'):
+        plan(ablation(targets=(3,)), 'out')
+    with pytest.raises(ValueError, match=r'^--cla: arm gqa3_cla2: config.model.num_heads=4 must'):
+        plan(ablation(targets=(), cla=('gqa3_cla2',)), 'out')
     with pytest.raises(ValueError, match=r'^--mla_rope_heads: expected one or more'):
         ablation(mla_rope_heads=())
     with pytest.raises(ValueError, match=r'^--mla_rope_heads: a count is repeated'):

@@ -8,6 +8,13 @@ from conftest import ROOT, tiny_config
 from lm.cli import bootstrap, parse_flags, run_reporting_errors
 
 
+@pytest.fixture(autouse=True)
+def collect_as_usual():
+    """run_reporting_errors and parse_flags freeze the heap on exit; the worker goes on."""
+    yield
+    gc.unfreeze()
+
+
 def test_user_errors_are_one_line_with_exit_status_1(capsys):
     def main():
         raise ValueError('config.train.steps must be >= 0, got -1')
@@ -24,18 +31,15 @@ def test_user_errors_are_one_line_with_exit_status_1(capsys):
 def test_entry_points_exit_without_the_final_collection(capsys):
     """Every exit of an entry point (its run's, or flag parsing's) freezes the objects alive, so
     the interpreter's last collection (about a second with JAX and Flax loaded) skips them."""
-    for exit_now in (
-        lambda: run_reporting_errors(lambda: 0),
-        lambda: run_reporting_errors(lambda: [][0]),  # a crash, not a user error
-        lambda: parse_flags(['prog', '--no_such_flag']),
+    for exit_now, raises in (
+        (lambda: run_reporting_errors(lambda: 0), SystemExit),
+        (lambda: run_reporting_errors(lambda: [][0]), IndexError),  # a crash, not a user error
+        (lambda: parse_flags(['prog', '--no_such_flag']), SystemExit),
     ):
         gc.unfreeze()
-        try:
-            with pytest.raises((SystemExit, IndexError)):
-                exit_now()
-            assert gc.get_freeze_count() > 0
-        finally:
-            gc.unfreeze()  # the pytest worker collects as usual
+        with pytest.raises(raises):
+            exit_now()
+        assert gc.get_freeze_count() > 0
     assert 'no_such_flag' in capsys.readouterr().err
 
 

@@ -149,7 +149,10 @@ def parse_cla(ab: Ablation, spec: str) -> tuple[int, int]:
     source = check_model_config(base_config(ab, 0, 1).model).num_kv_heads
     target = base_config(ab, 0, 1)
     target.model.update(settings)
-    g = check_model_config(target.model).num_kv_heads
+    try:
+        g = check_model_config(target.model).num_kv_heads
+    except ValueError as e:
+        raise ValueError(f'--cla: arm {spec}: {e}') from None
     return (0 if g == source else g), n
 
 
