@@ -98,6 +98,7 @@ def test_selections_exact_cases():
     ]
 
 
+@pytest.mark.slow
 def test_script_measures_every_layer_and_writes_one_row_per_selection_and_seed(tmp_path):
     text = tmp_path / 'small.txt'
     text.write_text(stdlib_text(30_000), encoding='utf-8')

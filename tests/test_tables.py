@@ -227,6 +227,7 @@ def test_lr_grid_table_marks_the_rate_chosen_on_validation_and_reports_held_out_
     assert scratch.endswith('| **1.6000 ± 0.1414** | 0.003 (edge) | 1.7000 ± 0.1414 |')
 
 
+@pytest.mark.slow
 def test_lr_screen_table_bolds_the_rate_chosen_by_accuracy_and_stacks_per_seed_csvs(tmp_path):
     per_rate = {  # lr: the per-seed CSV of that rate's sweep: point, seed, loss, accuracy
         '3e-3': [('mha', 0, 0.1, 0.96), ('mha', 1, 0.2, 0.94), ('mha', 2, 0.3, 0.5)],
