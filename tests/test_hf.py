@@ -103,9 +103,8 @@ def test_llama3_frequencies_match_reference():
     np.testing.assert_allclose(rope_inv_freq(half, 500_000.0, cfg), want, rtol=2e-6)
 
 
-@pytest.mark.parametrize(
-    'name', tiered(NAMES, fast=[n for n in NAMES if not n.endswith('_halves')])
-)
+# The fast tier: one grouped Llama (MHA and MQA are its g = H and g = 1) and one DeepSeek MLA
+@pytest.mark.parametrize('name', tiered(NAMES, fast=['llama_gqa', 'deepseek_qlora']))
 def test_import_matches_transformers(tmp_path, name):
     """Logits and KV-cache greedy decoding of the imported model equal transformers'."""
     d = FIXTURES / name
