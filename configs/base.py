@@ -39,7 +39,8 @@ def get_config() -> ml_collections.ConfigDict:
     model.tie_embeddings = True  # Output head shares the token embedding matrix.
     model.init_std = 0.02  # Std of the token embedding init (projections use 1/sqrt(fan_in)).
     model.param_dtype = 'float32'  # Dtype parameters are stored (and optimised) in.
-    model.dtype = 'float32'  # Compute dtype: 'float32' or 'bfloat16'; logits are float32.
+    model.dtype = 'float32'  # Compute dtype: 'float32' or 'bfloat16'; the loss is float32.
+    model.logits_dtype = 'float32'  # Head output: 'float32' | 'compute' (model.dtype, autocast).
     model.sliding_window = 0  # Window W of local layers (W keys, the query's own included); 0=off.
     model.layer_pattern = ''  # 'L' local / 'G' global per layer, repeated ('LG'); '' = all local.
     # MLA's own section (DeepSeek-V2 §2.1), read only when attention = 'mla':

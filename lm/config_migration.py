@@ -62,6 +62,7 @@ ADDED_KEYS = {
     'uptrain.kv_budget': 0,
     'model.kv_quant_group': 32,
     'model.mla.rope_heads': 1,
+    'model.logits_dtype': 'float32',
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

@@ -11,13 +11,16 @@
 #                                             # and its profile
 #   bash scripts/bench_gpu.sh cublas OUT_DIR  # Triton GEMMs off as a per-compile option, A/B in
 #                                             # one process; the profile with them off (env flag)
+#   bash scripts/bench_gpu.sh logits OUT_DIR  # the 125M step with bfloat16 logits against float32,
+#                                             # A/B in one process, with XLA's Triton GEMMs and
+#                                             # without (env flag); then Triton off per compile
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
 # H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/performance.md.
 set -u
-part=${1:?usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas OUT_DIR}
-out=${2:?usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas OUT_DIR}
+part=${1:?usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits OUT_DIR}
+out=${2:?usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/NAME.log
@@ -97,8 +100,18 @@ cublas)
     python3 scripts/profile_train.py --config=configs/gpt125m.py --variant=mha --steps=5 \
     --top=25 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile_no_triton
   ;;
+logits)
+  step env 30 bash -c 'date -u; nvidia-smi -L; python3 -c "import jax; print(jax.__version__)"'
+  ab=(python3 scripts/bench_xla_options.py --config=configs/gpt125m.py
+    --set=model.attention_impl=cudnn --rounds=4)
+  step ab_logits 200 "${ab[@]}" --option= --config_arm=logits16:model.logits_dtype=compute
+  XLA_FLAGS=--xla_gpu_enable_triton_gemm=false step ab_logits_no_triton 200 "${ab[@]}" \
+    --option= --config_arm=logits16:model.logits_dtype=compute
+  step ab_option_no_triton 150 "${ab[@]}" --rounds=3 \
+    --option=no_triton:xla_gpu_enable_triton_gemm=false
+  ;;
 *)
-  echo "unknown part $part (train|rest|decode|flash|batch64|cublas)" >&2
+  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits)" >&2
   exit 2
   ;;
 esac

@@ -102,36 +102,68 @@ def test_fused_dense_equals_separate_projections():
         np.testing.assert_allclose(fused, layer(x), atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
-def test_tied_logits_and_their_gradients_match_a_float64_reference(dtype):
-    """tied_logits: float32 logits x · tableᵀ; its hand-written backward gives autodiff's
+@pytest.mark.parametrize(
+    'dtype,out_dtype', [('float32', 'float32'), ('bfloat16', 'float32'), ('bfloat16', 'bfloat16')]
+)
+def test_head_logits_and_their_gradients_match_a_float64_reference(dtype, out_dtype):
+    """head_logits: logits x · tableᵀ in `out_dtype`; its hand-written backward gives autodiff's
     gradients (float64 numpy reference of the same bf16-rounded inputs; tolerance 1e-5
-    relative in float32, 2e-2 in bfloat16, whose backward rounds the cotangent to bf16)."""
-    from lm.model.layers import tied_logits
+    relative in float32, 2e-2 in bfloat16, whose backward rounds the cotangent to bf16, and
+    bfloat16 logits within their own rounding, 2^-8 relative)."""
+    from lm.model.layers import head_logits
 
     kx, kw, kg = jax.random.split(jax.random.key(3), 3)
     x = jax.random.normal(kx, (2, 5, 16)).astype(dtype)
     w = jax.random.normal(kw, (40, 16)).astype(dtype)
-    g = jax.random.normal(kg, (2, 5, 40))
-    logits, vjp = jax.vjp(tied_logits, x, w)
+    g = jax.random.normal(kg, (2, 5, 40)).astype(out_dtype)
+    logits, vjp = jax.vjp(lambda x, w: head_logits(x, w, jnp.dtype(out_dtype)), x, w)
     gx, gw = vjp(g)
-    assert logits.dtype == jnp.float32 and gx.dtype == x.dtype and gw.dtype == w.dtype
+    assert logits.dtype == out_dtype and gx.dtype == x.dtype and gw.dtype == w.dtype
     x64, w64, g64 = (np.asarray(a, np.float64) for a in (x, w, g))
     tol = 1e-5 if dtype == 'float32' else 2e-2
-    np.testing.assert_allclose(logits, x64 @ w64.T, rtol=1e-5, atol=1e-5)
+    want = x64 @ w64.T
+    rel = 1e-5 if out_dtype == 'float32' else 2**-8
+    np.testing.assert_allclose(np.asarray(logits, np.float64), want, rtol=rel, atol=1e-5)
     for got, want in ((gx, g64 @ w64), (gw, np.einsum('btv,bte->ve', g64, x64))):
         scale = np.abs(want).max()
         np.testing.assert_allclose(np.asarray(got, np.float64) / scale, want / scale, atol=tol)
 
 
+@pytest.mark.parametrize('tie', [True, False])
+def test_logits_dtype_sets_the_heads_output_for_tied_and_untied_heads(tie):
+    """config.model.logits_dtype: 'float32' keeps the head's product in float32 (tied or not);
+    'compute' rounds it to the bfloat16 compute dtype, within 2^-8 relative of the float32 one;
+    the model returns float32 either way. A bad value is refused naming the key."""
+    outs = {}
+    for logits_dtype in ('float32', 'compute'):
+        cfg = model_config(
+            tiny_config(
+                attention='mha', dtype='bfloat16', tie_embeddings=tie, logits_dtype=logits_dtype
+            ).model
+        )
+        model = build_model(cfg, seed=0)
+        tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, cfg.vocab_size)
+        jaxpr = jax.make_jaxpr(model.__call__)(tokens)
+        heads = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == 'custom_vjp_call']
+        assert heads[-1].outvars[0].aval.dtype == (
+            jnp.float32 if logits_dtype == 'float32' else jnp.bfloat16
+        )
+        outs[logits_dtype] = np.asarray(model(tokens), np.float64)
+        assert model(tokens).dtype == jnp.float32
+    np.testing.assert_allclose(outs['compute'], outs['float32'], rtol=2**-8, atol=1e-6)
+    assert not np.array_equal(outs['compute'], outs['float32'])
+    with pytest.raises(ValueError, match=r'^config.model.logits_dtype must be one of'):
+        model_config(tiny_config(attention='mha', logits_dtype='bfloat16').model)
+
+
 def test_tied_head_backward_multiplies_in_the_compute_dtype():
     """In a bfloat16 model the tied head's backward matmuls take bfloat16 operands (float32
     ones run as TF32 on a GPU at half the rate); its forward keeps float32 logits."""
-    from lm.model.layers import tied_logits
+    from lm.model.layers import head_logits
 
     x = jnp.ones((2, 3, 8), jnp.bfloat16)
     w = jnp.ones((12, 8), jnp.bfloat16)
-    jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: tied_logits(x, w).sum(), argnums=(0, 1)))(x, w)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: head_logits(x, w).sum(), argnums=(0, 1)))(x, w)
     dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == 'dot_general']
     assert len(dots) >= 2
     for e in dots:

@@ -198,16 +198,18 @@ def test_bench_xla_options_smoke(text_file):
         'bench_xla_options.py',
         f'--data_path={text_file}',
         '--option=eigen1:xla_cpu_multi_thread_eigen=false',
+        '--config_arm=logits16:model.logits_dtype=compute',
         '--rounds=1',
         '--calls=1',
+        '--set=model.dtype=bfloat16',
         '--set=train.batch_size=4',
         '--set=data.seq_len=16',
         '--set=train.steps_per_call=2',
     )
     assert '2 steps per call' in stdout
     rows = [ln for ln in stdout.splitlines() if ln.startswith('| ') and 'ms' not in ln]
-    assert [r.split(' | ')[0] for r in rows] == ['| base', '| eigen1']
-    assert rows[0].endswith('| 1.00x |')
+    assert [r.split(' | ')[0] for r in rows] == ['| base', '| eigen1', '| logits16']
+    assert rows[0].endswith('| 1.00x | - |')  # no stated peak on a CPU: no MFU
 
 
 def test_profile_train_lists_a_steps_ops_by_category(tmp_path, text_file):
@@ -228,6 +230,13 @@ def test_bench_xla_options_rejects_a_malformed_option():
     out = run_entry('scripts/bench_xla_options.py', '--option=a:x', timeout=120)
     assert out.returncode == 1 and 'Traceback' not in out.stderr
     assert out.stderr.strip().splitlines()[-1] == "error: --option='a:x': 'x' is not key=value"
+
+
+def test_bench_xla_options_rejects_a_config_arm_with_an_unknown_key():
+    out = run_entry('scripts/bench_xla_options.py', '--config_arm=a:model.nope=1', timeout=120)
+    assert out.returncode == 1 and 'Traceback' not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith('error: --config_arm') and 'model.nope' in last, last
 
 
 def test_bench_data_smoke(tmp_path, text_file):

@@ -13,6 +13,7 @@ import ml_collections
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 ATTENTION_IMPLS = ('einsum', 'dot_product', 'cudnn')
 ROPE_SCALINGS = ('', 'llama3')
+LOGITS_DTYPES = ('float32', 'compute')
 DECODE_KERNELS = ('xla', 'pallas', 'pallas_interpret')
 
 
@@ -52,6 +53,7 @@ class ModelConfig:
     rope_original_max_len: int
     norm_eps: float
     tie_embeddings: bool
+    logits_dtype: str
     init_std: float
     param_dtype: str
     dtype: str
@@ -107,6 +109,11 @@ class ModelConfig:
             raise ValueError(
                 f'config.model.attention_impl must be one of {ATTENTION_IMPLS}, '
                 f'got {self.attention_impl!r}'
+            )
+        if self.logits_dtype not in LOGITS_DTYPES:
+            raise ValueError(
+                f'config.model.logits_dtype must be one of {LOGITS_DTYPES}, '
+                f'got {self.logits_dtype!r}'
             )
         if self.decode_kernel not in DECODE_KERNELS:
             raise ValueError(

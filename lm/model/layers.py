@@ -7,8 +7,10 @@ mesh axes through the rules table in the config; nothing here knows about meshes
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,22 +30,24 @@ def _lead(x: jax.Array, ndim: int) -> jax.Array:
     return x.reshape((1,) * (ndim - x.ndim) + x.shape)
 
 
-@jax.custom_vjp
-def tied_logits(x_BTE: jax.Array, table_VE: jax.Array) -> jax.Array:
-    """Float32 logits x · tableᵀ [B, T, V] of same-dtype inputs.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def head_logits(x_BTE: jax.Array, table_VE: jax.Array, out_dtype: Any = jnp.float32) -> jax.Array:
+    """Logits x · tableᵀ [B, T, V] of same-dtype inputs, accumulated in float32 and returned in
+    `out_dtype` (float32, or the compute dtype as PyTorch autocast does: half the bytes that the
+    loss then reads, the largest tensor of a small model's step).
 
-    The backward multiplies in the inputs' dtype: left to autodiff, the float32 cotangent would
+    The backward multiplies in the inputs' dtype: left to autodiff, a float32 cotangent would
     promote both backward matmuls ([B·T, V] by [V, E]) to float32, TF32 on a GPU at half the
     bfloat16 rate (a fifth of a 125M model's bfloat16 train step on an H200)."""
-    # BTE,VE->BTV: each position's hidden state against every token's embedding
-    return jnp.einsum('BTE,VE->BTV', x_BTE, table_VE, preferred_element_type=jnp.float32)
+    # BTE,VE->BTV: each position's hidden state against every token's output row
+    return jnp.einsum('BTE,VE->BTV', x_BTE, table_VE, preferred_element_type=out_dtype)
 
 
-def _tied_logits_fwd(x_BTE, table_VE):
-    return tied_logits(x_BTE, table_VE), (x_BTE, table_VE)
+def _head_logits_fwd(x_BTE, table_VE, out_dtype):
+    return head_logits(x_BTE, table_VE, out_dtype), (x_BTE, table_VE)
 
 
-def _tied_logits_bwd(res, g_BTV):
+def _head_logits_bwd(out_dtype, res, g_BTV):
     x_BTE, table_VE = res
     g_BTV = g_BTV.astype(x_BTE.dtype)
     # BTV,VE->BTE: back to the hidden states; BTV,BTE->VE: back to the table
@@ -52,7 +56,7 @@ def _tied_logits_bwd(res, g_BTV):
     return g_x.astype(x_BTE.dtype), g_table.astype(table_VE.dtype)
 
 
-tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
+head_logits.defvjp(_head_logits_fwd, _head_logits_bwd)
 
 
 class Dense(nnx.Module):

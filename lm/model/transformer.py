@@ -27,7 +27,7 @@ from flax import nnx
 
 from lm.model import attention, layout
 from lm.model.config import DTYPES, ModelConfig
-from lm.model.layers import Dense, RMSNorm, SwiGLU, tied_logits
+from lm.model.layers import Dense, RMSNorm, SwiGLU, head_logits
 from lm.model.variant import KVCache
 
 Constrain = Callable[[jax.Array, tuple[str | None, ...]], jax.Array]
@@ -158,11 +158,13 @@ class Transformer(nnx.Module):
     def _logits(self, x_BTE: jax.Array) -> jax.Array:
         dtype = DTYPES[self.cfg.dtype]
         x_BTE = self.final_norm(x_BTE)
+        out_dtype = jnp.float32 if self.cfg.logits_dtype == 'float32' else dtype
         if self.lm_head is None:
-            logits = tied_logits(x_BTE, self.embed[...].astype(dtype))  # x · embedᵀ
+            table_VE = self.embed[...]  # tied: x · embedᵀ
         else:
-            logits = self.lm_head(x_BTE)
-        return logits.astype(jnp.float32)
+            table_VE = self.lm_head.kernel[...].T
+        logits = head_logits(x_BTE.astype(dtype), table_VE.astype(dtype), out_dtype)
+        return logits.astype(jnp.float32)  # the loss's softmax is float32 either way
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
