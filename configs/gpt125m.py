@@ -1,6 +1,8 @@
 """A GPT-2-small-sized model (12 layers, d_model 768, 12 heads, context 1024, bfloat16 compute)
 for GPU throughput / MFU measurements: `python scripts/bench_train.py --config=configs/gpt125m.py
---set=model.attention_impl=cudnn` (cuDNN flash attention; 1.8x XLA's on an H100).
+--set=model.attention_impl=cudnn` (cuDNN flash attention; 1.8x XLA's on an H100). Its logits are
+bfloat16 (as PyTorch autocast makes them) and its train step compiles with XLA's Triton GEMMs
+off (cuBLAS): 1.03x and 1.06x on an H200 (docs/performance.md); a CPU ignores the GPU option.
 The optional argument picks the attention variant, as in configs/shakespeare_char.py; the byte
 tokenizer's 258 ids sit in GPT-2's padded 50,304-row vocabulary so the FLOPs match GPT-2 small.
 """
@@ -20,12 +22,14 @@ def get_config(variant: str = 'mha'):
         head_dim=0,
         dtype='bfloat16',
         vocab_size=50304,
+        logits_dtype='compute',
     )
     config.model.mla.update(
         kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64
     )
     config.data.update(seq_len=1024)
     config.train.update(batch_size=16, steps=5000, warmup_steps=500, lr=6e-4, min_lr=6e-5, b2=0.95)
+    config.train.xla_options = 'xla_gpu_enable_triton_gemm=false'  # cuBLAS for every GEMM
     config.update(eval_every=500, log_every=50, checkpoint_every=1000)
     config.eval_batch_size = 0  # the training batch: 96 windows of 1024 would not fit
     return config

@@ -93,12 +93,17 @@ def parse_value(key: str, raw: str, like: Any, flag: str = 'config') -> Any:
 def parse_assignment(
     config: ml_collections.ConfigDict, item: str, flag: str = 'config'
 ) -> tuple[str, list[Any]]:
-    """'model.num_heads=4,8' -> ('model.num_heads', [4, 8]), typed like the config's values."""
+    """'model.num_heads=4,8' -> ('model.num_heads', [4, 8]), typed like the config's values;
+    'key=' sets a text setting to ''."""
     key, sep, values = item.partition('=')
     key = key.strip()
-    if not sep or not values.strip():
+    if not sep or not key:
         raise ValueError(f'{flag} {item!r}: expected key=value1,value2,...')
     like = get_key(config, key, flag)
+    if not values.strip():
+        if isinstance(like, str):
+            return key, ['']
+        raise ValueError(f'{flag} {item!r}: expected key=value1,value2,...')
     return key, [parse_value(key, v.strip(), like, flag) for v in values.split(',')]
 
 

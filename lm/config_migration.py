@@ -63,6 +63,7 @@ ADDED_KEYS = {
     'model.kv_quant_group': 32,
     'model.mla.rope_heads': 1,
     'model.logits_dtype': 'float32',
+    'train.xla_options': '',
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

@@ -11,9 +11,9 @@
 #                                             # and its profile
 #   bash scripts/bench_gpu.sh cublas OUT_DIR  # Triton GEMMs off as a per-compile option, A/B in
 #                                             # one process; the profile with them off (env flag)
-#   bash scripts/bench_gpu.sh logits OUT_DIR  # the 125M step with bfloat16 logits against float32,
-#                                             # A/B in one process, with XLA's Triton GEMMs and
-#                                             # without (env flag); then Triton off per compile
+#   bash scripts/bench_gpu.sh logits OUT_DIR  # the 125M step: Triton GEMMs off per compile, then
+#                                             # bfloat16 logits against float32 (Triton off), each
+#                                             # an A/B in one process
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
@@ -101,14 +101,15 @@ cublas)
     --top=25 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile_no_triton
   ;;
 logits)
+  # Both A/Bs' arms carry configs/gpt125m.py's settings as they were before 2026-11-28 (float32
+  # logits, Triton GEMMs on), then change one: Triton off per compile; bfloat16 logits with
+  # Triton off for the whole process (env flag)
   step env 30 bash -c 'date -u; nvidia-smi -L; python3 -c "import jax; print(jax.__version__)"'
-  ab=(python3 scripts/bench_xla_options.py --config=configs/gpt125m.py
-    --set=model.attention_impl=cudnn --rounds=4)
-  step ab_logits 200 "${ab[@]}" --option= --config_arm=logits16:model.logits_dtype=compute
-  XLA_FLAGS=--xla_gpu_enable_triton_gemm=false step ab_logits_no_triton 200 "${ab[@]}" \
+  ab=(python3 scripts/bench_xla_options.py --config=configs/gpt125m.py --rounds=3
+    --set=model.attention_impl=cudnn --set=model.logits_dtype=float32 --set=train.xla_options=)
+  step ab_option_no_triton 150 "${ab[@]}" --option=no_triton:xla_gpu_enable_triton_gemm=false
+  XLA_FLAGS=--xla_gpu_enable_triton_gemm=false step ab_logits_no_triton 280 "${ab[@]}" \
     --option= --config_arm=logits16:model.logits_dtype=compute
-  step ab_option_no_triton 150 "${ab[@]}" --rounds=3 \
-    --option=no_triton:xla_gpu_enable_triton_gemm=false
   ;;
 *)
   echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits)" >&2

@@ -4,9 +4,10 @@ process.
 The train step of a config (default: configs/shakespeare_char.py, MHA, its steps_per_call) is
 lowered once and compiled once per option set; each --config_arm (config overrides, e.g. the
 head's logits dtype) is lowered from its own copy of the config and compiled with the default
-options. The compiled programs then take turns for --rounds rounds of --calls calls each, so
-every arm sees the same minutes of a noisy machine. Prints the median ms/step per arm and its
-speed relative to the first.
+options (every arm also gets the config's own train.xla_options). The compiled programs then
+take turns for --rounds rounds of --calls calls each, so every arm sees the same minutes of a
+noisy machine. Prints the median ms/step per arm, its speed relative to the first, and its MFU
+where the device has a stated peak (lm.train.perf).
 
   python scripts/bench_xla_options.py
   python scripts/bench_xla_options.py \
@@ -28,7 +29,7 @@ from lm.data.corpus import call_batch
 from lm.model.accounting import flops_per_token
 from lm.train.perf import mfu, peak_flops
 from lm.train.run import assemble
-from lm.train.step import device_call_batch, make_train_step
+from lm.train.step import device_call_batch, make_train_step, parse_xla_options
 
 RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')
@@ -58,13 +59,7 @@ def parse_option(spec: str) -> tuple[str, dict]:
     name, sep, pairs = spec.partition(':')
     if not sep or not name:
         raise ValueError(f'--option={spec!r}: expected name:key=value[,key=value...]')
-    options = {}
-    for pair in pairs.split(','):
-        key, eq, value = pair.partition('=')
-        if not eq:
-            raise ValueError(f'--option={spec!r}: {pair!r} is not key=value')
-        options[key] = {'true': True, 'false': False}.get(value.lower(), value)
-    return name, options
+    return name, parse_xla_options(pairs, f'--option={spec!r}')
 
 
 def parse_arm(spec: str) -> tuple[str, list[str]]:

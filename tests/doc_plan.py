@@ -285,6 +285,7 @@ PLAN = {
     'bash scripts/bench_gpu.sh rest OUT_DIR': Skip('a GPU'),
     'bash scripts/bench_gpu.sh decode OUT_DIR': Skip('a GPU'),
     'bash scripts/bench_gpu.sh batch64 OUT_DIR': Skip('a GPU'),
+    'bash scripts/bench_gpu.sh logits OUT_DIR': Skip('a GPU'),
     'python scripts/bench_decode.py --contexts=8192 --batch=8 --variants=mha,gqa4,mqa,mla '
     '--dtype=bfloat16 --d_model=768 --num_layers=12': BENCH,
     'python scripts/bench_train.py --config=configs/gpt125m.py --variants=mha --steps=20 '

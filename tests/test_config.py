@@ -175,6 +175,13 @@ def test_dotted_key_helpers():
         with_overrides(config, ['train.lr=x'])
     with pytest.raises(ValueError, match=r"--set model.qkv_bias: 'maybe' is not a bool"):
         with_overrides(config, ['model.qkv_bias=maybe'])
+    # 'key=' clears a text setting; a number needs a value
+    cleared = with_overrides(
+        with_values(config, {'model.layer_pattern': 'LG'}), ['model.layer_pattern=']
+    )
+    assert cleared.model.layer_pattern == ''
+    with pytest.raises(ValueError, match=r"^--set 'train.lr=': expected key=value1,value2,"):
+        with_overrides(config, ['train.lr='])
     with pytest.raises(ValueError, match=r"config: unknown config key 'train.nope'"):
         set_key(config, 'train.nope', 1)
     with pytest.raises(

@@ -32,7 +32,13 @@ from lm.train.checkpoint import (
 )
 from lm.train.evaluation import check_eval_config
 from lm.train.optimizer import check_train_config, lr_schedule, make_optimizer
-from lm.train.step import StepContext, init_state, make_step_context
+from lm.train.step import (
+    StepContext,
+    check_xla_options,
+    init_state,
+    make_step_context,
+    parse_xla_options,
+)
 from lm.train.workdir import (
     WorkdirLock,
     check_config_change,
@@ -109,7 +115,10 @@ def step_context(
     schedule = lr_schedule(config.train)
     tx = make_optimizer(config.train, schedule)
     masked = config.data.source in TASKS
-    return make_step_context(cfg, tx, mesh, rules, config.seed, schedule, document_eos, masked)
+    xla_options = parse_xla_options(config.train.xla_options)
+    return make_step_context(
+        cfg, tx, mesh, rules, config.seed, schedule, document_eos, masked, xla_options
+    )
 
 
 def check_parallel(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:
@@ -146,6 +155,7 @@ def check_config(
         )
     check_loop_config(config)
     check_train_config(config.train)
+    parse_xla_options(config.train.xla_options)  # its form; `assemble` checks the names
     check_data_config(config.data)
     check_model_config(config.model)  # model errors before reading any data
     check_cpu_devices(config.mesh)
@@ -195,6 +205,7 @@ def assemble(
     mesh = make_mesh(config.mesh)
     if not saved:
         check_parallel(config, mesh, rules)
+        check_xla_options(parse_xla_options(config.train.xla_options))
     lock = None
     if state == 'resume':
         lock = WorkdirLock(workdir, owner=jax.process_index() == 0).__enter__()

@@ -9,6 +9,7 @@ checkpoint holds it, and restoring reads the same tree.)
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 
 import jax
@@ -47,6 +48,32 @@ class StepContext:
     lr_schedule: optax.Schedule | None = None  # the optimizer's, for the logged 'lr'
     document_eos: int | None = None  # EOS id: attend within documents only; None = causal
     masked_targets: bool = False  # rows flag their scored targets (TARGET_FLAG): recall tasks
+    xla_options: tuple[tuple[str, str | bool], ...] = ()  # the train step's compile options
+
+
+def parse_xla_options(spec: str, given: str = '') -> dict:
+    """'key=value key=value' (spaces or commas between) -> {key: value} ('' -> {}); 'true' /
+    'false' become bools. Errors start with `given`, default "config.train.xla_options='...'"."""
+    options = {}
+    for pair in re.split(r'[\s,]+', spec.strip()) if spec.strip() else ():
+        key, eq, value = pair.partition('=')
+        if not eq or not key:
+            given = given or f'config.train.xla_options={spec!r}'
+            raise ValueError(f'{given}: {pair!r} is not key=value')
+        options[key] = {'true': True, 'false': False}.get(value.lower(), value)
+    return options
+
+
+def check_xla_options(options: dict, setting: str = 'config.train.xla_options') -> None:
+    """Raises ValueError naming `setting` if XLA does not know an option (a trivial program is
+    compiled with them). XLA's options are one set for every backend: xla_gpu_* ones compile,
+    and do nothing, on a CPU."""
+    if not options:
+        return
+    try:
+        jax.jit(lambda: jnp.zeros(()), compiler_options=options).lower().compile()
+    except Exception as e:  # XLA's error type differs between backends and versions
+        raise ValueError(f'{setting}: {str(e).splitlines()[0]}') from None
 
 
 def _abstract_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
@@ -77,11 +104,13 @@ def make_step_context(
     lr_schedule: optax.Schedule | None = None,
     document_eos: int | None = None,
     masked_targets: bool = False,
+    xla_options: dict | None = None,
 ) -> StepContext:
     """Abstract state and shardings for model `cfg` trained by `tx` on `mesh` (nothing is
     allocated); `lr_schedule` is `tx`'s, so steps can report the rate they used; with
     `document_eos`, losses attend within documents (`token_losses`); with `masked_targets`,
-    only the flagged targets count (`batch_loss`)."""
+    only the flagged targets count (`batch_loss`); `xla_options` are the train step's compile
+    options (`check_xla_options`)."""
     graphdef, abstract = _abstract_params(cfg)
     p_shard = param_shardings(abstract, mesh, rules)
     shapes = jax.eval_shape(_init_fn(cfg, tx, seed))
@@ -108,6 +137,7 @@ def make_step_context(
         lr_schedule,
         document_eos,
         masked_targets,
+        tuple(sorted((xla_options or {}).items())),
     )
 
 
@@ -233,6 +263,7 @@ def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int
         in_shardings=(ctx.state_sharding, call_sharding(ctx, steps_per_call)),
         out_shardings=(ctx.state_sharding, None),
         donate_argnums=0,
+        compiler_options=dict(ctx.xla_options) or None,
     )
 
 
