@@ -381,6 +381,12 @@ PLAN = {
     ),
     'python scripts/curve_csv.py --out=docs/results/recall_h8_s5-9_curves.csv '
     '--sweep_dir=runs/recall_h8_s5-9': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/recall_h8.py --sweep_dir=runs/recall_h8_s5-9 '
+    '--seeds=5 --grid seed=5 --points=mha,mqa --config.train.steps=3000 '
+    '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
+    'cp runs/recall_h8_s5-9/summary_seeds.csv docs/results/recall_h8_s5-9_seeds_3000.csv': Skip(
+        'copies the 8-head seeds 5-9 summary at 3,000 steps; the tests only flag-check that sweep'
+    ),
     'python scripts/sweep.py --config=configs/sweeps/recall_mla.py --sweep_dir=runs/recall_mla '
     '--seeds=5 --config.mesh.cpu_devices=1 --parallel=2': Flags(),
     '{ head -1 runs/recall_mla/summary_seeds.csv; grep "^mla," docs/results/recall_seeds_10.csv; '
