@@ -103,7 +103,7 @@ def get_config() -> ml_collections.ConfigDict:
     train.eps = 1e-8  # AdamW epsilon.
     train.weight_decay = 0.1  # AdamW decoupled weight decay, on matrices only (not norms).
     train.grad_clip = 1.0  # Clip the global gradient norm to this (0 = off).
-    train.xla_options = ''  # Train step's XLA compile options: 'key=value key=value'.
+    train.xla_options = ''  # Train step's XLA compile options: 'key=value key=value' (spaces).
     train.peak_flops = 0.0  # Stated peak FLOP/s per device for MFU; 0 = GPU/TPU table (CPU: none).
     train.max_loss_ratio = 0.0  # Stop if loss > this x its last-100-step median, keep ckpt; 0=off
 

@@ -3,6 +3,8 @@ for GPU throughput / MFU measurements: `python scripts/bench_train.py --config=c
 --set=model.attention_impl=cudnn` (cuDNN flash attention; 1.8x XLA's on an H100). Its logits are
 bfloat16 (as PyTorch autocast makes them) and its train step compiles with XLA's Triton GEMMs
 off (cuBLAS): 1.03x and 1.06x on an H200 (docs/performance.md); a CPU ignores the GPU option.
+A workdir made before 2026-11-28 (float32 logits) resumes with --allow_config_change, or with
+--config.model.logits_dtype=float32.
 The optional argument picks the attention variant, as in configs/shakespeare_char.py; the byte
 tokenizer's 258 ids sit in GPT-2's padded 50,304-row vocabulary so the FLOPs match GPT-2 small.
 """

@@ -93,17 +93,12 @@ def parse_value(key: str, raw: str, like: Any, flag: str = 'config') -> Any:
 def parse_assignment(
     config: ml_collections.ConfigDict, item: str, flag: str = 'config'
 ) -> tuple[str, list[Any]]:
-    """'model.num_heads=4,8' -> ('model.num_heads', [4, 8]), typed like the config's values;
-    'key=' sets a text setting to ''."""
+    """'model.num_heads=4,8' -> ('model.num_heads', [4, 8]), typed like the config's values."""
     key, sep, values = item.partition('=')
     key = key.strip()
-    if not sep or not key:
+    if not sep or not values.strip():
         raise ValueError(f'{flag} {item!r}: expected key=value1,value2,...')
     like = get_key(config, key, flag)
-    if not values.strip():
-        if isinstance(like, str):
-            return key, ['']
-        raise ValueError(f'{flag} {item!r}: expected key=value1,value2,...')
     return key, [parse_value(key, v.strip(), like, flag) for v in values.split(',')]
 
 
@@ -120,10 +115,14 @@ def with_values(
 def with_overrides(
     config: ml_collections.ConfigDict, overrides: list[str], flag: str = '--set'
 ) -> ml_collections.ConfigDict:
-    """A copy of `config` with `['model.dtype=bfloat16', ...]` applied (values typed like the
-    config's)."""
+    """A copy of `config` with `['model.dtype=bfloat16', ...]` applied, one value per key typed
+    like the config's: a text setting keeps its commas ('data.passkey_lengths=128,256'), and
+    'key=' sets it to ''."""
     values = {}
     for item in overrides:
-        key, parsed = parse_assignment(config, item, flag)
-        values[key] = parsed[-1]
+        key, sep, raw = item.partition('=')
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f'{flag} {item!r}: expected key=value')
+        values[key] = parse_value(key, raw.strip(), get_key(config, key, flag), flag)
     return with_values(config, values)

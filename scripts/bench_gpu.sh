@@ -23,6 +23,9 @@ part=${1:?usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits OUT_
 out=${2:?usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+# configs/gpt125m.py as every part but `logits` measured it: float32 logits, XLA's Triton GEMMs
+# on (the config sets bfloat16 logits and Triton off since 2026-11-28)
+before=(--set=model.logits_dtype=float32 --set=train.xla_options=)
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/NAME.log
   local name=$1 limit=$2
   shift 2
@@ -38,22 +41,22 @@ train)
   step env 60 bash -c 'date -u; nvidia-smi; python3 -c "import jax, flax, optax, orbax.checkpoint as o;
 print(jax.__version__, flax.__version__, optax.__version__, jax.devices())"'
   step train_dot_product 300 python3 scripts/bench_train.py --config=configs/gpt125m.py \
-    --variants=mha,gqa4,mqa,mla --steps=30 --set=model.attention_impl=dot_product \
-    --json="$out/train_dot_product.json"
-  step train_einsum 130 python3 scripts/bench_train.py --config=configs/gpt125m.py \
+    "${before[@]}" --variants=mha,gqa4,mqa,mla --steps=30 \
+    --set=model.attention_impl=dot_product --json="$out/train_dot_product.json"
+  step train_einsum 130 python3 scripts/bench_train.py --config=configs/gpt125m.py "${before[@]}" \
     --variants=mha --steps=30 --set=model.attention_impl=einsum --json="$out/train_einsum.json"
   step decode 120 python3 scripts/bench_decode.py --contexts=8192 --batch=8 \
     --variants=mha,gqa4,mqa,mla --dtype=bfloat16 --d_model=768 --num_layers=12 \
     --json="$out/decode.json"
   ;;
 rest)
-  step train_cudnn 230 python3 scripts/bench_train.py --config=configs/gpt125m.py \
+  step train_cudnn 230 python3 scripts/bench_train.py --config=configs/gpt125m.py "${before[@]}" \
     --variants=mha,gqa4,mla --steps=20 --set=model.attention_impl=cudnn \
     --json="$out/train_cudnn.json"
   XLA_PYTHON_CLIENT_PREALLOCATE=false step test_gpu 70 python3 -m pytest tests/test_gpu.py \
     -q -n 4 -p no:cacheprovider
-  step profile 150 python3 scripts/profile_train.py --config=configs/gpt125m.py --variant=mha \
-    --steps=5 --top=20 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile
+  step profile 150 python3 scripts/profile_train.py --config=configs/gpt125m.py "${before[@]}" \
+    --variant=mha --steps=5 --top=20 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile
   XLA_PYTHON_CLIENT_PREALLOCATE=false step tests 110 python3 -m pytest -m 'not slow' -q -n 12 \
     -p no:cacheprovider --deselect tests/test_gpu.py
   ;;
@@ -83,30 +86,30 @@ batch64)
   step decode_b64 130 python3 scripts/bench_decode.py --contexts=8192 --batch=32,64 \
     --variants=mha,gqa4 --num_heads=16 --d_model=1024 --dtype=bfloat16 --num_layers=12 \
     --bandwidth_gib=4 --decode_kernel=pallas --json="$out/decode_b64.json"
-  train=(python3 scripts/bench_train.py --config=configs/gpt125m.py --variants=mha --steps=20
-    --set=model.attention_impl=cudnn --torch_baseline=false --rounds=1)
+  train=(python3 scripts/bench_train.py --config=configs/gpt125m.py "${before[@]}" --variants=mha
+    --steps=20 --set=model.attention_impl=cudnn --torch_baseline=false --rounds=1)
   step train_cudnn 130 "${train[@]}" --json="$out/train_cudnn.json"
   XLA_FLAGS=--xla_gpu_enable_triton_gemm=false step train_no_triton 130 "${train[@]}" \
     --json="$out/train_no_triton.json"
-  step profile 140 python3 scripts/profile_train.py --config=configs/gpt125m.py --variant=mha \
-    --steps=5 --top=25 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile
+  step profile 140 python3 scripts/profile_train.py --config=configs/gpt125m.py "${before[@]}" \
+    --variant=mha --steps=5 --top=25 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile
   ;;
 cublas)
   step env 30 bash -c 'date -u; nvidia-smi -L; python3 -c "import jax; print(jax.__version__)"'
   step xla_options 200 python3 scripts/bench_xla_options.py --config=configs/gpt125m.py \
-    --set=model.attention_impl=cudnn --option=no_triton:xla_gpu_enable_triton_gemm=false \
-    --rounds=4
+    "${before[@]}" --set=model.attention_impl=cudnn \
+    --option=no_triton:xla_gpu_enable_triton_gemm=false --rounds=4
   XLA_FLAGS=--xla_gpu_enable_triton_gemm=false step profile_no_triton 140 \
-    python3 scripts/profile_train.py --config=configs/gpt125m.py --variant=mha --steps=5 \
-    --top=25 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile_no_triton
+    python3 scripts/profile_train.py --config=configs/gpt125m.py "${before[@]}" --variant=mha \
+    --steps=5 --top=25 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile_no_triton
   ;;
 logits)
   # Both A/Bs' arms carry configs/gpt125m.py's settings as they were before 2026-11-28 (float32
   # logits, Triton GEMMs on), then change one: Triton off per compile; bfloat16 logits with
   # Triton off for the whole process (env flag)
   step env 30 bash -c 'date -u; nvidia-smi -L; python3 -c "import jax; print(jax.__version__)"'
-  ab=(python3 scripts/bench_xla_options.py --config=configs/gpt125m.py --rounds=3
-    --set=model.attention_impl=cudnn --set=model.logits_dtype=float32 --set=train.xla_options=)
+  ab=(python3 scripts/bench_xla_options.py --config=configs/gpt125m.py "${before[@]}" --rounds=3
+    --set=model.attention_impl=cudnn)
   step ab_option_no_triton 150 "${ab[@]}" --option=no_triton:xla_gpu_enable_triton_gemm=false
   XLA_FLAGS=--xla_gpu_enable_triton_gemm=false step ab_logits_no_triton 280 "${ab[@]}" \
     --option= --config_arm=logits16:model.logits_dtype=compute

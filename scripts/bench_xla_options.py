@@ -17,9 +17,13 @@ where the device has a stated peak (lm.train.perf).
       --config_arm=logits16:model.logits_dtype=compute
 """
 
+import dataclasses
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 from absl import flags
 
@@ -28,7 +32,7 @@ from lm.config import with_overrides
 from lm.data.corpus import call_batch
 from lm.model.accounting import flops_per_token
 from lm.train.perf import mfu, peak_flops
-from lm.train.run import assemble
+from lm.train.run import assemble, check_config
 from lm.train.step import device_call_batch, make_train_step, parse_xla_options
 
 RECIPE = RecipeFlags(__name__)
@@ -59,7 +63,7 @@ def parse_option(spec: str) -> tuple[str, dict]:
     name, sep, pairs = spec.partition(':')
     if not sep or not name:
         raise ValueError(f'--option={spec!r}: expected name:key=value[,key=value...]')
-    return name, parse_xla_options(pairs, f'--option={spec!r}')
+    return name, parse_xla_options(pairs.replace(',', ' '), f'--option={spec!r}')
 
 
 def parse_arm(spec: str) -> tuple[str, list[str]]:
@@ -70,9 +74,19 @@ def parse_arm(spec: str) -> tuple[str, list[str]]:
     return name, pairs.split(',')
 
 
-def lowered_step(config) -> tuple:
-    """(lowered train step, its fresh state, one call's batch, mesh, model FLOPs per step) of
-    `config`."""
+@dataclasses.dataclass
+class Arm:
+    """One compiled train step under test and what timing it needs."""
+
+    program: Callable
+    owner: str  # the arm whose state it advances (option sets share the base's)
+    batch: jax.Array
+    steps_per_call: int
+    flops: float  # model FLOPs of one optimizer step
+
+
+def lowered_step(config: ml_collections.ConfigDict) -> tuple[Any, dict, Arm]:
+    """(lowered train step, its fresh state, its Arm without a program) of `config`."""
     exp = assemble(config, state='init', data=True)
     c, ctx = exp.config, exp.ctx
     k = c.train.steps_per_call
@@ -88,65 +102,81 @@ def lowered_step(config) -> tuple:
         batch = device_call_batch(ctx, local)
         lowered = make_train_step(ctx, c.train.grad_accum_steps, k).lower(exp.state, batch)
     tokens = c.train.batch_size * c.data.seq_len
-    return (
-        lowered,
-        exp.state,
-        batch,
-        ctx.mesh,
-        tokens * flops_per_token(exp.model_cfg, c.data.seq_len),
-    )
+    flops = tokens * flops_per_token(exp.model_cfg, c.data.seq_len)
+    return lowered, exp.state, Arm(None, '', batch, k, flops)
+
+
+def arm_configs(config: ml_collections.ConfigDict, names: set[str]) -> dict:
+    """--config_arm's configs by name, each checked (one-line errors before any compile)."""
+    arms = {}
+    for spec in _ARMS.value:
+        name, pairs = parse_arm(spec)
+        if name in arms or name in names:
+            raise ValueError(f'--config_arm={spec!r}: the name {name!r} is taken')
+        if any(pair.startswith('mesh.') for pair in pairs):
+            raise ValueError(f'--config_arm={spec!r}: arms share the base mesh; use --set')
+        arms[name] = with_overrides(config, pairs, f'--config_arm={name}')
+    return arms
 
 
 def run() -> int:
-    option_sets = dict([('base', {})] + [parse_option(s) for s in _OPTIONS.value if s])
-    arms = dict(parse_arm(s) for s in _ARMS.value)
-    if clash := sorted(set(arms) & set(option_sets)):
-        raise ValueError(f'--config_arm and --option share the name(s) {clash}')
+    option_sets = {'base': {}}
+    for spec in filter(None, _OPTIONS.value):
+        name, options = parse_option(spec)
+        if name in option_sets:
+            raise ValueError(f'--option={spec!r}: the name {name!r} is taken')
+        option_sets[name] = options
     config = RECIPE.config(_VARIANT.value)
-    arm_configs = {
-        name: with_overrides(config, pairs, '--config_arm') for name, pairs in arms.items()
-    }
+    configs = arm_configs(config, set(option_sets))
     bootstrap(config, compilation_cache=False)
-    lowered, state, batch, mesh, flops = lowered_step(config)
-    k = config.train.steps_per_call
-    # name -> (compiled program, the state it advances, its batch); option sets share the
-    # base's state (donated: each program takes the state the previous one returned)
-    programs = {
-        name: (lowered.compile(compiler_options=o), 'base', batch)
+    for name, arm_config in configs.items():
+        try:
+            check_config(arm_config)
+        except ValueError as e:
+            raise ValueError(f'--config_arm={name}: {e}') from None
+    lowered, state, base = lowered_step(config)
+    arms = {
+        name: dataclasses.replace(base, program=lowered.compile(compiler_options=o), owner='base')
         for name, o in option_sets.items()
     }
     states = {'base': state}
-    arm_flops_per_step = {name: flops for name in option_sets}  # model FLOPs of one step
-    for name, arm_config in arm_configs.items():
-        arm_lowered, states[name], arm_batch, _, arm_flops = lowered_step(arm_config)
-        arm_flops_per_step[name] = arm_flops
-        programs[name] = (arm_lowered.compile(), name, arm_batch)
-    times: dict[str, list[float]] = {name: [] for name in programs}
-    with jax.set_mesh(mesh):
-        for _ in range(_ROUNDS.value):
-            for name, (fn, owner, arm_batch) in programs.items():
-                states[owner], metrics = fn(states[owner], arm_batch)  # warm this program up
-                jax.block_until_ready(metrics)
-                for _ in range(_CALLS.value):
-                    t = time.perf_counter()
-                    states[owner], metrics = fn(states[owner], arm_batch)
-                    jax.block_until_ready(metrics)
-                    times[name].append((time.perf_counter() - t) / k)
-    base = float(np.median(times['base']))
-    peak, peak_source = peak_flops()
+    for name, arm_config in configs.items():
+        arm_lowered, states[name], arm = lowered_step(arm_config)
+        arms[name] = dataclasses.replace(arm, program=arm_lowered.compile(), owner=name)
+    times = time_arms(arms, states, base.batch.sharding.mesh)
+    peak, peak_source = peak_flops(config.train.peak_flops)
     print(
         f'XLA options A/B: {RECIPE.name}:{_VARIANT.value}, '
-        f'{jax.device_count()} x {jax.devices()[0].device_kind}, {k} steps per call, '
+        f'{jax.device_count()} x {jax.devices()[0].device_kind}, '
+        f'{base.steps_per_call} steps per call (base), '
         f'{_ROUNDS.value} rounds x {_CALLS.value} calls; MFU: {peak_source}'
     )
     print('| options | step ms (median) | min | vs base | MFU |')
     print('|---|---|---|---|---|')
+    median_base = float(np.median(times['base']))
     for name, ts in times.items():
         median = float(np.median(ts))
-        util = mfu(1 / median, arm_flops_per_step[name], peak)
-        cells = f'{median * 1e3:.1f} | {min(ts) * 1e3:.1f} | {base / median:.2f}x'
+        util = mfu(1 / median, arms[name].flops, peak)
+        cells = f'{median * 1e3:.1f} | {min(ts) * 1e3:.1f} | {median_base / median:.2f}x'
         print(f'| {name} | {cells} | {"-" if util is None else f"{util:.1%}"} |')
     return 0
+
+
+def time_arms(arms: dict[str, Arm], states: dict, mesh: Any) -> dict[str, list[float]]:
+    """Seconds per optimizer step of each call, the arms taking turns (each call donates the
+    state its owner holds and returns the next)."""
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    with jax.set_mesh(mesh):
+        for _ in range(_ROUNDS.value):
+            for name, arm in arms.items():
+                states[arm.owner], metrics = arm.program(states[arm.owner], arm.batch)  # warm up
+                jax.block_until_ready(metrics)
+                for _ in range(_CALLS.value):
+                    t = time.perf_counter()
+                    states[arm.owner], metrics = arm.program(states[arm.owner], arm.batch)
+                    jax.block_until_ready(metrics)
+                    times[name].append((time.perf_counter() - t) / arm.steps_per_call)
+    return times
 
 
 if __name__ == '__main__':

@@ -175,13 +175,20 @@ def test_dotted_key_helpers():
         with_overrides(config, ['train.lr=x'])
     with pytest.raises(ValueError, match=r"--set model.qkv_bias: 'maybe' is not a bool"):
         with_overrides(config, ['model.qkv_bias=maybe'])
-    # 'key=' clears a text setting; a number needs a value
+    # one value per key: 'key=' clears a text setting, which keeps its commas; a number needs
+    # one value (no silent last-of-a-list)
     cleared = with_overrides(
         with_values(config, {'model.layer_pattern': 'LG'}), ['model.layer_pattern=']
     )
     assert cleared.model.layer_pattern == ''
-    with pytest.raises(ValueError, match=r"^--set 'train.lr=': expected key=value1,value2,"):
+    listed = with_overrides(config, ['data.passkey_lengths=64,128', 'train.xla_options=a=1,b=2'])
+    assert (listed.data.passkey_lengths, listed.train.xla_options) == ('64,128', 'a=1,b=2')
+    with pytest.raises(ValueError, match=r"^--set train.lr: '' is not a float$"):
         with_overrides(config, ['train.lr='])
+    with pytest.raises(ValueError, match=r"^--set model.num_heads: '4,8' is not an int$"):
+        with_overrides(config, ['model.num_heads=4,8'])
+    with pytest.raises(ValueError, match=r"^--set 'model.num_heads': expected key=value$"):
+        with_overrides(config, ['model.num_heads'])
     with pytest.raises(ValueError, match=r"config: unknown config key 'train.nope'"):
         set_key(config, 'train.nope', 1)
     with pytest.raises(

@@ -232,11 +232,26 @@ def test_bench_xla_options_rejects_a_malformed_option():
     assert out.stderr.strip().splitlines()[-1] == "error: --option='a:x': 'x' is not key=value"
 
 
-def test_bench_xla_options_rejects_a_config_arm_with_an_unknown_key():
-    out = run_entry('scripts/bench_xla_options.py', '--config_arm=a:model.nope=1', timeout=120)
+@pytest.mark.parametrize(
+    'flags,expected',
+    [
+        (['--config_arm=a:model.nope=1'], "error: --config_arm=a: unknown config key 'model.nope'"),
+        (
+            ['--config_arm=a:model.logits_dtype=bogus'],
+            'error: --config_arm=a: config.model.logits_dtype must be one of',
+        ),
+        (['--config_arm=a:mesh.cpu_devices=1'], "error: --config_arm='a:mesh.cpu_devices=1': arms"),
+        (
+            ['--option=a:x=1', '--config_arm=a:train.lr=1'],
+            "error: --config_arm='a:train.lr=1': the",
+        ),
+    ],
+)
+def test_bench_xla_options_refuses_a_bad_config_arm_before_compiling(flags, expected, text_file):
+    """Each arm's config is checked (its overrides applied) before anything is compiled."""
+    out = run_entry('scripts/bench_xla_options.py', f'--data_path={text_file}', *flags, timeout=120)
     assert out.returncode == 1 and 'Traceback' not in out.stderr
-    last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith('error: --config_arm') and 'model.nope' in last, last
+    assert out.stderr.strip().splitlines()[-1].startswith(expected), out.stderr[-500:]
 
 
 def test_bench_data_smoke(tmp_path, text_file):

@@ -27,7 +27,7 @@ from lm.config import with_values
 from lm.data.corpus import call_batch
 from lm.train.checkpoint import Checkpointer
 from lm.train.loop import call_sizes, train
-from lm.train.run import assemble, finished_step, restore, stored_config
+from lm.train.run import assemble, check_config, finished_step, restore, stored_config
 from lm.train.step import device_call_batch, init_state, make_train_step
 
 
@@ -581,3 +581,5 @@ def test_xla_options_reach_the_train_steps_compile_and_unknown_ones_are_refused_
         monkeypatch.setattr('lm.train.run.load_corpus', lambda _: pytest.fail('data was read'))
         with pytest.raises(ValueError, match=pattern):
             assemble(bad, data=True)
+    with pytest.raises(ValueError, match=r"^config.train.xla_options='x': 'x' is not key=value$"):
+        check_config(with_values(config, {'train.xla_options': 'x'}))  # the form, without devices

@@ -9,7 +9,6 @@ checkpoint holds it, and restoring reads the same tree.)
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 
 import jax
@@ -51,11 +50,12 @@ class StepContext:
     xla_options: tuple[tuple[str, str | bool], ...] = ()  # the train step's compile options
 
 
-def parse_xla_options(spec: str, given: str = '') -> dict:
-    """'key=value key=value' (spaces or commas between) -> {key: value} ('' -> {}); 'true' /
-    'false' become bools. Errors start with `given`, default "config.train.xla_options='...'"."""
-    options = {}
-    for pair in re.split(r'[\s,]+', spec.strip()) if spec.strip() else ():
+def parse_xla_options(spec: str, given: str = '') -> dict[str, str | bool]:
+    """'key=value key=value' (space-separated; a value may hold commas) -> {key: value}
+    ('' -> {}); 'true' / 'false' become bools. Errors start with `given`, default
+    "config.train.xla_options='...'"."""
+    options: dict[str, str | bool] = {}
+    for pair in spec.split():
         key, eq, value = pair.partition('=')
         if not eq or not key:
             given = given or f'config.train.xla_options={spec!r}'
@@ -64,16 +64,19 @@ def parse_xla_options(spec: str, given: str = '') -> dict:
     return options
 
 
-def check_xla_options(options: dict, setting: str = 'config.train.xla_options') -> None:
-    """Raises ValueError naming `setting` if XLA does not know an option (a trivial program is
-    compiled with them). XLA's options are one set for every backend: xla_gpu_* ones compile,
-    and do nothing, on a CPU."""
+def check_xla_options(
+    options: dict[str, str | bool], setting: str = 'config.train.xla_options'
+) -> None:
+    """Raises ValueError naming `setting` if XLA refuses an option's name or value (a trivial
+    program is compiled with them). XLA's options are one set for every backend: xla_gpu_* ones
+    compile, and do nothing, on a CPU."""
     if not options:
         return
     try:
         jax.jit(lambda: jnp.zeros(()), compiler_options=options).lower().compile()
     except Exception as e:  # XLA's error type differs between backends and versions
-        raise ValueError(f'{setting}: {str(e).splitlines()[0]}') from None
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f'{setting}: {reason}') from None
 
 
 def _abstract_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
@@ -104,7 +107,7 @@ def make_step_context(
     lr_schedule: optax.Schedule | None = None,
     document_eos: int | None = None,
     masked_targets: bool = False,
-    xla_options: dict | None = None,
+    xla_options: dict[str, str | bool] | None = None,
 ) -> StepContext:
     """Abstract state and shardings for model `cfg` trained by `tx` on `mesh` (nothing is
     allocated); `lr_schedule` is `tx`'s, so steps can report the rate they used; with
