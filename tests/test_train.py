@@ -9,6 +9,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import (
@@ -24,11 +25,10 @@ from conftest import (
 from conftest import run_entry as run_cli
 
 from lm.config import with_values
-from lm.data.corpus import call_batch
 from lm.train.checkpoint import Checkpointer
 from lm.train.loop import call_sizes, train
 from lm.train.run import assemble, check_config, finished_step, restore, stored_config
-from lm.train.step import device_call_batch, init_state, make_train_step
+from lm.train.step import init_state, make_train_step
 
 
 def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
@@ -557,22 +557,17 @@ def test_xla_options_reach_the_train_steps_compile_and_unknown_ones_are_refused_
     and refused with the setting named before any data is read when malformed or unknown."""
     options = 'xla_cpu_multi_thread_eigen=false xla_gpu_enable_triton_gemm=false'
     config = tiny_train_config(tmp_path, small_text, **{'train.xla_options': options})
-    exp = assemble(config, state='init', data=True)
-    assert exp.ctx.xla_options == (
+    ctx = assemble(config, data=True).ctx
+    assert ctx.xla_options == (
         ('xla_cpu_multi_thread_eigen', False),
         ('xla_gpu_enable_triton_gemm', False),  # a GPU option: accepted, ignored on a CPU
     )
-    local = call_batch(
-        exp.corpus.tokens['train'], seed=0, step=0, steps=1, batch_size=4, seq_len=16
-    )
-    with jax.set_mesh(exp.ctx.mesh):
-        batch = device_call_batch(exp.ctx, local)
-        _, metrics = make_train_step(exp.ctx, 1)(exp.state, batch)
-        assert np.isfinite(float(metrics['loss']))
-        planted = dataclasses.replace(exp.ctx, xla_options=(('xla_no_such_option', True),))
-        state = init_state(exp.ctx, exp.model_cfg, 0)
+    planted = dataclasses.replace(ctx, xla_options=(('xla_no_such_option', True),))
+    batch = jax.ShapeDtypeStruct((4, 17), jnp.int32, sharding=ctx.batch_sharding)
+    with jax.set_mesh(ctx.mesh):
+        lowered = make_train_step(planted, 1).lower(ctx.abstract_state, batch)
         with pytest.raises(Exception, match="No such compile option: 'xla_no_such_option'"):
-            make_train_step(planted, 1).lower(state, batch).compile()
+            lowered.compile()
     for spec, pattern in (
         ('xla_no_such_option=true', r"^config.train.xla_options: .*'xla_no_such_option'"),
         ('x', r"^config.train.xla_options='x': 'x' is not key=value$"),
