@@ -42,7 +42,8 @@ _ALLOW_CHANGE = flags.DEFINE_bool(
     'allow_config_change',
     False,
     'Resume a checkpoint under a config that differs from its own (beyond train.steps, '
-    'intervals, caches and mesh, which may always change).',
+    'intervals, caches, mesh and XLA options, which may always change: '
+    'lm.train.workdir.RESUMABLE_KEYS).',
 )
 
 define_distributed_flags()

@@ -31,9 +31,15 @@ from lm.cli import RecipeFlags, bootstrap, run_app
 from lm.config import with_overrides
 from lm.data.corpus import call_batch
 from lm.model.accounting import flops_per_token
+from lm.sharding import make_mesh, rules_table
 from lm.train.perf import mfu, peak_flops
-from lm.train.run import assemble, check_config
-from lm.train.step import device_call_batch, make_train_step, parse_xla_options
+from lm.train.run import assemble, check_config, check_parallel
+from lm.train.step import (
+    check_xla_options,
+    device_call_batch,
+    make_train_step,
+    parse_xla_options,
+)
 
 RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')
@@ -113,7 +119,7 @@ def arm_configs(config: ml_collections.ConfigDict, names: set[str]) -> dict:
         name, pairs = parse_arm(spec)
         if name in arms or name in names:
             raise ValueError(f'--config_arm={spec!r}: the name {name!r} is taken')
-        if any(pair.startswith('mesh.') for pair in pairs):
+        if any(pair.strip().startswith('mesh.') for pair in pairs):
             raise ValueError(f'--config_arm={spec!r}: arms share the base mesh; use --set')
         arms[name] = with_overrides(config, pairs, f'--config_arm={name}')
     return arms
@@ -129,9 +135,11 @@ def run() -> int:
     config = RECIPE.config(_VARIANT.value)
     configs = arm_configs(config, set(option_sets))
     bootstrap(config, compilation_cache=False)
-    for name, arm_config in configs.items():
+    for name, arm_config in configs.items():  # what each arm's assemble checks without data
         try:
-            check_config(arm_config)
+            checked = check_config(arm_config)
+            check_parallel(checked, make_mesh(checked.mesh), rules_table(checked.mesh))
+            check_xla_options(parse_xla_options(checked.train.xla_options))
         except ValueError as e:
             raise ValueError(f'--config_arm={name}: {e}') from None
     lowered, state, base = lowered_step(config)

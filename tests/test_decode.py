@@ -66,8 +66,12 @@ def model_and_decoder(seed=0, absorb=True, **model):
 
 
 @pytest.mark.parametrize(
-    'variant',  # MHA, MQA and MLA's plain latent in the full suite only
-    tiered(VARIANTS, fast=[v for v in VARIANTS if v not in ('mha', 'mqa', 'mla')]),
+    'variant',  # MHA, MQA, MLA's plain latent, its query latent and MHA read in chunks in the
+    # full suite only (the fast tier keeps GQA, MLA with two RoPE heads and three chunked reads)
+    tiered(
+        VARIANTS,
+        fast=[v for v in VARIANTS if v not in ('mha', 'mqa', 'mla', 'mla_qlora', 'mha_chunked')],
+    ),
 )
 def test_cached_decoding_equals_full_forward(variant):
     cfg, model, decoder = model_and_decoder(**VARIANTS[variant])

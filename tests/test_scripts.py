@@ -245,6 +245,7 @@ def test_bench_xla_options_rejects_a_malformed_option():
             ['--option=a:x=1', '--config_arm=a:train.lr=1'],
             "error: --config_arm='a:train.lr=1': the",
         ),
+        (['--config_arm=a:train.batch_size=5'], 'error: --config_arm=a: config.train.batch_size=5'),
     ],
 )
 def test_bench_xla_options_refuses_a_bad_config_arm_before_compiling(flags, expected, text_file):

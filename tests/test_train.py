@@ -571,6 +571,7 @@ def test_xla_options_reach_the_train_steps_compile_and_unknown_ones_are_refused_
     for spec, pattern in (
         ('xla_no_such_option=true', r"^config.train.xla_options: .*'xla_no_such_option'"),
         ('x', r"^config.train.xla_options='x': 'x' is not key=value$"),
+        ('a=1,b=2', r"^config.train.xla_options='a=1,b=2': 'a=1,b=2' holds a second option"),
     ):
         bad = with_values(config, {'train.xla_options': spec})
         monkeypatch.setattr('lm.train.run.load_corpus', lambda _: pytest.fail('data was read'))

@@ -9,6 +9,7 @@ checkpoint holds it, and restoring reads the same tree.)
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 
 import jax
@@ -57,9 +58,11 @@ def parse_xla_options(spec: str, given: str = '') -> dict[str, str | bool]:
     options: dict[str, str | bool] = {}
     for pair in spec.split():
         key, eq, value = pair.partition('=')
+        given = given or f'config.train.xla_options={spec!r}'
         if not eq or not key:
-            given = given or f'config.train.xla_options={spec!r}'
             raise ValueError(f'{given}: {pair!r} is not key=value')
+        if re.search(r',\s*\w+=', value):
+            raise ValueError(f'{given}: {pair!r} holds a second option; separate options by spaces')
         options[key] = {'true': True, 'false': False}.get(value.lower(), value)
     return options
 
