@@ -31,15 +31,9 @@ from lm.cli import RecipeFlags, bootstrap, run_app
 from lm.config import with_overrides
 from lm.data.corpus import call_batch
 from lm.model.accounting import flops_per_token
-from lm.sharding import make_mesh, rules_table
 from lm.train.perf import mfu, peak_flops
-from lm.train.run import assemble, check_config, check_parallel
-from lm.train.step import (
-    check_xla_options,
-    device_call_batch,
-    make_train_step,
-    parse_xla_options,
-)
+from lm.train.run import assemble, check_config, check_devices
+from lm.train.step import device_call_batch, make_train_step, parse_xla_options
 
 RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')
@@ -137,9 +131,7 @@ def run() -> int:
     bootstrap(config, compilation_cache=False)
     for name, arm_config in configs.items():  # what each arm's assemble checks without data
         try:
-            checked = check_config(arm_config)
-            check_parallel(checked, make_mesh(checked.mesh), rules_table(checked.mesh))
-            check_xla_options(parse_xla_options(checked.train.xla_options))
+            check_devices(check_config(arm_config))
         except ValueError as e:
             raise ValueError(f'--config_arm={name}: {e}') from None
     lowered, state, base = lowered_step(config)

@@ -167,6 +167,18 @@ def check_config(
     return config
 
 
+def check_devices(config: ml_collections.ConfigDict, saved: bool = False) -> tuple[dict, Mesh]:
+    """(sharding rules, mesh) of a checked config, after the checks that need the devices but
+    no data: the batches against the mesh and the train step's XLA options (not for a `saved`
+    config, which was checked when its run was made)."""
+    rules = rules_table(config.mesh)
+    mesh = make_mesh(config.mesh)
+    if not saved:
+        check_parallel(config, mesh, rules)
+        check_xla_options(parse_xla_options(config.train.xla_options))
+    return rules, mesh
+
+
 def assemble(
     source: ml_collections.ConfigDict | str,
     *,
@@ -201,11 +213,7 @@ def assemble(
     if model_overrides:
         config.model.update(model_overrides)
         check_model_config(config.model)
-    rules = rules_table(config.mesh)
-    mesh = make_mesh(config.mesh)
-    if not saved:
-        check_parallel(config, mesh, rules)
-        check_xla_options(parse_xla_options(config.train.xla_options))
+    rules, mesh = check_devices(config, saved)
     lock = None
     if state == 'resume':
         lock = WorkdirLock(workdir, owner=jax.process_index() == 0).__enter__()
