@@ -179,7 +179,7 @@ PLAN = {
         subs=(('num_heads=4,8', 'num_heads=4'), ('num_kv_heads=1,2,4,8', 'num_kv_heads=1,2'))
     ),
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds '
-    '--seeds=3': Run(subs=(('--seeds=3', '--seeds=1'),)),
+    '--seeds=3': Run(subs=(('--seeds=3', '--seeds=1 --points=mha,mla'),)),
     'tensorboard --logdir runs/kinds/tb': SERVER,
     'python scripts/bench_train.py': BENCH,
     'python scripts/profile_train.py': BENCH,
@@ -501,9 +501,12 @@ PLAN = {
     'python scripts/plot_pareto.py --run_dir=runs/passkey --metric=eval/recall_accuracy '
     '--out=docs/passkey_pareto.png': Run(),
     'python scripts/make_tables.py': Run(),
-    # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached)
+    # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached);
+    # both run MHA and MLA only (GQA-4, GQA-2 and MQA are MHA's code path with fewer KV heads)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '
-    '--seeds=5': Run(subs=(('runs/kinds5', 'runs/kinds'), ('--seeds=5', '--seeds=1'))),
+    '--seeds=5': Run(
+        subs=(('runs/kinds5', 'runs/kinds'), ('--seeds=5', '--seeds=1 --points=mha,mla'))
+    ),
     'tensorboard --logdir runs/kinds5/tb': SERVER,
     'python scripts/plot_pareto.py --table=docs/results/pareto_reported.csv '
     '--out=docs/pareto_reported.png': Run(),
