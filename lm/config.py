@@ -90,16 +90,23 @@ def parse_value(key: str, raw: str, like: Any, flag: str = 'config') -> Any:
         raise ValueError(f'{flag} {key}: {raw!r} is not {_a_type(type(like))}') from None
 
 
+def split_items(text: str) -> list[str]:
+    """A flag's list: separated by ';' when the text holds one (so items may contain commas:
+    '64,128;256'), else by ','."""
+    return text.split(';' if ';' in text else ',')
+
+
 def parse_assignment(
     config: ml_collections.ConfigDict, item: str, flag: str = 'config'
 ) -> tuple[str, list[Any]]:
-    """'model.num_heads=4,8' -> ('model.num_heads', [4, 8]), typed like the config's values."""
+    """'model.num_heads=4,8' -> ('model.num_heads', [4, 8]), typed like the config's values;
+    'data.passkey_lengths=64,128;256' -> two text values (`split_items`)."""
     key, sep, values = item.partition('=')
     key = key.strip()
     if not sep or not values.strip():
         raise ValueError(f'{flag} {item!r}: expected key=value1,value2,...')
     like = get_key(config, key, flag)
-    return key, [parse_value(key, v.strip(), like, flag) for v in values.split(',')]
+    return key, [parse_value(key, v.strip(), like, flag) for v in split_items(values)]
 
 
 def with_values(

@@ -28,7 +28,7 @@ import numpy as np
 from absl import flags
 
 from lm.cli import RecipeFlags, bootstrap, run_app
-from lm.config import with_overrides
+from lm.config import split_items, with_overrides
 from lm.data.corpus import call_batch
 from lm.model.accounting import flops_per_token
 from lm.train.perf import mfu, peak_flops
@@ -46,12 +46,14 @@ _OPTIONS = flags.DEFINE_multi_string(
         'xnnpack:xla_cpu_use_xnnpack=true',
         'tiling_propagation:xla_cpu_experimental_enable_tiling_propagation=true',
     ],
-    'name:key=value[,key=value...]; compared against the default options ("base").',
+    'name:key=value[,key=value...] (pairs separated by ";" instead when a value holds commas); '
+    'compared against the default options ("base").',
 )
 _ARMS = flags.DEFINE_multi_string(
     'config_arm',
     [],
-    'name:key=value[,key=value...]: config overrides (on top of --set), lowered on their own '
+    'name:key=value[,key=value...] (";" between pairs when a value holds commas): config '
+    'overrides (on top of --set), lowered on their own '
     'and compiled with the default options; compared against "base".',
 )
 _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Rounds; each option set runs once per round.')
@@ -59,19 +61,21 @@ _CALLS = flags.DEFINE_integer('calls', 5, 'Timed calls per option set per round.
 
 
 def parse_option(spec: str) -> tuple[str, dict]:
-    """'name:key=value,key=value' -> (name, {key: value}); 'true' / 'false' become bools."""
+    """'name:key=value,key=value' -> (name, {key: value}); 'true' / 'false' become bools; pairs
+    are separated by ';' instead when a value holds commas (`split_items`)."""
     name, sep, pairs = spec.partition(':')
     if not sep or not name:
         raise ValueError(f'--option={spec!r}: expected name:key=value[,key=value...]')
-    return name, parse_xla_options(pairs.replace(',', ' '), f'--option={spec!r}')
+    return name, parse_xla_options(' '.join(split_items(pairs)), f'--option={spec!r}')
 
 
 def parse_arm(spec: str) -> tuple[str, list[str]]:
-    """'name:key=value,key=value' -> (name, ['key=value', ...])."""
+    """'name:key=value,key=value' -> (name, ['key=value', ...]); pairs are separated by ';'
+    instead when a value holds commas (`split_items`)."""
     name, sep, pairs = spec.partition(':')
     if not sep or not name or not pairs:
         raise ValueError(f'--config_arm={spec!r}: expected name:key=value[,key=value...]')
-    return name, pairs.split(',')
+    return name, split_items(pairs)
 
 
 @dataclasses.dataclass

@@ -93,6 +93,7 @@ MADE = (
     'passkey_lr_screen.csv',
     'passkey_sweep_curves.csv',
     'passkey_sweep_depths.csv',
+    'passkey_test.csv',
 )
 FIXTURE = str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')  # 4 heads, 2 layers, width 32
 
@@ -395,6 +396,16 @@ PLAN = {
     ),
     'python scripts/curve_csv.py --out=docs/results/recall_mla_curves.csv '
     '--sweep_dir=runs/recall_mla': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_params '
+    '--seeds=5 --grid seed=5 --match=params --points=gqa2,mqa,mla --config.mesh.cpu_devices=1 '
+    '--parallel=2': Flags(),
+    '{ head -1 runs/recall_params/summary_seeds.csv; grep "^mha,[5-9]," '
+    'docs/results/recall_seeds_10.csv; tail -n +2 runs/recall_params/summary_seeds.csv; } > '
+    'docs/results/recall_params_seeds.csv': Skip(
+        'joins the equal-parameter sweep, only flag-checked, to the committed seeds'
+    ),
+    'python scripts/curve_csv.py --out=docs/results/recall_params_curves.csv '
+    '--sweep_dir=runs/recall_params': Flags(),
     'for s in 0 1 2 3 4; do python train.py --config=configs/recall/mqar.py:mha '
     '--workdir=runs/mqar_b64/mha_s$s --config.seed=$s --config.mesh.cpu_devices=1 '
     '--config.train.batch_size=64 --config.train.steps=3000 --config.checkpoint_every=3000; '

@@ -197,8 +197,8 @@ def test_bench_xla_options_smoke(text_file):
     stdout = run(
         'bench_xla_options.py',
         f'--data_path={text_file}',
-        '--option=eigen1:xla_cpu_multi_thread_eigen=false',
-        '--config_arm=logits16:model.logits_dtype=compute',
+        '--option=eigen1:xla_cpu_multi_thread_eigen=false;xla_cpu_use_xnnpack=false',
+        '--config_arm=logits16:model.logits_dtype=compute;data.passkey_lengths=64,128',
         '--rounds=1',
         '--calls=1',
         '--set=model.dtype=bfloat16',

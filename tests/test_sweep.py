@@ -172,6 +172,14 @@ def test_grid_product_and_names(tmp_path, small_text):
         ({'seed': 1}, 'gqa_h4_kv2_s1'),
     ]:
         assert run_name(point, point_config(config, point)) == name
+    assert parse_grid(config, ['model.num_heads=4;8']) == parse_grid(
+        config, ['model.num_heads=4,8']
+    )
+    # ';' separates values that hold commas (a text setting's list)
+    assert parse_grid(config, ['data.passkey_lengths=64,128;256']) == [
+        {'data.passkey_lengths': '64,128'},
+        {'data.passkey_lengths': '256'},
+    ]
     with pytest.raises(ValueError, match=r"'1.5' is not an int"):
         parse_grid(config, ['model.num_heads=1.5'])
     with pytest.raises(ValueError, match=r'--grid: model.num_heads is given twice'):
