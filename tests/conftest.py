@@ -30,8 +30,9 @@ jax.config.update('jax_default_matmul_precision', 'highest')
 os.environ['XLA_FLAGS'] = (
     os.environ.get('XLA_FLAGS', '') + ' --xla_gpu_deterministic_ops=true'
 ).strip()
-# This process compiles without LLVM's optimisations: its tests check maths at tiny sizes,
-# where compiling is most of the time (the fast tier: 142 s instead of 193-221 s on the 2-core
+# This process (and tests/mesh_worker.py, which imports this file: both sides of its
+# comparisons) compiles without LLVM's optimisations: its tests check maths at tiny sizes,
+# where compiling is most of the time (the fast tier: 129 s instead of 193-221 s on the 2-core
 # CI machine, 2026-11-28). XLA reads XLA_FLAGS once, when the first backend starts; the entry
 # points the tests run as subprocesses then get the flags without it, so they compile as users'
 # runs do.
