@@ -70,6 +70,34 @@ def test_a_sweeps_seed_csv_gives_one_table_per_value():
     assert '| mha | 0.9400 ± 0.0361 |' in acc
 
 
+def test_within_table_compares_only_the_arms_of_a_group_with_holm_over_those_pairs():
+    data = {
+        'mqa/width': [0.90, 0.40, 0.95, 0.39],
+        'mqa/params': [0.80, 0.41, 0.70, 0.38],
+        'mla/width': [0.40, 0.39, 0.41, 0.90],
+        'mla/params': [0.41, 0.92, 0.40, 0.93],
+    }
+    rows = [
+        {'arm': arm, 'seed': str(seed), 'eval_recall_accuracy': str(v)}
+        for arm, values in data.items()
+        for seed, v in enumerate(values)
+    ]
+    text = tables.KINDS['within'](rows)
+    assert 'Holm-corrected over the 2 comparisons' in text
+    cells = [line.strip('| ').split(' | ') for line in text.splitlines()]
+    compared = [c[:2] for c in cells if len(c) == 4 and '/' in c[0] and '/' in c[1]]
+    assert compared == [['mqa/width', 'mqa/params'], ['mla/width', 'mla/params']]
+    p = [
+        scipy.stats.ttest_rel(data[f'{g}/width'], data[f'{g}/params']).pvalue
+        for g in ('mqa', 'mla')
+    ]
+    low, high = sorted(p)
+    holm = {low: min(1.0, 2 * low), high: min(1.0, max(2 * low, high))}
+    for g, pg in zip(('mqa', 'mla'), p, strict=True):
+        row = next(c for c in cells if c[:2] == [f'{g}/width', f'{g}/params'])
+        assert f'p={holm[pg]:.3g}' in row[2], (row, holm[pg])
+
+
 def test_seed_curve_table_averages_each_arm_over_its_seeds():
     rows = [
         {'run': run, 'step': str(step), 'metric': 'recall_accuracy', 'value': str(v)}

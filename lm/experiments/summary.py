@@ -91,12 +91,27 @@ def estimate_columns(name: str, values: Values) -> dict:
     }
 
 
-def all_pairs(values: Mapping[str, Values], value: str = 'loss') -> list[dict]:
-    """Every two arms (a before b, in order) as a row: the paired difference a − b of `value`
-    (`<value>_diff`, its std and 95% interval, seeds paired), its p and Holm-adjusted p over these
-    pairs (the comparisons counted), whether that resolves it and the ordering."""
+def within_groups(names: list[str]) -> list[tuple[str, str]]:
+    """The pairs of arms named '<group>/<arm>' that share their group, in order."""
+    return [
+        (a, b)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        if a.split('/')[0] == b.split('/')[0]
+    ]
+
+
+def all_pairs(
+    values: Mapping[str, Values],
+    value: str = 'loss',
+    pairs: Callable[[list[str]], list[tuple[str, str]]] | None = None,
+) -> list[dict]:
+    """Every two arms (a before b, in order; or those `pairs` picks from the names) as a row: the
+    paired difference a − b of `value` (`<value>_diff`, its std and 95% interval, seeds paired),
+    its p and Holm-adjusted p over these pairs (the comparisons counted), whether that resolves
+    it and the ordering."""
     names = list(values)
-    ab = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    ab = pairs(names) if pairs else [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
     results = family([(values[a], values[b]) for a, b in ab])
     rows = []
     for (a, b), (d, p, p_holm) in zip(ab, results, strict=True):
@@ -137,28 +152,35 @@ def write_csv(path: str, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def seeds_table(rows: list[dict]) -> str:
-    """Per arm its estimate over seeds; between arms the Holm-corrected paired differences. The
-    arm is the 'arm' column, else 'point' (a sweep's summary_seeds.csv); each further column but
-    'seed' is a value with its own table and Holm family."""
+def seeds_table(rows: list[dict], pairs: Callable | None = None) -> str:
+    """Per arm its estimate over seeds; between arms the Holm-corrected paired differences (every
+    two arms, or those `pairs` picks: `all_pairs`). The arm is the 'arm' column, else 'point' (a
+    sweep's summary_seeds.csv); each further column but 'seed' is a value with its own table and
+    Holm family."""
     arm = 'arm' if 'arm' in rows[0] else 'point'
     columns = [k for k in rows[0] if k not in (arm, 'seed')]
     if len(columns) == 1:
-        return _value_table(rows, arm, columns[0])
-    return '\n\n'.join(f'{c}:\n\n{_value_table(rows, arm, c)}' for c in columns)
+        return _value_table(rows, arm, columns[0], pairs)
+    return '\n\n'.join(f'{c}:\n\n{_value_table(rows, arm, c, pairs)}' for c in columns)
 
 
-def _value_table(rows: list[dict], arm: str, value: str) -> str:
+def within_table(rows: list[dict]) -> str:
+    """`seeds_table` comparing only the arms of one group (arms named '<group>/<arm>', e.g.
+    'mqa/width' and 'mqa/params'), Holm over those pairs."""
+    return seeds_table(rows, within_groups)
+
+
+def _value_table(rows: list[dict], arm: str, value: str, pairs: Callable | None = None) -> str:
     """`seeds_table` of one value column."""
     values: dict[str, dict[int, float]] = {}
     for r in rows:
         values.setdefault(r[arm], {})[int(r['seed'])] = float(r[value])
     lines = [f'| arm | {value} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
     lines += [f'| {arm} | {cell(v)} | {len(v)} |' for arm, v in values.items()]
-    pairs = all_pairs(values)
-    lines += ['', family_note(len(pairs)), '']
+    compared = all_pairs(values, pairs=pairs)
+    lines += ['', family_note(len(compared)), '']
     lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
-    for p in pairs:
+    for p in compared:
         d = stats.paired_difference(values[p['a']], values[p['b']])
         lines.append(f'| {p["a"]} | {p["b"]} | {diff_cell(d, p["p_holm"])} | {p["ordering"]} |')
     return '\n'.join(lines)

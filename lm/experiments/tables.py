@@ -9,6 +9,8 @@ of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
 - 'seeds': per-seed values (columns arm, seed, value): per arm mean ± std and 95% t-interval,
   then every pair's paired difference, Holm-corrected over the pairs (lm.experiments.summary).
   A sweep's summary_seeds.csv (point, seed, then its values) gives one such table per value.
+- 'within': the same CSV with arms named '<group>/<arm>' ('mqa/width', 'mqa/params'): only the
+  arms of one group are compared, Holm-corrected over those pairs.
 - 'intervals': comparisons kept only as reported summaries (columns family, a, b, diff, ci_lo,
   ci_hi, seeds): each p recovered from its t-interval, Holm-corrected within its family.
 - 'ablation' (this kind, 'targets' and 'lr_grid' are in lm.experiments.ablation_doc_tables):
@@ -249,6 +251,7 @@ def lr_screen_table(rows: list[dict]) -> str:
 
 KINDS: dict[str, Callable[[list[dict]], str]] = {
     'seeds': summary.seeds_table,
+    'within': summary.within_table,
     'intervals': intervals_table,
     'ablation': ablation_doc_tables.ablation_table,
     'targets': ablation_doc_tables.targets_table,
