@@ -91,9 +91,12 @@ def parse_value(key: str, raw: str, like: Any, flag: str = 'config') -> Any:
 
 
 def split_items(text: str) -> list[str]:
-    """A flag's list: separated by ';' when the text holds one (so items may contain commas:
-    '64,128;256'), else by ','."""
-    return text.split(';' if ';' in text else ',')
+    """A flag's list: separated by ';' when the text holds one, so items may contain commas
+    ('64,128;256'; a trailing ';' makes one such item: '64,128;'), else by ','."""
+    if ';' not in text:
+        return text.split(',')
+    items = text.split(';')
+    return items[:-1] if items[-1] == '' else items
 
 
 def parse_assignment(

@@ -18,6 +18,7 @@ where the device has a stated peak (lm.train.perf).
 """
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,13 +47,15 @@ _OPTIONS = flags.DEFINE_multi_string(
         'xnnpack:xla_cpu_use_xnnpack=true',
         'tiling_propagation:xla_cpu_experimental_enable_tiling_propagation=true',
     ],
-    'name:key=value[,key=value...] (pairs separated by ";" instead when a value holds commas); '
+    'name:key=value[,key=value...] (pairs separated by ";" instead when a value holds commas: '
+    'quote it); '
     'compared against the default options ("base").',
 )
 _ARMS = flags.DEFINE_multi_string(
     'config_arm',
     [],
-    'name:key=value[,key=value...] (";" between pairs when a value holds commas): config '
+    'name:key=value[,key=value...] (";" between pairs when a value holds commas: quote it): '
+    'config '
     'overrides (on top of --set), lowered on their own '
     'and compiled with the default options; compared against "base".',
 )
@@ -75,7 +78,13 @@ def parse_arm(spec: str) -> tuple[str, list[str]]:
     name, sep, pairs = spec.partition(':')
     if not sep or not name or not pairs:
         raise ValueError(f'--config_arm={spec!r}: expected name:key=value[,key=value...]')
-    return name, split_items(pairs)
+    items = split_items(pairs)
+    if ';' in pairs and any(re.search(r',\s*[\w.]+=', item) for item in items):
+        raise ValueError(
+            f'--config_arm={spec!r}: a pair holds a second key=value; with ";", '
+            'separate every pair by ";"'
+        )
+    return name, items
 
 
 @dataclasses.dataclass

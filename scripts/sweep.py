@@ -58,7 +58,9 @@ _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Base config file; a sweep file may also define get_points().'
 )
 _GRID = flags.DEFINE_multi_string(
-    'grid', [], 'key=v1,v2,...: one axis of the grid (key=a,b;c,d: values holding commas).'
+    'grid',
+    [],
+    "key=v1,v2,...: one axis of the grid ('key=a,b;c,d', quoted: values holding commas).",
 )
 _SWEEP_DIR = flags.DEFINE_string(
     'sweep_dir', None, 'Directory for runs and summary.', required=True

@@ -30,16 +30,15 @@ jax.config.update('jax_default_matmul_precision', 'highest')
 os.environ['XLA_FLAGS'] = (
     os.environ.get('XLA_FLAGS', '') + ' --xla_gpu_deterministic_ops=true'
 ).strip()
-# This process (and tests/mesh_worker.py, which imports this file: both sides of its
-# comparisons) compiles without LLVM's optimisations: its tests check maths at tiny sizes,
-# where compiling is most of the time (the fast tier: 129 s instead of 193-221 s on the 2-core
-# CI machine, 2026-11-28). XLA reads XLA_FLAGS once, when the first backend starts; the entry
-# points the tests run as subprocesses then get the flags without it, so they compile as users'
-# runs do.
-_FLAGS = os.environ['XLA_FLAGS']
-os.environ['XLA_FLAGS'] = f'{_FLAGS} --xla_backend_optimization_level=0'
-jax.devices()
-os.environ['XLA_FLAGS'] = _FLAGS
+# On the CPU, this process compiles with JAX's `jax_disable_most_optimizations` (XLA's LLVM at
+# -O0): its tests check maths at tiny sizes, where compiling is most of the time (the fast tier:
+# 129 s instead of 193-221 s on the 2-core CI machine, 2026-11-28). It is this process's setting,
+# so the entry points the tests start compile as users' runs do; helper processes that import
+# this file (tests/mesh_worker.py: both sides of its comparisons; test_variant_contract's export
+# refusal) compile like it. On a GPU nothing changes: tests/test_gpu.py and the fast tier there
+# check the kernels users run.
+if jax.default_backend() == 'cpu':
+    jax.config.update('jax_disable_most_optimizations', True)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # One persistent compilation cache per test worker, new each session: the runs the tests start

@@ -404,6 +404,12 @@ PLAN = {
     'docs/results/recall_params_seeds.csv': Skip(
         'joins the equal-parameter sweep, only flag-checked, to the committed seeds'
     ),
+    '{ head -1 runs/recall_params/summary_seeds.csv; for v in gqa2 mqa mla; do grep "^$v,[5-9]," '
+    'docs/results/recall_seeds_10.csv | sed "s|^$v,|$v/width,|"; grep "^$v," '
+    'runs/recall_params/summary_seeds.csv | sed "s|^$v,|$v/params,|"; done; } > '
+    'docs/results/recall_params_vs_width.csv': Skip(
+        'joins the equal-parameter sweep, only flag-checked, to the committed seeds'
+    ),
     'python scripts/curve_csv.py --out=docs/results/recall_params_curves.csv '
     '--sweep_dir=runs/recall_params': Flags(),
     'for s in 0 1 2 3 4; do python train.py --config=configs/recall/mqar.py:mha '

@@ -69,14 +69,3 @@ def test_docstrings_keep_their_line_continuations():
                 if literal.count('\n') != doc.value.count('\n'):
                     collapsed.append(f'{path.relative_to(ROOT)}:{doc.lineno}')
     assert not collapsed, collapsed
-
-
-def test_entry_points_the_tests_start_compile_as_users_runs_do():
-    """conftest compiles the test process without LLVM's optimisations; the environment its
-    subprocesses inherit (os.environ, and ENV built from it) must not carry that flag."""
-    import os
-
-    from conftest import ENV
-
-    for env in (os.environ, ENV):
-        assert 'xla_backend_optimization_level' not in env.get('XLA_FLAGS', ''), env['XLA_FLAGS']

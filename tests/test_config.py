@@ -8,7 +8,14 @@ import ml_collections
 import pytest
 from conftest import ROOT, tiny_config
 
-from lm.config import get_key, load_config_file, set_key, with_overrides, with_values
+from lm.config import (
+    get_key,
+    load_config_file,
+    set_key,
+    split_items,
+    with_overrides,
+    with_values,
+)
 from lm.config_migration import MOVED_KEYS, REPLACED_KEYS, upgrade_config
 from lm.model.mla import MLAConfig
 from lm.model.transformer import check_model_config, model_config
@@ -158,6 +165,21 @@ def test_upgrade_fills_added_keys_with_their_old_behaviour():
     current = tiny_config()
     current.train.steps_per_call = 10
     assert upgrade_config(current.to_dict()).train.steps_per_call == 10  # present keys kept
+
+
+@pytest.mark.parametrize(
+    'text,items',
+    [
+        ('4,8', ['4', '8']),
+        ('64,128;256', ['64,128', '256']),
+        ('64,128;', ['64,128']),  # a trailing ';': one item that holds commas
+        ('a;b;', ['a', 'b']),
+        ('a,,b', ['a', '', 'b']),  # an empty item stays (a text setting's '')
+        ('', ['']),
+    ],
+)
+def test_split_items_by_semicolons_when_there_is_one(text, items):
+    assert split_items(text) == items
 
 
 def test_dotted_key_helpers():

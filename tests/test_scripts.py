@@ -1,10 +1,11 @@
 """Benchmark scripts run end to end at tiny size (timings are not checked, only the output)."""
 
+import importlib.util
 import json
 import math
 
 import pytest
-from conftest import run_entry, stdlib_text
+from conftest import ROOT, run_entry, stdlib_text
 
 from lm.train import perf
 
@@ -224,6 +225,34 @@ def test_profile_train_lists_a_steps_ops_by_category(tmp_path, text_file):
     )
     assert 'ms/step wall' in stdout and '| matmul |' in stdout
     assert 'transpose(jvp())' in stdout  # the backward pass, traced to its source
+
+
+def bench_xla_options_module():
+    path = ROOT / 'scripts' / 'bench_xla_options.py'
+    spec = importlib.util.spec_from_file_location('bench_xla_options', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_xla_options_splits_pairs_on_commas_or_semicolons():
+    bench = bench_xla_options_module()
+    assert bench.parse_arm('a:model.dtype=bfloat16,train.lr=0.1') == (
+        'a',
+        ['model.dtype=bfloat16', 'train.lr=0.1'],
+    )
+    assert bench.parse_arm('a:data.passkey_lengths=64,128;train.lr=0.1') == (
+        'a',
+        ['data.passkey_lengths=64,128', 'train.lr=0.1'],
+    )
+    assert bench.parse_arm('a:data.passkey_lengths=64,128;') == (
+        'a',
+        ['data.passkey_lengths=64,128'],
+    )
+    with pytest.raises(ValueError, match='a pair holds a second key=value'):
+        bench.parse_arm('a:data.path=x,train.lr=0.1;model.dtype=bfloat16')
+    assert bench.parse_option('o:xla_a=1,xla_b=true') == ('o', {'xla_a': '1', 'xla_b': True})
+    assert bench.parse_option('o:xla_a=1,2;xla_b=false') == ('o', {'xla_a': '1,2', 'xla_b': False})
 
 
 def test_bench_xla_options_rejects_a_malformed_option():

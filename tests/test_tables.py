@@ -98,6 +98,16 @@ def test_within_table_compares_only_the_arms_of_a_group_with_holm_over_those_pai
         assert f'p={holm[pg]:.3g}' in row[2], (row, holm[pg])
 
 
+def test_within_table_refuses_an_arm_with_no_group_to_compare_in():
+    rows = [
+        {'arm': arm, 'seed': str(seed), 'acc': str(0.1 * seed)}
+        for arm in ('mqa/width', 'mqa/params', 'mla/width', 'mha')
+        for seed in range(3)
+    ]
+    with pytest.raises(ValueError, match=r"arms \['mla/width', 'mha'\]: each must be"):
+        tables.KINDS['within'](rows)
+
+
 def test_seed_curve_table_averages_each_arm_over_its_seeds():
     rows = [
         {'run': run, 'step': str(step), 'metric': 'recall_accuracy', 'value': str(v)}

@@ -91,20 +91,28 @@ def estimate_columns(name: str, values: Values) -> dict:
     }
 
 
+PairPicker = Callable[[list[str]], list[tuple[str, str]]]  # arm names -> the pairs compared
+
+
 def within_groups(names: list[str]) -> list[tuple[str, str]]:
-    """The pairs of arms named '<group>/<arm>' that share their group, in order."""
+    """The pairs of arms named '<group>/<arm>' that share their group, in order; raises a
+    one-line ValueError naming any arm with no group or alone in its group."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.split('/')[0] if '/' in name else '', []).append(name)
+    lone = [n for g, members in groups.items() for n in members if not g or len(members) < 2]
+    if lone:
+        raise ValueError(f'arms {lone}: each must be <group>/<arm> with another arm of its group')
     return [
         (a, b)
-        for i, a in enumerate(names)
-        for b in names[i + 1 :]
-        if a.split('/')[0] == b.split('/')[0]
+        for members in groups.values()
+        for i, a in enumerate(members)
+        for b in members[i + 1 :]
     ]
 
 
 def all_pairs(
-    values: Mapping[str, Values],
-    value: str = 'loss',
-    pairs: Callable[[list[str]], list[tuple[str, str]]] | None = None,
+    values: Mapping[str, Values], value: str = 'loss', pairs: PairPicker | None = None
 ) -> list[dict]:
     """Every two arms (a before b, in order; or those `pairs` picks from the names) as a row: the
     paired difference a − b of `value` (`<value>_diff`, its std and 95% interval, seeds paired),
@@ -152,7 +160,7 @@ def write_csv(path: str, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def seeds_table(rows: list[dict], pairs: Callable | None = None) -> str:
+def seeds_table(rows: list[dict], pairs: PairPicker | None = None) -> str:
     """Per arm its estimate over seeds; between arms the Holm-corrected paired differences (every
     two arms, or those `pairs` picks: `all_pairs`). The arm is the 'arm' column, else 'point' (a
     sweep's summary_seeds.csv); each further column but 'seed' is a value with its own table and
@@ -170,7 +178,7 @@ def within_table(rows: list[dict]) -> str:
     return seeds_table(rows, within_groups)
 
 
-def _value_table(rows: list[dict], arm: str, value: str, pairs: Callable | None = None) -> str:
+def _value_table(rows: list[dict], arm: str, value: str, pairs: PairPicker | None = None) -> str:
     """`seeds_table` of one value column."""
     values: dict[str, dict[int, float]] = {}
     for r in rows:
