@@ -108,6 +108,19 @@ def test_within_table_refuses_an_arm_with_no_group_to_compare_in():
         tables.KINDS['within'](rows)
 
 
+def test_a_pair_without_a_p_value_is_not_counted_in_the_holm_family():
+    values = {'x': [1.0, 1.2, 0.9], 'y': [1.1, 1.0, 1.3], 'z': [0.5]}  # z: one seed, no interval
+    rows = [
+        {'arm': arm, 'seed': str(seed), 'loss': str(v)}
+        for arm, vs in values.items()
+        for seed, v in enumerate(vs)
+    ]
+    text = summary.seeds_table(rows)
+    assert 'Holm-corrected over the 1 comparisons' in text
+    p = scipy.stats.ttest_rel(values['x'], values['y']).pvalue  # m = 1: Holm leaves it
+    assert f'p={p:.3g}' in next(line for line in text.splitlines() if line.startswith('| x | y |'))
+
+
 def test_seed_curve_table_averages_each_arm_over_its_seeds():
     rows = [
         {'run': run, 'step': str(step), 'metric': 'recall_accuracy', 'value': str(v)}

@@ -121,7 +121,7 @@ def all_pairs(
     names = list(values)
     ab = pairs(names) if pairs else [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
     results = family([(values[a], values[b]) for a, b in ab])
-    rows = []
+    rows, m = [], stats.family_size([p for _, p, _ in results])
     for (a, b), (d, p, p_holm) in zip(ab, results, strict=True):
         rows.append(
             {
@@ -134,7 +134,7 @@ def all_pairs(
                 'seeds': d.n,
                 'p': p,
                 'p_holm': p_holm,
-                'comparisons': len(ab),
+                'comparisons': m,
                 'resolved': holm_resolved(p_holm),
                 'ordering': stats.ordering(a, b, d, holm_resolved(p_holm)),
             }
@@ -186,7 +186,7 @@ def _value_table(rows: list[dict], arm: str, value: str, pairs: PairPicker | Non
     lines = [f'| arm | {value} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
     lines += [f'| {arm} | {cell(v)} | {len(v)} |' for arm, v in values.items()]
     compared = all_pairs(values, pairs=pairs)
-    lines += ['', family_note(len(compared)), '']
+    lines += ['', family_note(compared[0]['comparisons'] if compared else 0), '']
     lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
     for p in compared:
         d = stats.paired_difference(values[p['a']], values[p['b']])
