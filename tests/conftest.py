@@ -32,7 +32,7 @@ os.environ['XLA_FLAGS'] = (
 ).strip()
 # On the CPU, this process compiles with JAX's `jax_disable_most_optimizations` (XLA's LLVM at
 # -O0): its tests check maths at tiny sizes, where compiling is most of the time (the fast tier:
-# 129 s instead of 193-221 s on the 2-core CI machine, 2026-11-28). It is this process's setting,
+# 115 s instead of 193-221 s on the 2-core CI machine, 2026-11-28). It is this process's setting,
 # so the entry points the tests start compile as users' runs do; helper processes that import
 # this file (tests/mesh_worker.py: both sides of its comparisons; test_variant_contract's export
 # refusal) compile like it. On a GPU nothing changes: tests/test_gpu.py and the fast tier there
