@@ -11,6 +11,7 @@ import copy
 import difflib
 import importlib.util
 import os
+import re
 from typing import Any
 
 import ml_collections
@@ -97,6 +98,12 @@ def split_items(text: str) -> list[str]:
         return text.split(',')
     items = text.split(';')
     return items[:-1] if items[-1] == '' else items
+
+
+def hides_a_pair(value: str) -> bool:
+    """True if a value holds a comma-joined second key=value ('a=1,b=2' gives value '1,b=2'),
+    which a list of key=value pairs was probably meant to split off."""
+    return re.search(r',\s*[\w.]+=', value) is not None
 
 
 def parse_assignment(

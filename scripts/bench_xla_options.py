@@ -18,7 +18,6 @@ where the device has a stated peak (lm.train.perf).
 """
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +28,7 @@ import numpy as np
 from absl import flags
 
 from lm.cli import RecipeFlags, bootstrap, run_app
-from lm.config import split_items, with_overrides
+from lm.config import hides_a_pair, split_items, with_overrides
 from lm.data.corpus import call_batch
 from lm.model.accounting import flops_per_token
 from lm.train.perf import mfu, peak_flops
@@ -47,17 +46,15 @@ _OPTIONS = flags.DEFINE_multi_string(
         'xnnpack:xla_cpu_use_xnnpack=true',
         'tiling_propagation:xla_cpu_experimental_enable_tiling_propagation=true',
     ],
-    'name:key=value[,key=value...] (pairs separated by ";" instead when a value holds commas: '
-    'quote it); '
-    'compared against the default options ("base").',
+    'name:key=value[,key=value...]; compared against the default options ("base"). Pairs are '
+    'separated by ";" instead (quoted) when a value holds commas.',
 )
 _ARMS = flags.DEFINE_multi_string(
     'config_arm',
     [],
-    'name:key=value[,key=value...] (";" between pairs when a value holds commas: quote it): '
-    'config '
-    'overrides (on top of --set), lowered on their own '
-    'and compiled with the default options; compared against "base".',
+    'name:key=value[,key=value...]: config overrides (on top of --set), lowered on their own '
+    'and compiled with the default options; compared against "base". Pairs are separated by '
+    '";" instead (quoted) when a value holds commas.',
 )
 _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Rounds; each option set runs once per round.')
 _CALLS = flags.DEFINE_integer('calls', 5, 'Timed calls per option set per round.')
@@ -79,7 +76,7 @@ def parse_arm(spec: str) -> tuple[str, list[str]]:
     if not sep or not name or not pairs:
         raise ValueError(f'--config_arm={spec!r}: expected name:key=value[,key=value...]')
     items = split_items(pairs)
-    if ';' in pairs and any(re.search(r',\s*[\w.]+=', item) for item in items):
+    if ';' in pairs and any(hides_a_pair(item.partition('=')[2]) for item in items):
         raise ValueError(
             f'--config_arm={spec!r}: a pair holds a second key=value; with ";", '
             'separate every pair by ";"'

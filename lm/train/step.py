@@ -9,7 +9,6 @@ checkpoint holds it, and restoring reads the same tree.)
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 
 import jax
@@ -19,6 +18,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from lm.config import hides_a_pair
 from lm.data.recall import TARGET_FLAG
 from lm.model.config import ModelConfig
 from lm.model.transformer import Transformer
@@ -61,7 +61,7 @@ def parse_xla_options(spec: str, given: str = '') -> dict[str, str | bool]:
         given = given or f'config.train.xla_options={spec!r}'
         if not eq or not key:
             raise ValueError(f'{given}: {pair!r} is not key=value')
-        if re.search(r',\s*\w+=', value):
+        if hides_a_pair(value):
             raise ValueError(f'{given}: {pair!r} holds a second option; separate options by spaces')
         options[key] = {'true': True, 'false': False}.get(value.lower(), value)
     return options
