@@ -81,6 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
     data.recall_seed = 0  # Seed of the examples: held-out set from it, training from it + seed.
     data.recall_eval_examples = 1000  # Held-out examples scored per evaluation.
     data.recall_pairs = 8  # mqar: key-value pairs per sequence (each key queried once).
+    data.recall_train_pairs = ''  # mqar: training rows' pair counts, one drawn per row ('2,4,8').
     data.recall_vocab = 256  # mqar: symbols; keys from [1, V/2), values from [V/2, V-1).
     data.recall_power_a = 0.01  # mqar: query-gap power law p(g) ~ g^(a-1) (Zoology: 0.01).
     data.passkey_lengths = '128,256'  # passkey: example lengths in bytes (<= seq_len + 1).

@@ -64,6 +64,7 @@ ADDED_KEYS = {
     'model.mla.rope_heads': 1,
     'model.logits_dtype': 'float32',
     'train.xla_options': '',
+    'data.recall_train_pairs': '',
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

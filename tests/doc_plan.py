@@ -412,6 +412,15 @@ PLAN = {
     ),
     'python scripts/curve_csv.py --out=docs/results/recall_params_curves.csv '
     '--sweep_dir=runs/recall_params': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/recall_mix.py --sweep_dir=runs/recall_mix '
+    '--seeds=5 --grid seed=5 --points=mha --config.mesh.cpu_devices=1 --parallel=2': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/recall_mix.py --sweep_dir=runs/recall_mix '
+    '--seeds=5 --grid seed=5 --config.mesh.cpu_devices=1 --parallel=2': Flags(),
+    'cp runs/recall_mix/summary_seeds.csv docs/results/recall_mix_seeds.csv': Skip(
+        "copies the mixture sweep's summary; the tests only flag-check that sweep"
+    ),
+    'python scripts/curve_csv.py --out=docs/results/recall_mix_curves.csv '
+    '--sweep_dir=runs/recall_mix': Flags(),
     'for s in 0 1 2 3 4; do python train.py --config=configs/recall/mqar.py:mha '
     '--workdir=runs/mqar_b64/mha_s$s --config.seed=$s --config.mesh.cpu_devices=1 '
     '--config.train.batch_size=64 --config.train.steps=3000 --config.checkpoint_every=3000; '

@@ -283,3 +283,25 @@ def test_eval_sweep_scores_every_run_on_a_second_heldout_set(tmp_path):
     (tmp_path / 'empty').mkdir()
     bad = run_entry('scripts/eval_sweep.py', f'--sweep_dir={tmp_path / "empty"}', *args)
     assert bad.stderr.strip().splitlines()[-1].endswith('holds no finished run <arm>_s<seed>')
+
+
+def test_mqar_training_mixture_draws_pairs_per_row_and_keeps_heldout(tmp_path):
+    mixed = recall_config(tmp_path, **{'data.recall_train_pairs': '1,2,4'})
+    corpus, plain = load_corpus(mixed.data), load_corpus(recall_config(tmp_path).data)
+    # Held-out rows are the plain config's, so every run of a sweep scores the same examples.
+    np.testing.assert_array_equal(
+        corpus.task.split('validation')[0], plain.task.split('validation')[0]
+    )
+    assert corpus.fingerprint != plain.fingerprint
+    counts = []
+    for rows in (
+        corpus.task.split('train')[0],
+        corpus.task.call_batch(seed=0, step=0, steps=1, batch_size=64),
+    ):
+        for row in rows:
+            pairs = len(unpack(row)[1])
+            check_mqar_row(row, pairs, 64)
+            counts.append(pairs)
+    assert set(counts) == {1, 2, 4}
+    with pytest.raises(ValueError, match=re.escape("config.data.recall_train_pairs='2,9'")):
+        load_corpus(recall_config(tmp_path, **{'data.recall_train_pairs': '2,9'}).data)

@@ -415,7 +415,12 @@ def _recall_corpus(data: ml_collections.ConfigDict) -> Corpus:
     """A recall source as a Corpus: each split's example rows, flattened, as its tokens."""
     task = RecallTask(ml_collections.ConfigDict(data.to_dict()))
     tokens = {s: task.split(s)[0].reshape(-1) & (TARGET_FLAG - 1) for s in SPLITS}
-    keys = sorted(k for k in data if k.startswith(('recall_', 'passkey_')) or k == 'seq_len')
+    # Unset ('') settings stay out, so a newly added optional one keeps existing fingerprints.
+    keys = sorted(
+        k
+        for k in data
+        if (k.startswith(('recall_', 'passkey_')) or k == 'seq_len') and data[k] != ''
+    )
     settings = [data.source] + [(k, data[k]) for k in keys]
     fingerprint = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
     return Corpus(

@@ -6,6 +6,8 @@ due (`config.data.source`):
   `recall_vocab`, each key and each value once), then each key once more as a query at a slot
   drawn by Zoology's power law (`recall_power_a`); the token after a query is its value, the
   answer. Every other token is uniform over the vocabulary (Zoology's random_non_queries).
+  With `recall_train_pairs` (e.g. '2,4,8') each training row draws its number of pairs from
+  that list, as Zoology trains on a mixture; held-out rows keep `recall_pairs`.
 - 'passkey': a 5-digit pass key hidden in filler text (Mohtashami & Jaggi 2023's "The grass is
   green..." haystack), bytes; the row ends with the question and the key. Each example is
   `passkey_lengths` bytes long (right-aligned in its row after EOS padding) with the key at a
@@ -85,6 +87,14 @@ def check_recall_config(data: ml_collections.ConfigDict) -> None:
                 f'config.data.recall_pairs={data.recall_pairs} must be >= 1 with 4 x pairs <= '
                 f'config.data.seq_len={T} (pairs, then a query slot of two tokens per pair)'
             )
+        mixture = parse_ints(data.recall_train_pairs) if data.recall_train_pairs else []
+        if data.recall_train_pairs and not all(
+            1 <= p and 4 * p <= T and p <= data.recall_vocab // 2 - 1 for p in mixture
+        ):
+            raise ValueError(
+                f'config.data.recall_train_pairs={data.recall_train_pairs!r} must list pair '
+                f'counts in [1, min(seq_len / 4, recall_vocab / 2 - 1)] (or be empty)'
+            )
         if not data.recall_power_a > 0:
             raise ValueError(f'config.data.recall_power_a must be > 0, got {data.recall_power_a}')
     else:
@@ -130,6 +140,19 @@ def mqar_rows(
     scored = np.zeros(tokens.shape, bool)
     np.put_along_axis(scored, query + 1, True, axis=1)
     return tokens.astype(np.int32), scored
+
+
+def mqar_mixture_rows(
+    rng: np.random.Generator, n: int, seq_len: int, mixture: list[int], vocab: int, power_a: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """As `mqar_rows`, each row with a number of pairs drawn uniformly from `mixture`."""
+    choice = rng.integers(0, len(mixture), n)
+    tokens = np.empty((n, seq_len + 1), np.int32)
+    scored = np.empty((n, seq_len + 1), bool)
+    for i, pairs in enumerate(mixture):
+        rows = np.flatnonzero(choice == i)
+        tokens[rows], scored[rows] = mqar_rows(rng, len(rows), seq_len, pairs, vocab, power_a)
+    return tokens, scored
 
 
 def passkey_text(key: str, length: int, depth: float) -> tuple[str, int]:
@@ -192,14 +215,23 @@ class RecallTask:
             for depth in parse_floats(d.passkey_depths)
         ]
 
-    def rows(self, entropy: list[int], n: int, grid: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def rows(
+        self, entropy: list[int], n: int, grid: bool = False, train: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(packed rows int32 [n, T + 1], cell index [n]) from the seed `entropy`; with `grid`,
-        passkey example i sits in cell i mod cells (held-out), else lengths and depths are drawn."""
+        passkey example i sits in cell i mod cells (held-out), else lengths and depths are drawn;
+        `train` rows of MQAR follow `recall_train_pairs` when it is set."""
         d, rng = self.data, np.random.default_rng(entropy)
         if d.source == 'mqar':
-            tokens, scored = mqar_rows(
-                rng, n, d.seq_len, d.recall_pairs, d.recall_vocab, d.recall_power_a
-            )
+            if train and d.recall_train_pairs:
+                mixture = parse_ints(d.recall_train_pairs)
+                tokens, scored = mqar_mixture_rows(
+                    rng, n, d.seq_len, mixture, d.recall_vocab, d.recall_power_a
+                )
+            else:
+                tokens, scored = mqar_rows(
+                    rng, n, d.seq_len, d.recall_pairs, d.recall_vocab, d.recall_power_a
+                )
             return pack(tokens, scored), np.zeros(n, np.int64)
         lengths, depths = parse_ints(d.passkey_lengths), parse_floats(d.passkey_depths)
         if grid:
@@ -216,8 +248,11 @@ class RecallTask:
     def split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """The held-out ('validation') or a fixed training-distribution ('train') set of
         `recall_eval_examples` rows, with their cells."""
-        d, stream = self.data, 1 if split == 'validation' else 2
-        return self.rows([d.recall_seed, stream], d.recall_eval_examples, grid=True)
+        d, held_out = self.data, split == 'validation'
+        stream = 1 if held_out else 2
+        return self.rows(
+            [d.recall_seed, stream], d.recall_eval_examples, grid=True, train=not held_out
+        )
 
     def call_batch(
         self,
@@ -233,7 +268,7 @@ class RecallTask:
         [B/P, T + 1] for one step, [steps, B/P, T + 1] for several."""
         per = batch_size // process_count
         rows = [
-            self.rows([self.data.recall_seed, 0, seed, step + i], batch_size)[0][
+            self.rows([self.data.recall_seed, 0, seed, step + i], batch_size, train=True)[0][
                 process_index * per : (process_index + 1) * per
             ]
             for i in range(steps)
