@@ -421,6 +421,15 @@ PLAN = {
     ),
     'python scripts/curve_csv.py --out=docs/results/recall_mix_curves.csv '
     '--sweep_dir=runs/recall_mix': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/recall_d64.py --sweep_dir=runs/recall_d64 '
+    '--seeds=5 --grid seed=5 --points=mha --config.mesh.cpu_devices=1 --parallel=2': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/recall_d64.py --sweep_dir=runs/recall_d64 '
+    '--seeds=5 --grid seed=5 --config.mesh.cpu_devices=1 --parallel=2': Flags(),
+    'cp runs/recall_d64/summary_seeds.csv docs/results/recall_d64_seeds.csv': Skip(
+        "copies the d_model 64 sweep's summary; the tests only flag-check that sweep"
+    ),
+    'python scripts/curve_csv.py --out=docs/results/recall_d64_curves.csv '
+    '--sweep_dir=runs/recall_d64': Flags(),
     'for s in 0 1 2 3 4; do python train.py --config=configs/recall/mqar.py:mha '
     '--workdir=runs/mqar_b64/mha_s$s --config.seed=$s --config.mesh.cpu_devices=1 '
     '--config.train.batch_size=64 --config.train.steps=3000 --config.checkpoint_every=3000; '
