@@ -44,6 +44,7 @@ from lm.experiments import pareto, pareto_plot, runner
 from lm.experiments.fairness import MATCHES
 from lm.experiments.sweep import (
     check_same_fairness,
+    combine,
     fairness,
     file_points,
     load_sweep_file,
@@ -102,7 +103,7 @@ def run() -> int:
     match = fairness(module, _MATCH.value)
     base = _CONFIG.value
     chosen = file_points(module, _POINTS.value)
-    points = [{**p, **g} for p in chosen for g in parse_grid(base, _GRID.value)]
+    points = combine(chosen, parse_grid(base, _GRID.value))
     train = [sys.executable, TRAIN]
     specs = plan(base, points, sweep_dir, train, _SEEDS.value, match, _TB_DIR.value)
     if _STATUS.value:

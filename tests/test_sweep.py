@@ -11,7 +11,15 @@ from conftest import run_entry, sweep_file, tiny_config, tiny_train_config
 from lm.experiments import runner
 from lm.experiments.fairness import match_parameters, reference_config
 from lm.experiments.runner import Spec
-from lm.experiments.sweep import file_points, parse_grid, plan, point_config, progress, run_name
+from lm.experiments.sweep import (
+    combine,
+    file_points,
+    parse_grid,
+    plan,
+    point_config,
+    progress,
+    run_name,
+)
 from lm.experiments.sweep_summary import summarise
 from lm.model.accounting import param_counts
 from lm.model.transformer import model_config
@@ -384,3 +392,22 @@ def test_status_says_where_each_run_stands_from_its_files(tmp_path):
         'mqa: not started',
         f'5 runs in {tmp_path}: 1 finished, 1 with other settings, 2 started, 1 not started',
     ]
+
+
+def test_named_points_times_a_grid_keep_distinct_run_names(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text)
+    grid = parse_grid(config, ['seed=5', 'model.mlp_dim=64,96'])
+    mha = {'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0}
+    points = combine([mha], grid)
+    assert [p['name'] for p in points] == ['mha_mlp_dim64', 'mha_mlp_dim96']
+    specs = plan(config, points, str(tmp_path), ['train.py'], seeds=2)
+    assert [(s.name, s.fingerprint['model.mlp_dim']) for s in specs] == [
+        ('mha_mlp_dim64_s5', 64),
+        ('mha_mlp_dim64_s6', 64),
+        ('mha_mlp_dim96_s5', 96),
+        ('mha_mlp_dim96_s6', 96),
+    ]
+    # a seed-only grid leaves the name alone (mha_s5, ...), as the committed sweeps have it
+    assert [p['name'] for p in combine([{'name': 'mha'}], [{'seed': 5}])] == ['mha']
+    with pytest.raises(ValueError, match="two sweep points share the run name 'mha'"):
+        plan(config, [mha, {**mha, 'train.lr': 0.01}], str(tmp_path), ['train.py'])

@@ -90,10 +90,27 @@ def run_name(point: dict[str, Any], config: ml_collections.ConfigDict) -> str:
     implied = kind.parse_spec(cfg.attention) or {}
     if cfg.num_kv_heads and 'num_kv_heads' not in implied:  # the kind's name leaves them free
         parts.append(f'kv{cfg.num_kv_heads}')
-    for key, value in point.items():
-        if key not in NAMED:
-            parts.append(f'{SHORT.get(key, key.split(".")[-1])}{value}')
-    return '_'.join(parts)
+    return '_'.join(parts + value_parts({k: v for k, v in point.items() if k not in NAMED}))
+
+
+def value_parts(values: dict[str, Any]) -> list[str]:
+    """A run name's parts for these values: {'train.lr': 0.001} -> ['lr0.001']."""
+    return [f'{SHORT.get(key, key.split(".")[-1])}{value}' for key, value in values.items()]
+
+
+def combine(points: list[dict], grid: list[dict]) -> list[dict]:
+    """Each sweep-file point with each grid point. A named point's name gains the grid's values
+    other than `seed` (a run's name ends with the seed it trains with), so `--points=mha
+    --grid model.mlp_dim=256,512` gives `mha_mlp_dim256` and `mha_mlp_dim512`."""
+    combined = []
+    for point in points:
+        for values in grid:
+            both = {**point, **values}
+            if 'name' in point:
+                rest = {k: v for k, v in values.items() if k != 'seed'}
+                both['name'] = '_'.join([point['name'], *value_parts(rest)])
+            combined.append(both)
+    return combined
 
 
 def load_sweep_file(path: str) -> types.ModuleType:
@@ -168,6 +185,9 @@ def plan(
             configs, reference_config(base, configs), [n for n, _, _ in valid]
         )
         valid = [(n, p, c) for (n, p, _), c in zip(valid, matched, strict=True)]
+    names = [n for n, _, _ in valid]
+    if repeated := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f'two sweep points share the run name {repeated[0]!r}; give them names')
     tb_dir = tb_dir or os.path.join(sweep_dir, 'tb')
     specs = []
     for name, point, config in valid:
