@@ -430,6 +430,16 @@ PLAN = {
     ),
     'python scripts/curve_csv.py --out=docs/results/recall_d64_curves.csv '
     '--sweep_dir=runs/recall_d64': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_mlp '
+    '--seeds=5 --grid seed=5 --grid model.mlp_dim=256,512 --points=mha '
+    '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
+    '{ head -1 runs/recall_mlp/summary_seeds.csv; grep "^mha,[5-9]," '
+    'docs/results/recall_seeds_10.csv | sed "s|^mha,|mha_mlp_dim384,|"; tail -n +2 '
+    'runs/recall_mlp/summary_seeds.csv; } > docs/results/recall_mlp_seeds.csv': Skip(
+        'joins the MLP-width runs, only flag-checked, to the committed MHA seeds'
+    ),
+    'python scripts/curve_csv.py --out=docs/results/recall_mlp_curves.csv '
+    '--sweep_dir=runs/recall_mlp': Flags(),
     'for s in 0 1 2 3 4; do python train.py --config=configs/recall/mqar.py:mha '
     '--workdir=runs/mqar_b64/mha_s$s --config.seed=$s --config.mesh.cpu_devices=1 '
     '--config.train.batch_size=64 --config.train.steps=3000 --config.checkpoint_every=3000; '
