@@ -87,9 +87,8 @@ def check_recall_config(data: ml_collections.ConfigDict) -> None:
                 f'config.data.recall_pairs={data.recall_pairs} must be >= 1 with 4 x pairs <= '
                 f'config.data.seq_len={T} (pairs, then a query slot of two tokens per pair)'
             )
-        mixture = parse_ints(data.recall_train_pairs) if data.recall_train_pairs else []
-        if data.recall_train_pairs and not all(
-            1 <= p and 4 * p <= T and p <= data.recall_vocab // 2 - 1 for p in mixture
+        if data.recall_train_pairs and not _counts_within(
+            data.recall_train_pairs, min(T // 4, data.recall_vocab // 2 - 1)
         ):
             raise ValueError(
                 f'config.data.recall_train_pairs={data.recall_train_pairs!r} must list pair '
@@ -113,6 +112,15 @@ def check_recall_config(data: ml_collections.ConfigDict) -> None:
         raise ValueError(
             f'config.data.recall_eval_examples must be >= 1, got {data.recall_eval_examples}'
         )
+
+
+def _counts_within(text: str, most: int) -> bool:
+    """Whether `text` lists one or more integers, each in [1, most]."""
+    try:
+        counts = parse_ints(text)
+    except ValueError:
+        return False
+    return bool(counts) and all(1 <= c <= most for c in counts)
 
 
 def _distinct(rng: np.random.Generator, n: int, low: int, high: int, k: int) -> np.ndarray:
