@@ -424,27 +424,14 @@ PLAN = {
     '--sweep_dir=runs/recall_mix': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/recall_d64.py --sweep_dir=runs/recall_d64 '
     '--seeds=5 --grid seed=5 --points=mha --config.mesh.cpu_devices=1 --parallel=2': Flags(),
-    'python scripts/sweep.py --config=configs/sweeps/recall_d64.py --sweep_dir=runs/recall_d64 '
-    '--seeds=5 --grid seed=5 --config.mesh.cpu_devices=1 --parallel=2': Flags(),
-    'cp runs/recall_d64/summary_seeds.csv docs/results/recall_d64_seeds.csv': Skip(
-        "copies the d_model 64 sweep's summary; the tests only flag-check that sweep"
+    '{ head -1 runs/recall_d64/summary_seeds.csv; grep "^mha,[5-9]," '
+    'docs/results/recall_seeds_10.csv | sed "s|^mha,|mha_d128,|"; tail -n +2 '
+    'runs/recall_d64/summary_seeds.csv | sed "s|^mha,|mha_d64,|"; } > '
+    'docs/results/recall_d64_seeds.csv': Skip(
+        'joins the d_model 64 calibration, only flag-checked, to the committed MHA seeds'
     ),
     'python scripts/curve_csv.py --out=docs/results/recall_d64_curves.csv '
     '--sweep_dir=runs/recall_d64': Flags(),
-    'python scripts/sweep.py --config=configs/sweeps/recall_d64.py '
-    '--sweep_dir=runs/recall_d64_params --seeds=5 --grid seed=5 --match=params '
-    '--points=gqa2,mqa,mla --config.mesh.cpu_devices=1 --parallel=2': Flags(),
-    '{ head -1 runs/recall_d64_params/summary_seeds.csv; grep "^mha," '
-    'runs/recall_d64/summary_seeds.csv; tail -n +2 runs/recall_d64_params/summary_seeds.csv; } > '
-    'docs/results/recall_d64_params_seeds.csv': Skip(
-        'joins the d_model 64 equal-parameter runs, only flag-checked, to that sweep'
-    ),
-    '{ head -1 runs/recall_d64_params/summary_seeds.csv; for v in gqa2 mqa mla; do grep "^$v," '
-    'runs/recall_d64/summary_seeds.csv | sed "s|^$v,|$v/width,|"; grep "^$v," '
-    'runs/recall_d64_params/summary_seeds.csv | sed "s|^$v,|$v/params,|"; done; } > '
-    'docs/results/recall_d64_params_vs_width.csv': Skip(
-        'joins the d_model 64 equal-parameter runs, only flag-checked, to that sweep'
-    ),
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_mlp '
     '--seeds=5 --grid seed=5 --grid model.mlp_dim=256,512 --points=mha '
     '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
