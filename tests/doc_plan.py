@@ -432,6 +432,10 @@ PLAN = {
     ),
     'python scripts/curve_csv.py --out=docs/results/recall_d64_curves.csv '
     '--sweep_dir=runs/recall_d64': Flags(),
+    'for lr in 1e-3 6e-3; do python scripts/sweep.py --config=configs/sweeps/recall_d64.py '
+    '--sweep_dir=runs/recall_d64_lr$lr --seeds=5 --grid seed=5 --points=mha '
+    '--config.train.lr=$lr --config.train.min_lr=$lr --config.mesh.cpu_devices=1 --parallel=2; '
+    'done': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_mlp '
     '--seeds=5 --grid seed=5 --grid model.mlp_dim=256,512 --points=mha '
     '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
