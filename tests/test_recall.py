@@ -303,6 +303,8 @@ def test_mqar_training_mixture_draws_pairs_per_row_and_keeps_heldout(tmp_path):
             check_mqar_row(row, pairs, 64)
             counts.append(pairs)
     assert set(counts) == {1, 2, 4}
+    with pytest.raises(ValueError, match=r"recall_train_pairs='2' applies to source='mqar' only"):
+        load_corpus(recall_config(tmp_path, 'passkey', **{'data.recall_train_pairs': '2'}).data)
     for bad in ('2,9', '0,2', 'two', ','):
         with pytest.raises(ValueError, match=re.escape(f'config.data.recall_train_pairs={bad!r}')):
             load_corpus(recall_config(tmp_path, **{'data.recall_train_pairs': bad}).data)

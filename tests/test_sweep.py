@@ -409,5 +409,8 @@ def test_named_points_times_a_grid_keep_distinct_run_names(tmp_path, small_text)
     ]
     # a seed-only grid leaves the name alone (mha_s5, ...), as the committed sweeps have it
     assert [p['name'] for p in combine([{'name': 'mha'}], [{'seed': 5}])] == ['mha']
-    with pytest.raises(ValueError, match="two sweep points share the run name 'mha'"):
+    # values a directory or CSV name should not hold become '-'
+    lengths = combine([{'name': 'mha'}], [{'data.passkey_lengths': '128,256'}])
+    assert lengths[0]['name'] == 'mha_passkey_lengths128-256'
+    with pytest.raises(ValueError, match="two sweep points share the run name 'mha': give each"):
         plan(config, [mha, {**mha, 'train.lr': 0.01}], str(tmp_path), ['train.py'])

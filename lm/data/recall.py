@@ -87,16 +87,20 @@ def check_recall_config(data: ml_collections.ConfigDict) -> None:
                 f'config.data.recall_pairs={data.recall_pairs} must be >= 1 with 4 x pairs <= '
                 f'config.data.seq_len={T} (pairs, then a query slot of two tokens per pair)'
             )
-        if data.recall_train_pairs and not _counts_within(
-            data.recall_train_pairs, min(T // 4, data.recall_vocab // 2 - 1)
-        ):
+        most = min(T // 4, data.recall_vocab // 2 - 1)
+        if data.recall_train_pairs and not _counts_within(data.recall_train_pairs, most):
             raise ValueError(
                 f'config.data.recall_train_pairs={data.recall_train_pairs!r} must list pair '
-                f'counts in [1, min(seq_len / 4, recall_vocab / 2 - 1)] (or be empty)'
+                f'counts in [1, {most}] (min(seq_len / 4, recall_vocab / 2 - 1)), or be empty'
             )
         if not data.recall_power_a > 0:
             raise ValueError(f'config.data.recall_power_a must be > 0, got {data.recall_power_a}')
     else:
+        if data.recall_train_pairs:
+            raise ValueError(
+                f'config.data.recall_train_pairs={data.recall_train_pairs!r} applies to '
+                "source='mqar' only; leave it empty for passkey"
+            )
         lengths, depths = parse_ints(data.passkey_lengths), parse_floats(data.passkey_depths)
         shortest = len(QUESTION) + len(NEEDLE.format(key='0' * DIGITS)) + DIGITS
         if not lengths or min(lengths) < shortest or max(lengths) > T + 1:

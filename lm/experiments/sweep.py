@@ -16,6 +16,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import types
 from typing import Any
 
@@ -94,8 +95,12 @@ def run_name(point: dict[str, Any], config: ml_collections.ConfigDict) -> str:
 
 
 def value_parts(values: dict[str, Any]) -> list[str]:
-    """A run name's parts for these values: {'train.lr': 0.001} -> ['lr0.001']."""
-    return [f'{SHORT.get(key, key.split(".")[-1])}{value}' for key, value in values.items()]
+    """A run name's parts for these values: {'train.lr': 0.001} -> ['lr0.001'], with any
+    character a directory or CSV name should not hold as '-' ('128,256' -> '128-256')."""
+    return [
+        SHORT.get(key, key.split('.')[-1]) + re.sub(r'[^A-Za-z0-9.+-]', '-', str(value))
+        for key, value in values.items()
+    ]
 
 
 def combine(points: list[dict], grid: list[dict]) -> list[dict]:
@@ -106,7 +111,7 @@ def combine(points: list[dict], grid: list[dict]) -> list[dict]:
     for point in points:
         for values in grid:
             both = {**point, **values}
-            if 'name' in point:
+            if point.get('name'):
                 rest = {k: v for k, v in values.items() if k != 'seed'}
                 both['name'] = '_'.join([point['name'], *value_parts(rest)])
             combined.append(both)
@@ -187,7 +192,10 @@ def plan(
         valid = [(n, p, c) for (n, p, _), c in zip(valid, matched, strict=True)]
     names = [n for n, _, _ in valid]
     if repeated := sorted({n for n in names if names.count(n) > 1}):
-        raise ValueError(f'two sweep points share the run name {repeated[0]!r}; give them names')
+        raise ValueError(
+            f'two sweep points share the run name {repeated[0]!r}: give each its own name or '
+            'values (several seeds: --seeds=K, with --grid seed=FIRST)'
+        )
     tb_dir = tb_dir or os.path.join(sweep_dir, 'tb')
     specs = []
     for name, point, config in valid:
