@@ -436,6 +436,12 @@ PLAN = {
     '--sweep_dir=runs/recall_d64_lr$lr --seeds=5 --grid seed=5 --points=mha '
     '--config.train.lr=$lr --config.train.min_lr=$lr --config.mesh.cpu_devices=1 --parallel=2; '
     'done': Flags(),
+    '{ head -1 runs/recall_d64/summary_seeds.csv; for lr in 1e-3 6e-3; do tail -n +2 '
+    'runs/recall_d64_lr$lr/summary_seeds.csv | sed "s|^mha,|mha_lr$lr,|"; done; tail -n +2 '
+    'runs/recall_d64/summary_seeds.csv | sed "s|^mha,|mha_lr3e-3,|"; } > '
+    'docs/results/recall_d64_lr_seeds.csv': Skip(
+        'joins the d_model 64 rate screen, only flag-checked, to the 3e-3 calibration'
+    ),
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_mlp '
     '--seeds=5 --grid seed=5 --grid model.mlp_dim=256,512 --points=mha '
     '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
