@@ -5,6 +5,7 @@ on one machine. Needs `pip install torch` (not a dependency of lm). scripts/benc
 the same baseline interleaved with ours and prints the ratio; this script times it alone.
 
   python scripts/bench_torch_baseline.py --steps=60
+  python scripts/bench_torch_baseline.py --steps=30 --profile_top=15   # where its time goes
 
 With --target_loss it instead trains the baseline on the recipe's data (configs/
 shakespeare_char.py: its split, batches, steps, learning rates) and prints the validation loss
@@ -20,8 +21,9 @@ from absl import flags
 
 from lm.cli import RecipeFlags, bootstrap, run_app
 from lm.data.corpus import load_corpus, load_tokenizer
-from lm.experiments import torch_baseline
+from lm.experiments import torch_baseline, torch_profile
 from lm.train import perf
+from lm.train.profile import print_profile
 
 RECIPE = RecipeFlags(__name__)
 
@@ -31,6 +33,12 @@ _THREADS = flags.DEFINE_integer('threads', 0, 'torch.set_num_threads; 0 = torch 
 _TARGET = flags.DEFINE_float('target_loss', 0.0, 'Train until this validation loss; 0 = time.')
 _PEAK = flags.DEFINE_float('peak_flops', 0.0, 'Stated peak FLOP/s of this CPU for MFU (0: none).')
 _EVAL_EVERY = flags.DEFINE_integer('eval_every', 100, 'Steps between evaluations (--target_loss).')
+_PROFILE_TOP = flags.DEFINE_integer(
+    'profile_top',
+    0,
+    'Also profile --steps steps with torch.profiler and print the op time per category (as '
+    'scripts/profile_train.py does for ours) and this many ops; 0 = off.',
+)
 
 
 def time_to_loss() -> int:
@@ -90,6 +98,13 @@ def run() -> int:
         f'| torch eager | {dt * 1e3:.1f} ms/step | {tps:,.0f} tokens/s | '
         f'{fpt * tps / 1e9:.1f} GFLOP/s | MFU {"—" if mfu is None else f"{mfu:.1%}"} |'
     )
+    if _PROFILE_TOP.value > 0:
+        prof, wall = torch_profile.profile_steps(stepper, _STEPS.value)
+        print(
+            f'\nunder torch.profiler: {wall:.1f} ms/step, {prof.busy:.1f} ms/step of op self '
+            'time (one thread; each op runs on all of them)'
+        )
+        print_profile(prof, _PROFILE_TOP.value)
     return 0
 
 

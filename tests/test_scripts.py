@@ -7,6 +7,7 @@ import math
 import pytest
 from conftest import ROOT, run_entry, stdlib_text
 
+from lm.experiments.torch_profile import op_category
 from lm.train import perf
 
 pytestmark = pytest.mark.slow  # each test starts a benchmark script
@@ -170,6 +171,36 @@ def test_bench_torch_baseline_smoke():
     pytest.importorskip('torch')  # optional: the baseline needs PyTorch, lm does not
     stdout = run('bench_torch_baseline.py', '--steps=2', '--warmup=1')
     assert '| torch eager |' in stdout and 'ms/step' in stdout
+
+
+def test_bench_torch_baseline_profile_splits_op_time_by_category():
+    """--profile_top prints the baseline's op self time per category, the same categories as
+    ours, with the shares summing to the printed total."""
+    pytest.importorskip('torch')
+    stdout = run('bench_torch_baseline.py', '--steps=2', '--warmup=1', '--profile_top=5')
+    total = float(stdout.split('ms/step of op self time')[0].rsplit(', ', 1)[1])
+    table = stdout.split('| category |')[1].split('\n\n')[0].splitlines()[2:]
+    by_category = {r.split(' | ')[0][2:]: float(r.split(' | ')[1]) for r in table}
+    assert 'matmul' in by_category and set(by_category) <= {
+        'matmul', 'transcendental', 'layout', 'reduction', 'elementwise', 'framework'
+    }  # fmt: skip
+    assert sum(by_category.values()) == pytest.approx(total, abs=0.01 * len(by_category))
+    assert 'aten::mm' in stdout and 'JAX operations' not in stdout
+
+
+def test_torch_op_categories_match_ours():
+    for name, category in [
+        ('aten::mm', 'matmul'),
+        ('aten::_scaled_dot_product_flash_attention_for_cpu_backward', 'matmul'),
+        ('aten::gelu_backward', 'transcendental'),
+        ('aten::_foreach_sqrt', 'transcendental'),
+        ('aten::native_layer_norm', 'reduction'),
+        ('aten::copy_', 'layout'),
+        ('aten::add_', 'elementwise'),
+        ('aten::_foreach_lerp_', 'elementwise'),
+        ('Optimizer.step#AdamW.step', 'framework'),
+    ]:
+        assert op_category(name) == category, name
 
 
 def test_bench_torch_baseline_time_to_loss(text_file):

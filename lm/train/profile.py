@@ -183,7 +183,8 @@ def load_profile(trace_dir: str, hlo: str, steps: int) -> Profile:
 
 
 def print_profile(p: Profile, top: int) -> None:
-    """Tables: time per category, the `top` ops, the `top` JAX operations."""
+    """Tables: time per category, the `top` ops, the `top` JAX operations (when the profile
+    knows where its ops came from)."""
     busy = p.busy
     print('| category | ms/step | share of op time |')
     print('|---|---|---|')
@@ -192,6 +193,8 @@ def print_profile(p: Profile, top: int) -> None:
     print(f'\ntop {top} ops:')
     for name, ms in p.ms.most_common(top):
         print(f'  {ms:7.3f} ms  {p.category[name]:<14} {name[:100]}')
+    if not p.source:
+        return
     print(f'\ntop {top} JAX operations (ops grouped by the operation they came from):')
     for (cat, source), ms in p.by_source().most_common(top):
         print(f'  {ms:7.3f} ms  {cat:<14} {source[:100]}')
