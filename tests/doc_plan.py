@@ -442,6 +442,11 @@ PLAN = {
     'docs/results/recall_d64_lr_seeds.csv': Skip(
         'joins the d_model 64 rate screen, only flag-checked, to the 3e-3 calibration'
     ),
+    'python scripts/sweep.py --config=configs/sweeps/recall_d256.py '
+    '--sweep_dir=runs/recall_d256 --seeds=5 --grid seed=5 --points=mha '
+    '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
+    'python scripts/curve_csv.py --out=docs/results/recall_d256_curves.csv '
+    '--sweep_dir=runs/recall_d256': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_mlp '
     '--seeds=5 --grid seed=5 --grid model.mlp_dim=256,512 --points=mha '
     '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
