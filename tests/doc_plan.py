@@ -445,6 +445,12 @@ PLAN = {
     'python scripts/sweep.py --config=configs/sweeps/recall_d256.py '
     '--sweep_dir=runs/recall_d256 --seeds=5 --grid seed=5 --points=mha '
     '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
+    '{ head -1 runs/recall_d256/summary_seeds.csv; grep "^mha,[5-9]," '
+    'docs/results/recall_seeds_10.csv | sed "s|^mha,|mha_d128,|"; tail -n +2 '
+    'runs/recall_d256/summary_seeds.csv | sed "s|^mha,|mha_d256,|"; } > '
+    'docs/results/recall_d256_seeds.csv': Skip(
+        'joins the d_model 256 calibration, only flag-checked, to the committed MHA seeds'
+    ),
     'python scripts/curve_csv.py --out=docs/results/recall_d256_curves.csv '
     '--sweep_dir=runs/recall_d256': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_mlp '
