@@ -422,8 +422,9 @@ PLAN = {
     ),
     'python scripts/curve_csv.py --out=docs/results/recall_mix_curves.csv '
     '--sweep_dir=runs/recall_mix': Flags(),
-    'python scripts/sweep.py --config=configs/sweeps/recall_d64.py --sweep_dir=runs/recall_d64 '
-    '--seeds=5 --grid seed=5 --points=mha --config.mesh.cpu_devices=1 --parallel=2': Flags(),
+    'python scripts/sweep.py --config=configs/sweeps/recall_width.py:64 '
+    '--sweep_dir=runs/recall_d64 --seeds=5 --grid seed=5 --points=mha '
+    '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
     '{ head -1 runs/recall_d64/summary_seeds.csv; grep "^mha,[5-9]," '
     'docs/results/recall_seeds_10.csv | sed "s|^mha,|mha_d128,|"; tail -n +2 '
     'runs/recall_d64/summary_seeds.csv | sed "s|^mha,|mha_d64,|"; } > '
@@ -432,7 +433,7 @@ PLAN = {
     ),
     'python scripts/curve_csv.py --out=docs/results/recall_d64_curves.csv '
     '--sweep_dir=runs/recall_d64': Flags(),
-    'for lr in 1e-3 6e-3; do python scripts/sweep.py --config=configs/sweeps/recall_d64.py '
+    'for lr in 1e-3 6e-3; do python scripts/sweep.py --config=configs/sweeps/recall_width.py:64 '
     '--sweep_dir=runs/recall_d64_lr$lr --seeds=5 --grid seed=5 --points=mha '
     '--config.train.lr=$lr --config.train.min_lr=$lr --config.mesh.cpu_devices=1 --parallel=2; '
     'done': Flags(),
@@ -442,7 +443,7 @@ PLAN = {
     'docs/results/recall_d64_lr_seeds.csv': Skip(
         'joins the d_model 64 rate screen, only flag-checked, to the 3e-3 calibration'
     ),
-    'python scripts/sweep.py --config=configs/sweeps/recall_d256.py '
+    'python scripts/sweep.py --config=configs/sweeps/recall_width.py:256 '
     '--sweep_dir=runs/recall_d256 --seeds=5 --grid seed=5 --points=mha '
     '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
     '{ head -1 runs/recall_d256/summary_seeds.csv; grep "^mha,[5-9]," '

@@ -6,7 +6,7 @@ import math
 import os
 
 import pytest
-from conftest import run_entry, sweep_file, tiny_config, tiny_train_config
+from conftest import ROOT, run_entry, sweep_file, tiny_config, tiny_train_config
 
 from lm.experiments import runner
 from lm.experiments.fairness import match_parameters, reference_config
@@ -14,6 +14,7 @@ from lm.experiments.runner import Spec
 from lm.experiments.sweep import (
     combine,
     file_points,
+    load_sweep_file,
     parse_grid,
     plan,
     point_config,
@@ -414,3 +415,11 @@ def test_named_points_times_a_grid_keep_distinct_run_names(tmp_path, small_text)
     assert lengths[0]['name'] == 'mha_passkey_lengths128-256'
     with pytest.raises(ValueError, match="two sweep points share the run name 'mha': give each"):
         plan(config, [mha, {**mha, 'train.lr': 0.01}], str(tmp_path), ['train.py'])
+
+
+def test_a_sweep_file_with_an_argument_loads_its_points():
+    """--config=file.py:arg hands the argument to get_config; the sweep file itself loads."""
+    module = load_sweep_file(str(ROOT / 'configs' / 'sweeps' / 'recall_width.py') + ':256')
+    assert [p['name'] for p in module.get_points()] == ['mha', 'gqa2', 'mqa', 'mla']
+    config = module.get_config('256')
+    assert config.model.d_model == 256 and config.model.mla.qk_rope_head_dim == 32

@@ -119,7 +119,10 @@ def combine(points: list[dict], grid: list[dict]) -> list[dict]:
 
 
 def load_sweep_file(path: str) -> types.ModuleType:
-    """The sweep file (a config file that may define get_points() and MATCH) as a module."""
+    """The sweep file (a config file that may define get_points() and MATCH) as a module;
+    `path` may end with its get_config's argument, as --config passes it (`recall_width.py:64`)."""
+    if not os.path.exists(path) and ':' in path:
+        path = path.rsplit(':', 1)[0]
     spec = importlib.util.spec_from_file_location('_lm_sweep_file', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
