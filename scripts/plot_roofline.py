@@ -1,6 +1,6 @@
 r"""Roofline plot of decode speed: tokens/s against bytes read per token, one point per variant,
-context and batch of scripts/bench_decode.py's --json rows, and the measured bandwidth's line
-(tokens/s = bandwidth / bytes per token). A point on the line reads memory at the measured rate.
+context and batch of scripts/bench_decode.py's --json rows, and its reference bandwidth's line
+(tokens/s = bandwidth / bytes per token). A point on the line reads memory at that rate.
 
   python scripts/bench_decode.py --contexts=1024,8192,32768 --batch=1,4,8 --json=decode.json
   python scripts/plot_roofline.py --json=decode.json,more.json --out=docs/decoding_roofline.png
@@ -44,7 +44,7 @@ def plot(rows: list[dict], out: str) -> None:
     x = np.array([min(r['bytes_per_step'] / r['batch'] for r in rows) / 2, 0])
     x[1] = max(r['bytes_per_step'] / r['batch'] for r in rows) * 2
     bandwidth = float(np.median([r['bandwidth_GBps'] for r in rows])) * 1e9
-    ax.plot(x, bandwidth / x, 'k-', lw=1, label=f'measured bandwidth {bandwidth / 1e9:.1f} GB/s')
+    ax.plot(x, bandwidth / x, 'k-', lw=1, label=f'reference bandwidth {bandwidth / 1e9:.1f} GB/s')
     ax.plot(x, 0.6 * bandwidth / x, 'k:', lw=1, label='60% of it')
     for v in variants:
         ax.scatter([], [], color=colors[v], marker='s', label=v)

@@ -132,12 +132,13 @@ def test_generate_refuses_what_does_not_fit_the_context_before_any_work(tiny_run
 
 
 @pytest.mark.slow
-def test_generate_with_the_fused_decode_kernel_prints_the_same_greedy_text(tiny_run, tmp_path):
+@pytest.mark.parametrize('d_model', [128, 64])
+def test_generate_with_the_fused_decode_kernel_prints_the_same_greedy_text(tmp_path, d_model):
     """--decode_kernel=pallas_interpret (lm/model/flash_decode.py in Pallas's interpreter, as a
-    GPU would run it compiled) on 8 heads of 16: the greedy text of a cache-free reference.
-    Heads of 8 (tiny_run) are refused in one line."""
-    workdir = tmp_path / 'wide'
-    write_run(workdir, d_model=128, seq_len=32)
+    GPU would run it compiled): the greedy text of a cache-free reference, on 8 heads of 16 and
+    of 8 (a width narrower than a Triton matrix tile, read by elementwise products)."""
+    workdir = tmp_path / f'd{d_model}'
+    write_run(workdir, d_model=d_model, seq_len=32)
     tokenizer = HFTokenizer.from_file(str(TOKENIZER), '</s>')
     prompt = 'the cat'
     ids = tokenizer.encode(prompt)
@@ -147,12 +148,6 @@ def test_generate_with_the_fused_decode_kernel_prints_the_same_greedy_text(tiny_
         GENERATE, f'--workdir={workdir}', f'--prompt={prompt}', '--max_new_tokens=6', *args
     )
     assert out.stdout == f'{want}\n{DIVIDER}\n', out.stderr[-2000:]
-    out = run_entry(GENERATE, f'--workdir={tiny_run}', '--prompt=the', '--max_new_tokens=6', *args)
-    assert out.returncode == 1
-    assert out.stderr.strip().splitlines()[-1] == (
-        "error: config.model.decode_kernel='pallas' needs power-of-2 key widths >= 16 (Triton "
-        "tiles); this variant's are 8; use decode_kernel='xla'"
-    )
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ def test_bench_decode_smoke(tmp_path):
         '--variants=mha,gqa2,mqa,mla,mqa_cla2',
         '--batch=2,1',
         f'--json={tmp_path / "d.json"}',
+        '--bandwidth_gib=1e-7',  # a copy of 104 bytes: its rate, a few MB/s, is below any row's
     )
     rows = json.loads((tmp_path / 'd.json').read_text())
     assert [(r['variant'], r['batch']) for r in rows] == [
@@ -57,8 +58,15 @@ def test_bench_decode_smoke(tmp_path):
         mha = next(m for m in rows if m['variant'] == 'mha' and m['batch'] == r['batch'])
         assert math.isclose(r['predicted_speedup'], mha['bytes_per_step'] / r['bytes_per_step'])
         assert math.isclose(r['speedup_vs_mha'], mha['ms_per_step'] / r['ms_per_step'])
+        assert r['fraction_of_bandwidth'] <= 1
+        assert math.isclose(
+            r['fraction_of_predicted'], r['speedup_vs_mha'] / r['predicted_speedup']
+        )
     assert stdout.count('\n| ') == 12  # per batch: header + 5 rows
-    assert stdout.count('measured read bandwidth') == 2
+    assert stdout.count('reference bandwidth') == 1
+    # the reference is raised to the fastest row's rate: that row reads at 100% of it
+    assert 'which read faster than both' in stdout
+    assert math.isclose(max(r['fraction_of_bandwidth'] for r in rows), 1)
     out = tmp_path / 'roofline.png'
     run('plot_roofline.py', f'--json={tmp_path / "d.json"}', f'--out={out}')
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

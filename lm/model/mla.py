@@ -198,18 +198,20 @@ class MultiHeadLatentAttention(AttentionVariant):
             q_lat_BTHC = jnp.einsum('BTHN,CHN->BTHC', q_nope_BTHN, w_uk_CHN)  # W_UKᵀ q_C per head
             q_pe_BTHX = rope_slots(q_pe_BTHP, R) if R > 1 else q_pe_BTHP  # X = R_K·P
             q_BTHD = jnp.concatenate([q_lat_BTHC, q_pe_BTHX], axis=-1)
-            # The latent is the one K/V head; its values' first C dims: c_KV. einsum: a head
-            # width of C + P is past what cuDNN's fused kernel takes.
-            out_BTHD = self.attend(
+            # The latent is the one K/V head; its values: its first C columns, c_KV (the fused
+            # decode kernel reads each latent tile once for both). einsum: a head width of
+            # C + P is past what cuDNN's fused kernel takes.
+            out_BTHC = self.attend(
                 q_BTHD,
                 latent_BSD,
-                latent_BSD,
+                None,
                 scale=self.scale,
                 mask=mask,
                 impl='einsum',
                 filled=filled,
+                value_width=C,
             )
-            return jnp.einsum('BTHC,CHU->BTHU', out_BTHD[..., :C], w_uv_CHU)  # W_UV after
+            return jnp.einsum('BTHC,CHU->BTHU', out_BTHC, w_uv_CHU)  # W_UV after
         c_BSC, k_pe_BSX = jnp.split(latent_BSD, [C], axis=-1)
         kv_BHSD = self.kv_b_proj(c_BSC).transpose(0, 2, 1, 3)  # head-major for the kernel
         k_nope_BHSN, v_BHSU = jnp.split(kv_BHSD, [N], axis=-1)

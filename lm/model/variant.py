@@ -7,18 +7,26 @@ the KV cache (`KVCache`), the grouped attention kernel and the weights analysis 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from flax import nnx
 
 from lm.model.chunked import chunked_attention
 from lm.model.config import ModelConfig
-from lm.model.flash_decode import flash_decode
+from lm.model.flash_decode import flash_decode, unserved
 from lm.model.hf_mapping import HFMapping
 from lm.model.kv_cache import KVCache
+
+
+@functools.cache
+def _fall_back(message: str) -> None:
+    """Logs `message` once per process (a decode step traces each layer's attention)."""
+    logging.warning(message)
 
 
 def causal_mask(T: int, S: int | None = None) -> jax.Array:
@@ -210,33 +218,50 @@ class AttentionVariant(nnx.Module):
         self,
         q_BTHD: jax.Array,
         k_BGSD: jax.Array,
-        v_BGSU: jax.Array,
+        v_BGSU: jax.Array | None,
         *,
         scale: float,
         mask: jax.Array | None,
         impl: str | None = None,
         filled: jax.Array | None = None,
+        value_width: int | None = None,
     ) -> jax.Array:
         """`grouped_attention` (keys and values head-major, [B, G, S, D], or [B, S, D] for one
-        KV head) with `impl` (default:
-        config.model.attention_impl), sowing its weights when `sow_weights` is set (on the
-        einsum path, the one that forms them). filled: with a full cache, the slots written so far
-        (`KVCache.filled`; None for a ring, attended whole); then a decode step's one query
-        attends in one fused kernel when config.model.decode_kernel is 'pallas'
-        (`flash_decode`), and otherwise einsum attention reads only the filled slots,
-        config.model.decode_chunk at a time (`chunked_attention`), unless decode_chunk is 0."""
+        KV head) with `impl` (default: config.model.attention_impl), sowing its weights when
+        `sow_weights` is set (on the einsum path, the one that forms them). v_BGSU None: the
+        values are the keys' first `value_width` columns (absorbed MLA's latent), [B, T, H,
+        value_width] out. filled: with a full cache, the slots written so far (`KVCache.filled`;
+        None for a ring, attended whole); then a decode step's one query attends in one fused
+        kernel when config.model.decode_kernel is 'pallas' (`flash_decode`; a cache it cannot
+        tile attends with XLA, said once in a log line), and otherwise einsum attention reads
+        only the filled slots, config.model.decode_chunk at a time (`chunked_attention`), unless
+        decode_chunk is 0."""
         impl = 'einsum' if self.sow_weights else impl or self.cfg.attention_impl
         chunk, kernel = self.cfg.decode_chunk, self.cfg.decode_kernel
         S = k_BGSD.shape[-2]
-        if filled is not None and kernel != 'xla' and q_BTHD.shape[1] == 1 and not self.sow_weights:
-            interpret = kernel == 'pallas_interpret'
-            return flash_decode(
-                q_BTHD, k_BGSD, v_BGSU, mask, scale=scale, filled=filled, interpret=interpret
-            )
+        decode = filled is not None and q_BTHD.shape[1] == 1 and not self.sow_weights
+        if decode and kernel != 'xla':
+            if reason := unserved(S):
+                _fall_back(f'{type(self).__name__}: {reason}; this variant decodes with XLA')
+            else:
+                return flash_decode(
+                    q_BTHD,
+                    k_BGSD,
+                    v_BGSU,
+                    mask,
+                    scale=scale,
+                    filled=filled,
+                    value_width=value_width,
+                    interpret=kernel == 'pallas_interpret',
+                )
+        U = value_width
+        if v_BGSU is None:  # the keys serve as values: attend, then keep the first U columns
+            v_BGSU = k_BGSD
         if filled is not None and 0 < chunk < S and impl == 'einsum' and not self.sow_weights:
-            return chunked_attention(
+            out_BTHU = chunked_attention(
                 q_BTHD, k_BGSD, v_BGSU, mask, scale=scale, filled=filled, chunk=chunk
             )
+            return out_BTHU if U is None else out_BTHU[..., :U]
         if k_BGSD.ndim == 3:  # one shared KV head as [B, S, D] (absorbed MLA's latent)
             k_BGSD, v_BGSU = k_BGSD[:, None], v_BGSU[:, None]
         out_BTHU, p_BHTS = grouped_attention(
@@ -244,7 +269,7 @@ class AttentionVariant(nnx.Module):
         )
         if self.sow_weights:
             self.sow(AttentionWeights, 'weights', p_BHTS)
-        return out_BTHU
+        return out_BTHU if U is None else out_BTHU[..., :U]
 
     # What the variant owns besides its computation: its config section and its HF mapping.
     config_section: ClassVar[str] = ''  # its own `config.model.<config_section>` ('' = none)

@@ -24,6 +24,36 @@ PEAK_FLOPS = {
     'TPU v6e': 918e12,
 }
 
+# Peak memory bandwidth per device, bytes/s, from vendor data sheets (HBM; stated beside the
+# copy bandwidth a decode benchmark measures, never used as its reference).
+PEAK_BANDWIDTH = {
+    'NVIDIA H100 80GB HBM3': 3.35e12,
+    'NVIDIA H100 PCIe': 2.0e12,
+    'NVIDIA H100': 3.35e12,
+    'NVIDIA H200': 4.8e12,
+    'NVIDIA A100-SXM4-80GB': 2.039e12,
+    'NVIDIA A100-SXM4-40GB': 1.555e12,
+    'NVIDIA L4': 0.3e12,
+    'TPU v4': 1.2e12,
+    'TPU v5 lite': 0.819e12,
+    'TPU v5e': 0.819e12,
+    'TPU v5p': 2.765e12,
+    'TPU v6 lite': 1.64e12,
+    'TPU v6e': 1.64e12,
+}
+
+
+def spec_bandwidth() -> float | None:
+    """The vendor's peak memory bandwidth of this run's accelerator kind (None: a CPU or an
+    unlisted kind)."""
+    device = jax.devices()[0]
+    if device.platform == 'cpu':
+        return None
+    for name, bandwidth in PEAK_BANDWIDTH.items():
+        if device.device_kind.startswith(name):
+            return bandwidth
+    return None
+
 
 def cpu_model() -> str:
     """The host CPU's model name and core count, e.g. 'AMD EPYC (2 cores)' (from
