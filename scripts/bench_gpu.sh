@@ -14,13 +14,22 @@
 #   bash scripts/bench_gpu.sh logits OUT_DIR  # the 125M step: Triton GEMMs off per compile, then
 #                                             # bfloat16 logits against float32 (Triton off), each
 #                                             # an A/B in one process
+#   bash scripts/bench_gpu.sh roofline OUT_DIR [SECONDS]
+#                                             # the fused kernels' tests compiled (MLA's latent
+#                                             # kernel too); decoding with them at 8k (batch 8, 64)
+#                                             # against the copy-bandwidth reference; the 125M step
+#                                             # against compiled and eager nanoGPT; decoding at 32k
+#                                             # (batch 1, 8). Steps that no longer fit SECONDS
+#                                             # (default 570) are skipped, said in the log
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
 # H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/performance.md.
 set -u
-part=${1:?usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits OUT_DIR}
-out=${2:?usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits OUT_DIR}
+usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline OUT_DIR'
+part=${1:?$usage}
+out=${2:?$usage}
+budget=${3:-570}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 # configs/gpt125m.py as every part but `logits` measured it: float32 logits, XLA's Triton GEMMs
@@ -29,6 +38,12 @@ before=(--set=model.logits_dtype=float32 --set=train.xla_options=)
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/NAME.log
   local name=$1 limit=$2
   shift 2
+  local left=$((budget - SECONDS))
+  if ((left < 30)); then
+    echo "== $name: skipped ($left s of the $budget s budget left)"
+    return
+  fi
+  ((limit > left)) && limit=$left
   echo "== $name: $*"
   local t0=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
@@ -114,8 +129,21 @@ logits)
   XLA_FLAGS=--xla_gpu_enable_triton_gemm=false step ab_logits_no_triton 280 "${ab[@]}" \
     --option= --config_arm=logits16:model.logits_dtype=compute
   ;;
+roofline)
+  step env 60 bash -c 'date -u; nvidia-smi -L; python3 -c "import jax, torch;
+print(jax.__version__, torch.__version__, jax.devices())"'
+  XLA_PYTHON_CLIENT_PREALLOCATE=false step test_flash 120 python3 -m pytest \
+    tests/test_flash_decode.py -q -n 0 -p no:cacheprovider
+  decode=(python3 scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --num_heads=16
+    --d_model=1024 --dtype=bfloat16 --num_layers=12 --bandwidth_gib=4 --decode_kernel=pallas)
+  step decode_8k 190 "${decode[@]}" --contexts=8192 --batch=8,64 --json="$out/decode_8k.json"
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 step train_peers 200 python3 scripts/bench_train.py \
+    --config=configs/gpt125m.py --variants=mha,gqa4,mla --steps=20 --rounds=2 \
+    --set=model.attention_impl=cudnn --json="$out/train_peers.json"
+  step decode_32k 150 "${decode[@]}" --contexts=32768 --batch=1,8 --json="$out/decode_32k.json"
+  ;;
 *)
-  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits)" >&2
+  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits|roofline)" >&2
   exit 2
   ;;
 esac

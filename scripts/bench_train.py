@@ -10,13 +10,14 @@ per token (6N + 12·L·H·Q·T, PaLM App. B), achieved FLOP/s and MFU against a 
 so its MFU column is '—' unless --peak_flops states one).
 The header names the CPU model (and the accelerator kind).
 
-On a CPU with PyTorch importable it also times the eager PyTorch nanoGPT baseline
-(lm/experiments/torch_baseline.py: nanoGPT's model at this config's width, depth, heads, context
-and batch,
-nanoGPT's 65-character vocabulary) in the same process, interleaved with ours: the timed steps
-are split into --rounds rounds, each running our steps then as many baseline steps, and each
-row gives the baseline's median over the rounds of that variant and the ratio (PyTorch ms/step
-÷ ours: above 1 means ours is faster). Without PyTorch it says so in one line.
+With PyTorch importable it also times the nanoGPT baseline (lm/experiments/torch_baseline.py:
+nanoGPT's model at this config's width, depth, heads, context, batch and vocabulary) in the same
+process, interleaved with ours: on a CPU eager ('torch'); on a GPU as nanoGPT trains there
+(bfloat16 autocast, flash SDPA, fused AdamW) under `torch.compile` ('torch.compile') and eager
+('torch'). The timed steps are split into --rounds rounds, each running our steps then as many
+steps of each baseline, and each row gives a baseline's median over the rounds of that variant
+and the ratio (its ms/step ÷ ours: above 1 means ours is faster). Without PyTorch it says so in
+one line.
 
   python scripts/bench_train.py
   python scripts/bench_train.py --variants=mha --steps=100 --json=bench.json
@@ -49,7 +50,9 @@ _PEAK = flags.DEFINE_float(
 )
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Rounds alternating ours and the PyTorch baseline.')
 _TORCH = flags.DEFINE_bool(
-    'torch_baseline', True, 'Time the eager PyTorch baseline interleaved (CPU, torch importable).'
+    'torch_baseline',
+    True,
+    'Time the PyTorch nanoGPT baseline interleaved (eager on a CPU; compiled and eager on a GPU).',
 )
 
 _TORCH_THREADS = flags.DEFINE_integer(
@@ -58,29 +61,42 @@ _TORCH_THREADS = flags.DEFINE_integer(
 
 # The custom-call target of cuDNN's fused (flash) attention in a compiled GPU program.
 CUDNN_FMHA = '__cudnn$fmha'
-_steppers: dict[torch_baseline.Shape, torch_baseline.Stepper] = {}
+_steppers: dict[tuple, torch_baseline.Stepper] = {}
 
 
-def baseline_stepper(c) -> torch_baseline.Stepper:
-    """The PyTorch baseline at config c's shape (built once per shape, warmed up)."""
+def peers() -> tuple[str, ...]:
+    """The baselines this device times: eager on a CPU, compiled and eager on a GPU."""
+    return ('torch.compile', 'torch') if jax.devices()[0].platform == 'gpu' else ('torch',)
+
+
+def baseline_stepper(c, vocab: int, peer: str) -> torch_baseline.Stepper:
+    """The PyTorch baseline `peer` at config c's shape (built once per shape, warmed up)."""
     shape = torch_baseline.Shape(
+        vocab=vocab,
         n_layer=c.model.num_layers,
         n_head=c.model.num_heads,
         n_embd=c.model.d_model,
         block=c.data.seq_len,
         batch=c.train.batch_size,
     )
-    if shape not in _steppers:
-        _steppers[shape] = torch_baseline.make_stepper(shape, threads=_TORCH_THREADS.value)
-        torch_baseline.time_steps(_steppers[shape], _WARMUP.value)
-    return _steppers[shape]
+    if (shape, peer) not in _steppers:
+        gpu = jax.devices()[0].platform == 'gpu'
+        _steppers[shape, peer] = torch_baseline.make_stepper(
+            shape,
+            threads=_TORCH_THREADS.value,
+            device='cuda' if gpu else 'cpu',
+            compiled=peer == 'torch.compile',
+        )
+        torch_baseline.time_steps(_steppers[shape, peer], max(_WARMUP.value, 3))
+    return _steppers[shape, peer]
 
 
 def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
     exp = assemble(RECIPE.config(variant), state='init', data=True)
     c, ctx = exp.config, exp.ctx
     k = c.train.steps_per_call
-    stepper = baseline_stepper(c) if with_torch else None
+    vocab = exp.model_cfg.vocab_size
+    steppers = {p: baseline_stepper(c, vocab, p) for p in peers()} if with_torch else {}
     with jax.set_mesh(ctx.mesh):
         state = exp.state
         step_fn = make_train_step(ctx, c.train.grad_accum_steps, k)
@@ -106,7 +122,8 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
         for _ in range(-(-_WARMUP.value // k)):
             state, metrics = compiled(state, batch)
         jax.block_until_ready(state)
-        step_times, dispatch, torch_times = [], [], []
+        step_times, dispatch = [], []
+        peer_times = {p: [] for p in steppers}
         rounds = max(1, min(_ROUNDS.value, calls))
         for r in range(rounds):
             for _ in range(calls * (r + 1) // rounds - calls * r // rounds):
@@ -115,8 +132,8 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
                 dispatch.append((time.perf_counter() - t) / k)
                 jax.block_until_ready(metrics)
                 step_times.append((time.perf_counter() - t) / k)
-            if stepper is not None:
-                torch_times += torch_baseline.time_steps(stepper, -(-_STEPS.value // rounds))
+            for p, stepper in steppers.items():
+                peer_times[p] += torch_baseline.time_steps(stepper, -(-_STEPS.value // rounds))
         with_data = []
         for call in range(calls):
             t = time.perf_counter()
@@ -126,7 +143,7 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
     dt = float(np.median(step_times))
     tokens = c.train.batch_size * c.data.seq_len
     fpt = accounting.flops_per_token(exp.model_cfg, c.data.seq_len)
-    torch_ms = float(np.median(torch_times)) * 1e3 if torch_times else None
+    peer_ms = {p: float(np.median(t)) * 1e3 for p, t in peer_times.items()}
     return {
         'variant': variant,
         'steps_per_call': k,
@@ -141,8 +158,10 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
         'peak_flops': peak_total,
         'mfu': perf.mfu(tokens / dt, fpt, peak_total),
         'params': accounting.param_counts(exp.model_cfg)['total'],
-        'torch_step_time_ms': torch_ms,
-        'torch_over_ours': torch_ms / (dt * 1e3) if torch_ms else None,
+        # per baseline ('torch': eager, 'torch.compile'): its ms/step, and that over ours
+        'peers': {
+            p: {'step_time_ms': ms, 'over_ours': ms / (dt * 1e3)} for p, ms in peer_ms.items()
+        },
     }
 
 
@@ -157,13 +176,19 @@ def percent(mfu: float | None) -> str:
 
 
 def torch_status() -> tuple[bool, str]:
-    """(whether to time the PyTorch baseline, a one-line reason when not)."""
+    """(whether to time the PyTorch baselines, a one-line reason when not)."""
     if not _TORCH.value:
-        return False, 'eager PyTorch baseline: off (--torch_baseline=false)'
-    if jax.devices()[0].platform != 'cpu':
-        return False, 'eager PyTorch baseline: not timed (it runs on the CPU; this run is not)'
+        return False, 'PyTorch baseline: off (--torch_baseline=false)'
+    platform = jax.devices()[0].platform
+    if platform not in ('cpu', 'gpu'):
+        return (
+            False,
+            f'PyTorch baseline: not timed (it runs on a CPU or a GPU; this run: {platform})',
+        )
     if not torch_baseline.available():
-        return False, 'eager PyTorch baseline: not timed (torch is not importable)'
+        return False, 'PyTorch baseline: not timed (torch is not importable)'
+    if platform == 'gpu' and not torch_baseline.cuda_available():
+        return False, 'PyTorch baseline: not timed (this PyTorch sees no GPU)'
     return True, ''
 
 
@@ -176,26 +201,28 @@ def run() -> int:
         f'config {RECIPE.name}, {peak_text(peak_total, source)}; medians over {_STEPS.value} '
         'steps (calls of steps/call steps, each timed and divided by it)'
     )
+    names = peers() if with_torch else ()
     if with_torch:
         version, threads = torch_baseline.version_and_threads(_TORCH_THREADS.value)
+        kinds = ' and '.join('compiled' if p == 'torch.compile' else 'eager' for p in names)
         print(
-            f'eager PyTorch {version} nanoGPT baseline ({threads} threads), interleaved '
+            f'{kinds} PyTorch {version} nanoGPT baseline ({threads} threads), interleaved '
             f'with ours in {_ROUNDS.value} rounds per variant; torch ÷ ours > 1: ours is faster'
         )
     else:
         print(why_not)
-    extra = ' torch ms | torch ÷ ours |' if with_torch else ''
+    extra = ''.join(f' {p} ms | {p} ÷ ours |' for p in names)
     print(
         '| variant | params | steps/call | compile s | step ms | dispatch ms/step | '
         'step ms with data | tokens/s | MFLOPs/token | GFLOP/s | MFU | cuDNN attention |' + extra
     )
-    print('|---|---|---|---|---|---|---|---|---|---|---|---|' + '---|' * (2 if with_torch else 0))
+    print('|---|---|---|---|---|---|---|---|---|---|---|---|' + '---|---|' * len(names))
     rows = []
     for variant in _VARIANTS.value:  # each row as soon as it is measured
         r = bench(variant, peak_total, with_torch)
         rows.append(r)
-        cells = (
-            f' {r["torch_step_time_ms"]:.1f} | {r["torch_over_ours"]:.2f}x |' if with_torch else ''
+        cells = ''.join(
+            f' {q["step_time_ms"]:.1f} | {q["over_ours"]:.2f}x |' for q in r['peers'].values()
         )
         print(
             f'| {r["variant"]} | {r["params"]:,} | {r["steps_per_call"]} | {r["compile_s"]:.1f} | '

@@ -1,5 +1,7 @@
-"""The eager PyTorch baseline: nanoGPT's model (LayerNorm without bias, GELU MLP,
-learned positions, tied head) trained by AdamW with gradient clipping, one step at a time.
+"""The PyTorch baseline: nanoGPT's model (LayerNorm without bias, GELU MLP, learned positions,
+tied head) trained by AdamW with gradient clipping, one step at a time: eager on a CPU; on a GPU
+as nanoGPT trains there (bfloat16 autocast, flash SDPA, fused AdamW), eager or under
+`torch.compile`.
 
 PyTorch is optional (not a dependency of lm): it is imported inside the functions, so importing
 this module never needs it. Used by scripts/bench_torch_baseline.py and scripts/bench_train.py.
@@ -83,7 +85,7 @@ def build(torch, s: Shape):
                     torch.nn.init.normal_(p, mean=0.0, std=std)
 
         def forward(self, idx, targets=None):
-            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
             for blk in self.h:
                 x = blk(x)
             logits = self.lm_head(self.ln_f(x))
@@ -105,26 +107,51 @@ class Stepper:
     flops_per_token: float
 
 
-def make_stepper(s: Shape = Shape(), threads: int = 0, seed: int = 0) -> Stepper:
+def cuda_available() -> bool:
+    """Whether PyTorch is importable and sees a GPU."""
+    if not available():
+        return False
+    import torch  # optional: only the baseline needs it
+
+    return torch.cuda.is_available()
+
+
+def make_stepper(
+    s: Shape = Shape(), threads: int = 0, seed: int = 0, device: str = 'cpu', compiled: bool = False
+) -> Stepper:
     """The baseline's train step (forward, backward, clip to 1.0, AdamW lr 1e-3, beta2 0.99,
-    weight decay 0.1), timed as ours is: `step()` returns only once the update is done."""
+    weight decay 0.1), timed as ours is: `step()` returns only once the update is done. On
+    device 'cuda': float32 weights and AdamW (fused), bfloat16 autocast (nanoGPT's GPU recipe);
+    `compiled`: the model under `torch.compile`."""
+    import contextlib
+
     import torch  # optional: only the baseline needs it
 
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    model = build(torch, s)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
-    x = torch.randint(0, s.vocab, (s.batch, s.block))
-    y = torch.randint(0, s.vocab, (s.batch, s.block))
+    model = build(torch, s).to(device)
+    gpu = device != 'cpu'
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=1e-3,
+        betas=(0.9, 0.99),
+        weight_decay=0.1,
+        **({'fused': True} if gpu else {}),
+    )
+    x = torch.randint(0, s.vocab, (s.batch, s.block), device=device)
+    y = torch.randint(0, s.vocab, (s.batch, s.block), device=device)
+    forward = torch.compile(model) if compiled else model
 
     def step() -> float:
-        loss = model(x, y)
+        autocast = torch.autocast('cuda', torch.bfloat16) if gpu else contextlib.nullcontext()
+        with autocast:
+            loss = forward(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        return loss.item()
+        return loss.item()  # waits for the step
 
     n = sum(p.numel() for p in model.parameters())
     # PaLM App. B, as lm.model.accounting: 6N + 12·L·H·Q·T.
