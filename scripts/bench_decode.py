@@ -257,6 +257,7 @@ def add_roofline(rows: list[dict], reference: dict) -> dict:
     mha = {(r['batch'], r['context']): r for r in rows if r['variant'] == 'mha'}
     for r in rows:
         r['bandwidth_GBps'] = reference['reference'] / 1e9
+        r['copy_GBps'], r['read_GBps'] = reference['copy'] / 1e9, reference['read'] / 1e9
         r['fraction_of_bandwidth'] = r['achieved_GBps'] * 1e9 / reference['reference']
         ref = mha.get((r['batch'], r['context']))
         r['speedup_vs_mha'] = ref and ref['ms_per_step'] / r['ms_per_step']
