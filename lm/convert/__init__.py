@@ -1,3 +1,27 @@
 """The convert wing: Hugging Face checkpoints in and out, and checkpoint conversions between
 attention variants (MHA -> GQA/MQA by pooling or merging KV heads, MHA -> MLA).
+
+Public face: Hugging Face import and export, the conversion options and their checks,
+converting a checkpoint, and the RoPE-selection study's pieces.
 """
+
+from lm import public_face
+
+__all__, __getattr__, __dir__ = public_face(
+    __name__,
+    {
+        'hf_io': ('export_hf', 'import_hf'),
+        'hf_files': ('max_position',),
+        'staging': ('check_export_dir',),
+        'methods': (
+            'KEYS',
+            'SCHEDULES',
+            'ConversionOptions',
+            'calibration_inputs',
+            'check_conversion',
+        ),
+        'uptrain': ('METHODS', 'SOURCE', 'WORKDIR', 'convert_checkpoint'),
+        'mla': ('choose_stride', 'pair_contribution'),
+        'rope_selection': ('selections',),
+    },
+)

@@ -1,3 +1,17 @@
 """The data wing: text sources and tokenizers, the token cache (each split tokenised once into a
 memmap), and which windows each training or evaluation batch holds.
+
+Public face: the corpus and its tokenizer, the batch loaders, and the recall task's probe.
 """
+
+from lm import public_face
+
+__all__, __getattr__, __dir__ = public_face(
+    __name__,
+    {
+        'corpus': ('Corpus', 'cache_dir', 'load_corpus', 'load_tokenizer', 'stdlib_files'),
+        'tokenizer': ('Tokenizer', 'train_bpe'),
+        'windows': ('call_batch', 'train_batch'),
+        'recall': ('nth_answer_only',),
+    },
+)
