@@ -152,6 +152,7 @@ def test_register_refuses_missing_names_sections_and_capability_members():
     assert refusal(names=()) == 'attention variant Toy lacks names'
     assert refusal(config_section='toy') == 'attention variant Toy lacks config_class'
     assert refusal(poolable_kv_heads=True) == 'attention variant Toy lacks kv_projections, pooled'
+    assert refusal(latent_kv=True) == 'attention variant Toy lacks config_section'
     assert attention.missing_members(SharedKV) == []
     for cls in set(attention.VARIANTS.values()):
         assert attention.missing_members(cls) == [], cls

@@ -290,7 +290,10 @@ CONTRACT = (
     'score_dims',
     'init_cache',
 )
-CAPABILITIES = {'poolable_kv_heads': ('kv_projections', 'pooled')}
+CAPABILITIES = {
+    'poolable_kv_heads': ('kv_projections', 'pooled'),
+    'latent_kv': ('config_section',),  # a conversion writes the target's section
+}
 
 
 def missing_members(cls: type[AttentionVariant]) -> list[str]:
@@ -308,7 +311,8 @@ def missing_members(cls: type[AttentionVariant]) -> list[str]:
 
 
 def _overrides(cls: type, member: str) -> bool:
-    """Whether a subclass of AttentionVariant below it defines `member` on the way up from cls."""
+    """Whether `member`'s nearest definition on `cls`'s MRO is a variant's, not the contract's
+    own (or nnx.Module's)."""
     owner = next(c for c in cls.__mro__ if member in vars(c))
     return owner is not AttentionVariant and issubclass(owner, AttentionVariant)
 
