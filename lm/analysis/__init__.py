@@ -1,11 +1,10 @@
 """The analysis wing: what each attention head does (scores from attention weights), per-run
 reports, heatmaps and TensorBoard entries.
-
-Public face: analysing runs (`analyse_run` -> `RunHeads`), their tables and their figures.
 """
 
 from lm import public_face
 
+# The public face: the names each private module offers, the only ones entry points import.
 __all__, __getattr__, __dir__ = public_face(
     __name__,
     {

@@ -1,12 +1,10 @@
 """The convert wing: Hugging Face checkpoints in and out, and checkpoint conversions between
 attention variants (MHA -> GQA/MQA by pooling or merging KV heads, MHA -> MLA).
-
-Public face: Hugging Face import and export, the conversion options and their checks,
-converting a checkpoint, and the RoPE-selection study's pieces.
 """
 
 from lm import public_face
 
+# The public face: the names each private module offers, the only ones entry points import.
 __all__, __getattr__, __dir__ = public_face(
     __name__,
     {

@@ -1,11 +1,10 @@
 """The data wing: text sources and tokenizers, the token cache (each split tokenised once into a
 memmap), and which windows each training or evaluation batch holds.
-
-Public face: the corpus and its tokenizer, the batch loaders, and the recall task's probe.
 """
 
 from lm import public_face
 
+# The public face: the names each private module offers, the only ones entry points import.
 __all__, __getattr__, __dir__ = public_face(
     __name__,
     {

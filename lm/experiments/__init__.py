@@ -1,12 +1,10 @@
 """The experiments wing: sweeps and uptraining ablations, equal-budget comparisons, statistics over
 seeds and summaries; the eager PyTorch baseline the benchmarks compare against.
-
-Public face: planning and running specs, sweeps and ablations with their summaries and tables,
-Pareto fronts and their figures, learning-rate screens, cache-quality evaluations.
 """
 
 from lm import public_face
 
+# The public face: the names each private module offers, the only ones entry points import.
 __all__, __getattr__, __dir__ = public_face(
     __name__,
     {

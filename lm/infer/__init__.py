@@ -1,10 +1,8 @@
-"""The infer wing: KV-cache decoding (prefill, then token by token inside one jit) and sampling.
-
-Public face: the `Decoder`, its sampling settings, and the caches it decodes through.
-"""
+"""The infer wing: KV-cache decoding (prefill, then token by token inside one jit) and sampling."""
 
 from lm import public_face
 
+# The public face: the names each private module offers, the only ones entry points import.
 __all__, __getattr__, __dir__ = public_face(
     __name__,
     {

@@ -6,13 +6,11 @@ data (`hf_mapping`), the decoding cache every variant shares (`kv_cache`: full o
 sliding-window ring, float or int8 via `kv_quant`, or, full caches, KIVI's 4 bits via
 `kv_kivi`), the decoder (`transformer`) and the accounting of parameters, KV-cache bytes and
 FLOPs. Imports no other wing.
-
-Public face: the config and its checks, the model and its builder, the variant contract and
-registry, the cache kinds, and the accounting entry points and scripts read.
 """
 
 from lm import public_face
 
+# The public face: the names each private module offers, the only ones entry points import.
 __all__, __getattr__, __dir__ = public_face(
     __name__,
     {

@@ -1,14 +1,11 @@
 """The train wing: run assembly (`run`), the jitted train/eval steps, the loop, optimizer,
 checkpoints, the run directory, evaluation, TensorBoard and the run log; performance accounting
 (`perf`) and profiler traces (`profile`). Imports neither `convert` nor `analysis`.
-
-Public face: assembling a run and reading a stored one, the loop, the steps, evaluation, the
-run directory and its TensorBoard summary, stopping, checkpoints' metadata, performance figures
-and profiles.
 """
 
 from lm import public_face
 
+# The public face: the names each private module offers, the only ones entry points import.
 __all__, __getattr__, __dir__ = public_face(
     __name__,
     {
