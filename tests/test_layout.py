@@ -4,6 +4,8 @@ README Layout table that names every wing, top-level module and entry point."""
 import ast
 import importlib
 import re
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
@@ -156,6 +158,18 @@ def test_public_faces_resolve(wing):
     assert module.__all__ and not set(module.__all__) & modules, set(module.__all__) & modules
     for name in module.__all__:
         assert getattr(module, name) is not None, name
+
+
+def test_faces_import_a_module_on_first_use():
+    """A name from a face imports its own module only: a script that needs `StopRequest` does
+    not wait for the whole train wing (the run assembly, orbax, optax) to import."""
+    code = (
+        'import sys; from lm.train import StopRequest; from lm import experiments; '
+        "print(*sorted(m for m in sys.modules if m.startswith('lm.')))"
+    )
+    done = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ['lm.experiments', 'lm.train', 'lm.train.interrupt']
 
 
 def test_readme_layout_table_names_everything():
