@@ -48,14 +48,18 @@ from absl import flags
 
 from lm.cli import run_app
 from lm.config import load_config_file
-from lm.infer.decode import Decoder, cache_capacity, init_caches
-from lm.model.accounting import kv_cache_bytes, kv_cache_bytes_read, param_counts
-from lm.model.attention import parse_variant
-from lm.model.config import DECODE_KERNELS
-from lm.model.kv_cache import KV_CACHE_DTYPES
-from lm.model.transformer import build_model, model_config
-from lm.train import perf
-from lm.train.profile import load_profile, print_profile
+from lm.infer import Decoder, cache_capacity, init_caches
+from lm.model import (
+    DECODE_KERNELS,
+    KV_CACHE_DTYPES,
+    build_model,
+    kv_cache_bytes,
+    kv_cache_bytes_read,
+    model_config,
+    param_counts,
+    parse_variant,
+)
+from lm.train import load_profile, print_profile, spec_bandwidth
 
 _CONTEXTS = flags.DEFINE_list('contexts', ['256', '1024', '4096', '8192'], 'Cache fill lengths.')
 _VARIANTS = flags.DEFINE_list(
@@ -152,7 +156,7 @@ def memory_reference(gib: float, repeats: int = 7) -> dict:
         best['copy'] = max(best['copy'], 2 * x.nbytes / timed(copy, x, repeats))
         best['read'] = max(best['read'], x.nbytes / timed(read, x, repeats))
         del x
-    return {**best, 'reference': max(best.values()), 'spec': perf.spec_bandwidth()}
+    return {**best, 'reference': max(best.values()), 'spec': spec_bandwidth()}
 
 
 def random_like(key: jax.Array, a: jax.Array) -> jax.Array:

@@ -4,26 +4,25 @@ learned positions, AdamW), timed the way scripts/bench_train.py times ours, so t
 on one machine. Needs `pip install torch` (not a dependency of lm). scripts/bench_train.py runs
 the same baseline interleaved with ours and prints the ratio; this script times it alone.
 
-  python scripts/bench_torch_baseline.py --steps=60
-  python scripts/bench_torch_baseline.py --steps=30 --profile_top=15   # where its time goes
+  python scripts/bench_torch_nanogpt.py --steps=60
+  python scripts/bench_torch_nanogpt.py --steps=30 --profile_top=15   # where its time goes
 
 With --target_loss it instead trains the baseline on the recipe's data (configs/
 shakespeare_char.py: its split, batches, steps, learning rates) and prints the validation loss
 of the whole split every --eval_every steps, with the seconds since training started, until the
 loss reaches the target (time to quality; vocabulary: the recipe's byte tokenizer):
 
-  python scripts/bench_torch_baseline.py --target_loss=1.886 --eval_every=100 \
+  python scripts/bench_torch_nanogpt.py --target_loss=1.886 --eval_every=100 \
       --data_path=data/tinyshakespeare.txt
 """
 
 import numpy as np
 from absl import flags
+from baselines import torch_nanogpt, torch_profile
 
 from lm.cli import RecipeFlags, bootstrap, run_app
-from lm.data.corpus import load_corpus, load_tokenizer
-from lm.experiments import torch_baseline, torch_profile
-from lm.train import perf
-from lm.train.profile import print_profile
+from lm.data import load_corpus, load_tokenizer
+from lm.train import cpu_model, mfu, peak_flops, print_profile
 
 RECIPE = RecipeFlags(__name__)
 
@@ -45,7 +44,7 @@ def time_to_loss() -> int:
     c = RECIPE.config('mha')
     bootstrap(c, compilation_cache=False)
     corpus = load_corpus(c.data)
-    shape = torch_baseline.Shape(
+    shape = torch_nanogpt.Shape(
         vocab=load_tokenizer(c.data).vocab_size,
         n_layer=c.model.num_layers,
         n_head=c.model.num_heads,
@@ -54,12 +53,11 @@ def time_to_loss() -> int:
         batch=c.train.batch_size,
     )
     print(
-        f'eager PyTorch nanoGPT baseline, time to validation loss {_TARGET.value} '
-        f'on {perf.cpu_model()}'
+        f'eager PyTorch nanoGPT baseline, time to validation loss {_TARGET.value} on {cpu_model()}'
     )
     print('| step | validation loss (whole split) | seconds since training started |')
     print('|---|---|---|')
-    rows = torch_baseline.train_to_loss(
+    rows = torch_nanogpt.train_to_loss(
         corpus.tokens['train'],
         corpus.tokens['validation'],
         shape,
@@ -81,22 +79,23 @@ def time_to_loss() -> int:
 def run() -> int:
     if _TARGET.value > 0:
         return time_to_loss()
-    shape = torch_baseline.Shape()
-    stepper = torch_baseline.make_stepper(shape, threads=_THREADS.value)
-    torch_baseline.time_steps(stepper, _WARMUP.value)
-    dt = float(np.median(torch_baseline.time_steps(stepper, _STEPS.value)))
-    peak, source = perf.peak_flops(_PEAK.value)
+    shape = torch_nanogpt.Shape()
+    stepper = torch_nanogpt.make_stepper(shape, threads=_THREADS.value)
+    torch_nanogpt.time_steps(stepper, _WARMUP.value)
+    dt = float(np.median(torch_nanogpt.time_steps(stepper, _STEPS.value)))
+    peak, source = peak_flops(_PEAK.value)
     tps = shape.batch * shape.block / dt
     fpt = stepper.flops_per_token
     print(
-        f'eager PyTorch {stepper.version} nanoGPT baseline on {perf.cpu_model()}: '
+        f'eager PyTorch {stepper.version} nanoGPT baseline on {cpu_model()}: '
         f'{stepper.params:,} params, {stepper.threads} threads, '
         f'{f"peak {peak / 1e9:,.0f} GFLOP/s ({source})" if peak else source}'
     )
-    mfu = perf.mfu(tps, fpt, peak)
+    utilisation = mfu(tps, fpt, peak)
+    shown = '—' if utilisation is None else f'{utilisation:.1%}'
     print(
         f'| torch eager | {dt * 1e3:.1f} ms/step | {tps:,.0f} tokens/s | '
-        f'{fpt * tps / 1e9:.1f} GFLOP/s | MFU {"—" if mfu is None else f"{mfu:.1%}"} |'
+        f'{fpt * tps / 1e9:.1f} GFLOP/s | MFU {shown} |'
     )
     if _PROFILE_TOP.value > 0:
         prof, wall = torch_profile.profile_steps(stepper, _STEPS.value)

@@ -10,7 +10,7 @@ per token (6N + 12·L·H·Q·T, PaLM App. B), achieved FLOP/s and MFU against a 
 so its MFU column is '—' unless --peak_flops states one).
 The header names the CPU model (and the accelerator kind).
 
-With PyTorch importable it also times the nanoGPT baseline (lm/experiments/torch_baseline.py:
+With PyTorch importable it also times the nanoGPT baseline (scripts/baselines/torch_nanogpt.py:
 nanoGPT's model at this config's width, depth, heads, context, batch and vocabulary) in the same
 process, interleaved with ours: on a CPU eager ('torch'); on a GPU as nanoGPT trains there
 (bfloat16 autocast, flash SDPA, fused AdamW) under `torch.compile` ('torch.compile') and eager
@@ -31,14 +31,19 @@ import time
 import jax
 import numpy as np
 from absl import flags
+from baselines import torch_nanogpt
 
 from lm.cli import RecipeFlags, bootstrap, run_app
-from lm.data.corpus import call_batch
-from lm.experiments import torch_baseline
-from lm.model import accounting
-from lm.train import perf
-from lm.train.run import assemble
-from lm.train.step import device_call_batch, make_train_step
+from lm.data import call_batch
+from lm.model import flops_per_token, param_counts
+from lm.train import (
+    assemble,
+    device_call_batch,
+    device_description,
+    make_train_step,
+    mfu,
+    peak_flops,
+)
 
 RECIPE = RecipeFlags(__name__)
 _VARIANTS = flags.DEFINE_list('variants', ['mha', 'gqa2', 'mqa', 'mla'], 'Variants to time.')
@@ -61,7 +66,7 @@ _TORCH_THREADS = flags.DEFINE_integer(
 
 # The custom-call target of cuDNN's fused (flash) attention in a compiled GPU program.
 CUDNN_FMHA = '__cudnn$fmha'
-_steppers: dict[tuple, torch_baseline.Stepper] = {}
+_steppers: dict[tuple, torch_nanogpt.Stepper] = {}
 
 
 def peers() -> tuple[str, ...]:
@@ -69,9 +74,9 @@ def peers() -> tuple[str, ...]:
     return ('torch.compile', 'torch') if jax.devices()[0].platform == 'gpu' else ('torch',)
 
 
-def baseline_stepper(c, vocab: int, peer: str) -> torch_baseline.Stepper:
+def baseline_stepper(c, vocab: int, peer: str) -> torch_nanogpt.Stepper:
     """The PyTorch baseline `peer` at config c's shape (built once per shape, warmed up)."""
-    shape = torch_baseline.Shape(
+    shape = torch_nanogpt.Shape(
         vocab=vocab,
         n_layer=c.model.num_layers,
         n_head=c.model.num_heads,
@@ -81,13 +86,13 @@ def baseline_stepper(c, vocab: int, peer: str) -> torch_baseline.Stepper:
     )
     if (shape, peer) not in _steppers:
         gpu = jax.devices()[0].platform == 'gpu'
-        _steppers[shape, peer] = torch_baseline.make_stepper(
+        _steppers[shape, peer] = torch_nanogpt.make_stepper(
             shape,
             threads=_TORCH_THREADS.value,
             device='cuda' if gpu else 'cpu',
             compiled=peer == 'torch.compile',
         )
-        torch_baseline.time_steps(_steppers[shape, peer], max(_WARMUP.value, 3))
+        torch_nanogpt.time_steps(_steppers[shape, peer], max(_WARMUP.value, 3))
     return _steppers[shape, peer]
 
 
@@ -133,7 +138,7 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
                 jax.block_until_ready(metrics)
                 step_times.append((time.perf_counter() - t) / k)
             for p, stepper in steppers.items():
-                peer_times[p] += torch_baseline.time_steps(stepper, -(-_STEPS.value // rounds))
+                peer_times[p] += torch_nanogpt.time_steps(stepper, -(-_STEPS.value // rounds))
         with_data = []
         for call in range(calls):
             t = time.perf_counter()
@@ -142,7 +147,7 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
             with_data.append((time.perf_counter() - t) / k)
     dt = float(np.median(step_times))
     tokens = c.train.batch_size * c.data.seq_len
-    fpt = accounting.flops_per_token(exp.model_cfg, c.data.seq_len)
+    fpt = flops_per_token(exp.model_cfg, c.data.seq_len)
     peer_ms = {p: float(np.median(t)) * 1e3 for p, t in peer_times.items()}
     return {
         'variant': variant,
@@ -156,8 +161,8 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
         'model_flops_per_token': fpt,
         'achieved_flops': fpt * tokens / dt,
         'peak_flops': peak_total,
-        'mfu': perf.mfu(tokens / dt, fpt, peak_total),
-        'params': accounting.param_counts(exp.model_cfg)['total'],
+        'mfu': mfu(tokens / dt, fpt, peak_total),
+        'params': param_counts(exp.model_cfg)['total'],
         # per baseline ('torch': eager, 'torch.compile'): its ms/step, and that over ours
         'peers': {
             p: {'step_time_ms': ms, 'over_ours': ms / (dt * 1e3)} for p, ms in peer_ms.items()
@@ -185,25 +190,25 @@ def torch_status() -> tuple[bool, str]:
             False,
             f'PyTorch baseline: not timed (it runs on a CPU or a GPU; this run: {platform})',
         )
-    if not torch_baseline.available():
+    if not torch_nanogpt.available():
         return False, 'PyTorch baseline: not timed (torch is not importable)'
-    if platform == 'gpu' and not torch_baseline.cuda_available():
+    if platform == 'gpu' and not torch_nanogpt.cuda_available():
         return False, 'PyTorch baseline: not timed (this PyTorch sees no GPU)'
     return True, ''
 
 
 def run() -> int:
     bootstrap(RECIPE.config(_VARIANTS.value[0]), compilation_cache=False)
-    peak_total, source = perf.peak_flops(_PEAK.value)
+    peak_total, source = peak_flops(_PEAK.value)
     with_torch, why_not = torch_status()
     print(
-        f'train-step benchmark: {perf.device_description()}, '
+        f'train-step benchmark: {device_description()}, '
         f'config {RECIPE.name}, {peak_text(peak_total, source)}; medians over {_STEPS.value} '
         'steps (calls of steps/call steps, each timed and divided by it)'
     )
     names = peers() if with_torch else ()
     if with_torch:
-        version, threads = torch_baseline.version_and_threads(_TORCH_THREADS.value)
+        version, threads = torch_nanogpt.version_and_threads(_TORCH_THREADS.value)
         kinds = ' and '.join('compiled' if p == 'torch.compile' else 'eager' for p in names)
         print(
             f'{kinds} PyTorch {version} nanoGPT baseline ({threads} threads), interleaved '

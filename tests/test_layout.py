@@ -94,9 +94,6 @@ def test_entry_points_import_lm_only():
 
 
 ENTRY_POINTS = [ROOT / 'train.py', ROOT / 'eval.py', *sorted((ROOT / 'scripts').glob('*.py'))]
-# Benchmark scripts another change is rewriting (with the eager PyTorch baseline they import):
-# expected to fail until their imports go through the faces.
-REWRITTEN_ELSEWHERE = {'bench_decode.py', 'bench_train.py', 'bench_torch_baseline.py'}
 
 
 def _face(wing: str) -> set[str]:
@@ -133,16 +130,7 @@ def _private_uses(path) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize(
-    'path',
-    [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason='rewritten elsewhere'))
-        if p.name in REWRITTEN_ELSEWHERE
-        else p
-        for p in ENTRY_POINTS
-    ],
-    ids=lambda p: p.relative_to(ROOT).as_posix(),
-)
+@pytest.mark.parametrize('path', ENTRY_POINTS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_entry_points_import_only_public_faces(path):
     """An entry point takes from a wing only what its `__init__` offers, never a private module,
     so the modules behind a face can change without touching a script."""

@@ -10,7 +10,7 @@ __all__, __getattr__, __dir__ = public_face(
     {
         'corpus': ('Corpus', 'cache_dir', 'load_corpus', 'load_tokenizer', 'stdlib_files'),
         'tokenizer': ('Tokenizer', 'train_bpe'),
-        'windows': ('call_batch', 'train_batch'),
+        'windows': ('call_batch', 'eval_batches', 'eval_windows', 'train_batch'),
         'recall': ('nth_answer_only',),
     },
 )

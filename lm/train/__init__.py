@@ -24,7 +24,14 @@ __all__, __getattr__, __dir__ = public_face(
         'interrupt': ('Interrupted', 'StopRequest'),
         'workdir': ('RunError', 'WorkdirLock', 'remember_tb_dir', 'remembered_tb_dir'),
         'checkpoint': ('check_finite', 'read_latest_meta'),
-        'perf': ('PEAK_FLOPS', 'cpu_model', 'device_description', 'mfu', 'peak_flops'),
-        'profile': ('load_profile', 'print_profile'),
+        'perf': (
+            'PEAK_FLOPS',
+            'cpu_model',
+            'device_description',
+            'mfu',
+            'peak_flops',
+            'spec_bandwidth',
+        ),
+        'profile': ('Profile', 'load_profile', 'print_profile'),
     },
 )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lm.data import corpus
+from lm.data import eval_batches, eval_windows, train_batch
 
 NANOGPT_VOCAB = 65  # nanoGPT's Tiny Shakespeare character vocabulary
 
@@ -182,13 +182,11 @@ def nanogpt_lr(step: int, lr: float, min_lr: float, warmup: int, decay_steps: in
 def evaluate(torch, model, tokens: np.ndarray, seq_len: int, batch_size: int) -> float:
     """Mean next-token loss over every target of `tokens`, in the project's protocol: the
     non-overlapping windows of lm.data.corpus.eval_windows (eval_tokens = 0), each scored once."""
-    starts = corpus.eval_windows(len(tokens), seq_len, 0)
+    starts = eval_windows(len(tokens), seq_len, 0)
     total, count = 0.0, 0.0
     model.eval()
     with torch.no_grad():
-        for batch, weights in corpus.eval_batches(
-            tokens, starts, batch_size=batch_size, seq_len=seq_len
-        ):
+        for batch, weights in eval_batches(tokens, starts, batch_size=batch_size, seq_len=seq_len):
             b = torch.from_numpy(batch.astype(np.int64))
             logits = model(b[:, :-1])
             nll_BT = torch.nn.functional.cross_entropy(
@@ -238,7 +236,7 @@ def train_to_loss(
         for group in opt.param_groups:
             group['lr'] = nanogpt_lr(step, lr, min_lr, warmup, steps)
         b = torch.from_numpy(
-            corpus.train_batch(
+            train_batch(
                 train_tokens, seed=seed, step=step, batch_size=s.batch, seq_len=s.block
             ).astype(np.int64)
         )

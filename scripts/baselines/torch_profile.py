@@ -12,8 +12,8 @@ from __future__ import annotations
 import collections
 import time
 
-from lm.experiments.torch_baseline import Stepper
-from lm.train.profile import Profile
+from baselines.torch_nanogpt import Stepper
+from lm.train import Profile
 
 MATMUL = ('mm', 'addmm', 'bmm', 'baddbmm', 'addbmm', 'matmul', 'linear', 'mv', 'addmv', 'dot')
 TRANSCENDENTAL = (
