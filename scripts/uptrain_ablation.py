@@ -228,7 +228,7 @@ def run() -> int:
         return 0
     values, chosen = report(specs, found)
     seeds = summary.seed_rows(values, ('model', 'conversion', 'alpha_or_steps'), 'heldout_loss')
-    summary.write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for docs/results
+    summary.write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for results/
     summary.write_csv(os.path.join(_OUT.value, 'lr_grid.csv'), lr_grid_rows(specs, found))
     runs = chosen_runs(specs, found, chosen, _OUT.value)
     pareto_plot.summarise(runs, _OUT.value, os.path.join(_OUT.value, 'tb'), PLOTTED)

@@ -71,7 +71,7 @@ class Skip:
 
 
 BENCH = Flags()
-# docs/recall.md's calibration runs: the same entry point and code path as the chain's MQAR run
+# docs/studies/recall/README.md's calibration runs: the same entry point and code path as the chain's MQAR run
 # with other learning rates, ties and widths, so only their flags are checked
 CAL = Flags()
 SERVER = Skip('tensorboard serves until stopped')
@@ -244,11 +244,11 @@ PLAN = {
     '--config.data.path=data/tinyshakespeare.txt --config.train.steps=1000 --seeds=5 '
     '--points=mha,gqa2,mqa,mla,cla2,mha_local': Flags(),
     'python scripts/cache_quality.py --sweep_dir=runs/kv_layouts --points=mha,mqa '
-    '--kv_cache_dtypes=int8,kivi4 --out=docs/results/kv_cache_seeds.csv '
-    '--sweep_out=docs/results/kv_layouts_seeds.csv '
-    '--pareto_table=docs/results/kv_layouts_pareto.csv': Flags(),
-    'python scripts/plot_pareto.py --table=docs/results/kv_layouts_pareto.csv '
-    '--out=docs/kv_layouts_pareto.png': Run(),
+    '--kv_cache_dtypes=int8,kivi4 --out=docs/studies/kv_layouts/results/kv_cache_seeds.csv '
+    '--sweep_out=docs/studies/kv_layouts/results/kv_layouts_seeds.csv '
+    '--pareto_table=docs/studies/kv_layouts/results/kv_layouts_pareto.csv': Flags(),
+    'python scripts/plot_pareto.py --table=docs/studies/kv_layouts/results/kv_layouts_pareto.csv '
+    '--out=docs/studies/kv_layouts/kv_layouts_pareto.png': Run(),
     'python scripts/bench_decode.py --variants=mha,gqa4,mqa,mla,cla2,mqa_cla2,gqa4_local '
     '--window=256 --layer_pattern=LLLG --contexts=1024,8192 --batch=4 --new_tokens=16 '
     '--kv_cache_dtype=float': BENCH,
@@ -308,12 +308,12 @@ PLAN = {
     'python scripts/bench_decode.py --contexts=8192 --batch=32,64 --variants=mha,gqa4 '
     '--num_heads=16 --d_model=1024 --dtype=bfloat16 --num_layers=12 --bandwidth_gib=4 '
     '--decode_kernel=pallas': BENCH,
-    # docs/recall.md: the tasks at the tiny size (fewer pairs, shorter passkey examples); its
+    # docs/studies/recall/README.md: the tasks at the tiny size (fewer pairs, shorter passkey examples); its
     # sweeps run too, so curve_csv.py and make_tables.py read real event files (in the scratch
     # copy of docs/)
     'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/mqar_mha': Run(extra=MQAR),
     'python eval.py --workdir=runs/mqar_mha': Run(),
-    'python scripts/recall_by_order.py --workdir=runs/mqar_mha': Run(),
+    'python docs/studies/recall/recall_by_order.py --workdir=runs/mqar_mha': Run(),
     'python train.py --config=configs/recall/passkey.py:mqa --workdir=runs/passkey_mqa': Run(
         extra=PASSKEY
     ),
@@ -332,106 +332,106 @@ PLAN = {
     '--config.model.num_heads=8': CAL,
     'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/cal_h8x32 '
     '--config.model.num_heads=8 --config.model.head_dim=32': CAL,
-    'python scripts/curve_csv.py --tag=eval/recall_accuracy '
-    '--out=docs/results/mqar_calibration_s32.csv --runs=tied_lr1.5e-3=runs/cal_tied_lr1.5e-3/tb,'
+    'python docs/studies/recall/curve_csv.py --tag=eval/recall_accuracy '
+    '--out=docs/studies/recall/results/mqar_calibration_s32.csv --runs=tied_lr1.5e-3=runs/cal_tied_lr1.5e-3/tb,'
     'tied_lr3e-3=runs/cal_tied_lr3e-3/tb,lr1.5e-3=runs/cal_lr1.5e-3/tb,'
     'lr1.5e-3_bias=runs/cal_lr1.5e-3_bias/tb,lr3e-3=runs/cal_lr3e-3/tb,h8x16=runs/cal_h8x16/tb,'
     'h8x32=runs/cal_h8x32/tb': CAL,
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall '
     '--seeds=5': Run(subs=(('--seeds=5', '--seeds=1 --points=mha,mqa'),), extra=MQAR),
-    'cp runs/recall/summary_seeds.csv docs/results/recall_seeds.csv': Run(),
-    'python scripts/curve_csv.py --out=docs/results/recall_sweep_curves.csv '
+    'cp runs/recall/summary_seeds.csv docs/studies/recall/results/recall_seeds.csv': Run(),
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/recall_sweep_curves.csv '
     '--sweep_dir=runs/recall': Run(),
     'python scripts/plot_pareto.py --run_dir=runs/recall --metric=eval/recall_accuracy '
-    '--out=docs/recall_pareto.png': Run(),
+    '--out=docs/studies/recall/recall_pareto.png': Run(),
     # the extension: TINY's 40 steps, then 60 (extra comes after TINY)
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall --seeds=5 '
     '--config.train.steps=3000 --config.mesh.cpu_devices=1 --parallel=2': Run(
         subs=(('--seeds=5', '--seeds=1 --points=mha,mqa'),),
         extra=f'{MQAR} --config.train.steps=60',
     ),
-    'cp runs/recall/summary_seeds.csv docs/results/recall_seeds_3000.csv': Run(),
+    'cp runs/recall/summary_seeds.csv docs/studies/recall/results/recall_seeds_3000.csv': Run(),
     'python scripts/plot_pareto.py --run_dir=runs/recall --metric=eval/recall_accuracy '
-    '--out=docs/recall_pareto_3000.png': Run(),
+    '--out=docs/studies/recall/recall_pareto_3000.png': Run(),
     'python scripts/sweep.py --config=configs/sweeps/recall_lr.py --sweep_dir=runs/recall_lr '
     '--seeds=5 --points=mha_lr1e-3,mha_lr6e-3,mla_lr1e-3 --config.mesh.cpu_devices=1 '
     '--parallel=2': Run(subs=(('--seeds=5', '--seeds=1'),), extra=MQAR),
     'for arm in mha mla; do { head -1 runs/recall_lr/summary_seeds.csv; { grep "^${arm}_lr" '
-    'runs/recall_lr/summary_seeds.csv; grep "^$arm," docs/results/recall_seeds.csv | '
+    'runs/recall_lr/summary_seeds.csv; grep "^$arm," docs/studies/recall/results/recall_seeds.csv | '
     'sed "s/^$arm,/${arm}_lr3e-3,/"; } | sort -s -t, -k1,1; } > docs/results/recall_lr_$arm.csv; '
     'done': Run(),
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_s5-9 '
     '--seeds=5 --grid seed=5 --config.mesh.cpu_devices=1 --parallel=2': Run(
         subs=(('--seeds=5', '--seeds=1 --points=mha'),), extra=MQAR
     ),
-    '{ cat docs/results/recall_seeds.csv; tail -n +2 runs/recall_s5-9/summary_seeds.csv; } > '
-    'docs/results/recall_seeds_10.csv': Run(),
-    'python scripts/curve_csv.py --out=docs/results/recall_s5-9_curves.csv '
+    '{ cat docs/studies/recall/results/recall_seeds.csv; tail -n +2 runs/recall_s5-9/summary_seeds.csv; } > '
+    'docs/studies/recall/results/recall_seeds_10.csv': Run(),
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/recall_s5-9_curves.csv '
     '--sweep_dir=runs/recall_s5-9': Run(),
     'python scripts/sweep.py --config=configs/sweeps/recall_h8.py --sweep_dir=runs/recall_h8 '
     '--seeds=5 --config.mesh.cpu_devices=1 --parallel=2': Flags(),
-    'cp runs/recall_h8/summary_seeds.csv docs/results/recall_h8_seeds.csv': Skip(
+    'cp runs/recall_h8/summary_seeds.csv docs/studies/recall/results/recall_h8_seeds.csv': Skip(
         "copies the 8-head sweep's summary; the tests only flag-check that sweep"
     ),
-    'python scripts/curve_csv.py --out=docs/results/recall_h8_curves.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/recall_h8_curves.csv '
     '--sweep_dir=runs/recall_h8': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/recall_h8.py --sweep_dir=runs/recall_h8_s5-9 '
     '--seeds=5 --grid seed=5 --points=mha,mqa --config.mesh.cpu_devices=1 --parallel=2': Flags(),
-    'cp runs/recall_h8_s5-9/summary_seeds.csv docs/results/recall_h8_s5-9_seeds.csv': Skip(
+    'cp runs/recall_h8_s5-9/summary_seeds.csv docs/studies/recall/results/recall_h8_s5-9_seeds.csv': Skip(
         'copies the 8-head seeds 5-9 summary; the tests only flag-check that sweep'
     ),
-    'python scripts/curve_csv.py --out=docs/results/recall_h8_s5-9_curves.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/recall_h8_s5-9_curves.csv '
     '--sweep_dir=runs/recall_h8_s5-9': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/recall_h8.py --sweep_dir=runs/recall_h8_s5-9 '
     '--seeds=5 --grid seed=5 --points=mha,mqa --config.train.steps=3000 '
     '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
-    'cp runs/recall_h8_s5-9/summary_seeds.csv docs/results/recall_h8_s5-9_seeds_3000.csv': Skip(
+    'cp runs/recall_h8_s5-9/summary_seeds.csv docs/studies/recall/results/recall_h8_s5-9_seeds_3000.csv': Skip(
         'copies the 8-head seeds 5-9 summary at 3,000 steps; the tests only flag-check that sweep'
     ),
     'python scripts/sweep.py --config=configs/sweeps/recall_mla.py --sweep_dir=runs/recall_mla '
     '--seeds=5 --config.mesh.cpu_devices=1 --parallel=2': Flags(),
-    '{ head -1 runs/recall_mla/summary_seeds.csv; grep "^mla," docs/results/recall_seeds_10.csv; '
-    'tail -n +2 runs/recall_mla/summary_seeds.csv; } > docs/results/recall_mla_seeds.csv': Skip(
+    '{ head -1 runs/recall_mla/summary_seeds.csv; grep "^mla," docs/studies/recall/results/recall_seeds_10.csv; '
+    'tail -n +2 runs/recall_mla/summary_seeds.csv; } > docs/studies/recall/results/recall_mla_seeds.csv': Skip(
         'joins the MLA screen, only flag-checked, to the committed seeds'
     ),
-    'python scripts/curve_csv.py --out=docs/results/recall_mla_curves.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/recall_mla_curves.csv '
     '--sweep_dir=runs/recall_mla': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_params '
     '--seeds=5 --grid seed=5 --match=params --points=gqa2,mqa,mla --config.mesh.cpu_devices=1 '
     '--parallel=2': Flags(),
     '{ head -1 runs/recall_params/summary_seeds.csv; grep "^mha,[5-9]," '
-    'docs/results/recall_seeds_10.csv; tail -n +2 runs/recall_params/summary_seeds.csv; } > '
-    'docs/results/recall_params_seeds.csv': Skip(
+    'docs/studies/recall/results/recall_seeds_10.csv; tail -n +2 runs/recall_params/summary_seeds.csv; } > '
+    'docs/studies/recall/results/recall_params_seeds.csv': Skip(
         'joins the equal-parameter sweep, only flag-checked, to the committed seeds'
     ),
     '{ head -1 runs/recall_params/summary_seeds.csv; for v in gqa2 mqa mla; do grep "^$v,[5-9]," '
-    'docs/results/recall_seeds_10.csv | sed "s|^$v,|$v/width,|"; grep "^$v," '
+    'docs/studies/recall/results/recall_seeds_10.csv | sed "s|^$v,|$v/width,|"; grep "^$v," '
     'runs/recall_params/summary_seeds.csv | sed "s|^$v,|$v/params,|"; done; } > '
-    'docs/results/recall_params_vs_width.csv': Skip(
+    'docs/studies/recall/results/recall_params_vs_width.csv': Skip(
         'joins the equal-parameter sweep, only flag-checked, to the committed seeds'
     ),
-    'python scripts/curve_csv.py --out=docs/results/recall_params_curves.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/recall_params_curves.csv '
     '--sweep_dir=runs/recall_params': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/recall_mix.py --sweep_dir=runs/recall_mix '
     '--seeds=5 --grid seed=5 --points=mha --config.mesh.cpu_devices=1 --parallel=2': Flags(),
     '{ head -1 runs/recall_mix/summary_seeds.csv; grep "^mha,[5-9]," '
-    'docs/results/recall_seeds_10.csv | sed "s|^mha,|mha_rows8,|"; tail -n +2 '
+    'docs/studies/recall/results/recall_seeds_10.csv | sed "s|^mha,|mha_rows8,|"; tail -n +2 '
     'runs/recall_mix/summary_seeds.csv | sed "s|^mha,|mha_mix,|"; } > '
-    'docs/results/recall_mix_seeds.csv': Skip(
+    'docs/studies/recall/results/recall_mix_seeds.csv': Skip(
         'joins the mixture screen, only flag-checked, to the committed MHA seeds'
     ),
-    'python scripts/curve_csv.py --out=docs/results/recall_mix_curves.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/recall_mix_curves.csv '
     '--sweep_dir=runs/recall_mix': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/recall_width.py:64 '
     '--sweep_dir=runs/recall_d64 --seeds=5 --grid seed=5 --points=mha '
     '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
     '{ head -1 runs/recall_d64/summary_seeds.csv; grep "^mha,[5-9]," '
-    'docs/results/recall_seeds_10.csv | sed "s|^mha,|mha_d128,|"; tail -n +2 '
+    'docs/studies/recall/results/recall_seeds_10.csv | sed "s|^mha,|mha_d128,|"; tail -n +2 '
     'runs/recall_d64/summary_seeds.csv | sed "s|^mha,|mha_d64,|"; } > '
-    'docs/results/recall_d64_seeds.csv': Skip(
+    'docs/studies/recall/results/recall_d64_seeds.csv': Skip(
         'joins the d_model 64 calibration, only flag-checked, to the committed MHA seeds'
     ),
-    'python scripts/curve_csv.py --out=docs/results/recall_d64_curves.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/recall_d64_curves.csv '
     '--sweep_dir=runs/recall_d64': Flags(),
     'for lr in 1e-3 6e-3; do python scripts/sweep.py --config=configs/sweeps/recall_width.py:64 '
     '--sweep_dir=runs/recall_d64_lr$lr --seeds=5 --grid seed=5 --points=mha '
@@ -440,29 +440,29 @@ PLAN = {
     '{ head -1 runs/recall_d64/summary_seeds.csv; for lr in 1e-3 6e-3; do tail -n +2 '
     'runs/recall_d64_lr$lr/summary_seeds.csv | sed "s|^mha,|mha_lr$lr,|"; done; tail -n +2 '
     'runs/recall_d64/summary_seeds.csv | sed "s|^mha,|mha_lr3e-3,|"; } > '
-    'docs/results/recall_d64_lr_seeds.csv': Skip(
+    'docs/studies/recall/results/recall_d64_lr_seeds.csv': Skip(
         'joins the d_model 64 rate screen, only flag-checked, to the 3e-3 calibration'
     ),
     'python scripts/sweep.py --config=configs/sweeps/recall_width.py:256 '
     '--sweep_dir=runs/recall_d256 --seeds=5 --grid seed=5 --points=mha '
     '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
     '{ head -1 runs/recall_d256/summary_seeds.csv; grep "^mha,[5-9]," '
-    'docs/results/recall_seeds_10.csv | sed "s|^mha,|mha_d128,|"; tail -n +2 '
+    'docs/studies/recall/results/recall_seeds_10.csv | sed "s|^mha,|mha_d128,|"; tail -n +2 '
     'runs/recall_d256/summary_seeds.csv | sed "s|^mha,|mha_d256,|"; } > '
-    'docs/results/recall_d256_seeds.csv': Skip(
+    'docs/studies/recall/results/recall_d256_seeds.csv': Skip(
         'joins the d_model 256 calibration, only flag-checked, to the committed MHA seeds'
     ),
-    'python scripts/curve_csv.py --out=docs/results/recall_d256_curves.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/recall_d256_curves.csv '
     '--sweep_dir=runs/recall_d256': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/recall.py --sweep_dir=runs/recall_mlp '
     '--seeds=5 --grid seed=5 --grid model.mlp_dim=256,512 --points=mha '
     '--config.mesh.cpu_devices=1 --parallel=2': Flags(),
     '{ head -1 runs/recall_mlp/summary_seeds.csv; grep "^mha,[5-9]," '
-    'docs/results/recall_seeds_10.csv | sed "s|^mha,|mha_mlp_dim384,|"; tail -n +2 '
-    'runs/recall_mlp/summary_seeds.csv; } > docs/results/recall_mlp_seeds.csv': Skip(
+    'docs/studies/recall/results/recall_seeds_10.csv | sed "s|^mha,|mha_mlp_dim384,|"; tail -n +2 '
+    'runs/recall_mlp/summary_seeds.csv; } > docs/studies/recall/results/recall_mlp_seeds.csv': Skip(
         'joins the MLP-width runs, only flag-checked, to the committed MHA seeds'
     ),
-    'python scripts/curve_csv.py --out=docs/results/recall_mlp_curves.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/recall_mlp_curves.csv '
     '--sweep_dir=runs/recall_mlp': Flags(),
     'for s in 0 1 2 3 4; do python train.py --config=configs/recall/mqar.py:mha '
     '--workdir=runs/mqar_b64/mha_s$s --config.seed=$s --config.mesh.cpu_devices=1 '
@@ -470,7 +470,7 @@ PLAN = {
     'done': Flags(),
     'python train.py --config=configs/recall/mqar.py:mha --workdir=runs/mqar_warm500_s4 '
     '--config.seed=4 --config.mesh.cpu_devices=1 --config.train.warmup_steps=500': Flags(),
-    'python scripts/curve_csv.py --tag=eval/recall_accuracy --out=docs/results/mqar_b64.csv '
+    'python docs/studies/recall/curve_csv.py --tag=eval/recall_accuracy --out=docs/studies/recall/results/mqar_b64.csv '
     '--runs=b64_s0=runs/mqar_b64/mha_s0/tb,b64_s1=runs/mqar_b64/mha_s1/tb,'
     'b64_s2=runs/mqar_b64/mha_s2/tb,b64_s3=runs/mqar_b64/mha_s3/tb,b64_s4=runs/mqar_b64/mha_s4/tb,'
     'warm500_s4=runs/mqar_warm500_s4/tb': Flags(),
@@ -479,7 +479,7 @@ PLAN = {
         subs=(('--seeds=5', '--seeds=2'),), extra=PASSKEY
     ),
     # the tiny runs' examples are 102 and 129 bytes long (PASSKEY), two seeds
-    'python scripts/curve_csv.py --out=docs/results/passkey_calibration.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/passkey_calibration.csv '
     '--tag=eval/recall_accuracy,eval/recall_accuracy/depth0,eval/recall_accuracy/depth0.5,'
     'eval/recall_accuracy/depth1,eval/recall_accuracy/len128,eval/recall_accuracy/len257 '
     '--runs=mha_s0=runs/passkey/tb/mha_s0,mha_s1=runs/passkey/tb/mha_s1,'
@@ -508,7 +508,7 @@ PLAN = {
     'python scripts/sweep.py --config=configs/sweeps/passkey.py '
     '--sweep_dir=runs/passkey_mha_lr1e-3 --seeds=2 --config.mesh.cpu_devices=1 --parallel=2 '
     '--points=mha --config.train.lr=1e-3 --config.train.min_lr=1e-3': Flags(),
-    'python scripts/curve_csv.py --out=docs/results/passkey_lr1e-3.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/passkey_lr1e-3.csv '
     '--runs=mla_s0=runs/passkey_mla_lr1e-3/tb/mla_s0,mla_s1=runs/passkey_mla_lr1e-3/tb/mla_s1,'
     'mha_s0=runs/passkey_mha_lr1e-3/tb/mha_s0,mha_s1=runs/passkey_mha_lr1e-3/tb/mha_s1': Flags(),
     # the sweep at 1e-3 reuses the screens' runs (flag-checked only, so nothing to copy here)
@@ -520,18 +520,18 @@ PLAN = {
     'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey_lr1e-3 '
     '--seeds=5 --config.mesh.cpu_devices=1 --parallel=2 --config.train.lr=1e-3 '
     '--config.train.min_lr=1e-3': Flags(),
-    'cp runs/passkey_lr1e-3/summary_seeds.csv docs/results/passkey_lr1e-3_seeds.csv': Skip(
+    'cp runs/passkey_lr1e-3/summary_seeds.csv docs/studies/recall/results/passkey_lr1e-3_seeds.csv': Skip(
         'the sweep at 1e-3 is only flag-checked'
     ),
     'python scripts/eval_sweep.py --sweep_dir=runs/passkey_lr1e-3 '
     '--config=configs/recall/passkey.py --config.data.recall_seed=1 '
-    '--out=docs/results/passkey_lr1e-3_test.csv': Flags(),
-    'python scripts/curve_csv.py --out=docs/results/passkey_lr1e-3_curves.csv '
+    '--out=docs/studies/recall/results/passkey_lr1e-3_test.csv': Flags(),
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/passkey_lr1e-3_curves.csv '
     '--sweep_dir=runs/passkey_lr1e-3': Flags(),
     'python scripts/sweep.py --config=configs/sweeps/passkey.py --sweep_dir=runs/passkey_lr3e-4 '
     '--seeds=2 --config.mesh.cpu_devices=1 --parallel=2 --config.train.lr=3e-4 '
     '--config.train.min_lr=3e-4': Flags(),
-    'python scripts/curve_csv.py --out=docs/results/passkey_lr3e-4_screen_curves.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/passkey_lr3e-4_screen_curves.csv '
     '--runs=mha_s0=runs/passkey_lr3e-4/tb/mha_s0,mha_s1=runs/passkey_lr3e-4/tb/mha_s1'
     ',gqa2_s0=runs/passkey_lr3e-4/tb/gqa2_s0,gqa2_s1=runs/passkey_lr3e-4/tb/gqa2_s1,m'
     'qa_s0=runs/passkey_lr3e-4/tb/mqa_s0,mqa_s1=runs/passkey_lr3e-4/tb/mqa_s1,mla_s0='
@@ -541,52 +541,52 @@ PLAN = {
     '--config.train.lr=3e-4 --config.train.min_lr=3e-4': Flags(),
     'python scripts/eval_sweep.py --sweep_dir=runs/passkey_lr3e-4 '
     '--config=configs/recall/passkey.py --config.data.recall_seed=1 '
-    '--out=docs/results/passkey_lr3e-4_test.csv': Flags(),
-    'python scripts/lr_screen_csv.py --seeds=0,1,2,3,4 '
-    '--choose_on=docs/results/passkey_lr_screen.csv --out=docs/results/passkey_chosen_test.csv '
-    '--rates=1e-3=docs/results/passkey_lr1e-3_test.csv,'
-    '3e-4=docs/results/passkey_lr3e-4_test.csv': Flags(),
-    'cp runs/passkey_lr3e-4/summary_seeds.csv docs/results/passkey_lr3e-4_seeds.csv': Skip(
+    '--out=docs/studies/recall/results/passkey_lr3e-4_test.csv': Flags(),
+    'python docs/studies/recall/lr_screen_csv.py --seeds=0,1,2,3,4 '
+    '--choose_on=docs/studies/recall/results/passkey_lr_screen.csv --out=docs/studies/recall/results/passkey_chosen_test.csv '
+    '--rates=1e-3=docs/studies/recall/results/passkey_lr1e-3_test.csv,'
+    '3e-4=docs/studies/recall/results/passkey_lr3e-4_test.csv': Flags(),
+    'cp runs/passkey_lr3e-4/summary_seeds.csv docs/studies/recall/results/passkey_lr3e-4_seeds.csv': Skip(
         "copies the 3e-4 sweep's summary; the tests only flag-check that sweep"
     ),
-    'python scripts/curve_csv.py --out=docs/results/passkey_lr3e-4_curves.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/passkey_lr3e-4_curves.csv '
     '--sweep_dir=runs/passkey_lr3e-4': Flags(),
     # on the scaled-down passkey sweep run above, its own data sizes
     'python scripts/eval_sweep.py --sweep_dir=runs/passkey --config=configs/recall/passkey.py '
-    '--config.data.recall_seed=1 --out=docs/results/passkey_test.csv': Run(extra=PASSKEY_DATA),
-    'cp runs/passkey/summary_seeds.csv docs/results/passkey_seeds.csv': Run(),
+    '--config.data.recall_seed=1 --out=docs/studies/recall/results/passkey_test.csv': Run(extra=PASSKEY_DATA),
+    'cp runs/passkey/summary_seeds.csv docs/studies/recall/results/passkey_seeds.csv': Run(),
     # the 3e-4 screen is only flag-checked: the scaled-down sweep above stands in for it
-    'python scripts/lr_screen_csv.py --seeds=0,1 --out=docs/results/passkey_lr_screen.csv '
-    '--rates=3e-3=docs/results/passkey_seeds.csv,1e-3=docs/results/passkey_lr1e-3_seeds.csv,'
+    'python docs/studies/recall/lr_screen_csv.py --seeds=0,1 --out=docs/studies/recall/results/passkey_lr_screen.csv '
+    '--rates=3e-3=docs/studies/recall/results/passkey_seeds.csv,1e-3=docs/studies/recall/results/passkey_lr1e-3_seeds.csv,'
     '3e-4=runs/passkey_lr3e-4/summary_seeds.csv': Run(
         subs=(('runs/passkey_lr3e-4/summary_seeds.csv', 'runs/passkey/summary_seeds.csv'),)
     ),
-    'python scripts/curve_csv.py --out=docs/results/passkey_sweep_curves.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/passkey_sweep_curves.csv '
     '--sweep_dir=runs/passkey': Run(),
-    'python scripts/curve_csv.py --out=docs/results/passkey_sweep_depths.csv '
+    'python docs/studies/recall/curve_csv.py --out=docs/studies/recall/results/passkey_sweep_depths.csv '
     '--sweep_dir=runs/passkey --tag=eval/recall_accuracy,eval/recall_accuracy/depth0,'
     'eval/recall_accuracy/depth0.5,eval/recall_accuracy/depth1,eval/recall_accuracy/len128,'
     'eval/recall_accuracy/len257': Run(subs=(('len128', 'len102'), ('len257', 'len129'))),
     'python scripts/plot_pareto.py --run_dir=runs/passkey --metric=eval/recall_accuracy '
-    '--out=docs/passkey_pareto.png': Run(),
+    '--out=docs/studies/recall/passkey_pareto.png': Run(),
     'python scripts/make_tables.py': Run(),
-    # docs/sweeps.md: the README's attention_kinds sweep at one seed again (all runs cached);
+    # docs/studies/sweeps/README.md: the README's attention_kinds sweep at one seed again (all runs cached);
     # both run MHA and MLA only (GQA-4, GQA-2 and MQA are MHA's code path with fewer KV heads)
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds5 '
     '--seeds=5': Run(
         subs=(('runs/kinds5', 'runs/kinds'), ('--seeds=5', '--seeds=1 --points=mha,mla'))
     ),
     'tensorboard --logdir runs/kinds5/tb': SERVER,
-    'python scripts/plot_pareto.py --table=docs/results/pareto_reported.csv '
-    '--out=docs/pareto_reported.png': Run(),
+    'python scripts/plot_pareto.py --table=docs/studies/sweeps/results/pareto_reported.csv '
+    '--out=docs/studies/sweeps/pareto_reported.png': Run(),
     'python scripts/sweep.py --config=configs/sweeps/attention_kinds.py '
     '--sweep_dir=runs/kinds5_params --seeds=5 --match=params --parallel=2': Flags(),
-    # docs/uptraining.md
-    'python scripts/mla_rope_selection.py --qk_rope_head_dim=8 '
-    '--out=docs/results/rope_selection_mha.csv $(for s in 0 1 2 3 4; do echo '
+    # docs/studies/uptraining/README.md
+    'python docs/studies/uptraining/mla_rope_selection.py --qk_rope_head_dim=8 '
+    '--out=docs/studies/uptraining/results/rope_selection_mha.csv $(for s in 0 1 2 3 4; do echo '
     '--workdir=runs/passkey_lr3e-4/mha_s$s; done)': Flags(),
-    'python scripts/mla_rope_selection.py --qk_rope_head_dim=8 '
-    '--out=docs/results/rope_selection_gqa2.csv $(for s in 0 1 2 3 4; do echo '
+    'python docs/studies/uptraining/mla_rope_selection.py --qk_rope_head_dim=8 '
+    '--out=docs/studies/uptraining/results/rope_selection_gqa2.csv $(for s in 0 1 2 3 4; do echo '
     '--workdir=runs/passkey_lr3e-4/gqa2_s$s; done)': Flags(),
     'python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt --steps=1000 '
     '--seeds=5 --parallel=2 --out_dir=runs/uptrain1k_parts --schedule=continue,rewarm '
@@ -706,10 +706,10 @@ def bash(command: str, cwd, env) -> subprocess.CompletedProcess:
     )
 
 
-# Chains of Run commands that share no files: docs/recall.md trains its own runs from scratch.
+# Chains of Run commands that share no files: docs/studies/recall/README.md trains its own runs from scratch.
 # Only its chain writes the recall CSVs (MADE), so `make_tables.py` in another doc's bash block
 # fails in the main chain: other docs name it in prose.
-CHAINS = {'recall': ['docs/recall.md']}
+CHAINS = {'recall': ['docs/studies/recall/README.md']}
 CHAINS['main'] = [doc for doc in DOCS if doc not in CHAINS['recall']]
 
 

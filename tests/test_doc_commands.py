@@ -1,5 +1,5 @@
 """Every shell command of README.md and docs/*.md is planned (tests/doc_plan.py) and runs, scaled
-down: the main chain here, docs/recall.md's in tests/test_doc_commands_recall.py, the flag checks
+down: the main chain here, docs/studies/recall/README.md's in tests/test_doc_commands_recall.py, the flag checks
 in tests/test_doc_flags.py."""
 
 import os
@@ -35,8 +35,8 @@ def test_main_doc_chain_runs_scaled_down(tmp_path):
         'runs/mla64/checkpoints',
         'runs/mqa_cla2/checkpoints',
         'runs/cla2/checkpoints',
-        'docs/pareto_reported.png',
-        'docs/kv_layouts_pareto.png',
+        'docs/studies/sweeps/pareto_reported.png',
+        'docs/studies/kv_layouts/kv_layouts_pareto.png',
     ):
         assert (tmp_path / path).exists(), path
 

@@ -45,7 +45,7 @@ def test_front_of_hand_made_points_higher_is_better():
 
 
 def test_error_bar_is_the_t_interval_from_a_summary():
-    # docs/sweeps.md, mha: 1.6379 ± 0.0082 over 5 seeds, 95% CI [1.6276, 1.6481];
+    # docs/studies/sweeps/README.md, mha: 1.6379 ± 0.0082 over 5 seeds, 95% CI [1.6276, 1.6481];
     # t_{0.975, 4} = 2.776445, half-width 2.776445 * 0.0082 / sqrt(5) = 0.0101817
     est = pareto.summary_estimate(1.6379, 0.0082, 5)
     assert est.hi - est.mean == pytest.approx(0.0101817, abs=1e-7)
@@ -141,4 +141,4 @@ def test_docs_picture_front_is_what_the_docs_say():
         ['MLA-32 joint_svd', 'MQA scratch', 'GQA-2 scratch'],
     ]
     doc = (ROOT / 'docs' / 'sweeps.md').read_text()
-    assert 'python scripts/plot_pareto.py --table=docs/results/pareto_reported.csv' in doc
+    assert 'python scripts/plot_pareto.py --table=docs/studies/sweeps/results/pareto_reported.csv' in doc
