@@ -131,7 +131,8 @@ def test_figure_written_and_logged_to_tensorboard(tmp_path):
 
 
 def test_docs_picture_front_is_what_the_docs_say():
-    points = pareto.read_table(str(ROOT / 'docs' / 'results' / 'pareto_reported.csv'), 'eval/loss')
+    table = ROOT / 'docs' / 'studies' / 'sweeps' / 'results' / 'pareto_reported.csv'
+    points = pareto.read_table(str(table), 'eval/loss')
     panels = {}
     for p in points:
         panels.setdefault(p.panel, []).append(p)
@@ -140,5 +141,5 @@ def test_docs_picture_front_is_what_the_docs_say():
         ['mqa (eq. params)', 'gqa2 (eq. params)'],
         ['MLA-32 joint_svd', 'MQA scratch', 'GQA-2 scratch'],
     ]
-    doc = (ROOT / 'docs' / 'sweeps.md').read_text()
-    assert 'python scripts/plot_pareto.py --table=docs/studies/sweeps/results/pareto_reported.csv' in doc
+    doc = (ROOT / 'docs' / 'studies' / 'sweeps' / 'README.md').read_text()
+    assert 'scripts/plot_pareto.py --table=docs/studies/sweeps/results/pareto_reported.csv' in doc

@@ -154,8 +154,8 @@ def last_step_table(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
-# Accuracy a recall run must reach to count as calibrated (docs/studies/recall/README.md): the step it first
-# does measures how fast a variant learns the task
+# Accuracy a recall run must reach to count as calibrated (docs/studies/recall/README.md): the step
+# it first does measures how fast a variant learns the task
 REACHED = 0.9
 
 
