@@ -30,6 +30,8 @@ def test_reference_commands_run_scaled_down(tmp_path):
         'runs/heads/summary.md',
         'runs/kinds/summary.md',
         'runs/sampling/summary.md',
+        'kinds_other.csv',
+        'kinds_cache.csv',
         'runs/mla64/checkpoints',
         'runs/mqa_cla2/checkpoints',
         'runs/cla2/checkpoints',

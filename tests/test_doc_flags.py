@@ -73,7 +73,7 @@ def test_every_doc_flag_parses(tmp_path):
 
 
 # a repository path in a command: a config (its ':argument' dropped), a script, a doc's file
-PATH = re.compile(r'(?<![\w/.$-])((?:configs|scripts|docs)/[\w./-]+)')
+PATH = re.compile(r'(?<![\w/.$-])((?:configs|scripts|docs)/[\w./${}-]+)')
 
 
 def test_the_files_study_commands_name_exist():
