@@ -73,11 +73,29 @@ def test_the_findings_index_has_every_question_and_links_every_study():
             assert f'| {question} |' in index, f'findings index lacks: {question}'
 
 
-def test_relative_links_resolve():
+def anchors(page) -> set[str]:
+    """The heading anchors GitHub makes for a markdown page (lower case, punctuation dropped,
+    spaces to hyphens; a repeated heading gets -1, -2, ...)."""
+    found: dict[str, int] = {}
+    text = re.sub(r'```.*?```', '', page.read_text(), flags=re.S)
+    for heading in re.findall(r'^#+ (.+)$', text, flags=re.M):
+        slug = re.sub(r'[^\w\- ]', '', heading.strip().lower()).replace(' ', '-')
+        found[slug] = found.get(slug, -1) + 1
+        if found[slug]:
+            found[f'{slug}-{found[slug]}'] = 0
+    return set(found)
+
+
+def test_relative_links_and_their_anchors_resolve():
     broken = []
     for page in [ROOT / 'README.md', *(ROOT / 'docs').rglob('*.md')]:
         for target in re.findall(r'\]\(([^)\s]+)\)', page.read_text()):
-            path = target.split('#')[0]
-            if path and not re.match(r'\w+:', path) and not (page.parent / path).exists():
+            path, _, anchor = target.partition('#')
+            if re.match(r'\w+:', path):
+                continue
+            linked = page.parent / path if path else page
+            if not linked.exists():
                 broken.append(f'{page.relative_to(ROOT)}: {target}')
+            elif anchor and linked.suffix == '.md' and anchor not in anchors(linked):
+                broken.append(f'{page.relative_to(ROOT)}: {target} (no such heading)')
     assert not broken, broken
