@@ -12,8 +12,8 @@ tokenisation (what a run waits for). Every pooled cache is checked to be byte-id
 serial one. The loader is `lm.data.windows.call_batch` (what the training loop's batch thread runs)
 on the byte cache, median of --repeats timings of --batches batches.
 
-  python scripts/bench_data.py                                # the tables in docs/data.md
-  python scripts/bench_data.py --make_mb=64 --num_proc=1,2    # a quick look
+  python scripts/bench_data.py                   # the tables of docs/studies/data/README.md
+  python scripts/bench_data.py --make_mb=64 --num_proc=1,2      # a quick look
 """
 
 import hashlib

@@ -7,9 +7,9 @@ differences), go to --out for the --points (`mha` beside `mha+int8`, `mha+kivi4`
 --sweep_out, every point of the sweep in float, so each table corrects for its own comparisons.
 
   python scripts/cache_quality.py --sweep_dir=runs/kv_layouts --points=mha \
-      --kv_cache_dtypes=int8,kivi4 --out=docs/results/kv_cache_seeds.csv \
-      --sweep_out=docs/results/kv_layouts_seeds.csv \
-      --pareto_table=docs/results/kv_layouts_pareto.csv
+      --kv_cache_dtypes=int8,kivi4 --out=docs/studies/kv_layouts/results/kv_cache_seeds.csv \
+      --sweep_out=docs/studies/kv_layouts/results/kv_layouts_seeds.csv \
+      --pareto_table=docs/studies/kv_layouts/results/kv_layouts_pareto.csv
 
 --pareto_table also writes the rows with each arm's KV-cache bytes per token of one evaluation
 window, for `scripts/plot_pareto.py --table`.

@@ -10,7 +10,7 @@ recall_seed 1's:
 
   python scripts/eval_sweep.py --sweep_dir=runs/passkey_lr1e-3 \
       --config=configs/recall/passkey.py --config.data.recall_seed=1 \
-      --out=docs/results/passkey_lr1e-3_test.csv
+      --out=docs/studies/recall/results/passkey_lr1e-3_test.csv
 """
 
 import os

@@ -1,8 +1,9 @@
-r"""Regenerate every marked table of docs/*.md from its CSV in docs/results/
-(`lm.experiments.tables`); --check only reports docs that differ (exit 1), for CI.
+r"""Regenerate every marked table of the studies (docs/studies/<study>/README.md) from the CSVs
+in its results/ folder (`lm.experiments.tables`); --check only reports studies that differ
+(exit 1), for CI.
 
   python scripts/make_tables.py            # rewrite the tables
-  python scripts/make_tables.py --check    # exit 1 if any doc is stale
+  python scripts/make_tables.py --check    # exit 1 if any study is stale
 """
 
 import os
@@ -13,14 +14,24 @@ from lm.cli import run_app
 from lm.experiments import update_docs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_DOCS = flags.DEFINE_string('docs', os.path.join(ROOT, 'docs'), 'Directory of the .md docs.')
-_RESULTS = flags.DEFINE_string('results', '', "Directory of the CSVs; '' = <docs>/results.")
-_CHECK = flags.DEFINE_bool('check', False, 'Write nothing; exit 1 if a doc would change.')
+_STUDIES = flags.DEFINE_string(
+    'studies', os.path.join(ROOT, 'docs', 'studies'), 'Directory of the study folders.'
+)
+_CHECK = flags.DEFINE_bool('check', False, 'Write nothing; exit 1 if a study would change.')
+
+
+def stale_studies(studies: str, write: bool) -> list[str]:
+    """The study READMEs whose tables differ from their CSVs (rewritten when `write`)."""
+    changed = []
+    for name in sorted(os.listdir(studies)):
+        study = os.path.join(studies, name)
+        if os.path.isdir(os.path.join(study, 'results')):
+            changed += update_docs(study, os.path.join(study, 'results'), write=write)
+    return changed
 
 
 def run() -> int:
-    results = _RESULTS.value or os.path.join(_DOCS.value, 'results')
-    changed = update_docs(_DOCS.value, results, write=not _CHECK.value)
+    changed = stale_studies(_STUDIES.value, write=not _CHECK.value)
     for path in changed:
         print(f'{"stale" if _CHECK.value else "rewrote"}: {path}')
     return 1 if changed and _CHECK.value else 0

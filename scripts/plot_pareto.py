@@ -4,7 +4,8 @@ point, uptraining arm), seeds as 95% t-interval error bars (lm.experiments.paret
   python scripts/plot_pareto.py --run_dir=runs/kinds5 --out=runs/kinds5/pareto.png
   python scripts/plot_pareto.py --run_dir=width=runs/kinds5 --run_dir=params=runs/kinds5_params \
       --metric=eval/recall_accuracy --out=pareto.png --tb_dir=runs/kinds5/tb
-  python scripts/plot_pareto.py --table=docs/results/pareto_reported.csv --out=docs/pareto.png
+  python scripts/plot_pareto.py --table=docs/studies/sweeps/results/pareto_reported.csv \
+      --out=pareto.png
 
 --run_dir reads an experiment's out_dir (a --sweep_dir, an ablation's --out_dir): each finished
 run's result.json and its saved config (KV bytes); runs named <arm>_s<k> are seeds of <arm>.

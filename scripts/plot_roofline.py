@@ -3,7 +3,8 @@ context and batch of scripts/bench_decode.py's --json rows, and its reference ba
 (tokens/s = bandwidth / bytes per token). A point on the line reads memory at that rate.
 
   python scripts/bench_decode.py --contexts=1024,8192,32768 --batch=1,4,8 --json=decode.json
-  python scripts/plot_roofline.py --json=decode.json,more.json --out=docs/decoding_roofline.png
+  python scripts/plot_roofline.py --json=decode.json,more.json \
+      --out=docs/studies/decoding/decoding_roofline.png
 """
 
 import json
@@ -19,7 +20,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 _JSON = flags.DEFINE_list('json', [], 'bench_decode.py --json files (comma-separated).')
-_OUT = flags.DEFINE_string('out', 'docs/decoding_roofline.png', 'The PNG to write.')
+_OUT = flags.DEFINE_string(
+    'out', 'docs/studies/decoding/decoding_roofline.png', 'The PNG to write.'
+)
 
 MARKERS = {1: 'o', 4: 's', 8: '^'}
 

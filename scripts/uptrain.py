@@ -13,7 +13,7 @@ continues from step N on the batches the source recipe would use next (new data,
 under --schedule=continue (the source's learning-rate schedule carried on) or rewarm (warmup to
 the peak anew, cosine over the uptraining steps).
 
-Beyond contiguous mean-pooling (docs/uptraining.md, "Conversion methods"):
+Beyond contiguous mean-pooling (docs/convert.md, "Conversion methods"):
 
   # merge the most similar KV heads, each rotated onto its group's first head first
   python scripts/uptrain.py --src=runs/mha --dst=runs/gqa2_al --num_kv_heads=2 \

@@ -234,7 +234,7 @@ def run() -> int:
         return 0
     values, chosen = ablation_report(specs, found)
     seeds = seed_rows(values, ('model', 'conversion', 'alpha_or_steps'), 'heldout_loss')
-    write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for docs/results
+    write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for results/
     write_csv(os.path.join(_OUT.value, 'lr_grid.csv'), lr_grid_rows(specs, found))
     runs = chosen_runs(specs, found, chosen, _OUT.value)
     summarise_pareto(runs, _OUT.value, os.path.join(_OUT.value, 'tb'), PLOTTED)

@@ -1,6 +1,6 @@
-"""Every shell command of README.md and docs/*.md is planned (tests/doc_plan.py) and runs, scaled
-down: the main chain here, docs/recall.md's in tests/test_doc_commands_recall.py, the flag checks
-in tests/test_doc_flags.py."""
+"""Every shell command of README.md and the reference pages of docs/ runs, scaled down by the
+`ci:` comment beside it (tests/doc_commands.py); the studies' commands are flag-checked in
+tests/test_doc_flags.py."""
 
 import os
 import re
@@ -9,36 +9,43 @@ import sys
 
 import pytest
 from conftest import ROOT
-from doc_plan import PLAN, all_commands, doc_commands, run_chain
+from doc_commands import REFERENCE, STUDIES, doc_commands, run_chain, scaled, walk
 
 
-def test_every_doc_command_is_planned():
-    """A command added to (or changed in) the docs needs its line in PLAN; a stale line fails."""
-    found = all_commands()
-    unknown = [f'{doc}: {c!r}' for doc, c in found if c not in PLAN]
-    assert not unknown, 'doc commands the PLAN of tests/doc_plan.py does not know:\n' + '\n'.join(
-        unknown
-    )
-    stale = set(PLAN) - {c for _, c in found}
-    assert not stale, f'PLAN lists commands no doc has: {sorted(stale)}'
+def test_every_ci_comment_applies_to_its_command():
+    """A `ci:` substitution that matches nothing, or a `{NAME}` with no scaling, fails here (in
+    the fast tier) instead of deep in the chain."""
+    for doc in REFERENCE + STUDIES:
+        for command, action in doc_commands((ROOT / doc).read_text()):
+            scaled(command, action)
 
 
 @pytest.mark.slow
-def test_main_doc_chain_runs_scaled_down(tmp_path):
-    run_chain('main', tmp_path)
+def test_reference_commands_run_scaled_down(tmp_path):
+    run_chain(tmp_path)
     for path in (
+        'runs/quickstart/checkpoints',
         'runs/heads_analysis/heads.csv',
         'out/llama2_gqa8/config.json',
         'runs/heads/summary.md',
         'runs/kinds/summary.md',
         'runs/sampling/summary.md',
+        'kinds_other.csv',
+        'kinds_cache.csv',
         'runs/mla64/checkpoints',
         'runs/mqa_cla2/checkpoints',
         'runs/cla2/checkpoints',
-        'docs/pareto_reported.png',
-        'docs/kv_layouts_pareto.png',
+        'runs/mqar_mha/checkpoints',
+        'runs/passkey_mqa/checkpoints',
     ):
         assert (tmp_path / path).exists(), path
+
+
+def test_studies_are_not_run():
+    """Only reference pages chain; a study's commands are never in it."""
+    assert not [d for d in REFERENCE if d.startswith('docs/studies/')]
+    assert STUDIES and all(d.startswith('docs/studies/') for d in STUDIES)
+    assert not [c for _, c, a, _ in walk(STUDIES, study=True) if a.kind != 'flags']
 
 
 @pytest.mark.slow
@@ -52,7 +59,7 @@ def test_quickstart_perplexities_are_in_the_readme_ranges(tmp_path):
     assert found, 'README: the quickstart perplexity sentence moved'
     lo0, hi0, lo, hi, steps = (float(g) for g in found.groups())
     commands = doc_commands((ROOT / 'README.md').read_text())
-    (command,) = [c for c in commands if 'configs/quickstart.py' in c]
+    (command,) = [c for c, _ in commands if 'configs/quickstart.py' in c]
     command = command.replace('runs/quickstart', str(tmp_path / 'run'))
     command += f' --config.data.cache_dir={tmp_path / "cache"} --config.compilation_cache_dir='
     out = subprocess.run(

@@ -1,6 +1,7 @@
-"""Every benchmark, multi-host and long-experiment command of the docs parses its flags
-(tests/doc_plan.py's `Flags`): each `python` command's flags are parsed by its own parser, so
-an unknown flag, a bad value or a config key that does not exist fails, and nothing runs.
+"""Every study command and every reference command marked `ci: flags` (benchmarks, multi-host,
+long experiments; tests/doc_commands.py) parses its flags: each `python` command's flags are
+parsed by its own parser, so an unknown flag, a bad value or a config key that does not exist
+fails, and nothing runs; and the repository files a study's commands name exist.
 
 bash runs each command as written (variables, loops, `&&`, `taskset`) with a stand-in `python`
 first on PATH that records each invocation; tests/flag_parse.py then parses all of them in one
@@ -8,12 +9,13 @@ Python that has imported `lm` once, each in a forked child, instead of ~60 fresh
 (`--help`, which the plan appends, would hide an unknown flag: absl exits at `--help` first)."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
-from doc_plan import DOCS, Flags, bash, scaled, scratch, walk
+from doc_commands import REFERENCE, STUDIES, bash, doc_commands, scaled, scratch, walk
 from flag_parse import PARSED
 
 # `python` for bash: records "$PWD", then the arguments, NUL-separated, in a file of its own
@@ -43,8 +45,9 @@ def test_every_doc_flag_parses(tmp_path):
     (recorder / 'python').chmod(0o755)
     record_env = {**env, 'PATH': f'{recorder}:{env["PATH"]}'}
     labels, calls = [], []
-    for doc, command, action, shell_vars in walk(DOCS):
-        if isinstance(action, Flags):
+    checked = [*walk(REFERENCE), *walk(STUDIES, study=True)]
+    for doc, command, action, shell_vars in checked:
+        if action.kind == 'flags':
             command_run = shell_vars + scaled(command, action)
             found = invocations(command_run, tmp_path, record_env, len(labels))
             labels += [f'{doc}: {command}'] * len(found)
@@ -67,3 +70,19 @@ def test_every_doc_flag_parses(tmp_path):
         assert result['code'] == 0 and PARSED in result['out'], (
             f'{label}\n{call["argv"]}\n{result["out"][-3000:]}'
         )
+
+
+# a repository path in a command: a config (its ':argument' dropped), a script, a doc's file
+PATH = re.compile(r'(?<![\w/.$-])((?:configs|scripts|docs)/[\w./${}-]+)')
+
+
+def test_the_files_study_commands_name_exist():
+    """A study's CSVs, figures, configs and scripts are committed: every repository path its
+    commands name (inputs and the outputs they made) exists, so a moved file fails here."""
+    missing = []
+    for doc in STUDIES:
+        for command, _ in doc_commands((ROOT / doc).read_text()):
+            for path in PATH.findall(command):
+                if '$' not in path and not (ROOT / path.split(':')[0]).exists():
+                    missing.append(f'{doc}: {path}')
+    assert not missing, missing

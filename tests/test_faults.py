@@ -1,6 +1,6 @@
-"""What each command promises under faults (README, "Reliability"): output paths checked before
-any work, SIGTERM honoured by head analysis and sweeps, a full disk stopping a run in one line,
-evaluation progress, kill -9 and SIGTERM during export, import and evaluation."""
+"""What each command promises under faults (docs/train.md, "Reliability"): output paths checked
+before any work, SIGTERM honoured by head analysis and sweeps, a full disk stopping a run in one
+line, evaluation progress, kill -9 and SIGTERM during export, import and evaluation."""
 
 import ast
 import logging
@@ -332,9 +332,9 @@ def import_saving(tmp_path) -> tuple[subprocess.Popen, list[str], object, object
 
 
 def reliability_tests() -> list[str]:
-    """The `tests/<file>.py::<test>` the README's Reliability section names."""
-    readme = (ROOT / 'README.md').read_text()
-    section = readme.split('\n## Reliability\n', 1)[1].split('\n## ', 1)[0]
+    """The `tests/<file>.py::<test>` the Reliability section of docs/train.md names."""
+    page = (ROOT / 'docs' / 'train.md').read_text()
+    section = page.split('\n## Reliability\n', 1)[1].split('\n## ', 1)[0]
     return re.findall(r'tests/\w+\.py::\w+', section)
 
 

@@ -87,7 +87,8 @@ def test_data_dir_is_ignored_and_nothing_points_outside_the_repository():
     files = [
         *ROOT.glob('*.md'),
         *ROOT.glob('*.py'),
-        *(ROOT / 'docs').glob('*.md'),
+        *(ROOT / 'docs').rglob('*.md'),
+        *(ROOT / 'docs').rglob('*.py'),
         *(ROOT / 'configs').rglob('*.py'),
         *(ROOT / 'scripts').glob('*.py'),
         *(ROOT / 'lm').glob('*.py'),
@@ -120,14 +121,14 @@ def test_readme_lists_config_values_as_documented():
 
 
 @pytest.mark.slow
-def test_readme_eight_simulated_devices_command_runs(tmp_path):
-    """The README's 8-CPU-device command as written (the recipe sets cpu_devices=2 and the
+def test_eight_simulated_devices_command_runs(tmp_path):
+    """docs/train.md's 8-CPU-device command as written (the recipe sets cpu_devices=2 and the
     command's --config.mesh.cpu_devices=8 wins), with a tiny model and 2 steps."""
-    readme = (ROOT / 'README.md').read_text()
-    block = re.search(
-        r'# The same on a CPU, simulating 8 devices.*?\n(python .*?)\n\n', readme, flags=re.S
-    ).group(1)
-    args = block.replace('\\\n', ' ').split()[1:]
+    from doc_commands import doc_commands
+
+    page = (ROOT / 'docs' / 'train.md').read_text()
+    (command,) = [c for c, _ in doc_commands(page) if '--workdir=runs/cpu8' in c]
+    args = command.split()[1:]
     text = tmp_path / 'text.txt'
     text.write_text(stdlib_text(40_000), encoding='utf-8')
     args = [a.replace('data/tinyshakespeare.txt', str(text)) for a in args]

@@ -45,7 +45,7 @@ def test_front_of_hand_made_points_higher_is_better():
 
 
 def test_error_bar_is_the_t_interval_from_a_summary():
-    # docs/sweeps.md, mha: 1.6379 ± 0.0082 over 5 seeds, 95% CI [1.6276, 1.6481];
+    # docs/studies/sweeps/README.md, mha: 1.6379 ± 0.0082 over 5 seeds, 95% CI [1.6276, 1.6481];
     # t_{0.975, 4} = 2.776445, half-width 2.776445 * 0.0082 / sqrt(5) = 0.0101817
     est = pareto.summary_estimate(1.6379, 0.0082, 5)
     assert est.hi - est.mean == pytest.approx(0.0101817, abs=1e-7)
@@ -131,7 +131,8 @@ def test_figure_written_and_logged_to_tensorboard(tmp_path):
 
 
 def test_docs_picture_front_is_what_the_docs_say():
-    points = pareto.read_table(str(ROOT / 'docs' / 'results' / 'pareto_reported.csv'), 'eval/loss')
+    table = ROOT / 'docs' / 'studies' / 'sweeps' / 'results' / 'pareto_reported.csv'
+    points = pareto.read_table(str(table), 'eval/loss')
     panels = {}
     for p in points:
         panels.setdefault(p.panel, []).append(p)
@@ -140,5 +141,5 @@ def test_docs_picture_front_is_what_the_docs_say():
         ['mqa (eq. params)', 'gqa2 (eq. params)'],
         ['MLA-32 joint_svd', 'MQA scratch', 'GQA-2 scratch'],
     ]
-    doc = (ROOT / 'docs' / 'sweeps.md').read_text()
-    assert 'python scripts/plot_pareto.py --table=docs/results/pareto_reported.csv' in doc
+    doc = (ROOT / 'docs' / 'studies' / 'sweeps' / 'README.md').read_text()
+    assert 'scripts/plot_pareto.py --table=docs/studies/sweeps/results/pareto_reported.csv' in doc

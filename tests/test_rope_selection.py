@@ -106,7 +106,8 @@ def test_script_measures_every_layer_and_writes_one_row_per_selection_and_seed(t
     train(config, str(tmp_path / 'run'))
     out = tmp_path / 'rope.csv'
     args = [f'--workdir={tmp_path / "run"}', '--calibration_tokens=64', f'--out={out}']
-    done = run_entry('scripts/mla_rope_selection.py', *args, '--qk_rope_head_dim=4', check=True)
+    script = 'docs/studies/uptraining/mla_rope_selection.py'
+    done = run_entry(script, *args, '--qk_rope_head_dim=4', check=True)
     assert done.stdout.count(f'| {tmp_path / "run"} |') == 4 * config.model.num_layers
     with open(out) as f:
         rows = list(csv.DictReader(f))
@@ -117,7 +118,7 @@ def test_script_measures_every_layer_and_writes_one_row_per_selection_and_seed(t
         ('MHA2MLA: per KV head, same cache', '0'),
     ]
     assert all(0 < float(r['attention_tv']) < 1 for r in rows)
-    bad = run_entry('scripts/mla_rope_selection.py', *args, '--qk_rope_head_dim=3')
+    bad = run_entry(script, *args, '--qk_rope_head_dim=3')
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].endswith(
         '--qk_rope_head_dim must be an even number >= 2 for config.uptrain.target=mla, got 3'
     )

@@ -57,10 +57,10 @@ def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
     lrs = read_scalars(tb, 'train/lr')
     np.testing.assert_allclose([lrs[1], lrs[2], lrs[3]], [0, 1.5e-3, 3e-3], rtol=1e-5)
     # one event file per checkpoint (flushed before each save) and the HParams entry, read by
-    # TensorBoard as one run (above); docs/sweeps.md says so
+    # TensorBoard as one run (above); docs/experiments.md says so
     events = sorted(p.name for p in tb.iterdir() if 'tfevents' in p.name)
     assert len(events) == 2 + 1 and events[0] == 'events.out.tfevents.0.hparams', events
-    assert 'one event file per checkpoint' in (ROOT / 'docs' / 'sweeps.md').read_text()
+    assert 'one event file per checkpoint' in (ROOT / 'docs' / 'experiments.md').read_text()
 
     from tensorboard.backend.event_processing import event_accumulator
 

@@ -5,8 +5,8 @@ reports `eval/recall_accuracy` with one scalar per depth, per length and per (de
   python train.py --config=configs/recall/passkey.py:mha --workdir=runs/passkey_mha
 
 The optional argument picks the attention variant: mha (default), gqa<g> (e.g. gqa2), mqa, mla.
-Calibrated (docs/recall.md): MHA passes 90% held-out accuracy between steps 900 and 1700 and
-ends at 94.5-97.4% in each of 5 seeds (about 21-26 minutes a run on one CPU core).
+Calibrated (docs/studies/recall/README.md): MHA passes 90% held-out accuracy between steps 900
+and 1700 and ends at 94.5-97.4% in each of 5 seeds (about 21-26 minutes a run on one CPU core).
 """
 
 import os

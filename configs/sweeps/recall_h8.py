@@ -15,7 +15,8 @@ from lm.experiments.sweep import variant_points
 
 def get_config():
     config = load_config_file(os.path.join(os.path.dirname(__file__), '..', 'recall', 'mqar.py'))
-    config.model.update(num_heads=8, head_dim=32)  # calibrated as `h8x32` (docs/recall.md)
+    # calibrated as `h8x32` (docs/studies/recall/README.md)
+    config.model.update(num_heads=8, head_dim=32)
     return config
 
 

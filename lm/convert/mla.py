@@ -18,8 +18,8 @@ run's `config.model.mla` section; R = rope_heads, 1 unless asked). Steps:
    The stride s is chosen by MHA2MLA's 2-norm criterion: the contribution of pair j of head h
    is mean‖q_hj‖ · mean‖k_hj‖ over calibration tokens; s maximises the contribution kept, summed
    over heads and layers. (MHA2MLA picks any pairs per layer and KV head, each KV head with
-   its own RoPE key; one key shared by all heads cannot: docs/uptraining.md.) The highest
-   frequency, pair 0, is always kept.
+   its own RoPE key; one key shared by all heads cannot: docs/studies/uptraining/README.md.) The
+   highest frequency, pair 0, is always kept.
 2. Shared RoPE key. W_KR is the mean over the source KV heads of their kept-pair key columns;
    queries keep their own columns. With R > 1 RoPE keys (`rope_heads`), key r is the mean over
    the r-th group of G / R adjacent KV heads (R = G: MHA2MLA's key per KV head, on the ladder).

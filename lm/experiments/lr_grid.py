@@ -50,7 +50,7 @@ def choose_by_accuracy(
 
 def screen_grid(rows: list[dict]) -> dict[str, dict[float, tuple[dict, dict]]]:
     """{point: {lr: ({seed: accuracy}, {seed: loss})}} of a recall screen's rows (point, lr,
-    seed, eval_loss, eval_recall_accuracy: scripts/lr_screen_csv.py)."""
+    seed, eval_loss, eval_recall_accuracy: docs/studies/recall/lr_screen_csv.py)."""
     grid: dict[str, dict[float, tuple[dict, dict]]] = {}
     for r in rows:
         acc, loss = grid.setdefault(r['point'], {}).setdefault(float(r['lr']), ({}, {}))

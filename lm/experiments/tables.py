@@ -1,11 +1,11 @@
-"""Doc tables generated from committed CSVs (`docs/results/<name>.csv`), so no table in docs/ can
-disagree with its data: `scripts/make_tables.py` rewrites every marked region
+"""Doc tables generated from committed CSVs (`docs/studies/<study>/results/<name>.csv`), so no
+table in a study can disagree with its data: `scripts/make_tables.py` rewrites every marked region
 
     <!-- table: KIND NAME -->
     ...generated...
     <!-- /table -->
 
-of docs/*.md with the table of kind KIND made from docs/results/NAME.csv. Kinds:
+of a study's README.md with the table of kind KIND made from its results/NAME.csv. Kinds:
 - 'seeds': per-seed values (columns arm, seed, value): per arm mean ± std and 95% t-interval,
   then every pair's paired difference, Holm-corrected over the pairs (lm.experiments.summary).
   A sweep's summary_seeds.csv (point, seed, then its values) gives one such table per value.
@@ -154,8 +154,8 @@ def last_step_table(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
-# Accuracy a recall run must reach to count as calibrated (docs/recall.md): the step it first
-# does measures how fast a variant learns the task
+# Accuracy a recall run must reach to count as calibrated (docs/studies/recall/README.md): the step
+# it first does measures how fast a variant learns the task
 REACHED = 0.9
 
 

@@ -1,12 +1,14 @@
-r"""Learning curves as CSV for docs/results (the 'curve' and 'last_step' tables of
+r"""Learning curves as CSV for a study's results/ (the 'curve' and 'last_step' tables of
 lm.experiments.tables): one or more TensorBoard scalars of each run, read from its event files.
 
-  python scripts/curve_csv.py --tag=eval/recall_accuracy --out=docs/results/mqar_calibration.csv \
+  python docs/studies/recall/curve_csv.py --tag=eval/recall_accuracy \
+      --out=docs/studies/recall/results/mqar_calibration.csv \
       --runs=lr3e-3=runs/mqar_lr3e-3/tb,lr1e-3=runs/mqar_lr1e-3/tb
-  python scripts/curve_csv.py --out=docs/results/recall_sweep_curves.csv --sweep_dir=runs/recall
+  python docs/studies/recall/curve_csv.py --sweep_dir=runs/recall \
+      --out=docs/studies/recall/results/recall_sweep_curves.csv
 
-  python scripts/curve_csv.py --tag=eval/recall_accuracy,eval/recall_accuracy/depth0 \\
-      --out=docs/results/passkey_calibration.csv --runs=s0=runs/passkey/tb/mha_s0
+  python docs/studies/recall/curve_csv.py --tag=eval/recall_accuracy,eval/recall_accuracy/depth0 \\
+      --out=docs/studies/recall/results/passkey_calibration.csv --runs=s0=runs/passkey/tb/mha_s0
 
 Rows: run, step, metric, value (a metric is its tag without the first part: recall_accuracy).
 """

@@ -3,8 +3,8 @@ ladder of pairs with one shared RoPE key (scripts/uptrain.py --target=mla) again
 own pairs and key per KV head (lm/convert/rope_selection.py), per layer, on calibration windows
 of the run's training split.
 
-  python scripts/mla_rope_selection.py --workdir=runs/mha --qk_rope_head_dim=16
-  python scripts/mla_rope_selection.py --workdir=runs/mha_s0 --workdir=runs/mha_s1 \
+  python docs/studies/uptraining/mla_rope_selection.py --workdir=runs/mha --qk_rope_head_dim=16
+  python docs/studies/uptraining/mla_rope_selection.py --workdir=runs/mha_s0 --workdir=runs/mha_s1 \
       --qk_rope_head_dim=16 --out=rope_selection.csv
 
 Prints one row per run, layer and selection: pairs kept per KV head, RoPE values cached per token

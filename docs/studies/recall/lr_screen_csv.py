@@ -1,9 +1,10 @@
-r"""A learning-rate screen as one CSV for docs/results (the 'lr_screen' table of
+r"""A learning-rate screen as one CSV for a study's results/ (the 'lr_screen' table of
 lm.experiments.tables): the per-seed CSVs of one sweep per rate, stacked with an 'lr' column and
 cut to the screened seeds.
 
-  python scripts/lr_screen_csv.py --seeds=0,1 --out=docs/results/passkey_lr_screen.csv \
-      --rates=3e-3=docs/results/passkey_seeds.csv,1e-3=docs/results/passkey_lr1e-3_seeds.csv,3e-4=runs/passkey_lr3e-4/summary_seeds.csv
+  python docs/studies/recall/lr_screen_csv.py --seeds=0,1 \
+      --out=docs/studies/recall/results/passkey_lr_screen.csv \
+      --rates=3e-3=docs/studies/recall/results/passkey_seeds.csv,1e-3=docs/studies/recall/results/passkey_lr1e-3_seeds.csv,3e-4=runs/passkey_lr3e-4/summary_seeds.csv
 
 Rows: point, lr, seed, then the per-seed CSVs' value columns (which must agree).
 
@@ -12,9 +13,10 @@ the screen chose for it instead (lm.experiments.lr_grid.screen_choices; only tho
 every seed), arms named 'POINT at lr LR' and no lr column: a 'seeds' table of every variant at
 its own rate, e.g. on a second held-out set (scripts/eval_sweep.py's CSVs):
 
-  python scripts/lr_screen_csv.py --seeds=0,1,2,3,4 --choose_on=docs/results/passkey_lr_screen.csv \
-      --out=docs/results/passkey_chosen_test.csv \
-      --rates=1e-3=docs/results/passkey_lr1e-3_test.csv,3e-4=docs/results/passkey_lr3e-4_test.csv
+  python docs/studies/recall/lr_screen_csv.py --seeds=0,1,2,3,4 \
+      --choose_on=docs/studies/recall/results/passkey_lr_screen.csv \
+      --out=docs/studies/recall/results/passkey_chosen_test.csv \
+      --rates=1e-3=docs/studies/recall/results/passkey_lr1e-3_test.csv,3e-4=docs/studies/recall/results/passkey_lr3e-4_test.csv
 """
 
 import csv

@@ -2,7 +2,7 @@ r"""MQAR held-out accuracy of a checkpoint by the answer's order in its row (1st
 2nd, ...), beside what a model with no recall gets there: one that knows which values its row
 holds and which are answered already (each key is queried once) scores 1/P, 1/(P-1), ..., 1.
 
-  python scripts/recall_by_order.py --workdir=runs/p4_s32_long
+  python docs/studies/recall/recall_by_order.py --workdir=runs/p4_s32_long
 
 Prints one JSON line: step, by_order, no_recall (that shortcut's accuracy at each order).
 """
