@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -179,6 +180,34 @@ def tile_slots(S: int, block: int, width: int, itemsize: int) -> int:
     return slots_per_tile(S, max(MIN_DOT, min(block, 1 << max(fit, 1).bit_length() - 1)))
 
 
+def _pallas(B, G, S, D, U, R, block, shared, scale, interpret) -> Callable:
+    """The kernel's pallas_call over (sequence-and-KV-head, split) programs: R query rows per
+    program loaded as a power-of-2 tile of `rows`, the slots in splits of whole tiles."""
+    rows = max(MIN_DOT, 1 << (R - 1).bit_length())
+    splits, per_split = split_slots(S // block, B * G)
+    kernel = functools.partial(
+        _kernel,
+        scale=scale,
+        block=block,
+        per_split=per_split,
+        rows=rows,
+        R=R,
+        key_pieces=pieces(0, D) if not shared else pieces(0, U) + pieces(U, D - U),
+        value_pieces=pieces(0, U),
+        shared=shared,
+    )
+    return pl.pallas_call(
+        kernel,
+        grid=(B * G, splits),
+        **_blocks(B * G, G, S, D, U, R, rows, splits, shared),
+        compiler_params=plgpu.CompilerParams(
+            num_warps=4 if rows * U <= 64 * 128 else 8, num_stages=NUM_STAGES
+        ),
+        interpret=interpret,
+        name='flash_decode',
+    )
+
+
 def flash_decode(
     q_B1HD: jax.Array,
     k_BGSD: jax.Array,
@@ -218,31 +247,12 @@ def flash_decode(
     block = tile_slots(S, block, D + (0 if shared else U), k_BGSD.dtype.itemsize)
     if reason := unserved(S):
         raise ValueError(reason)
-    rows = max(MIN_DOT, 1 << (R - 1).bit_length())
-    splits, per_split = split_slots(S // block, B * G)
     q_NRD = q_B1HD.reshape(B * G, R, D).astype(k_BGSD.dtype)  # loaded as `rows`, zeros past R
     values = () if shared else (v_BGSU.reshape(B * G, S, U),)
     mask_BS = mask_B1S[:, 0].astype(jnp.int32)
-    kernel = functools.partial(
-        _kernel,
-        scale=scale,
-        block=block,
-        per_split=per_split,
-        rows=rows,
-        R=R,
-        key_pieces=pieces(0, D) if not shared else pieces(0, U) + pieces(U, D - U),
-        value_pieces=pieces(0, U),
-        shared=shared,
+    call = _pallas(B, G, S, D, U, R, block, shared, scale, interpret)
+    o_PNRU, l_PNR, m_PNR = call(
+        q_NRD, k_BGSD.reshape(B * G, S, D), *values, mask_BS, jnp.asarray(filled, jnp.int32)
     )
-    o_PNRU, l_PNR, m_PNR = pl.pallas_call(
-        kernel,
-        grid=(B * G, splits),
-        **_blocks(B * G, G, S, D, U, R, rows, splits, shared),
-        compiler_params=plgpu.CompilerParams(
-            num_warps=4 if rows * U <= 64 * 128 else 8, num_stages=NUM_STAGES
-        ),
-        interpret=interpret,
-        name='flash_decode',
-    )(q_NRD, k_BGSD.reshape(B * G, S, D), *values, mask_BS, jnp.asarray(filled, jnp.int32))
     o_NRU = combine_splits(o_PNRU, l_PNR, m_PNR)
     return o_NRU.reshape(B, 1, H, U).astype(k_BGSD.dtype)
