@@ -23,11 +23,9 @@ from lm.cli import (
     define_distributed_flags,
     run_app,
 )
-from lm.experiments.cache_quality import evaluate_run
-from lm.model.kv_cache import KV_CACHE_DTYPES
-from lm.train.interrupt import StopRequest
-from lm.train.run import Run, assemble, stored_config
-from lm.train.summary import Summary, run_logdir
+from lm.experiments import evaluate_run
+from lm.model import KV_CACHE_DTYPES
+from lm.train import Run, StopRequest, Summary, assemble, run_logdir, stored_config
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory holding checkpoints/.', required=True

@@ -19,11 +19,8 @@ from lm.cli import (
     define_distributed_flags,
     run_app,
 )
-from lm.data.corpus import cache_dir
-from lm.train.checkpoint import read_latest_meta
-from lm.train.loop import train
-from lm.train.run import finished_step, stored_config
-from lm.train.summary import run_logdir
+from lm.data import cache_dir
+from lm.train import finished_step, read_latest_meta, run_logdir, stored_config, train
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config',

@@ -21,8 +21,7 @@ from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 from lm.config import get_key, load_config_file, with_overrides
 from lm.config_migration import ADDED_KEYS, fill_added_keys
 from lm.sharding import set_cpu_devices
-from lm.train.interrupt import Interrupted
-from lm.train.workdir import RunError
+from lm.train import Interrupted, RunError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -21,11 +21,25 @@ import sys
 
 from absl import flags
 
-from lm.analysis import plots, report
+from lm.analysis import (
+    SCORES,
+    RunHeads,
+    analyse_run,
+    attention_figure,
+    check_runs,
+    file_label,
+    kv_figure,
+    log_run,
+    loss_figure,
+    parse_run,
+    save,
+    score_figure,
+    summary_markdown,
+    write_csv,
+    write_kv_csv,
+)
 from lm.cli import bootstrap, check_writable_dir, run_app
-from lm.train.interrupt import StopRequest
-from lm.train.run import stored_config
-from lm.train.summary import run_logdir
+from lm.train import StopRequest, run_logdir, stored_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run to analyse.', required=True)
 _STEP = flags.DEFINE_integer('step', None, "--workdir's checkpoint step; default: the latest.")
@@ -58,12 +72,12 @@ def run() -> int:
     if _TB_DIR.value:
         check_writable_dir(_TB_DIR.value, '--tb_dir')
     specs = [(_WORKDIR.value, _STEP.value, '--workdir')]
-    specs += [(*report.parse_run(c), f'--compare={c}') for c in _COMPARE.value]
-    report.check_runs(specs)
+    specs += [(*parse_run(c), f'--compare={c}') for c in _COMPARE.value]
+    check_runs(specs)
     bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
     with StopRequest() as stop:  # SIGTERM: stop between batches, before anything is written
         runs = [
-            report.analyse_run(
+            analyse_run(
                 workdir,
                 step,
                 batch=_BATCH.value,
@@ -84,30 +98,30 @@ def run() -> int:
     return 0
 
 
-def write(runs: list[report.RunHeads]) -> None:
+def write(runs: list[RunHeads]) -> None:
     """The CSVs, summary, figures and TensorBoard entries of the analysed runs."""
     out = _OUT.value
     os.makedirs(out, exist_ok=True)
-    report.write_csv(runs, os.path.join(out, 'heads.csv'))
-    report.write_kv_csv(runs, os.path.join(out, 'kv_similarity.csv'))
+    write_csv(runs, os.path.join(out, 'heads.csv'))
+    write_kv_csv(runs, os.path.join(out, 'kv_similarity.csv'))
     with open(os.path.join(out, 'summary.md'), 'w') as f:
-        f.write(report.summary_markdown(runs))
-    for score in (*report.SCORES, 'first_position'):
-        plots.save(plots.score_figure(score, runs), os.path.join(out, f'{score}.png'))
-    plots.save(plots.loss_figure(runs), os.path.join(out, 'loss_by_position.png'))
+        f.write(summary_markdown(runs))
+    for score in (*SCORES, 'first_position'):
+        save(score_figure(score, runs), os.path.join(out, f'{score}.png'))
+    save(loss_figure(runs), os.path.join(out, 'loss_by_position.png'))
     for r in runs:
-        name = report.file_label(r.label)
+        name = file_label(r.label)
         images = {}
-        for score in (*report.SCORES, 'first_position'):
-            images[score] = plots.save(plots.score_figure(score, [r]))
+        for score in (*SCORES, 'first_position'):
+            images[score] = save(score_figure(score, [r]))
         for layer in range(len(r.example_probs)):
             path = os.path.join(out, f'attention_{name}_L{layer}.png')
-            fig = plots.attention_figure(r, layer)
-            images[f'attention_L{layer}'] = plots.save(fig, path)
+            fig = attention_figure(r, layer)
+            images[f'attention_L{layer}'] = save(fig, path)
         if r.kv is not None:
             path = os.path.join(out, f'kv_similarity_{name}.png')
-            images['kv_similarity'] = plots.save(plots.kv_figure(r), path)
-        plots.log_run(r, run_logdir(r.workdir, _TB_DIR.value), images)
+            images['kv_similarity'] = save(kv_figure(r), path)
+        log_run(r, run_logdir(r.workdir, _TB_DIR.value), images)
         print(f'{r.label}: ICL score {r.icl_score:.3f}, sink rate {r.sink_rate:.3f}')
     print(f'wrote {out}/heads.csv, summary.md and PNGs; TensorBoard: heads/*')
 

@@ -28,9 +28,7 @@ import time
 from absl import flags
 
 from lm.config import load_config_file
-from lm.data.corpus import _stdlib_files, load_corpus
-from lm.data.tokenizer import train_bpe
-from lm.data.windows import call_batch
+from lm.data import call_batch, load_corpus, stdlib_files, train_bpe
 
 _MAKE_MB = flags.DEFINE_integer('make_mb', 1024, 'Size of the repeated stdlib text file in MB.')
 _TEXT = flags.DEFINE_string('text', '', 'Use this text file instead of making one.')
@@ -53,7 +51,7 @@ MB = 1e6
 def make_text(path: str, megabytes: int) -> None:
     """The stdlib .py files, concatenated and repeated to `megabytes` MB."""
     texts = []
-    for _, full in _stdlib_files():
+    for _, full in stdlib_files():
         with open(full, encoding='utf-8', errors='replace') as f:
             texts.append(f.read())
     block = ''.join(texts).encode('utf-8')
@@ -164,9 +162,8 @@ def tokenise_rows(text_path: str, directory: str) -> list[dict]:
 def loader_rows(text_path: str, directory: str) -> list[dict]:
     # imported here: the spawned build processes import this file, and their peak memory
     # should not include JAX
-    from lm.model.accounting import flops_per_token
-    from lm.model.transformer import model_config
-    from lm.train.perf import PEAK_FLOPS
+    from lm.model import flops_per_token, model_config
+    from lm.train import PEAK_FLOPS
 
     config = load_config_file(os.path.join(ROOT, 'configs', 'gpt125m.py'))
     B, T = config.train.batch_size, config.data.seq_len
@@ -210,7 +207,7 @@ def main() -> None:
     text_path = _TEXT.value or os.path.join(directory, f'stdlib-{_MAKE_MB.value}mb.txt')
     if not _TEXT.value and not os.path.isfile(text_path):
         make_text(text_path, _MAKE_MB.value)
-    from lm.train.perf import cpu_model
+    from lm.train import cpu_model
 
     print(f'{cpu_model()}, {time.strftime("%Y-%m-%d")}; text {text_path}\n')
     print(

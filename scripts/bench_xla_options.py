@@ -29,11 +29,18 @@ from absl import flags
 
 from lm.cli import RecipeFlags, bootstrap, run_app
 from lm.config import hides_a_pair, split_items, with_overrides
-from lm.data.corpus import call_batch
-from lm.model.accounting import flops_per_token
-from lm.train.perf import mfu, peak_flops
-from lm.train.run import assemble, check_config, check_devices
-from lm.train.step import device_call_batch, make_train_step, parse_xla_options
+from lm.data import call_batch
+from lm.model import flops_per_token
+from lm.train import (
+    assemble,
+    check_config,
+    check_devices,
+    device_call_batch,
+    make_train_step,
+    mfu,
+    parse_xla_options,
+    peak_flops,
+)
 
 RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')

@@ -20,9 +20,8 @@ import os
 from absl import flags
 
 from lm.cli import check_writable_dir, run_app
-from lm.experiments.cache_quality import pareto_rows, quantized_rows
-from lm.experiments.summary import write_csv
-from lm.train.interrupt import StopRequest
+from lm.experiments import pareto_rows, quantized_rows, write_csv
+from lm.train import StopRequest
 
 _SWEEP_DIR = flags.DEFINE_string('sweep_dir', None, 'A finished sweep.', required=True)
 _POINTS = flags.DEFINE_list('points', ['mha'], 'Points whose runs are evaluated again.')

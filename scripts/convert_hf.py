@@ -20,10 +20,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from lm.cli import REPO_ROOT, bootstrap, check_writable_dir, parse_flags, run_reporting_errors
-from lm.convert.hf_io import export_hf, import_hf
-from lm.convert.staging import check_export_dir
-from lm.train.interrupt import StopRequest
-from lm.train.run import stored_config
+from lm.convert import check_export_dir, export_hf, import_hf
+from lm.train import StopRequest, stored_config
 
 _HF_DIR = flags.DEFINE_string(
     'hf_dir', None, 'import: HF directory or hub id to read; export: directory to write.'

@@ -16,7 +16,7 @@ import os
 from absl import flags
 
 from lm.cli import run_app
-from lm.experiments.summary import write_csv
+from lm.experiments import write_csv
 
 _TAG = flags.DEFINE_list('tag', ['eval/recall_accuracy'], 'The scalars to read, in column order.')
 _OUT = flags.DEFINE_string('out', None, 'CSV to write.', required=True)
@@ -28,7 +28,7 @@ _SWEEP_DIR = flags.DEFINE_string(
 
 def sweep_runs(sweep_dir: str) -> list[str]:
     """NAME=TB_DIR of every finished run of a sweep directory, in the order they started."""
-    from lm.experiments.runner import STARTED, read_result
+    from lm.experiments import STARTED, read_result
 
     names = [
         n

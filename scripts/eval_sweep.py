@@ -19,10 +19,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.cli import bootstrap, check_data_overrides, check_writable_dir, run_app
-from lm.experiments.cache_quality import finished_runs, heldout_rows
-from lm.experiments.summary import write_csv
-from lm.train.interrupt import StopRequest
-from lm.train.run import stored_config
+from lm.experiments import finished_runs, heldout_rows, write_csv
+from lm.train import StopRequest, stored_config
 
 _SWEEP_DIR = flags.DEFINE_string('sweep_dir', None, 'A sweep with finished runs.', required=True)
 _CONFIG = config_flags.DEFINE_config_file(

@@ -20,15 +20,11 @@ from absl import flags
 from flax import nnx
 
 from lm.cli import bootstrap, run_app
-from lm.convert.hf_files import max_position
-from lm.data.corpus import load_tokenizer
-from lm.data.tokenizer import Tokenizer
-from lm.infer.decode import Decoder, parse_sampling
-from lm.model.config import DECODE_KERNELS
-from lm.model.kv_cache import KV_CACHE_DTYPES
-from lm.train.checkpoint import check_finite
-from lm.train.interrupt import StopRequest
-from lm.train.run import assemble, stored_config
+from lm.convert import max_position
+from lm.data import Tokenizer, load_tokenizer
+from lm.infer import Decoder, parse_sampling
+from lm.model import DECODE_KERNELS, KV_CACHE_DTYPES
+from lm.train import StopRequest, assemble, check_finite, stored_config
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory holding checkpoints/.', required=True

@@ -22,8 +22,7 @@ import csv
 from absl import flags
 
 from lm.cli import run_app
-from lm.experiments import lr_grid
-from lm.experiments.summary import write_csv
+from lm.experiments import at_chosen_rates, check_seeds, stack, write_csv
 
 _RATES = flags.DEFINE_list('rates', [], 'LR=CSV of each rate: a per-seed CSV (point, seed, ...).')
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1'], 'The screened seeds (every rate must have them).')
@@ -61,13 +60,13 @@ def read_rates(rates: list[str]) -> dict[str, list[dict]]:
 
 def main() -> int:
     seeds = [int(s) for s in _SEEDS.value]
-    rows = lr_grid.stack(read_rates(_RATES.value), seeds)
+    rows = stack(read_rates(_RATES.value), seeds)
     try:
         if _CHOOSE_ON.value:
             with open(_CHOOSE_ON.value, newline='') as f:
-                rows = lr_grid.at_chosen_rates(rows, list(csv.DictReader(f)), seeds)
+                rows = at_chosen_rates(rows, list(csv.DictReader(f)), seeds)
         else:
-            lr_grid.check_seeds(rows, seeds)
+            check_seeds(rows, seeds)
     except ValueError as e:
         raise ValueError(f'--rates: {e}') from None
     write_csv(_OUT.value, rows)

@@ -10,7 +10,7 @@ import os
 from absl import flags
 
 from lm.cli import run_app
-from lm.experiments.tables import update_docs
+from lm.experiments import update_docs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DOCS = flags.DEFINE_string('docs', os.path.join(ROOT, 'docs'), 'Directory of the .md docs.')

@@ -21,10 +21,17 @@ from absl import flags
 from flax import nnx
 
 from lm.cli import USER_ERRORS, bootstrap, check_writable_dir, run_app
-from lm.convert import mla, rope_selection
-from lm.convert.methods import KEYS, ConversionOptions, calibration_inputs, check_conversion
-from lm.experiments.summary import write_csv
-from lm.train.run import assemble, stored_config
+from lm.convert import (
+    KEYS,
+    ConversionOptions,
+    calibration_inputs,
+    check_conversion,
+    choose_stride,
+    pair_contribution,
+    selections,
+)
+from lm.experiments import write_csv
+from lm.train import assemble, stored_config
 
 _WORKDIR = flags.DEFINE_multi_string(
     'workdir', None, 'Run to measure (MHA / GQA / MQA); repeatable.'
@@ -62,15 +69,13 @@ def measure(workdir: str) -> tuple[int, list[tuple[int, str, dict]]]:
     inputs = calibration_inputs(model, run.corpus.tokens['train'], T, num_tokens)
     blocks = [b['attn'] for b in run.state['params']['blocks'].values()]
     P = opts.qk_rope_head_dim
-    stride = mla.choose_stride(
-        sum(mla.pair_contribution(a, x) for a, x in zip(blocks, inputs, strict=True)), P
+    stride = choose_stride(
+        sum(pair_contribution(a, x) for a, x in zip(blocks, inputs, strict=True)), P
     )
     rows = []
     for layer, (attn, x_ME) in enumerate(zip(blocks, inputs, strict=True)):
         x_BTE = x_ME.reshape(-1, T, x_ME.shape[-1])
-        for name, row in rope_selection.selections(
-            attn, x_BTE, run.model_cfg.rope_theta, P, stride
-        ).items():
+        for name, row in selections(attn, x_BTE, run.model_cfg.rope_theta, P, stride).items():
             rows.append((layer, name, row))
     return run.config.seed, rows
 

@@ -21,9 +21,18 @@ import os
 
 from absl import flags
 
-from lm.analysis.plots import save
+from lm.analysis import save
 from lm.cli import run_app
-from lm.experiments import pareto, pareto_plot
+from lm.experiments import (
+    Point,
+    front,
+    higher_is_better,
+    log_images,
+    pareto_figure,
+    pareto_points,
+    read_table,
+    runs_in,
+)
 
 _RUN_DIR = flags.DEFINE_multi_string('run_dir', [], '[NAME=]PATH of an experiment out_dir.')
 _TABLE = flags.DEFINE_string('table', '', 'A CSV of points (instead of --run_dir).')
@@ -38,13 +47,13 @@ _TITLE = flags.DEFINE_string('title', '', 'Title prefix.')
 _EXCLUDE = flags.DEFINE_multi_string('exclude', [], 'Leave out arms whose label has this text.')
 
 
-def dir_points(specs: list[str], metric: str) -> list[pareto.Point]:
+def dir_points(specs: list[str], metric: str) -> list[Point]:
     points = []
     for spec in specs:
         name, _, path = spec.rpartition('=')
         if not os.path.isdir(path):
             raise ValueError(f'--run_dir: {path} is not a directory')
-        found = pareto.points(pareto.runs_in(path), metric)
+        found = pareto_points(runs_in(path), metric)
         if name or len(specs) > 1:
             family = name or os.path.basename(os.path.normpath(path))
             found = [dataclasses.replace(p, family=family) for p in found]
@@ -57,18 +66,16 @@ def run() -> int:
         raise ValueError('give either --run_dir (one or more) or --table')
     metric = _METRIC.value
     if _TABLE.value:
-        points = pareto.read_table(_TABLE.value, metric)
+        points = read_table(_TABLE.value, metric)
     else:
         points = dir_points(_RUN_DIR.value, metric)
     points = [p for p in points if not any(text in p.label for text in _EXCLUDE.value)]
-    image = save(pareto_plot.figure(points, metric, _TITLE.value), _OUT.value)
+    image = save(pareto_figure(points, metric, _TITLE.value), _OUT.value)
     if _TB_DIR.value:
-        pareto_plot.log_images({metric: image}, _TB_DIR.value)
+        log_images({metric: image}, _TB_DIR.value)
     print(f'wrote {_OUT.value}: {len(points)} arms; Pareto front of each panel:')
     for panel in dict.fromkeys(p.panel for p in points):
-        best = pareto.front(
-            [p for p in points if p.panel == panel], pareto.higher_is_better(metric)
-        )
+        best = front([p for p in points if p.panel == panel], higher_is_better(metric))
         on = [f'{p.label} ({p.kv_bytes:,.0f} B, {p.quality.mean:.4f})' for p in best]
         print(f'  {panel or "-"}: {", ".join(on)}')
     return 0

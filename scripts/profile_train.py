@@ -17,11 +17,9 @@ import jax
 from absl import flags
 
 from lm.cli import RecipeFlags, bootstrap, check_writable_dir, run_app
-from lm.data.corpus import train_batch
+from lm.data import train_batch
 from lm.sharding import global_batch
-from lm.train.profile import load_profile, print_profile
-from lm.train.run import assemble
-from lm.train.step import make_train_step
+from lm.train import assemble, load_profile, make_train_step, print_profile
 
 RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')

@@ -12,10 +12,8 @@ import json
 from absl import flags
 
 from lm.cli import bootstrap, run_app
-from lm.data.recall import nth_answer_only
-from lm.train.evaluation import eval_batch_size, evaluate_recall
-from lm.train.run import assemble, stored_config
-from lm.train.step import make_eval_step
+from lm.data import nth_answer_only
+from lm.train import assemble, eval_batch_size, evaluate_recall, make_eval_step, stored_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory of an MQAR run.', required=True)
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default: the latest.')

@@ -40,20 +40,26 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.cli import check_config_keys, check_writable_dir, run_app
-from lm.experiments import pareto, pareto_plot, runner
-from lm.experiments.fairness import MATCHES
-from lm.experiments.sweep import (
+from lm.experiments import (
+    MATCHES,
+    METRICS,
+    RunStopped,
+    StopRuns,
     check_same_fairness,
+    check_specs,
     combine,
-    fairness,
     file_points,
     load_sweep_file,
     parse_grid,
-    plan,
+    plan_sweep,
     progress,
+    run_specs,
+    runs_of,
+    summarise_pareto,
+    summarise_sweep,
+    sweep_match,
 )
-from lm.experiments.sweep_summary import summarise
-from lm.train.workdir import WorkdirLock
+from lm.train import WorkdirLock
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Base config file; a sweep file may also define get_points().'
@@ -100,31 +106,31 @@ def run() -> int:
             check_writable_dir(_TB_DIR.value, '--tb_dir')
     check_config_keys(_CONFIG.value)
     module = load_sweep_file(config_flags.get_config_filename(flags.FLAGS['config']))
-    match = fairness(module, _MATCH.value)
+    match = sweep_match(module, _MATCH.value)
     base = _CONFIG.value
     chosen = file_points(module, _POINTS.value)
     points = combine(chosen, parse_grid(base, _GRID.value))
     train = [sys.executable, TRAIN]
-    specs = plan(base, points, sweep_dir, train, _SEEDS.value, match, _TB_DIR.value)
+    specs = plan_sweep(base, points, sweep_dir, train, _SEEDS.value, match, _TB_DIR.value)
     if _STATUS.value:
         print('\n'.join(progress(specs, sweep_dir)))
         return 0
     t = time.time()
     with WorkdirLock(sweep_dir, '--sweep_dir'):
         check_same_fairness(sweep_dir, match)  # the more specific refusal first
-        runner.check(specs, sweep_dir, '--sweep_dir')
+        check_specs(specs, sweep_dir, '--sweep_dir')
         print(f'{len(specs)} runs in {sweep_dir}')
-        with runner.StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
+        with StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
             try:
-                found = runner.run(specs, sweep_dir, _PARALLEL.value, flag='--sweep_dir', stop=stop)
-            except runner.RunStopped as e:
+                found = run_specs(specs, sweep_dir, _PARALLEL.value, flag='--sweep_dir', stop=stop)
+            except RunStopped as e:
                 print(f'{e}; no further runs started', file=sys.stderr)
                 return 128 + (stop.signum or signal.SIGTERM)
         if found:
-            summarise(sweep_dir, specs, found, match)
-            runs = pareto.runs_of(specs, found, sweep_dir)
+            summarise_sweep(sweep_dir, specs, found, match)
+            runs = runs_of(specs, found, sweep_dir)
             tb_dir = _TB_DIR.value or os.path.join(sweep_dir, 'tb')
-            pareto_plot.summarise(runs, sweep_dir, tb_dir, pareto.METRICS)
+            summarise_pareto(runs, sweep_dir, tb_dir, METRICS)
             with open(os.path.join(sweep_dir, 'summary.md')) as f:
                 print(f.read())
     print(f'sweep wall time: {time.time() - t:.0f} s')

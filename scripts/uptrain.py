@@ -37,18 +37,15 @@ import re
 from absl import flags
 
 from lm.cli import USER_ERRORS, bootstrap, check_writable_dir, run_app
-from lm.convert.methods import KEYS
-from lm.convert.uptrain import SOURCE, WORKDIR, ConversionOptions, convert_checkpoint
-from lm.model.attention import variant
-from lm.model.transformer import model_config
-from lm.train.run import stored_config
-from lm.train.workdir import remember_tb_dir, remembered_tb_dir
+from lm.convert import KEYS, SOURCE, WORKDIR, ConversionOptions, convert_checkpoint
+from lm.model import model_config, variant_class
+from lm.train import remember_tb_dir, remembered_tb_dir, stored_config
 
 
 def kv_heads(config) -> str:
     """What the converted model's cache holds per layer ('2'; 'latent 64+8')."""
     cfg = model_config(config.model)
-    return variant(cfg).kv_heads(cfg)
+    return variant_class(cfg).kv_heads(cfg)
 
 
 _SRC = flags.DEFINE_string('src', None, 'Workdir of the source (MHA) run.', required=True)

@@ -49,17 +49,23 @@ import time
 from absl import flags
 
 from lm.cli import bootstrap, check_writable_dir, run_app
-from lm.convert.methods import SCHEDULES
-from lm.convert.uptrain import METHODS
-from lm.experiments import pareto_plot, runner, summary
-from lm.experiments.ablation import Ablation, base_config, plan
-from lm.experiments.ablation_tables import (
+from lm.convert import METHODS, SCHEDULES
+from lm.experiments import (
     PLOTTED,
+    Ablation,
+    RunStopped,
+    StopRuns,
+    ablation_markdown,
+    ablation_report,
+    base_config,
     chosen_runs,
     compare_table,
     lr_grid_rows,
-    report,
-    tables,
+    plan_ablation,
+    run_specs,
+    seed_rows,
+    summarise_pareto,
+    write_csv,
 )
 
 _DATA = flags.DEFINE_string('data_path', 'data/tinyshakespeare.txt', 'Text file.')
@@ -207,11 +213,11 @@ def run() -> int:
     bootstrap(base_config(ab, 0, 1))
     check_flags(ab.seeds)
     t0 = time.time()
-    specs = plan(ab, _OUT.value)
+    specs = plan_ablation(ab, _OUT.value)
     only = None if _ONLY_SEED.value is None else f'seed{_ONLY_SEED.value}'
-    with runner.StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
+    with StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
         try:
-            found = runner.run(
+            found = run_specs(
                 specs,
                 _OUT.value,
                 _PARALLEL.value,
@@ -220,19 +226,19 @@ def run() -> int:
                 only_lane=only,
                 stop=stop,
             )
-        except runner.RunStopped as e:
+        except RunStopped as e:
             print(f'{e}; no further runs started', file=sys.stderr)
             return 128 + (stop.signum or signal.SIGTERM)
     if only is not None:
         print(f'seed {_ONLY_SEED.value} done in {time.time() - t0:.0f} s (no table: one seed)')
         return 0
-    values, chosen = report(specs, found)
-    seeds = summary.seed_rows(values, ('model', 'conversion', 'alpha_or_steps'), 'heldout_loss')
-    summary.write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for docs/results
-    summary.write_csv(os.path.join(_OUT.value, 'lr_grid.csv'), lr_grid_rows(specs, found))
+    values, chosen = ablation_report(specs, found)
+    seeds = seed_rows(values, ('model', 'conversion', 'alpha_or_steps'), 'heldout_loss')
+    write_csv(os.path.join(_OUT.value, 'seeds.csv'), seeds)  # per seed, for docs/results
+    write_csv(os.path.join(_OUT.value, 'lr_grid.csv'), lr_grid_rows(specs, found))
     runs = chosen_runs(specs, found, chosen, _OUT.value)
-    pareto_plot.summarise(runs, _OUT.value, os.path.join(_OUT.value, 'tb'), PLOTTED)
-    table = tables(ab, values, chosen)
+    summarise_pareto(runs, _OUT.value, os.path.join(_OUT.value, 'tb'), PLOTTED)
+    table = ablation_markdown(ab, values, chosen)
     if _COMPARE.value:
         table += '\n\n' + compare_table(ab, specs, chosen, values, _OUT.value, _COMPARE.value)
     print(table)

@@ -122,10 +122,10 @@ def sigterm_while_training(
 def stdlib_text(num_chars: int) -> str:
     """The first `num_chars` characters of this Python's standard-library .py files, in the
     fixed order of the `stdlib` data source: real, varied text that every machine has."""
-    from lm.data.corpus import _stdlib_files
+    from lm.data.corpus import stdlib_files
 
     parts, size = [], 0
-    for _, full in _stdlib_files():
+    for _, full in stdlib_files():
         parts.append(pathlib.Path(full).read_text(encoding='utf-8'))
         size += len(parts[-1])
         if size >= num_chars:

@@ -12,7 +12,7 @@ import reference
 from conftest import sown_weights, tiered, tiny_config
 from flax import nnx
 
-from lm.model.attention import VARIANTS, make_attention, variant
+from lm.model.attention import VARIANTS, make_attention, set_absorb, variant
 from lm.model.transformer import build_model, model_config
 
 CASES = {
@@ -102,7 +102,7 @@ def test_sown_weights_match_reference(case):
     assert got.shape == (B, cfg.num_heads, T, T) and got.dtype == jnp.float32
     np.testing.assert_allclose(got, want, atol=1e-5)
     for absorb in (True, False):
-        attn.set_attributes(absorb=absorb, raise_if_not_found=False)
+        set_absorb(attn, absorb)
         cache = variant(cfg).init_cache(cfg, B, T + 3, jnp.float32)
         (y_cached, cache), got = sown_weights(attn, x, pos, cache=cache)
         np.testing.assert_allclose(got[..., :T], want, atol=1e-5, err_msg=f'absorb={absorb}')

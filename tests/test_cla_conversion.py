@@ -22,6 +22,9 @@ from lm.model.transformer import build_model, model_config
 TOKENS = jax.random.randint(jax.random.key(7), (2, 12), 0, 61)
 
 
+MEAN2 = cla.CLARecipe(2, 'mean')  # each 2 layers' K/V averaged, heads as they are
+
+
 def params_of(model):
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
@@ -61,7 +64,7 @@ def layer0_is_identity(params):
 
 def test_mean_merge_is_the_hand_computed_average_and_first_keeps_the_producer():
     cfg, params = mha(num_layers=5)
-    out = cla.convert(params, 3, 'mean')
+    out = cla.convert(params, cla.CLARecipe(3, 'mean'))
     for name in ('k_proj', 'v_proj'):
         for producer, group in ((0, (0, 1, 2)), (3, (3, 4))):
             kernels = [
@@ -73,7 +76,7 @@ def test_mean_merge_is_the_hand_computed_average_and_first_keeps_the_producer():
                 atol=1e-7,
             )
     assert [('k_proj' in b['attn']) for b in out['blocks'].values()] == [1, 0, 0, 1, 0]
-    first = cla.convert(params, 3, 'first')
+    first = cla.convert(params, cla.CLARecipe(3, 'first'))
     np.testing.assert_array_equal(
         first['blocks'][3]['attn']['v_proj']['kernel'],
         params['blocks'][3]['attn']['v_proj']['kernel'],
@@ -89,14 +92,12 @@ def test_identical_adjacent_kv_merge_to_the_same_output():
     for name in ('k_proj', 'v_proj'):
         attn1[name] = dict(attn0[name])
     want = logits(cfg, params)
-    np.testing.assert_allclose(logits(cla_cfg(), cla.convert(params, 2, 'mean')), want, atol=2e-5)
+    np.testing.assert_allclose(logits(cla_cfg(), cla.convert(params, MEAN2)), want, atol=2e-5)
     # control: layer 1's own K/V differing from layer 0's, the merged model is another function
     _, other = mha(seed=4)
     for name in ('k_proj', 'v_proj'):
         attn1[name] = other['blocks'][1]['attn'][name]
-    assert (
-        np.abs(logits(cla_cfg(), cla.convert(params, 2, 'mean')) - logits(cfg, params)).max() > 1e-3
-    )
+    assert np.abs(logits(cla_cfg(), cla.convert(params, MEAN2)) - logits(cfg, params)).max() > 1e-3
 
 
 def permuted_rotated_copy(params, rng):
@@ -127,12 +128,12 @@ def test_similarity_matching_and_alignment_recover_permuted_rotated_copies():
     np.testing.assert_array_equal(cla.matching(sim), perm)  # layer 1's perm[h] copies head h
     recipe = cla.plan(params, 2, 'aligned', 'similarity', inputs)
     # permuting and rotating the consumers before the merge keeps the function
-    folded = head_merging.permute_and_rotate(params, *recipe)
+    folded = head_merging.permute_and_rotate(params, recipe.groups, recipe.rotations)
     np.testing.assert_allclose(logits(cfg, folded), want, atol=2e-5)
-    out = cla.convert(params, 2, 'aligned', recipe)
+    out = cla.convert(params, recipe)
     np.testing.assert_allclose(logits(cla_cfg(), out), want, atol=1e-4)
     # plain means of the unmatched, unrotated heads lose it
-    assert np.abs(logits(cla_cfg(), cla.convert(params, 2, 'mean')) - want).max() > 1e-2
+    assert np.abs(logits(cla_cfg(), cla.convert(params, MEAN2)) - want).max() > 1e-2
 
 
 def test_cross_layer_options_are_checked_naming_config_keys():

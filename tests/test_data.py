@@ -9,12 +9,12 @@ from conftest import stdlib_text, tiny_config
 from lm.config_migration import upgrade_config
 from lm.data.corpus import (
     _in_validation,
-    _stdlib_files,
     check_corpus_size,
     check_data_config,
     eval_batches,
     eval_windows,
     load_corpus,
+    stdlib_files,
     train_batch,
     window_targets,
 )
@@ -72,7 +72,7 @@ def test_cache_is_reused_and_keyed_by_content(tmp_path, monkeypatch):
 
 
 def test_stdlib_source_has_no_tests_and_a_stable_split(tmp_path):
-    files = [rel for rel, _ in _stdlib_files()]
+    files = [rel for rel, _ in stdlib_files()]
     assert len(files) > 300
     assert not any('/test/' in f'/{r}' or '/tests/' in f'/{r}' for r in files)
     assert not any(r.split('/')[-1].startswith('test_') for r in files)

@@ -51,6 +51,10 @@ class SharedKV(AttentionVariant):
         return cfg.num_kv_heads * cfg.head_dim
 
     @staticmethod
+    def kv_cache_vectors(cfg: ModelConfig) -> int:
+        return cfg.num_kv_heads
+
+    @staticmethod
     def kv_heads(cfg: ModelConfig) -> str:
         return f'{cfg.num_kv_heads} shared'
 
@@ -105,6 +109,53 @@ def toy_cfg(**model):
     return model_config(
         tiny_config(**{'attention': 'toy_shared_kv', 'num_kv_heads': 2, **model}).model
     )
+
+
+CONTRACT_MEMBERS = [
+    'resolve',
+    'kv_cache_elements',
+    'kv_cache_vectors',
+    'kv_heads',
+    'score_dims',
+    'init_cache',
+    '__init__',
+    '__call__',
+]
+
+
+@pytest.mark.parametrize('member', CONTRACT_MEMBERS)
+def test_register_refuses_a_variant_lacking_a_contract_member(member):
+    """The toy less any one contract member is refused at registration, in one line naming it,
+    and stays out of the registry."""
+    stripped = {k: v for k, v in vars(SharedKV).items() if k != member}
+    partial = type('Partial', (AttentionVariant,), {**stripped, 'names': ('toy_partial',)})
+    with pytest.raises(TypeError) as refused:
+        attention.register(partial)
+    assert str(refused.value) == (
+        f'attention variant Partial lacks {member} of the AttentionVariant contract '
+        '(lm/model/variant.py)'
+    )
+    assert 'toy_partial' not in attention.VARIANTS
+
+
+def test_register_refuses_missing_names_sections_and_capability_members():
+    """So is a variant without names, with half a config section, or claiming a capability
+    without its members; every registered variant is complete."""
+
+    def refusal(**members) -> str:
+        cls = type('Toy', (SharedKV,), members)
+        with pytest.raises(TypeError) as refused:
+            attention.register(cls)
+        assert set(attention.VARIANTS.values()).isdisjoint({cls})
+        return str(refused.value).split(' of the ')[0]
+
+    assert refusal(names=()) == 'attention variant Toy lacks names'
+    assert refusal(config_section='toy') == 'attention variant Toy lacks config_class'
+    assert refusal(poolable_kv_heads=True) == 'attention variant Toy lacks kv_projections, pooled'
+    assert refusal(latent_kv=True) == 'attention variant Toy lacks config_section'
+    assert attention.missing_members(SharedKV) == []
+    for cls in set(attention.VARIANTS.values()):
+        assert attention.missing_members(cls) == [], cls
 
 
 def test_factory_model_and_parsing(toy):
@@ -194,6 +245,9 @@ def test_accounting_uptraining_and_export_ask_the_variant(toy):
     assert accounting.kv_cache_elements_per_token(cfg) == cfg.num_layers * per_layer
     nbytes = sum(x.nbytes for x in cache.arrays.values()) // (B * S)
     assert accounting.kv_cache_bytes_per_token(cfg, 'bfloat16') == cfg.num_layers * nbytes
+    for storage in ('int8', 'kivi4'):  # stored caches, counted from the variant's members
+        live = sum(a.nbytes for c in init_caches(cfg, B, S, storage) for a in c.arrays.values())
+        assert live == B * accounting.kv_cache_bytes(cfg, S, cfg.dtype, storage), storage
 
     # Forward FLOPs counted on the traced computation: every matmul, the masked half of the
     # T x T scores included (PaLM's convention; the embedding lookup is a gather, not a matmul).

@@ -1,3 +1,25 @@
 """The convert wing: Hugging Face checkpoints in and out, and checkpoint conversions between
 attention variants (MHA -> GQA/MQA by pooling or merging KV heads, MHA -> MLA).
 """
+
+from lm import public_face
+
+# The public face: the names each private module offers, the only ones entry points import.
+__all__, __getattr__, __dir__ = public_face(
+    __name__,
+    {
+        'hf_io': ('export_hf', 'import_hf'),
+        'hf_files': ('max_position',),
+        'staging': ('check_export_dir',),
+        'methods': (
+            'KEYS',
+            'SCHEDULES',
+            'ConversionOptions',
+            'calibration_inputs',
+            'check_conversion',
+        ),
+        'uptrain': ('METHODS', 'SOURCE', 'WORKDIR', 'convert_checkpoint'),
+        'mla': ('choose_stride', 'pair_contribution'),
+        'rope_selection': ('selections',),
+    },
+)

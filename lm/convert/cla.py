@@ -23,6 +23,7 @@ the merged model is an approximation, which uptraining then repairs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax.numpy as jnp
@@ -78,12 +79,24 @@ def _rotations(attn: dict, x: np.ndarray, producer: dict, x_p: np.ndarray) -> di
     return out
 
 
-def plan(params: dict, share: int, method: str, grouping: str, inputs: list | None) -> tuple:
-    """(groups, rotations) per layer for `head_merging.permute_and_rotate`: each consumer's
-    heads matched to its producer's (`grouping='similarity'`) and rotated onto them
-    (`method='aligned'`); (None, None) when neither applies."""
+@dataclasses.dataclass(frozen=True)
+class CLARecipe:
+    """How a CLA conversion merges each `share` adjacent layers' K/V: by `method`, after each
+    consumer's heads are permuted to `groups` and rotated by `rotations` (per layer, for
+    `head_merging.permute_and_rotate`; None: as they are)."""
+
+    share: int
+    method: str
+    groups: list | None = None
+    rotations: list | None = None
+
+
+def plan(params: dict, share: int, method: str, grouping: str, inputs: list | None) -> CLARecipe:
+    """The recipe merging each `share` layers by `method`: each consumer's heads matched to its
+    producer's (`grouping='similarity'`) and rotated onto them (`method='aligned'`), fitted on
+    the layers' calibration `inputs`."""
     if grouping != 'similarity' and method != 'aligned':
-        return None, None
+        return CLARecipe(share, method)
     blocks = [block['attn'] for block in params['blocks'].values()]
     G = blocks[0]['k_proj']['kernel'].shape[1]
     groups, rotations = [], []
@@ -99,7 +112,7 @@ def plan(params: dict, share: int, method: str, grouping: str, inputs: list | No
             rotations.append(_rotations(attn, inputs[j], blocks[i], inputs[i]))
         else:
             rotations.append({})
-    return groups, rotations if method == 'aligned' else None
+    return CLARecipe(share, method, groups, rotations if method == 'aligned' else None)
 
 
 def share_layers(tree: dict, share: int, method: str) -> dict:
@@ -124,18 +137,14 @@ def share_layers(tree: dict, share: int, method: str) -> dict:
     return out
 
 
-def convert(
-    tree: dict, share: int, method: str, recipe: tuple = (None, None), second: bool = False
-) -> dict:
+def convert(tree: dict, recipe: CLARecipe, second: bool = False) -> dict:
     """`tree` (parameters, or a moment tree: `second` for Adam's nu) permuted and rotated by
-    `recipe` (`plan`'s), then merged by `share_layers`."""
-    groups, rotations = recipe
-    return share_layers(
-        head_merging.permute_and_rotate(tree, groups, rotations, second), share, method
-    )
+    `recipe`, then merged by `share_layers`."""
+    tree = head_merging.permute_and_rotate(tree, recipe.groups, recipe.rotations, second)
+    return share_layers(tree, recipe.share, recipe.method)
 
 
-def moment_step(share: int, method: str, recipe: tuple) -> Callable[[dict, bool], dict]:
+def moment_step(recipe: CLARecipe) -> Callable[[dict, bool], dict]:
     """(moment tree, second) -> the tree converted like the parameters (`convert`): the last
     step of lm.convert.uptrain.convert_moments for a CLA target."""
-    return lambda tree, second: convert(tree, share, method, recipe, second)
+    return lambda tree, second: convert(tree, recipe, second)

@@ -41,10 +41,20 @@ pairs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 
 from lm.convert.head_merging import projections
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentRecipe:
+    """How a latent conversion (MHA2MLA) reordered each head's dimensions: `order_D`
+    (`q_order`), which the optimizer state's kept moments follow."""
+
+    order_D: np.ndarray
 
 
 def rope_strides(D: int, P: int) -> list[int]:

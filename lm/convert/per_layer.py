@@ -12,12 +12,22 @@ least alike get more KV heads. `convert_params` then pools each layer's chosen g
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 
 from lm.convert import head_merging
 from lm.convert.pooling import map_moments, merge_kv_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class PerLayerRecipe:
+    """How a conversion under a KV budget merges each layer's KV heads: to its `counts[layer]`
+    heads, pooling the groups `groups[layer]` by their mean."""
+
+    counts: tuple[int, ...]
+    groups: list
 
 
 def similarities(params: dict, inputs: list) -> list[np.ndarray]:

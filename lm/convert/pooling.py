@@ -3,11 +3,30 @@ heads, and applying a conversion to every layer's K/V projections or to an optim
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import optax
+
+if TYPE_CHECKING:
+    from lm.convert.cla import CLARecipe
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolRecipe:
+    """How a pooling conversion (MHA -> GQA / MQA, lm/convert/uptrain.py) merges each layer's
+    KV heads: to `num_kv_heads` by `method`, the heads permuted to `groups` and rotated by
+    `rotations` first (per layer, lm/convert/head_merging.py; None: contiguous runs as they
+    are); then, with `cla`, each few layers' K/V merged into one (lm/convert/cla.py)."""
+
+    num_kv_heads: int
+    method: str
+    groups: list | None = None
+    rotations: list | None = None
+    cla: CLARecipe | None = None
 
 
 def merge_kv_heads(x: jax.Array, head_axis: int, num_kv_heads: int, method: str) -> jax.Array:

@@ -38,7 +38,7 @@ import optax
 from absl import logging
 from flax import nnx
 
-from lm.convert import cla, head_merging, mla, per_layer
+from lm.convert import cla, head_merging, mla, per_layer, pooling
 from lm.convert import methods as conversion
 from lm.convert.hf_files import copy_run_files
 from lm.convert.methods import SCHEDULES, ConversionOptions, check_conversion, check_steps
@@ -47,12 +47,7 @@ from lm.data.corpus import load_corpus
 from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import model_config
-from lm.train.checkpoint import (
-    Checkpointer,
-    check_finite,
-    checkpoint_entries,
-    read_latest_meta,
-)
+from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries, read_latest_meta
 from lm.train.optimizer import check_train_config
 from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context
 from lm.train.workdir import WorkdirLock
@@ -246,9 +241,12 @@ def convert_checkpoint(
     return config
 
 
-def _converted_params(source, options: ConversionOptions):
-    """(parameters, (groups, rotations, moment step of a CLA merge) or Nones, model settings
-    or None, provenance)."""
+# What a conversion did to the weights, one typed value per kind, which the moments follow.
+Recipe = pooling.PoolRecipe | mla.LatentRecipe | per_layer.PerLayerRecipe
+
+
+def _converted_params(source, options: ConversionOptions) -> tuple[dict, Recipe, dict, dict]:
+    """(parameters, the recipe they were converted by, model settings or None, provenance)."""
     params, cfg = source.state['params'], source.model_cfg
     inputs, groups, rotations, settings, record = None, None, None, None, {}
     if options.needs_calibration:
@@ -264,7 +262,7 @@ def _converted_params(source, options: ConversionOptions):
         eps = target.latent_norm_eps  # the source config's section (0: DeepseekV3's, 1e-6)
         params, settings, pairs = conversion.latent_conversion(params, cfg, options, inputs, eps)
         order = mla.q_order(cfg.head_dim, np.array([int(j) for j in pairs.split(',')]))
-        return params, (order, None, None), settings, {**record, 'rope_pairs': pairs}
+        return params, mla.LatentRecipe(order), settings, {**record, 'rope_pairs': pairs}
     if options.kv_budget:
         return _per_layer_params(params, cfg, options, inputs, record)
     g, method, n = options.num_kv_heads or cfg.num_kv_heads, options.method, options.kv_share_every
@@ -274,18 +272,17 @@ def _converted_params(source, options: ConversionOptions):
     if method == 'aligned':
         rotations = head_merging.alignments(params, g, groups, inputs)
     params = convert_params(params, cfg, g, method, options.seed, groups, rotations=rotations)
-    then = None
+    merge: cla.CLARecipe | None = None
     if n > 1:  # then merge each n layers' K/V (cross-layer attention)
-        recipe = cla.plan(params, n, method, options.grouping, inputs)
-        params = cla.convert(params, n, method, recipe)
+        merge = cla.plan(params, n, method, options.grouping, inputs)
+        params = cla.convert(params, merge)
         settings = {**attention.VARIANTS[cfg.attention].pooled(g), 'kv_share_every': n}
-        then = cla.moment_step(n, method, recipe)
-    return params, (groups, rotations, then), settings, record
+    return params, pooling.PoolRecipe(g, method, groups, rotations, merge), settings, record
 
 
 def _per_layer_params(params: dict, cfg: ModelConfig, options, inputs: list, record: dict):
     """`_converted_params` under a KV budget: each layer's count and groups from its heads'
-    similarity (lm/convert/per_layer.py); the recipe is (counts, groups)."""
+    similarity (lm/convert/per_layer.py)."""
     sims = per_layer.similarities(params, inputs)
     counts = per_layer.choose_counts(sims, cfg.num_heads, options.kv_budget)
     groups = per_layer.layer_groups(sims, counts)
@@ -295,7 +292,7 @@ def _per_layer_params(params: dict, cfg: ModelConfig, options, inputs: list, rec
         'kv_heads_per_layer': counts,
     }
     record.update(groups=conversion.format_groups(groups), kv_budget=options.kv_budget)
-    return params, (counts, groups), settings, record
+    return params, per_layer.PerLayerRecipe(counts, groups), settings, record
 
 
 def _converted_config(
@@ -328,23 +325,26 @@ def _converted_config(
     return config
 
 
-def _converted_state(source, options: ConversionOptions, ctx, params: dict, recipe: tuple) -> dict:
+def _converted_state(source, options: ConversionOptions, ctx, params: dict, recipe: Recipe) -> dict:
     """The converted run's first state (the source's step and rng), placed on `ctx`'s shardings:
-    the source's optimizer state converted like the weights, or a fresh one at the source's step
-    (`options.optimizer_state`)."""
-    state = source.state
-    if options.optimizer_state == 'convert' and options.latent:
+    the source's optimizer state converted like the weights (by `recipe`), or a fresh one at the
+    source's step (`options.optimizer_state`)."""
+    state, r = source.state, recipe
+    if options.optimizer_state != 'convert':
+        opt_state = with_schedule_count(ctx.tx.init(params), source.step)
+    elif isinstance(r, mla.LatentRecipe):
         fresh = with_schedule_count(ctx.tx.init(params), source.step)
-        opt_state = conversion.latent_opt_state(state['opt_state'], fresh, recipe[0])
-    elif options.optimizer_state == 'convert' and options.kv_budget:
-        opt_state = per_layer.convert_opt_state(state['opt_state'], state['params'], *recipe)
-    elif options.optimizer_state == 'convert':
-        g = options.num_kv_heads or source.model_cfg.num_kv_heads
-        opt_state = convert_opt_state(
-            state['opt_state'], state['params'], g, options.method, *recipe
+        opt_state = conversion.latent_opt_state(state['opt_state'], fresh, r.order_D)
+    elif isinstance(r, per_layer.PerLayerRecipe):
+        opt_state = per_layer.convert_opt_state(
+            state['opt_state'], state['params'], r.counts, r.groups
         )
     else:
-        opt_state = with_schedule_count(ctx.tx.init(params), source.step)
+        then = r.cla and cla.moment_step(r.cla)
+        g, method = r.num_kv_heads, r.method
+        opt_state = convert_opt_state(
+            state['opt_state'], state['params'], g, method, r.groups, r.rotations, then
+        )
     new_state = {
         'params': params,
         'opt_state': opt_state,

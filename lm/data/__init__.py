@@ -1,3 +1,16 @@
 """The data wing: text sources and tokenizers, the token cache (each split tokenised once into a
 memmap), and which windows each training or evaluation batch holds.
 """
+
+from lm import public_face
+
+# The public face: the names each private module offers, the only ones entry points import.
+__all__, __getattr__, __dir__ = public_face(
+    __name__,
+    {
+        'corpus': ('Corpus', 'cache_dir', 'load_corpus', 'load_tokenizer', 'stdlib_files'),
+        'tokenizer': ('Tokenizer', 'train_bpe'),
+        'windows': ('call_batch', 'train_batch'),
+        'recall': ('nth_answer_only',),
+    },
+)

@@ -147,7 +147,7 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
         )
 
 
-def _stdlib_files() -> list[tuple[str, str]]:
+def stdlib_files() -> list[tuple[str, str]]:
     root = sysconfig.get_paths()['stdlib']
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -237,7 +237,7 @@ class Source:
 
 
 def _stdlib_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Callable]:
-    files = _stdlib_files()
+    files = stdlib_files()
     key = [(rel, os.path.getsize(full)) for rel, full in files]
 
     def in_split(rel: str, split: str) -> bool:

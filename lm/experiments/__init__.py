@@ -1,3 +1,62 @@
 """The experiments wing: sweeps and uptraining ablations, equal-budget comparisons, statistics over
 seeds and summaries; the eager PyTorch baseline the benchmarks compare against.
 """
+
+from lm import public_face
+
+# The public face: the names each private module offers, the only ones entry points import.
+__all__, __getattr__, __dir__ = public_face(
+    __name__,
+    {
+        'runner': (
+            'STARTED',
+            'RunStopped',
+            'StopRuns',
+            'check as check_specs',
+            'read_result',
+            'run as run_specs',
+        ),
+        'sweep': (
+            'check_same_fairness',
+            'combine',
+            'fairness as sweep_match',
+            'file_points',
+            'load_sweep_file',
+            'parse_grid',
+            'plan as plan_sweep',
+            'progress',
+        ),
+        'fairness': ('MATCHES',),
+        'sweep_summary': ('summarise as summarise_sweep',),
+        'ablation': ('Ablation', 'base_config', 'plan as plan_ablation'),
+        'ablation_tables': (
+            'PLOTTED',
+            'chosen_runs',
+            'compare_table',
+            'lr_grid_rows',
+            'report as ablation_report',
+            'tables as ablation_markdown',
+        ),
+        'summary': ('seed_rows', 'write_csv'),
+        'pareto': (
+            'METRICS',
+            'Point',
+            'front',
+            'higher_is_better',
+            'points as pareto_points',
+            'read_table',
+            'runs_in',
+            'runs_of',
+        ),
+        'pareto_plot': ('figure as pareto_figure', 'log_images', 'summarise as summarise_pareto'),
+        'lr_grid': ('at_chosen_rates', 'check_seeds', 'stack'),
+        'cache_quality': (
+            'evaluate_run',
+            'finished_runs',
+            'heldout_rows',
+            'pareto_rows',
+            'quantized_rows',
+        ),
+        'tables': ('update_docs',),
+    },
+)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -182,15 +183,30 @@ def compute_dtype_weights(params: nnx.State, dtype: jnp.dtype) -> nnx.State:
     return jax.tree.map(cast, params)
 
 
+class LoopState(NamedTuple):
+    """The generation loop's carry: step i, which rows are done (sampled eos_id), how many
+    tokens each row made, the tokens [B, S], the logits of the next token, the caches, the
+    random key, and whether the host stopped the loop (streaming)."""
+
+    i: jax.Array
+    done_B: jax.Array
+    counts_B: jax.Array
+    out_BS: jax.Array
+    logits_BV: jax.Array
+    caches: list[KVCache]
+    key: jax.Array
+    stopped: jax.Array
+
+
 class Decoder:
     """Jitted prefill, single decode steps, and a whole generation loop for one model.
 
-    `absorb`: MLA decodes by weight absorption (False: it expands per-head K/V from its latent
-    cache, the naive path); variants without that option ignore it. `kv_cache_dtype`: how
-    `generate` stores the caches, 'float' (the compute dtype), 'int8' or 'kivi4'
-    (`init_caches`; refused here already where the model cannot use it). `xla_options`: XLA
-    compiler options of its jitted functions; None: `CPU_DECODE_XLA_OPTIONS` on a CPU, XLA's
-    defaults elsewhere; {} for XLA's defaults everywhere."""
+    `absorb`: each variant's `absorb` (MLA decodes by weight absorption; False: it expands
+    per-head K/V from its latent cache, the naive path); variants without that option ignore
+    it. `kv_cache_dtype`: how `generate` stores the caches, 'float' (the compute dtype), 'int8'
+    or 'kivi4' (`init_caches`; refused here already where the model cannot use it).
+    `xla_options`: XLA compiler options of its jitted functions; None: `CPU_DECODE_XLA_OPTIONS`
+    on a CPU, XLA's defaults elsewhere; {} for XLA's defaults everywhere."""
 
     def __init__(
         self,
@@ -202,7 +218,7 @@ class Decoder:
         check_storage(model.cfg, kv_cache_dtype)
         self.kv_cache_dtype = kv_cache_dtype
         model = nnx.clone(model)
-        model.set_attributes(absorb=absorb, raise_if_not_found=False)
+        attention.set_absorb(model, absorb)
         self.cfg = model.cfg
         self.graphdef, params = nnx.split(model, nnx.Param)
         self.params = compute_dtype_weights(params, DTYPES[self.cfg.dtype])
@@ -262,35 +278,42 @@ class Decoder:
         rows already stopped) go to `_emit` as they are made, which may stop the loop."""
         B, S = caches[0].pad_B.shape[0], caches[0].length
 
-        def cond(carry):
-            i, done, stopped = carry[0], carry[1], carry[-1]
-            return (i < max_new) & ~jnp.all(done) & ~stopped
+        def cond(s: LoopState):
+            return (s.i < max_new) & ~jnp.all(s.done_B) & ~s.stopped
 
-        def body(carry):
-            i, done, counts, out, logits, caches, key, stopped = carry
-            key, sub = jax.random.split(key)
-            tok = _sample(logits, sub, temperature, top_k, top_p)
-            out = jax.lax.dynamic_update_slice_in_dim(out, jnp.where(done, 0, tok)[:, None], i, 1)
+        def body(s: LoopState) -> LoopState:
+            key, sub = jax.random.split(s.key)
+            tok_B = _sample(s.logits_BV, sub, temperature, top_k, top_p)
+            new_B1 = jnp.where(s.done_B, 0, tok_B)[:, None]
+            stopped = s.stopped
             if stream:
                 shape = jax.ShapeDtypeStruct((), jnp.bool_)
-                stopped = io_callback(self._emit, shape, jnp.where(done, -1, tok), ordered=True)
-            counts = counts + ~done
-            done = done | (tok == eos_id)
-            logits, caches = self._step(params, tok, pad_B, caches)
-            return i + 1, done, counts, out, logits, caches, key, stopped
+                emitted_B = jnp.where(s.done_B, -1, tok_B)
+                stopped = io_callback(self._emit, shape, emitted_B, ordered=True)
+            logits_BV, caches = self._step(params, tok_B, pad_B, s.caches)
+            return LoopState(
+                i=s.i + 1,
+                done_B=s.done_B | (tok_B == eos_id),
+                counts_B=s.counts_B + ~s.done_B,
+                out_BS=jax.lax.dynamic_update_slice_in_dim(s.out_BS, new_B1, s.i, 1),
+                logits_BV=logits_BV,
+                caches=caches,
+                key=key,
+                stopped=stopped,
+            )
 
-        carry = (
-            jnp.int32(0),
-            jnp.zeros(B, bool),
-            jnp.zeros(B, jnp.int32),
-            jnp.zeros((B, S), jnp.int32),
-            logits_BV,
-            caches,
-            key,
-            jnp.bool_(False),
+        start = LoopState(
+            i=jnp.int32(0),
+            done_B=jnp.zeros(B, bool),
+            counts_B=jnp.zeros(B, jnp.int32),
+            out_BS=jnp.zeros((B, S), jnp.int32),
+            logits_BV=logits_BV,
+            caches=caches,
+            key=key,
+            stopped=jnp.bool_(False),
         )
-        carry = jax.lax.while_loop(cond, body, carry)
-        return carry[3], carry[2], carry[5]
+        end = jax.lax.while_loop(cond, body, start)
+        return end.out_BS, end.counts_B, end.caches
 
     def generate(
         self,

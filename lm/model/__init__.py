@@ -7,3 +7,17 @@ sliding-window ring, float or int8 via `kv_quant`, or, full caches, KIVI's 4 bit
 `kv_kivi`), the decoder (`transformer`) and the accounting of parameters, KV-cache bytes and
 FLOPs. Imports no other wing.
 """
+
+from lm import public_face
+
+# The public face: the names each private module offers, the only ones entry points import.
+__all__, __getattr__, __dir__ = public_face(
+    __name__,
+    {
+        'config': ('DECODE_KERNELS', 'DTYPES', 'ModelConfig'),
+        'transformer': ('Transformer', 'build_model', 'check_model_config', 'model_config'),
+        'attention': ('AttentionVariant', 'parse_variant', 'register', 'variant as variant_class'),
+        'kv_cache': ('KVCache', 'KV_CACHE_DTYPES'),
+        'accounting': ('flops_per_token', 'kv_cache_bytes', 'kv_cache_bytes_read', 'param_counts'),
+    },
+)

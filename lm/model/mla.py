@@ -141,8 +141,6 @@ class MultiHeadLatentAttention(AttentionVariant):
         )
         self.cfg = cfg
 
-    absorb: bool = True  # with a cache: weight absorption (False: per-head K/V, the naive path)
-
     def queries(self, x_BTE: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(q_C [B, T, H, N], RoPE'd q_R [B, T, H, P])."""
         cfg = self.cfg

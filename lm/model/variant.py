@@ -110,7 +110,8 @@ class AttentionWeights(nnx.Intermediate):
 
 class AttentionVariant(nnx.Module):
     """The contract of an attention variant. Subclass it, set `names`, implement the methods
-    that raise here, and decorate the class with `@register`.
+    that raise here, and decorate the class with `@register` (which refuses a class that lacks
+    one: `missing_members`).
 
     Model: `__init__(cfg, rngs=...)` (keeping the ModelConfig as `self.cfg`) and one
     computation, `__call__(x_BTE, positions_BT, *, segment_ids_BT=None, cache=None) -> (y_BTE,
@@ -132,6 +133,7 @@ class AttentionVariant(nnx.Module):
     constructor takes `kv_from_below`, a layer without K/V projections whose `cache` argument
     is the K/V of the layer below, and `kv_to_above`, a layer that returns its K/V as a
     `KVCache` even without a cache) and `parse_spec` (short variant names such as 'gqa2').
+    Decode knob: `absorb`, which a variant without a cheaper cached path ignores.
     """
 
     names: ClassVar[tuple[str, ...]] = ()  # the `config.model.attention` values it implements
@@ -140,6 +142,9 @@ class AttentionVariant(nnx.Module):
     cross_layer_kv: ClassVar[bool] = False  # layers may reuse the K/V of the layer below
     sow_weights: bool = False  # set on a model copy (`set_attributes`) to sow AttentionWeights
     window: int = 0  # sliding window W of a local layer (set by the model); 0 = global
+    # With a cache: decode by the variant's cheaper equivalent computation (MLA: weight
+    # absorption); False: the computation training uses (a reference). Set with `set_absorb`.
+    absorb: bool = True
 
     def mask(self, T: int, segment_ids_BT: jax.Array | None) -> jax.Array | None:
         """The training / analysis mask of T tokens (no cache): None (causal), within documents
@@ -298,8 +303,53 @@ class AttentionVariant(nnx.Module):
 VARIANTS: dict[str, type[AttentionVariant]] = {}  # config.model.attention -> class
 
 
+# What every variant implements (the members that raise NotImplementedError here), and what each
+# capability adds.
+CONTRACT = (
+    '__init__',
+    '__call__',
+    'resolve',
+    'kv_cache_elements',
+    'kv_cache_vectors',
+    'kv_heads',
+    'score_dims',
+    'init_cache',
+)
+CAPABILITIES = {
+    'poolable_kv_heads': ('kv_projections', 'pooled'),
+    'latent_kv': ('config_section',),  # a conversion writes the target's section
+}
+
+
+def missing_members(cls: type[AttentionVariant]) -> list[str]:
+    """The contract members `cls` leaves to `AttentionVariant` (or above it), in contract order,
+    those of its capabilities included; `names` and the config section pair are members too."""
+    wanted = [*CONTRACT]
+    for capability, members in CAPABILITIES.items():
+        wanted += members if getattr(cls, capability) else ()
+    missing = [m for m in wanted if not _overrides(cls, m)]
+    if not cls.names:
+        missing.append('names')
+    if bool(cls.config_section) != (cls.config_class is not None):
+        missing.append('config_class' if cls.config_section else 'config_section')
+    return missing
+
+
+def _overrides(cls: type, member: str) -> bool:
+    """Whether `member`'s nearest definition on `cls`'s MRO is a variant's, not the contract's
+    own (or nnx.Module's)."""
+    owner = next(c for c in cls.__mro__ if member in vars(c))
+    return owner is not AttentionVariant and issubclass(owner, AttentionVariant)
+
+
 def register(cls: type[AttentionVariant]) -> type[AttentionVariant]:
-    """Class decorator: makes `cls` the implementation of each of its `names`."""
+    """Class decorator: makes `cls` the implementation of each of its `names`, once it
+    implements the contract (a one-line TypeError names what it lacks)."""
+    if missing := missing_members(cls):
+        raise TypeError(
+            f'attention variant {cls.__name__} lacks {", ".join(missing)} of the '
+            'AttentionVariant contract (lm/model/variant.py)'
+        )
     for name in cls.names:
         if name in VARIANTS and VARIANTS[name] is not cls:
             raise ValueError(f'attention variant {name!r} is already registered')
@@ -312,6 +362,13 @@ def unregister(cls: type[AttentionVariant]) -> None:
     for name in cls.names:
         if VARIANTS.get(name) is cls:
             del VARIANTS[name]
+
+
+def set_absorb(model: nnx.Module, absorb: bool) -> None:
+    """Sets `absorb` of every attention variant in `model` (a decoder's choice of path)."""
+    for _, module in nnx.iter_graph(model):
+        if isinstance(module, AttentionVariant):
+            module.absorb = absorb
 
 
 def sections() -> set[str]:

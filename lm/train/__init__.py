@@ -2,3 +2,29 @@
 checkpoints, the run directory, evaluation, TensorBoard and the run log; performance accounting
 (`perf`) and profiler traces (`profile`). Imports neither `convert` nor `analysis`.
 """
+
+from lm import public_face
+
+# The public face: the names each private module offers, the only ones entry points import.
+__all__, __getattr__, __dir__ = public_face(
+    __name__,
+    {
+        'run': (
+            'Run',
+            'assemble',
+            'check_config',
+            'check_devices',
+            'finished_step',
+            'stored_config',
+        ),
+        'loop': ('train',),
+        'step': ('device_call_batch', 'make_eval_step', 'make_train_step', 'parse_xla_options'),
+        'evaluation': ('eval_batch_size', 'evaluate_recall'),
+        'summary': ('Summary', 'run_logdir'),
+        'interrupt': ('Interrupted', 'StopRequest'),
+        'workdir': ('RunError', 'WorkdirLock', 'remember_tb_dir', 'remembered_tb_dir'),
+        'checkpoint': ('check_finite', 'read_latest_meta'),
+        'perf': ('PEAK_FLOPS', 'cpu_model', 'device_description', 'mfu', 'peak_flops'),
+        'profile': ('load_profile', 'print_profile'),
+    },
+)
