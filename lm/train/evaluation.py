@@ -114,7 +114,8 @@ def _window_sums(
             params, global_batch(batch, batch_sharding), global_batch(weights, batch_sharding)
         )
         # Fetched before the next call: XLA:CPU's in-process collectives (several CPU devices)
-        # can deadlock when many multi-device executions are queued at once.
+        # can deadlock when many multi-device executions are queued at once. [B], or an
+        # ensemble's [K, B].
         sums.append(np.asarray(out.addressable_data(0), np.float64))
         progress.done(len(sums))
     return sums
@@ -147,6 +148,44 @@ def evaluate(
         return evaluate_recall(
             eval_step, params, rows, cells, corpus.task.groups, batch_size, batch_sharding, stop
         )
+    where = (corpus, split, batch_size, seq_len, eval_tokens, batch_sharding, stop)
+    window_sums, counts = _split_sums(eval_step, params, *where, progress_every_s)
+    return _loss_metrics(window_sums, counts, corpus, split)
+
+
+def evaluate_members(
+    eval_step: Callable,
+    params: dict,
+    corpus: Corpus,
+    split: str,
+    *,
+    batch_size: int,
+    seq_len: int,
+    eval_tokens: int,
+    batch_sharding: jax.sharding.NamedSharding,
+    stop: Callable[[], None] | None = None,
+    progress_every_s: float = 10.0,
+) -> list[dict[str, float]]:
+    """`evaluate`'s metrics of each member of an ensemble (`lm.train.ensemble`), in one pass
+    over the windows: `eval_step` and `params` are the ensemble's, stacked."""
+    where = (corpus, split, batch_size, seq_len, eval_tokens, batch_sharding, stop)
+    window_sums_KW, counts = _split_sums(eval_step, params, *where, progress_every_s)
+    return [_loss_metrics(sums_W, counts, corpus, split) for sums_W in window_sums_KW]
+
+
+def _split_sums(
+    eval_step: Callable,
+    params: dict,
+    corpus: Corpus,
+    split: str,
+    batch_size: int,
+    seq_len: int,
+    eval_tokens: int,
+    batch_sharding: jax.sharding.NamedSharding,
+    stop: Callable[[], None] | None,
+    progress_every_s: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(loss sums of each evaluation window [W] (an ensemble's [K, W]), targets per window [W])."""
     tokens = corpus.tokens[split]
     starts = eval_windows(len(tokens), seq_len, eval_tokens)
     counts = window_targets(len(tokens), starts, seq_len).astype(np.float64)
@@ -169,7 +208,14 @@ def evaluate(
         batch_size=batch_size,
         seq_len=seq_len,
     )
-    window_sums = np.concatenate(sums)[: len(starts)]  # padding rows (weight 0) dropped
+    # padding rows (weight 0) dropped
+    return np.concatenate(sums, axis=-1)[..., : len(starts)], counts
+
+
+def _loss_metrics(
+    window_sums: np.ndarray, counts: np.ndarray, corpus: Corpus, split: str
+) -> dict[str, float]:
+    """loss, its stderr, perplexity, bits/byte and tokens of one model's window sums."""
     loss = float(window_sums.sum() / counts.sum())
     return {
         'loss': loss,

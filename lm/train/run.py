@@ -30,6 +30,13 @@ from lm.train.checkpoint import (
     read_step_meta,
     saved_steps,
 )
+from lm.train.ensemble import (
+    check_ensemble_config,
+    check_members_divide,
+    ensemble_context,
+    member_axes,
+    member_rules,
+)
 from lm.train.evaluation import check_eval_config
 from lm.train.optimizer import check_train_config, lr_schedule, make_optimizer
 from lm.train.step import (
@@ -111,18 +118,35 @@ def step_context(
 ) -> StepContext:
     """The step context of `config`'s training for the model `cfg` on `mesh` under `rules`.
     The learning-rate schedule is built here once; the optimizer and the logged 'lr' share it.
-    A recall source's losses count its answers only."""
+    A recall source's losses count its answers only. An ensemble's (`lm.train.ensemble`) is a
+    member's context under the member rules, stacked."""
     schedule = lr_schedule(config.train)
     tx = make_optimizer(config.train, schedule)
     masked = config.data.source in TASKS
     xla_options = parse_xla_options(config.train.xla_options)
-    return make_step_context(
-        cfg, tx, mesh, rules, config.seed, schedule, document_eos, masked, xla_options
+    k = config.train.ensemble
+    ctx = make_step_context(
+        cfg,
+        tx,
+        mesh,
+        member_rules(mesh, rules) if k else rules,
+        config.seed,
+        schedule,
+        document_eos,
+        masked,
+        xla_options,
     )
+    if not k:
+        return ctx
+    return ensemble_context(ctx, k, member_axes(mesh, rules), config.train.ensemble_loop)
 
 
 def check_parallel(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:
-    """The train and eval batches must divide by the data-parallel size and the processes."""
+    """The train and eval batches must divide by the data-parallel size and the processes; an
+    ensemble's members by the member axes, and each member's batch by what is left."""
+    if config.train.ensemble:
+        check_members_divide(config, mesh, rules)
+        rules = member_rules(mesh, rules)
     dp = data_parallel_size(mesh, rules)
     per_micro = config.train.batch_size // config.train.grad_accum_steps
     if per_micro % dp or config.train.batch_size % jax.process_count():
@@ -155,6 +179,7 @@ def check_config(
         )
     check_loop_config(config)
     check_train_config(config.train)
+    check_ensemble_config(config)
     parse_xla_options(config.train.xla_options)  # its form; `assemble` checks the names
     check_data_config(config.data)
     check_model_config(config.model)  # model errors before reading any data
@@ -210,6 +235,11 @@ def assemble(
     if state in ('restore', 'params', 'resume') and workdir is None:
         raise ValueError(f'state={state!r} needs a workdir to read the checkpoint from')
     config = check_config(stored_config(workdir, flag, step) if saved else source, saved)
+    if state == 'params' and config.train.ensemble:
+        raise ValueError(
+            f'{flag}: {workdir} is an ensemble of {config.train.ensemble} members '
+            f'(config.train.ensemble); split one out first: scripts/split_ensemble.py'
+        )
     if model_overrides:
         config.model.update(model_overrides)
         check_model_config(config.model)
