@@ -156,3 +156,36 @@ def test_kill9_then_resume_of_an_ensemble_is_bitwise_identical(tmp_path, small_t
     ref, run = (json.loads((tmp_path / d / 'results.json').read_text()) for d in ('ref', 'run'))
     assert ref['members'] == run['members']  # bitwise: the same final evaluations
     assert os.listdir(tmp_path / 'run' / 'tb') == os.listdir(tmp_path / 'ref' / 'tb')
+
+
+@pytest.mark.slow
+def test_members_spread_over_two_devices_and_a_split_member_evaluates(tmp_path, small_text):
+    """Two CPU devices: the members of K = 2 lie one per device ('member' -> 'data') and train
+    as on one device; K = 3 is refused before compiling; eval.py scores a split-out member as
+    its training did."""
+    config = tiny_train_config(
+        tmp_path, small_text, **{'mesh.cpu_devices': 2, 'train.steps': 4, 'train.ensemble': 3}
+    )
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    out = run_entry('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "k3"}')
+    assert out.returncode != 0
+    assert 'config.train.ensemble=3 members do not divide' in out.stderr
+    assert 'compiled the train step' not in out.stderr
+    two = run_entry('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "two"}',
+                    '--config.train.ensemble=2', check=True)  # fmt: skip
+    assert 'on 2 devices' in two.stderr
+    one = with_values(config, {'mesh.cpu_devices': 0, 'train.ensemble': 2})
+    train(one, str(tmp_path / 'one'))
+    for seed in (0, 1):
+        want = read_scalars(tmp_path / 'one' / 'tb' / f'seed_{seed}', 'train/loss')
+        got = read_scalars(tmp_path / 'two' / 'tb' / f'seed_{seed}', 'train/loss')
+        np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=RTOL)
+    out = run_entry('scripts/split_ensemble.py', f'--workdir={tmp_path / "two"}',
+                    f'--out_dir={tmp_path / "members"}', check=True)  # fmt: skip
+    assert sorted(os.listdir(tmp_path / 'members')) == ['seed_0', 'seed_1']
+    refused = run_entry('eval.py', f'--workdir={tmp_path / "two"}')
+    assert refused.returncode != 0 and 'scripts/split_ensemble.py' in refused.stderr
+    out = run_entry('eval.py', f'--workdir={tmp_path / "members" / "seed_1"}', check=True)
+    member = json.loads((tmp_path / 'two' / 'results.json').read_text())['members'][1]
+    loss = json.loads(out.stdout.strip().splitlines()[-1])['loss']
+    np.testing.assert_allclose(loss, member['eval']['loss'], rtol=RTOL)
