@@ -29,7 +29,8 @@ from conftest import (
 )
 
 from lm.config import with_values
-from lm.train.ensemble import check_members_divide, member_config, member_tree
+from lm.train import ensemble
+from lm.train.ensemble import check_members_divide, member_config, member_tree, state_bytes
 from lm.train.ensemble_run import split_member
 from lm.train.loop import call_batch, train
 from lm.train.run import assemble, check_config, finished_step
@@ -189,3 +190,18 @@ def test_members_spread_over_two_devices_and_a_split_member_evaluates(tmp_path, 
     member = json.loads((tmp_path / 'two' / 'results.json').read_text())['members'][1]
     loss = json.loads(out.stdout.strip().splitlines()[-1])['loss']
     np.testing.assert_allclose(loss, member['eval']['loss'], rtol=RTOL)
+
+
+def test_an_ensemble_that_cannot_fit_is_refused_with_the_bytes_it_needs(
+    tmp_path, small_text, monkeypatch
+):
+    config = tiny_train_config(tmp_path, small_text, **{'train.ensemble': 4})
+    with assemble(config, data=True) as run:  # fits: the state of 4 tiny models
+        per_member = state_bytes(run.ctx) / 4  # params, two Adam moments, step, rng
+    monkeypatch.setattr(ensemble, 'device_memory', lambda: int(2.5 * per_member * 4 / 3))
+    with pytest.raises(ValueError) as e:
+        assemble(config, data=True)
+    # per member: its state plus its gradients (a params-sized tree, a third of the state)
+    assert 'config.train.ensemble=4 needs' in str(e.value) and 'at most 2 members fit' in str(
+        e.value
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import jax
 import ml_collections
@@ -125,3 +126,44 @@ def state_bytes(ctx: StepContext) -> int:
     """Bytes of the (stacked) train state of `ctx`, all devices together."""
     leaves = jax.tree.leaves(ctx.abstract_state)
     return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
+
+
+def _device_bytes(tree: dict) -> int:
+    """Bytes of `tree`'s abstract arrays on one device (the largest shard of each)."""
+    leaves = jax.tree.leaves(tree)
+    return sum(
+        math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves
+    )
+
+
+def device_memory() -> int | None:
+    """Bytes one device may hold: an accelerator's allocator limit, a CPU device's share of the
+    host's physical memory; None when unknown."""
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() if device.platform != 'cpu' else None
+    if stats and stats.get('bytes_limit'):
+        return int(stats['bytes_limit'])
+    try:
+        host = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (ValueError, OSError):
+        return None
+    return host // jax.local_device_count() if device.platform == 'cpu' else None
+
+
+def check_members_fit(ctx: StepContext) -> None:
+    """Refuses, before compiling, an ensemble whose train state and gradients alone exceed a
+    device's memory (activations come on top), naming the bytes and how many members fit."""
+    limit = device_memory()
+    if not ctx.members or limit is None:
+        return
+    need = _device_bytes(ctx.abstract_state) + _device_bytes(ctx.abstract_state['params'])
+    if need <= limit:
+        return
+    size = math.prod(ctx.mesh.shape[a] for a in ctx.member_axes)
+    per_member = need / (ctx.members // size)
+    fit = int(limit // per_member) * size
+    raise ValueError(
+        f'config.train.ensemble={ctx.members} needs {need / 2**30:.2f} GiB per device for the '
+        f'train state and gradients alone ({per_member / 2**30:.3f} GiB per member), more '
+        f'than the {limit / 2**30:.2f} GiB a device has: at most {fit} members fit'
+    )

@@ -33,6 +33,7 @@ from lm.train.checkpoint import (
 from lm.train.ensemble import (
     check_ensemble_config,
     check_members_divide,
+    check_members_fit,
     ensemble_context,
     member_axes,
     member_rules,
@@ -251,6 +252,8 @@ def assemble(
         corpus, cfg = _data_and_model(config, data, check, check_size=not saved)
         eos = corpus.tokenizer.eos_id if corpus and config.data.document_mask else None
         ctx = step_context(config, cfg, mesh, rules, eos)
+        if not saved:
+            check_members_fit(ctx)
         with jax.set_mesh(mesh):
             if state == 'resume':
                 ckpt, (start, restored, meta) = _resume(
