@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 from lm.cli import bootstrap, run_app
 from lm.config import with_values
-from lm.train import assemble, device_call_batch, make_train_step, perf, state_bytes
+from lm.train import assemble, device_call_batch, device_description, make_train_step, state_bytes
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config',
@@ -110,7 +110,7 @@ def run() -> int:
     bootstrap(config)
     c = config
     print(
-        f'# {perf.device_description()}; {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}; '
+        f'# {device_description()}; {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}; '
         f'd_model {c.model.d_model}, {c.model.num_layers} layers, batch '
         f'{c.train.batch_size} x {c.data.seq_len}; medians of {_STEPS.value} calls'
     )

@@ -120,7 +120,7 @@ def step_context(
     """The step context of `config`'s training for the model `cfg` on `mesh` under `rules`.
     The learning-rate schedule is built here once; the optimizer and the logged 'lr' share it.
     A recall source's losses count its answers only. An ensemble's (`lm.train.ensemble`) is a
-    member's context under the member rules, stacked."""
+    member's context under the member rules, stacked (refused if it cannot fit)."""
     schedule = lr_schedule(config.train)
     tx = make_optimizer(config.train, schedule)
     masked = config.data.source in TASKS
@@ -139,7 +139,9 @@ def step_context(
     )
     if not k:
         return ctx
-    return ensemble_context(ctx, k, member_axes(mesh, rules), config.train.ensemble_loop)
+    ctx = ensemble_context(ctx, k, member_axes(mesh, rules), config.train.ensemble_loop)
+    check_members_fit(ctx)
+    return ctx
 
 
 def check_parallel(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:
@@ -236,11 +238,6 @@ def assemble(
     if state in ('restore', 'params', 'resume') and workdir is None:
         raise ValueError(f'state={state!r} needs a workdir to read the checkpoint from')
     config = check_config(stored_config(workdir, flag, step) if saved else source, saved)
-    if state == 'params' and config.train.ensemble:
-        raise ValueError(
-            f'{flag}: {workdir} is an ensemble of {config.train.ensemble} members '
-            f'(config.train.ensemble); split one out first: scripts/split_ensemble.py'
-        )
     if model_overrides:
         config.model.update(model_overrides)
         check_model_config(config.model)
@@ -252,8 +249,6 @@ def assemble(
         corpus, cfg = _data_and_model(config, data, check, check_size=not saved)
         eos = corpus.tokenizer.eos_id if corpus and config.data.document_mask else None
         ctx = step_context(config, cfg, mesh, rules, eos)
-        if not saved:
-            check_members_fit(ctx)
         with jax.set_mesh(mesh):
             if state == 'resume':
                 ckpt, (start, restored, meta) = _resume(
@@ -296,9 +291,14 @@ def _state(
 ) -> tuple[int | None, dict | None, dict | None]:
     """(step, state, checkpoint side-car) of the state 'none', 'init' (from `seed`), 'restore'
     (checkpoint `step` of `workdir`, default: the newest readable one) or 'params' (its
-    parameters only)."""
+    parameters only; refused for an ensemble, whose members are split out first)."""
     if state == 'none':
         return None, None, None
+    if state == 'params' and ctx.members:
+        raise ValueError(
+            f'{flag}: {workdir} is an ensemble of {ctx.members} members (config.train.ensemble);'
+            ' split one out first: scripts/split_ensemble.py'
+        )
     if state == 'init':
         return 0, init_state(ctx, cfg, seed), None
     ckpt = Checkpointer(workdir, read_only=True)
