@@ -9,8 +9,11 @@ project uses for other re-fusions of one computation (steps per call): rtol 1e-5
 1e-5 on parameters (of size ~0.02 to 1).
 """
 
+import csv
 import json
+import math
 import os
+import re
 import subprocess
 import time
 import types
@@ -24,6 +27,7 @@ from conftest import (
     entry_command,
     read_scalars,
     run_entry,
+    sweep_file,
     tiny_train_config,
     write_config_file,
 )
@@ -205,3 +209,57 @@ def test_an_ensemble_that_cannot_fit_is_refused_with_the_bytes_it_needs(
     assert 'config.train.ensemble=4 needs' in str(e.value) and 'at most 2 members fit' in str(
         e.value
     )
+
+
+NUMBER = r'-?\d+(?:\.\d*)?(?:e[-+]?\d+)?'
+
+
+def same_cell(got: str, want: str) -> bool:
+    """The same text around numbers that are equal to float32 rounding (losses, their
+    differences, intervals and p-values of runs equal to that tolerance)."""
+    if re.sub(NUMBER, '#', got) != re.sub(NUMBER, '#', want):
+        return False
+    pairs = zip(re.findall(NUMBER, got), re.findall(NUMBER, want), strict=True)
+    return all(math.isclose(float(a), float(b), rel_tol=1e-3, abs_tol=1e-5) for a, b in pairs)
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_text):
+    """scripts/sweep.py --ensemble: each point's seeds trained as one ensemble, split into the
+    runs separate training makes, so the summary, per-seed CSV and plot are the same (losses to
+    the tolerance above)."""
+    config = tiny_train_config(
+        tmp_path, small_text, **{'train.steps': 4, 'eval_every': 4, 'checkpoint_every': 4}
+    )
+    points = [
+        {'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0},
+        {'name': 'mqa', 'model.attention': 'mqa', 'model.num_kv_heads': 0},
+    ]
+    cfg = sweep_file(tmp_path, config, points)
+    for how, flags in (('separate', []), ('ensembles', ['--ensemble'])):
+        out = run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={tmp_path / how}',
+                        '--seeds=3', *flags, timeout=900)  # fmt: skip
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    ens, sep = tmp_path / 'ensembles', tmp_path / 'separate'
+    assert sorted(os.listdir(ens / 'ensembles')) == ['mha', 'mqa']
+    runs = ['mha_s0', 'mha_s1', 'mha_s2', 'mqa_s0', 'mqa_s1', 'mqa_s2']
+    assert [r for r in runs if (ens / r / 'result.json').exists()] == runs
+    assert sorted(os.listdir(ens / 'tb' / 'mha')) == ['seed_0', 'seed_1', 'seed_2']
+    for name in ('summary.csv', 'summary_seeds.csv', 'summary_pairs.csv'):
+        got, want = read_csv(ens / name), read_csv(sep / name)
+        assert len(got) == len(want) and list(got[0]) == list(want[0]), name
+        for g, w in zip(got, want, strict=True):
+            for key, value in w.items():
+                if key == 'tokens_per_sec':  # a timing
+                    continue
+                assert same_cell(g[key], value), (name, key, g[key], value)
+    assert (ens / 'summary.png').stat().st_size > 10_000
+    again = run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={ens}', '--seeds=3',
+                      '--ensemble', '--status')  # fmt: skip
+    assert again.stdout.strip().splitlines()[-1].endswith('8 finished, 0 with other settings, '
+                                                          '0 started, 0 not started')  # fmt: skip

@@ -25,6 +25,7 @@ __all__, __getattr__, __dir__ = public_face(
             'parse_grid',
             'plan as plan_sweep',
             'progress',
+            'seed_runs',
         ),
         'fairness': ('MATCHES',),
         'sweep_summary': ('summarise as summarise_sweep',),

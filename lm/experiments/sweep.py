@@ -11,12 +11,14 @@ train.steps, ...) may change: the run then resumes from its checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.util
 import itertools
 import json
 import os
 import re
+import shutil
 import types
 from typing import Any
 
@@ -30,6 +32,7 @@ from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
 from lm.model import attention
 from lm.model.transformer import check_model_config
 from lm.train.checkpoint import saved_steps
+from lm.train.ensemble_run import split_member
 from lm.train.run import check_loop_config
 from lm.train.workdir import flat_config, resumable_key
 
@@ -181,11 +184,16 @@ def plan(
     seeds: int = 1,
     match: str = 'width',
     tb_dir: str = '',
+    ensemble: bool = False,
 ) -> list[Spec]:
     """A Spec per (point, seed) after skipping invalid points; with match='params', each point's
     mlp_dim brings it within 1% of the MHA point's parameters. A point's 'seeds' overrides
     `seeds`; its k-th run trains with seed config.seed + k and is named `<point>_s<seed>` (so
-    `--grid seed=5` gives mha_s5, mha_s6, ...). Runs log to `tb_dir` (default <sweep_dir>/tb)."""
+    `--grid seed=5` gives mha_s5, mha_s6, ...). Runs log to `tb_dir` (default <sweep_dir>/tb).
+    With `ensemble`, a point's seeds (when more than one) train as one seed ensemble
+    (`config.train.ensemble`), a run of its own in <sweep_dir>/ensembles/<point>, and each
+    seed's run is its member split out (`lm.train.split_member`): the same runs, names and
+    results as separate training, for the summaries (`seed_runs`)."""
     valid = _valid_points(base, points)
     if match == 'params':
         configs = [c for _, _, c in valid]
@@ -203,24 +211,91 @@ def plan(
     specs = []
     for name, point, config in valid:
         n = point.get('seeds', seeds)
-        for s in range(n):
-            seeded = point_config(config, {'seed': config.seed + s})  # the point's own seed
-            try:
-                check_loop_config(seeded)
-            except ValueError as e:
-                raise ValueError(f'sweep point {name}: {e}') from None
-            specs.append(
-                Spec(
-                    name=f'{name}_s{seeded.seed}' if n > 1 else name,
-                    fingerprint=flat_config(seeded),
-                    run=_trainer(seeded, train_command, tb_dir),
-                    arm=name,
-                    seed=seeded.seed,
-                    resumable=resumable_key,
-                    added=ADDED_KEYS,
-                )
-            )
+        make = _TrainSpecs(name, train_command, tb_dir, sweep_dir)
+        specs += make.ensemble(config, n) if ensemble and n > 1 else make.separate(config, n)
     return specs
+
+
+ENSEMBLES = 'ensembles'  # <sweep_dir>/ensembles/<point>: a point's seeds trained as one program
+
+
+def seed_runs(specs: list[Spec]) -> list[Spec]:
+    """The plan's runs of one seed each (what summaries read), less its ensembles' runs."""
+    return [s for s in specs if not s.name.startswith(f'{ENSEMBLES}/')]
+
+
+@dataclasses.dataclass(frozen=True)
+class _TrainSpecs:
+    """The Specs of one sweep point: its seeds trained separately, or as one ensemble."""
+
+    name: str
+    command: list[str]
+    tb_dir: str
+    sweep_dir: str
+
+    def _seeded(self, config: ml_collections.ConfigDict, k: int) -> ml_collections.ConfigDict:
+        seeded = point_config(config, {'seed': config.seed + k})  # the point's own seed
+        try:
+            check_loop_config(seeded)
+        except ValueError as e:
+            raise ValueError(f'sweep point {self.name}: {e}') from None
+        return seeded
+
+    def _spec(self, config: ml_collections.ConfigDict, n: int, run, **kw) -> Spec:
+        return Spec(
+            name=f'{self.name}_s{config.seed}' if n > 1 else self.name,
+            fingerprint=flat_config(config),
+            run=run,
+            arm=self.name,
+            seed=config.seed,
+            resumable=resumable_key,
+            added=ADDED_KEYS,
+            **kw,
+        )
+
+    def separate(self, config: ml_collections.ConfigDict, n: int) -> list[Spec]:
+        """A train.py run per seed."""
+        seeded = [self._seeded(config, k) for k in range(n)]
+        return [self._spec(c, n, _trainer(c, self.command, self.tb_dir)) for c in seeded]
+
+    def ensemble(self, config: ml_collections.ConfigDict, n: int) -> list[Spec]:
+        """One train.py run of the `n` seeds as an ensemble, then each seed's run split out of
+        it (in the same lane, after it)."""
+        together = self._seeded(point_config(config, {'train.ensemble': n}), 0)
+        name = f'{ENSEMBLES}/{self.name}'
+        run = _trainer(together, self.command, self.tb_dir)
+        first = Spec(
+            name=name,
+            fingerprint=flat_config(together),
+            run=run,
+            arm=name,
+            seed=config.seed,
+            lane=self.name,
+            resumable=resumable_key,
+            added=ADDED_KEYS,
+        )
+        source = os.path.join(self.sweep_dir, name)
+        members = [
+            self._spec(self._seeded(config, k), n, _split(source, k), lane=self.name, needs=(name,))
+            for k in range(n)
+        ]
+        return [first, *members]
+
+
+def _split(ensemble_dir: str, member: int):
+    """A Spec's run: member `member` of the finished ensemble in `ensemble_dir` written to the
+    run's workdir (replacing an earlier split); its result is the member's results.json."""
+
+    def run(workdir: str) -> dict:
+        shutil.rmtree(os.path.join(workdir, 'checkpoints'), ignore_errors=True)
+        split_member(ensemble_dir, member, workdir)
+        results = os.path.join(workdir, 'results.json')
+        if not os.path.exists(results):
+            raise RunFailed(f'{ensemble_dir} has no final evaluation for member {member}')
+        with open(results) as f:
+            return json.load(f)
+
+    return run
 
 
 PROGRESS = ('] eval at step ', '] resumed from ')  # train.log lines a sweep echoes
@@ -327,7 +402,7 @@ def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
         result = runner.read_result(wd)
         if result is not None and runner.cached(spec, wd) is not None:
             counts['finished'] += 1
-            final = result['eval']
+            final = result.get('eval', {})  # an ensemble's run: its members' runs show it
             metrics = ', '.join(
                 f'{k.replace("_", " ")} {final[k]:.4f}' for k in SHOWN if k in final
             )
