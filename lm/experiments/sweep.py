@@ -11,30 +11,25 @@ train.steps, ...) may change: the run then resumes from its checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import importlib.util
 import itertools
 import json
 import os
 import re
-import shutil
 import types
 from typing import Any
 
 import ml_collections
 
 from lm.config import parse_assignment, with_values, write_config_file
-from lm.config_migration import ADDED_KEYS
 from lm.experiments import runner
 from lm.experiments.fairness import MATCHES, match_parameters, reference_config
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
+from lm.experiments.sweep_ensemble import PointSpecs
 from lm.model import attention
 from lm.model.transformer import check_model_config
 from lm.train.checkpoint import saved_steps
-from lm.train.ensemble_run import split_member
-from lm.train.run import check_loop_config
-from lm.train.workdir import flat_config, resumable_key
 
 SHORT = {
     'model.num_heads': 'h',
@@ -193,7 +188,7 @@ def plan(
     With `ensemble`, a point's seeds (when more than one) train as one seed ensemble
     (`config.train.ensemble`), a run of its own in <sweep_dir>/ensembles/<point>, and each
     seed's run is its member split out (`lm.train.split_member`): the same runs, names and
-    results as separate training, for the summaries (`seed_runs`)."""
+    results as separate training, for the summaries (`seed_runs`, lm.experiments.sweep_ensemble)."""
     valid = _valid_points(base, points)
     if match == 'params':
         configs = [c for _, _, c in valid]
@@ -211,91 +206,9 @@ def plan(
     specs = []
     for name, point, config in valid:
         n = point.get('seeds', seeds)
-        make = _TrainSpecs(name, train_command, tb_dir, sweep_dir)
+        make = PointSpecs(name, train_command, tb_dir, sweep_dir, _trainer)
         specs += make.ensemble(config, n) if ensemble and n > 1 else make.separate(config, n)
     return specs
-
-
-ENSEMBLES = 'ensembles'  # <sweep_dir>/ensembles/<point>: a point's seeds trained as one program
-
-
-def seed_runs(specs: list[Spec]) -> list[Spec]:
-    """The plan's runs of one seed each (what summaries read), less its ensembles' runs."""
-    return [s for s in specs if not s.name.startswith(f'{ENSEMBLES}/')]
-
-
-@dataclasses.dataclass(frozen=True)
-class _TrainSpecs:
-    """The Specs of one sweep point: its seeds trained separately, or as one ensemble."""
-
-    name: str
-    command: list[str]
-    tb_dir: str
-    sweep_dir: str
-
-    def _seeded(self, config: ml_collections.ConfigDict, k: int) -> ml_collections.ConfigDict:
-        seeded = point_config(config, {'seed': config.seed + k})  # the point's own seed
-        try:
-            check_loop_config(seeded)
-        except ValueError as e:
-            raise ValueError(f'sweep point {self.name}: {e}') from None
-        return seeded
-
-    def _spec(self, config: ml_collections.ConfigDict, n: int, run, **kw) -> Spec:
-        return Spec(
-            name=f'{self.name}_s{config.seed}' if n > 1 else self.name,
-            fingerprint=flat_config(config),
-            run=run,
-            arm=self.name,
-            seed=config.seed,
-            resumable=resumable_key,
-            added=ADDED_KEYS,
-            **kw,
-        )
-
-    def separate(self, config: ml_collections.ConfigDict, n: int) -> list[Spec]:
-        """A train.py run per seed."""
-        seeded = [self._seeded(config, k) for k in range(n)]
-        return [self._spec(c, n, _trainer(c, self.command, self.tb_dir)) for c in seeded]
-
-    def ensemble(self, config: ml_collections.ConfigDict, n: int) -> list[Spec]:
-        """One train.py run of the `n` seeds as an ensemble, then each seed's run split out of
-        it (in the same lane, after it)."""
-        together = self._seeded(point_config(config, {'train.ensemble': n}), 0)
-        name = f'{ENSEMBLES}/{self.name}'
-        run = _trainer(together, self.command, self.tb_dir)
-        first = Spec(
-            name=name,
-            fingerprint=flat_config(together),
-            run=run,
-            arm=name,
-            seed=config.seed,
-            lane=self.name,
-            resumable=resumable_key,
-            added=ADDED_KEYS,
-        )
-        source = os.path.join(self.sweep_dir, name)
-        members = [
-            self._spec(self._seeded(config, k), n, _split(source, k), lane=self.name, needs=(name,))
-            for k in range(n)
-        ]
-        return [first, *members]
-
-
-def _split(ensemble_dir: str, member: int):
-    """A Spec's run: member `member` of the finished ensemble in `ensemble_dir` written to the
-    run's workdir (replacing an earlier split); its result is the member's results.json."""
-
-    def run(workdir: str) -> dict:
-        shutil.rmtree(os.path.join(workdir, 'checkpoints'), ignore_errors=True)
-        split_member(ensemble_dir, member, workdir)
-        results = os.path.join(workdir, 'results.json')
-        if not os.path.exists(results):
-            raise RunFailed(f'{ensemble_dir} has no final evaluation for member {member}')
-        with open(results) as f:
-            return json.load(f)
-
-    return run
 
 
 PROGRESS = ('] eval at step ', '] resumed from ')  # train.log lines a sweep echoes

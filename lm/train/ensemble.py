@@ -90,6 +90,26 @@ def member_rules(mesh: Mesh, rules: dict[str, tuple[str, ...]]) -> dict[str, tup
     }
 
 
+def step_rules(
+    config: ml_collections.ConfigDict, mesh: Mesh, rules: dict[str, tuple[str, ...]]
+) -> dict[str, tuple[str, ...]]:
+    """The rules a member's step context uses: `member_rules` for an ensemble, else `rules`."""
+    return member_rules(mesh, rules) if config.train.ensemble else rules
+
+
+def as_ensemble(
+    config: ml_collections.ConfigDict, ctx: StepContext, mesh: Mesh, rules: dict
+) -> StepContext:
+    """A member's step context `ctx` as `config`'s ensemble's (`ensemble_context`, refused if it
+    cannot fit: `check_members_fit`); `ctx` itself for a single run."""
+    if not config.train.ensemble:
+        return ctx
+    axes = member_axes(mesh, rules)
+    ctx = ensemble_context(ctx, config.train.ensemble, axes, config.train.ensemble_loop)
+    check_members_fit(ctx)
+    return ctx
+
+
 def check_members_divide(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:
     """The member count must divide over the member axes, in one line naming both settings."""
     axes = member_axes(mesh, rules)

@@ -56,16 +56,16 @@ class MemberMeters:
     def record(self, step: int, n: int, metrics: dict) -> None:
         """Queues the metrics of a call of `n` steps ending at `step` (fetched next call)."""
         self.drain()
-        self.pending.append((step, metrics))
-        for m in self.meters:
-            m.steps += n
+        self.pending.append((step, n, metrics))
 
     def drain(self) -> None:
+        """Fetches queued metrics once and hands each member's part to its meter (which checks
+        and logs it at once: every call is drained before a log line or a restart)."""
         while self.pending:
-            step, fetched = self.pending.pop(0)
+            step, n, fetched = self.pending.pop(0)
             fetched = jax.device_get(fetched)
             for i, m in enumerate(self.meters):
-                m.pending.append((step, member_tree(fetched, i)))
+                m.record(step, n, member_tree(fetched, i))
                 m.drain()
 
     def log(self) -> None:

@@ -30,14 +30,7 @@ from lm.train.checkpoint import (
     read_step_meta,
     saved_steps,
 )
-from lm.train.ensemble import (
-    check_ensemble_config,
-    check_members_divide,
-    check_members_fit,
-    ensemble_context,
-    member_axes,
-    member_rules,
-)
+from lm.train.ensemble import as_ensemble, check_ensemble_config, check_members_divide, step_rules
 from lm.train.evaluation import check_eval_config
 from lm.train.optimizer import check_train_config, lr_schedule, make_optimizer
 from lm.train.step import (
@@ -125,23 +118,11 @@ def step_context(
     tx = make_optimizer(config.train, schedule)
     masked = config.data.source in TASKS
     xla_options = parse_xla_options(config.train.xla_options)
-    k = config.train.ensemble
+    inner = step_rules(config, mesh, rules)
     ctx = make_step_context(
-        cfg,
-        tx,
-        mesh,
-        member_rules(mesh, rules) if k else rules,
-        config.seed,
-        schedule,
-        document_eos,
-        masked,
-        xla_options,
+        cfg, tx, mesh, inner, config.seed, schedule, document_eos, masked, xla_options
     )
-    if not k:
-        return ctx
-    ctx = ensemble_context(ctx, k, member_axes(mesh, rules), config.train.ensemble_loop)
-    check_members_fit(ctx)
-    return ctx
+    return as_ensemble(config, ctx, mesh, rules)
 
 
 def check_parallel(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:
@@ -149,8 +130,7 @@ def check_parallel(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -
     ensemble's members by the member axes, and each member's batch by what is left."""
     if config.train.ensemble:
         check_members_divide(config, mesh, rules)
-        rules = member_rules(mesh, rules)
-    dp = data_parallel_size(mesh, rules)
+    dp = data_parallel_size(mesh, step_rules(config, mesh, rules))
     per_micro = config.train.batch_size // config.train.grad_accum_steps
     if per_micro % dp or config.train.batch_size % jax.process_count():
         raise ValueError(
