@@ -10,6 +10,7 @@ project uses for other re-fusions of one computation (steps per call): rtol 1e-5
 """
 
 import csv
+import itertools
 import json
 import math
 import os
@@ -53,9 +54,11 @@ def assert_equal_trees(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def test_an_ensemble_step_is_its_members_single_steps(tmp_path, small_text):
+@pytest.mark.parametrize('loop', [False, True], ids=['vmapped', 'looped'])
+def test_an_ensemble_step_is_its_members_single_steps(tmp_path, small_text, loop):
     config = tiny_train_config(tmp_path, small_text, seed=5)
-    ens = assemble(with_values(config, {'train.ensemble': 2}), state='init', data=True)
+    settings = {'train.ensemble': 2, 'train.ensemble_loop': loop}
+    ens = assemble(with_values(config, settings), state='init', data=True)
     singles = [assemble(member_config(ens.config, i), state='init', data=True) for i in (0, 1)]
     for i, single in enumerate(singles):  # the same initialisation, bitwise
         assert single.config.seed == 5 + i
@@ -165,9 +168,9 @@ def test_kill9_then_resume_of_an_ensemble_is_bitwise_identical(tmp_path, small_t
 
 @pytest.mark.slow
 def test_members_spread_over_two_devices_and_a_split_member_evaluates(tmp_path, small_text):
-    """Two CPU devices: the members of K = 2 lie one per device ('member' -> 'data') and train
-    as on one device; K = 3 is refused before compiling; eval.py scores a split-out member as
-    its training did."""
+    """Two CPU devices: the members of K = 4 lie two per device ('member' -> 'data') and train,
+    vmapped or looped on each device, as on one device; K = 3 is refused before compiling;
+    eval.py scores a split-out member as its training did."""
     config = tiny_train_config(
         tmp_path, small_text, **{'mesh.cpu_devices': 2, 'train.steps': 4, 'train.ensemble': 3}
     )
@@ -177,17 +180,26 @@ def test_members_spread_over_two_devices_and_a_split_member_evaluates(tmp_path, 
     assert 'config.train.ensemble=3 members do not divide' in out.stderr
     assert 'compiled the train step' not in out.stderr
     two = run_entry('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "two"}',
-                    '--config.train.ensemble=2', check=True)  # fmt: skip
+                    '--config.train.ensemble=4', check=True)  # fmt: skip
+    looped = run_entry(
+        'train.py',
+        f'--config={cfg_file}',
+        f'--workdir={tmp_path / "loop"}',
+        '--config.train.ensemble=4',
+        '--config.train.ensemble_loop=true',
+        check=True,
+    )  # 2 members looped on each device
     assert 'on 2 devices' in two.stderr
-    one = with_values(config, {'mesh.cpu_devices': 0, 'train.ensemble': 2})
+    assert 'on 2 devices' in looped.stderr
+    one = with_values(config, {'mesh.cpu_devices': 0, 'train.ensemble': 4})
     train(one, str(tmp_path / 'one'))
-    for seed in (0, 1):
+    for seed, run in itertools.product(range(4), ('two', 'loop')):
         want = read_scalars(tmp_path / 'one' / 'tb' / f'seed_{seed}', 'train/loss')
-        got = read_scalars(tmp_path / 'two' / 'tb' / f'seed_{seed}', 'train/loss')
+        got = read_scalars(tmp_path / run / 'tb' / f'seed_{seed}', 'train/loss')
         np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=RTOL)
     out = run_entry('scripts/split_ensemble.py', f'--workdir={tmp_path / "two"}',
                     f'--out_dir={tmp_path / "members"}', check=True)  # fmt: skip
-    assert sorted(os.listdir(tmp_path / 'members')) == ['seed_0', 'seed_1']
+    assert sorted(os.listdir(tmp_path / 'members')) == [f'seed_{s}' for s in range(4)]
     refused = run_entry('eval.py', f'--workdir={tmp_path / "two"}')
     assert refused.returncode != 0 and 'scripts/split_ensemble.py' in refused.stderr
     out = run_entry('eval.py', f'--workdir={tmp_path / "members" / "seed_1"}', check=True)

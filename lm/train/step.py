@@ -9,6 +9,7 @@ checkpoint holds it, and restoring reads the same tree.)
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -240,9 +241,29 @@ def device_call_batch(ctx: StepContext, local: np.ndarray) -> jax.Array:
 
 def over_members(ctx: StepContext, fn: Callable, in_axes: tuple = (0, 0)) -> Callable:
     """`fn` mapped over the ensemble's member axis (the arguments `in_axes` marks 0): vmapped
-    with that axis on `ctx.member_axes`, or with `ctx.member_loop` one member after another."""
+    with that axis on `ctx.member_axes`; with `ctx.member_loop`, each device's members one
+    after another (the members [K, ...] as [devices, K / devices, ...], vmapped over the
+    devices and looped within each)."""
+    spmd = ctx.member_axes or None
     if not ctx.member_loop:
-        return jax.vmap(fn, in_axes=in_axes, spmd_axis_name=ctx.member_axes or None)
+        return jax.vmap(fn, in_axes=in_axes, spmd_axis_name=spmd)
+    devices = math.prod(ctx.mesh.shape[a] for a in ctx.member_axes)
+    if devices == 1:
+        return _looped(fn, in_axes)
+
+    def grouped(*args: jax.Array | dict) -> tuple:
+        split = lambda x: x.reshape(devices, x.shape[0] // devices, *x.shape[1:])
+        pairs = zip(args, in_axes, strict=True)
+        args = [jax.tree.map(split, a) if ax == 0 else a for a, ax in pairs]
+        out = jax.vmap(_looped(fn, in_axes), in_axes=in_axes, spmd_axis_name=spmd)(*args)
+        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
+
+    return grouped
+
+
+def _looped(fn: Callable, in_axes: tuple) -> Callable:
+    """`fn` over the leading axis of the arguments `in_axes` marks 0, one slice after another
+    (`lax.map`)."""
 
     def looped(*args: jax.Array | dict) -> tuple:
         mapped = [a for a, axis in zip(args, in_axes, strict=True) if axis == 0]
