@@ -125,6 +125,14 @@ def test_an_ensemble_trains_its_members_single_runs(tmp_path, small_text):
         with assemble(out, state='restore') as split:
             assert split.config.train.ensemble == 0 and split.config.seed == 3 + i
             assert_equal_trees(split.state, member_tree(result['state'], i))
+    # ... and resumes as that single run: 4 more steps of each, the same losses
+    longer = with_values(member_config(config, 0), {'train.steps': 12})
+    for workdir in ('split0', 'single0'):
+        assert train(longer, str(tmp_path / workdir))['step'] == 12
+    want = read_scalars(tmp_path / 'single0' / 'tb', 'train/loss')
+    got = read_scalars(tmp_path / 'split0' / 'tb', 'train/loss')
+    assert sorted(got) == [9, 10, 11, 12]
+    np.testing.assert_allclose([got[s] for s in got], [want[s] for s in got], rtol=RTOL)
 
 
 @pytest.mark.slow
