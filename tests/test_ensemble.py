@@ -32,6 +32,7 @@ from conftest import (
     tiny_train_config,
     write_config_file,
 )
+from test_recall import recall_config
 
 from lm.config import with_values
 from lm.train import ensemble
@@ -283,3 +284,20 @@ def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_tex
                       '--ensemble', '--status')  # fmt: skip
     assert again.stdout.strip().splitlines()[-1].endswith('8 finished, 0 with other settings, '
                                                           '0 started, 0 not started')  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_recall_ensemble_scores_each_member_as_its_single_run(tmp_path):
+    """An MQAR ensemble: each member's loss counts its answers only, and its held-out recall
+    accuracy per member equals its single run's."""
+    config = recall_config(tmp_path, **{'train.ensemble': 2})
+    result = train(config, str(tmp_path / 'ens'))
+    for i in range(2):
+        single = train(member_config(config, i), str(tmp_path / f'single{i}'))
+        want = read_scalars(tmp_path / f'single{i}' / 'tb', 'train/loss')
+        got = read_scalars(tmp_path / 'ens' / 'tb' / f'seed_{i}', 'train/loss')
+        np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=RTOL)
+        mine, theirs = result['eval'][i], single['eval']
+        assert sorted(mine) == sorted(theirs) and 'recall_accuracy' in mine
+        for key, value in theirs.items():
+            np.testing.assert_allclose(mine[key], value, rtol=RTOL, atol=1e-6, err_msg=key)

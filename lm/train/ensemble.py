@@ -19,7 +19,6 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from lm.data.recall import TASKS
 from lm.sharding import stacked_sharding
 from lm.train.step import StepContext
 
@@ -65,11 +64,6 @@ def check_ensemble_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(
             f'config.train.ensemble={k}: member seeds config.seed={config.seed} ... '
             f'{config.seed + k - 1} must stay below 2**32'
-        )
-    if config.data.source in TASKS:
-        raise ValueError(
-            f'config.train.ensemble={k}: recall sources (config.data.source='
-            f'{config.data.source!r}) are not trained as ensembles yet; use 0'
         )
     if jax.process_count() > 1:
         raise ValueError(f'config.train.ensemble={k}: ensembles train in one process only')

@@ -167,7 +167,12 @@ def evaluate_members(
     progress_every_s: float = 10.0,
 ) -> list[dict[str, float]]:
     """`evaluate`'s metrics of each member of an ensemble (`lm.train.ensemble`), in one pass
-    over the windows: `eval_step` and `params` are the ensemble's, stacked."""
+    over the windows (a recall task's rows): `eval_step` and `params` are the ensemble's,
+    stacked."""
+    if corpus.task is not None:
+        rows, cells = corpus.task.split(split)
+        scores_KN3 = _recall_scores(eval_step, params, rows, batch_size, batch_sharding, stop)
+        return [_recall_metrics(s_N3, cells, corpus.task.groups) for s_N3 in scores_KN3]
     where = (corpus, split, batch_size, seq_len, eval_tokens, batch_sharding, stop)
     window_sums_KW, counts = _split_sums(eval_step, params, *where, progress_every_s)
     return [_loss_metrics(sums_W, counts, corpus, split) for sums_W in window_sums_KW]
@@ -240,6 +245,19 @@ def evaluate_recall(
     'loss' (nats per answer token, with its stderr over rows), 'recall_accuracy' (answer
     tokens whose argmax is right), and per cell of `groups` 'recall_accuracy/<group>' plus its
     marginals over lengths and depths (passkey)."""
+    scores_N3 = _recall_scores(eval_step, params, rows, batch_size, batch_sharding, stop)
+    return _recall_metrics(scores_N3, cells, groups)
+
+
+def _recall_scores(
+    eval_step: Callable,
+    params: dict,
+    rows: np.ndarray,
+    batch_size: int,
+    batch_sharding: jax.sharding.NamedSharding,
+    stop: Callable[[], None] | None,
+) -> np.ndarray:
+    """(nats, right, count) of each row's answers, [N, 3] (an ensemble's [K, N, 3])."""
     logging.info('evaluating %d recall examples in batches of %d', len(rows), batch_size)
     out, per = [], batch_size // jax.process_count()
     for first in range(0, len(rows), batch_size):
@@ -251,7 +269,12 @@ def evaluate_recall(
         mine = batch[jax.process_index() * per : (jax.process_index() + 1) * per]
         result = eval_step(params, global_batch(mine, batch_sharding))
         out.append(np.asarray(result.addressable_data(0), np.float64))
-    nats, right, count = np.concatenate(out)[: len(rows)].T
+    return np.concatenate(out, axis=-2)[..., : len(rows), :]
+
+
+def _recall_metrics(scores_N3: np.ndarray, cells: np.ndarray, groups: list[str]) -> dict:
+    """`evaluate_recall`'s metrics of one model's per-row scores."""
+    nats, right, count = scores_N3.T
     loss = float(nats.sum() / count.sum())
     metrics = {
         'loss': loss,

@@ -355,7 +355,8 @@ def make_eval_step(ctx: StepContext) -> Callable:
 
 def make_recall_eval_step(ctx: StepContext) -> Callable:
     """(params, packed rows [B, T+1] int32) -> [B, 3] float32 per row: nats summed over its
-    flagged targets, how many of them the argmax predicts, how many there are; replicated."""
+    flagged targets, how many of them the argmax predicts, how many there are; replicated (an
+    ensemble's: [K, B, 3], every member's params on one batch)."""
 
     def step(params: dict, batch_BT1: jax.Array) -> jax.Array:
         logits_BTV, targets_BT = _logits(ctx, params, batch_BT1)
@@ -365,7 +366,7 @@ def make_recall_eval_step(ctx: StepContext) -> Callable:
         return jnp.stack([nats_B, (right_BT * w_BT).sum(axis=-1), w_BT.sum(axis=-1)], axis=-1)
 
     return jax.jit(
-        step,
+        over_members(ctx, step, (0, None)) if ctx.members else step,
         in_shardings=(ctx.state_sharding['params'], ctx.batch_sharding),
         out_shardings=NamedSharding(ctx.mesh, PartitionSpec()),
     )
