@@ -36,10 +36,11 @@ def member_logdir(logdir: str, seed: int) -> str:
 class MemberMeters:
     """`Meter`'s interface over an ensemble: each call's metrics ([K] or [K, N] per name)
     fetched once, one call late, and handed to each member's own Meter (its TensorBoard run,
-    its loss-spike guard); the first member's shows the progress bar and the log line."""
+    its loss-spike guard, whose errors then name the member's seed); the first member's shows
+    the progress bar and the log line."""
 
-    def __init__(self, meters: list[Meter]):
-        self.meters, self.pending = meters, []
+    def __init__(self, meters: list[Meter], seeds: list[int]):
+        self.meters, self.seeds, self.pending = meters, seeds, []
 
     @property
     def bar(self):
@@ -66,7 +67,10 @@ class MemberMeters:
             fetched = jax.device_get(fetched)
             for i, m in enumerate(self.meters):
                 m.record(step, n, member_tree(fetched, i))
-                m.drain()
+                try:
+                    m.drain()
+                except FloatingPointError as e:  # a non-finite loss or a spike: whose
+                    raise FloatingPointError(f'member seed {self.seeds[i]}: {e}') from None
 
     def log(self) -> None:
         for m in self.meters:
@@ -91,7 +95,7 @@ class EnsembleTraining(_Training):
             spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
             meters.append(Meter(member, tb, self.start, self.ckpt.steps, spikes, verbose=i == 0))
             self.tbs.append(tb)
-        return MemberMeters(meters)
+        return MemberMeters(meters, self.seeds)
 
     def _flush_logs(self) -> None:
         for tb in self.tbs:
