@@ -106,6 +106,8 @@ def get_config() -> ml_collections.ConfigDict:
     train.grad_clip = 1.0  # Clip the global gradient norm to this (0 = off).
     train.xla_options = ''  # Train step's XLA compile options: 'key=value key=value' (spaces).
     train.peak_flops = 0.0  # Stated peak FLOP/s per device for MFU; 0 = GPU/TPU table (CPU: none).
+    train.ensemble = 0  # Seed ensemble: K members (seeds seed..seed+K-1) as one program; 0 = off.
+    train.ensemble_loop = False  # Ensemble members one after another in the program, not vmapped.
     train.max_loss_ratio = 0.0  # Stop if loss > this x its last-100-step median, keep ckpt; 0=off
 
     mesh = config.mesh = ml_collections.ConfigDict()
@@ -115,6 +117,7 @@ def get_config() -> ml_collections.ConfigDict:
     mesh.cpu_devices = 0  # CPU backend only: expose the host as N devices; 0 = JAX's default.
     rules = mesh.rules = ml_collections.ConfigDict()  # Logical axis -> mesh axes ('' = replicate).
     rules.batch = 'data,fsdp'  # Batch rows of inputs and activations.
+    rules.member = 'data'  # Ensemble members (train.ensemble); a member's rules leave these out.
     rules.length = ''  # Sequence positions of activations.
     rules.embed = 'fsdp'  # d_model dimension of weights.
     rules.heads = 'tensor'  # Query heads.

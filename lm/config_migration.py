@@ -65,6 +65,9 @@ ADDED_KEYS = {
     'model.logits_dtype': 'float32',
     'train.xla_options': '',
     'data.recall_train_pairs': '',
+    'train.ensemble': 0,
+    'train.ensemble_loop': False,
+    'mesh.rules.member': 'data',
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

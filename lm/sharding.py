@@ -183,9 +183,11 @@ def batch_sharding(mesh: Mesh, rules: dict) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(axes or None))
 
 
-def stacked_sharding(sharding: NamedSharding) -> NamedSharding:
-    """Sharding of K batches stacked on a new leading axis, [K, batch, ...]."""
-    return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
+def stacked_sharding(sharding: NamedSharding, axes: tuple[str, ...] = ()) -> NamedSharding:
+    """Sharding of arrays stacked on a new leading axis, [N, ...]: that axis over the mesh
+    `axes` (default: replicated), the others as `sharding` says."""
+    lead = axes[0] if len(axes) == 1 else (axes or None)
+    return NamedSharding(sharding.mesh, PartitionSpec(lead, *sharding.spec))
 
 
 def global_batch(local: np.ndarray, sharding: NamedSharding, batch_axis: int = 0) -> jax.Array:

@@ -55,6 +55,7 @@ from lm.experiments import (
     progress,
     run_specs,
     runs_of,
+    seed_runs,
     summarise_pareto,
     summarise_sweep,
     sweep_match,
@@ -80,6 +81,12 @@ _POINTS = flags.DEFINE_list(
 )
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per point (a point may set its own).')
 _PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at once.')
+_ENSEMBLE = flags.DEFINE_bool(
+    'ensemble',
+    False,
+    "Train each point's seeds as one seed ensemble (config.train.ensemble), its members then "
+    'split out as the runs <point>_s<seed>; the same summaries as separate runs.',
+)
 _STATUS = flags.DEFINE_bool(
     'status', False, 'Print where each run of the plan stands (reads files only) and exit.'
 )
@@ -111,7 +118,9 @@ def run() -> int:
     chosen = file_points(module, _POINTS.value)
     points = combine(chosen, parse_grid(base, _GRID.value))
     train = [sys.executable, TRAIN]
-    specs = plan_sweep(base, points, sweep_dir, train, _SEEDS.value, match, _TB_DIR.value)
+    specs = plan_sweep(
+        base, points, sweep_dir, train, _SEEDS.value, match, _TB_DIR.value, _ENSEMBLE.value
+    )
     if _STATUS.value:
         print('\n'.join(progress(specs, sweep_dir)))
         return 0
@@ -126,15 +135,15 @@ def run() -> int:
             except RunStopped as e:
                 print(f'{e}; no further runs started', file=sys.stderr)
                 return 128 + (stop.signum or signal.SIGTERM)
-        if found:
-            summarise_sweep(sweep_dir, specs, found, match)
-            runs = runs_of(specs, found, sweep_dir)
+        if found := {s.name: found[s.name] for s in seed_runs(specs) if s.name in found}:
+            summarise_sweep(sweep_dir, seed_runs(specs), found, match)
+            runs = runs_of(seed_runs(specs), found, sweep_dir)
             tb_dir = _TB_DIR.value or os.path.join(sweep_dir, 'tb')
             summarise_pareto(runs, sweep_dir, tb_dir, METRICS)
             with open(os.path.join(sweep_dir, 'summary.md')) as f:
                 print(f.read())
     print(f'sweep wall time: {time.time() - t:.0f} s')
-    return 0 if len(found) == len(specs) else 1
+    return 0 if len(found) == len(seed_runs(specs)) else 1
 
 
 if __name__ == '__main__':

@@ -363,6 +363,11 @@ def _convert(src: str, options: ConversionOptions) -> tuple[ml_collections.Confi
         check=lambda cfg: check_conversion(cfg, options),
         flag=SOURCE,
     )
+    if source.ctx.members:
+        raise ValueError(
+            f'{SOURCE}={src} is an ensemble (config.train.ensemble={source.ctx.members}): '
+            'convert its members one by one, split out by scripts/split_ensemble.py'
+        )
     check_finite(source.state['params'], f'{SOURCE}={src}: the checkpoint at step {source.step}')
     params, recipe, settings, record = _converted_params(source, options)
     config = _converted_config(src, source, options, settings, record)

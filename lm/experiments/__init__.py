@@ -26,6 +26,7 @@ __all__, __getattr__, __dir__ = public_face(
             'plan as plan_sweep',
             'progress',
         ),
+        'sweep_ensemble': ('seed_runs',),
         'fairness': ('MATCHES',),
         'sweep_summary': ('summarise as summarise_sweep',),
         'ablation': ('Ablation', 'base_config', 'plan as plan_ablation'),

@@ -23,15 +23,13 @@ from typing import Any
 import ml_collections
 
 from lm.config import parse_assignment, with_values, write_config_file
-from lm.config_migration import ADDED_KEYS
 from lm.experiments import runner
 from lm.experiments.fairness import MATCHES, match_parameters, reference_config
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
+from lm.experiments.sweep_ensemble import PointSpecs
 from lm.model import attention
 from lm.model.transformer import check_model_config
 from lm.train.checkpoint import saved_steps
-from lm.train.run import check_loop_config
-from lm.train.workdir import flat_config, resumable_key
 
 SHORT = {
     'model.num_heads': 'h',
@@ -181,11 +179,16 @@ def plan(
     seeds: int = 1,
     match: str = 'width',
     tb_dir: str = '',
+    ensemble: bool = False,
 ) -> list[Spec]:
     """A Spec per (point, seed) after skipping invalid points; with match='params', each point's
     mlp_dim brings it within 1% of the MHA point's parameters. A point's 'seeds' overrides
     `seeds`; its k-th run trains with seed config.seed + k and is named `<point>_s<seed>` (so
-    `--grid seed=5` gives mha_s5, mha_s6, ...). Runs log to `tb_dir` (default <sweep_dir>/tb)."""
+    `--grid seed=5` gives mha_s5, mha_s6, ...). Runs log to `tb_dir` (default <sweep_dir>/tb).
+    With `ensemble`, a point's seeds (when more than one) train as one seed ensemble
+    (`config.train.ensemble`), a run of its own in <sweep_dir>/ensembles/<point>, and each
+    seed's run is its member split out (`lm.train.split_member`): the same runs, names and
+    results as separate training, for the summaries (`seed_runs`, lm.experiments.sweep_ensemble)."""
     valid = _valid_points(base, points)
     if match == 'params':
         configs = [c for _, _, c in valid]
@@ -203,23 +206,8 @@ def plan(
     specs = []
     for name, point, config in valid:
         n = point.get('seeds', seeds)
-        for s in range(n):
-            seeded = point_config(config, {'seed': config.seed + s})  # the point's own seed
-            try:
-                check_loop_config(seeded)
-            except ValueError as e:
-                raise ValueError(f'sweep point {name}: {e}') from None
-            specs.append(
-                Spec(
-                    name=f'{name}_s{seeded.seed}' if n > 1 else name,
-                    fingerprint=flat_config(seeded),
-                    run=_trainer(seeded, train_command, tb_dir),
-                    arm=name,
-                    seed=seeded.seed,
-                    resumable=resumable_key,
-                    added=ADDED_KEYS,
-                )
-            )
+        make = PointSpecs(name, train_command, tb_dir, sweep_dir, _trainer)
+        specs += make.ensemble(config, n) if ensemble and n > 1 else make.separate(config, n)
     return specs
 
 
@@ -327,7 +315,7 @@ def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
         result = runner.read_result(wd)
         if result is not None and runner.cached(spec, wd) is not None:
             counts['finished'] += 1
-            final = result['eval']
+            final = result.get('eval', {})  # an ensemble's run: its members' runs show it
             metrics = ', '.join(
                 f'{k.replace("_", " ")} {final[k]:.4f}' for k in SHOWN if k in final
             )

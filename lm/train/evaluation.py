@@ -114,7 +114,8 @@ def _window_sums(
             params, global_batch(batch, batch_sharding), global_batch(weights, batch_sharding)
         )
         # Fetched before the next call: XLA:CPU's in-process collectives (several CPU devices)
-        # can deadlock when many multi-device executions are queued at once.
+        # can deadlock when many multi-device executions are queued at once. [B], or an
+        # ensemble's [K, B].
         sums.append(np.asarray(out.addressable_data(0), np.float64))
         progress.done(len(sums))
     return sums
@@ -147,6 +148,49 @@ def evaluate(
         return evaluate_recall(
             eval_step, params, rows, cells, corpus.task.groups, batch_size, batch_sharding, stop
         )
+    where = (corpus, split, batch_size, seq_len, eval_tokens, batch_sharding, stop)
+    window_sums, counts = _split_sums(eval_step, params, *where, progress_every_s)
+    return _loss_metrics(window_sums, counts, corpus, split)
+
+
+def evaluate_members(
+    eval_step: Callable,
+    params: dict,
+    corpus: Corpus,
+    split: str,
+    *,
+    batch_size: int,
+    seq_len: int,
+    eval_tokens: int,
+    batch_sharding: jax.sharding.NamedSharding,
+    stop: Callable[[], None] | None = None,
+    progress_every_s: float = 10.0,
+) -> list[dict[str, float]]:
+    """`evaluate`'s metrics of each member of an ensemble (`lm.train.ensemble`), in one pass
+    over the windows (a recall task's rows): `eval_step` and `params` are the ensemble's,
+    stacked."""
+    if corpus.task is not None:
+        rows, cells = corpus.task.split(split)
+        scores_KN3 = _recall_scores(eval_step, params, rows, batch_size, batch_sharding, stop)
+        return [_recall_metrics(s_N3, cells, corpus.task.groups) for s_N3 in scores_KN3]
+    where = (corpus, split, batch_size, seq_len, eval_tokens, batch_sharding, stop)
+    window_sums_KW, counts = _split_sums(eval_step, params, *where, progress_every_s)
+    return [_loss_metrics(sums_W, counts, corpus, split) for sums_W in window_sums_KW]
+
+
+def _split_sums(
+    eval_step: Callable,
+    params: dict,
+    corpus: Corpus,
+    split: str,
+    batch_size: int,
+    seq_len: int,
+    eval_tokens: int,
+    batch_sharding: jax.sharding.NamedSharding,
+    stop: Callable[[], None] | None,
+    progress_every_s: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(loss sums of each evaluation window [W] (an ensemble's [K, W]), targets per window [W])."""
     tokens = corpus.tokens[split]
     starts = eval_windows(len(tokens), seq_len, eval_tokens)
     counts = window_targets(len(tokens), starts, seq_len).astype(np.float64)
@@ -169,7 +213,14 @@ def evaluate(
         batch_size=batch_size,
         seq_len=seq_len,
     )
-    window_sums = np.concatenate(sums)[: len(starts)]  # padding rows (weight 0) dropped
+    # padding rows (weight 0) dropped
+    return np.concatenate(sums, axis=-1)[..., : len(starts)], counts
+
+
+def _loss_metrics(
+    window_sums: np.ndarray, counts: np.ndarray, corpus: Corpus, split: str
+) -> dict[str, float]:
+    """loss, its stderr, perplexity, bits/byte and tokens of one model's window sums."""
     loss = float(window_sums.sum() / counts.sum())
     return {
         'loss': loss,
@@ -194,6 +245,19 @@ def evaluate_recall(
     'loss' (nats per answer token, with its stderr over rows), 'recall_accuracy' (answer
     tokens whose argmax is right), and per cell of `groups` 'recall_accuracy/<group>' plus its
     marginals over lengths and depths (passkey)."""
+    scores_N3 = _recall_scores(eval_step, params, rows, batch_size, batch_sharding, stop)
+    return _recall_metrics(scores_N3, cells, groups)
+
+
+def _recall_scores(
+    eval_step: Callable,
+    params: dict,
+    rows: np.ndarray,
+    batch_size: int,
+    batch_sharding: jax.sharding.NamedSharding,
+    stop: Callable[[], None] | None,
+) -> np.ndarray:
+    """(nats, right, count) of each row's answers, [N, 3] (an ensemble's [K, N, 3])."""
     logging.info('evaluating %d recall examples in batches of %d', len(rows), batch_size)
     out, per = [], batch_size // jax.process_count()
     for first in range(0, len(rows), batch_size):
@@ -205,7 +269,12 @@ def evaluate_recall(
         mine = batch[jax.process_index() * per : (jax.process_index() + 1) * per]
         result = eval_step(params, global_batch(mine, batch_sharding))
         out.append(np.asarray(result.addressable_data(0), np.float64))
-    nats, right, count = np.concatenate(out)[: len(rows)].T
+    return np.concatenate(out, axis=-2)[..., : len(rows), :]
+
+
+def _recall_metrics(scores_N3: np.ndarray, cells: np.ndarray, groups: list[str]) -> dict:
+    """`evaluate_recall`'s metrics of one model's per-row scores."""
+    nats, right, count = scores_N3.T
     loss = float(nats.sum() / count.sum())
     metrics = {
         'loss': loss,

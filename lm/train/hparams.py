@@ -77,7 +77,9 @@ def register(logdir: str, root: str, values: dict) -> None:
     with open(os.path.join(root, '.hparams.lock'), 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # runs of a parallel sweep register at once
         runs = {}
-        for path in sorted(glob.glob(os.path.join(glob.escape(root), '*', VALUES_FILE))) + [
+        # runs in root, or one level deeper (an ensemble's members: <run>/seed_<s>)
+        paths = [os.path.join(glob.escape(root), *s, VALUES_FILE) for s in (['*'], ['*', '*'])]
+        for path in sorted({p for pattern in paths for p in glob.glob(pattern)}) + [
             os.path.join(root, VALUES_FILE)
         ]:
             if os.path.exists(path):

@@ -15,12 +15,19 @@ import numpy as np
 from absl import logging
 
 from lm.data.parts import HELDOUT
+from lm.train.ensemble import member_seeds
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import Interrupted, StopRequest
 from lm.train.loss_spike import LossSpikeGuard
 from lm.train.run import Run, assemble, checkpoint_meta
 from lm.train.run_log import Meter, log_model, write_results
-from lm.train.step import call_sharding, device_call_batch, make_eval_step, make_train_step
+from lm.train.step import (
+    call_sharding,
+    call_steps,
+    device_call_batch,
+    make_eval_step,
+    make_train_step,
+)
 from lm.train.summary import Summary, run_logdir
 from lm.train.workdir import RunError, remember_tb_dir, remembered_tb_dir
 
@@ -42,26 +49,32 @@ def call_sizes(start: int, stop: int, steps_per_call: int, every: tuple[int, ...
         step += n
 
 
+def call_batch(run: Run, step: int, n: int) -> np.ndarray:
+    """This process's numpy batch of the call of `n` steps after `step` (`Corpus.train_call`);
+    an ensemble's stacks each member's, drawn with its own seed, [K, ...]."""
+    c = run.config
+    where = {
+        'step': step,
+        'steps': n,
+        'batch_size': c.train.batch_size,
+        'process_index': jax.process_index(),
+        'process_count': jax.process_count(),
+    }
+    if not c.train.ensemble:
+        return run.corpus.train_call(c.data, seed=c.seed, **where)
+    return np.stack([run.corpus.train_call(c.data, seed=s, **where) for s in member_seeds(c)])
+
+
 def _prefetch(run: Run, start: int, sizes: list[int], depth: int = 2):
-    """Yields this process's numpy batch of each call (`Corpus.train_call`) from a background
+    """Yields this process's numpy batch of each call (`call_batch`) from a background
     thread; an exception there is raised here, as a RunError naming the step."""
     q: queue.Queue = queue.Queue(maxsize=depth)
-    c = run.config
 
     def produce():
         step = start
         try:
             for n in sizes:
-                batch = run.corpus.train_call(
-                    c.data,
-                    seed=c.seed,
-                    step=step,
-                    steps=n,
-                    batch_size=c.train.batch_size,
-                    process_index=jax.process_index(),
-                    process_count=jax.process_count(),
-                )
-                q.put(batch)
+                q.put(call_batch(run, step, n))
                 step += n
         except BaseException as e:  # noqa: BLE001 - handed to the training thread
             first = str(e).splitlines()[0] if str(e) else ''
@@ -95,8 +108,12 @@ def train(
         config, state='resume', workdir=workdir, data=True, allow_config_change=allow_config_change
     )
     # From here on, SIGTERM / SIGINT end the run at a step boundary or between eval batches.
+    if run.config.train.ensemble:  # its own module builds on this one
+        from lm.train.ensemble_run import EnsembleTraining as training
+    else:
+        training = _Training
     with run, StopRequest() as stop, jax.set_mesh(run.mesh):
-        return _Training(run, workdir, tb_dir, stop).train()
+        return training(run, workdir, tb_dir, stop).train()
 
 
 class _StepCache:
@@ -111,9 +128,9 @@ class _StepCache:
             c, ctx = self.run.config, self.run.ctx
             t = time.perf_counter()
             shape = (c.train.batch_size, c.data.seq_len + 1)
-            batch = jax.ShapeDtypeStruct(
-                shape if n == 1 else (n, *shape), np.int32, sharding=call_sharding(ctx, n)
-            )
+            shape = shape if n == 1 else (n, *shape)
+            shape = (ctx.members, *shape) if ctx.members else shape
+            batch = jax.ShapeDtypeStruct(shape, np.int32, sharding=call_sharding(ctx, n))
             fn = make_train_step(ctx, c.train.grad_accum_steps, n)
             self.fns[n] = fn.lower(ctx.abstract_state, batch).compile()
             dt = time.perf_counter() - t
@@ -132,16 +149,32 @@ class _Training:
         tb_dir = tb_dir or remembered_tb_dir(workdir)  # a resumed run keeps its directory
         if jax.process_index() == 0:
             remember_tb_dir(workdir, tb_dir)
-        self.tb = Summary(run_logdir(workdir, tb_dir))
-        self.tb_root = tb_dir or self.tb.logdir
+        self.logdir = run_logdir(workdir, tb_dir)
+        self.tb_root = tb_dir or self.logdir
         self.eval_fn = make_eval_step(run.ctx)
+
+    def _start_logs(self) -> Meter:
+        """Opens TensorBoard, logs the model, and returns the train metrics' meter."""
+        self.tb = Summary(self.logdir)
+        log_model(self.run, self.tb, self.tb_root)
+        spikes = LossSpikeGuard(self.run.config.train.max_loss_ratio, self.ckpt)
+        return Meter(self.run, self.tb, self.start, self.ckpt.steps, spikes)
+
+    def _flush_logs(self) -> None:
+        self.tb.flush()
+
+    def _close_logs(self) -> None:
+        self.tb.flush()
+        self.tb.close()
+
+    def _write_results(self, step: int) -> None:
+        c = self.run.config
+        write_results(self.workdir, step, self.last_eval, self.meter.median_tokens_per_sec(), c)
 
     def train(self) -> dict:
         c = self.run.config
         self.start, self.state = self.run.step, self.run.state
-        log_model(self.run, self.tb, self.tb_root)
-        spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
-        self.meter = Meter(self.run, self.tb, self.start, self.ckpt.steps, spikes)
+        self.meter = self._start_logs()
         first = self.start in (0, c.uptrain.source_step)  # a new run, or a converted one
         # A new run's step-0 score (~ the vocabulary size in perplexity) is logged under its
         # own tags, so it does not set the y-range of the eval charts that compare runs.
@@ -159,11 +192,10 @@ class _Training:
         finally:
             self.meter.bar.close()
             self.ckpt.wait()  # `Run.close` closes it
-            self.tb.flush()
-            self.tb.close()
+            self._close_logs()
         finished = step == c.train.steps and (step > self.start or first)
         if finished and not self.stop.signum and jax.process_index() == 0:
-            write_results(self.workdir, step, self.last_eval, self.meter.median_tokens_per_sec(), c)
+            self._write_results(step)
         return {
             'step': step,
             'eval': self.last_eval,
@@ -180,7 +212,7 @@ class _Training:
         sizes = list(call_sizes(self.start, c.train.steps, c.train.steps_per_call, every))
         step = self.start
         for batch in _prefetch(self.run, self.start, sizes):
-            n = 1 if batch.ndim == 2 else batch.shape[0]
+            n = call_steps(ctx, batch)
             self.state, metrics = compiled(n)(self.state, device_call_batch(ctx, batch))
             step += n
             self.meter.record(step, n, metrics)
@@ -263,5 +295,5 @@ class _Training:
         )
         # The curve up to a checkpoint survives a kill -9: flushed before the save starts, as
         # an asynchronous save may publish the checkpoint before this thread runs again.
-        self.tb.flush()
+        self._flush_logs()
         self.ckpt.save(step, self.state, meta)

@@ -30,6 +30,7 @@ from lm.train.checkpoint import (
     read_step_meta,
     saved_steps,
 )
+from lm.train.ensemble import as_ensemble, check_ensemble_config, check_members_divide, step_rules
 from lm.train.evaluation import check_eval_config
 from lm.train.optimizer import check_train_config, lr_schedule, make_optimizer
 from lm.train.step import (
@@ -111,19 +112,25 @@ def step_context(
 ) -> StepContext:
     """The step context of `config`'s training for the model `cfg` on `mesh` under `rules`.
     The learning-rate schedule is built here once; the optimizer and the logged 'lr' share it.
-    A recall source's losses count its answers only."""
+    A recall source's losses count its answers only. An ensemble's (`lm.train.ensemble`) is a
+    member's context under the member rules, stacked (refused if it cannot fit)."""
     schedule = lr_schedule(config.train)
     tx = make_optimizer(config.train, schedule)
     masked = config.data.source in TASKS
     xla_options = parse_xla_options(config.train.xla_options)
-    return make_step_context(
-        cfg, tx, mesh, rules, config.seed, schedule, document_eos, masked, xla_options
+    inner = step_rules(config, mesh, rules)
+    ctx = make_step_context(
+        cfg, tx, mesh, inner, config.seed, schedule, document_eos, masked, xla_options
     )
+    return as_ensemble(config, ctx, mesh, rules)
 
 
 def check_parallel(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:
-    """The train and eval batches must divide by the data-parallel size and the processes."""
-    dp = data_parallel_size(mesh, rules)
+    """The train and eval batches must divide by the data-parallel size and the processes; an
+    ensemble's members by the member axes, and each member's batch by what is left."""
+    if config.train.ensemble:
+        check_members_divide(config, mesh, rules)
+    dp = data_parallel_size(mesh, step_rules(config, mesh, rules))
     per_micro = config.train.batch_size // config.train.grad_accum_steps
     if per_micro % dp or config.train.batch_size % jax.process_count():
         raise ValueError(
@@ -155,6 +162,7 @@ def check_config(
         )
     check_loop_config(config)
     check_train_config(config.train)
+    check_ensemble_config(config)
     parse_xla_options(config.train.xla_options)  # its form; `assemble` checks the names
     check_data_config(config.data)
     check_model_config(config.model)  # model errors before reading any data
@@ -263,9 +271,14 @@ def _state(
 ) -> tuple[int | None, dict | None, dict | None]:
     """(step, state, checkpoint side-car) of the state 'none', 'init' (from `seed`), 'restore'
     (checkpoint `step` of `workdir`, default: the newest readable one) or 'params' (its
-    parameters only)."""
+    parameters only; refused for an ensemble, whose members are split out first)."""
     if state == 'none':
         return None, None, None
+    if state == 'params' and ctx.members:
+        raise ValueError(
+            f'{flag}: {workdir} is an ensemble of {ctx.members} members (config.train.ensemble);'
+            ' split one out first: scripts/split_ensemble.py'
+        )
     if state == 'init':
         return 0, init_state(ctx, cfg, seed), None
     ckpt = Checkpointer(workdir, read_only=True)

@@ -28,7 +28,8 @@ from lm.train.workdir import config_fingerprint
 class Meter:
     """Train metrics and throughput: queues each call's metrics and fetches them one call late
     (`drain`: checked, one TensorBoard point per step, progress bar), and times the steps
-    since the last `restart` for the periodic log line (`log`)."""
+    since the last `restart` for the periodic log line (`log`). Not `verbose` (an ensemble's
+    members but the first): no progress bar and no log line, TensorBoard only."""
 
     def __init__(
         self,
@@ -37,6 +38,7 @@ class Meter:
         start: int,
         checkpoints: Callable,
         spikes: LossSpikeGuard,
+        verbose: bool = True,
     ):
         c = run.config
         self.tb, self.total, self.checkpoints = tb, c.train.steps, checkpoints
@@ -50,13 +52,14 @@ class Meter:
         self.flops_per_token = accounting.flops_per_token(run.model_cfg, c.data.seq_len)
         self.peak, _ = perf.peak_flops(c.train.peak_flops)
         self.warned_peak = False  # said once that the stated peak is below the achieved rate
+        self.verbose = verbose
         self.pending: list = []  # (last step of a call, its metrics on device)
         self.speeds: list[float] = []  # tokens/s of each timed window
         self.last: tuple[int, dict] = (start, {})
         self.bar = tqdm(
             total=self.total,
             initial=start,
-            disable=jax.process_index() != 0,
+            disable=jax.process_index() != 0 or not verbose,
             mininterval=1.0,
             unit='step',
         )
@@ -112,6 +115,9 @@ class Meter:
         if utilisation is not None:
             values['perf/mfu'] = utilisation
         self.tb.scalars(s, values)
+        self.restart()
+        if not self.verbose:
+            return
         logging.info(
             'step %d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms/step | %.0f tok/s%s',
             s,
@@ -123,7 +129,6 @@ class Meter:
             tps,
             '' if utilisation is None else f' | MFU {utilisation:.1%}',
         )
-        self.restart()
 
     def _mfu(self, tokens_per_sec: float) -> float | None:
         """MFU against the stated peak (None without one); a stated peak below the achieved

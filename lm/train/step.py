@@ -9,6 +9,7 @@ checkpoint holds it, and restoring reads the same tree.)
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -49,6 +50,12 @@ class StepContext:
     document_eos: int | None = None  # EOS id: attend within documents only; None = causal
     masked_targets: bool = False  # rows flag their scored targets (TARGET_FLAG): recall tasks
     xla_options: tuple[tuple[str, str | bool], ...] = ()  # the train step's compile options
+    # An ensemble (`lm.train.ensemble`): K > 0 members, each a single run of its own seed; the
+    # state, its shardings and the train batches then lead with a member axis [K, ...] sharded
+    # over `member_axes` (the eval batch and `batch_sharding` stay one member's).
+    members: int = 0
+    member_axes: tuple[str, ...] = ()
+    member_loop: bool = False  # members looped in the program (lax.map) instead of vmapped
 
 
 def parse_xla_options(spec: str, given: str = '') -> dict[str, str | bool]:
@@ -86,19 +93,21 @@ def _abstract_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
     return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))), nnx.Param)
 
 
-def _init_fn(cfg: ModelConfig, tx: optax.GradientTransformation, seed: int) -> Callable:
-    def init() -> State:
-        params = nnx.to_pure_dict(
-            nnx.state(Transformer(cfg, rngs=nnx.Rngs(params=seed)), nnx.Param)
-        )
-        return {
-            'params': params,
-            'opt_state': tx.init(params),
-            'step': jnp.zeros((), jnp.int32),
-            'rng': jax.random.key_data(jax.random.key(seed)),
-        }
+def _init(cfg: ModelConfig, tx: optax.GradientTransformation, seed: int | jax.Array) -> State:
+    """A fresh state from `seed` (an int, or a traced uint32 when members are vmapped: the
+    same arrays either way)."""
+    key = jax.random.key(seed)
+    params = nnx.to_pure_dict(nnx.state(Transformer(cfg, rngs=nnx.Rngs(params=key)), nnx.Param))
+    return {
+        'params': params,
+        'opt_state': tx.init(params),
+        'step': jnp.zeros((), jnp.int32),
+        'rng': jax.random.key_data(key),
+    }
 
-    return init
+
+def _init_fn(cfg: ModelConfig, tx: optax.GradientTransformation, seed: int) -> Callable:
+    return lambda: _init(cfg, tx, seed)
 
 
 def make_step_context(
@@ -148,8 +157,13 @@ def make_step_context(
 
 
 def init_state(ctx: StepContext, cfg: ModelConfig, seed: int) -> State:
-    """A fresh state, each array created directly in its sharding."""
-    return jax.jit(_init_fn(cfg, ctx.tx, seed), out_shardings=ctx.state_sharding)()
+    """A fresh state, each array created directly in its sharding; for an ensemble the
+    members' states from seeds `seed`, `seed + 1`, ... stacked."""
+    if not ctx.members:
+        return jax.jit(_init_fn(cfg, ctx.tx, seed), out_shardings=ctx.state_sharding)()
+    seeds_K = np.arange(seed, seed + ctx.members, dtype=np.uint32)
+    init = jax.vmap(lambda s: _init(cfg, ctx.tx, s))
+    return jax.jit(init, out_shardings=ctx.state_sharding)(seeds_K)
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
@@ -206,16 +220,61 @@ def batch_loss(ctx: StepContext, params: dict, batch_BT1: jax.Array) -> jax.Arra
 
 
 def call_sharding(ctx: StepContext, steps_per_call: int) -> NamedSharding:
-    """Sharding of one train-step call's batch: [B, T+1], or [K, B, T+1] for K steps per call."""
-    if steps_per_call == 1:
-        return ctx.batch_sharding
-    return stacked_sharding(ctx.batch_sharding)
+    """Sharding of one train-step call's batch: [B, T+1], or [N, B, T+1] for N steps per call;
+    an ensemble's lead with its member axis, [K, B, T+1] or [K, N, B, T+1]."""
+    sharding = ctx.batch_sharding
+    if steps_per_call > 1:
+        sharding = stacked_sharding(sharding)
+    return stacked_sharding(sharding, ctx.member_axes) if ctx.members else sharding
+
+
+def call_steps(ctx: StepContext, batch: np.ndarray | jax.Array) -> int:
+    """Optimizer steps in one call's batch (`call_sharding`'s layouts)."""
+    return 1 if batch.ndim == 2 + bool(ctx.members) else batch.shape[bool(ctx.members)]
 
 
 def device_call_batch(ctx: StepContext, local: np.ndarray) -> jax.Array:
     """A call's global batch on the mesh from this process's rows (`lm.data.corpus.call_batch`)."""
-    steps = 1 if local.ndim == 2 else local.shape[0]
-    return global_batch(local, call_sharding(ctx, steps), batch_axis=local.ndim - 2)
+    sharding = call_sharding(ctx, call_steps(ctx, local))
+    return global_batch(local, sharding, batch_axis=local.ndim - 2)
+
+
+def over_members(ctx: StepContext, fn: Callable, in_axes: tuple = (0, 0)) -> Callable:
+    """`fn` mapped over the ensemble's member axis (the arguments `in_axes` marks 0): vmapped
+    with that axis on `ctx.member_axes`; with `ctx.member_loop`, each device's members one
+    after another (the members [K, ...] as [devices, K / devices, ...], vmapped over the
+    devices and looped within each)."""
+    spmd = ctx.member_axes or None
+    if not ctx.member_loop:
+        return jax.vmap(fn, in_axes=in_axes, spmd_axis_name=spmd)
+    devices = math.prod(ctx.mesh.shape[a] for a in ctx.member_axes)
+    if devices == 1:
+        return _looped(fn, in_axes)
+
+    def grouped(*args: jax.Array | dict) -> tuple:
+        split = lambda x: x.reshape(devices, x.shape[0] // devices, *x.shape[1:])
+        pairs = zip(args, in_axes, strict=True)
+        args = [jax.tree.map(split, a) if ax == 0 else a for a, ax in pairs]
+        out = jax.vmap(_looped(fn, in_axes), in_axes=in_axes, spmd_axis_name=spmd)(*args)
+        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
+
+    return grouped
+
+
+def _looped(fn: Callable, in_axes: tuple) -> Callable:
+    """`fn` over the leading axis of the arguments `in_axes` marks 0, one slice after another
+    (`lax.map`)."""
+
+    def looped(*args: jax.Array | dict) -> tuple:
+        mapped = [a for a, axis in zip(args, in_axes, strict=True) if axis == 0]
+
+        def one(member: tuple) -> tuple:
+            it = iter(member)
+            return fn(*(next(it) if ax == 0 else a for a, ax in zip(args, in_axes, strict=True)))
+
+        return jax.lax.map(one, mapped)
+
+    return looped
 
 
 def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int = 1) -> Callable:
@@ -226,9 +285,11 @@ def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int
 
     With grad_accum_steps = A, the batch is split into A micro-batches of B/A rows (row r goes
     to micro-batch r mod A, which keeps each device's rows local) and gradients are averaged.
-    With steps_per_call = K > 1 the call takes the batches of K consecutive steps, [K, B, T+1]
-    (sharded as `call_sharding(ctx, K)`), runs the K optimizer steps in one
-    `lax.scan` and returns metrics of shape [K]: the same updates as K calls, one dispatch.
+    With steps_per_call = N > 1 the call takes the batches of N consecutive steps, [N, B, T+1]
+    (sharded as `call_sharding(ctx, N)`), runs the N optimizer steps in one
+    `lax.scan` and returns metrics of shape [N]: the same updates as N calls, one dispatch.
+    An ensemble's step is this step over its members (`over_members`): state and batch lead
+    with the member axis [K, ...], and so do the metrics.
     """
     grad_fn = jax.value_and_grad(lambda p, b: batch_loss(ctx, p, b))
 
@@ -261,11 +322,12 @@ def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int
             metrics['lr'] = ctx.lr_schedule(state['step'])
         return new_state, metrics
 
-    def steps(state: State, batches_KBT1: jax.Array) -> tuple[State, dict]:
-        return jax.lax.scan(step, state, batches_KBT1)
+    def steps(state: State, batches_NBT1: jax.Array) -> tuple[State, dict]:
+        return jax.lax.scan(step, state, batches_NBT1)
 
+    fn = step if steps_per_call == 1 else steps
     return jax.jit(
-        step if steps_per_call == 1 else steps,
+        over_members(ctx, fn) if ctx.members else fn,
         in_shardings=(ctx.state_sharding, call_sharding(ctx, steps_per_call)),
         out_shardings=(ctx.state_sharding, None),
         donate_argnums=0,
@@ -276,7 +338,8 @@ def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int
 def make_eval_step(ctx: StepContext) -> Callable:
     """(params, batch [B, T+1] int32, weights [B, T] float32) -> [B] weighted nats per row,
     replicated on every device (each process reads all rows); with `ctx.masked_targets` (a
-    recall task) `make_recall_eval_step`'s step instead."""
+    recall task) `make_recall_eval_step`'s step instead. An ensemble's: every member's params
+    on one batch, [K, B]."""
     if ctx.masked_targets:
         return make_recall_eval_step(ctx)
 
@@ -284,7 +347,7 @@ def make_eval_step(ctx: StepContext) -> Callable:
         return (token_losses(ctx, params, batch_BT1) * weights_BT).sum(axis=-1)
 
     return jax.jit(
-        step,
+        over_members(ctx, step, (0, None, None)) if ctx.members else step,
         in_shardings=(ctx.state_sharding['params'], ctx.batch_sharding, ctx.batch_sharding),
         out_shardings=NamedSharding(ctx.mesh, PartitionSpec()),
     )
@@ -292,7 +355,8 @@ def make_eval_step(ctx: StepContext) -> Callable:
 
 def make_recall_eval_step(ctx: StepContext) -> Callable:
     """(params, packed rows [B, T+1] int32) -> [B, 3] float32 per row: nats summed over its
-    flagged targets, how many of them the argmax predicts, how many there are; replicated."""
+    flagged targets, how many of them the argmax predicts, how many there are; replicated (an
+    ensemble's: [K, B, 3], every member's params on one batch)."""
 
     def step(params: dict, batch_BT1: jax.Array) -> jax.Array:
         logits_BTV, targets_BT = _logits(ctx, params, batch_BT1)
@@ -302,7 +366,7 @@ def make_recall_eval_step(ctx: StepContext) -> Callable:
         return jnp.stack([nats_B, (right_BT * w_BT).sum(axis=-1), w_BT.sum(axis=-1)], axis=-1)
 
     return jax.jit(
-        step,
+        over_members(ctx, step, (0, None)) if ctx.members else step,
         in_shardings=(ctx.state_sharding['params'], ctx.batch_sharding),
         out_shardings=NamedSharding(ctx.mesh, PartitionSpec()),
     )

@@ -1,0 +1,183 @@
+"""Seed ensembles (`config.train.ensemble` = K > 0): K members trained as one compiled program.
+
+Member i is exactly the single run of `member_config(config, i)` (seed `config.seed + i`): its
+initialisation, its batches and so its losses. The state is the single run's tree with every
+array stacked on a leading member axis [K, ...]; the train step is the single run's mapped over
+that axis (`lm.train.step.over_members`). The member axis lies on the mesh axes of
+`config.mesh.rules.member` (default 'data'); inside a member, every other rule keeps its mesh
+axes less those, so a member's batch rows are not split over the devices that hold other members.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh
+
+from lm.sharding import stacked_sharding
+from lm.train.step import StepContext
+
+MEMBER = 'member'  # the logical axis of ensemble members in config.mesh.rules
+
+
+def members(config: ml_collections.ConfigDict) -> int:
+    """Members of `config`'s run: 0 for a single run."""
+    return config.train.ensemble
+
+
+def member_seeds(config: ml_collections.ConfigDict) -> list[int]:
+    """The members' seeds, `config.seed + i` for member i."""
+    return [config.seed + i for i in range(members(config))]
+
+
+def member_config(config: ml_collections.ConfigDict, i: int) -> ml_collections.ConfigDict:
+    """The single run that member `i` of `config`'s ensemble is: ensemble off, seed + i."""
+    if not 0 <= i < members(config):
+        raise ValueError(f'member {i} is not in config.train.ensemble={members(config)}')
+    single = ml_collections.ConfigDict(config.to_dict())
+    single.train.ensemble = 0
+    single.train.ensemble_loop = False
+    single.seed = config.seed + i
+    return single
+
+
+def member_tree(tree, i: int):
+    """Member `i`'s part of an ensemble's stacked tree (state, params or metrics)."""
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def check_ensemble_config(config: ml_collections.ConfigDict) -> None:
+    """One-line errors for `config.train.ensemble` that need neither data nor devices."""
+    k = config.train.ensemble
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(
+            f'config.train.ensemble must be 0 (off) or a member count K >= 1, got {k!r}'
+        )
+    if not k:
+        return
+    if config.seed + k > 2**32:
+        raise ValueError(
+            f'config.train.ensemble={k}: member seeds config.seed={config.seed} ... '
+            f'{config.seed + k - 1} must stay below 2**32'
+        )
+    if jax.process_count() > 1:
+        raise ValueError(f'config.train.ensemble={k}: ensembles train in one process only')
+
+
+def member_axes(mesh: Mesh, rules: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The mesh axes (of size > 1) that `rules['member']` spreads members over."""
+    return tuple(a for a in rules.get(MEMBER, ()) if mesh.shape[a] > 1)
+
+
+def member_rules(mesh: Mesh, rules: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """The rules inside one member: every rule's mesh axes less the member axes."""
+    taken = set(member_axes(mesh, rules))
+    return {
+        name: tuple(a for a in axes if a not in taken)
+        for name, axes in rules.items()
+        if name != MEMBER
+    }
+
+
+def step_rules(
+    config: ml_collections.ConfigDict, mesh: Mesh, rules: dict[str, tuple[str, ...]]
+) -> dict[str, tuple[str, ...]]:
+    """The rules a member's step context uses: `member_rules` for an ensemble, else `rules`."""
+    return member_rules(mesh, rules) if config.train.ensemble else rules
+
+
+def as_ensemble(
+    config: ml_collections.ConfigDict, ctx: StepContext, mesh: Mesh, rules: dict
+) -> StepContext:
+    """A member's step context `ctx` as `config`'s ensemble's (`ensemble_context`, refused if it
+    cannot fit: `check_members_fit`); `ctx` itself for a single run."""
+    if not config.train.ensemble:
+        return ctx
+    axes = member_axes(mesh, rules)
+    ctx = ensemble_context(ctx, config.train.ensemble, axes, config.train.ensemble_loop)
+    check_members_fit(ctx)
+    return ctx
+
+
+def check_members_divide(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:
+    """The member count must divide over the member axes, in one line naming both settings."""
+    axes = member_axes(mesh, rules)
+    size = math.prod(mesh.shape[a] for a in axes)
+    if config.train.ensemble % size:
+        raise ValueError(
+            f'config.train.ensemble={config.train.ensemble} members do not divide over the '
+            f'mesh axes {axes} of size {size} (config.mesh.rules.member='
+            f'{config.mesh.rules.get(MEMBER, "")!r}): use a multiple of {size}'
+        )
+
+
+def ensemble_context(ctx: StepContext, k: int, axes: tuple[str, ...], loop: bool) -> StepContext:
+    """A member's step context `ctx` as an ensemble's of `k` members: the state's abstract
+    arrays and shardings stacked on a leading member axis over the mesh `axes`; `loop`: the
+    members run one after another inside the program (lax.map) instead of vmapped."""
+    sharding = jax.tree.map(lambda s: stacked_sharding(s, axes), ctx.state_sharding)
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct((k, *x.shape), x.dtype, sharding=s),
+        ctx.abstract_state,
+        sharding,
+    )
+    return dataclasses.replace(
+        ctx,
+        abstract_state=abstract,
+        state_sharding=sharding,
+        members=k,
+        member_axes=axes,
+        member_loop=loop,
+    )
+
+
+def state_bytes(ctx: StepContext) -> int:
+    """Bytes of the (stacked) train state of `ctx`, all devices together."""
+    leaves = jax.tree.leaves(ctx.abstract_state)
+    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
+
+
+def _device_bytes(tree: dict) -> int:
+    """Bytes of `tree`'s abstract arrays on one device (the largest shard of each)."""
+    leaves = jax.tree.leaves(tree)
+    return sum(
+        math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves
+    )
+
+
+def device_memory() -> int | None:
+    """Bytes one device may hold: an accelerator's allocator limit, a CPU device's share of the
+    host's physical memory; None when unknown."""
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() if device.platform != 'cpu' else None
+    if stats and stats.get('bytes_limit'):
+        return int(stats['bytes_limit'])
+    try:
+        host = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (ValueError, OSError):
+        return None
+    return host // jax.local_device_count() if device.platform == 'cpu' else None
+
+
+def check_members_fit(ctx: StepContext) -> None:
+    """Refuses, before compiling, an ensemble whose train state and gradients alone exceed a
+    device's memory (activations come on top), naming the bytes and how many members fit."""
+    limit = device_memory()
+    if not ctx.members or limit is None:
+        return
+    need = _device_bytes(ctx.abstract_state) + _device_bytes(ctx.abstract_state['params'])
+    if need <= limit:
+        return
+    size = math.prod(ctx.mesh.shape[a] for a in ctx.member_axes)
+    per_member = need / (ctx.members // size)
+    fit = int(limit // per_member) * size
+    raise ValueError(
+        f'config.train.ensemble={ctx.members} needs {need / 2**30:.2f} GiB per device for the '
+        f'train state and gradients alone ({per_member / 2**30:.3f} GiB per member), more '
+        f'than the {limit / 2**30:.2f} GiB a device has: at most {fit} members fit'
+    )

@@ -1,0 +1,211 @@
+"""An ensemble's run (`lm.train.ensemble`): its training loop, with TensorBoard, metrics and
+results per member, and `split_member`, which writes one member out as an ordinary run.
+
+Layout of an ensemble's workdir: `checkpoints/` holds the whole stacked state (each array
+[K, ...]) under the ensemble's config; the TensorBoard run of member i (seed s = seed + i) is
+`<logdir>/seed_<s>`, where `<logdir>` is the single run's (`run_logdir`), so the members
+overlay as runs of their own; `results.json` lists each member's final evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+from absl import logging
+
+from lm.train.checkpoint import Checkpointer
+from lm.train.ensemble import member_config, member_seeds, member_tree
+from lm.train.evaluation import eval_batch_size, evaluate_members
+from lm.train.loop import _Training
+from lm.train.loss_spike import LossSpikeGuard
+from lm.train.run import assemble, checkpoint_meta
+from lm.train.run_log import Meter, log_model, write_results
+from lm.train.summary import Summary
+from lm.train.workdir import RunError, config_fingerprint
+
+
+def member_logdir(logdir: str, seed: int) -> str:
+    """The TensorBoard run of the member of seed `seed` in an ensemble's `logdir`."""
+    return os.path.join(logdir, f'seed_{seed}')
+
+
+class MemberMeters:
+    """`Meter`'s interface over an ensemble: each call's metrics ([K] or [K, N] per name)
+    fetched once, one call late, and handed to each member's own Meter (its TensorBoard run,
+    its loss-spike guard, whose errors then name the member's seed); the first member's shows
+    the progress bar and the log line."""
+
+    def __init__(self, meters: list[Meter], seeds: list[int]):
+        self.meters, self.seeds, self.pending = meters, seeds, []
+
+    @property
+    def bar(self):
+        return self.meters[0].bar
+
+    def restart(self) -> None:
+        for m in self.meters:
+            m.restart()
+
+    def exclude(self, seconds: float) -> None:
+        for m in self.meters:
+            m.exclude(seconds)
+
+    def record(self, step: int, n: int, metrics: dict) -> None:
+        """Queues the metrics of a call of `n` steps ending at `step` (fetched next call)."""
+        self.drain()
+        self.pending.append((step, n, metrics))
+
+    def drain(self) -> None:
+        """Fetches queued metrics once and hands each member's part to its meter (which checks
+        and logs it at once: every call is drained before a log line or a restart)."""
+        while self.pending:
+            step, n, fetched = self.pending.pop(0)
+            fetched = jax.device_get(fetched)
+            for i, m in enumerate(self.meters):
+                m.record(step, n, member_tree(fetched, i))
+                try:
+                    m.drain()
+                except FloatingPointError as e:  # a non-finite loss or a spike: whose
+                    raise FloatingPointError(f'member seed {self.seeds[i]}: {e}') from None
+
+    def log(self) -> None:
+        for m in self.meters:
+            m.log()
+
+    def median_tokens_per_sec(self) -> float | None:
+        """The first member's (each member's tokens over the ensemble's wall time)."""
+        return self.meters[0].median_tokens_per_sec()
+
+
+class EnsembleTraining(_Training):
+    """`_Training` of an ensemble: one TensorBoard run, meter and evaluation per member."""
+
+    def _start_logs(self) -> MemberMeters:
+        c = self.run.config
+        self.seeds = member_seeds(c)
+        self.tbs, meters = [], []
+        for i, seed in enumerate(self.seeds):
+            tb = Summary(member_logdir(self.logdir, seed))
+            member = dataclasses.replace(self.run, config=member_config(c, i))
+            log_model(member, tb, self.tb_root)
+            spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
+            meters.append(Meter(member, tb, self.start, self.ckpt.steps, spikes, verbose=i == 0))
+            self.tbs.append(tb)
+        return MemberMeters(meters, self.seeds)
+
+    def _flush_logs(self) -> None:
+        for tb in self.tbs:
+            tb.flush()
+
+    def _close_logs(self) -> None:
+        for tb in self.tbs:
+            tb.flush()
+            tb.close()
+
+    def _write_results(self, step: int) -> None:
+        c = self.run.config
+        write_member_results(
+            self.workdir, step, self.seeds, self.last_eval, self.meter.median_tokens_per_sec(), c
+        )
+
+    def _evaluate(self, step: int, prefix: str = 'eval', split: str = 'validation') -> list:
+        """Each member's `evaluate` metrics, in one pass; logged to its own run."""
+        run, c = self.run, self.run.config
+        per_member = evaluate_members(
+            self.eval_fn,
+            self.state['params'],
+            run.corpus,
+            split,
+            batch_size=eval_batch_size(c),
+            seq_len=c.data.seq_len,
+            eval_tokens=c.eval_tokens,
+            batch_sharding=run.ctx.batch_sharding,
+            stop=self.stop.check,
+        )
+        for tb, metrics in zip(self.tbs, per_member, strict=True):
+            tb.scalars(step, {f'{prefix}/{k}': v for k, v in metrics.items()})
+        losses_K = np.array([m['loss'] for m in per_member])
+        logging.info(
+            'eval at step %d: loss of %d members %.4f (min %.4f, max %.4f, sd %.4f), %d tokens',
+            step,
+            len(losses_K),
+            losses_K.mean(),
+            losses_K.min(),
+            losses_K.max(),
+            losses_K.std(ddof=1) if len(losses_K) > 1 else 0.0,
+            per_member[0]['tokens'],
+        )
+        return per_member
+
+
+def write_member_results(
+    workdir: str,
+    step: int,
+    seeds: list[int],
+    member_evals: list[dict],
+    tokens_per_sec: float | None,
+    config,
+) -> None:
+    """`<workdir>/results.json` of a finished ensemble: its last step, each member's seed and
+    final eval metrics ('members'), a member's median training throughput and the config
+    fingerprint (`lm.train.run_log.write_results`'s keys, 'eval' per member)."""
+    results = {
+        'step': step,
+        'members': [
+            {'seed': s, 'eval': e}
+            for s, e in zip(seeds, member_evals or [{}] * len(seeds), strict=True)
+        ],
+        'tokens_per_sec': tokens_per_sec,
+        'config_fingerprint': config_fingerprint(config),
+    }
+    path = os.path.join(workdir, 'results.json')
+    with open(path + '.tmp', 'w') as f:
+        json.dump(results, f, indent=1)
+    os.replace(path + '.tmp', path)
+
+
+def split_member(workdir: str, member: int, out: str, step: int | None = None) -> str:
+    """Writes member `member` of the ensemble in `workdir` (its checkpoint `step`, default the
+    newest) to `out` as an ordinary run: its config (`member_config`: ensemble off, seed + i)
+    and a checkpoint of its params, optimizer state, step and RNG, with a results.json when
+    the ensemble's has its evaluation. generate, export and eval.py then read `out` as any run
+    (and train.py resumes it as the single run). Returns `out`."""
+    if os.path.exists(os.path.join(out, 'checkpoints')):
+        raise RunError(f'--out_dir: {out} already holds a run')
+    with assemble(workdir, state='restore', step=step) as run:
+        if not run.config.train.ensemble:
+            raise RunError(f'--workdir: {workdir} is not an ensemble (config.train.ensemble=0)')
+        config = member_config(run.config, member)
+        single = assemble(config)
+        state = jax.tree.map(
+            lambda x, s: jax.device_put(x[member], s),
+            run.state,
+            single.ctx.state_sharding,
+        )
+        abstract = single.ctx.abstract_state['params']
+        meta = checkpoint_meta(config, run.meta['data_fingerprint'], run.step, abstract)
+        os.makedirs(out, exist_ok=True)
+        ckpt = Checkpointer(out, keep=1, async_save=False)
+        try:
+            ckpt.save(run.step, state, meta)
+        finally:
+            ckpt.close()
+    _split_results(workdir, member, out, run.step, config)
+    return out
+
+
+def _split_results(workdir: str, member: int, out: str, step: int, config) -> None:
+    """The member's results.json, when the ensemble's was written at `step`."""
+    path = os.path.join(workdir, 'results.json')
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        results = json.load(f)
+    if results.get('step') != step:
+        return
+    entry = results['members'][member]
+    write_results(out, step, entry['eval'], results['tokens_per_sec'], config)

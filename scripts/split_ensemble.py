@@ -1,0 +1,44 @@
+r"""Write members of a seed ensemble (config.train.ensemble) out as ordinary run directories.
+
+Member i becomes `<out_dir>/seed_<seed + i>`: the single run's config (ensemble off, its own
+seed) and a checkpoint of its parameters and optimizer state at the ensemble's step, so
+eval.py, scripts/generate.py, scripts/convert_hf.py export and train.py (resuming it as a
+single run) read it like any run.
+
+  python scripts/split_ensemble.py --workdir=runs/ens --out_dir=runs/ens_members
+  python scripts/split_ensemble.py --workdir=runs/ens --out_dir=runs/m --members=0,3 --step=500
+"""
+
+import os
+
+from absl import flags
+
+from lm.cli import bootstrap, check_writable_dir, run_app
+from lm.train import member_seeds, split_member, stored_config
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'The ensemble run directory.', required=True)
+_OUT_DIR = flags.DEFINE_string(
+    'out_dir', None, 'Where the members go, one directory seed_<s> each.', required=True
+)
+_MEMBERS = flags.DEFINE_list('members', [], 'Member indices (0-based); default: all.')
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default: the latest.')
+
+
+def run() -> int:
+    check_writable_dir(_OUT_DIR.value, '--out_dir')
+    config = stored_config(_WORKDIR.value, step=_STEP.value)
+    seeds = member_seeds(config)
+    if not seeds:
+        raise ValueError(f'--workdir: {_WORKDIR.value} is not an ensemble (train.ensemble=0)')
+    chosen = [int(m) for m in _MEMBERS.value] or list(range(len(seeds)))
+    if bad := [m for m in chosen if not 0 <= m < len(seeds)]:
+        raise ValueError(f'--members: {bad} not in 0..{len(seeds) - 1}')
+    bootstrap(config)
+    for m in chosen:
+        out = split_member(_WORKDIR.value, m, os.path.join(_OUT_DIR.value, f'seed_{seeds[m]}'))
+        print(f'member {m} (seed {seeds[m]}) -> {out}')
+    return 0
+
+
+if __name__ == '__main__':
+    run_app(run)

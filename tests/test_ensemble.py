@@ -1,0 +1,310 @@
+"""Seed ensembles (config.train.ensemble): member i is the single run of seed + i, trained with
+the others as one program; checkpoints, resume, TensorBoard, results and split-out per member.
+
+Tolerance: a member's losses and parameters equal its single run's to float32 rounding, not
+bitwise. The ensemble's step is the single step vmapped, so XLA compiles batched matmuls and
+reductions whose summation order may differ from the unbatched ones by an ulp; over a few AdamW
+steps this stays ~1e-7 (measured 1.6e-7 on parameters after 3 steps). The bounds are the ones the
+project uses for other re-fusions of one computation (steps per call): rtol 1e-5 on losses, atol
+1e-5 on parameters (of size ~0.02 to 1).
+"""
+
+import csv
+import itertools
+import json
+import math
+import os
+import re
+import subprocess
+import time
+import types
+
+import jax
+import numpy as np
+import pytest
+from conftest import (
+    ENV,
+    ROOT,
+    entry_command,
+    read_scalars,
+    run_entry,
+    sweep_file,
+    tiny_train_config,
+    write_config_file,
+)
+from test_recall import recall_config
+
+from lm.config import with_values
+from lm.train import ensemble
+from lm.train.ensemble import check_members_divide, member_config, member_tree, state_bytes
+from lm.train.ensemble_run import split_member
+from lm.train.loop import call_batch, train
+from lm.train.run import assemble, check_config, finished_step
+from lm.train.step import device_call_batch, make_train_step
+
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def assert_close_trees(a, b, atol=ATOL):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=atol)
+
+
+def assert_equal_trees(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize('loop', [False, True], ids=['vmapped', 'looped'])
+def test_an_ensemble_step_is_its_members_single_steps(tmp_path, small_text, loop):
+    config = tiny_train_config(tmp_path, small_text, seed=5)
+    settings = {'train.ensemble': 2, 'train.ensemble_loop': loop}
+    ens = assemble(with_values(config, settings), state='init', data=True)
+    singles = [assemble(member_config(ens.config, i), state='init', data=True) for i in (0, 1)]
+    for i, single in enumerate(singles):  # the same initialisation, bitwise
+        assert single.config.seed == 5 + i
+        assert_equal_trees(single.state, member_tree(ens.state, i))
+    assert jax.tree.leaves(ens.state['params'])[0].shape[0] == 2
+    step = make_train_step(ens.ctx, 1)
+    state = ens.state
+    single_states = [s.state for s in singles]
+    for s in range(3):
+        batch = call_batch(ens, s, 1)
+        assert batch.shape == (2, 4, 17)
+        state, metrics = step(state, device_call_batch(ens.ctx, batch))
+        for i, single in enumerate(singles):
+            np.testing.assert_array_equal(batch[i], call_batch(single, s, 1))  # own data order
+            single_step = make_train_step(single.ctx, 1)
+            single_states[i], m = single_step(
+                single_states[i], device_call_batch(single.ctx, batch[i])
+            )
+            np.testing.assert_allclose(metrics['loss'][i], m['loss'], rtol=RTOL)
+    for i in (0, 1):
+        assert_close_trees(member_tree(state['params'], i), single_states[i]['params'])
+
+
+def test_bad_member_counts_are_refused_in_one_line(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text)
+    for bad in (-1, -8):
+        with pytest.raises(ValueError, match=r'^config.train.ensemble must be 0 \(off\)'):
+            check_config(with_values(config, {'train.ensemble': bad}))
+    with pytest.raises(ValueError, match='below 2\\*\\*32'):
+        check_config(with_values(config, {'train.ensemble': 3, 'seed': 2**32 - 2}))
+    mesh = types.SimpleNamespace(shape={'data': 4, 'fsdp': 1, 'tensor': 1})
+    rules = {'member': ('data',), 'batch': ('data', 'fsdp')}
+    k6 = with_values(config, {'train.ensemble': 6})
+    with pytest.raises(
+        ValueError, match=r"ensemble=6 members do not divide .*\('data',\) of size 4"
+    ):
+        check_members_divide(k6, mesh, rules)
+    check_members_divide(with_values(config, {'train.ensemble': 8}), mesh, rules)
+
+
+@pytest.mark.slow
+def test_an_ensemble_trains_its_members_single_runs(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text, seed=3, **{'train.ensemble': 3})
+    result = train(config, str(tmp_path / 'ens'))
+    tb = tmp_path / 'ens' / 'tb'
+    assert sorted(p.name for p in tb.iterdir() if p.is_dir()) == ['seed_3', 'seed_4', 'seed_5']
+    results = json.loads((tmp_path / 'ens' / 'results.json').read_text())
+    assert [m['seed'] for m in results['members']] == [3, 4, 5]
+    for i in range(3):
+        single_config = member_config(config, i)
+        single = train(single_config, str(tmp_path / f'single{i}'))
+        want = read_scalars(tmp_path / f'single{i}' / 'tb', 'train/loss')
+        got = read_scalars(tb / f'seed_{3 + i}', 'train/loss')
+        assert sorted(got) == sorted(want) == list(range(1, 9))
+        np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=RTOL)
+        evals = read_scalars(tb / f'seed_{3 + i}', 'eval/loss')
+        assert sorted(evals) == [4, 8]
+        np.testing.assert_allclose(evals[8], single['eval']['loss'], rtol=RTOL)
+        np.testing.assert_allclose(results['members'][i]['eval']['loss'], evals[8], rtol=1e-6)
+        assert_close_trees(member_tree(result['state']['params'], i), single['state']['params'])
+        # split out, the member is an ordinary run: the single run's config, its state
+        out = split_member(str(tmp_path / 'ens'), i, str(tmp_path / f'split{i}'))
+        assert finished_step(single_config, out) == 8
+        with assemble(out, state='restore') as split:
+            assert split.config.train.ensemble == 0 and split.config.seed == 3 + i
+            assert_equal_trees(split.state, member_tree(result['state'], i))
+    # ... and resumes as that single run: 4 more steps of each, the same losses
+    longer = with_values(member_config(config, 0), {'train.steps': 12})
+    for workdir in ('split0', 'single0'):
+        assert train(longer, str(tmp_path / workdir))['step'] == 12
+    want = read_scalars(tmp_path / 'single0' / 'tb', 'train/loss')
+    got = read_scalars(tmp_path / 'split0' / 'tb', 'train/loss')
+    assert sorted(got) == [9, 10, 11, 12]
+    np.testing.assert_allclose([got[s] for s in got], [want[s] for s in got], rtol=RTOL)
+
+
+@pytest.mark.slow
+def test_kill9_then_resume_of_an_ensemble_is_bitwise_identical(tmp_path, small_text):
+    config = tiny_train_config(
+        tmp_path,
+        small_text,
+        **{
+            'train.ensemble': 2,
+            'train.steps': 200,
+            'checkpoint_every': 25,
+            'eval_every': 100,
+            'log_every': 50,
+        },
+    )
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    run_entry('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "ref"}', check=True)
+    cmd = entry_command('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "run"}')
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 180
+    while not (tmp_path / 'run' / 'checkpoints' / '25').exists():
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.kill()  # SIGKILL, mid-way
+    proc.wait()
+    assert not (tmp_path / 'run' / 'checkpoints' / '200').exists(), 'run finished before kill'
+    resumed = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert 'resumed from' in resumed.stderr
+    for seed in (0, 1):
+        want = read_scalars(tmp_path / 'ref' / 'tb' / f'seed_{seed}', 'train/loss')
+        got = read_scalars(tmp_path / 'run' / 'tb' / f'seed_{seed}', 'train/loss')
+        assert sorted(got) == sorted(want) == list(range(1, 201))
+        assert [got[s] for s in sorted(got)] == [want[s] for s in sorted(want)]  # bitwise
+    ref, run = (json.loads((tmp_path / d / 'results.json').read_text()) for d in ('ref', 'run'))
+    assert ref['members'] == run['members']  # bitwise: the same final evaluations
+    assert os.listdir(tmp_path / 'run' / 'tb') == os.listdir(tmp_path / 'ref' / 'tb')
+
+
+@pytest.mark.slow
+def test_members_spread_over_two_devices_and_a_split_member_evaluates(tmp_path, small_text):
+    """Two CPU devices: the members of K = 4 lie two per device ('member' -> 'data') and train,
+    vmapped or looped on each device, as on one device; K = 3 is refused before compiling;
+    eval.py scores a split-out member as its training did."""
+    config = tiny_train_config(
+        tmp_path, small_text, **{'mesh.cpu_devices': 2, 'train.steps': 4, 'train.ensemble': 3}
+    )
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    out = run_entry('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "k3"}')
+    assert out.returncode != 0
+    assert 'config.train.ensemble=3 members do not divide' in out.stderr
+    assert 'compiled the train step' not in out.stderr
+    two = run_entry('train.py', f'--config={cfg_file}', f'--workdir={tmp_path / "two"}',
+                    '--config.train.ensemble=4', check=True)  # fmt: skip
+    looped = run_entry(
+        'train.py',
+        f'--config={cfg_file}',
+        f'--workdir={tmp_path / "loop"}',
+        '--config.train.ensemble=4',
+        '--config.train.ensemble_loop=true',
+        check=True,
+    )  # 2 members looped on each device
+    assert 'on 2 devices' in two.stderr
+    assert 'on 2 devices' in looped.stderr
+    one = with_values(config, {'mesh.cpu_devices': 0, 'train.ensemble': 4})
+    train(one, str(tmp_path / 'one'))
+    for seed, run in itertools.product(range(4), ('two', 'loop')):
+        want = read_scalars(tmp_path / 'one' / 'tb' / f'seed_{seed}', 'train/loss')
+        got = read_scalars(tmp_path / run / 'tb' / f'seed_{seed}', 'train/loss')
+        np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=RTOL)
+    out = run_entry('scripts/split_ensemble.py', f'--workdir={tmp_path / "two"}',
+                    f'--out_dir={tmp_path / "members"}', check=True)  # fmt: skip
+    assert sorted(os.listdir(tmp_path / 'members')) == [f'seed_{s}' for s in range(4)]
+    refused = run_entry('eval.py', f'--workdir={tmp_path / "two"}')
+    assert refused.returncode != 0 and 'scripts/split_ensemble.py' in refused.stderr
+    out = run_entry('eval.py', f'--workdir={tmp_path / "members" / "seed_1"}', check=True)
+    member = json.loads((tmp_path / 'two' / 'results.json').read_text())['members'][1]
+    loss = json.loads(out.stdout.strip().splitlines()[-1])['loss']
+    np.testing.assert_allclose(loss, member['eval']['loss'], rtol=RTOL)
+
+
+def test_an_ensemble_that_cannot_fit_is_refused_with_the_bytes_it_needs(
+    tmp_path, small_text, monkeypatch
+):
+    config = tiny_train_config(tmp_path, small_text, **{'train.ensemble': 4})
+    with assemble(config, data=True) as run:  # fits: the state of 4 tiny models
+        per_member = state_bytes(run.ctx) / 4  # params, two Adam moments, step, rng
+    monkeypatch.setattr(ensemble, 'device_memory', lambda: int(2.5 * per_member * 4 / 3))
+    with pytest.raises(ValueError) as e:
+        assemble(config, data=True)
+    # per member: its state plus its gradients (a params-sized tree, a third of the state)
+    assert 'config.train.ensemble=4 needs' in str(e.value) and 'at most 2 members fit' in str(
+        e.value
+    )
+
+
+NUMBER = r'-?\d+(?:\.\d*)?(?:e[-+]?\d+)?'
+
+
+def same_cell(got: str, want: str) -> bool:
+    """The same text around numbers that are equal to float32 rounding (losses, their
+    differences, intervals and p-values of runs equal to that tolerance)."""
+    if re.sub(NUMBER, '#', got) != re.sub(NUMBER, '#', want):
+        return False
+    pairs = zip(re.findall(NUMBER, got), re.findall(NUMBER, want), strict=True)
+    return all(math.isclose(float(a), float(b), rel_tol=1e-3, abs_tol=1e-5) for a, b in pairs)
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_text):
+    """scripts/sweep.py --ensemble: each point's seeds trained as one ensemble, split into the
+    runs separate training makes, so the summary, per-seed CSV and plot are the same (losses to
+    the tolerance above)."""
+    config = tiny_train_config(
+        tmp_path, small_text, **{'train.steps': 4, 'eval_every': 4, 'checkpoint_every': 4}
+    )
+    points = [
+        {'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0},
+        {'name': 'mqa', 'model.attention': 'mqa', 'model.num_kv_heads': 0},
+    ]
+    cfg = sweep_file(tmp_path, config, points)
+    for how, flags in (('separate', []), ('ensembles', ['--ensemble'])):
+        out = run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={tmp_path / how}',
+                        '--seeds=3', *flags, timeout=900)  # fmt: skip
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    ens, sep = tmp_path / 'ensembles', tmp_path / 'separate'
+    assert sorted(os.listdir(ens / 'ensembles')) == ['mha', 'mqa']
+    runs = ['mha_s0', 'mha_s1', 'mha_s2', 'mqa_s0', 'mqa_s1', 'mqa_s2']
+    assert [r for r in runs if (ens / r / 'result.json').exists()] == runs
+    assert sorted(os.listdir(ens / 'tb' / 'mha')) == ['seed_0', 'seed_1', 'seed_2']
+    for name in ('summary.csv', 'summary_seeds.csv', 'summary_pairs.csv'):
+        got, want = read_csv(ens / name), read_csv(sep / name)
+        assert len(got) == len(want) and list(got[0]) == list(want[0]), name
+        for g, w in zip(got, want, strict=True):
+            for key, value in w.items():
+                if key == 'tokens_per_sec':  # a timing
+                    continue
+                assert same_cell(g[key], value), (name, key, g[key], value)
+    assert (ens / 'summary.png').stat().st_size > 10_000
+    again = run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={ens}', '--seeds=3',
+                      '--ensemble', '--status')  # fmt: skip
+    assert again.stdout.strip().splitlines()[-1].endswith('8 finished, 0 with other settings, '
+                                                          '0 started, 0 not started')  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_recall_ensemble_scores_each_member_as_its_single_run(tmp_path):
+    """An MQAR ensemble: each member's loss counts its answers only, and its held-out recall
+    accuracy per member equals its single run's."""
+    config = recall_config(tmp_path, **{'train.ensemble': 2})
+    result = train(config, str(tmp_path / 'ens'))
+    for i in range(2):
+        single = train(member_config(config, i), str(tmp_path / f'single{i}'))
+        want = read_scalars(tmp_path / f'single{i}' / 'tb', 'train/loss')
+        got = read_scalars(tmp_path / 'ens' / 'tb' / f'seed_{i}', 'train/loss')
+        np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=RTOL)
+        mine, theirs = result['eval'][i], single['eval']
+        assert sorted(mine) == sorted(theirs) and 'recall_accuracy' in mine
+        for key, value in theirs.items():
+            np.testing.assert_allclose(mine[key], value, rtol=RTOL, atol=1e-6, err_msg=key)
+
+
+def test_a_diverging_member_stops_the_ensemble_naming_its_seed(tmp_path, small_text):
+    settings = {'train.ensemble': 2, 'train.lr': 1e30, 'train.grad_clip': 0.0, 'seed': 7}
+    config = tiny_train_config(tmp_path, small_text, **settings)
+    with pytest.raises(FloatingPointError, match=r'^member seed 7: non-finite .* at step \d+'):
+        train(config, str(tmp_path / 'run'))
