@@ -25,7 +25,7 @@ from lm.train.loss_spike import LossSpikeGuard
 from lm.train.run import assemble, checkpoint_meta
 from lm.train.run_log import Meter, log_model, write_results
 from lm.train.summary import Summary
-from lm.train.workdir import RunError, config_fingerprint
+from lm.train.workdir import RunError
 
 
 def member_logdir(logdir: str, seed: int) -> str:
@@ -150,22 +150,11 @@ def write_member_results(
     tokens_per_sec: float | None,
     config,
 ) -> None:
-    """`<workdir>/results.json` of a finished ensemble: its last step, each member's seed and
-    final eval metrics ('members'), a member's median training throughput and the config
-    fingerprint (`lm.train.run_log.write_results`'s keys, 'eval' per member)."""
-    results = {
-        'step': step,
-        'members': [
-            {'seed': s, 'eval': e}
-            for s, e in zip(seeds, member_evals or [{}] * len(seeds), strict=True)
-        ],
-        'tokens_per_sec': tokens_per_sec,
-        'config_fingerprint': config_fingerprint(config),
-    }
-    path = os.path.join(workdir, 'results.json')
-    with open(path + '.tmp', 'w') as f:
-        json.dump(results, f, indent=1)
-    os.replace(path + '.tmp', path)
+    """`<workdir>/results.json` of a finished ensemble: `write_results`'s keys with each
+    member's seed and final eval metrics as 'members' in place of 'eval'."""
+    evals = member_evals or [{}] * len(seeds)
+    members = [{'seed': s, 'eval': e} for s, e in zip(seeds, evals, strict=True)]
+    write_results(workdir, step, members, tokens_per_sec, config, key='members')
 
 
 def split_member(workdir: str, member: int, out: str, step: int | None = None) -> str:

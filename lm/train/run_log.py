@@ -183,12 +183,14 @@ def write_results(
     last_eval: dict,
     tokens_per_sec: float | None,
     config: ml_collections.ConfigDict,
+    key: str = 'eval',
 ) -> None:
-    """`<workdir>/results.json` of a finished run: its last step, final eval metrics, median
-    training throughput and config fingerprint (sweeps read it, and skip runs that have one)."""
+    """`<workdir>/results.json` of a finished run: its last step, final eval metrics under `key`
+    (an ensemble: 'members', a list of {seed, eval}), median training throughput and config
+    fingerprint (sweeps read it, and skip runs that have one); written atomically."""
     results = {
         'step': step,
-        'eval': last_eval,
+        key: last_eval,
         'tokens_per_sec': tokens_per_sec,
         'config_fingerprint': config_fingerprint(config),
     }
