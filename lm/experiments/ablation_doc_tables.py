@@ -53,12 +53,15 @@ def targets_table(rows: list[dict], source: str = 'MHA') -> str:
         for arm, targets in shared.items()
         for target, v in targets.items()
     ]
-    lines += ['', summary.family_note(len(pairs)), '']
+    tests = [(shared[arm][a], shared[arm][b]) for arm, a, b in pairs]
+    results, flips = summary.family(tests), summary.sign_flips(tests)
+    seeds = min((d.n for d, _, _ in results if d.n > 1), default=None)
+    lines += ['', summary.family_note(len(pairs), seeds), '']
     lines += ['| arm | a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|---|']
-    results = summary.family([(shared[arm][a], shared[arm][b]) for arm, a, b in pairs])
-    for (arm, a, b), (d, _, p_holm) in zip(pairs, results, strict=True):
+    for (arm, a, b), (d, _, p_holm), flip in zip(pairs, results, flips, strict=True):
         order = stats.ordering(a, b, d, summary.holm_resolved(p_holm))
-        lines.append(f'| {arm} | {a} | {b} | {summary.diff_cell(d, p_holm)} | {order} |')
+        cell = summary.diff_cell(d, p_holm, flip_holm=flip)
+        lines.append(f'| {arm} | {a} | {b} | {cell} | {order} |')
     return '\n'.join(lines)
 
 

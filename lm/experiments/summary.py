@@ -64,19 +64,48 @@ def family(pairs: list[tuple[Values, Values]]) -> list[tuple[stats.Estimate, flo
     return list(zip(diffs, p, stats.holm(p), strict=True))
 
 
-def diff_cell(diff: stats.Estimate, p_holm: float, digits: int = 4) -> str:
-    """'+0.0833 [0.0116, 0.1550] p=0.012 ✓': a paired difference a − b with its 95% interval
-    and Holm-adjusted p, ✓ = resolved after the correction."""
+def sign_flips(pairs: list[tuple[Values, Values]]) -> list[float]:
+    """The exact sign-flip p of each (a, b) of one family (`stats.paired_sign_flip_p`),
+    Holm-adjusted over the same family as the t-test's."""
+    return stats.holm([stats.paired_sign_flip_p(a, b) for a, b in pairs])
+
+
+def _digits(value: float, digits: int) -> int:
+    """`digits`, or more where `value` would print as 0 (two significant figures then)."""
+    if value == 0 or not math.isfinite(value) or abs(value) >= 0.5 * 10**-digits:
+        return digits
+    return 1 - math.floor(math.log10(abs(value)))
+
+
+def diff_cell(
+    diff: stats.Estimate, p_holm: float, digits: int = 4, flip_holm: float | None = None
+) -> str:
+    """'+0.0833 [0.0116, 0.1550] p=0.012 ✓ (sign-flip 0.25)': a paired difference a − b with its
+    95% interval and Holm-adjusted t-test p, ✓ = resolved after the correction, and where given
+    the Holm-adjusted exact sign-flip p beside it. A difference that would print as 0 gets two
+    significant figures."""
+    digits = _digits(diff.mean, digits)
     p = '' if math.isnan(p_holm) else f' p={p_holm:.3g}'
     resolved = ' ✓' if holm_resolved(p_holm) else ''
-    return f'{diff.mean:+.{digits}f} {diff.interval(digits)}{p}{resolved}'
+    flip = '' if flip_holm is None or math.isnan(flip_holm) else f' (sign-flip {flip_holm:.3g})'
+    return f'{diff.mean:+.{digits}f} {diff.interval(digits)}{p}{resolved}{flip}'
 
 
-def family_note(m: int) -> str:
-    """The sentence every summary states its correction with."""
-    return (
+def family_note(m: int, seeds: int | None = None) -> str:
+    """The sentence every summary states its correction with; with `seeds` (the fewest paired
+    seeds of a comparison in the family) also the sign-flip test's floor at that n."""
+    note = (
         f'p: paired t-test, Holm-corrected over the {m} comparisons of this summary; ✓ = '
         'resolved (corrected p < 0.05).'
+    )
+    if seeds is None or seeds < 1:
+        return note
+    floor = stats.sign_flip_floor(seeds)
+    can = 'above 0.05: no comparison here can pass it' if floor >= 0.05 else 'below 0.05'
+    return (
+        f'{note} Sign-flip: the exact sign-flip (permutation) test of the same paired '
+        f'differences, Holm-corrected alike; at {seeds} paired seeds its smallest p is '
+        f'2/2^{seeds} = {floor:.3g}, {can}.'
     )
 
 
@@ -116,13 +145,14 @@ def all_pairs(
 ) -> list[dict]:
     """Every two arms (a before b, in order; or those `pairs` picks from the names) as a row: the
     paired difference a − b of `value` (`<value>_diff`, its std and 95% interval, seeds paired),
-    its p and Holm-adjusted p over these pairs (the comparisons counted), whether that resolves
-    it and the ordering."""
+    its p and Holm-adjusted p over these pairs (the comparisons counted), the exact sign-flip
+    p Holm-adjusted alike, whether the t-test resolves it and the ordering."""
     names = list(values)
     ab = pairs(names) if pairs else [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
     results = family([(values[a], values[b]) for a, b in ab])
+    flips = sign_flips([(values[a], values[b]) for a, b in ab])
     rows, m = [], stats.family_size([p for _, p, _ in results])
-    for (a, b), (d, p, p_holm) in zip(ab, results, strict=True):
+    for (a, b), (d, p, p_holm), flip in zip(ab, results, flips, strict=True):
         rows.append(
             {
                 'a': a,
@@ -134,6 +164,7 @@ def all_pairs(
                 'seeds': d.n,
                 'p': p,
                 'p_holm': p_holm,
+                'p_sign_flip_holm': flip,
                 'comparisons': m,
                 'resolved': holm_resolved(p_holm),
                 'ordering': stats.ordering(a, b, d, holm_resolved(p_holm)),
@@ -162,33 +193,44 @@ def write_csv(path: str, rows: list[dict]) -> None:
 
 def seeds_table(rows: list[dict], pairs: PairPicker | None = None) -> str:
     """Per arm its estimate over seeds; between arms the Holm-corrected paired differences (every
-    two arms, or those `pairs` picks: `all_pairs`). The arm is the 'arm' column, else 'point' (a
-    sweep's summary_seeds.csv); each further column but 'seed' is a value with its own table and
-    Holm family."""
+    two arms, or those `pairs` picks). The arm is the 'arm' column, else 'point' (a sweep's
+    summary_seeds.csv); each further column but 'seed' is a value with its own table, and the
+    comparisons of every value column form ONE Holm family (a question's claim may use any of
+    its metrics, so the correction counts them all)."""
     arm = 'arm' if 'arm' in rows[0] else 'point'
     columns = [k for k in rows[0] if k not in (arm, 'seed')]
+    values: dict[str, dict[str, dict[int, float]]] = {c: {} for c in columns}
+    for r in rows:
+        for c in columns:
+            values[c].setdefault(r[arm], {})[int(r['seed'])] = float(r[c])
+    names = list(values[columns[0]])
+    ab = pairs(names) if pairs else [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    tests = [(values[c][a], values[c][b]) for c in columns for a, b in ab]
+    results = family(tests)
+    flips = sign_flips(tests)
+    m = stats.family_size([p for _, p, _ in results])
+    seeds = min((d.n for d, _, _ in results if d.n > 1), default=None)
+    per_column = len(ab)
+    tables = []
+    for i, c in enumerate(columns):
+        lines = [f'| arm | {c} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
+        lines += [f'| {name} | {cell(v)} | {len(v)} |' for name, v in values[c].items()]
+        lines += ['', family_note(m, seeds), '']
+        if len(columns) > 1:
+            lines[-2] += f' The family holds the comparisons of all {len(columns)} values.'
+        lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
+        span = slice(i * per_column, (i + 1) * per_column)
+        done = zip(ab, results[span], flips[span], strict=True)
+        for (a, b), (d, _, p_holm), flip in done:
+            order = stats.ordering(a, b, d, holm_resolved(p_holm))
+            lines.append(f'| {a} | {b} | {diff_cell(d, p_holm, flip_holm=flip)} | {order} |')
+        tables.append('\n'.join(lines))
     if len(columns) == 1:
-        return _value_table(rows, arm, columns[0], pairs)
-    return '\n\n'.join(f'{c}:\n\n{_value_table(rows, arm, c, pairs)}' for c in columns)
+        return tables[0]
+    return '\n\n'.join(f'{c}:\n\n{t}' for c, t in zip(columns, tables, strict=True))
 
 
 def within_table(rows: list[dict]) -> str:
     """`seeds_table` comparing only the arms of one group (arms named '<group>/<arm>', e.g.
     'mqa/width' and 'mqa/params'), Holm over those pairs."""
     return seeds_table(rows, within_groups)
-
-
-def _value_table(rows: list[dict], arm: str, value: str, pairs: PairPicker | None = None) -> str:
-    """`seeds_table` of one value column."""
-    values: dict[str, dict[int, float]] = {}
-    for r in rows:
-        values.setdefault(r[arm], {})[int(r['seed'])] = float(r[value])
-    lines = [f'| arm | {value} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
-    lines += [f'| {arm} | {cell(v)} | {len(v)} |' for arm, v in values.items()]
-    compared = all_pairs(values, pairs=pairs)
-    lines += ['', family_note(compared[0]['comparisons'] if compared else 0), '']
-    lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
-    for p in compared:
-        d = stats.paired_difference(values[p['a']], values[p['b']])
-        lines.append(f'| {p["a"]} | {p["b"]} | {diff_cell(d, p["p_holm"])} | {p["ordering"]} |')
-    return '\n'.join(lines)

@@ -210,18 +210,22 @@ def steps_to_table(rows: list[dict]) -> str:
     arms = list(curves)
     pairs = [(a, b) for i, a in enumerate(arms) for b in arms[i + 1 :]]
     tested = [(a, b) for a, b in pairs if not missed[a] and not missed[b]]
-    family = summary.family([(steps[a], steps[b]) for a, b in tested])
-    results = dict(zip(tested, family, strict=True))
-    lines += ['', summary.family_note(len(tested)), '']
+    tests = [(steps[a], steps[b]) for a, b in tested]
+    family = summary.family(tests)
+    flips = summary.sign_flips(tests)
+    results = dict(zip(tested, zip(family, flips, strict=True), strict=True))
+    seeds = min((d.n for d, _, _ in family if d.n > 1), default=None)
+    lines += ['', summary.family_note(len(tested), seeds), '']
     lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
     for a, b in pairs:
         if (a, b) not in results:
             n = missed[a] + missed[b]
             lines.append(f'| {a} | {b} | not tested | {n} run(s) never reached {REACHED} |')
             continue
-        d, _, p_holm = results[(a, b)]
+        (d, _, p_holm), flip = results[(a, b)]
         order = stats.ordering(a, b, d, summary.holm_resolved(p_holm))
-        lines.append(f'| {a} | {b} | {summary.diff_cell(d, p_holm, digits=0)} | {order} |')
+        cell = summary.diff_cell(d, p_holm, digits=0, flip_holm=flip)
+        lines.append(f'| {a} | {b} | {cell} | {order} |')
     return '\n'.join(lines)
 
 
