@@ -165,6 +165,7 @@ def test_summary_numbers_against_a_reference(tmp_path):
     resolved = d.mean() + d_half < 0 or d.mean() - d_half > 0
     assert row['resolved'] == resolved and row['ordering'] == 'a ~ b (unresolved)'
     assert row['comparisons'] == 1 and row['p_holm'] == row['p']
+    assert row['p_sign_flip_holm'] == 0.5  # both differences negative: 2 of the 2^2 patterns
     diff = stats.paired_difference(values['a'], values['b'])
     assert summary.diff_cell(diff, row['p_holm']) == (
         f'{d.mean():+.4f} [{d.mean() - d_half:.4f}, {d.mean() + d_half:.4f}] p={row["p"]:.3g}'

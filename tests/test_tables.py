@@ -48,7 +48,9 @@ def test_a_stale_table_is_found_and_rewritten(tmp_path):
     )
     # a − b = 0.10, 0.05, 0.10: mean 0.0833, interval [0.0116, 0.1550], t = 5 with 2 df:
     # p = 1 - 5 / sqrt(27) = 0.0377; one comparison, so Holm leaves it.
-    assert '| a | b | +0.0833 [0.0116, 0.1550] p=0.0377 ✓ | a > b |' in text
+    # sign-flip: 3 differences of one sign, 2 of the 2^3 patterns: 0.25
+    assert '| a | b | +0.0833 [0.0116, 0.1550] p=0.0377 ✓ (sign-flip 0.25) | a > b |' in text
+    assert 'at 3 paired seeds its smallest p is 2/2^3 = 0.25, above 0.05' in text
     assert 'Holm-corrected over the 1 comparisons' in text
     doc.write_text('<!-- table: nope x -->\n<!-- /table -->\n')
     with pytest.raises(ValueError, match='kind must be one of'):
@@ -69,11 +71,12 @@ def test_a_sweeps_seed_csv_gives_one_table_per_value():
     ]
     text = summary.seeds_table(rows)
     loss, acc = text.split('eval_recall_accuracy:')
-    assert (
-        loss.startswith('eval_loss:') and '| mha | mqa | +0.0833 [0.0116, 0.1550] p=0.0377' in loss
-    )
-    # accuracy mha − mqa = 0.10, 0.07, 0.06: mean 0.0767, t = 6.379, p = 0.0237 (2 df)
-    assert '| mha | mqa | +0.0767 [0.0250, 0.1284] p=0.0237 ✓ | mha > mqa |' in acc
+    # one Holm family over both values: loss p 0.0377, accuracy mha − mqa = 0.10, 0.07, 0.06:
+    # mean 0.0767, t = 6.379, p = 0.0237 (2 df); Holm: 2 × 0.0237 = 0.0474, then max(0.0377,
+    # 0.0474); the sign-flip p's (0.25 each) alike: 0.5
+    assert loss.startswith('eval_loss:') and 'over the 2 comparisons' in loss
+    assert '| mha | mqa | +0.0833 [0.0116, 0.1550] p=0.0474 ✓ (sign-flip 0.5) |' in loss
+    assert '| mha | mqa | +0.0767 [0.0250, 0.1284] p=0.0474 ✓ (sign-flip 0.5) | mha > mqa |' in acc
     assert '| mha | 0.9400 ± 0.0361 |' in acc
 
 
@@ -199,7 +202,10 @@ def test_ablation_table_keeps_each_targets_trained_arms():
     assert '| mean, α = 0.1 | 1.1167 ± 0.1258 |' in cla
     assert '| from scratch, 110 steps | 1.0333 ± 0.1528 |' in cla
     # paired differences 0.10, 0.05, 0.10 (as in the seeds test above): one comparison
-    pair = '| mean, α = 0.1 | from scratch, 110 steps | +0.0833 [0.0116, 0.1550] p=0.0377 ✓ |'
+    pair = (
+        '| mean, α = 0.1 | from scratch, 110 steps | +0.0833 [0.0116, 0.1550] p=0.0377 ✓ '
+        '(sign-flip 0.25) |'
+    )
     assert pair in cla
     assert 'α = 0.0' not in text and '3.1000' not in text  # the untrained arm is left out
     assert 'MHA' not in text  # and so is the source
@@ -215,7 +221,10 @@ def test_ablation_table_keeps_each_targets_trained_arms():
     assert text.startswith('CLA2:\n\n') and 'MQA' not in text
     assert '| mean, α = 0.0 | 3.1000 ± 0.1000 |' in text
     # differences 2.0, 1.9, 2.3: mean 2.0667, sd 0.2082, t(2) half-width 0.5171, p 0.00336
-    pair = '| mean, α = 0.0 | from scratch, 100 steps | +2.0667 [1.5496, 2.5838] p=0.00336 ✓ |'
+    pair = (
+        '| mean, α = 0.0 | from scratch, 100 steps | +2.0667 [1.5496, 2.5838] p=0.00336 ✓ '
+        '(sign-flip 0.25) |'
+    )
     assert pair in text, text
 
 
@@ -477,5 +486,6 @@ def test_steps_to_table_pairs_first_steps_and_skips_runs_that_never_reached():
     assert '| mqa | 567 ± 58 | [423, 710] | 3 | 0 |' in text
     assert '| mla | n/a | n/a | 0 | 1 |' in text
     assert 'Holm-corrected over the 1 comparisons' in text
-    assert f'| mqa | mha | +167 [23, 310] p={1 - 5 / 27**0.5:.3g} ✓ | mqa > mha |' in text
+    want = f'| mqa | mha | +167 [23, 310] p={1 - 5 / 27**0.5:.3g} ✓ (sign-flip 0.25) | mqa > mha |'
+    assert want in text
     assert '| mla | mqa | not tested | 1 run(s) never reached 0.9 |' in text

@@ -71,8 +71,9 @@ def sign_flips(pairs: list[tuple[Values, Values]]) -> list[float]:
 
 
 def _digits(value: float, digits: int) -> int:
-    """`digits`, or more where `value` would print as 0 (two significant figures then)."""
-    if value == 0 or not math.isfinite(value) or abs(value) >= 0.5 * 10**-digits:
+    """`digits`, or more where `value` would show fewer than two significant figures (two then:
+    0.000068, not 0.0001)."""
+    if value == 0 or not math.isfinite(value) or abs(value) >= 10.0 ** (1 - digits):
         return digits
     return 1 - math.floor(math.log10(abs(value)))
 
@@ -82,8 +83,8 @@ def diff_cell(
 ) -> str:
     """'+0.0833 [0.0116, 0.1550] p=0.012 ✓ (sign-flip 0.25)': a paired difference a − b with its
     95% interval and Holm-adjusted t-test p, ✓ = resolved after the correction, and where given
-    the Holm-adjusted exact sign-flip p beside it. A difference that would print as 0 gets two
-    significant figures."""
+    the Holm-adjusted exact sign-flip p beside it. A difference that would show fewer than two
+    significant figures gets two."""
     digits = _digits(diff.mean, digits)
     p = '' if math.isnan(p_holm) else f' p={p_holm:.3g}'
     resolved = ' ✓' if holm_resolved(p_holm) else ''
