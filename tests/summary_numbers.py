@@ -24,6 +24,7 @@ Rules for each number of a result cell (sign aside; a percentage or 'points' may
 
 from __future__ import annotations
 
+import bisect
 import csv
 import math
 import pathlib
@@ -61,12 +62,6 @@ def agrees(printed: str, v: float) -> bool:
     """`printed` is |v| (or |v| × 100) rounded to its printed precision."""
     x, half = abs(value(printed)), ulp(printed) / 2 * (1 + 1e-9) + 1e-12
     return any(abs(abs(v) * scale - x) <= half for scale in (1, 100))
-
-
-def bounds(printed: str, v: float) -> bool:
-    """'≤ printed' is |v| rounded up to its printed precision (a bound must hold)."""
-    x = abs(value(printed))
-    return 0 <= x - abs(v) < ulp(printed) * (1 + 1e-9)
 
 
 def numbers(text: str) -> list[float]:
@@ -145,49 +140,78 @@ def row_sources(page: str) -> tuple[list[str], dict[str, list[str]]]:
     return default, rows
 
 
-def _has(wanted: list[str], line: str) -> bool:
-    values = numbers(line)
-    return all(any(agrees(t, v) for v in values) for t in wanted)
+class Sources:
+    """Source lines with their numbers indexed: which lines hold a value that agrees with a
+    printed token (|v| or 100·|v| within half its last digit), found by bisection."""
+
+    def __init__(self, lines: list[str]):
+        self.lines = lines
+        entries = sorted(
+            (scale * abs(v), i)
+            for i, line in enumerate(lines)
+            for v in numbers(line)
+            if math.isfinite(v)
+            for scale in (1, 100)
+        )
+        self.values = [v for v, _ in entries]
+        self.where = [i for _, i in entries]
+        self.p = sorted(abs(v) for v in p_values(lines))
+        self.joined = '\n'.join(lines)
+
+    def lines_agreeing(self, printed: str) -> set[int]:
+        x, half = abs(value(printed)), ulp(printed) / 2 * (1 + 1e-9) + 1e-12
+        lo, hi = (
+            bisect.bisect_left(self.values, x - half),
+            bisect.bisect_right(self.values, x + half),
+        )
+        return set(self.where[lo:hi])
+
+    def any_agrees(self, printed: str, bound: bool = False, pool: list[float] | None = None):
+        """Some value agrees with `printed` (or, for a bound, lies within one last digit below
+        it); `pool` (sorted |values|) defaults to every number of the sources."""
+        pool = self.values if pool is None else pool
+        x, step = abs(value(printed)), ulp(printed) * (1 + 1e-9)
+        lo = x - (step if bound else step / 2) - 1e-12
+        i = bisect.bisect_left(pool, lo)
+        return i < len(pool) and pool[i] <= x + step / 2 + 1e-12
 
 
-def _triple_found(wanted: list[str], lines: list[str]) -> bool:
+def _triple_found(wanted: list[str], src: Sources) -> bool:
     """The effect, its interval (and p) on one line; or the interval's line under the effect's."""
-    if any(_has(wanted, line) for line in lines):
+    sets = [src.lines_agreeing(t) for t in wanted]
+    if set.intersection(*sets):
         return True
-    mean, interval = wanted[:1], wanted[1:3]
-    pairs = zip(lines[:-1], lines[1:], strict=True)
-    return len(wanted) == 3 and any(_has(interval, b) and _has(mean, a) for a, b in pairs)
+    if len(wanted) != 3:
+        return False
+    below_mean = {i + 1 for i in sets[0]}
+    return bool(below_mean & sets[1] & sets[2])
 
 
-def unmatched(result: str, question: str, lines: list[str]) -> list[str]:
+def unmatched(result: str, question: str, src: Sources) -> list[str]:
     """The numbers of a result cell that no source line gives (see the module docstring)."""
     text, missing = _strip(result), []
-    pool = [v for line in lines for v in numbers(line) if math.isfinite(v)]
-    joined = '\n'.join(lines)
     for m in TRIPLE.finditer(text):
         after = P_AFTER.match(text[m.end() :])
         wanted = [*m.groups(), after[1]] if after else list(m.groups())
-        if not _triple_found(wanted, lines):
+        if not _triple_found(wanted, src):
             missing.append(' '.join(wanted))
     text = TRIPLE.sub(' ', text)
     for k, n in COUNT.findall(text):
-        if f'{k} of {n}' not in joined and f'{k}/{n}' not in joined:
+        if f'{k} of {n}' not in src.joined and f'{k}/{n}' not in src.joined:
             missing.append(f'{k}/{n}')
     text = COUNT.sub(' ', text)
-    p_pool = p_values(lines)
     for bound, token in P_VALUE.findall(text):
-        check = bounds if bound in '≤<' and bound else agrees
-        if not any(check(token, v) or agrees(token, v) for v in p_pool):
+        if not src.any_agrees(token, bound in ('≤', '<'), src.p):
             missing.append(f'p {bound or "="} {token}')
     text = P_VALUE.sub(' ', text)
     for token in BOUND.findall(text):
-        if not any(bounds(token, v) or agrees(token, v) for v in pool):
+        if not src.any_agrees(token, bound=True):
             missing.append(f'≤ {token}')
     text = BOUND.sub(' ', text)
     setup = set(TOKEN.findall(question))
     for token in TOKEN.findall(text):
         if token in setup or re.fullmatch(r'\d{1,2}', token.lstrip('+')):
             continue  # the question's own settings; small whole numbers (counts, layers, p = 1)
-        if not any(agrees(token, v) for v in pool):
+        if not src.any_agrees(token):
             missing.append(token)
     return missing

@@ -15,12 +15,13 @@ STUDIES = ROOT / 'docs' / 'studies'
 def test_every_answer_number_is_found_in_its_sources(readme):
     page = readme.read_text()
     default, overrides = sn.row_sources(page)
-    cache: dict[tuple, list[str]] = {}
+    cache: dict[tuple, sn.Sources] = {}
     wrong = []
     for question, result, _ in sn.answer_rows(page):
         kinds = next((k for q, k in overrides.items() if question.startswith(q)), default)
-        lines = cache.setdefault(tuple(kinds), sn.source_lines(readme, kinds))
-        if missing := sn.unmatched(result, question, lines):
+        if tuple(kinds) not in cache:
+            cache[tuple(kinds)] = sn.Sources(sn.source_lines(readme, kinds))
+        if missing := sn.unmatched(result, question, cache[tuple(kinds)]):
             wrong.append(f'{question[:60]!r} ({", ".join(kinds)}): {missing}')
     unused = [q for q in overrides if not any(r[0].startswith(q) for r in sn.answer_rows(page))]
     assert not unused, f'{readme.relative_to(ROOT)}: overrides naming no question: {unused}'
@@ -46,7 +47,9 @@ def test_the_findings_index_repeats_every_answer_row():
 
 def test_the_number_matcher_can_fail():
     """A drifted number, a triple on no one line, a count no table gives: each is reported."""
-    lines = ['| mha | mqa | +0.0105 [0.0078, 0.0288] p=0.186 |', '| mha | 4 of 5 |', '0.52']
+    lines = sn.Sources(
+        ['| mha | mqa | +0.0105 [0.0078, 0.0288] p=0.186 |', '| mha | 4 of 5 |', '0.52']
+    )
     assert sn.unmatched('+0.0105 [0.0078, 0.0288], p = 0.19; 4/5', 'q', lines) == []
     assert sn.unmatched('+0.00003 nats', 'q', lines) == ['+0.00003']
     assert sn.unmatched('+0.0105 [0.0078, 0.0288], p = 0.52', 'q', lines) == [

@@ -167,17 +167,20 @@ def _orderings(pairs: list[dict], value: str, label: str) -> list[str]:
     lines = [
         '',
         f'Orderings ({label}, paired over seeds; resolved when the Holm-corrected p over these '
-        f'{len(pairs)} comparisons is below 0.05):',
+        f'{len(pairs)} comparisons is below 0.05; the exact sign-flip p of the same differences, '
+        f'Holm-corrected alike, beside it: at n seeds it cannot go below 2/2^n):',
         '',
-        f'| a | b | Δ {value} a − b | 95% CI | seeds | p | p (Holm) | ordering |',
-        '|---|---|---|---|---|---|---|---|',
+        f'| a | b | Δ {value} a − b | 95% CI | seeds | p | p (Holm) | sign-flip p (Holm) | '
+        'ordering |',
+        '|---|---|---|---|---|---|---|---|---|',
     ]
     for p in pairs:
         diff = p[f'{value}_diff']
         d = stats.Estimate(p['seeds'], diff, p[f'{value}_diff_std'], p['ci_lo'], p['ci_hi'])
         lines.append(
             f'| {p["a"]} | {p["b"]} | {diff:+.4f} | {d.interval()} | {p["seeds"]} | '
-            f'{_p(p["p"])} | {_p(p["p_holm"])} | {p["ordering"]}{" ✓" if p["resolved"] else ""} |'
+            f'{_p(p["p"])} | {_p(p["p_holm"])} | {_p(p["p_sign_flip_holm"])} | '
+            f'{p["ordering"]}{" ✓" if p["resolved"] else ""} |'
         )
     return lines
 

@@ -99,6 +99,9 @@ def intervals_table(rows: list[dict]) -> str:
     for r in rows:
         families.setdefault(r['family'], []).append(r)
     lines = [
+        'p: recovered from each reported t-interval; no sign-flip p, since only the intervals were '
+        'kept, not the per-seed values.',
+        '',
         '| family (m) | a | b | Δ a − b | 95% CI | p | p (Holm) | ordering |',
         '|---|---|---|---|---|---|---|---|',
     ]
