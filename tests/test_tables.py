@@ -71,12 +71,13 @@ def test_a_sweeps_seed_csv_gives_one_table_per_value():
     ]
     text = summary.seeds_table(rows)
     loss, acc = text.split('eval_recall_accuracy:')
-    # one Holm family over both values: loss p 0.0377, accuracy mha − mqa = 0.10, 0.07, 0.06:
-    # mean 0.0767, t = 6.379, p = 0.0237 (2 df); Holm: 2 × 0.0237 = 0.0474, then max(0.0377,
-    # 0.0474); the sign-flip p's (0.25 each) alike: 0.5
-    assert loss.startswith('eval_loss:') and 'over the 2 comparisons' in loss
-    assert '| mha | mqa | +0.0833 [0.0116, 0.1550] p=0.0474 ✓ (sign-flip 0.5) |' in loss
-    assert '| mha | mqa | +0.0767 [0.0250, 0.1284] p=0.0474 ✓ (sign-flip 0.5) | mha > mqa |' in acc
+    # one Holm family over the question's metrics: loss p = 1 − 5/√27 = 0.0377; accuracy
+    # mha − mqa = 0.10, 0.07, 0.06: mean 0.0767, t = 6.379, p = 0.0237 (2 df); the runs that
+    # learned, 3 of 3 each: Fisher p = 1. Holm: 3 × 0.0237 = 0.0711, 2 × 0.0377 = 0.0755, 1;
+    # the sign-flip p's (0.25 each, over the two t-tests): 0.5
+    assert loss.startswith('eval_loss:') and 'over the 3 comparisons' in loss
+    assert '| mha | mqa | +0.0833 [0.0116, 0.1550] p=0.0755 (sign-flip 0.5) |' in loss
+    assert '| mha | mqa | +0.0767 [0.0250, 0.1284] p=0.0711 (sign-flip 0.5) | mha ~ mqa' in acc
     assert '| mha | 0.9400 ± 0.0361 |' in acc
 
 
@@ -442,8 +443,9 @@ def test_ablation_tables_correct_over_the_whole_report():
 def test_learned_table_counts_runs_and_corrects_the_fisher_tests():
     """Three arms of five seeds: learned (accuracy >= 0.8) 5, 4 and 0 times. Fisher's exact
     p (by hand, hypergeometric over margins 5 and 5): 5 vs 4 -> 1; 5 vs 0 -> 2/252; 4 vs 0 ->
-    (1 + 5 + 5 + 1)/252 = 12/252 (k = 0, 1, 4, 5 in arm b as or less likely). Holm over three:
-    2/252 * 3 = 0.0238 (resolved), 12/252 * 2 = 0.0952, 1."""
+    (1 + 5 + 5 + 1)/252 = 12/252 (k = 0, 1, 4, 5 in arm b as or less likely). They are
+    corrected in one Holm family with the paired t-tests of the CSV's values (scipy's
+    ttest_rel; a loss equal in every run gives p = 1): Holm written out here."""
     acc = {'a': [0.95, 0.97, 0.91, 0.99, 0.90], 'b': [0.95, 0.4, 0.93, 0.96, 0.92]}
     acc['c'] = [0.4, 0.41, 0.39, 0.79, 0.6]
     rows = [
@@ -454,10 +456,19 @@ def test_learned_table_counts_runs_and_corrects_the_fisher_tests():
     text = tables.learned_table(rows)
     assert '| a | 5 of 5 | [0.48, 1.00] |' in text
     assert '| c | 0 of 5 | [0.00, 0.52] |' in text
-    assert 'Holm-corrected over the 3 comparisons' in text
-    assert '| a | b | 1 | 1 | a ~ b (unresolved) |' in text
-    assert f'| a | c | {2 / 252:.3g} | {3 * 2 / 252:.3g} | a > c |' in text
-    assert f'| b | c | {12 / 252:.3g} | {2 * 12 / 252:.3g} | b ~ c (unresolved) |' in text
+    assert 'Holm-corrected over the 9 comparisons' in text
+    pairs = [('a', 'b'), ('a', 'c'), ('b', 'c')]
+    fisher = [1.0, 2 / 252, 12 / 252]
+    t = [scipy.stats.ttest_rel(acc[x], acc[y]).pvalue for x, y in pairs]
+    raw = fisher + t + [1.0, 1.0, 1.0]
+    order = sorted(range(9), key=lambda i: raw[i])
+    holm, running = [0.0] * 9, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (9 - rank) * raw[i]))
+        holm[i] = running
+    for (x, y), p, adj in zip(pairs, fisher, holm[:3], strict=True):
+        assert f'| {x} | {y} | {p:.3g} | {adj:.3g} |' in text
+    assert ('| a | c | ' in text) and ('a > c |' in text) == (holm[1] < 0.05)
 
 
 def test_steps_to_table_pairs_first_steps_and_skips_runs_that_never_reached():

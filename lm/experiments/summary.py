@@ -9,6 +9,7 @@ reports (its family, of m comparisons) and resolved when the adjusted p is below
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from collections.abc import Callable, Hashable, Mapping
 
@@ -92,11 +93,11 @@ def diff_cell(
     return f'{diff.mean:+.{digits}f} {diff.interval(digits)}{p}{resolved}{flip}'
 
 
-def family_note(m: int, seeds: int | None = None) -> str:
+def family_note(m: int, seeds: int | None = None, test: str = 'paired t-test') -> str:
     """The sentence every summary states its correction with; with `seeds` (the fewest paired
     seeds of a comparison in the family) also the sign-flip test's floor at that n."""
     note = (
-        f'p: paired t-test, Holm-corrected over the {m} comparisons of this summary; ✓ = '
+        f'p: {test}, Holm-corrected over the {m} comparisons of this summary; ✓ = '
         'resolved (corrected p < 0.05).'
     )
     if seeds is None or seeds < 1:
@@ -192,12 +193,35 @@ def write_csv(path: str, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def seeds_table(rows: list[dict], pairs: PairPicker | None = None) -> str:
-    """Per arm its estimate over seeds; between arms the Holm-corrected paired differences (every
-    two arms, or those `pairs` picks). The arm is the 'arm' column, else 'point' (a sweep's
-    summary_seeds.csv); each further column but 'seed' is a value with its own table, and the
-    comparisons of every value column form ONE Holm family (a question's claim may use any of
-    its metrics, so the correction counts them all)."""
+# Recall accuracy at which a run counts as having left the no-recall plateau (MQAR: the plateau
+# sits near 40%, runs that leave it end at 89-99%; any threshold between gives the same counts
+# on the committed runs); a CSV with the RECALL column has these counts as a metric too
+LEARNED = 0.8
+RECALL = 'eval_recall_accuracy'
+
+
+@dataclasses.dataclass(frozen=True)
+class Test:
+    """One comparison of a question's family: a paired t-test of a value column (`diff` set) or
+    Fisher's exact test of the runs that learned (metric 'learned', `diff` None)."""
+
+    metric: str
+    a: str
+    b: str
+    diff: stats.Estimate | None
+    p: float
+    p_holm: float
+    flip_holm: float  # nan for a Fisher test
+
+
+def question(
+    rows: list[dict], pairs: PairPicker | None = None
+) -> tuple[dict[str, dict[str, Values]], list[Test]]:
+    """A CSV's values ({column: {arm: {seed: value}}}) and its ONE Holm family: the paired
+    t-tests of every value column over the arm pairs (every two, or those `pairs` picks) and,
+    where the CSV has the RECALL column and every pair is compared, Fisher's exact test of the
+    runs that reached LEARNED: a question's claim may use any of its metrics, so the correction
+    counts them all. The sign-flip p's are Holm-corrected over the t-tests alike."""
     arm = 'arm' if 'arm' in rows[0] else 'point'
     columns = [k for k in rows[0] if k not in (arm, 'seed')]
     values: dict[str, dict[str, dict[int, float]]] = {c: {} for c in columns}
@@ -206,29 +230,56 @@ def seeds_table(rows: list[dict], pairs: PairPicker | None = None) -> str:
             values[c].setdefault(r[arm], {})[int(r['seed'])] = float(r[c])
     names = list(values[columns[0]])
     ab = pairs(names) if pairs else [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
-    tests = [(values[c][a], values[c][b]) for c in columns for a, b in ab]
-    results = family(tests)
-    flips = sign_flips(tests)
-    m = stats.family_size([p for _, p, _ in results])
-    seeds = min((d.n for d, _, _ in results if d.n > 1), default=None)
-    per_column = len(ab)
-    tables = []
-    for i, c in enumerate(columns):
+    keys = [(c, a, b) for c in columns for a, b in ab]
+    diffs = [stats.paired_difference(values[c][a], values[c][b]) for c, a, b in keys]
+    p = [stats.p_value(d) for d in diffs]
+    flips = [stats.paired_sign_flip_p(values[c][a], values[c][b]) for c, a, b in keys]
+    if RECALL in columns and pairs is None:
+        hits = {n: [v >= LEARNED for v in values[RECALL][n].values()] for n in names}
+        for a, b in ab:
+            keys.append(('learned', a, b))
+            diffs.append(None)
+            p.append(stats.count_p_value(sum(hits[a]), len(hits[a]), sum(hits[b]), len(hits[b])))
+            flips.append(math.nan)
+    tests = zip(keys, diffs, p, stats.holm(p), stats.holm(flips), strict=True)
+    return values, [Test(*k, d, raw, adj, f) for k, d, raw, adj, f in tests]
+
+
+def question_note(tests: list[Test]) -> str:
+    """`family_note` for a question's family, naming what it holds."""
+    metrics = list(dict.fromkeys(t.metric for t in tests))
+    seeds = min((t.diff.n for t in tests if t.diff is not None and t.diff.n > 1), default=None)
+    test = 'paired t-test'
+    if 'learned' in metrics:
+        test += " of a value, Fisher's exact test of the runs that learned"
+    note = family_note(stats.family_size([t.p for t in tests]), seeds, test)
+    if len(metrics) > 1:
+        held = ', '.join('runs that learned' if m == 'learned' else m for m in metrics)
+        note += f' One family over every metric of the question: {held}.'
+    return note
+
+
+def seeds_table(rows: list[dict], pairs: PairPicker | None = None) -> str:
+    """Per arm its estimate over seeds; between arms the paired differences (every two arms, or
+    those `pairs` picks), Holm-corrected as one family over every metric of the CSV
+    (`question`). The arm is the 'arm' column, else 'point' (a sweep's summary_seeds.csv);
+    each further column but 'seed' is a value with its own table."""
+    values, tests = question(rows, pairs)
+    note, tables = question_note(tests), []
+    for c, by_arm in values.items():
         lines = [f'| arm | {c} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
-        lines += [f'| {name} | {cell(v)} | {len(v)} |' for name, v in values[c].items()]
-        lines += ['', family_note(m, seeds), '']
-        if len(columns) > 1:
-            lines[-2] += f' The family holds the comparisons of all {len(columns)} values.'
+        lines += [f'| {name} | {cell(v)} | {len(v)} |' for name, v in by_arm.items()]
+        lines += ['', note, '']
         lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
-        span = slice(i * per_column, (i + 1) * per_column)
-        done = zip(ab, results[span], flips[span], strict=True)
-        for (a, b), (d, _, p_holm), flip in done:
-            order = stats.ordering(a, b, d, holm_resolved(p_holm))
-            lines.append(f'| {a} | {b} | {diff_cell(d, p_holm, flip_holm=flip)} | {order} |')
+        for t in tests:
+            if t.metric == c:
+                order = stats.ordering(t.a, t.b, t.diff, holm_resolved(t.p_holm))
+                cell_ = diff_cell(t.diff, t.p_holm, flip_holm=t.flip_holm)
+                lines.append(f'| {t.a} | {t.b} | {cell_} | {order} |')
         tables.append('\n'.join(lines))
-    if len(columns) == 1:
+    if len(values) == 1:
         return tables[0]
-    return '\n\n'.join(f'{c}:\n\n{t}' for c, t in zip(columns, tables, strict=True))
+    return '\n\n'.join(f'{c}:\n\n{t}' for c, t in zip(values, tables, strict=True))
 
 
 def within_table(rows: list[dict]) -> str:

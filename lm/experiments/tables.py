@@ -59,16 +59,14 @@ def read_csv(path: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-# Recall accuracy at which a run counts as having left the no-recall plateau (MQAR: the
-# plateau sits near 40%, runs that leave it end at 89-99%; any threshold between gives the same
-# counts on the committed runs)
-LEARNED = 0.8
+LEARNED = summary.LEARNED  # recall accuracy at which a run left the plateau
 
 
-def learned_table(rows: list[dict], value: str = 'eval_recall_accuracy') -> str:
-    """Per arm the seeds whose `value` reached LEARNED; between arms Fisher's exact test on the
-    counts, Holm-corrected over every pair."""
-    arm = 'arm' if 'arm' in rows[0] else 'point'
+def learned_table(rows: list[dict]) -> str:
+    """Per arm the seeds whose recall accuracy (summary.RECALL) reached LEARNED; between arms
+    Fisher's exact test on the counts, Holm-corrected in the CSV's one family with the t-tests
+    of its values (`summary.question`; the 'seeds' table of the same CSV shows those)."""
+    arm, value = 'arm' if 'arm' in rows[0] else 'point', summary.RECALL
     hits: dict[str, list[bool]] = {}
     for r in rows:
         hits.setdefault(r[arm], []).append(float(r[value]) >= LEARNED)
@@ -77,19 +75,17 @@ def learned_table(rows: list[dict], value: str = 'eval_recall_accuracy') -> str:
     for name, (k, n) in counts.items():
         lo, hi = stats.rate_interval(k, n)
         lines.append(f'| {name} | {k} of {n} | [{lo:.2f}, {hi:.2f}] |')
-    names = list(counts)
-    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
-    p = [stats.count_p_value(*counts[a], *counts[b]) for a, b in pairs]
-    p_holm = stats.holm(p)
-    lines += ['', f'p: Fisher exact test, Holm-corrected over the {len(pairs)} comparisons.', '']
+    _, tests = summary.question(rows)
+    fisher = [t for t in tests if t.metric == 'learned']
+    lines += ['', summary.question_note(tests), '']
     lines += ['| a | b | p | p (Holm) | ordering |', '|---|---|---|---|---|']
-    for (a, b), raw, adj in zip(pairs, p, p_holm, strict=True):
-        (k_a, n_a), (k_b, n_b) = counts[a], counts[b]
-        if summary.holm_resolved(adj):
-            order = f'{a} > {b}' if k_a / n_a > k_b / n_b else f'{b} > {a}'
+    for t in fisher:
+        (k_a, n_a), (k_b, n_b) = counts[t.a], counts[t.b]
+        if summary.holm_resolved(t.p_holm):
+            order = f'{t.a} > {t.b}' if k_a / n_a > k_b / n_b else f'{t.b} > {t.a}'
         else:
-            order = f'{a} ~ {b} (unresolved)'
-        lines.append(f'| {a} | {b} | {raw:.3g} | {adj:.3g} | {order} |')
+            order = f'{t.a} ~ {t.b} (unresolved)'
+        lines.append(f'| {t.a} | {t.b} | {t.p:.3g} | {t.p_holm:.3g} | {order} |')
     return '\n'.join(lines)
 
 
