@@ -7,8 +7,10 @@ table in a study can disagree with its data: `scripts/make_tables.py` rewrites e
 
 of a study's README.md with the table of kind KIND made from its results/NAME.csv. Kinds:
 - 'seeds': per-seed values (columns arm, seed, value): per arm mean ± std and 95% t-interval,
-  then every pair's paired difference, Holm-corrected over the pairs (lm.experiments.summary).
-  A sweep's summary_seeds.csv (point, seed, then its values) gives one such table per value.
+  then every pair's paired difference with its exact sign-flip p beside the t-test's. A sweep's
+  summary_seeds.csv (point, seed, then its values) gives one such table per value, and every
+  value's comparisons (with, for a recall CSV, the Fisher tests of the 'learned' kind) are ONE
+  Holm family: the question's (lm.experiments.summary.question).
 - 'within': the same CSV with arms named '<group>/<arm>' ('mqa/width', 'mqa/params'): only the
   arms of one group are compared, Holm-corrected over those pairs.
 - 'intervals': comparisons kept only as reported summaries (columns family, a, b, diff, ci_lo,
@@ -27,7 +29,7 @@ of a study's README.md with the table of kind KIND made from its results/NAME.cs
 - 'learned': per-seed recall accuracies (a sweep's summary_seeds.csv): per arm the runs that
   reached LEARNED (left the plateau: a two-valued outcome on MQAR), with a Clopper-Pearson 95%
   interval of the rate, then every pair's Fisher exact test (unpaired: the counts),
-  Holm-corrected over the pairs.
+  Holm-corrected in the CSV's one family with the t-tests its 'seeds' table shows.
 - 'lr_grid': an uptraining ablation's lr_grid.csv (columns model, conversion, alpha_or_steps,
   lr, seed, validation_loss, heldout_loss): per arm the mean validation loss at each rate, the
   rate chosen on it and the held-out loss there (lm.experiments.lr_grid).
