@@ -71,7 +71,7 @@ def _family(ab: Ablation, values: dict, methods: dict[str, list[str]]) -> dict[t
     """Every comparison of the report, one family for Holm's correction: each conversion arm
     against from-scratch training of its target at the same total steps (where trained), and
     every two conversions (methods and schedules) of a target at an alpha. {(arm a, arm b):
-    (paired difference a − b, p, Holm-adjusted p)}."""
+    (paired difference a − b, p, Holm-adjusted p, Holm-adjusted sign-flip p)}."""
     pairs = []
     for label, names in methods.items():
         for alpha in ab.fractions:
@@ -79,8 +79,10 @@ def _family(ab: Ablation, values: dict, methods: dict[str, list[str]]) -> dict[t
             present = [(label, m, alpha) for m in names if (label, m, alpha) in values]
             pairs += [(arm, scratch) for arm in present if scratch in values]
             pairs += [(a, b) for i, a in enumerate(present) for b in present[i + 1 :]]
-    done = summary.family([(values[a], values[b]) for a, b in pairs])
-    return dict(zip(pairs, done, strict=True))
+    tests = [(values[a], values[b]) for a, b in pairs]
+    done = summary.family(tests)
+    flips = summary.sign_flips(tests)
+    return {ab: (*d, f) for ab, d, f in zip(pairs, done, flips, strict=True)}
 
 
 def tables(ab: Ablation, values: dict[tuple, dict[int, float]], chosen: dict) -> str:
@@ -96,7 +98,7 @@ def tables(ab: Ablation, values: dict[tuple, dict[int, float]], chosen: dict) ->
         'initialisation and data order), each arm at the learning rate with the lowest mean '
         'validation loss: mean ± sample std (ddof 1), 95% t-interval; Δ = paired difference '
         'over seeds with its 95% interval; KV cache: bytes per token over all layers in '
-        'bfloat16. ' + summary.family_note(len(pairs)),
+        'bfloat16. ' + summary.family_note(len(pairs), ab.seeds),
         '',
         '| model | conversion | α (uptraining steps) | total steps | held-out loss | 95% CI | '
         'Δ vs from scratch, same total steps | KV cache B/token | lr |',
@@ -111,7 +113,11 @@ def tables(ab: Ablation, values: dict[tuple, dict[int, float]], chosen: dict) ->
                     continue  # alpha = 0 under a second schedule: the same model, not repeated
                 up = ab.up_steps(alpha)
                 done = pairs.get((arm, (label, 'scratch', n + up)))
-                delta = summary.diff_cell(done[0], done[2]) if done else '— (not trained)'
+                delta = (
+                    summary.diff_cell(done[0], done[2], flip_holm=done[3])
+                    if done
+                    else '— (not trained)'
+                )
                 lines.append(
                     f'| {label} | {method} | {alpha:g} ({up}) | {n + up} | '
                     f'{summary.cell(values[arm])} | {delta} | {kv[label]} | '
@@ -130,10 +136,10 @@ def _method_comparisons(pairs: dict[tuple, tuple]) -> list[str]:
     """Table rows of the paired difference between every two conversions of a target (methods
     and schedules) at an alpha, with its Holm-adjusted p."""
     lines = []
-    for (a, b), (diff, _, p_holm) in pairs.items():
+    for (a, b), (diff, _, p_holm, flip) in pairs.items():
         if b[1] != 'scratch':
             ordering = stats.ordering(a[1], b[1], diff, summary.holm_resolved(p_holm))
-            cell = summary.diff_cell(diff, p_holm)
+            cell = summary.diff_cell(diff, p_holm, flip_holm=flip)
             lines.append(f'| {a[0]} | {a[2]:g} | {a[1]} | {b[1]} | {cell} | {ordering} |')
     header = [
         '',
@@ -165,10 +171,11 @@ def compare_table(
             theirs.setdefault(arm, {})[spec.seed] = heldout_loss(saved)
             settings = saved['fingerprint']
     keys = [k for k, ours in values.items() if set(theirs.get(k, {})) >= set(ours) > set()]
-    done = summary.family([(values[k], theirs[k]) for k in keys])
+    tests = [(values[k], theirs[k]) for k in keys]
+    done = zip(keys, summary.family(tests), summary.sign_flips(tests), strict=True)
     rows = [
-        f'| {label} | {method} | {alpha:g} | {summary.diff_cell(d, p_holm)} | {d.n} |'
-        for (label, method, alpha), (d, _, p_holm) in zip(keys, done, strict=True)
+        f'| {label} | {method} | {alpha:g} | {summary.diff_cell(d, p_holm, flip_holm=f)} | {d.n} |'
+        for (label, method, alpha), (d, _, p_holm), f in done
     ]
     now = ab.settings()
     changed = ', '.join(
