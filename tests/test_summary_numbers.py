@@ -14,6 +14,10 @@ STUDIES = ROOT / 'docs' / 'studies'
 @pytest.mark.parametrize('readme', sorted(STUDIES.glob('*/README.md')), ids=lambda p: p.parent.name)
 def test_every_answer_number_is_found_in_its_sources(readme):
     page = readme.read_text()
+    assert sn.SOURCES.search(page), (
+        f'{readme.relative_to(ROOT)}: name the sources of its answers above the answer table, '
+        'e.g. <!-- summary sources: csv --> (tests/summary_numbers.py)'
+    )
     default, overrides = sn.row_sources(page)
     cache: dict[tuple, sn.Sources] = {}
     wrong = []
