@@ -25,6 +25,7 @@ from lm.sharding import check_cpu_devices, data_parallel_size, make_mesh, rules_
 from lm.train.checkpoint import (
     Checkpointer,
     check_same_shapes,
+    damaged_meta_error,
     param_shapes,
     read_latest_meta,
     read_step_meta,
@@ -383,9 +384,11 @@ def finished_step(config: ml_collections.ConfigDict, workdir: str) -> int | None
         return None
     if not os.path.isfile(os.path.join(workdir, 'results.json')):
         return None
-    if config_changes(read_step_meta(workdir, steps[-1])['config'], config):
+    try:
+        saved = read_step_meta(workdir, steps[-1])['config']
+    except Exception:  # noqa: BLE001 - a damaged side-car: training's restore moves it aside
         return None
-    return steps[-1]
+    return None if config_changes(saved, config) else steps[-1]
 
 
 def stored_config(
@@ -396,4 +399,9 @@ def stored_config(
     directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
     steps = saved_steps(workdir)
     _check_step(steps, step, directory, flag)
-    return upgrade_config(read_step_meta(workdir, steps[-1] if step is None else step)['config'])
+    step = steps[-1] if step is None else step
+    try:
+        meta = read_step_meta(workdir, step)
+    except Exception as e:  # noqa: BLE001 - any unreadable side-car is refused in one line
+        raise damaged_meta_error(workdir, step, e, flag) from e
+    return upgrade_config(meta['config'])
