@@ -9,6 +9,8 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
+from lm.train.workdir import safe_name
+
 
 def check_export_dir(
     workdir: str,
@@ -40,6 +42,7 @@ def staged(target: str, what: str) -> Iterator[str]:
     """A new directory beside `target` (same parent, so moving it in is a rename), removed if
     the block raises anything (an error or `Interrupted`)."""
     target = os.path.abspath(target)
+    safe_name(os.path.basename(target), f'the {what} target {target}')
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
     build = tempfile.mkdtemp(prefix=f'.{os.path.basename(target)}.{what}-partial-', dir=parent)

@@ -2,7 +2,8 @@
 
 One run at a time owns a workdir (`WorkdirLock`: an OS file lock, so a process killed with -9
 leaves nothing that blocks the next one), and a run resumed under a config that differs from
-its checkpoint's in more than `RESUMABLE_KEYS` is refused (`check_config_change`).
+its checkpoint's in more than `RESUMABLE_KEYS` is refused (`check_config_change`). A name
+becomes a file or directory name only through `safe_name`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import socket
 from typing import Any
 
@@ -43,6 +45,26 @@ RESUMABLE_KEYS = (
     'data.num_proc',
     'mesh.',
 )
+
+
+_UNSAFE = re.compile(r'[/\\\x00-\x1f\x7f]')  # separators and control characters
+
+
+def safe_name(name: Any, what: str) -> str:
+    """`name`, once it is fit to be one file or directory name inside the directory it is
+    meant for: a non-empty string, not '.' or '..', without a path separator ('/' or '\\', so
+    never an absolute path) or control character, not starting with '.' (hidden names are
+    staging directories and locks). Else a one-line ValueError naming `what` (e.g. the sweep
+    point), raised before anything is written."""
+    if not isinstance(name, str) or not name:
+        reason = 'a name must be a non-empty string'
+    elif name in ('.', '..') or name.startswith('.'):
+        reason = "a name must not be '.', '..' or start with '.'"
+    elif match := _UNSAFE.search(name):
+        reason = f'a name must hold no path separator or control character ({match[0]!r})'
+    else:
+        return name
+    raise ValueError(f'{what}: {name!r} cannot name a directory: {reason}')
 
 
 class RunError(RuntimeError):
