@@ -428,6 +428,7 @@ def test_named_points_times_a_grid_keep_distinct_run_names(tmp_path, small_text)
         ('two\nlines', "separator or control character ('\\n')"),
         ('..', "start with '.'"),
     ],
+    ids=['parent', 'two-up', 'absolute', 'backslash', 'newline', 'dot-dot'],
 )
 def test_a_point_whose_name_would_leave_the_sweep_dir_is_refused_before_any_run(
     tmp_path, small_text, name, why

@@ -84,6 +84,7 @@ def damaged_study(tmp_path, doc: str, csv: str | bytes = SEEDS_CSV):
             'is not a table marker',
         ),
     ],
+    ids=['first-end-deleted', 'last-end-deleted', 'opener-deleted', 'opener-without-name'],
 )
 def test_a_missing_or_broken_table_marker_is_refused_and_nothing_is_written(
     tmp_path, doc, line, message
@@ -116,6 +117,8 @@ def test_a_missing_or_broken_table_marker_is_refused_and_nothing_is_written(
         ('', ': empty; a CSV with a header line was expected'),
         ('arm,seed,loss\n', ': no rows under its header'),
     ],
+    ids=['nan', 'inf', 'conflicting-duplicate', 'equal-duplicate', 'short-row', 'long-row']
+    + ['binary', 'nul-byte', 'empty', 'header-only'],
 )
 def test_a_damaged_csv_is_refused_naming_the_file_and_line_before_anything_is_written(
     tmp_path, csv, message
