@@ -49,13 +49,7 @@ from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import model_config
 from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries, read_latest_meta
 from lm.train.optimizer import check_train_config
-from lm.train.run import (
-    assemble,
-    check_loop_config,
-    checkpoint_meta,
-    step_context,
-    stored_config,
-)
+from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context, stored_config
 from lm.train.workdir import WorkdirLock
 
 METHODS = conversion.POOL_METHODS  # for K/V pooling: 'mean', 'first', 'random', 'aligned'

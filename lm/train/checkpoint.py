@@ -321,9 +321,18 @@ def _sound_meta(workdir: str, step: int) -> bool:
     return True
 
 
-def damaged_meta_error(workdir: str, step: int, error: Exception, flag: str) -> ValueError:
-    """The one-line refusal of checkpoint `step` of `workdir`, whose side-car could not be read
-    or verified (`error`), naming the newest other step whose side-car is sound."""
+def read_sound_meta(workdir: str, step: int, flag: str = '--workdir') -> dict:
+    """`read_step_meta`; a side-car that cannot be read or verified is refused in one line
+    naming the newest other step whose side-car is sound (`flag` names the workdir)."""
+    try:
+        return read_step_meta(workdir, step)
+    except Exception as e:  # noqa: BLE001 - any unreadable side-car is refused in one line
+        raise _damaged_meta_error(workdir, step, e, flag) from e
+
+
+def _damaged_meta_error(workdir: str, step: int, error: Exception, flag: str) -> ValueError:
+    """The refusal of checkpoint `step` of `workdir`, whose side-car could not be read or
+    verified (`error`), naming the newest other step whose side-car is sound."""
     others = (s for s in saved_steps(workdir)[::-1] if s != step)
     sound = next((s for s in others if _sound_meta(workdir, s)), None)
     directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))

@@ -25,9 +25,9 @@ from lm.sharding import check_cpu_devices, data_parallel_size, make_mesh, rules_
 from lm.train.checkpoint import (
     Checkpointer,
     check_same_shapes,
-    damaged_meta_error,
     param_shapes,
     read_latest_meta,
+    read_sound_meta,
     read_step_meta,
     saved_steps,
 )
@@ -414,9 +414,5 @@ def stored_config(
     directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
     steps = saved_steps(workdir)
     _check_step(steps, step, directory, flag)
-    step = steps[-1] if step is None else step
-    try:
-        meta = read_step_meta(workdir, step)
-    except Exception as e:  # noqa: BLE001 - any unreadable side-car is refused in one line
-        raise damaged_meta_error(workdir, step, e, flag) from e
+    meta = read_sound_meta(workdir, steps[-1] if step is None else step, flag)
     return upgrade_config(run_resolved(meta['config'], workdir))
