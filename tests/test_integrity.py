@@ -478,6 +478,14 @@ def test_a_changed_side_car_is_refused_naming_its_file_and_the_step_that_works(t
         'choose step 4, the newest readable one (--step=4)'
     )
     assert stored_config(str(work), step=4).model.rope_theta == 10000.0
+    meta_file.write_bytes(bytes(data[: len(data) // 2]))  # truncated: not JSON at all
+    with pytest.raises(
+        ValueError,
+        match=r'^the checkpoint at step 8 in .* is unreadable \(.*'
+        r'\); choose step 4, the newest readable one \(--step=4\)$',
+    ):
+        stored_config(str(work))
+    meta_file.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r'choose step 4, the newest readable one \(--step=4\)'):
         Checkpointer(str(work), read_only=True).restore(state)
     with pytest.raises(ValueError, match=f'^{meta_file} does not match its checksum'):
