@@ -308,13 +308,16 @@ def test_kill9_during_export_leaves_the_old_export_or_the_new_one(tmp_path):
 @pytest.mark.slow
 def test_kill9_during_import_leaves_no_checkpoint(tmp_path):
     """An import killed once its checkpoint is being written: the workdir holds no checkpoint
-    (the save happens in a staging directory beside it), and the import can be repeated."""
+    (the save happens in a staging directory beside it), and the import can be repeated,
+    removing the staging directory the kill left."""
     proc, lines, hf, work = import_saving(tmp_path)
     proc.kill()
     proc.wait(timeout=60)
     assert saved_steps(str(work)) == []
+    assert [n for n in os.listdir(tmp_path) if 'import-partial' in n]  # what the kill left
     hf_io.import_hf(str(hf), str(work), base_config())
     assert saved_steps(str(work)) == [0]
+    assert not [n for n in os.listdir(tmp_path) if 'partial' in n]  # removed by the next one
 
 
 def import_saving(tmp_path) -> tuple[subprocess.Popen, list[str], object, object]:

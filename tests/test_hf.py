@@ -530,6 +530,44 @@ def test_uptrain_of_a_step0_import_needs_steps(tmp_path, monkeypatch):
         uptrain.convert_checkpoint(str(tmp_path / 'w'), options, str(tmp_path / 'up'))
 
 
+def test_imported_and_uptrained_runs_can_be_moved_and_name_a_missing_tokenizer(tmp_path):
+    """An import keeps its tokenizer inside the run, saved relative to it, and an uptrained run
+    copies what its source lent it: both can be moved (or archived and restored) and still
+    restore, tokenise and export, the uptrained one without its source. A missing tokenizer is
+    refused naming the file and the remedy."""
+    from lm.convert.hf_files import run_tokenizer
+    from lm.train.checkpoint import read_latest_meta
+
+    src, up = tmp_path / 'w', tmp_path / 'up'
+    import_hf(str(FIXTURES / 'llama_mha'), str(src), base_config())
+    options = uptrain.ConversionOptions(num_kv_heads=2, steps=2)
+    uptrain.convert_checkpoint(str(src), options, str(up))
+    for run in (src, up):
+        assert read_latest_meta(str(run))['config']['data']['tokenizer'] == 'hf/tokenizer.json'
+    archive = tmp_path / 'archive'
+    archive.mkdir()
+    src.rename(archive / 'w')
+    up.rename(archive / 'up')
+    restored = assemble(str(archive / 'w'), state='params')
+    assert restored.config.data.tokenizer == str(archive / 'w' / 'hf' / 'tokenizer.json')
+    shutil.rmtree(archive / 'w')  # the uptrained run no longer needs its source
+    restored = assemble(str(archive / 'up'), state='params')
+    assert restored.config.data.tokenizer == str(archive / 'up' / 'hf' / 'tokenizer.json')
+    assert run_tokenizer(restored.config).encode('hello')
+    export_hf(str(archive / 'up'), str(tmp_path / 'out'))
+    assert (tmp_path / 'out' / 'tokenizer.json').read_bytes() == (
+        FIXTURES / 'llama_mha' / 'tokenizer.json'
+    ).read_bytes()
+    (archive / 'up' / 'hf' / 'tokenizer.json').unlink()
+    with pytest.raises(FileNotFoundError) as missing:
+        assemble(str(archive / 'up'), state='params')
+    assert str(missing.value) == (
+        f'--workdir={archive / "up"}: the tokenizer {archive / "up" / "hf" / "tokenizer.json"} '
+        '(config.data.tokenizer) is missing; the run keeps it in hf/: restore the run whole '
+        '(from the backup or archive it came from), or import or convert it again'
+    )
+
+
 @pytest.mark.slow
 def test_command_refusal_is_one_line(tmp_path):
     d = edited_fixture(

@@ -4,12 +4,15 @@ or SIGTERM leaves the old contents, and an import killed during its save does no
 next one."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 from conftest import run_entry, sigterm_while_training
 from test_hf import FIXTURES, base_config, write_run
 
 from lm.convert import hf_io
+from lm.convert.staging import staged
 from lm.train.checkpoint import saved_steps
 from lm.train.run import stored_config
 
@@ -151,3 +154,29 @@ def test_sigterm_during_export_leaves_nothing(tmp_path):
     assert code == 143, stderr[-2000:]
     assert stderr.strip().splitlines()[-1] == 'stopped by SIGTERM; nothing written'
     assert sorted(os.listdir(tmp_path)) == ['run']
+
+
+def test_the_next_import_or_export_removes_what_a_killed_one_left(tmp_path):
+    """kill -9 during an import or export leaves its staging directory; the next one into the
+    same target removes it (any format, '-old' copies included), but not one whose process
+    still runs (another export in progress) nor another target's."""
+    gone = subprocess.run(
+        [sys.executable, '-c', 'import os; print(os.getpid())'],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead = int(gone.stdout)
+    litter = [
+        f'.w.import-partial-{dead}-k3j2',
+        '.w.import-partial-x8fz1q0c',  # named before the pid was in the name
+        f'.out.export-partial-{dead}-a1b2-old',
+    ]
+    kept = [f'.out.export-partial-{os.getppid()}-zz9', '.other.import-partial-x8fz1q0c']
+    for name in litter + kept:
+        (tmp_path / name / 'checkpoints').mkdir(parents=True)
+    with staged(str(tmp_path / 'w'), 'import') as build:
+        assert os.path.basename(build).startswith(f'.w.import-partial-{os.getpid()}-')
+    with pytest.raises(KeyError), staged(str(tmp_path / 'out'), 'export'):
+        raise KeyError('a failed export')
+    assert sorted(os.listdir(tmp_path)) == sorted([*kept, os.path.basename(build)])

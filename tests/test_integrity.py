@@ -426,7 +426,7 @@ def test_a_checkpoint_with_flipped_bytes_is_detected_and_kept_aside(tmp_path, te
     shutil.copytree(ckpts, tmp_path / 'copy' / 'checkpoints')
     meta_file = tmp_path / 'copy' / 'checkpoints' / '8' / 'meta' / 'metadata'
     meta = json.loads(meta_file.read_text())
-    del meta['checksums']
+    del meta['checksums'], meta['meta_checksum']  # as saved before either existed
     meta_file.write_text(json.dumps(meta))
     step, damaged, _ = Checkpointer(str(tmp_path / 'copy')).restore(abstract)
     assert step == 8
@@ -446,6 +446,58 @@ def test_a_checkpoint_with_flipped_bytes_is_detected_and_kept_aside(tmp_path, te
     flip_bytes(ckpts / '8')
     assert Checkpointer(str(work)).restore(abstract)[0] == 4
     assert sorted(p.name for p in ckpts.iterdir()) == ['4', '8.unreadable', '8.unreadable.2']
+
+
+def test_a_changed_side_car_is_refused_naming_its_file_and_the_step_that_works(tmp_path, text):
+    """One flipped bit in rope_theta of a checkpoint's side-car (its config) is refused by
+    eval/generate/export (`stored_config`) and by restores, naming the file and the `--step` that
+    works; training moves it aside; a side-car saved before side-cars had a checksum still reads."""
+    import jax.numpy as jnp
+
+    from lm.train import stored_config
+    from lm.train.checkpoint import META_CHECKSUM
+
+    config = tiny_train_config(tmp_path, text)
+    work, state = tmp_path / 'run', {'params': {'w': jnp.arange(4.0)}}
+    ckpt = Checkpointer(str(work), async_save=False)
+    for step in (4, 8):
+        ckpt.save(step, state, {'config': json.loads(config.to_json()), 'data_step': step})
+    ckpt.close()
+    meta_file = work / 'checkpoints' / '8' / 'meta' / 'metadata'
+    data = bytearray(meta_file.read_bytes())
+    at = data.index(b'"rope_theta"')
+    at = data.index(b'10000.0', at) + 1
+    data[at] ^= 0x01  # 10000.0 -> 11000.0, still valid JSON
+    meta_file.write_bytes(bytes(data))
+    assert json.loads(meta_file.read_text())['config']['model']['rope_theta'] == 11000.0
+    with pytest.raises(ValueError) as refused:
+        stored_config(str(work))
+    assert str(refused.value) == (
+        f'the checkpoint at step 8 is unreadable ({meta_file} does not match its checksum: the '
+        'side-car (config, data position, shapes, array checksums) changed after it was saved); '
+        'choose step 4, the newest readable one (--step=4)'
+    )
+    assert stored_config(str(work), step=4).model.rope_theta == 10000.0
+    meta_file.write_bytes(bytes(data[: len(data) // 2]))  # truncated: not JSON at all
+    with pytest.raises(
+        ValueError,
+        match=r'^the checkpoint at step 8 in .* is unreadable \(.*'
+        r'\); choose step 4, the newest readable one \(--step=4\)$',
+    ):
+        stored_config(str(work))
+    meta_file.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r'choose step 4, the newest readable one \(--step=4\)'):
+        Checkpointer(str(work), read_only=True).restore(state)
+    with pytest.raises(ValueError, match=f'^{meta_file} does not match its checksum'):
+        Checkpointer(str(work), read_only=True).restore(state, step=8)
+    assert sorted(p.name for p in (work / 'checkpoints').iterdir()) == ['4', '8']
+    assert Checkpointer(str(work)).restore(state)[0] == 4  # training: kept aside
+    assert sorted(p.name for p in (work / 'checkpoints').iterdir()) == ['4', '8.unreadable']
+    old = work / 'checkpoints' / '4' / 'meta' / 'metadata'
+    meta = json.loads(old.read_text())
+    del meta[META_CHECKSUM]
+    old.write_text(json.dumps(meta))
+    assert Checkpointer(str(work), read_only=True).restore(state)[0] == 4
 
 
 def jax_leaves(tree):

@@ -4,6 +4,7 @@ import csv
 import json
 import math
 import os
+import re
 
 import pytest
 from conftest import ROOT, run_entry, sweep_file, tiny_config, tiny_train_config
@@ -415,6 +416,36 @@ def test_named_points_times_a_grid_keep_distinct_run_names(tmp_path, small_text)
     assert lengths[0]['name'] == 'mha_passkey_lengths128-256'
     with pytest.raises(ValueError, match="two sweep points share the run name 'mha': give each"):
         plan(config, [mha, {**mha, 'train.lr': 0.01}], str(tmp_path), ['train.py'])
+
+
+@pytest.mark.parametrize(
+    'name, why',
+    [
+        ('../escape', "start with '.'"),
+        ('../../runs/other', "start with '.'"),
+        ('/abs/run', "separator or control character ('/')"),
+        ('a\\b', "separator or control character ('\\\\')"),
+        ('two\nlines', "separator or control character ('\\n')"),
+        ('..', "start with '.'"),
+    ],
+    ids=['parent', 'two-up', 'absolute', 'backslash', 'newline', 'dot-dot'],
+)
+def test_a_point_whose_name_would_leave_the_sweep_dir_is_refused_before_any_run(
+    tmp_path, small_text, name, why
+):
+    """Names become paths only through `safe_name`: a sweep point, and any run of a runner plan
+    (ablation arms, ensembles), is refused naming it, and nothing is written anywhere."""
+    config = tiny_train_config(tmp_path, small_text)
+    sweep_dir = tmp_path / 'sweep'
+    with pytest.raises(ValueError) as refused:
+        point = {'name': name, 'model.attention': 'mha', 'model.num_kv_heads': 0}
+        plan(config, [point], str(sweep_dir), ['train.py'])
+    assert str(refused.value).startswith(f'sweep point: {name!r} cannot name a directory: ')
+    assert why in str(refused.value) and '\n' not in str(refused.value)
+    spec = Spec(name, {}, lambda w: pytest.fail('a run started'))
+    with pytest.raises(ValueError, match=f'^run {re.escape(repr(name))} of the plan: '):
+        runner.run([spec], str(sweep_dir))
+    assert {p.name for p in tmp_path.iterdir()} <= {'cache', 'small.txt'}
 
 
 def test_a_sweep_file_with_an_argument_loads_its_points():

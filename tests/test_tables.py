@@ -57,6 +57,103 @@ def test_a_stale_table_is_found_and_rewritten(tmp_path):
         tables.update_docs(str(docs), str(results))
 
 
+SEEDS_CSV = 'arm,seed,loss\na,0,1.10\na,1,1.25\nb,0,1.00\nb,1,1.20\n'
+TWO_TABLES = (
+    'intro\n<!-- table: seeds x -->\nold\n<!-- /table -->\nprose between\n'
+    '<!-- table: seeds x -->\nold\n<!-- /table -->\nend\n'
+)
+
+
+def damaged_study(tmp_path, doc: str, csv: str | bytes = SEEDS_CSV):
+    """(docs dir, results dir, the doc's path, the CSV's path) of a study with one doc."""
+    docs, results = tmp_path / 'docs', tmp_path / 'results'
+    docs.mkdir(), results.mkdir()
+    (docs / 'x.md').write_text(doc)
+    path = results / 'x.csv'
+    path.write_bytes(csv if isinstance(csv, bytes) else csv.encode())
+    return docs, results, docs / 'x.md', path
+
+
+@pytest.mark.parametrize(
+    'doc, line, message',
+    [
+        (TWO_TABLES.replace('old\n<!-- /table -->\nprose', 'old\nprose'), 2, 'no <!-- /table -->'),
+        (TWO_TABLES.replace('<!-- /table -->\nend', 'end'), 6, 'no <!-- /table -->'),
+        (TWO_TABLES.replace('intro\n<!-- table: seeds x -->', 'intro\n'), 4, 'closes no table'),
+        (
+            TWO_TABLES.replace('<!-- table: seeds x -->\nold', '<!-- table: seeds -->\nold', 1),
+            2,
+            'is not a table marker',
+        ),
+    ],
+    ids=['first-end-deleted', 'last-end-deleted', 'opener-deleted', 'opener-without-name'],
+)
+def test_a_missing_or_broken_table_marker_is_refused_and_nothing_is_written(
+    tmp_path, doc, line, message
+):
+    """A deleted end marker used to make the rewrite delete everything up to the next table's
+    end, prose included; now the doc is refused naming the line, by --check too."""
+    docs, results, path, _ = damaged_study(tmp_path, doc)
+    for write in (False, True):
+        with pytest.raises(ValueError) as refused:
+            tables.update_docs(str(docs), str(results), write=write)
+        assert str(refused.value).startswith(f'{path} line {line}: ')
+        assert message in str(refused.value) and '\n' not in str(refused.value)
+    assert path.read_text() == doc
+
+
+@pytest.mark.parametrize(
+    'csv, message',
+    [
+        (SEEDS_CSV + 'b,2,nan\n', " line 6: loss='nan' is not a finite number"),
+        (SEEDS_CSV + 'b,2,-inf\n', " line 6: loss='-inf' is not a finite number"),
+        (SEEDS_CSV + 'a,1,1.30\n', ' line 6: repeats the row of line 3 (arm=a, seed=1)'),
+        (SEEDS_CSV + 'a,1,1.25\n', ' line 6: repeats the row of line 3 (arm=a, seed=1)'),
+        (SEEDS_CSV + 'b,2\n', ' line 6: 2 fields, but the header has 3'),
+        (SEEDS_CSV + 'b,2,1.0,9\n', ' line 6: 4 fields, but the header has 3'),
+        (b'\x89PNG\r\n\x1a\n\x00\x00', ': not UTF-8 text (byte 0); a CSV was expected'),
+        (
+            SEEDS_CSV.encode() + b'b,2,1\x00\n',
+            ' line 6: a NUL byte (a binary file?); a CSV was expected',
+        ),
+        ('', ': empty; a CSV with a header line was expected'),
+        ('arm,seed,loss\n', ': no rows under its header'),
+    ],
+    ids=['nan', 'inf', 'conflicting-duplicate', 'equal-duplicate', 'short-row', 'long-row']
+    + ['binary', 'nul-byte', 'empty', 'header-only'],
+)
+def test_a_damaged_csv_is_refused_naming_the_file_and_line_before_anything_is_written(
+    tmp_path, csv, message
+):
+    """A nan used to be written as 'nan ± nan' and shrink the Holm family; a duplicate row
+    silently replaced the first; short rows and binary files gave tracebacks."""
+    docs, results, path, csv_path = damaged_study(tmp_path, TWO_TABLES, csv)
+    for write in (False, True):
+        with pytest.raises(ValueError) as refused:
+            tables.update_docs(str(docs), str(results), write=write)
+        assert str(refused.value) == f'{path}: {csv_path}{message}'
+    assert path.read_text() == TWO_TABLES
+
+
+def test_make_tables_check_reports_the_damage_not_stale_and_writes_nothing(tmp_path):
+    """--check says what is damaged, in one line, not just 'stale'."""
+    study = tmp_path / 'studies' / 'a'
+    (study / 'results').mkdir(parents=True)
+    (study / 'results' / 'x.csv').write_text(SEEDS_CSV)
+    (study / 'README.md').write_text(TWO_TABLES)
+    damaged = tmp_path / 'studies' / 'b'
+    (damaged / 'results').mkdir(parents=True)
+    (damaged / 'results' / 'x.csv').write_text(SEEDS_CSV + 'b,2,nan\n')
+    (damaged / 'README.md').write_text(TWO_TABLES)
+    out = run_entry('scripts/make_tables.py', f'--studies={tmp_path / "studies"}', '--check')
+    assert out.returncode == 1 and 'stale' not in out.stdout + out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f'error: {damaged / "README.md"}: {damaged / "results" / "x.csv"} line 6: '
+        "loss='nan' is not a finite number"
+    )
+    assert (study / 'README.md').read_text() == TWO_TABLES  # the rewrite: tests above
+
+
 def test_a_sweeps_seed_csv_gives_one_table_per_value():
     rows = [
         {'point': a, 'seed': str(s), 'eval_loss': str(loss), 'eval_recall_accuracy': str(acc)}
@@ -436,8 +533,9 @@ def test_ablation_tables_correct_over_the_whole_report():
     # 0.20, 0.10, 0.20: t = 5, p = 0.03775; mean - first = -0.10, -0.05, -0.10: p = 0.03775.
     # Holm over the 3: 3 x 0.03775 = 0.113 for each, none resolved.
     assert 'Holm-corrected over the 3 comparisons' in text
-    assert '+0.0833 [0.0116, 0.1550] p=0.113 |' in text and ' ✓ |' not in text
-    assert '| MQA | 0.1 | mean | first | -0.0833 [-0.1550, -0.0116] p=0.113 | mean ~ first' in text
+    # The exact sign-flip p of 3 differences of one sign: 2/2^3 = 0.25, x 3 (Holm) = 0.75.
+    assert '+0.0833 [0.0116, 0.1550] p=0.113 (sign-flip 0.75) |' in text and ' ✓ (' not in text
+    assert '| MQA | 0.1 | mean | first | -0.0833 [-0.1550, -0.0116] p=0.113 (sign-flip 0.75) |' in text
 
 
 def test_learned_table_counts_runs_and_corrects_the_fisher_tests():

@@ -385,6 +385,7 @@ def test_checkpoints_saved_under_an_older_config_schema_still_load(tmp_path, sma
         meta['config'] = keep_old_keys(meta['config'], old)
         assert 'steps_per_call' not in meta['config']['train']
         meta['config']['eval_batches'] = 1  # replaced by eval_tokens
+        del meta['meta_checksum']  # v1 side-cars had none
         meta_file.write_text(json.dumps(meta))
     saved = stored_config(str(tmp_path / 'run'))
     assert saved.train.steps_per_call == 1 and saved.compilation_cache_dir == ''

@@ -19,8 +19,9 @@ import ml_collections
 
 from lm.data.corpus import load_tokenizer
 from lm.data.tokenizer import PAD, ByteTokenizer, HFTokenizer, Tokenizer, is_byte_tokenizer
+from lm.train.workdir import RUN_FILES
 
-HF_SUBDIR = 'hf'  # <workdir>/hf: the imported tokenizer files and the source config.json
+HF_SUBDIR = RUN_FILES  # <workdir>/hf: the imported tokenizer files and the source config.json
 SOURCE_CONFIG = 'source_config.json'  # the imported config.json, as <workdir>/hf holds it
 BYTE = 'byte'
 CARRIED = (
@@ -119,12 +120,36 @@ def copy_into_run(directory: str, tokenizer: str, workdir: str) -> str:
     return BYTE if tokenizer == BYTE else os.path.abspath(os.path.join(out, 'tokenizer.json'))
 
 
-def copy_run_files(source_workdir: str, workdir: str) -> None:
-    """Copies the imported files of `source_workdir` (its <workdir>/hf) to a run converted
-    from it (lm/convert/uptrain.py)."""
+def _inside(path: str, directory: str) -> str | None:
+    """`path` relative to `directory` when it lies inside it, else None."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return (
+        os.path.relpath(path, directory)
+        if os.path.commonpath([path, directory]) == directory
+        else None
+    )
+
+
+def lent_tokenizer(tokenizer: str, source_workdir: str, workdir: str) -> str:
+    """`config.data.tokenizer` of a run converted from `source_workdir` into `workdir`: a
+    tokenizer.json the source keeps inside itself is read from the converted run's copy
+    (`copy_run_files`), at the same place in it; any other is left as it is."""
+    if not tokenizer.endswith('.json') or (rel := _inside(tokenizer, source_workdir)) is None:
+        return tokenizer
+    return os.path.join(os.path.abspath(workdir), rel)
+
+
+def copy_run_files(source_workdir: str, workdir: str, tokenizer: str = '') -> None:
+    """Copies what `source_workdir` lends a run converted from it (lm/convert/uptrain.py): its
+    imported files (<workdir>/hf) and its `tokenizer` (config.data.tokenizer) when the source
+    keeps it inside itself, at the same places, so the converted run stands on its own."""
     src = os.path.join(source_workdir, HF_SUBDIR)
     if os.path.isdir(src):
         shutil.copytree(src, os.path.join(workdir, HF_SUBDIR), dirs_exist_ok=True)
+    dst = lent_tokenizer(tokenizer, source_workdir, workdir)
+    if dst != tokenizer and not os.path.isfile(dst):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(tokenizer, dst)
 
 
 def _token_text(token) -> str | None:

@@ -29,6 +29,7 @@ from lm.convert.staging import check_export_dir, move_into, replace_dir, staged
 from lm.model.transformer import model_config
 from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries
 from lm.train.run import Run, assemble, checkpoint_meta
+from lm.train.workdir import RUN_TOKENIZER
 
 
 def resolve_hf_dir(hf_dir: str) -> str:
@@ -147,13 +148,14 @@ def _save_step0(
     run: Run,
     reader: SafetensorsReader,
     tensors: list[hf.Tensor],
-    workdir: str,
+    build: str,
     source: str,
     stop: Callable[[], None],
+    workdir: str,
 ) -> None:
-    """Writes the step-0 checkpoint: the parameters read into their shardings on the run's
-    mesh, no optimizer state (training starts it fresh on its first resume, so the import
-    never holds it)."""
+    """Writes the step-0 checkpoint into `build` (moved to `workdir` once complete): the
+    parameters read into their shardings on the run's mesh, no optimizer state (training starts
+    it fresh on its first resume, so the import never holds it)."""
     ctx, seed = run.ctx, run.config.seed
     with jax.set_mesh(run.mesh):
         params = load_params(
@@ -167,8 +169,9 @@ def _save_step0(
                 jax.random.key_data(jax.random.key(seed)), ctx.state_sharding['rng']
             ),
         }
-        out = Checkpointer(workdir, async_save=False)
-        out.save(0, state, checkpoint_meta(run.config, source, 0, ctx.abstract_state['params']))
+        out = Checkpointer(build, async_save=False)
+        abstract = ctx.abstract_state['params']
+        out.save(0, state, checkpoint_meta(run.config, source, 0, abstract, workdir))
         out.close()
 
 
@@ -206,10 +209,8 @@ def import_hf(
         config.data.eos_token = hf_files.eos_token(directory, hf_config, tokenizer)
         run = assemble(config)  # the run's other settings fail here, not in train.py
         if tokenizer != hf_files.BYTE:  # where the copy will be once `build` is moved in
-            run.config.data.tokenizer = os.path.abspath(
-                os.path.join(workdir, hf_files.HF_SUBDIR, 'tokenizer.json')
-            )
-        _save_step0(run, reader, tensors, build, f'hf:{hf_dir}', stop)
+            run.config.data.tokenizer = os.path.join(os.path.abspath(workdir), RUN_TOKENIZER)
+        _save_step0(run, reader, tensors, build, f'hf:{hf_dir}', stop, workdir)
         stop()  # a signal during the save: nothing is moved in
         move_into(build, workdir)
     logging.info('imported %s (%s) into %s', hf_dir, cfg.attention, workdir)

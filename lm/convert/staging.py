@@ -9,6 +9,8 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
+from lm.train.workdir import safe_name
+
 
 def check_export_dir(
     workdir: str,
@@ -35,14 +37,39 @@ def check_export_dir(
         )
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def remove_abandoned(parent: str, prefix: str) -> None:
+    """Removes the staging directories `<prefix><pid>-*` in `parent` (and the '-old' copies
+    `replace_dir` sets aside) whose process no longer runs: what a `kill -9` left behind.
+    Those of a process still running (an export into the same place) are left alone."""
+    for name in os.listdir(parent):
+        if name.startswith(prefix):
+            pid = name[len(prefix) :].split('-', 1)[0]
+            if not (pid.isdigit() and _alive(int(pid))):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
 @contextlib.contextmanager
 def staged(target: str, what: str) -> Iterator[str]:
-    """A new directory beside `target` (same parent, so moving it in is a rename), removed if
-    the block raises anything (an error or `Interrupted`)."""
+    """A new directory beside `target` (same parent, so moving it in is a rename),
+    `.<name>.<what>-partial-<pid>-*`, removed if the block raises anything (an error or
+    `Interrupted`); those a killed process left for the same target are removed first."""
     target = os.path.abspath(target)
+    name = safe_name(os.path.basename(target), f'the {what} target {target}')
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
-    build = tempfile.mkdtemp(prefix=f'.{os.path.basename(target)}.{what}-partial-', dir=parent)
+    prefix = f'.{name}.{what}-partial-'
+    remove_abandoned(parent, prefix)
+    build = tempfile.mkdtemp(prefix=f'{prefix}{os.getpid()}-', dir=parent)
     try:
         yield build
     except BaseException:

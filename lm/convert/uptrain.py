@@ -40,7 +40,7 @@ from flax import nnx
 
 from lm.convert import cla, head_merging, mla, per_layer, pooling
 from lm.convert import methods as conversion
-from lm.convert.hf_files import copy_run_files
+from lm.convert.hf_files import copy_run_files, lent_tokenizer
 from lm.convert.methods import SCHEDULES, ConversionOptions, check_conversion, check_steps
 from lm.convert.pooling import map_kv, map_moments, map_opt_state, merge_kv_heads, merge_proj
 from lm.data.corpus import load_corpus
@@ -49,7 +49,7 @@ from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import model_config
 from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries, read_latest_meta
 from lm.train.optimizer import check_train_config
-from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context
+from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context, stored_config
 from lm.train.workdir import WorkdirLock
 
 METHODS = conversion.POOL_METHODS  # for K/V pooling: 'mean', 'first', 'random', 'aligned'
@@ -218,7 +218,8 @@ def convert_checkpoint(
             raise FileExistsError(
                 f'{WORKDIR}: {workdir} already holds checkpoints; choose a new directory'
             )
-        config, state, meta = _convert(source_workdir, options)
+        config, state, meta = _convert(source_workdir, options, workdir)
+        tokenizer = stored_config(source_workdir, SOURCE, options.source_step).data.tokenizer
         for name in os.listdir(workdir):  # left by a conversion that was killed
             if name.startswith(PARTIAL):
                 shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
@@ -228,7 +229,7 @@ def convert_checkpoint(
             out.save(config.uptrain.source_step, state, meta)
             out.close()
             shutil.rmtree(dst_ckpts, ignore_errors=True)  # empty, or unfinished saves only
-            copy_run_files(source_workdir, workdir)  # its export carries them
+            copy_run_files(source_workdir, workdir, tokenizer)  # the run stands on its own
             os.replace(os.path.join(partial, 'checkpoints'), dst_ckpts)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
@@ -354,8 +355,11 @@ def _converted_state(source, options: ConversionOptions, ctx, params: dict, reci
     return jax.device_put(new_state, ctx.state_sharding)
 
 
-def _convert(src: str, options: ConversionOptions) -> tuple[ml_collections.ConfigDict, dict, dict]:
-    """(config, state, checkpoint side-car) of the converted run's first step (the source's)."""
+def _convert(
+    src: str, options: ConversionOptions, workdir: str
+) -> tuple[ml_collections.ConfigDict, dict, dict]:
+    """(config, state, checkpoint side-car) of the converted run's first step (the source's),
+    to be written in `workdir`: a tokenizer the source keeps is read from the copy there."""
     source = assemble(
         src,
         state='restore',
@@ -388,7 +392,12 @@ def _convert(src: str, options: ConversionOptions) -> tuple[ml_collections.Confi
         options.schedule,
         options.optimizer_state,
     )
+    config.data.tokenizer = lent_tokenizer(config.data.tokenizer, src, workdir)
     meta = checkpoint_meta(
-        config, source.meta['data_fingerprint'], source.step, ctx.abstract_state['params']
+        config,
+        source.meta['data_fingerprint'],
+        source.step,
+        ctx.abstract_state['params'],
+        workdir,
     )
     return config, new_state, meta

@@ -58,6 +58,6 @@ __all__, __getattr__, __dir__ = public_face(
             'pareto_rows',
             'quantized_rows',
         ),
-        'tables': ('update_docs',),
+        'tables': ('rendered_docs', 'update_docs', 'write_docs'),
     },
 )

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lm.train.interrupt import StopRequest
+from lm.train.workdir import safe_name
 
 RESULT = 'result.json'  # a finished run's result and fingerprint
 STARTED = 'run.json'  # a started run's fingerprint
@@ -165,9 +166,13 @@ def changes(saved: Mapping[str, Any], spec: Spec) -> list[str]:
 
 
 def _check_plan(specs: list[Spec]) -> None:
-    """Names are unique and every run's needs come earlier in its lane."""
+    """Names are unique and safe (`safe_name`: each '/'-separated part of a run's name, and its
+    lane's, is one directory name), and every run's needs come earlier in its lane."""
     seen: dict[str, str] = {}
     for spec in specs:
+        parts = spec.name.split('/') + (spec.lane.split('/') if spec.lane else [])
+        for part in parts:
+            safe_name(part, f'run {spec.name!r} of the plan')
         if spec.name in seen:
             raise ValueError(f'the plan has two runs named {spec.name}')
         for need in spec.needs:

@@ -30,6 +30,7 @@ from lm.experiments.sweep_ensemble import PointSpecs
 from lm.model import attention
 from lm.model.transformer import check_model_config
 from lm.train.checkpoint import saved_steps
+from lm.train.workdir import safe_name
 
 SHORT = {
     'model.num_heads': 'h',
@@ -164,7 +165,7 @@ def _valid_points(base: ml_collections.ConfigDict, points: list[dict]) -> list[t
         if reason := invalid_reason(config):
             print(f'skipping {named.get("name") or point}: {reason}')
             continue
-        name = named.get('name') or run_name(point, config)
+        name = safe_name(named.get('name') or run_name(point, config), 'sweep point')
         valid.append((name, point, config))
     if not valid:
         raise ValueError('the sweep has no valid point')

@@ -41,24 +41,23 @@ of a study's README.md with the table of kind KIND made from its results/NAME.cs
 - 'steps_to': the same curves: per run the first step its first metric reached REACHED, per arm
   their mean ± std and 95% t-interval, then the paired differences (same seed), Holm-corrected
   over the pairs tested; a pair with a run that never reached it is not tested.
+
+Damaged inputs are refused in one line naming the file and line, before any doc is written: a
+marker without its partner, a CSV that is not UTF-8 text, has no rows, a row of other length
+than its header, a non-finite number, or two rows with the same key (lm.experiments.table_inputs).
 """
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 from collections.abc import Callable
 
 from lm.experiments import ablation_doc_tables, lr_grid, stats, summary
 from lm.experiments.runner import arm_and_seed
+from lm.experiments.table_inputs import check_markers, read_csv
 
 MARKER = re.compile(r'(<!-- table: (\w+) ([\w.-]+) -->\n)(.*?)(<!-- /table -->)', re.S)
-
-
-def read_csv(path: str) -> list[dict]:
-    with open(path, newline='') as f:
-        return list(csv.DictReader(f))
 
 
 LEARNED = summary.LEARNED  # recall accuracy at which a run left the plateau
@@ -283,20 +282,39 @@ def render(text: str, results_dir: str) -> str:
     return MARKER.sub(table, text)
 
 
-def update_docs(docs_dir: str, results_dir: str, write: bool = True) -> list[str]:
-    """Regenerates the tables of every docs_dir/*.md; returns the docs that changed (written
-    unless `write` is False)."""
-    changed = []
+def rendered_docs(docs_dir: str, results_dir: str) -> dict[str, str]:
+    """{path: new text} of every docs_dir/*.md whose tables differ from their CSVs; markers
+    and CSVs are checked first (`check_markers`, `read_csv`), so damage raises before any doc
+    is written."""
+    changed = {}
     for name in sorted(os.listdir(docs_dir)):
         if not name.endswith('.md'):
             continue
         path = os.path.join(docs_dir, name)
         with open(path, encoding='utf-8') as f:
             text = f.read()
-        new = render(text, results_dir)
+        check_markers(text, path)
+        try:
+            new = render(text, results_dir)
+        except ValueError as e:
+            raise ValueError(f'{path}: {e}') from None
         if new != text:
-            changed.append(path)
-            if write:
-                with open(path, 'w', encoding='utf-8') as f:
-                    f.write(new)
+            changed[path] = new
     return changed
+
+
+def write_docs(changed: dict[str, str]) -> None:
+    """Writes each doc's new text (from `rendered_docs`), atomically."""
+    for path, text in changed.items():
+        with open(path + '.tmp', 'w', encoding='utf-8') as f:
+            f.write(text)
+        os.replace(path + '.tmp', path)
+
+
+def update_docs(docs_dir: str, results_dir: str, write: bool = True) -> list[str]:
+    """Regenerates the tables of every docs_dir/*.md; returns the docs that changed (written
+    unless `write` is False, and only once every doc rendered)."""
+    changed = rendered_docs(docs_dir, results_dir)
+    if write:
+        write_docs(changed)
+    return list(changed)

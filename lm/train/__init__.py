@@ -30,7 +30,13 @@ __all__, __getattr__, __dir__ = public_face(
         'evaluation': ('eval_batch_size', 'evaluate_recall'),
         'summary': ('Summary', 'run_logdir'),
         'interrupt': ('Interrupted', 'StopRequest'),
-        'workdir': ('RunError', 'WorkdirLock', 'remember_tb_dir', 'remembered_tb_dir'),
+        'workdir': (
+            'RunError',
+            'WorkdirLock',
+            'remember_tb_dir',
+            'remembered_tb_dir',
+            'safe_name',
+        ),
         'checkpoint': ('check_finite', 'read_latest_meta'),
         'perf': (
             'PEAK_FLOPS',

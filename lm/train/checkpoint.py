@@ -1,5 +1,5 @@
 """Orbax checkpoints of the train state plus a JSON side-car (config, data position, shapes,
-array checksums)."""
+array checksums, and a checksum of the side-car itself)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from absl import logging
 from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
-from lm.train.checksum import array_checksums, mismatches
+from lm.train.checksum import array_checksums, meta_checksum, mismatches
 from lm.train.workdir import RunError
 
 PINNED = 'pinned.json'  # in the checkpoints directory: {step: why}; never rotated away
@@ -25,6 +25,10 @@ PINNED = 'pinned.json'  # in the checkpoints directory: {step: why}; never rotat
 # and training starts it fresh.
 NO_OPT_STATE = 'no_opt_state'
 UNFINISHED = '.orbax-checkpoint-tmp'  # in a name there: a save that never finished (ignored)
+# In a side-car: the checksum of the rest of it (`checksum.meta_checksum`), checked on every
+# read; side-cars saved before it existed have none and are read unchecked.
+META_CHECKSUM = 'meta_checksum'
+META_FILE = os.path.join('meta', 'metadata')  # a side-car's file in its step's directory
 
 
 def _closed_loop(error: BaseException | None) -> bool:
@@ -99,6 +103,7 @@ class Checkpointer:
         meta = {**meta, 'checksums': array_checksums(state)}
         if 'opt_state' not in state:
             meta[NO_OPT_STATE] = True
+        meta[META_CHECKSUM] = meta_checksum(json.loads(json.dumps(meta)), META_CHECKSUM)
         try:
             self.manager.save(
                 step,
@@ -169,9 +174,9 @@ class Checkpointer:
         os.replace(path + '.tmp', path)
 
     def read_meta(self, step: int) -> dict:
-        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
-            'meta'
-        ]
+        """The side-car of checkpoint `step`, checked against its checksum (`verified_meta`)."""
+        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return verified_meta(meta['meta'], os.path.join(self.directory, str(step), META_FILE))
 
     def restore(
         self,
@@ -288,15 +293,62 @@ def checkpoint_entries(workdir: str) -> list[str]:
     return sorted(name for name in os.listdir(directory) if UNFINISHED not in name)
 
 
+def verified_meta(meta: dict, path: str) -> dict:
+    """`meta`, read from `path`, once it matches the checksum saved in it (a side-car saved
+    before side-cars had one is not checked); else a one-line ValueError naming `path`."""
+    saved = meta.get(META_CHECKSUM)
+    if saved is not None and saved != meta_checksum(meta, META_CHECKSUM):
+        raise ValueError(
+            f'{path} does not match its checksum: the side-car (config, data position, shapes, '
+            'array checksums) changed after it was saved'
+        )
+    return meta
+
+
 def read_step_meta(workdir: str, step: int) -> dict:
-    """The JSON side-car of `workdir`'s checkpoint `step`, read without starting a JAX backend."""
+    """The JSON side-car of `workdir`'s checkpoint `step`, checked against its checksum
+    (`verified_meta`), read without starting a JAX backend."""
     directory = epath.Path(os.path.abspath(os.path.join(workdir, 'checkpoints')))
-    return ocp.JsonCheckpointHandler().restore(directory / str(step) / 'meta')
+    meta = ocp.JsonCheckpointHandler().restore(directory / str(step) / 'meta')
+    return verified_meta(meta, os.path.join(directory, str(step), META_FILE))
+
+
+def _sound_meta(workdir: str, step: int) -> bool:
+    try:
+        read_step_meta(workdir, step)
+    except Exception:  # noqa: BLE001 - any unreadable side-car
+        return False
+    return True
+
+
+def read_sound_meta(workdir: str, step: int, flag: str = '--workdir') -> dict:
+    """`read_step_meta`; a side-car that cannot be read or verified is refused in one line
+    naming the newest other step whose side-car is sound (`flag` names the workdir)."""
+    try:
+        return read_step_meta(workdir, step)
+    except Exception as e:  # noqa: BLE001 - any unreadable side-car is refused in one line
+        raise _damaged_meta_error(workdir, step, e, flag) from e
+
+
+def _damaged_meta_error(workdir: str, step: int, error: Exception, flag: str) -> ValueError:
+    """The refusal of checkpoint `step` of `workdir`, whose side-car could not be read or
+    verified (`error`), naming the newest other step whose side-car is sound."""
+    others = (s for s in saved_steps(workdir)[::-1] if s != step)
+    sound = next((s for s in others if _sound_meta(workdir, s)), None)
+    directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+    cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+    where = '' if directory in cause else f' in {directory}'
+    hint = (
+        f'choose step {sound}, the newest readable one (--step={sound})'
+        if sound is not None
+        else f'{flag} holds no other readable checkpoint'
+    )
+    return ValueError(f'the checkpoint at step {step}{where} is unreadable ({cause}); {hint}')
 
 
 def read_latest_meta(workdir: str) -> dict | None:
-    """The JSON side-car of `workdir`'s newest checkpoint, or None, read without starting a JAX
-    backend (so device settings from the saved config can still be applied)."""
+    """The JSON side-car of `workdir`'s newest checkpoint (checked), or None, read without
+    starting a JAX backend (so device settings from the saved config can still be applied)."""
     steps = saved_steps(workdir)
     return read_step_meta(workdir, steps[-1]) if steps else None
 

@@ -7,9 +7,15 @@ i = its flat row-major index) and reduced to two position-weighted sums modulo 2
 
 Both weights are odd, so changing any single element changes both sums; integer sums do not
 depend on the order of reduction, so the result is the same for any sharding or mesh.
+
+A checkpoint's JSON side-car (config, data position, shapes, the arrays' checksums) carries a
+checksum of its own: `meta_checksum`, SHA-256 of its canonical JSON.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
 
 import jax
 import jax.numpy as jnp
@@ -66,3 +72,11 @@ def mismatches(saved: dict[str, str], tree) -> list[str]:
     not list are not checked)."""
     current = array_checksums(tree)
     return [name for name, value in current.items() if saved.get(name, value) != value]
+
+
+def meta_checksum(meta: dict, key: str) -> str:
+    """16 hex digits of SHA-256 over the canonical JSON (sorted keys) of `meta`, less its entry
+    `key` (where the checksum itself is kept)."""
+    rest = {k: v for k, v in meta.items() if k != key}
+    text = json.dumps(rest, sort_keys=True, separators=(',', ':'))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

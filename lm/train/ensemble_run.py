@@ -176,7 +176,7 @@ def split_member(workdir: str, member: int, out: str, step: int | None = None) -
             single.ctx.state_sharding,
         )
         abstract = single.ctx.abstract_state['params']
-        meta = checkpoint_meta(config, run.meta['data_fingerprint'], run.step, abstract)
+        meta = checkpoint_meta(config, run.meta['data_fingerprint'], run.step, abstract, out)
         os.makedirs(out, exist_ok=True)
         ckpt = Checkpointer(out, keep=1, async_save=False)
         try:

@@ -291,7 +291,11 @@ class _Training:
     def _save(self, step: int) -> None:
         run = self.run
         meta = checkpoint_meta(
-            run.config, run.corpus.fingerprint, step, run.ctx.abstract_state['params']
+            run.config,
+            run.corpus.fingerprint,
+            step,
+            run.ctx.abstract_state['params'],
+            self.workdir,
         )
         # The curve up to a checkpoint survives a kill -9: flushed before the save starts, as
         # an asynchronous save may publish the checkpoint before this thread runs again.

@@ -27,6 +27,7 @@ from lm.train.checkpoint import (
     check_same_shapes,
     param_shapes,
     read_latest_meta,
+    read_sound_meta,
     read_step_meta,
     saved_steps,
 )
@@ -43,8 +44,11 @@ from lm.train.step import (
 from lm.train.workdir import (
     WorkdirLock,
     check_config_change,
+    check_run_files,
     config_changes,
     config_fingerprint,
+    run_relative,
+    run_resolved,
 )
 
 # What `assemble` gives a run as its state: nothing, a fresh one from config.seed, a workdir's
@@ -217,7 +221,10 @@ def assemble(
     workdir = source if saved else workdir
     if state in ('restore', 'params', 'resume') and workdir is None:
         raise ValueError(f'state={state!r} needs a workdir to read the checkpoint from')
-    config = check_config(stored_config(workdir, flag, step) if saved else source, saved)
+    config = stored_config(workdir, flag, step) if saved else source
+    if state in ('restore', 'params'):  # an existing run's side files, before any other check
+        check_run_files(config.data.tokenizer, workdir, flag)
+    config = check_config(config, saved)
     if model_overrides:
         config.model.update(model_overrides)
         check_model_config(config.model)
@@ -322,7 +329,8 @@ def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow:
     except Exception:  # noqa: BLE001 - an unreadable latest checkpoint: restore falls back
         meta = None
     where = f'the checkpoint in {os.path.join(workdir, "checkpoints")}'
-    if changes := check_config_change(meta and meta['config'], config, where, allow):
+    saved = meta and run_resolved(meta['config'], workdir)
+    if changes := check_config_change(saved, config, where, allow):
         logging.warning('resuming under a changed config: %s', '; '.join(changes))
 
 
@@ -337,13 +345,21 @@ def _check_step(steps: list[int], step: int | None, directory: str, flag: str) -
 
 
 def checkpoint_meta(
-    config: ml_collections.ConfigDict, data_fingerprint: str, step: int, abstract_params: dict
+    config: ml_collections.ConfigDict,
+    data_fingerprint: str,
+    step: int,
+    abstract_params: dict,
+    workdir: str | None = None,
 ) -> dict:
     """The JSON side-car of a checkpoint: resolved config (and its `config_fingerprint`), data
-    position, parameter shapes."""
+    position, parameter shapes. With `workdir` (where the run is, or will be once moved in), a
+    tokenizer inside the run is saved relative to it (`run_relative`)."""
+    saved = json.loads(config.to_json())
+    if workdir is not None:
+        saved = run_relative(saved, workdir)
     return {
-        'config': json.loads(config.to_json()),
-        'config_fingerprint': config_fingerprint(config),
+        'config': saved,
+        'config_fingerprint': config_fingerprint(ml_collections.ConfigDict(saved)),
         'data_fingerprint': data_fingerprint,
         'data_step': step,
         'param_shapes': param_shapes(abstract_params),
@@ -383,9 +399,11 @@ def finished_step(config: ml_collections.ConfigDict, workdir: str) -> int | None
         return None
     if not os.path.isfile(os.path.join(workdir, 'results.json')):
         return None
-    if config_changes(read_step_meta(workdir, steps[-1])['config'], config):
+    try:
+        saved = run_resolved(read_step_meta(workdir, steps[-1])['config'], workdir)
+    except Exception:  # noqa: BLE001 - a damaged side-car: training's restore moves it aside
         return None
-    return steps[-1]
+    return None if config_changes(saved, config) else steps[-1]
 
 
 def stored_config(
@@ -396,4 +414,5 @@ def stored_config(
     directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
     steps = saved_steps(workdir)
     _check_step(steps, step, directory, flag)
-    return upgrade_config(read_step_meta(workdir, steps[-1] if step is None else step)['config'])
+    meta = read_sound_meta(workdir, steps[-1] if step is None else step, flag)
+    return upgrade_config(run_resolved(meta['config'], workdir))

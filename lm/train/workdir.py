@@ -2,7 +2,10 @@
 
 One run at a time owns a workdir (`WorkdirLock`: an OS file lock, so a process killed with -9
 leaves nothing that blocks the next one), and a run resumed under a config that differs from
-its checkpoint's in more than `RESUMABLE_KEYS` is refused (`check_config_change`).
+its checkpoint's in more than `RESUMABLE_KEYS` is refused (`check_config_change`). A name
+becomes a file or directory name only through `safe_name`. A tokenizer the run keeps inside
+itself (an import's or an uptrained run's, in `RUN_FILES`) is saved relative to the run
+(`run_relative`) and read back where the run now is (`run_resolved`), so a run can be moved.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import socket
 from typing import Any
 
@@ -20,6 +24,8 @@ import ml_collections
 from lm.config_migration import upgrade_config
 
 LOCK_NAME = '.lock'
+RUN_FILES = 'hf'  # <workdir>/hf: the side files a run keeps (an import's tokenizer, config.json)
+RUN_TOKENIZER = os.path.join(RUN_FILES, 'tokenizer.json')  # the run's own tokenizer, if any
 TB_FILE = 'tensorboard.json'  # the shared TensorBoard directory the run was trained with
 
 # Config keys (or whole sections, ending in '.') that may change when a run resumes: they set
@@ -43,6 +49,78 @@ RESUMABLE_KEYS = (
     'data.num_proc',
     'mesh.',
 )
+
+
+_UNSAFE = re.compile(r'[/\\\x00-\x1f\x7f]')  # separators and control characters
+
+
+def safe_name(name: Any, what: str) -> str:
+    """`name`, once it is fit to be one file or directory name inside the directory it is
+    meant for: a non-empty string, not '.' or '..', without a path separator ('/' or '\\', so
+    never an absolute path) or control character, not starting with '.' (hidden names are
+    staging directories and locks). Else a one-line ValueError naming `what` (e.g. the sweep
+    point), raised before anything is written."""
+    if not isinstance(name, str) or not name:
+        reason = 'a name must be a non-empty string'
+    elif name in ('.', '..') or name.startswith('.'):
+        reason = "a name must not be '.', '..' or start with '.'"
+    elif match := _UNSAFE.search(name):
+        reason = f'a name must hold no path separator or control character ({match[0]!r})'
+    else:
+        return name
+    raise ValueError(f'{what}: {name!r} cannot name a directory: {reason}')
+
+
+def _with_tokenizer(saved: dict, tokenizer: str) -> dict:
+    return {**saved, 'data': {**saved['data'], 'tokenizer': tokenizer}}
+
+
+def run_relative(saved: dict, workdir: str) -> dict:
+    """A config (as JSON) to save with the run in `workdir`: a `data.tokenizer` file inside the
+    run is stored relative to it ('hf/tokenizer.json'), so the run can be moved."""
+    tokenizer = saved.get('data', {}).get('tokenizer', '')
+    if not (tokenizer.endswith('.json') and os.path.isabs(tokenizer)):
+        return saved
+    run, path = os.path.realpath(workdir), os.path.realpath(tokenizer)
+    if os.path.commonpath([run, path]) != run:
+        return saved  # the user's own file, outside the run
+    return _with_tokenizer(saved, os.path.relpath(path, run))
+
+
+def run_resolved(saved: dict, workdir: str) -> dict:
+    """A config saved with the run in `workdir` with its `data.tokenizer` file where it is now:
+    a relative path is the run's own (`run_relative`; else, for configs saved before, relative
+    to the working directory); an absolute one that no longer exists is the run's own copy
+    (`RUN_TOKENIZER`) when it has one (a run imported before tokenizers were saved relative,
+    then moved)."""
+    tokenizer = saved.get('data', {}).get('tokenizer', '')
+    if not tokenizer.endswith('.json'):
+        return saved
+    own = os.path.join(os.path.abspath(workdir), RUN_TOKENIZER)
+    if not os.path.isabs(tokenizer):
+        inside = os.path.join(os.path.abspath(workdir), tokenizer)
+        found = inside if os.path.isfile(inside) or not os.path.isfile(tokenizer) else tokenizer
+        return _with_tokenizer(saved, found)
+    if not os.path.isfile(tokenizer) and os.path.isfile(own):
+        return _with_tokenizer(saved, own)
+    return saved
+
+
+def check_run_files(tokenizer: str, workdir: str, flag: str = '--workdir') -> None:
+    """A one-line error naming the missing tokenizer.json the run in `workdir` reads (its
+    `data.tokenizer`, from `run_resolved`) and what to do."""
+    if not tokenizer.endswith('.json') or os.path.isfile(tokenizer):
+        return
+    own = os.path.join(os.path.abspath(workdir), RUN_TOKENIZER)
+    what = (
+        f'the run keeps it in {RUN_FILES}/: restore the run whole (from the backup or archive it '
+        'came from), or import or convert it again'
+        if os.path.abspath(tokenizer) == own
+        else f'put it back, or copy it into the run as {own}'
+    )
+    raise FileNotFoundError(
+        f'{flag}={workdir}: the tokenizer {tokenizer} (config.data.tokenizer) is missing; {what}'
+    )
 
 
 class RunError(RuntimeError):
