@@ -39,7 +39,7 @@ import time
 from absl import flags
 from ml_collections import config_flags
 
-from lm.cli import check_config_keys, check_writable_dir, run_app
+from lm.cli import bootstrap, check_config_keys, check_writable_dir, run_app
 from lm.experiments import (
     MATCHES,
     METRICS,
@@ -115,6 +115,8 @@ def run() -> int:
     module = load_sweep_file(config_flags.get_config_filename(flags.FLAGS['config']))
     match = sweep_match(module, _MATCH.value)
     base = _CONFIG.value
+    if _ENSEMBLE.value:  # members are split out in this process, on the ensemble's devices
+        bootstrap(base, compilation_cache=False)
     chosen = file_points(module, _POINTS.value)
     points = combine(chosen, parse_grid(base, _GRID.value))
     train = [sys.executable, TRAIN]
