@@ -33,10 +33,12 @@ os.environ['XLA_FLAGS'] = (
 # On the CPU, this process compiles with JAX's `jax_disable_most_optimizations` (XLA's LLVM at
 # -O0): its tests check maths at tiny sizes, where compiling is most of the time (the fast tier:
 # 115 s instead of 193-221 s on the 2-core CI machine, 2026-11-28). It is this process's setting,
-# so the entry points the tests start compile as users' runs do; helper processes that import
-# this file (tests/mesh_worker.py: both sides of its comparisons; test_variant_contract's export
-# refusal) compile like it. On a GPU nothing changes: tests/test_gpu.py and the fast tier there
-# check the kernels users run.
+# and the entry points the tests start inherit it through ENV (JAX reads
+# JAX_DISABLE_MOST_OPTIMIZATIONS): a tiny sweep's CPU time 80 s -> 49 s. Helper processes that
+# import this file (tests/mesh_worker.py, test_variant_contract's export refusal) compile like
+# it. The README's quickstart (tests/test_doc_commands.py::test_quickstart_perplexities_are_in_
+# the_readme_ranges) and the fresh-clone test run without it, compiled as users' runs are. On a
+# GPU nothing changes: tests/test_gpu.py and the fast tier there check the kernels users run.
 if jax.default_backend() == 'cpu':
     jax.config.update('jax_disable_most_optimizations', True)
 
@@ -52,6 +54,8 @@ XLA_CACHE = os.path.join(
     os.environ.get('PYTEST_XDIST_WORKER', 'main'),
 )
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'JAX_NUMPY_RANK_PROMOTION': 'raise'}
+if jax.default_backend() == 'cpu':
+    ENV['JAX_DISABLE_MOST_OPTIMIZATIONS'] = 'true'
 
 
 def tiered(values, fast):

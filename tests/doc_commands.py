@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT, stdlib_text
+from conftest import ENV, ROOT, stdlib_text
 
 REFERENCE = ['README.md'] + sorted(f'docs/{p.name}' for p in (ROOT / 'docs').glob('*.md'))
 STUDIES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / 'docs' / 'studies').glob('*/README.md'))
@@ -153,7 +153,7 @@ def scratch(tmp_path):
     (tmp_path / 'data' / 'tinyshakespeare.txt').write_text(stdlib_text(60_000), encoding='utf-8')
     (tmp_path / 'other.txt').write_text(stdlib_text(20_000), encoding='utf-8')
     (tmp_path / 'prompts.txt').write_text('ROMEO:\nJULIET:\n', encoding='utf-8')
-    env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': str(ROOT), 'RANK': '0'}
+    env = {**ENV, 'PYTHONPATH': str(ROOT), 'RANK': '0'}
     env['PATH'] = f'{tmp_path / "bin"}{os.pathsep}{env["PATH"]}'
     return env
 

@@ -4,7 +4,6 @@ on a tiny trained run."""
 
 import csv
 import math
-import os
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from conftest import ROOT, read_scalars, sown_weights, tiered, tiny_config, tiny_train_config
+from conftest import ENV, ROOT, read_scalars, sown_weights, tiered, tiny_config, tiny_train_config
 from flax import nnx
 from reference import p, rmsnorm
 
@@ -288,7 +287,7 @@ def cli(*args):
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+        env=ENV,
     )
 
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, stdlib_text, tiny_train_config, write_config_file
+from conftest import ENV, ROOT, stdlib_text, tiny_train_config, write_config_file
 
 from lm.train.loop import train
 
@@ -276,8 +276,7 @@ def run_entry(c, script, args):
     ):
         args.append(f'--workdir={c.run}')
     env = {
-        **os.environ,
-        'JAX_PLATFORMS': 'cpu',
+        **ENV,
         'HF_HUB_OFFLINE': '1',
         'HF_DATASETS_OFFLINE': '1',
         'HF_HOME': str(c.root.parent / 'hf_home'),

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 import reference
-from conftest import ROOT, XLA_CACHE, tiered, tiny_config
+from conftest import ENV, ROOT, XLA_CACHE, tiered, tiny_config
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
@@ -285,7 +285,7 @@ def test_sharded_index_placed_on_mesh(tmp_path):
         text=True,
         timeout=600,
         cwd=ROOT,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+        env=ENV,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -585,7 +585,7 @@ def test_command_refusal_is_one_line(tmp_path):
         text=True,
         timeout=300,
         cwd=ROOT,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+        env=ENV,
     )
     assert out.returncode == 1
     assert (
@@ -606,7 +606,7 @@ def run(script, *args):
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+        env=ENV,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, read_scalars, sweep_file, tiny_train_config, write_config_file
+from conftest import ENV, ROOT, read_scalars, sweep_file, tiny_train_config, write_config_file
 
 from lm.convert.uptrain import ConversionOptions, convert_checkpoint
 from lm.train.checkpoint import Checkpointer, read_latest_meta
@@ -26,8 +26,6 @@ from lm.train.workdir import (
     config_changes,
     config_fingerprint,
 )
-
-ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
 
 
 @pytest.fixture

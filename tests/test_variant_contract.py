@@ -6,7 +6,6 @@ export refuses it (it declares no Hugging Face mapping)."""
 import dataclasses
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from conftest import ROOT, sown_weights, tiny_config, tiny_train_config
+from conftest import ENV, ROOT, sown_weights, tiny_config, tiny_train_config
 from flax import nnx
 from jax.extend import core as jax_core
 
@@ -316,7 +315,7 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
         f'attention.register(SharedKV); sys.argv = {argv!r}; '
         f'runpy.run_path({str(script)!r}, run_name="__main__")'
     )
-    env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+    env = dict(ENV)
     done = subprocess.run(
         [sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True, text=True
     )
