@@ -41,6 +41,9 @@ of a study's README.md with the table of kind KIND made from its results/NAME.cs
 - 'steps_to': the same curves: per run the first step its first metric reached REACHED, per arm
   their mean ± std and 95% t-interval, then the paired differences (same seed), Holm-corrected
   over the pairs tested; a pair with a run that never reached it is not tested.
+- 'trend': a pre-registered trend (columns arm, x, seed, value; lm.experiments.trend): per arm
+  its estimate, then the per-seed slope of the value in x and the end arms' difference, one
+  Holm family of two.
 
 Damaged inputs are refused in one line naming the file and line, before any doc is written: a
 marker without its partner, a CSV that is not UTF-8 text, has no rows, a row of other length
@@ -53,7 +56,7 @@ import os
 import re
 from collections.abc import Callable
 
-from lm.experiments import ablation_doc_tables, lr_grid, stats, summary
+from lm.experiments import ablation_doc_tables, lr_grid, stats, summary, trend
 from lm.experiments.runner import arm_and_seed
 from lm.experiments.table_inputs import check_markers, read_csv
 
@@ -266,6 +269,7 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
     'lr_grid': ablation_doc_tables.lr_grid_table,
     'lr_screen': lr_screen_table,
     'steps_to': steps_to_table,
+    'trend': trend.trend_table,
 }
 
 

@@ -1,0 +1,83 @@
+"""A pre-registered trend over ordered arms: per seed, the least-squares slope of a value against
+the arms' coordinate x (e.g. the number of times the KV heads were halved), and the difference
+between the two end arms (largest x minus smallest), the two tested as one Holm family.
+
+The doc-table kind 'trend' (lm.experiments.tables) reads a per-seed CSV with columns arm, x,
+seed and one value column; a seed counts only where every arm has it (the slope needs them all).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lm.experiments import stats, summary
+
+
+def per_seed_contrasts(rows: list[dict]) -> tuple[dict[str, float], dict, dict]:
+    """(x per arm, slope per seed, last − first arm per seed) from the CSV rows; the value is the
+    CSV's last column. Raises a one-line ValueError on an arm with two x's or fewer than two x's."""
+    value = list(rows[0])[-1]
+    xs: dict[str, float] = {}
+    by_seed: dict[int, dict[str, float]] = {}
+    for r in rows:
+        x = float(r['x'])
+        if xs.setdefault(r['arm'], x) != x:
+            raise ValueError(f'trend: arm {r["arm"]} has two x values ({xs[r["arm"]]}, {x})')
+        by_seed.setdefault(int(r['seed']), {})[r['arm']] = float(r[value])
+    if len(set(xs.values())) < 2:
+        raise ValueError(f'trend: needs at least two distinct x values, got {sorted(xs.values())}')
+    arms = sorted(xs, key=xs.get)
+    x = np.array([xs[a] for a in arms], dtype=np.float64)
+    w = (x - x.mean()) / ((x - x.mean()) ** 2).sum()  # least-squares slope weights
+    complete = {s: v for s, v in sorted(by_seed.items()) if set(v) == set(arms)}
+    slopes = {s: float(w @ np.array([v[a] for a in arms])) for s, v in complete.items()}
+    ends = {s: v[arms[-1]] - v[arms[0]] for s, v in complete.items()}
+    return xs, slopes, ends
+
+
+def contrasts(rows: list[dict]) -> list[tuple[str, stats.Estimate, float, float]]:
+    """(name, estimate over seeds, Holm-adjusted t-test p, Holm-adjusted sign-flip p) of the
+    slope and of the end-arm difference, one family of two."""
+    xs, slopes, ends = per_seed_contrasts(rows)
+    arms = sorted(xs, key=xs.get)
+    named = {
+        'slope per unit of x': list(slopes.values()),
+        f'{arms[-1]} − {arms[0]}': list(ends.values()),
+    }
+    estimates = {k: stats.estimate(v) for k, v in named.items()}
+    p_holm = stats.holm([stats.p_value(e) for e in estimates.values()])
+    flip_holm = stats.holm([stats.sign_flip_p(v) for v in named.values()])
+    return [(k, e, p, f) for (k, e), p, f in zip(estimates.items(), p_holm, flip_holm, strict=True)]
+
+
+def trend_table(rows: list[dict]) -> str:
+    """Per arm (in x order) its mean ± std and 95% t-interval; then the slope and the end-arm
+    difference with their intervals, Holm-adjusted t-test p and sign-flip p."""
+    value = list(rows[0])[-1]
+    xs, slopes, _ = per_seed_contrasts(rows)
+    lines = [f'| arm | x | {value} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|---|']
+    for arm in sorted(xs, key=xs.get):
+        v = {int(r['seed']): float(r[value]) for r in rows if r['arm'] == arm}
+        lines.append(f'| {arm} | {xs[arm]:g} | {summary.cell(v)} | {len(v)} |')
+    n = len(slopes)
+    note = summary.family_note(2, n).replace('comparisons of this summary', 'contrasts below')
+    lines += ['', note, '', '| contrast | seeds | estimate (95% CI), p (Holm) |', '|---|---|---|']
+    for name, est, p, flip in contrasts(rows):
+        lines.append(f'| {name} | {est.n} | {summary.diff_cell(est, p, flip_holm=flip)} |')
+    return '\n'.join(lines)
+
+
+def seeds_needed(effect: float, sd: float, alpha: float, power: float = 0.8) -> int:
+    """The fewest paired seeds at which a two-sided one-sample t-test of per-seed values with
+    mean `effect` and sd `sd` reaches `power` at level `alpha` (noncentral t)."""
+    from scipy import stats as scipy_stats  # ~1 s to import: only for power analyses
+
+    for n in range(3, 1000):
+        df, nc = n - 1, effect / sd * math.sqrt(n)
+        t = scipy_stats.t.ppf(1 - alpha / 2, df)
+        got = 1 - scipy_stats.nct.cdf(t, df, nc) + scipy_stats.nct.cdf(-t, df, nc)
+        if got >= power:
+            return n
+    raise ValueError(f'power {power} needs over 1,000 seeds (effect {effect}, sd {sd})')
