@@ -1,5 +1,5 @@
 """The experiments wing: sweeps and uptraining ablations, equal-budget comparisons, statistics over
-seeds and summaries; the eager PyTorch baseline the benchmarks compare against.
+seeds, summaries, pre-registered trends and the tables the studies' reports are generated from.
 """
 
 from lm import public_face
