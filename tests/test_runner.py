@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -125,6 +126,28 @@ def test_reuse_copies_runs_with_the_same_fingerprint(tmp_path, capsys):
     found = runner.run(specs, str(tmp_path / 'second'), reuse=str(tmp_path / 'first'))
     assert f'a_s0: copied from {tmp_path / "first" / "a_s0"}' in capsys.readouterr().out
     assert fake.calls == ['a_s0', 'a_s1', 'a_s1'] and len(found) == 2  # a_s1 changed: trained
+
+
+def test_a_reuse_copy_cut_short_leaves_no_run_that_looks_finished(tmp_path, monkeypatch):
+    """A copy from --reuse that fails half-way (disk full, a kill) must not leave a run whose
+    result.json arrived before its checkpoints: the next command would skip it as finished."""
+    fake = Fake(LOSSES)
+    first, second = tmp_path / 'first', tmp_path / 'second'
+    runner.run(plan(fake)[:1], str(first))
+    copytree = shutil.copytree
+
+    def cut_short(src, dst):
+        copytree(src, dst)
+        raise OSError('No space left on device')
+
+    monkeypatch.setattr(runner.shutil, 'copytree', cut_short)
+    with pytest.raises(OSError):
+        runner.run([fake.spec('a', 0)], str(second), reuse=str(first))
+    assert runner.read_result(str(second / 'a_s0')) is None
+    monkeypatch.undo()
+    runner.run([fake.spec('a', 0)], str(second), reuse=str(first))
+    assert runner.read_result(str(second / 'a_s0')) is not None
+    assert not [p.name for p in second.iterdir() if p.name.startswith('.a_s0')]
 
 
 def test_parallel_lanes_keep_their_order(tmp_path):

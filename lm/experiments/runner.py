@@ -219,6 +219,17 @@ def results(specs: list[Spec], out_dir: str) -> dict[str, dict]:
     return {name: r for name, r in found.items() if r is not None}
 
 
+def _copy_run(src: str, dst: str) -> None:
+    """Copies the finished run `src` to `dst` whole or not at all: into a hidden sibling, then
+    renamed, so no reader (another lane, a later command after a kill) sees a run whose
+    result.json arrived before its checkpoints."""
+    staging = os.path.join(os.path.dirname(dst), f'.{os.path.basename(dst)}.copy-{os.getpid()}')
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(src, staging)
+    shutil.rmtree(dst, ignore_errors=True)
+    os.replace(staging, dst)
+
+
 def run_one(spec: Spec, out_dir: str, reuse: str = '') -> str:
     """Runs `spec` unless cached (or copied from `reuse`, an earlier out_dir holding it with the
     same fingerprint); returns its one-line outcome."""
@@ -226,8 +237,7 @@ def run_one(spec: Spec, out_dir: str, reuse: str = '') -> str:
     if cached(spec, wd) is not None:
         return f'{spec.name}: finished earlier, skipped'
     if reuse and cached(spec, earlier := workdir(reuse, spec)) is not None:
-        shutil.rmtree(wd, ignore_errors=True)
-        shutil.copytree(earlier, wd)
+        _copy_run(earlier, wd)
         return f'{spec.name}: copied from {earlier}'
     if missing := [n for n in spec.needs if read_result(os.path.join(out_dir, n)) is None]:
         return f'{spec.name}: not run: {", ".join(missing)} did not finish'
