@@ -449,7 +449,7 @@ FILE_REFUSALS = {
         'llama_mha',
         None,
         lambda c: c.update(lm_model={'kv_quant_grup': 3}),
-        r"config.json lm_model.kv_quant_grup=3: not a config.model key of this version",
+        r'config.json lm_model.kv_quant_grup=3: not a config.model key of this version',
     ),
 }
 

@@ -152,7 +152,7 @@ def parse_cla(ab: Ablation, spec: str) -> tuple[int, int]:
         raise ValueError(  # the conversion pools heads of the source's kind only
             f"--cla: arm {spec}: CLA arms keep the source's attention "
             f"({source_model.attention!r}: 'cla<n>', 'mqa_cla<n>', 'gqa<g>_cla<n>'); "
-            f"{settings['attention']!r} with CLA is not converted (MLA arms: --mla_ranks)"
+            f'{settings["attention"]!r} with CLA is not converted (MLA arms: --mla_ranks)'
         )
     source = check_model_config(source_model).num_kv_heads
     target = base_config(ab, 0, 1)
