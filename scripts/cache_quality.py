@@ -36,7 +36,7 @@ def run() -> int:
     outputs = (('--out', _OUT.value), ('--sweep_out', _SWEEP_OUT.value))
     for flag, path in (*outputs, ('--pareto_table', _PARETO.value)):
         if path and os.path.isdir(path):
-            raise IsADirectoryError(f'{flag}={path} is a directory; give a CSV file path')
+            raise ValueError(f'{flag}={path} is a directory; give a CSV file path')
         if path:
             check_writable_dir(os.path.dirname(os.path.abspath(path)), flag)
     with StopRequest() as stop:  # SIGTERM: stop between batches; nothing written

@@ -38,7 +38,7 @@ def run() -> int:
         raise ValueError('--config is required: the data to evaluate on')
     check_data_overrides('eval_sweep.py')
     if os.path.isdir(_OUT.value):
-        raise IsADirectoryError(f'--out={_OUT.value} is a directory; give a CSV file path')
+        raise ValueError(f'--out={_OUT.value} is a directory; give a CSV file path')
     check_writable_dir(os.path.dirname(os.path.abspath(_OUT.value)), '--out')
     if not os.path.isdir(_SWEEP_DIR.value):
         raise FileNotFoundError(f'--sweep_dir={_SWEEP_DIR.value} does not exist')

@@ -17,7 +17,7 @@ from lm.experiments.runner import arm_and_seed, read_result
 from lm.infer.cached_eval import make_cached_eval_step
 from lm.infer.decode import Decoder
 from lm.model.accounting import kv_cache_bytes_per_context_token
-from lm.model.kv_cache import KV_CACHE_DTYPES
+from lm.model.kv_cache import KV_CACHE_DTYPES, check_storage
 from lm.model.transformer import model_config
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.run import Run, assemble, stored_config
@@ -88,19 +88,36 @@ def quantized_rows(
     that cache (arm `point+dtype`); the sweep's own runs, protocol and seeds."""
     rows = sweep_seeds(sweep_dir)
     check_request(rows, points, dtypes)
+    todo = _requested_runs(sweep_dir, rows, points, dtypes)
     out = list(rows)
+    for point, seed, workdir in todo:
+        restored = assemble(workdir, state='params', data=True)
+        for dtype in dtypes:
+            loss = evaluate_run(restored, stop=stop, kv_cache_dtype=dtype)['loss']
+            out.append({'arm': f'{point}+{dtype}', 'seed': seed, 'eval_loss': loss})
+            log(f'{point} seed {seed} {dtype}: eval loss {loss:.4f}')
+    return out
+
+
+def _requested_runs(
+    sweep_dir: str, rows: list[dict], points: list[str], dtypes: list[str]
+) -> list[tuple[str, int, str]]:
+    """[(point, seed, workdir)] of every run to evaluate, after checking (from the runs' saved
+    configs, before any is evaluated) that each exists and decodes with every cache dtype."""
+    todo = []
     for point in points:
-        seeds = {r['seed'] for r in rows if r['arm'] == point}
         runs = point_runs(sweep_dir, point)
-        for seed in sorted(seeds):
+        for seed in sorted({r['seed'] for r in rows if r['arm'] == point}):
             if seed not in runs:
                 raise FileNotFoundError(f'--sweep_dir: no finished run of {point} seed {seed}')
-            restored = assemble(runs[seed], state='params', data=True)
+            cfg = model_config(stored_config(runs[seed]).model)
             for dtype in dtypes:
-                loss = evaluate_run(restored, stop=stop, kv_cache_dtype=dtype)['loss']
-                out.append({'arm': f'{point}+{dtype}', 'seed': seed, 'eval_loss': loss})
-                log(f'{point} seed {seed} {dtype}: eval loss {loss:.4f}')
-    return out
+                try:
+                    check_storage(cfg, dtype)
+                except ValueError as e:
+                    raise ValueError(f'--points: {point} ({runs[seed]}): {e}') from None
+            todo.append((point, seed, runs[seed]))
+    return todo
 
 
 def finished_runs(sweep_dir: str) -> list[tuple[tuple[str, int], str]]:
