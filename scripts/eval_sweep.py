@@ -45,7 +45,7 @@ def run() -> int:
     runs = finished_runs(_SWEEP_DIR.value)
     bootstrap(stored_config(runs[0][1]))
     with StopRequest() as stop:  # SIGTERM: stop between batches; nothing written
-        rows = heldout_rows(runs, _CONFIG.value.data, stop=stop.check)
+        rows = heldout_rows(runs, _CONFIG.value.data, stop=stop)
     write_csv(_OUT.value, rows)
     print(f'wrote {_OUT.value}: {len(rows)} rows')
     return 0

@@ -20,21 +20,34 @@ from lm.model.accounting import kv_cache_bytes_per_context_token
 from lm.model.kv_cache import KV_CACHE_DTYPES, check_storage
 from lm.model.transformer import model_config
 from lm.train.evaluation import eval_batch_size, evaluate
+from lm.train.interrupt import StopRequest
 from lm.train.run import Run, assemble, stored_config
 from lm.train.step import make_eval_step
 
 
 def evaluate_run(
-    run: Run, split: str = 'validation', stop: Callable | None = None, kv_cache_dtype: str = ''
+    run: Run,
+    split: str = 'validation',
+    stop: StopRequest | None = None,
+    kv_cache_dtype: str = '',
 ) -> dict[str, float]:
     """`lm.train.evaluation.evaluate` of a restored run (`assemble(..., state='params',
     data=True)`) on `split` under the run's own protocol: by the training forward, or with a
-    `kv_cache_dtype` each window decoded through caches stored so; `stop` as there."""
+    `kv_cache_dtype` each window decoded through caches stored so. A signal `stop` has seen
+    raises `Interrupted` between batches, and within a token of a cached batch."""
     step, params = make_eval_step(run.ctx), run.state['params']
     if kv_cache_dtype:
         model = nnx.merge(run.ctx.graphdef, params)
         decoder = Decoder(model, kv_cache_dtype=kv_cache_dtype)
-        step, params = make_cached_eval_step(decoder, run.mesh), decoder.params
+        stopped = None if stop is None else stop.arrived
+        step, params = make_cached_eval_step(decoder, run.mesh, stopped), decoder.params
+    metrics = _evaluate(run, split, step, params, stop)
+    if stop is not None:
+        stop.check()  # a batch cut short is not a result
+    return metrics
+
+
+def _evaluate(run: Run, split: str, step: Callable, params, stop: StopRequest | None) -> dict:
     return evaluate(
         step,
         params,
@@ -44,7 +57,7 @@ def evaluate_run(
         seq_len=run.config.data.seq_len,
         eval_tokens=run.config.eval_tokens,
         batch_sharding=run.ctx.batch_sharding,
-        stop=stop,
+        stop=None if stop is None else stop.check,
     )
 
 
@@ -82,7 +95,7 @@ def quantized_rows(
     points: list[str],
     dtypes: list[str],
     log: Callable[[str], None] = print,
-    stop: Callable[[], None] | None = None,
+    stop: StopRequest | None = None,
 ) -> list[dict]:
     """The sweep's rows, then for each point, seed and dtype the run's validation loss through
     that cache (arm `point+dtype`); the sweep's own runs, protocol and seeds."""
@@ -144,7 +157,7 @@ def heldout_rows(
     runs: list[tuple[tuple[str, int], str]],
     data: ml_collections.ConfigDict,
     log: Callable[[str], None] = print,
-    stop: Callable[[], None] | None = None,
+    stop: StopRequest | None = None,
 ) -> list[dict]:
     """Each of a sweep's finished runs (`finished_runs`) evaluated again with its data config
     replaced by `data` (e.g. a recall task's second held-out set, `recall_seed` 1), under the
