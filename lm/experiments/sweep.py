@@ -142,7 +142,7 @@ def _points_of(module: types.ModuleType) -> list[dict]:
     one of dicts of settings."""
     if not hasattr(module, 'get_points'):
         return [{}]
-    where = f'get_points() of {module.__file__}'
+    where = f'get_points() of {getattr(module, "__file__", "the sweep file")}'
     try:
         points = module.get_points()
     except Exception as e:  # noqa: BLE001  (the sweep file's own code: said in one line)
