@@ -37,6 +37,8 @@ _LLAMA3_KEYS = {
 }
 _ROPE_TYPES = {'': 'default', 'llama3': 'llama3'}  # config.model.rope_scaling -> HF rope_type
 LM_FIELD = 'lm_model'  # config.json of an lm export: the config.model keys HF has no field for
+# ... but these: the weights' dtype is read from them; kernels are the importing machine's choice
+_NOT_CARRIED = ('param_dtype', 'attention_impl', 'decode_kernel')
 
 
 def mappings() -> dict[HFMapping, list[str]]:
@@ -169,7 +171,7 @@ def lm_only(model: dict, hf_config: dict) -> dict:
             if isinstance(value, dict) and isinstance(have.get(key), dict):
                 if sub := missing(value, have[key]):
                     out[key] = sub
-            elif key not in have and key != 'param_dtype':  # the weights' dtype is read
+            elif key not in have and key not in _NOT_CARRIED:
                 out[key] = value
         return out
 
