@@ -30,7 +30,8 @@ from lm.experiments.sweep_ensemble import PointSpecs
 from lm.model import attention
 from lm.model.transformer import check_model_config
 from lm.train.checkpoint import saved_steps
-from lm.train.run import check_config
+from lm.train.optimizer import check_train_config
+from lm.train.run import check_loop_config
 
 SHORT = {
     'model.num_heads': 'h',
@@ -193,7 +194,8 @@ def _valid_points(base: ml_collections.ConfigDict, points: list[dict]) -> list[t
             continue
         name = named.get('name') or run_name(point, config)
         try:  # a setting no run of the point can train with: refused now, not in each run
-            check_config(config)
+            check_train_config(config.train)
+            check_loop_config(config)
         except ValueError as e:
             raise ValueError(f'sweep point {name}: {e}') from None
         valid.append((name, point, config))
