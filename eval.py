@@ -55,7 +55,7 @@ def _evaluate(restored: Run) -> dict[str, float]:
     if _CACHE.value and restored.corpus.task is not None:
         raise ValueError('--kv_cache_dtype evaluates text windows; this run is a recall task')
     with StopRequest() as stop:  # SIGTERM: stop between batches, write nothing
-        return evaluate_run(restored, _SPLIT.value, stop.check, _CACHE.value)
+        return evaluate_run(restored, _SPLIT.value, stop, _CACHE.value)
 
 
 def run() -> int:

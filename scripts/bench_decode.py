@@ -46,13 +46,14 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from lm.cli import run_app
+from lm.cli import check_writable_dir, run_app
 from lm.config import load_config_file
 from lm.infer import Decoder, cache_capacity, init_caches
 from lm.model import (
     DECODE_KERNELS,
     KV_CACHE_DTYPES,
     build_model,
+    check_storage,
     kv_cache_bytes,
     kv_cache_bytes_read,
     model_config,
@@ -321,10 +322,42 @@ def print_table(rows: list[dict], B: int) -> None:
         )
 
 
+def counts(flag: flags.FlagHolder) -> list[int]:
+    """A list flag's values as whole numbers >= 1 (one line otherwise)."""
+    try:
+        values = [int(v) for v in flag.value]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(
+            f'--{flag.name}={",".join(flag.value)}: expected whole numbers >= 1, comma-separated'
+        )
+    return values
+
+
+def check_flags() -> tuple[list[int], list[int]]:
+    """(batches, contexts) after one-line refusals of every flag no row could run with, before
+    any row is measured: counts, the --json path, and each variant with the cache storage."""
+    batches, contexts = counts(_BATCH), counts(_CONTEXTS)
+    for name in ('new_tokens', 'repeats'):
+        if flags.FLAGS[name].value < 1:
+            raise ValueError(f'--{name} must be >= 1, got {flags.FLAGS[name].value}')
+    if _JSON.value:
+        if os.path.isdir(_JSON.value):
+            raise ValueError(f'--json={_JSON.value} is a directory; give a file path')
+        check_writable_dir(os.path.dirname(os.path.abspath(_JSON.value)), '--json')
+    for variant in _VARIANTS.value:
+        try:
+            check_storage(model_for(variant), _KV_DTYPE.value)
+        except ValueError as e:
+            raise ValueError(f'--variants: {variant}: {e}') from None
+    return batches, contexts
+
+
 def run() -> int:
-    batches = [int(b) for b in _BATCH.value]
+    batches, contexts = check_flags()
     references = [memory_reference(_BW_GIB.value)]
-    rows = [bench(v, int(c), B) for B in batches for v in _VARIANTS.value for c in _CONTEXTS.value]
+    rows = [bench(v, c, B) for B in batches for v in _VARIANTS.value for c in contexts]
     references.append(memory_reference(_BW_GIB.value))  # the machine may be shared: the best
     reference = max(references, key=lambda r: r['reference'])
     reference = add_roofline(rows, reference)
@@ -332,6 +365,7 @@ def run() -> int:
     for B in batches:
         print_table([r for r in rows if r['batch'] == B], B)
     if _JSON.value:
+        os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
         with open(_JSON.value, 'w') as f:
             json.dump(rows, f, indent=1)
     return 0

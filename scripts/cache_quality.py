@@ -36,11 +36,11 @@ def run() -> int:
     outputs = (('--out', _OUT.value), ('--sweep_out', _SWEEP_OUT.value))
     for flag, path in (*outputs, ('--pareto_table', _PARETO.value)):
         if path and os.path.isdir(path):
-            raise IsADirectoryError(f'{flag}={path} is a directory; give a CSV file path')
+            raise ValueError(f'{flag}={path} is a directory; give a CSV file path')
         if path:
             check_writable_dir(os.path.dirname(os.path.abspath(path)), flag)
     with StopRequest() as stop:  # SIGTERM: stop between batches; nothing written
-        rows = quantized_rows(_SWEEP_DIR.value, _POINTS.value, _DTYPES.value, stop=stop.check)
+        rows = quantized_rows(_SWEEP_DIR.value, _POINTS.value, _DTYPES.value, stop=stop)
     write_csv(_OUT.value, [r for r in rows if r['arm'].partition('+')[0] in _POINTS.value])
     if _SWEEP_OUT.value:
         write_csv(_SWEEP_OUT.value, [r for r in rows if '+' not in r['arm']])

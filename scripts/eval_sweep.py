@@ -38,14 +38,14 @@ def run() -> int:
         raise ValueError('--config is required: the data to evaluate on')
     check_data_overrides('eval_sweep.py')
     if os.path.isdir(_OUT.value):
-        raise IsADirectoryError(f'--out={_OUT.value} is a directory; give a CSV file path')
+        raise ValueError(f'--out={_OUT.value} is a directory; give a CSV file path')
     check_writable_dir(os.path.dirname(os.path.abspath(_OUT.value)), '--out')
     if not os.path.isdir(_SWEEP_DIR.value):
         raise FileNotFoundError(f'--sweep_dir={_SWEEP_DIR.value} does not exist')
     runs = finished_runs(_SWEEP_DIR.value)
     bootstrap(stored_config(runs[0][1]))
     with StopRequest() as stop:  # SIGTERM: stop between batches; nothing written
-        rows = heldout_rows(runs, _CONFIG.value.data, stop=stop.check)
+        rows = heldout_rows(runs, _CONFIG.value.data, stop=stop)
     write_csv(_OUT.value, rows)
     print(f'wrote {_OUT.value}: {len(rows)} rows')
     return 0

@@ -109,15 +109,36 @@ def check_lengths(prompts: list[str], rows: list[list[int]], max_new: int, conte
         )
 
 
+def continuation(tokenizer: Tokenizer, before: list[int], new: list[int]) -> str:
+    """The text of `new` as it continues `before` (its last tokens decoded with it, so that
+    spacing is kept)."""
+    context = before[-_STREAM_CONTEXT:]
+    head, text = tokenizer.decode(context), tokenizer.decode(context + new)
+    return text[len(head) :] if text.startswith(head) else text
+
+
+def encode_prompts(tokenizer: Tokenizer, prompts: list[str]) -> list[list[int]]:
+    """The prompts' ids; one line naming the prompt a tokenizer of ids cannot read."""
+    rows = []
+    for i, prompt in enumerate(prompts):
+        try:
+            rows.append(tokenizer.encode(prompt))
+        except ValueError as e:
+            raise ValueError(f'--prompt (number {i + 1}, {prompt!r}): {e}') from None
+    return rows
+
+
 class Stream:
     """The host end of the generation loop: prints row 0's text to stdout as its tokens arrive
     (a batch: progress lines on stderr instead), and asks the loop to stop once a stop signal
     has arrived."""
 
-    def __init__(self, tokenizer: Tokenizer, eos: int | None, batch: int, max_new: int, stop):
+    def __init__(
+        self, tokenizer: Tokenizer, eos: int | None, batch: int, max_new: int, stop, shown=()
+    ):
         self.tokenizer, self.eos, self.stop = tokenizer, eos, stop
         self.batch, self.max_new = batch, max_new
-        self.shown: list[int] = []  # tokens already printed
+        self.shown: list[int] = list(shown)  # tokens already printed (the prompt's)
         self.pending: list[int] = []  # tokens whose text is not yet whole
         self.steps = 0
 
@@ -136,12 +157,10 @@ class Stream:
         """Prints the pending tokens' text; not `final`, only when it ends in whole characters."""
         if not self.pending:
             return
-        context = self.shown[-_STREAM_CONTEXT:]
-        before = self.tokenizer.decode(context)
-        text = self.tokenizer.decode(context + self.pending)
+        text = continuation(self.tokenizer, self.shown, self.pending)
         if text.endswith('\ufffd') and not final and len(self.pending) < 8:
             return  # a character split across tokens: wait for its other bytes
-        sys.stdout.write(text[len(before) :] if text.startswith(before) else text)
+        sys.stdout.write(text)
         sys.stdout.flush()
         self.shown += self.pending
         self.pending = []
@@ -155,7 +174,7 @@ def run() -> int:
     sampling = parse_sampling(_SAMPLING.value)
     config = stored_config(_WORKDIR.value, step=_STEP.value)
     tokenizer = load_tokenizer(config.data)
-    rows = [tokenizer.encode(p) for p in prompts]
+    rows = encode_prompts(tokenizer, prompts)
     check_lengths(prompts, rows, _MAX_NEW.value, max_position(_WORKDIR.value, config))
     bootstrap(config)
     with StopRequest() as stop:
@@ -172,9 +191,11 @@ def run() -> int:
         )
         del restored  # the decoder holds the parameters
         eos = tokenizer.eos_id if _STOP.value else None
-        stream = Stream(tokenizer, eos, len(rows), _MAX_NEW.value, stop)
+        mark = tokenizer.continuation_mark
+        shown = rows[0] if mark else []  # text: the continuation starts as it always did
+        stream = Stream(tokenizer, eos, len(rows), _MAX_NEW.value, stop, shown)
         if len(rows) == 1:
-            sys.stdout.write(prompts[0])
+            sys.stdout.write(prompts[0] + mark)
         outs = decoder.generate(
             rows, _MAX_NEW.value, sampling, eos_id=eos, seed=_SEED.value, on_token=stream
         )
@@ -183,8 +204,10 @@ def run() -> int:
             print('\n' + '-' * 40)
         stop.check()
     if len(rows) > 1:
-        for prompt, out in zip(prompts, outs, strict=True):
-            print(prompt + tokenizer.decode(t for t in out if t != eos))
+        for prompt, row, out in zip(prompts, rows, outs, strict=True):
+            new = [t for t in out if t != eos]
+            text = continuation(tokenizer, row, new) if mark else tokenizer.decode(new)
+            print(prompt + mark + text)
             print('-' * 40)
     return 0
 

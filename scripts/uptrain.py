@@ -39,7 +39,7 @@ from absl import flags
 from lm.cli import USER_ERRORS, bootstrap, check_writable_dir, run_app
 from lm.convert import KEYS, SOURCE, WORKDIR, ConversionOptions, convert_checkpoint
 from lm.model import model_config, variant_class
-from lm.train import remember_tb_dir, remembered_tb_dir, stored_config
+from lm.train import StopRequest, remember_tb_dir, remembered_tb_dir, stored_config
 
 
 def kv_heads(config) -> str:
@@ -175,7 +175,8 @@ def run() -> int:
         tb_dir = _TB_DIR.value or remembered_tb_dir(_SRC.value)
         if _TB_DIR.value:
             check_writable_dir(tb_dir, '--tb_dir')
-        config = convert_checkpoint(_SRC.value, conversion, _DST.value)
+        with StopRequest() as stop:  # SIGTERM / SIGINT: stop the conversion, write nothing
+            config = convert_checkpoint(_SRC.value, conversion, _DST.value, stop)
     except USER_ERRORS as e:
         raise type(e)(with_flags(str(e))) from None
     remember_tb_dir(_DST.value, tb_dir)  # train.py, eval.py, ... log there

@@ -30,6 +30,7 @@ Data: `data/tinyshakespeare.txt` and `prompts.txt` are texts the tests write (no
 import dataclasses
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -58,7 +59,7 @@ SCALINGS = {
         '--config.train.batch_size=8'
     ),
 }
-NEVER_RUN = re.compile(r'^(pip|tensorboard|pytest|python -m pytest) ')
+NEVER_RUN = re.compile(r'^(pip|tensorboard|pytest|python -m (pytest|venv)) ')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +149,11 @@ def scratch(tmp_path):
     shutil.copytree(ROOT / 'configs', tmp_path / 'configs')  # their '..' paths stay in here
     shutil.copytree(ROOT / 'docs', tmp_path / 'docs')  # study scripts; nothing writes the repo
     (tmp_path / 'bin').mkdir()
-    (tmp_path / 'bin' / 'python').symlink_to(sys.executable)
+    # A script, not a link: a virtualenv's python is that venv only when started by its own
+    # path (it finds pyvenv.cfg beside the path it was started by).
+    python = tmp_path / 'bin' / 'python'
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
     (tmp_path / 'data').mkdir()
     (tmp_path / 'data' / 'tinyshakespeare.txt').write_text(stdlib_text(60_000), encoding='utf-8')
     (tmp_path / 'other.txt').write_text(stdlib_text(20_000), encoding='utf-8')

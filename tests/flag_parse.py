@@ -5,8 +5,10 @@ flags with the entry point's own parser (a trailing `--help` dropped, so an unkn
 error, as it is not beside `--help`), prints PARSED and exits 0 instead of running. Used by
 tests/test_doc_flags.py: each child pays for its entry point's own imports only, not for JAX's.
 
-stdin: JSON list of {"cwd": ..., "argv": [script or "-m", ...]}; stdout: JSON list of
-{"code": exit status, "out": stdout and stderr}, in the same order. Modules of `lm` define no
+stdin: JSON list of {"cwd": ..., "argv": [script or "-m", ...]} (with "run": true, the entry
+point runs on past its flags: tests/test_bad_inputs.py's refusals that come before any JAX work,
+one fork each); stdout: JSON list of {"code": exit status, "out": stdout and stderr}, in the same
+order. Modules of `lm` define no
 flags when imported (entry points define them), so importing them all changes no parse.
 """
 
@@ -36,12 +38,13 @@ def parse_only(main, argv=None, flags_parser=None, **_) -> None:
     sys.exit(0)
 
 
-def child(cwd: str, argv: list[str], out_fd: int) -> None:
+def child(cwd: str, argv: list[str], out_fd: int, run: bool = False) -> None:
     """In the forked child: the invocation, then os._exit with its exit status."""
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
     code = 0
-    app.run = parse_only
+    if not run:
+        app.run = parse_only
     try:
         os.chdir(cwd)
         if argv[0] == '-m':
@@ -63,11 +66,11 @@ def child(cwd: str, argv: list[str], out_fd: int) -> None:
     os._exit(code)
 
 
-def run(cwd: str, argv: list[str]) -> dict:
+def run(cwd: str, argv: list[str], run: bool = False) -> dict:
     with tempfile.TemporaryFile() as out:
         pid = os.fork()
         if pid == 0:
-            child(cwd, argv, out.fileno())
+            child(cwd, argv, out.fileno(), run)
         _, status = os.waitpid(pid, 0)
         out.seek(0)
         text = out.read().decode(errors='replace')
@@ -79,7 +82,7 @@ def main() -> None:
     for module in pkgutil.walk_packages(lm.__path__, 'lm.'):
         importlib.import_module(module.name)
     assert threading.active_count() == 1, 'a thread before fork: children could deadlock'
-    results = [run(c['cwd'], c['argv']) for c in calls]
+    results = [run(c['cwd'], c['argv'], c.get('run', False)) for c in calls]
     json.dump(results, sys.stdout)
 
 

@@ -4,6 +4,7 @@ exit != 0 with a one-line `error:` naming the setting or file, before anything i
 leave every file already written (a trained run, its data cache, configs) untouched."""
 
 import hashlib
+import json
 import os
 import pathlib
 import re
@@ -14,9 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
-from conftest import ENV, ROOT, stdlib_text, tiny_train_config, write_config_file
+from conftest import ENV, ROOT, stdlib_text, tiny_config, tiny_train_config, write_config_file
 
+from lm.config import with_values
+from lm.train.checkpoint import Checkpointer
 from lm.train.loop import train
+from lm.train.run import assemble, checkpoint_meta
 
 
 def tree_digest(root: pathlib.Path) -> dict[str, str]:
@@ -343,3 +347,198 @@ def test_data_path_that_the_source_ignores_is_warned_about(ctx):
     warning = [ln for ln in out.stderr.splitlines() if 'is ignored' in ln]
     assert len(warning) == 1 and f"config.data.path='{ctx.text}'" in warning[0], out.stderr
     assert "source='stdlib'" in warning[0]
+
+
+# -- refusals before any JAX work: each row in a forked child of one Python that has imported
+# lm once (tests/flag_parse.py, "run"), a fraction of a second each instead of a fresh
+# interpreter. The row must be refused before the entry point touches JAX.
+
+BENCH, CACHE_Q, EVAL_SWEEP = (
+    'scripts/bench_decode.py',
+    'scripts/cache_quality.py',
+    ('scripts/eval_sweep.py'),
+)
+GET_POINTS = {  # sweep files: the body of get_points()
+    'points_not_a_list': "return {'name': 'a'}",
+    'point_not_a_dict': 'return [1]',
+    'point_seeds_zero': "return [{'name': 'a', 'seeds': 0}]",
+    'get_points_raises': 'return 1 / 0',
+    'point_value_of_another_type': "return [{'name': 'a', 'model.num_heads': 'x'}]",
+}
+
+
+def save_step0(config, workdir) -> None:
+    """A step-0 run of `config`: its initial parameters saved as training saves them."""
+    run = assemble(config, state='init')
+    ckpt = Checkpointer(str(workdir), async_save=False)
+    ckpt.save(
+        0, run.state, checkpoint_meta(run.config, 'test', 0, run.ctx.abstract_state['params'])
+    )
+    ckpt.close()
+
+
+@pytest.fixture(scope='module')
+def early(ctx):
+    """ctx with a step-0 MQAR run, a sweep of one finished CLA run and malformed sweep files."""
+    root = ctx.root
+    mqar = tiny_config(attention='mha')
+    mqar.model.vocab_size = 64  # the symbols'
+    mqar.data.update(source='mqar', recall_pairs=4, recall_vocab=64, seq_len=32)
+    ctx.mqar = root / 'mqar'
+    save_step0(mqar, ctx.mqar)
+    cla = with_values(ctx.config, {'model.kv_share_every': 2, 'model.vocab_size': 258})
+    ctx.cla_sweep = root / 'cla_sweep'
+    save_step0(cla, ctx.cla_sweep / 'cla2_s0')
+    (ctx.cla_sweep / 'cla2_s0' / 'result.json').write_text(json.dumps({'fingerprint': {'seed': 0}}))
+    (ctx.cla_sweep / 'summary_seeds.csv').write_text('point,seed,eval_loss\ncla2,0,3.0\n')
+    base = (root / 'good.py').read_text()
+    for name, body in GET_POINTS.items():
+        (root / f'{name}.py').write_text(f'{base}\n\ndef get_points():\n    {body}\n')
+    return ctx
+
+
+EARLY = [
+    (
+        'bench_decode_json_is_a_directory',
+        BENCH,
+        lambda c: [f'--json={c.root}'],
+        r'--json=.* is a directory; give a file path',
+    ),
+    (
+        'bench_decode_json_unwritable',
+        BENCH,
+        lambda c: ['--json=UNWRITABLE/x/decode.json'],
+        r'--json=.*(not writable|cannot be created)',
+    ),
+    (
+        'bench_decode_batch_zero',
+        BENCH,
+        lambda c: ['--batch=0'],
+        r'--batch=0: expected whole numbers >= 1',
+    ),
+    (
+        'bench_decode_contexts_not_numbers',
+        BENCH,
+        lambda c: ['--contexts=abc'],
+        r'--contexts=abc: expected whole numbers >= 1',
+    ),
+    (
+        'bench_decode_new_tokens_zero',
+        BENCH,
+        lambda c: ['--new_tokens=0'],
+        r'--new_tokens must be >= 1, got 0',
+    ),
+    (
+        'bench_decode_cla_with_int8_before_other_rows',
+        BENCH,
+        lambda c: ['--variants=mha,cla2', '--kv_cache_dtype=int8'],
+        r"--variants: cla2: config\.model\.kv_share_every=2 with kv_cache_dtype='int8'",
+    ),
+    (
+        'cache_quality_out_is_a_directory',
+        CACHE_Q,
+        lambda c: [f'--sweep_dir={c.cla_sweep}', f'--out={c.root}'],
+        r'--out=.* is a directory; give a CSV file path',
+    ),
+    (
+        'cache_quality_cla_run_before_evaluating',
+        CACHE_Q,
+        lambda c: [
+            f'--sweep_dir={c.cla_sweep}',
+            '--points=cla2',
+            '--kv_cache_dtypes=int8',
+            f'--out={c.root}/new_dir/q.csv',
+        ],
+        r'--points: cla2 \(.*cla2_s0\): config\.model\.kv_share_every=2 with kv_cache_dtype=',
+    ),
+    (
+        'eval_sweep_out_is_a_directory',
+        EVAL_SWEEP,
+        lambda c: [f'--sweep_dir={c.cla_sweep}', f'--config={c.good_cfg}', f'--out={c.root}'],
+        r'--out=.* is a directory; give a CSV file path',
+    ),
+    (
+        'sweep_grid_lr_nan',
+        SWEEP,
+        lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.root}/sw', '--grid=train.lr=nan'],
+        r'sweep point \S+: config\.train\.lr must be a finite number, got nan',
+    ),
+    (
+        'sweep_grid_steps_negative',
+        SWEEP,
+        lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.root}/sw', '--grid=train.steps=-5'],
+        r'sweep point \S+: config\.train\.steps must be >= 0 .*got -5',
+    ),
+    *[
+        (
+            f'sweep_file_{name}',
+            SWEEP,
+            lambda c, name=name: [f'--config={c.root}/{name}.py', f'--sweep_dir={c.root}/sw'],
+            pattern,
+        )
+        for name, pattern in (
+            ('points_not_a_list', r'get_points\(\) of .* returned dict, not a list of points'),
+            ('point_not_a_dict', r'point 1 is 1, not a dict of settings'),
+            ('point_seeds_zero', r'point 1 has seeds=0; expected >= 1'),
+            ('get_points_raises', r'get_points\(\) of .* failed: ZeroDivisionError'),
+            ('point_value_of_another_type', r"sweep point a: .*'num_heads'"),
+        )
+    ],
+    (
+        'generate_id_outside_the_vocabulary',
+        GENERATE,
+        lambda c: [f'--workdir={c.mqar}', '--prompt=1 4000'],
+        r"--prompt \(number 1, '1 4000'\): '4000' is not a symbol id: expected whole numbers "
+        r'0\.\.63',
+    ),
+    (
+        'generate_negative_id',
+        GENERATE,
+        lambda c: [f'--workdir={c.mqar}', '--prompt=-2 5'],
+        r"'-2' is not a symbol id",
+    ),
+]
+
+
+@pytest.fixture(scope='module')
+def early_outcomes(early):
+    """Every EARLY row, in forked children of one Python (tests/flag_parse.py), and the digest
+    of everything written before and after them."""
+    calls = [
+        {
+            'cwd': str(ROOT),
+            'argv': [
+                str(ROOT / script),
+                *(a.replace('=UNWRITABLE', f'={early.unwritable}') for a in args(early)),
+            ],
+            'run': True,
+        }
+        for _, script, args, _ in EARLY
+    ]
+    before = tree_digest(early.root)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / 'tests' / 'flag_parse.py')],
+        input=json.dumps(calls),
+        cwd=ROOT,
+        env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'HF_HUB_OFFLINE': '1'},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout)
+    return dict(zip([r[0] for r in EARLY], results, strict=True)), before, tree_digest(early.root)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ('row', 'pattern'), [(r[0], r[3]) for r in EARLY], ids=[r[0] for r in EARLY]
+)
+def test_early_refusal_is_one_line_before_any_work(early_outcomes, row, pattern):
+    results, before, after = early_outcomes
+    code, out = results[row]['code'], results[row]['out']
+    lines = [ln for ln in out.strip().splitlines() if ln.strip()]
+    assert code != 0 and 'Traceback' not in out, out[-3000:]
+    assert lines and lines[-1].startswith('error: '), out[-3000:]
+    assert re.search(pattern, lines[-1]), lines[-1]
+    assert after == before  # nothing written, not even the directories of outputs

@@ -52,6 +52,28 @@ def test_float_cache_equals_the_forward_and_int8_differs_a_little(overrides):
     assert delta.max() < 0.05 and delta[:, 1:].max() > 0  # token 0 attends only itself
 
 
+@pytest.mark.slow
+def test_a_stop_signal_cuts_a_cached_batch_short_within_a_token():
+    """`stopped` (asked before each token) first True at token 5 of 12: the losses before it are
+    the uninterrupted ones, those from it on are skipped (0), so a batch of long windows ends
+    within a token of SIGTERM instead of after the whole batch."""
+    cfg = model_config(tiny_config(attention='mha').model)
+    model = build_model(cfg, seed=3)
+    d = Decoder(model, kv_cache_dtype='float')
+    batch = np.asarray(jax.random.randint(jax.random.key(1), (2, 13), 0, cfg.vocab_size))
+    asked = []
+
+    def stopped():
+        asked.append(1)
+        return len(asked) > 5
+
+    cut = np.asarray(
+        jax.jit(cached_token_losses, static_argnums=(0, 3))(d, d.params, batch, stopped)
+    )
+    np.testing.assert_allclose(cut[:, :5], forward_losses(model, batch)[:, :5], atol=2e-5)
+    assert not cut[:, 5:].any() and len(asked) == 12
+
+
 def test_kivi4_cache_costs_more_than_int8_and_its_residual_nothing():
     """GQA with groups of 4 tokens: 12 positions decode through 4-bit keys and values once
     their group is complete (the first 3 positions attend the float residual only, exactly)."""

@@ -177,6 +177,8 @@ def test_ablation_cla_arms_and_their_cache_bytes():
     assert ablation.parse_cla(ab, 'cla2') == (0, 2)
     with pytest.raises(ValueError, match="'cla<n>'"):
         ablation.parse_cla(ab, 'cla1')
+    with pytest.raises(ValueError, match=r"^--cla: arm mla_cla2: .*'mla' with CLA is not conv"):
+        ablation.parse_cla(ab, 'mla_cla2')  # not MHA-CLA2 labelled CLA2
 
 
 @pytest.mark.slow

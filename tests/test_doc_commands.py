@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from conftest import ROOT
-from doc_commands import REFERENCE, STUDIES, doc_commands, run_chain, scaled, walk
+from doc_commands import REFERENCE, STUDIES, bash, doc_commands, run_chain, scaled, scratch, walk
 
 
 def test_every_ci_comment_applies_to_its_command():
@@ -18,6 +18,14 @@ def test_every_ci_comment_applies_to_its_command():
     for doc in REFERENCE + STUDIES:
         for command, action in doc_commands((ROOT / doc).read_text()):
             scaled(command, action)
+
+
+def test_the_chains_python_is_the_tests_own(tmp_path):
+    """`python` in the chains is this interpreter with its packages, also in a virtualenv (a
+    link to a venv's python starts the base interpreter, without the venv's packages)."""
+    out = bash('python -c "import sys, absl; print(sys.prefix)"', tmp_path, scratch(tmp_path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == sys.prefix
 
 
 @pytest.mark.slow

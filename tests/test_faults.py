@@ -186,8 +186,8 @@ def test_a_long_evaluation_says_how_long_it_takes_and_shows_progress(monkeypatch
     # rate excludes the first batch: 4 s per batch, lines at t = 32 (batch 4), 44 (7), and the
     # last batch logs nothing.
     assert lines == [
-        'evaluating the validation split takes about 180 s more (10 batches); scoring fewer '
-        'tokens than the whole split (config.eval_tokens=0): config.eval_tokens',
+        'evaluating the validation split takes about 180 s more (10 batches); set '
+        'config.eval_tokens > 0 to score fewer tokens than the whole split',
         'eval: 4/10 batches, about 24 s left',
         'eval: 7/10 batches, about 12 s left',
     ], lines

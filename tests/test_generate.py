@@ -100,6 +100,30 @@ def test_generate_prints_the_greedy_continuation_of_a_full_forward(tiny_run):
 
 
 @pytest.mark.slow
+def test_generate_on_a_recall_run_prints_prompt_and_continuation_apart(tmp_path):
+    """An MQAR run's ids: the prompt, ' =>', then the new ids, each apart ('1 40 => 23 59 46',
+    not '1 4023 59 46')."""
+    config = tiny_config(attention='mha', vocab_size=64)
+    config.data.update(source='mqar', recall_pairs=4, recall_vocab=64, seq_len=32)
+    run = assemble(config, state='init')
+    ckpt = Checkpointer(str(tmp_path / 'mqar'), async_save=False)
+    ckpt.save(
+        0, run.state, checkpoint_meta(run.config, 'test', 0, run.ctx.abstract_state['params'])
+    )
+    ckpt.close()
+    out = run_entry(
+        GENERATE,
+        f'--workdir={tmp_path / "mqar"}',
+        '--prompt=1 40',
+        '--max_new_tokens=3',
+        '--sampling=greedy',
+        '--nostop_at_eos',
+        check=True,
+    )
+    assert re.fullmatch(rf'1 40 => \d+ \d+ \d+\n{DIVIDER}\n', out.stdout), out.stdout
+
+
+@pytest.mark.slow
 def test_generate_refuses_what_does_not_fit_the_context_before_any_work(tiny_run, tmp_path):
     """A prompt longer than the context, a prompt + --max_new_tokens beyond it: one line each,
     naming the prompt / the flag and the limit (the checkpoint is not read: a corrupt state

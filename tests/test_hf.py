@@ -168,7 +168,9 @@ ROUND_TRIPS = {
     'mha_bias_llama3': dict(
         attention='mha', qkv_bias=True, o_bias=True, rope_scaling='llama3', tie_embeddings=False
     ),
-    'mqa_tied_bf16_hd12': dict(attention='mqa', head_dim=12, param_dtype='bfloat16'),
+    'mqa_tied_bf16_hd12': dict(
+        attention='mqa', head_dim=12, param_dtype='bfloat16', kv_quant_group=3, decode_chunk=8
+    ),
     'mla_qlora': dict(attention='mla', q_lora_rank=12, latent_norm_eps=1e-6),
     'mla_direct_bf16': dict(
         attention='mla', latent_norm_eps=1e-6, param_dtype='bfloat16', tie_embeddings=False
@@ -187,6 +189,9 @@ def test_import_of_export_is_bitwise_equal(tmp_path, case):
         )
     config = import_hf(str(tmp_path / 'hf'), str(tmp_path / 'back'), base_config())
     assert config.model.attention == ROUND_TRIPS[case]['attention']
+    want = ROUND_TRIPS[case]
+    carried = {k: want[k] for k in ('kv_quant_group', 'decode_chunk') if k in want}
+    assert {k: config.model[k] for k in carried} == carried  # in config.json's lm_model
     assert_bitwise_equal(flat_params(tmp_path / 'run'), flat_params(tmp_path / 'back'))
 
 
@@ -440,6 +445,12 @@ FILE_REFUSALS = {
         r'tensor model.layers.1.mlp.down_proj.weight holds non-finite',
     ),
     'inf': ('llama_gqa', _inf, None, r'tensor model.norm.weight holds non-finite'),
+    'lm_field_unknown_key': (
+        'llama_mha',
+        None,
+        lambda c: c.update(lm_model={'kv_quant_grup': 3}),
+        r'config.json lm_model.kv_quant_grup=3: not a config.model key of this version',
+    ),
 }
 
 
@@ -458,6 +469,10 @@ DAMAGES = {
     'cut_header': (lambda raw: raw[:20], 'hold no complete header'),
     'empty': (lambda raw: b'', 'hold no complete header'),
     'garbled_header': (lambda raw: raw[:8] + b'\xff' * 16 + raw[24:], 'damaged safetensors header'),
+    'header_without_shape': (
+        lambda raw: raw.replace(b'"shape"', b'"shapf"', 1),
+        r"damaged safetensors header: tensor \S+ lacks a 'dtype', 'shape'",
+    ),
 }
 
 

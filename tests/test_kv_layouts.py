@@ -179,6 +179,11 @@ def test_mqa_cla2_halves_mqa_cache():
         (dict(attention='mla', kv_share_every=2, num_kv_heads=0), 'kv_share_every=2 needs'),
         (dict(kv_heads_per_layer=(2,)), 'must list one count per layer'),
         (dict(kv_heads_per_layer=(4, 3)), '[3] do not divide num_heads=4'),
+        (dict(kv_heads_per_layer=(3, 3)), 'kv_heads_per_layer: [3, 3] do not divide num_heads'),
+        (  # names the key set, not the num_kv_heads derived from it
+            dict(attention='mha', kv_heads_per_layer=(2, 1)),
+            'config.model.kv_heads_per_layer=(2, 1) (num_kv_heads = its largest, 2): ',
+        ),
         (dict(kv_heads_per_layer=(2, 1), num_kv_heads=1), 'must be 0 or max('),
         (dict(attention='mla', kv_heads_per_layer=(2, 1)), 'needs K/V heads'),
         (dict(kv_heads_per_layer=(2, 1), kv_share_every=2), 'layers [1] read the K/V'),

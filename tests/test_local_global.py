@@ -207,6 +207,9 @@ def test_hf_config_round_trip_and_refusals():
         hf.hf_from_model(local_cfg(attention='mla'), 64)
     plain = hf.hf_from_model(local_cfg(sliding_window=0), 64)
     assert plain['architectures'] == ['LlamaForCausalLM']
+    short = {**out, 'layer_types': out['layer_types'][:5]}  # 5 for 6 layers: none guessed
+    with pytest.raises(ValueError, match=r'^config.json layer_types=.*one entry per layer, 6 '):
+        hf.model_from_hf(short)
 
 
 @pytest.mark.slow

@@ -36,6 +36,9 @@ _LLAMA3_KEYS = {
     'original_max_position_embeddings': 'rope_original_max_len',
 }
 _ROPE_TYPES = {'': 'default', 'llama3': 'llama3'}  # config.model.rope_scaling -> HF rope_type
+LM_FIELD = 'lm_model'  # config.json of an lm export: the config.model keys HF has no field for
+# ... but these: the weights' dtype is read from them; kernels are the importing machine's choice
+_NOT_CARRIED = ('param_dtype', 'attention_impl', 'decode_kernel')
 
 
 def mappings() -> dict[HFMapping, list[str]]:
@@ -152,7 +155,47 @@ def model_from_hf(hf: dict) -> tuple[dict, bool]:
     }
     settings, rope_interleave = mapping.from_hf(hf)
     model.update(settings)
+    _add_missing(model, hf.get(LM_FIELD) or {})
     return model, rope_interleave
+
+
+def lm_only(model: dict, hf_config: dict) -> dict:
+    """The `config.model` values (`model`, a dict) that `hf_config`'s own fields do not carry
+    (kv_quant_group, the compute dtype, ...): an export writes them as config.json's LM_FIELD so
+    that its import evaluates as the run did."""
+    carried, _ = model_from_hf({k: v for k, v in hf_config.items() if k != LM_FIELD})
+
+    def missing(full: dict, have: dict) -> dict:
+        out = {}
+        for key, value in full.items():
+            if isinstance(value, dict) and isinstance(have.get(key), dict):
+                if sub := missing(value, have[key]):
+                    out[key] = sub
+            elif key not in have and key not in _NOT_CARRIED:
+                out[key] = value
+        return out
+
+    return missing(model, carried)
+
+
+def _add_missing(model: dict, extra: dict) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(model.get(key), dict):
+            _add_missing(model[key], value)
+        elif key not in model:
+            model[key] = value
+
+
+def check_known(model: dict, known: dict, prefix: str = '') -> None:
+    """Refuses a key of an imported `model` that `known` (the base config.model) lacks: an
+    export's LM_FIELD written by another version of lm."""
+    for key, value in model.items():
+        if key not in known:
+            raise refuse(
+                f'{LM_FIELD}.{prefix}{key}', value, 'not a config.model key of this version of lm'
+            )
+        if isinstance(value, dict) and isinstance(known[key], dict):
+            check_known(value, known[key], f'{prefix}{key}.')
 
 
 def _rope_to_hf(cfg: ModelConfig, mapping: HFMapping) -> dict:

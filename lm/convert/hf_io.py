@@ -195,6 +195,7 @@ def import_hf(
         raise FileExistsError(f'--workdir: {workdir} already holds checkpoints; choose a new one')
     directory, hf_config = _read_hf_config(hf_dir)
     model, rope_interleave = hf.model_from_hf(hf_config)
+    hf.check_known(model, base.model.to_dict())
     tokenizer = hf_files.read_tokenizer(directory, tokenizer_path, model['vocab_size'])
     reader = SafetensorsReader(directory)
     config = ml_collections.ConfigDict(base.to_dict())
@@ -279,6 +280,7 @@ def export_hf(
     extra = {**hf_files.special_ids(tokenizer), **extra}
     max_len = hf_files.max_position(workdir, config)
     hf_config = hf.hf_from_model(cfg, max_len, **extra)
+    hf_config[hf.LM_FIELD] = hf.lm_only(config.model.to_dict(), hf_config)
     tensors = hf.tensor_map(cfg, rope_interleave=hf.exports_interleaved_rope(cfg))
     with staged(out_dir, 'export') as build:
         _write_tensors(build, tensors, restored.state['params'], max_shard_bytes, stop)

@@ -44,9 +44,16 @@ def check_safetensors(path: str) -> None:
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise ValueError(f'{path} has a damaged safetensors header (not JSON)') from None
     data = size - 8 - n
+    if not isinstance(header, dict):
+        raise ValueError(f'{path} has a damaged safetensors header (not a JSON object)')
     for name, entry in header.items():
         if name == '__metadata__':
             continue
+        if not _is_entry(entry):
+            raise ValueError(
+                f"{path} has a damaged safetensors header: tensor {name} lacks a 'dtype', "
+                "'shape' or 'data_offsets' of the right kind (download it again)"
+            )
         start, end = entry['data_offsets']
         want = math.prod(entry['shape']) * ITEM_BYTES.get(entry['dtype'], 0)
         if end > data or (want and end - start != want):
@@ -54,6 +61,21 @@ def check_safetensors(path: str) -> None:
                 f'{path} is truncated or damaged: tensor {name} needs bytes {start}..{end} of '
                 f'its data, the file holds {data} (download it again)'
             )
+
+
+def _is_entry(entry) -> bool:
+    """Whether a safetensors header entry has a dtype, a shape and two data offsets."""
+
+    def counts(xs) -> bool:
+        return isinstance(xs, list) and all(isinstance(x, int) and x >= 0 for x in xs)
+
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get('dtype'), str)
+        and counts(entry.get('shape'))
+        and counts(entry.get('data_offsets'))
+        and len(entry['data_offsets']) == 2
+    )
 
 
 def _read_index(index: str) -> dict[str, str]:

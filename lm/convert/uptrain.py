@@ -48,6 +48,7 @@ from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import model_config
 from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries, read_latest_meta
+from lm.train.interrupt import StopRequest
 from lm.train.optimizer import check_train_config
 from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context, stored_config
 from lm.train.workdir import WorkdirLock
@@ -202,13 +203,19 @@ def uptrain_config(
 
 
 def convert_checkpoint(
-    source_workdir: str, options: ConversionOptions, workdir: str
+    source_workdir: str,
+    options: ConversionOptions,
+    workdir: str,
+    stop: StopRequest | None = None,
 ) -> ml_collections.ConfigDict:
     """Converts `source_workdir`'s checkpoint as `options` say and writes it as a new run in
     `workdir` whose first checkpoint is at the source's step (config from `uptrain_config`);
     returns that config. Everything that can be checked is checked before anything is written,
     and `workdir` is owned meanwhile (`WorkdirLock`); the checkpoint is built beside its place
-    and moved in when complete, so a failure leaves `workdir` as it was."""
+    and moved in when complete, so a failure leaves `workdir` as it was. A signal `stop` sees
+    during the conversion raises `Interrupted` at once (nothing is written yet); the writing,
+    brief, is let finish."""
+    stop = stop or StopRequest()  # never entered: records nothing, stops nothing
     latest = read_latest_meta(source_workdir)
     step = options.source_step
     check_steps(step if step is not None else latest and latest['data_step'], options.steps)
@@ -218,7 +225,8 @@ def convert_checkpoint(
             raise FileExistsError(
                 f'{WORKDIR}: {workdir} already holds checkpoints; choose a new directory'
             )
-        config, state, meta = _convert(source_workdir, options, workdir)
+        with stop.at_once():
+            config, state, meta = _convert(source_workdir, options, workdir)
         tokenizer = stored_config(source_workdir, SOURCE, options.source_step).data.tokenizer
         for name in os.listdir(workdir):  # left by a conversion that was killed
             if name.startswith(PARTIAL):

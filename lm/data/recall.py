@@ -57,9 +57,20 @@ class SymbolTokenizer:
         self.eos_id = vocab_size - 1
         self.name = f'symbols{vocab_size}'
         self.parallel = False
+        self.continuation_mark = ' =>'  # ids run together otherwise ('1 40' + '23')
 
     def encode(self, text: str) -> list[int]:
-        return [int(t) for t in text.split()]
+        """The whitespace-separated ids of `text`; one-line ValueError for anything that is
+        not an id in [0, vocab_size)."""
+        ids = []
+        for word in text.split():
+            if not (word.isascii() and word.isdigit() and int(word) < self.vocab_size):
+                raise ValueError(
+                    f'{word!r} is not a symbol id: expected whole numbers 0..{self.vocab_size - 1} '
+                    'separated by spaces'
+                )
+            ids.append(int(word))
+        return ids
 
     def encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.encode(text), np.int32)

@@ -23,6 +23,7 @@ class Tokenizer(Protocol):
     vocab_size: int
     eos_id: int
     parallel: bool  # encoding is CPU-bound enough that worker processes pay (lm.data.cache)
+    continuation_mark: str  # shown between a prompt and its continuation ('': text runs on)
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -53,6 +54,7 @@ class ByteTokenizer:
     eos_id = 256
     pad_id = 257
     parallel = False  # a UTF-8 encode: cheaper here than handing the text to a worker
+    continuation_mark = ''
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode('utf-8'))
@@ -80,6 +82,7 @@ class HFTokenizer:
     """A Hugging Face `tokenizers.Tokenizer` (from a tokenizer.json, or trained by `train_bpe`)."""
 
     parallel = True
+    continuation_mark = ''
 
     def __init__(self, tok: tokenizers.Tokenizer, name: str, eos_token: str = ''):
         self.tok = tok

@@ -146,7 +146,15 @@ def parse_cla(ab: Ablation, spec: str) -> tuple[int, int]:
         raise ValueError(
             f"--cla: expected 'cla<n>', 'mqa_cla<n>' or 'gqa<g>_cla<n>', n >= 2, got {spec!r}"
         )
-    source = check_model_config(base_config(ab, 0, 1).model).num_kv_heads
+    source_model = base_config(ab, 0, 1).model
+    kind = attention.VARIANTS.get(settings.get('attention', source_model.attention))
+    if kind is not attention.VARIANTS[source_model.attention]:
+        raise ValueError(  # the conversion pools heads of the source's kind only
+            f"--cla: arm {spec}: CLA arms keep the source's attention "
+            f"({source_model.attention!r}: 'cla<n>', 'mqa_cla<n>', 'gqa<g>_cla<n>'); "
+            f'{settings["attention"]!r} with CLA is not converted (MLA arms: --mla_ranks)'
+        )
+    source = check_model_config(source_model).num_kv_heads
     target = base_config(ab, 0, 1)
     target.model.update(settings)
     try:

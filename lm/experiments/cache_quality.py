@@ -17,24 +17,37 @@ from lm.experiments.runner import arm_and_seed, read_result
 from lm.infer.cached_eval import make_cached_eval_step
 from lm.infer.decode import Decoder
 from lm.model.accounting import kv_cache_bytes_per_context_token
-from lm.model.kv_cache import KV_CACHE_DTYPES
+from lm.model.kv_cache import KV_CACHE_DTYPES, check_storage
 from lm.model.transformer import model_config
 from lm.train.evaluation import eval_batch_size, evaluate
+from lm.train.interrupt import StopRequest
 from lm.train.run import Run, assemble, stored_config
 from lm.train.step import make_eval_step
 
 
 def evaluate_run(
-    run: Run, split: str = 'validation', stop: Callable | None = None, kv_cache_dtype: str = ''
+    run: Run,
+    split: str = 'validation',
+    stop: StopRequest | None = None,
+    kv_cache_dtype: str = '',
 ) -> dict[str, float]:
     """`lm.train.evaluation.evaluate` of a restored run (`assemble(..., state='params',
     data=True)`) on `split` under the run's own protocol: by the training forward, or with a
-    `kv_cache_dtype` each window decoded through caches stored so; `stop` as there."""
+    `kv_cache_dtype` each window decoded through caches stored so. A signal `stop` has seen
+    raises `Interrupted` between batches, and within a token of a cached batch."""
     step, params = make_eval_step(run.ctx), run.state['params']
     if kv_cache_dtype:
         model = nnx.merge(run.ctx.graphdef, params)
         decoder = Decoder(model, kv_cache_dtype=kv_cache_dtype)
-        step, params = make_cached_eval_step(decoder, run.mesh), decoder.params
+        stopped = None if stop is None else stop.arrived
+        step, params = make_cached_eval_step(decoder, run.mesh, stopped), decoder.params
+    metrics = _evaluate(run, split, step, params, stop)
+    if stop is not None:
+        stop.check()  # a batch cut short is not a result
+    return metrics
+
+
+def _evaluate(run: Run, split: str, step: Callable, params, stop: StopRequest | None) -> dict:
     return evaluate(
         step,
         params,
@@ -44,7 +57,7 @@ def evaluate_run(
         seq_len=run.config.data.seq_len,
         eval_tokens=run.config.eval_tokens,
         batch_sharding=run.ctx.batch_sharding,
-        stop=stop,
+        stop=None if stop is None else stop.check,
     )
 
 
@@ -82,25 +95,42 @@ def quantized_rows(
     points: list[str],
     dtypes: list[str],
     log: Callable[[str], None] = print,
-    stop: Callable[[], None] | None = None,
+    stop: StopRequest | None = None,
 ) -> list[dict]:
     """The sweep's rows, then for each point, seed and dtype the run's validation loss through
     that cache (arm `point+dtype`); the sweep's own runs, protocol and seeds."""
     rows = sweep_seeds(sweep_dir)
     check_request(rows, points, dtypes)
+    todo = _requested_runs(sweep_dir, rows, points, dtypes)
     out = list(rows)
+    for point, seed, workdir in todo:
+        restored = assemble(workdir, state='params', data=True)
+        for dtype in dtypes:
+            loss = evaluate_run(restored, stop=stop, kv_cache_dtype=dtype)['loss']
+            out.append({'arm': f'{point}+{dtype}', 'seed': seed, 'eval_loss': loss})
+            log(f'{point} seed {seed} {dtype}: eval loss {loss:.4f}')
+    return out
+
+
+def _requested_runs(
+    sweep_dir: str, rows: list[dict], points: list[str], dtypes: list[str]
+) -> list[tuple[str, int, str]]:
+    """[(point, seed, workdir)] of every run to evaluate, after checking (from the runs' saved
+    configs, before any is evaluated) that each exists and decodes with every cache dtype."""
+    todo = []
     for point in points:
-        seeds = {r['seed'] for r in rows if r['arm'] == point}
         runs = point_runs(sweep_dir, point)
-        for seed in sorted(seeds):
+        for seed in sorted({r['seed'] for r in rows if r['arm'] == point}):
             if seed not in runs:
                 raise FileNotFoundError(f'--sweep_dir: no finished run of {point} seed {seed}')
-            restored = assemble(runs[seed], state='params', data=True)
+            cfg = model_config(stored_config(runs[seed]).model)
             for dtype in dtypes:
-                loss = evaluate_run(restored, stop=stop, kv_cache_dtype=dtype)['loss']
-                out.append({'arm': f'{point}+{dtype}', 'seed': seed, 'eval_loss': loss})
-                log(f'{point} seed {seed} {dtype}: eval loss {loss:.4f}')
-    return out
+                try:
+                    check_storage(cfg, dtype)
+                except ValueError as e:
+                    raise ValueError(f'--points: {point} ({runs[seed]}): {e}') from None
+            todo.append((point, seed, runs[seed]))
+    return todo
 
 
 def finished_runs(sweep_dir: str) -> list[tuple[tuple[str, int], str]]:
@@ -127,7 +157,7 @@ def heldout_rows(
     runs: list[tuple[tuple[str, int], str]],
     data: ml_collections.ConfigDict,
     log: Callable[[str], None] = print,
-    stop: Callable[[], None] | None = None,
+    stop: StopRequest | None = None,
 ) -> list[dict]:
     """Each of a sweep's finished runs (`finished_runs`) evaluated again with its data config
     replaced by `data` (e.g. a recall task's second held-out set, `recall_seed` 1), under the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Hashable, Mapping
 
 from lm.experiments import stats
@@ -187,6 +188,8 @@ def seed_rows(values: Mapping[Hashable, Values], keys: tuple[str, ...], value: s
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
+    """Writes `rows` to the CSV file `path`, creating its directory."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, 'w', newline='') as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['point'])
         writer.writeheader()

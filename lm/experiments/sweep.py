@@ -30,6 +30,8 @@ from lm.experiments.sweep_ensemble import PointSpecs
 from lm.model import attention
 from lm.model.transformer import check_model_config
 from lm.train.checkpoint import saved_steps
+from lm.train.optimizer import check_train_config
+from lm.train.run import check_loop_config
 from lm.train.workdir import safe_name
 
 SHORT = {
@@ -137,10 +139,33 @@ def variant_points(specs: list[str]) -> list[dict[str, Any]]:
     ]
 
 
+def _points_of(module: types.ModuleType) -> list[dict]:
+    """The sweep file's `get_points()` (else one empty point); one line for a list that is not
+    one of dicts of settings."""
+    if not hasattr(module, 'get_points'):
+        return [{}]
+    where = f'get_points() of {getattr(module, "__file__", "the sweep file")}'
+    try:
+        points = module.get_points()
+    except Exception as e:  # noqa: BLE001  (the sweep file's own code: said in one line)
+        raise ValueError(f'{where} failed: {type(e).__name__}: {e}') from None
+    if not isinstance(points, list | tuple) or not points:
+        raise ValueError(f'{where} returned {type(points).__name__}, not a list of points')
+    for i, point in enumerate(points):
+        if not isinstance(point, dict) or not all(isinstance(k, str) for k in point):
+            raise ValueError(
+                f'{where}: point {i + 1} is {point!r}, not a dict of settings ("key": value)'
+            )
+        seeds = point.get('seeds', 1)
+        if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+            raise ValueError(f'{where}: point {i + 1} has seeds={seeds!r}; expected >= 1')
+    return list(points)
+
+
 def file_points(module: types.ModuleType, names: list[str] = ()) -> list[dict]:
     """The sweep file's points (`get_points()`, else one empty point); only those `names`
     names when any are given (--points), in the file's order."""
-    points = module.get_points() if hasattr(module, 'get_points') else [{}]
+    points = _points_of(module)
     known = [p.get('name', '') for p in points]
     if unknown := [n for n in names if n not in known]:
         raise ValueError(f"--points: {unknown} not among the sweep file's points {known}")
@@ -161,11 +186,19 @@ def _valid_points(base: ml_collections.ConfigDict, points: list[dict]) -> list[t
     valid = []
     for named in points:
         point = {k: v for k, v in named.items() if k != 'name'}
-        config = point_config(base, point)
+        try:
+            config = point_config(base, point)
+        except (TypeError, ValueError) as e:  # a key the config lacks, a value of another type
+            raise ValueError(f'sweep point {named.get("name") or point}: {e}') from None
         if reason := invalid_reason(config):
             print(f'skipping {named.get("name") or point}: {reason}')
             continue
         name = safe_name(named.get('name') or run_name(point, config), 'sweep point')
+        try:  # a setting no run of the point can train with: refused now, not in each run
+            check_train_config(config.train)
+            check_loop_config(config)
+        except ValueError as e:
+            raise ValueError(f'sweep point {name}: {e}') from None
         valid.append((name, point, config))
     if not valid:
         raise ValueError('the sweep has no valid point')

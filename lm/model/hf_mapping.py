@@ -145,6 +145,13 @@ def _qwen2_layer_types(hf: dict) -> list[str]:
     `max_window_layers` on, when `use_sliding_window`)."""
     L, sliding = hf['num_hidden_layers'], hf.get('use_sliding_window') and hf.get('sliding_window')
     if hf.get('layer_types'):
+        if len(hf['layer_types']) != L:
+            raise refuse(
+                'layer_types',
+                hf['layer_types'],
+                f'expected one entry per layer, {L} (num_hidden_layers), got '
+                f'{len(hf["layer_types"])}',
+            )
         return list(hf['layer_types'])
     first = hf.get('max_window_layers', 28)
     return ['sliding_attention' if sliding and i >= first else 'full_attention' for i in range(L)]

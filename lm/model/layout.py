@@ -27,9 +27,20 @@ def resolve(cls, cfg: ModelConfig) -> ModelConfig:
             'config.model.kv_heads_per_layer needs K/V heads (mha / gqa / mqa), '
             f"got attention='{cfg.attention}'"
         )
-    if per_layer and cfg.num_kv_heads == 0:
+    if per_layer:
+        _check_counts(cfg)
+    derived = bool(per_layer) and cfg.num_kv_heads == 0
+    if derived:
         cfg = dataclasses.replace(cfg, num_kv_heads=max(per_layer))
-    cfg = cls.resolve(cfg)
+    try:
+        cfg = cls.resolve(cfg)
+    except ValueError as e:
+        if not derived:
+            raise
+        raise ValueError(  # name the key the user set, not the num_kv_heads derived from it
+            f'config.model.kv_heads_per_layer={per_layer} (num_kv_heads = its largest, '
+            f'{max(per_layer)}): {e}'
+        ) from None
     n = cfg.kv_share_every
     if n < 1:
         raise ValueError(f'config.model.kv_share_every must be >= 1 (1 = off), got {n}')
@@ -48,7 +59,7 @@ def resolve(cls, cfg: ModelConfig) -> ModelConfig:
     return cfg
 
 
-def _check_per_layer(cfg: ModelConfig) -> None:
+def _check_counts(cfg: ModelConfig) -> None:
     key, per_layer, H = 'config.model.kv_heads_per_layer', cfg.kv_heads_per_layer, cfg.num_heads
     if len(per_layer) != cfg.num_layers:
         raise ValueError(
@@ -56,6 +67,10 @@ def _check_per_layer(cfg: ModelConfig) -> None:
         )
     if bad := [g for g in per_layer if g < 1 or H % g]:
         raise ValueError(f'{key}: {bad} do not divide num_heads={H}')
+
+
+def _check_per_layer(cfg: ModelConfig) -> None:
+    key, per_layer = 'config.model.kv_heads_per_layer', cfg.kv_heads_per_layer
     if cfg.num_kv_heads != max(per_layer):
         raise ValueError(
             f'config.model.num_kv_heads={cfg.num_kv_heads} must be 0 or max({key}) = '

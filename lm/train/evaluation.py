@@ -60,7 +60,11 @@ class _Progress:
 
     def __init__(self, split: str, batches: int, eval_tokens: int, every_s: float):
         self.split, self.batches, self.every_s = split, batches, every_s
-        self.what = 'the whole split (config.eval_tokens=0)' if not eval_tokens else 'it'
+        self.hint = (
+            'set config.eval_tokens > 0 to score fewer tokens than the whole split'
+            if not eval_tokens
+            else f'a smaller config.eval_tokens (now {eval_tokens}) scores fewer tokens'
+        )
         self.start = self.last = time.monotonic()
         self.first = None  # when the first batch (and its compile) was done
         self.announced = False
@@ -76,9 +80,8 @@ class _Progress:
         left = rate * (self.batches - n)
         if not self.announced:
             logging.info(
-                'evaluating the %s split takes about %.0f s more (%d batches); scoring fewer '
-                'tokens than %s: config.eval_tokens',
-                self.split, left, self.batches, self.what,
+                'evaluating the %s split takes about %.0f s more (%d batches); %s',
+                self.split, left, self.batches, self.hint,
             )  # fmt: skip
             self.announced = True
         else:

@@ -3,8 +3,10 @@ evaluation batches), so a run or a read-only command stops within a piece, not m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from collections.abc import Iterator
 
 
 class Interrupted(Exception):
@@ -23,6 +25,7 @@ class StopRequest:
 
     def __init__(self):
         self.signum = 0
+        self._raise = False  # `at_once`: the handler raises instead of only recording
         self.previous: dict = {}
         self._wakeup: tuple[int, int] | None = None  # (read end, write end) of a pipe
         self._previous_fd = -1
@@ -73,6 +76,19 @@ class StopRequest:
         self.signum = signum
         if outer := self._outer(signum):
             outer._handle(signum, frame)
+        if self._raise:
+            raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def at_once(self) -> Iterator[None]:
+        """Within it, a stop signal raises `Interrupted` in the main thread as soon as Python
+        runs again (for phases that write nothing and have no natural place to check)."""
+        self.check()
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
 
     def check(self) -> None:
         """Raises `Interrupted` when a stop signal has arrived."""
