@@ -21,12 +21,14 @@
 #                                             # reference; the 125M step against compiled and eager
 #                                             # nanoGPT. Steps that no longer fit SECONDS
 #                                             # (default 570) are skipped, said in the log
+#   bash scripts/bench_gpu.sh studies OUT_DIR # the kv_contrast study's sweep as seed ensembles
+#                                             # (as published, then at d_model 512), its CSVs
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
 # H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/studies/performance/README.md.
 set -u
-usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline OUT_DIR'
+usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline|studies OUT_DIR'
 part=${1:?$usage}
 out=${2:?$usage}
 budget=${3:-570}
@@ -145,8 +147,18 @@ print(jax.__version__, torch.__version__, jax.devices())"'
     --config=configs/gpt125m.py --variants=mha,gqa4,mla --steps=20 --rounds=2 \
     --set=model.attention_impl=cudnn --json="$out/train_peers.json"
   ;;
+studies)
+  # The cost side as seed ensembles on one GPU, writing the CPU studies' CSVs (sweep summaries):
+  # the kv_contrast sweep as published (1,000 steps, 20 seeds), then at 4x the width
+  contrast=(python3 scripts/sweep.py --config=configs/sweeps/attention_kinds.py
+    --points=mha,gqa4,gqa2,mqa --seeds=20 --ensemble --config.train.steps=1000
+    --config.eval_every=1000 --config.data.path=data/tinyshakespeare.txt)
+  step kv_contrast 200 "${contrast[@]}" --sweep_dir="$out/kv_contrast"
+  step kv_contrast_d512 320 "${contrast[@]}" --sweep_dir="$out/kv_contrast_d512" \
+    --config.model.d_model=512 --config.model.head_dim=64 --config.model.mlp_dim=1536
+  ;;
 *)
-  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits|roofline)" >&2
+  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits|roofline|studies)" >&2
   exit 2
   ;;
 esac
