@@ -18,8 +18,8 @@ of a study's README.md with the table of kind KIND made from its results/NAME.cs
 - 'ablation' (this kind, 'targets' and 'lr_grid' are in lm.experiments.ablation_doc_tables):
   an uptraining ablation's seeds.csv (columns model, conversion, alpha_or_steps, seed, value):
   per target model a 'seeds' table of its uptrained arms (α > 0) and its from-scratch
-  baselines, each model Holm-corrected on its own; the source's rows and the untrained
-  conversions (α = 0) are left out.
+  baselines (and MHA from scratch at a budget, where trained), each model Holm-corrected on
+  its own; the source's rows and the untrained conversions (α = 0) are left out.
 - 'targets': the same seeds.csv with several targets converted the same ways (MLA-32 and
   MLA-32-k4): per arm they share (α = 0 included), each target's estimate, and the paired
   differences between targets, Holm-corrected over every arm's comparisons together.
