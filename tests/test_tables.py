@@ -493,6 +493,12 @@ def test_a_screens_seeds_are_checked_for_the_rows_that_are_used():
         lr_grid.at_chosen_rates(lr_grid.stack({'1e-3': by_rate['1e-3']}, [0, 1]), screen, [0, 1])
 
 
+def test_rows_table_shows_a_csv_as_written():
+    rows = [{'layout': 'contiguous', 'share': '0.0'}, {'layout': 'interleaved', 'share': '0.97'}]
+    expected = '| layout | share |\n|---|---|\n| contiguous | 0.0 |\n| interleaved | 0.97 |'
+    assert tables.KINDS['rows'](rows) == expected
+
+
 def test_curve_table():
     rows = [
         {'run': 'lr1e-3', 'step': '100', 'metric': 'recall_accuracy', 'value': '0.5'},
