@@ -61,6 +61,8 @@ def get_config() -> ml_collections.ConfigDict:
     data.split = ''  # Part trained on: '' = all | 'pretrain' | 'uptrain' | 'pretrain+uptrain'.
     data.uptrain_fraction = 0.1  # split set: share of the train text (its end) that is 'uptrain'.
     data.heldout_fraction = 0.5  # split set: share of validation (its end) that is 'heldout'.
+    data.split_layout = 'contiguous'  # split set: parts as 'contiguous' spans | 'interleaved'.
+    data.split_block = 1024  # interleaved: tokens per block; blocks dealt to parts (data/parts.py).
     data.hf_name = ''  # hf: dataset name on the hub, or a builder such as 'text' / 'json'.
     data.hf_config = ''  # hf: dataset config name ('' = none).
     data.hf_split = 'train'  # hf: split to train on.

@@ -68,6 +68,8 @@ ADDED_KEYS = {
     'train.ensemble': 0,
     'train.ensemble_loop': False,
     'mesh.rules.member': 'data',
+    'data.split_layout': 'contiguous',
+    'data.split_block': 1024,
 }
 
 # dotted key of an earlier version -> the same setting's key today (value kept)

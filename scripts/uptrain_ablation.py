@@ -25,6 +25,11 @@ chosen rate, with the Pareto front: <out_dir>/pareto_heldout_loss.png and the im
       --out_dir=runs/uptrain_ablation --schedule=continue,rewarm --lrs=3e-4,1e-3,3e-3 \
       --report=docs/uptraining_table.md
 
+--mha_scratch adds MHA itself trained from scratch on both parts for N + round(alpha·N) steps,
+and compares every conversion arm and from-scratch target with it. `--set=data.split_layout=
+interleaved` cuts the parts as interleaved blocks of the whole corpus instead of spans
+(lm/data/parts.py), so the uptrain part lies no nearer the held-out text than the pretrain part.
+
 --scratch_fractions limits the from-scratch baselines to the budgets of some alphas (they are
 most of the cost: each trains N + round(alpha·N) steps); rows without one show "— (not
 trained)". --parallel=K runs K seeds at once, each in its own process (log:
@@ -78,6 +83,12 @@ _SCRATCH_FRACTIONS = flags.DEFINE_list(
     None,
     'The alphas whose total budget N + round(alpha*N) gets from-scratch baselines of every target '
     '(default: all of --fractions; empty: none).',
+)
+_MHA_SCRATCH = flags.DEFINE_bool(
+    'mha_scratch',
+    False,
+    'Also train MHA from scratch on both parts at every from-scratch budget (the tokens of source '
+    '+ uptraining spent without converting); every arm is compared with it.',
 )
 _TARGETS = flags.DEFINE_list('targets', ['2', '1'], 'KV heads after conversion (1 = MQA).')
 _METHODS = flags.DEFINE_list(
@@ -186,6 +197,7 @@ def ablation() -> Ablation:
         schedules=tuple(_SCHEDULE.value),
         lrs=number_list(_LRS.value, '--lrs'),
         overrides=tuple(_SET.value),
+        mha_scratch=_MHA_SCRATCH.value,
     )
 
 

@@ -187,6 +187,18 @@ def test_without_a_grid_runs_keep_their_names_and_the_recipe_rate():
     assert 'GQA-2_mean_a0.1_s0' in {s.name for s in specs}
 
 
+def test_mha_scratch_trains_the_source_model_on_both_parts_for_every_budget():
+    ab = ablation(lrs=(), schedules=('continue',), mla_ranks=(), mha_scratch=True)
+    specs = {s.name: s for s in plan(ab, 'out')}
+    for total in (100, 110):  # alpha 0 and 0.1: the scratch targets' budgets
+        spec = specs[f'mha_scratch_{total}_s1']
+        assert spec.arm[:3] == ('MHA', 'scratch', total) and spec.seed == 1
+        assert spec.fingerprint['split'] == 'pretrain+uptrain'
+        assert spec.fingerprint == specs[f'MQA_scratch_{total}_s1'].fingerprint
+    assert specs['mha_s0'].fingerprint['split'] == 'pretrain'  # the source is kept as it was
+    assert not any(n.startswith('mha_scratch') for n in {s.name for s in plan(ablation(), 'o')})
+
+
 @pytest.mark.parametrize(
     'overrides, message',
     [

@@ -5,6 +5,7 @@ import pytest
 from conftest import tiny_config, tiny_train_config
 
 from lm.data.corpus import load_corpus
+from lm.data.parts import FOUR, PARTS, block_parts, part_shares
 from lm.train.loop import train
 
 
@@ -47,12 +48,49 @@ def test_parts_are_disjoint_and_cover_the_corpus(tmp_path, text):
     assert 'heldout' not in whole.tokens  # no part set: the two splits as before
 
 
+def test_interleaved_parts_are_disjoint_cover_the_corpus_and_spread_across_it(tmp_path, text):
+    """Blocks of 16 tokens dealt to the four parts: each token in exactly one part, each part
+    its stated share (to within two blocks), and blocks of every part in every decile."""
+    layout = {'split_layout': 'interleaved', 'split_block': 16, 'uptrain_fraction': 0.2}
+    whole = load_corpus(data_config(tmp_path, text))
+    corpus = {s: load_corpus(data_config(tmp_path, text, split=s, **layout)) for s in PARTS}
+    parts = {
+        'pretrain': corpus['pretrain'].tokens['train'],
+        'uptrain': corpus['uptrain'].tokens['train'],
+        'validation': corpus['pretrain'].tokens['validation'],
+        'heldout': corpus['pretrain'].tokens['heldout'],
+    }
+    n = len(whole.tokens['train']) + len(whole.tokens['validation'])
+    labels = block_parts(-(-n // 16), part_shares(data_config(tmp_path, text, **layout)))
+    # Rebuild each part from the labels and compare: the parts are the blocks, dealt once each.
+    stream = np.concatenate([whole.tokens['train'], whole.tokens['validation']])
+    blocks = np.split(stream, np.arange(16, n, 16))
+    for i, name in enumerate(FOUR):
+        np.testing.assert_array_equal(
+            np.concatenate([b for b, k in zip(blocks, labels, strict=True) if k == i]), parts[name]
+        )
+    assert sum(len(p) for p in parts.values()) == n  # disjoint and covering
+    shares = {'pretrain': 0.9 * 0.8, 'uptrain': 0.9 * 0.2, 'validation': 0.05, 'heldout': 0.05}
+    for name, share in shares.items():
+        assert abs(len(parts[name]) - share * n) <= 2 * 16, name
+    for i, name in enumerate(FOUR):  # every part has blocks in every tenth of the corpus
+        deciles = {k * 10 // len(labels) for k in np.flatnonzero(labels == i)}
+        assert deciles == set(range(10)), name
+    both = corpus['pretrain+uptrain'].tokens['train']
+    assert len(both) == len(parts['pretrain']) + len(parts['uptrain'])
+    assert len({c.fingerprint for c in corpus.values()}) == 3
+    contiguous = load_corpus(data_config(tmp_path, text, split='uptrain', uptrain_fraction=0.2))
+    assert corpus['uptrain'].fingerprint != contiguous.fingerprint
+
+
 @pytest.mark.parametrize(
     'overrides, message',
     [
         ({'split': 'heldout'}, "config.data.split must be '' or one of"),
         ({'split': 'uptrain', 'uptrain_fraction': 1.0}, 'config.data.uptrain_fraction must be'),
         ({'heldout_fraction': 0.0}, 'config.data.heldout_fraction must be in'),
+        ({'split_layout': 'blocks'}, 'config.data.split_layout must be one of'),
+        ({'split_block': 0}, 'config.data.split_block must be a whole number > 0'),
     ],
 )
 def test_bad_part_settings_are_refused(tmp_path, text, overrides, message):

@@ -2,6 +2,7 @@
 marked table in docs/ regenerates to exactly what is committed, and each kind of table against
 hand-computed values."""
 
+import dataclasses
 import math
 import os
 import re
@@ -324,6 +325,22 @@ def test_ablation_table_keeps_each_targets_trained_arms():
         '(sign-flip 0.25) |'
     )
     assert pair in text, text
+    # MHA trained from scratch at a budget joins every target's table and Holm family.
+    mha = [
+        {
+            'model': 'MHA',
+            'conversion': 'scratch',
+            'alpha_or_steps': '110',
+            'seed': str(k),
+            'loss': v,
+        }
+        for k, v in enumerate(('1.05', '1.15', '1.0'))
+    ]
+    text = ablation_doc_tables.ablation_table(rows + mha)
+    cla, mqa = text.split('\n\nMQA:\n\n')
+    assert '| MHA from scratch, 110 steps | 1.0667 ± 0.0764 |' in cla
+    assert 'Holm-corrected over the 3 comparisons' in cla
+    assert '| mean, α = 0.1 | MHA from scratch, 110 steps | +1.0333' in mqa
 
 
 def test_targets_table_pairs_targets_within_each_shared_arm_in_one_holm_family():
@@ -476,6 +493,12 @@ def test_a_screens_seeds_are_checked_for_the_rows_that_are_used():
         lr_grid.at_chosen_rates(lr_grid.stack({'1e-3': by_rate['1e-3']}, [0, 1]), screen, [0, 1])
 
 
+def test_rows_table_shows_a_csv_as_written():
+    rows = [{'layout': 'contiguous', 'share': '0.0'}, {'layout': 'interleaved', 'share': '0.97'}]
+    expected = '| layout | share |\n|---|---|\n| contiguous | 0.0 |\n| interleaved | 0.97 |'
+    assert tables.KINDS['rows'](rows) == expected
+
+
 def test_curve_table():
     rows = [
         {'run': 'lr1e-3', 'step': '100', 'metric': 'recall_accuracy', 'value': '0.5'},
@@ -537,6 +560,14 @@ def test_ablation_tables_correct_over_the_whole_report():
     assert '+0.0833 [0.0116, 0.1550] p=0.113 (sign-flip 0.75) |' in text and ' ✓ (' not in text
     row = '| MQA | 0.1 | mean | first | -0.0833 [-0.1550, -0.0116] p=0.113 (sign-flip 0.75) |'
     assert row in text
+    # MHA from scratch at the same budget joins the family: each arm and the target against it
+    values[(SOURCE, 'scratch', 110)] = {0: 0.95, 1: 1.10, 2: 0.90}
+    text = tables(dataclasses.replace(ab, mha_scratch=True), values, chosen={})
+    assert 'Holm-corrected over the 6 comparisons' in text
+    assert '| MHA | from scratch | — | 110 | 0.9833 ± 0.1041 |' in text
+    mqa = '| MQA | — | MQA from scratch (110 steps) | MHA from scratch (110 steps) | +0.0500'
+    assert mqa in text
+    assert '| MQA | 0.1 | first | MHA from scratch (110 steps) | +0.2167' in text
 
 
 def test_learned_table_counts_runs_and_corrects_the_fisher_tests():

@@ -12,5 +12,6 @@ __all__, __getattr__, __dir__ = public_face(
         'tokenizer': ('Tokenizer', 'train_bpe'),
         'windows': ('call_batch', 'eval_batches', 'eval_windows', 'train_batch'),
         'recall': ('nth_answer_only',),
+        'parts': ('FOUR', 'block_parts', 'cuts', 'part_shares'),
     },
 )

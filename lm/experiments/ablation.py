@@ -6,11 +6,12 @@ Per seed (one lane each): the MHA source trained for N steps on the corpus's `pr
 same methods, MLA at a latent rank) under every schedule of `schedules` needs that source, converts
 its checkpoint and uptrains for round(alpha·N) steps on the `uptrain` part; every target trained
 from scratch for N + round(alpha·N) steps (the same batch and seq_len: the same tokens) on both
-parts, at the alphas of `scratch_fractions`. Every trained arm runs at each learning rate of `lrs`
+parts, at the alphas of `scratch_fractions` (with `mha_scratch`, the source's MHA too: what
+the same tokens buy without converting). Every trained arm runs at each learning rate of `lrs`
 (lm.experiments.lr_grid picks one per arm on the validation part); every run is scored on the
-validation part (selection) and, at its last step, on the held-out part (the report). A from-scratch
-run's fingerprint is the settings it depends on (`SCRATCH_SETTINGS`) with its part and learning
-rate, a conversion arm's every setting with its schedule, part and learning rate.
+validation part (selection) and, at its last step, on the held-out part (the report). A
+from-scratch run's fingerprint is the settings it depends on (`SCRATCH_SETTINGS`) with its part
+and learning rate, a conversion arm's every setting with its schedule, part and learning rate.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Ablation:
     schedules: tuple[str, ...] = ('continue',)  # every method runs under each
     lrs: tuple[float, ...] = ()  # learning-rate grid of every trained arm; () = the recipe's
     overrides: tuple[str, ...] = ()  # --set key=value for every run
+    mha_scratch: bool = False  # also MHA from scratch on both parts at every from-scratch budget
 
     def __post_init__(self) -> None:
         if not set(self.scratch_fractions) <= set(self.fractions):
@@ -122,6 +124,13 @@ def base_config(ab: Ablation, seed: int, steps: int, lr: float | None = None):
         config.train.update(lr=lr, min_lr=config.train.min_lr * lr / config.train.lr)
     config.eval_tokens = ab.eval_tokens
     config.eval_every = config.checkpoint_every = max(steps, 1)
+    return config
+
+
+def mha_config(ab: Ablation, seed: int, steps: int, lr=None):
+    """The source config (MHA) trained from scratch on both training parts."""
+    config = base_config(ab, seed, steps, lr)
+    config.data.split = SCRATCH_PART
     return config
 
 
@@ -298,6 +307,10 @@ def _lane(ab: Ablation, out_dir: str, seed: int, by_label: dict) -> list[Spec]:
     source = _trainer(src, lambda w: base_config(ab, seed, ab.steps), tb)
     fp = {**scratch, 'split': SOURCE_PART, 'lr': lr0}
     specs = [Spec(src, fp, source, (SOURCE, 'scratch', 0.0, lr0), seed, lane=lane)]
+    if ab.mha_scratch:
+        specs += _scratch_specs(
+            ab, 'mha', SOURCE, lambda s, t, lr=None: mha_config(ab, s, t, lr), seed, lane, tb
+        )
     for label, (make, methods) in by_label.items():
         for method, options in methods.items():
             for alpha in ab.fractions:
@@ -313,12 +326,23 @@ def _lane(ab: Ablation, out_dir: str, seed: int, by_label: dict) -> list[Spec]:
                     specs.append(
                         Spec(name, fp, _trainer(name, convert, tb), arm, seed, (src,), lane)
                     )
-        for total in ab.totals():
-            for lr in ab.grid():
-                name = f'{label}_scratch_{total}{_suffix(ab, lr)}_s{seed}'
-                run = _trainer(name, lambda w, t=total, m=make, lr=lr: m(seed, t, lr), tb)
-                fp = {**scratch, 'split': SCRATCH_PART, 'lr': lr}
-                specs.append(Spec(name, fp, run, (label, 'scratch', total, lr), seed, lane=lane))
+        specs += _scratch_specs(ab, label, label, make, seed, lane, tb)
+    return specs
+
+
+def _scratch_specs(
+    ab: Ablation, prefix: str, label: str, make: Callable, seed: int, lane: str, tb: str
+) -> list[Spec]:
+    """One seed's from-scratch runs of target `label` (config `make(seed, steps, lr)`) at every
+    budget and learning rate; run names start with `prefix`."""
+    scratch = {k: v for k, v in ab.settings().items() if k in SCRATCH_SETTINGS}
+    specs = []
+    for total in ab.totals():
+        for lr in ab.grid():
+            name = f'{prefix}_scratch_{total}{_suffix(ab, lr)}_s{seed}'
+            run = _trainer(name, lambda w, t=total, m=make, lr=lr: m(seed, t, lr), tb)
+            fp = {**scratch, 'split': SCRATCH_PART, 'lr': lr}
+            specs.append(Spec(name, fp, run, (label, 'scratch', total, lr), seed, lane=lane))
     return specs
 
 

@@ -16,7 +16,9 @@ def _ablation_arm(conversion: str, at: str) -> str:
 def ablation_table(rows: list[dict], source: str = 'MHA') -> str:
     """Per target model its trained arms' estimates and Holm-corrected paired differences;
     a target's untrained conversions (α = 0) are left out unless it has no trained one (an
-    ablation at α = 0 alone, compared with its from-scratch baselines). `source`: the
+    ablation at α = 0 alone, compared with its from-scratch baselines). The source's own rows
+    are left out, but MHA trained from scratch at a budget (`--mha_scratch`) joins every
+    target's table and Holm family. `source`: the
     ablation's label of its MHA source (lm.experiments.ablation.SOURCE, not imported: this
     module reads CSVs without the training stack)."""
     value = list(rows[0])[-1]
@@ -24,7 +26,19 @@ def ablation_table(rows: list[dict], source: str = 'MHA') -> str:
     def untrained(r: dict) -> bool:
         return r['conversion'] != 'scratch' and float(r['alpha_or_steps']) == 0
 
+    def mha(r: dict) -> bool:  # the source's model trained from scratch at a budget
+        return r['model'] == source and r['conversion'] == 'scratch' and float(r['alpha_or_steps'])
+
     trained = {r['model'] for r in rows if r['conversion'] != 'scratch' and not untrained(r)}
+    shared = [
+        {
+            'arm': f'MHA from scratch, {r["alpha_or_steps"]} steps',
+            'seed': r['seed'],
+            value: r[value],
+        }
+        for r in rows
+        if mha(r)
+    ]
     models: dict[str, list[dict]] = {}
     for r in rows:
         conversion, at = r['conversion'], r['alpha_or_steps']
@@ -32,7 +46,9 @@ def ablation_table(rows: list[dict], source: str = 'MHA') -> str:
             continue
         arm = _ablation_arm(conversion, at)
         models.setdefault(r['model'], []).append({'arm': arm, 'seed': r['seed'], value: r[value]})
-    return '\n\n'.join(f'{model}:\n\n{summary.seeds_table(arms)}' for model, arms in models.items())
+    return '\n\n'.join(
+        f'{model}:\n\n{summary.seeds_table(arms + shared)}' for model, arms in models.items()
+    )
 
 
 def targets_table(rows: list[dict], source: str = 'MHA') -> str:

@@ -47,7 +47,7 @@ def lr_grid_rows(specs: list[Spec], found: dict[str, dict]) -> list[dict]:
     for spec in specs:
         result = found.get(spec.name)
         label, method, at, lr = spec.arm
-        if result is None or label == SOURCE or (method != 'scratch' and at == 0):
+        if result is None or (method != 'scratch' or label == SOURCE) and at == 0:
             continue
         rows.append(
             {
@@ -70,15 +70,19 @@ def _lr(chosen: dict, arm: tuple) -> str:
 def _family(ab: Ablation, values: dict, methods: dict[str, list[str]]) -> dict[tuple, tuple]:
     """Every comparison of the report, one family for Holm's correction: each conversion arm
     against from-scratch training of its target at the same total steps (where trained), and
-    every two conversions (methods and schedules) of a target at an alpha. {(arm a, arm b):
-    (paired difference a − b, p, Holm-adjusted p, Holm-adjusted sign-flip p)}."""
+    every two conversions (methods and schedules) of a target at an alpha, and (where MHA was
+    trained from scratch at that total) each conversion arm and from-scratch target against it.
+    {(arm a, arm b): (paired difference a − b, p, Holm-adjusted p, Holm-adjusted sign-flip p)}."""
     pairs = []
     for label, names in methods.items():
         for alpha in ab.fractions:
             scratch = (label, 'scratch', ab.steps + ab.up_steps(alpha))
+            mha = (SOURCE, 'scratch', ab.steps + ab.up_steps(alpha))
             present = [(label, m, alpha) for m in names if (label, m, alpha) in values]
             pairs += [(arm, scratch) for arm in present if scratch in values]
             pairs += [(a, b) for i, a in enumerate(present) for b in present[i + 1 :]]
+            if mha in values:
+                pairs += [(arm, mha) for arm in present + [scratch] if arm in values]
     tests = [(values[a], values[b]) for a, b in pairs]
     done = summary.family(tests)
     flips = summary.sign_flips(tests)
@@ -106,6 +110,12 @@ def tables(ab: Ablation, values: dict[tuple, dict[int, float]], chosen: dict) ->
         f'| MHA (source) | — | — | {n} | {summary.cell(values[src])} | — | {kv[SOURCE]} | '
         f'{_lr(chosen, src)} |',
     ]
+    for total in ab.totals():
+        if (arm := (SOURCE, 'scratch', total)) in values:
+            lines.append(
+                f'| MHA | from scratch | — | {total} | {summary.cell(values[arm])} | — | '
+                f'{kv[SOURCE]} | {_lr(chosen, arm)} |'
+            )
     for label, names in methods.items():
         for method in names:
             for alpha in ab.fractions:
@@ -132,15 +142,25 @@ def tables(ab: Ablation, values: dict[tuple, dict[int, float]], chosen: dict) ->
     return '\n'.join(lines + _method_comparisons(pairs))
 
 
+def _name(arm: tuple) -> str:
+    """A conversion arm's method, or a from-scratch arm's model and budget."""
+    if arm[1] != 'scratch':
+        return arm[1]
+    return f'{arm[0]} from scratch ({arm[2]} steps)'
+
+
 def _method_comparisons(pairs: dict[tuple, tuple]) -> list[str]:
     """Table rows of the paired difference between every two conversions of a target (methods
-    and schedules) at an alpha, with its Holm-adjusted p."""
+    and schedules) at an alpha, and of each arm against MHA from scratch, with its
+    Holm-adjusted p."""
     lines = []
     for (a, b), (diff, _, p_holm, flip) in pairs.items():
-        if b[1] != 'scratch':
-            ordering = stats.ordering(a[1], b[1], diff, summary.holm_resolved(p_holm))
+        if b[1] != 'scratch' or b[0] == SOURCE:
+            names = [_name(arm) for arm in (a, b)]
+            ordering = stats.ordering(*names, diff, summary.holm_resolved(p_holm))
             cell = summary.diff_cell(diff, p_holm, flip_holm=flip)
-            lines.append(f'| {a[0]} | {a[2]:g} | {a[1]} | {b[1]} | {cell} | {ordering} |')
+            at = '—' if a[1] == 'scratch' else f'{a[2]:g}'
+            lines.append(f'| {a[0]} | {at} | {names[0]} | {names[1]} | {cell} | {ordering} |')
     header = [
         '',
         '| model | α | a | b | Δ held-out loss a − b (95% CI), p (Holm) | ordering |',

@@ -18,11 +18,13 @@ of a study's README.md with the table of kind KIND made from its results/NAME.cs
 - 'ablation' (this kind, 'targets' and 'lr_grid' are in lm.experiments.ablation_doc_tables):
   an uptraining ablation's seeds.csv (columns model, conversion, alpha_or_steps, seed, value):
   per target model a 'seeds' table of its uptrained arms (α > 0) and its from-scratch
-  baselines, each model Holm-corrected on its own; the source's rows and the untrained
-  conversions (α = 0) are left out.
+  baselines (and MHA from scratch at a budget, where trained), each model Holm-corrected on
+  its own; the source's rows and the untrained conversions (α = 0) are left out.
 - 'targets': the same seeds.csv with several targets converted the same ways (MLA-32 and
   MLA-32-k4): per arm they share (α = 0 included), each target's estimate, and the paired
   differences between targets, Holm-corrected over every arm's comparisons together.
+- 'rows': any CSV as it is, one table row per CSV row (measurements with no seeds, such as
+  where corpus parts lie).
 - 'curve': a learning curve (columns run, step, metric, value): one row per step, one column
   per run, of the CSV's first metric.
 - 'last_step': the same CSV, one row per run: every metric at the run's last step.
@@ -125,6 +127,12 @@ def intervals_table(rows: list[dict]) -> str:
                 f'{" ✓" if summary.holm_resolved(adj) else ""} |'
             )
     return '\n'.join(lines)
+
+
+def rows_table(rows: list[dict]) -> str:
+    """The CSV as a table: its columns across, its rows down, values as written."""
+    lines = [f'| {" | ".join(rows[0])} |', '|' + '---|' * len(rows[0])]
+    return '\n'.join(lines + [f'| {" | ".join(r.values())} |' for r in rows])
 
 
 def curve_table(rows: list[dict]) -> str:
@@ -262,6 +270,7 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
     'intervals': intervals_table,
     'ablation': ablation_doc_tables.ablation_table,
     'targets': ablation_doc_tables.targets_table,
+    'rows': rows_table,
     'curve': curve_table,
     'last_step': last_step_table,
     'seed_curve': seed_curve_table,
