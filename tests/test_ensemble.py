@@ -57,12 +57,14 @@ def assert_equal_trees(a, b):
 
 @pytest.mark.parametrize('loop', [False, True], ids=['vmapped', 'looped'])
 def test_an_ensemble_step_is_its_members_single_steps(tmp_path, small_text, loop):
+    """Member i is the single run of seed 5 + i and, with train.ensemble_lr, of its own rate."""
     config = tiny_train_config(tmp_path, small_text, seed=5)
-    settings = {'train.ensemble': 2, 'train.ensemble_loop': loop}
+    settings = {'train.ensemble': 2, 'train.ensemble_loop': loop, 'train.ensemble_lr': '3e-3,2e-2'}
     ens = assemble(with_values(config, settings), state='init', data=True)
     singles = [assemble(member_config(ens.config, i), state='init', data=True) for i in (0, 1)]
     for i, single in enumerate(singles):  # the same initialisation, bitwise
         assert single.config.seed == 5 + i
+        assert single.config.train.lr == (3e-3, 2e-2)[i]
         assert_equal_trees(single.state, member_tree(ens.state, i))
     assert jax.tree.leaves(ens.state['params'])[0].shape[0] == 2
     step = make_train_step(ens.ctx, 1)
@@ -79,17 +81,26 @@ def test_an_ensemble_step_is_its_members_single_steps(tmp_path, small_text, loop
                 single_states[i], device_call_batch(single.ctx, batch[i])
             )
             np.testing.assert_allclose(metrics['loss'][i], m['loss'], rtol=RTOL)
+            np.testing.assert_allclose(metrics['lr'][i], m['lr'], rtol=RTOL)
+        assert s == 0 or metrics['lr'][1] > 6 * metrics['lr'][0]  # each member its own rate
     for i in (0, 1):
         assert_close_trees(member_tree(state['params'], i), single_states[i]['params'])
 
 
-def test_bad_member_counts_are_refused_in_one_line(tmp_path, small_text):
+def test_bad_member_counts_are_refused_in_one_line(tmp_path, small_text, monkeypatch):
     config = tiny_train_config(tmp_path, small_text)
     for bad in (-1, -8):
         with pytest.raises(ValueError, match=r'^config.train.ensemble must be 0 \(off\)'):
             check_config(with_values(config, {'train.ensemble': bad}))
     with pytest.raises(ValueError, match='below 2\\*\\*32'):
         check_config(with_values(config, {'train.ensemble': 3, 'seed': 2**32 - 2}))
+    for k, lrs in ((3, '1e-3,2e-3'), (2, '1e-3,x'), (2, '1e-3,-1'), (0, '1e-3')):
+        with pytest.raises(ValueError, match=r'^config.train.ensemble_lr=.*(must be|needs)'):
+            check_config(with_values(config, {'train.ensemble': k, 'train.ensemble_lr': lrs}))
+    with monkeypatch.context() as m:
+        m.setattr(jax, 'process_count', lambda: 2)
+        with pytest.raises(ValueError, match='ensembles train in one process only'):
+            check_config(with_values(config, {'train.ensemble': 2}))
     mesh = types.SimpleNamespace(shape={'data': 4, 'fsdp': 1, 'tensor': 1})
     rules = {'member': ('data',), 'batch': ('data', 'fsdp')}
     k6 = with_values(config, {'train.ensemble': 6})
