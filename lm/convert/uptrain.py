@@ -48,6 +48,7 @@ from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import model_config
 from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries, read_latest_meta
+from lm.train.ensemble_run import member_run
 from lm.train.optimizer import check_train_config
 from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context
 from lm.train.workdir import WorkdirLock
@@ -202,13 +203,14 @@ def uptrain_config(
 
 
 def convert_checkpoint(
-    source_workdir: str, options: ConversionOptions, workdir: str
+    source_workdir: str, options: ConversionOptions, workdir: str, member: int | None = None
 ) -> ml_collections.ConfigDict:
     """Converts `source_workdir`'s checkpoint as `options` say and writes it as a new run in
     `workdir` whose first checkpoint is at the source's step (config from `uptrain_config`);
-    returns that config. Everything that can be checked is checked before anything is written,
-    and `workdir` is owned meanwhile (`WorkdirLock`); the checkpoint is built beside its place
-    and moved in when complete, so a failure leaves `workdir` as it was."""
+    returns that config; an ensemble's `member` as that member split out would be. Everything
+    that can be checked is checked before anything is written, and `workdir` is owned meanwhile
+    (`WorkdirLock`); the checkpoint is built beside its place and moved in when complete, so a
+    failure leaves `workdir` as it was."""
     latest = read_latest_meta(source_workdir)
     step = options.source_step
     check_steps(step if step is not None else latest and latest['data_step'], options.steps)
@@ -218,7 +220,7 @@ def convert_checkpoint(
             raise FileExistsError(
                 f'{WORKDIR}: {workdir} already holds checkpoints; choose a new directory'
             )
-        config, state, meta = _convert(source_workdir, options)
+        config, state, meta = _convert(source_workdir, options, member)
         for name in os.listdir(workdir):  # left by a conversion that was killed
             if name.startswith(PARTIAL):
                 shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
@@ -354,7 +356,9 @@ def _converted_state(source, options: ConversionOptions, ctx, params: dict, reci
     return jax.device_put(new_state, ctx.state_sharding)
 
 
-def _convert(src: str, options: ConversionOptions) -> tuple[ml_collections.ConfigDict, dict, dict]:
+def _convert(
+    src: str, options: ConversionOptions, member: int | None
+) -> tuple[ml_collections.ConfigDict, dict, dict]:
     """(config, state, checkpoint side-car) of the converted run's first step (the source's)."""
     source = assemble(
         src,
@@ -363,11 +367,13 @@ def _convert(src: str, options: ConversionOptions) -> tuple[ml_collections.Confi
         check=lambda cfg: check_conversion(cfg, options),
         flag=SOURCE,
     )
-    if source.ctx.members:
+    if source.ctx.members and member is None:
         raise ValueError(
             f'{SOURCE}={src} is an ensemble (config.train.ensemble={source.ctx.members}): '
-            'convert its members one by one, split out by scripts/split_ensemble.py'
+            'convert it with convert_ensemble, or one member'
         )
+    if source.ctx.members:
+        source = member_run(source, member)
     check_finite(source.state['params'], f'{SOURCE}={src}: the checkpoint at step {source.step}')
     params, recipe, settings, record = _converted_params(source, options)
     config = _converted_config(src, source, options, settings, record)
