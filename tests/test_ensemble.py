@@ -37,7 +37,7 @@ from test_recall import recall_config
 
 from lm.config import with_values
 from lm.convert import ConversionOptions, convert_checkpoint, convert_ensemble
-from lm.experiments import plan_sweep, progress, run_specs, summarise_sweep
+from lm.experiments import plan_sweep, progress, run_specs, seed_runs, summarise_sweep
 from lm.experiments import sweep as experiments_sweep
 from lm.train import ensemble
 from lm.train.ensemble import check_members_divide, member_config, member_tree, state_bytes
@@ -330,6 +330,25 @@ def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_tex
     assert progress(ensembled, str(ens))[-1].endswith(
         '27 finished, 0 with other settings, 0 started, 0 not started'
     )
+
+
+def test_a_sweep_splits_a_points_seeds_over_ensemble_groups(tmp_path, small_text):
+    """--ensemble_groups=3 of 8 seeds: ensembles of seeds 0-2, 3-5 and 6-7, each a lane of
+    its own with its members' runs after it; --ensemble_program sets their program."""
+    config = tiny_train_config(tmp_path, small_text, seed=10)
+    points = [{'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0}]
+    specs = plan_sweep(config, points, str(tmp_path), [], 8, ensemble=True, ensemble_groups=3,
+                       ensemble_loop=True)  # fmt: skip
+    groups = [s for s in specs if s.name.startswith('ensembles/')]
+    assert [(s.name, s.seed, s.fingerprint['train.ensemble']) for s in groups] == [
+        ('ensembles/mha_g0', 10, 3), ('ensembles/mha_g1', 13, 3), ('ensembles/mha_g2', 16, 2)
+    ]  # fmt: skip
+    assert all(s.fingerprint['train.ensemble_loop'] for s in groups)
+    members = [(s.name, s.lane, s.needs) for s in specs if s not in groups]
+    assert members == [
+        (f'mha_s{10 + k}', f'mha_g{k // 3}', (f'ensembles/mha_g{k // 3}',)) for k in range(8)
+    ]
+    assert seed_runs(specs) == [s for s in specs if s not in groups]
 
 
 @pytest.mark.slow

@@ -33,6 +33,13 @@ def members(config: ml_collections.ConfigDict) -> int:
     return config.train.ensemble
 
 
+def ensemble_loop_default() -> bool:
+    """The faster of an ensemble's programs on this backend, as measured (docs/performance.md):
+    members looped inside the program on a CPU (vmapping gains nothing there), vmapped on an
+    accelerator."""
+    return jax.default_backend() == 'cpu'
+
+
 def member_seeds(config: ml_collections.ConfigDict) -> list[int]:
     """The members' seeds, `config.seed + i` for member i."""
     return [config.seed + i for i in range(members(config))]
