@@ -306,8 +306,9 @@ def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_tex
     ]
     cfg = sweep_file(tmp_path, config, points)
     ens, sep = tmp_path / 'ensembles', tmp_path / 'separate'
+    # vmapped: the looped program's members are checked against single runs above
     out = run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={ens}', '--seeds=8',
-                    '--ensemble', timeout=900)  # fmt: skip
+                    '--ensemble', '--ensemble_program=vmapped', timeout=900)  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     monkeypatch.setattr(experiments_sweep, '_trainer', in_process_trainer)
     specs = plan_sweep(config, points, str(sep), [], 8)
