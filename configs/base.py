@@ -110,6 +110,7 @@ def get_config() -> ml_collections.ConfigDict:
     train.peak_flops = 0.0  # Stated peak FLOP/s per device for MFU; 0 = GPU/TPU table (CPU: none).
     train.ensemble = 0  # Seed ensemble: K members (seeds seed..seed+K-1) as one program; 0 = off.
     train.ensemble_loop = False  # Ensemble members one after another in the program, not vmapped.
+    train.ensemble_lr = ''  # Ensemble members' peak lr, K comma-separated ('1e-3,3e-3'); '' = lr.
     train.max_loss_ratio = 0.0  # Stop if loss > this x its last-100-step median, keep ckpt; 0=off
 
     mesh = config.mesh = ml_collections.ConfigDict()

@@ -67,6 +67,7 @@ ADDED_KEYS = {
     'data.recall_train_pairs': '',
     'train.ensemble': 0,
     'train.ensemble_loop': False,
+    'train.ensemble_lr': '',
     'mesh.rules.member': 'data',
     'data.split_layout': 'contiguous',
     'data.split_block': 1024,

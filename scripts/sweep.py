@@ -60,7 +60,7 @@ from lm.experiments import (
     summarise_sweep,
     sweep_match,
 )
-from lm.train import WorkdirLock
+from lm.train import WorkdirLock, ensemble_loop_default
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Base config file; a sweep file may also define get_points().'
@@ -87,6 +87,20 @@ _ENSEMBLE = flags.DEFINE_bool(
     "Train each point's seeds as one seed ensemble (config.train.ensemble), its members then "
     'split out as the runs <point>_s<seed>; the same summaries as separate runs.',
 )
+_PROGRAM = flags.DEFINE_enum(
+    'ensemble_program',
+    'auto',
+    ['auto', 'vmapped', 'looped'],
+    "--ensemble: how an ensemble's members train in its program (config.train.ensemble_loop); "
+    "'auto': the faster measured on this backend, looped on a CPU and vmapped on an "
+    'accelerator (docs/performance.md).',
+)
+_GROUPS = flags.DEFINE_integer(
+    'ensemble_groups',
+    1,
+    "--ensemble: a point's seeds as this many ensembles of consecutive seeds, each a lane of its "
+    'own, so --parallel of them train at once (ensembles/<point>_g<j>).',
+)
 _STATUS = flags.DEFINE_bool(
     'status', False, 'Print where each run of the plan stands (reads files only) and exit.'
 )
@@ -104,8 +118,8 @@ TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run() -> int:
     if _CONFIG.value is None:
         raise ValueError('--config is required')
-    if _PARALLEL.value < 1 or _SEEDS.value < 1:
-        raise ValueError('--parallel and --seeds must be >= 1')
+    if _PARALLEL.value < 1 or _SEEDS.value < 1 or _GROUPS.value < 1:
+        raise ValueError('--parallel, --seeds and --ensemble_groups must be >= 1')
     sweep_dir = _SWEEP_DIR.value
     if not _STATUS.value:  # --status only reads: a read-only copy of a sweep is fine
         check_writable_dir(sweep_dir, '--sweep_dir')
@@ -120,8 +134,18 @@ def run() -> int:
     chosen = file_points(module, _POINTS.value)
     points = combine(chosen, parse_grid(base, _GRID.value))
     train = [sys.executable, TRAIN]
+    loop = {'auto': ensemble_loop_default(), 'vmapped': False, 'looped': True}[_PROGRAM.value]
     specs = plan_sweep(
-        base, points, sweep_dir, train, _SEEDS.value, match, _TB_DIR.value, _ENSEMBLE.value
+        base,
+        points,
+        sweep_dir,
+        train,
+        _SEEDS.value,
+        match,
+        _TB_DIR.value,
+        _ENSEMBLE.value,
+        _GROUPS.value,
+        loop,
     )
     if _STATUS.value:
         print('\n'.join(progress(specs, sweep_dir)))

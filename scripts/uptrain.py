@@ -3,6 +3,9 @@ r"""Convert an MHA (or GQA) checkpoint to fewer KV heads and set up a run that u
   python scripts/uptrain.py --src=runs/mha --dst=runs/gqa2_up --num_kv_heads=2 --method=mean
   python train.py --workdir=runs/gqa2_up        # uptrains for uptrain.fraction x source steps
 
+A seed ensemble as --src (config.train.ensemble) converts each member as its own checkpoint
+would be, into the runs <dst>_s<seed> (docs/ensembles.md).
+
 The new run logs to the source's shared TensorBoard directory (--tb_dir of its training), or
 to --tb_dir; train.py, eval.py and analyze_heads.py on it write there too.
 
@@ -37,7 +40,14 @@ import re
 from absl import flags
 
 from lm.cli import USER_ERRORS, bootstrap, check_writable_dir, run_app
-from lm.convert import KEYS, SOURCE, WORKDIR, ConversionOptions, convert_checkpoint
+from lm.convert import (
+    KEYS,
+    SOURCE,
+    WORKDIR,
+    ConversionOptions,
+    convert_checkpoint,
+    convert_ensemble,
+)
 from lm.model import model_config, variant_class
 from lm.train import StopRequest, remember_tb_dir, remembered_tb_dir, stored_config
 
@@ -171,22 +181,28 @@ def run() -> int:
     try:
         conversion = options()
         check_writable_dir(_DST.value, '--dst')
-        bootstrap(stored_config(_SRC.value, '--src'))
+        source = stored_config(_SRC.value, '--src')
+        bootstrap(source)
         tb_dir = _TB_DIR.value or remembered_tb_dir(_SRC.value)
         if _TB_DIR.value:
             check_writable_dir(tb_dir, '--tb_dir')
         with StopRequest() as stop:  # SIGTERM / SIGINT: stop the conversion, write nothing
-            config = convert_checkpoint(_SRC.value, conversion, _DST.value, stop)
+            if source.train.ensemble:  # each member, as its own checkpoint: <dst>_s<seed>
+                written = convert_ensemble(_SRC.value, conversion, _DST.value, stop)
+            else:
+                config = convert_checkpoint(_SRC.value, conversion, _DST.value, stop)
+                written = [(_DST.value, config)]
     except USER_ERRORS as e:
         raise type(e)(with_flags(str(e))) from None
-    remember_tb_dir(_DST.value, tb_dir)  # train.py, eval.py, ... log there
-    print(
-        f'wrote {_DST.value}: {config.model.attention} with {kv_heads(config)} KV heads by '
-        f'{config.uptrain.method} ({config.uptrain.grouping} grouping) at step '
-        f'{config.uptrain.source_step} ({_SCHEDULE.value} schedule, '
-        f'{_OPT_STATE.value} optimizer state, to step {config.train.steps}); next: '
-        f'python train.py --workdir={_DST.value}' + (f' --tb_dir={tb_dir}' if tb_dir else '')
-    )
+    for dst, config in written:
+        remember_tb_dir(dst, tb_dir)  # train.py, eval.py, ... log there
+        print(
+            f'wrote {dst}: {config.model.attention} with {kv_heads(config)} KV heads by '
+            f'{config.uptrain.method} ({config.uptrain.grouping} grouping) at step '
+            f'{config.uptrain.source_step} ({_SCHEDULE.value} schedule, '
+            f'{_OPT_STATE.value} optimizer state, to step {config.train.steps}); next: '
+            f'python train.py --workdir={dst}' + (f' --tb_dir={tb_dir}' if tb_dir else '')
+        )
     return 0
 
 

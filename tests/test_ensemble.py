@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 import os
+import pathlib
 import re
 import subprocess
 import time
@@ -35,6 +36,9 @@ from conftest import (
 from test_recall import recall_config
 
 from lm.config import with_values
+from lm.convert import ConversionOptions, convert_checkpoint, convert_ensemble
+from lm.experiments import plan_sweep, progress, run_specs, seed_runs, summarise_sweep
+from lm.experiments import sweep as experiments_sweep
 from lm.train import ensemble
 from lm.train.ensemble import check_members_divide, member_config, member_tree, state_bytes
 from lm.train.ensemble_run import split_member
@@ -57,12 +61,14 @@ def assert_equal_trees(a, b):
 
 @pytest.mark.parametrize('loop', [False, True], ids=['vmapped', 'looped'])
 def test_an_ensemble_step_is_its_members_single_steps(tmp_path, small_text, loop):
+    """Member i is the single run of seed 5 + i and, with train.ensemble_lr, of its own rate."""
     config = tiny_train_config(tmp_path, small_text, seed=5)
-    settings = {'train.ensemble': 2, 'train.ensemble_loop': loop}
+    settings = {'train.ensemble': 2, 'train.ensemble_loop': loop, 'train.ensemble_lr': '3e-3,2e-2'}
     ens = assemble(with_values(config, settings), state='init', data=True)
     singles = [assemble(member_config(ens.config, i), state='init', data=True) for i in (0, 1)]
     for i, single in enumerate(singles):  # the same initialisation, bitwise
         assert single.config.seed == 5 + i
+        assert single.config.train.lr == (3e-3, 2e-2)[i]
         assert_equal_trees(single.state, member_tree(ens.state, i))
     assert jax.tree.leaves(ens.state['params'])[0].shape[0] == 2
     step = make_train_step(ens.ctx, 1)
@@ -79,17 +85,26 @@ def test_an_ensemble_step_is_its_members_single_steps(tmp_path, small_text, loop
                 single_states[i], device_call_batch(single.ctx, batch[i])
             )
             np.testing.assert_allclose(metrics['loss'][i], m['loss'], rtol=RTOL)
+            np.testing.assert_allclose(metrics['lr'][i], m['lr'], rtol=RTOL)
+        assert s == 0 or metrics['lr'][1] > 6 * metrics['lr'][0]  # each member its own rate
     for i in (0, 1):
         assert_close_trees(member_tree(state['params'], i), single_states[i]['params'])
 
 
-def test_bad_member_counts_are_refused_in_one_line(tmp_path, small_text):
+def test_bad_member_counts_are_refused_in_one_line(tmp_path, small_text, monkeypatch):
     config = tiny_train_config(tmp_path, small_text)
     for bad in (-1, -8):
         with pytest.raises(ValueError, match=r'^config.train.ensemble must be 0 \(off\)'):
             check_config(with_values(config, {'train.ensemble': bad}))
     with pytest.raises(ValueError, match='below 2\\*\\*32'):
         check_config(with_values(config, {'train.ensemble': 3, 'seed': 2**32 - 2}))
+    for k, lrs in ((3, '1e-3,2e-3'), (2, '1e-3,x'), (2, '1e-3,-1'), (0, '1e-3')):
+        with pytest.raises(ValueError, match=r'^config.train.ensemble_lr=.*(must be|needs)'):
+            check_config(with_values(config, {'train.ensemble': k, 'train.ensemble_lr': lrs}))
+    with monkeypatch.context() as m:
+        m.setattr(jax, 'process_count', lambda: 2)
+        with pytest.raises(ValueError, match='ensembles train in one process only'):
+            check_config(with_values(config, {'train.ensemble': 2}))
     mesh = types.SimpleNamespace(shape={'data': 4, 'fsdp': 1, 'tensor': 1})
     rules = {'member': ('data',), 'batch': ('data', 'fsdp')}
     k6 = with_values(config, {'train.ensemble': 6})
@@ -126,6 +141,19 @@ def test_an_ensemble_trains_its_members_single_runs(tmp_path, small_text):
         with assemble(out, state='restore') as split:
             assert split.config.train.ensemble == 0 and split.config.seed == 3 + i
             assert_equal_trees(split.state, member_tree(result['state'], i))
+    # uptraining converts the whole ensemble: each member as its split-out run converts
+    options = ConversionOptions(num_kv_heads=1, method='mean', steps=2)
+    written = convert_ensemble(str(tmp_path / 'ens'), options, str(tmp_path / 'up'))
+    assert [w for w, _ in written] == [str(tmp_path / f'up_s{s}') for s in (3, 4, 5)]
+    convert_checkpoint(str(tmp_path / 'split2'), options, str(tmp_path / 'up_split2'))
+    with assemble(written[2][0], state='restore') as a:
+        with assemble(str(tmp_path / 'up_split2'), state='restore') as b:
+            assert_equal_trees(a.state, b.state)
+            assert a.config.model.num_kv_heads == 1 and a.config.seed == 5
+            mine, theirs = a.config.to_dict(), b.config.to_dict()
+            assert mine['uptrain'].pop('source_workdir') == str(tmp_path / 'ens')
+            theirs['uptrain'].pop('source_workdir')
+            assert mine == theirs
     # ... and resumes as that single run: 4 more steps of each, the same losses
     longer = with_values(member_config(config, 0), {'train.steps': 12})
     for workdir in ('split0', 'single0'):
@@ -249,28 +277,46 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
+def in_process_trainer(config, command, tb_dir):
+    """The sweep's run of `config` (train.py's `train`), in this process: the separate-run
+    path without a process per run."""
+
+    def run(workdir: str) -> dict:
+        train(config, workdir, tb_dir)
+        return json.loads((pathlib.Path(workdir) / 'results.json').read_text())
+
+    return run
+
+
 @pytest.mark.slow
-def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_text):
-    """scripts/sweep.py --ensemble: each point's seeds trained as one ensemble, split into the
-    runs separate training makes, so the summary, per-seed CSV and plot are the same (losses to
-    the tolerance above)."""
+def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_text, monkeypatch):
+    """scripts/sweep.py --ensemble, 3 variants x 8 seeds: each point's seeds trained as one
+    ensemble, split into the runs separate training makes, so the summary, per-seed CSV and plot
+    are those of the same plan trained run by run (here in this process; losses to the
+    tolerance above)."""
     config = tiny_train_config(
-        tmp_path, small_text, **{'train.steps': 4, 'eval_every': 4, 'checkpoint_every': 4}
+        tmp_path,
+        small_text,
+        **{'train.steps': 2, 'eval_every': 2, 'checkpoint_every': 2, 'eval_tokens': 256},
     )
     points = [
         {'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0},
+        {'name': 'gqa', 'model.attention': 'gqa', 'model.num_kv_heads': 2},
         {'name': 'mqa', 'model.attention': 'mqa', 'model.num_kv_heads': 0},
     ]
     cfg = sweep_file(tmp_path, config, points)
-    for how, flags in (('separate', []), ('ensembles', ['--ensemble'])):
-        out = run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={tmp_path / how}',
-                        '--seeds=3', *flags, timeout=900)  # fmt: skip
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     ens, sep = tmp_path / 'ensembles', tmp_path / 'separate'
-    assert sorted(os.listdir(ens / 'ensembles')) == ['mha', 'mqa']
-    runs = ['mha_s0', 'mha_s1', 'mha_s2', 'mqa_s0', 'mqa_s1', 'mqa_s2']
+    # vmapped: the looped program's members are checked against single runs above
+    out = run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={ens}', '--seeds=8',
+                    '--ensemble', '--ensemble_program=vmapped', timeout=900)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    monkeypatch.setattr(experiments_sweep, '_trainer', in_process_trainer)
+    specs = plan_sweep(config, points, str(sep), [], 8)
+    summarise_sweep(str(sep), specs, run_specs(specs, str(sep)))
+    assert sorted(os.listdir(ens / 'ensembles')) == ['gqa', 'mha', 'mqa']
+    runs = [f'{p}_s{s}' for p in ('mha', 'gqa', 'mqa') for s in range(8)]
     assert [r for r in runs if (ens / r / 'result.json').exists()] == runs
-    assert sorted(os.listdir(ens / 'tb' / 'mha')) == ['seed_0', 'seed_1', 'seed_2']
+    assert sorted(os.listdir(ens / 'tb' / 'mha')) == [f'seed_{s}' for s in range(8)]
     for name in ('summary.csv', 'summary_seeds.csv', 'summary_pairs.csv'):
         got, want = read_csv(ens / name), read_csv(sep / name)
         assert len(got) == len(want) and list(got[0]) == list(want[0]), name
@@ -279,11 +325,31 @@ def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_tex
                 if key == 'tokens_per_sec':  # a timing
                     continue
                 assert same_cell(g[key], value), (name, key, g[key], value)
+    assert len(read_csv(ens / 'summary_seeds.csv')) == 24
     assert (ens / 'summary.png').stat().st_size > 10_000
-    again = run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={ens}', '--seeds=3',
-                      '--ensemble', '--status')  # fmt: skip
-    assert again.stdout.strip().splitlines()[-1].endswith('8 finished, 0 with other settings, '
-                                                          '0 started, 0 not started')  # fmt: skip
+    ensembled = plan_sweep(config, points, str(ens), [], 8, ensemble=True)
+    assert progress(ensembled, str(ens))[-1].endswith(
+        '27 finished, 0 with other settings, 0 started, 0 not started'
+    )
+
+
+def test_a_sweep_splits_a_points_seeds_over_ensemble_groups(tmp_path, small_text):
+    """--ensemble_groups=3 of 8 seeds: ensembles of seeds 0-2, 3-5 and 6-7, each a lane of
+    its own with its members' runs after it; --ensemble_program sets their program."""
+    config = tiny_train_config(tmp_path, small_text, seed=10)
+    points = [{'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0}]
+    specs = plan_sweep(config, points, str(tmp_path), [], 8, ensemble=True, ensemble_groups=3,
+                       ensemble_loop=True)  # fmt: skip
+    groups = [s for s in specs if s.name.startswith('ensembles/')]
+    assert [(s.name, s.seed, s.fingerprint['train.ensemble']) for s in groups] == [
+        ('ensembles/mha_g0', 10, 3), ('ensembles/mha_g1', 13, 3), ('ensembles/mha_g2', 16, 2)
+    ]  # fmt: skip
+    assert all(s.fingerprint['train.ensemble_loop'] for s in groups)
+    members = [(s.name, s.lane, s.needs) for s in specs if s not in groups]
+    assert members == [
+        (f'mha_s{10 + k}', f'mha_g{k // 3}', (f'ensembles/mha_g{k // 3}',)) for k in range(8)
+    ]
+    assert seed_runs(specs) == [s for s in specs if s not in groups]
 
 
 @pytest.mark.slow

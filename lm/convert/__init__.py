@@ -19,6 +19,7 @@ __all__, __getattr__, __dir__ = public_face(
             'check_conversion',
         ),
         'uptrain': ('METHODS', 'SOURCE', 'WORKDIR', 'convert_checkpoint'),
+        'uptrain_ensemble': ('convert_ensemble', 'member_workdirs'),
         'mla': ('choose_stride', 'pair_contribution'),
         'rope_selection': ('selections',),
     },

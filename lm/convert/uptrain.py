@@ -48,6 +48,7 @@ from lm.model import attention
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.transformer import model_config
 from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries, read_latest_meta
+from lm.train.ensemble_run import member_run
 from lm.train.interrupt import StopRequest
 from lm.train.optimizer import check_train_config
 from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context, stored_config
@@ -207,14 +208,15 @@ def convert_checkpoint(
     options: ConversionOptions,
     workdir: str,
     stop: StopRequest | None = None,
+    member: int | None = None,
 ) -> ml_collections.ConfigDict:
     """Converts `source_workdir`'s checkpoint as `options` say and writes it as a new run in
     `workdir` whose first checkpoint is at the source's step (config from `uptrain_config`);
-    returns that config. Everything that can be checked is checked before anything is written,
-    and `workdir` is owned meanwhile (`WorkdirLock`); the checkpoint is built beside its place
-    and moved in when complete, so a failure leaves `workdir` as it was. A signal `stop` sees
-    during the conversion raises `Interrupted` at once (nothing is written yet); the writing,
-    brief, is let finish."""
+    returns that config; an ensemble's `member` as that member split out would be. Everything
+    that can be checked is checked before anything is written, and `workdir` is owned meanwhile
+    (`WorkdirLock`); the checkpoint is built beside its place and moved in when complete, so a
+    failure leaves `workdir` as it was. A signal `stop` sees during the conversion raises
+    `Interrupted` at once (nothing is written yet); the writing, brief, is let finish."""
     stop = stop or StopRequest()  # never entered: records nothing, stops nothing
     latest = read_latest_meta(source_workdir)
     step = options.source_step
@@ -226,7 +228,7 @@ def convert_checkpoint(
                 f'{WORKDIR}: {workdir} already holds checkpoints; choose a new directory'
             )
         with stop.at_once():
-            config, state, meta = _convert(source_workdir, options, workdir)
+            config, state, meta = _convert(source_workdir, options, workdir, member)
         tokenizer = stored_config(source_workdir, SOURCE, options.source_step).data.tokenizer
         for name in os.listdir(workdir):  # left by a conversion that was killed
             if name.startswith(PARTIAL):
@@ -364,7 +366,7 @@ def _converted_state(source, options: ConversionOptions, ctx, params: dict, reci
 
 
 def _convert(
-    src: str, options: ConversionOptions, workdir: str
+    src: str, options: ConversionOptions, workdir: str, member: int | None
 ) -> tuple[ml_collections.ConfigDict, dict, dict]:
     """(config, state, checkpoint side-car) of the converted run's first step (the source's),
     to be written in `workdir`: a tokenizer the source keeps is read from the copy there."""
@@ -375,11 +377,13 @@ def _convert(
         check=lambda cfg: check_conversion(cfg, options),
         flag=SOURCE,
     )
-    if source.ctx.members:
+    if source.ctx.members and member is None:
         raise ValueError(
             f'{SOURCE}={src} is an ensemble (config.train.ensemble={source.ctx.members}): '
-            'convert its members one by one, split out by scripts/split_ensemble.py'
+            'convert it with convert_ensemble, or one member'
         )
+    if source.ctx.members:
+        source = member_run(source, member)
     check_finite(source.state['params'], f'{SOURCE}={src}: the checkpoint at step {source.step}')
     params, recipe, settings, record = _converted_params(source, options)
     config = _converted_config(src, source, options, settings, record)

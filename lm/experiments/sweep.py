@@ -214,6 +214,8 @@ def plan(
     match: str = 'width',
     tb_dir: str = '',
     ensemble: bool = False,
+    ensemble_groups: int = 1,
+    ensemble_loop: bool | None = None,
 ) -> list[Spec]:
     """A Spec per (point, seed) after skipping invalid points; with match='params', each point's
     mlp_dim brings it within 1% of the MHA point's parameters. A point's 'seeds' overrides
@@ -222,7 +224,9 @@ def plan(
     With `ensemble`, a point's seeds (when more than one) train as one seed ensemble
     (`config.train.ensemble`), a run of its own in <sweep_dir>/ensembles/<point>, and each
     seed's run is its member split out (`lm.train.split_member`): the same runs, names and
-    results as separate training, for the summaries (`seed_runs`, lm.experiments.sweep_ensemble)."""
+    results as separate training, for the summaries (`seed_runs`, lm.experiments.sweep_ensemble);
+    `ensemble_groups` > 1 splits a point's seeds over that many ensembles (lanes that can train at
+    once, <point>_g<j>), `ensemble_loop` sets their train.ensemble_loop (None: the config's)."""
     valid = _valid_points(base, points)
     if match == 'params':
         configs = [c for _, _, c in valid]
@@ -241,7 +245,11 @@ def plan(
     for name, point, config in valid:
         n = point.get('seeds', seeds)
         make = PointSpecs(name, train_command, tb_dir, sweep_dir, _trainer)
-        specs += make.ensemble(config, n) if ensemble and n > 1 else make.separate(config, n)
+        if ensemble and n > 1:
+            loop = config.train.ensemble_loop if ensemble_loop is None else ensemble_loop
+            specs += make.ensemble(config, n, ensemble_groups, loop)
+        else:
+            specs += make.separate(config, n)
     return specs
 
 

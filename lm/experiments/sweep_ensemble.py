@@ -65,28 +65,47 @@ class PointSpecs:
         seeded = [self._seeded(config, k) for k in range(n)]
         return [self._spec(c, n, self.trainer(c, self.command, self.tb_dir)) for c in seeded]
 
-    def ensemble(self, config: ml_collections.ConfigDict, n: int) -> list[Spec]:
-        """One train.py run of the `n` seeds as an ensemble, then each seed's run split out of
-        it (in the same lane, after it)."""
-        together = self._seeded(with_values(config, {'train.ensemble': n}), 0)
-        name = f'{ENSEMBLES}/{self.name}'
-        run = self.trainer(together, self.command, self.tb_dir)
-        first = Spec(
+    def ensemble(
+        self, config: ml_collections.ConfigDict, n: int, groups: int = 1, loop: bool = False
+    ) -> list[Spec]:
+        """The `n` seeds as `groups` ensembles (train.ensemble_loop = `loop`) of consecutive
+        seeds, each a train.py run in a lane of its own (so `groups` can train at once), then
+        each seed's run split out of its ensemble (in that lane, after it)."""
+        groups = min(groups, n)
+        sizes = [n // groups + (j < n % groups) for j in range(groups)]
+        specs, first = [], 0
+        for j, k in enumerate(sizes):
+            name = f'{ENSEMBLES}/{self.name}' + (f'_g{j}' if groups > 1 else '')
+            specs += self._group(config, name, first, k, n, loop)
+            first += k
+        return specs
+
+    def _group(
+        self, config: ml_collections.ConfigDict, name: str, first: int, k: int, n: int, loop: bool
+    ) -> list[Spec]:
+        """The ensemble `name` of seeds first ... first + k - 1 of the point's `n`, and its
+        members' runs."""
+        settings = {'train.ensemble': k, 'train.ensemble_loop': loop}
+        together = self._seeded(with_values(config, settings), first)
+        lane = name.split('/', 1)[1]
+        first_spec = Spec(
             name=name,
             fingerprint=flat_config(together),
-            run=run,
+            run=self.trainer(together, self.command, self.tb_dir),
             arm=name,
-            seed=config.seed,
-            lane=self.name,
+            seed=together.seed,
+            lane=lane,
             resumable=resumable_key,
             added=ADDED_KEYS,
         )
         source = os.path.join(self.sweep_dir, name)
         members = [
-            self._spec(self._seeded(config, k), n, _split(source, k), lane=self.name, needs=(name,))
-            for k in range(n)
+            self._spec(
+                self._seeded(config, first + i), n, _split(source, i), lane=lane, needs=(name,)
+            )
+            for i in range(k)
         ]
-        return [first, *members]
+        return [first_spec, *members]
 
 
 def _split(ensemble_dir: str, member: int):

@@ -18,7 +18,7 @@ __all__, __getattr__, __dir__ = public_face(
             'stored_config',
         ),
         'loop': ('train',),
-        'ensemble': ('member_config', 'member_seeds', 'state_bytes'),
+        'ensemble': ('ensemble_loop_default', 'member_config', 'member_seeds', 'state_bytes'),
         'ensemble_run': ('member_logdir', 'split_member'),
         'step': (
             'call_sharding',

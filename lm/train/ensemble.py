@@ -13,13 +13,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable
 
 import jax
 import ml_collections
 import numpy as np
+import optax
 from jax.sharding import Mesh
 
 from lm.sharding import stacked_sharding
+from lm.train.optimizer import lr_schedule, make_optimizer
 from lm.train.step import StepContext
 
 MEMBER = 'member'  # the logical axis of ensemble members in config.mesh.rules
@@ -30,18 +33,39 @@ def members(config: ml_collections.ConfigDict) -> int:
     return config.train.ensemble
 
 
+def ensemble_loop_default() -> bool:
+    """The faster of an ensemble's programs on this backend, as measured (docs/performance.md):
+    members looped inside the program on a CPU (vmapping gains nothing there), vmapped on an
+    accelerator."""
+    return jax.default_backend() == 'cpu'
+
+
 def member_seeds(config: ml_collections.ConfigDict) -> list[int]:
     """The members' seeds, `config.seed + i` for member i."""
     return [config.seed + i for i in range(members(config))]
 
 
+def member_lrs(config: ml_collections.ConfigDict) -> tuple[float, ...]:
+    """The members' peak learning rates (`config.train.ensemble_lr`); () when every member
+    trains with `config.train.lr`."""
+    return (
+        tuple(float(v) for v in config.train.ensemble_lr.split(','))
+        if config.train.ensemble_lr
+        else ()
+    )
+
+
 def member_config(config: ml_collections.ConfigDict, i: int) -> ml_collections.ConfigDict:
-    """The single run that member `i` of `config`'s ensemble is: ensemble off, seed + i."""
+    """The single run that member `i` of `config`'s ensemble is: ensemble off, seed + i, and
+    its own peak rate when the members have theirs (`member_lrs`)."""
     if not 0 <= i < members(config):
         raise ValueError(f'member {i} is not in config.train.ensemble={members(config)}')
     single = ml_collections.ConfigDict(config.to_dict())
+    if lrs := member_lrs(config):
+        single.train.lr = lrs[i]
     single.train.ensemble = 0
     single.train.ensemble_loop = False
+    single.train.ensemble_lr = ''
     single.seed = config.seed + i
     return single
 
@@ -59,7 +83,13 @@ def check_ensemble_config(config: ml_collections.ConfigDict) -> None:
             f'config.train.ensemble must be 0 (off) or a member count K >= 1, got {k!r}'
         )
     if not k:
+        if config.train.ensemble_lr:
+            raise ValueError(
+                f'config.train.ensemble_lr={config.train.ensemble_lr!r} needs an ensemble: '
+                'set config.train.ensemble to its number of rates'
+            )
         return
+    check_member_lrs(config)
     if config.seed + k > 2**32:
         raise ValueError(
             f'config.train.ensemble={k}: member seeds config.seed={config.seed} ... '
@@ -67,6 +97,22 @@ def check_ensemble_config(config: ml_collections.ConfigDict) -> None:
         )
     if jax.process_count() > 1:
         raise ValueError(f'config.train.ensemble={k}: ensembles train in one process only')
+
+
+def check_member_lrs(config: ml_collections.ConfigDict) -> None:
+    """`config.train.ensemble_lr`: '' or K finite rates > 0, in one line."""
+    spec, k = config.train.ensemble_lr, config.train.ensemble
+    if not spec:
+        return
+    try:
+        lrs = member_lrs(config)
+    except ValueError:
+        lrs = ()
+    if len(lrs) != k or not all(math.isfinite(lr) and lr > 0 for lr in lrs):
+        raise ValueError(
+            f'config.train.ensemble_lr={spec!r} must be {k} comma-separated learning rates > 0, '
+            f'one per member of config.train.ensemble={k}'
+        )
 
 
 def member_axes(mesh: Mesh, rules: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
@@ -100,8 +146,22 @@ def as_ensemble(
         return ctx
     axes = member_axes(mesh, rules)
     ctx = ensemble_context(ctx, config.train.ensemble, axes, config.train.ensemble_loop)
+    if lrs := member_lrs(config):
+        ctx = dataclasses.replace(ctx, member_lrs=lrs, member_optimizer=member_optimizer(config))
     check_members_fit(ctx)
     return ctx
+
+
+def member_optimizer(config: ml_collections.ConfigDict) -> Callable:
+    """peak lr (a traced scalar) -> (optimizer, schedule) of a member of `config`'s ensemble
+    that trains with that rate."""
+    train = config.train
+
+    def optimizer(lr: jax.Array) -> tuple[optax.GradientTransformation, optax.Schedule]:
+        schedule = lr_schedule(train, lr)
+        return make_optimizer(train, schedule), schedule
+
+    return optimizer
 
 
 def check_members_divide(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:

@@ -22,7 +22,7 @@ from lm.train.ensemble import member_config, member_seeds, member_tree
 from lm.train.evaluation import eval_batch_size, evaluate_members
 from lm.train.loop import _Training
 from lm.train.loss_spike import LossSpikeGuard
-from lm.train.run import assemble, checkpoint_meta
+from lm.train.run import Run, assemble, checkpoint_meta
 from lm.train.run_log import Meter, log_model, write_results
 from lm.train.summary import Summary
 from lm.train.workdir import RunError
@@ -168,23 +168,29 @@ def split_member(workdir: str, member: int, out: str, step: int | None = None) -
     with assemble(workdir, state='restore', step=step) as run:
         if not run.config.train.ensemble:
             raise RunError(f'--workdir: {workdir} is not an ensemble (config.train.ensemble=0)')
-        config = member_config(run.config, member)
-        single = assemble(config)
-        state = jax.tree.map(
-            lambda x, s: jax.device_put(x[member], s),
-            run.state,
-            single.ctx.state_sharding,
-        )
-        abstract = single.ctx.abstract_state['params']
-        meta = checkpoint_meta(config, run.meta['data_fingerprint'], run.step, abstract, out)
+        single = member_run(run, member, out)
         os.makedirs(out, exist_ok=True)
         ckpt = Checkpointer(out, keep=1, async_save=False)
         try:
-            ckpt.save(run.step, state, meta)
+            ckpt.save(single.step, single.state, single.meta)
         finally:
             ckpt.close()
-    _split_results(workdir, member, out, run.step, config)
+    _split_results(workdir, member, out, run.step, single.config)
     return out
+
+
+def member_run(run: Run, member: int, workdir: str | None = None) -> Run:
+    """Member `member` of the restored ensemble `run` as the single run it is (`member_config`):
+    that run's context on the same devices, its state in that context's shardings, and the
+    checkpoint side-car its own run would save (in `workdir`, when it is to be written)."""
+    config = member_config(run.config, member)
+    single = assemble(config)
+    state = jax.tree.map(
+        lambda x, s: jax.device_put(x[member], s), run.state, single.ctx.state_sharding
+    )
+    abstract = single.ctx.abstract_state['params']
+    meta = checkpoint_meta(config, run.meta['data_fingerprint'], run.step, abstract, workdir)
+    return dataclasses.replace(single, step=run.step, state=state, meta=meta)
 
 
 def _split_results(workdir: str, member: int, out: str, step: int, config) -> None:

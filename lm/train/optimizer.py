@@ -10,18 +10,26 @@ import ml_collections
 import optax
 
 
-def lr_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
+def lr_schedule(
+    train: ml_collections.ConfigDict, lr: float | jax.Array | None = None
+) -> optax.Schedule:
     """The rate at (global) step s: 0 → lr linearly over warmup_steps from `schedule_start`, then
     cosine to min_lr at `decay_steps` (0: `steps`), min_lr after; times a linear ramp 0 → 1 over
-    `ramp_steps` from `ramp_start` when ramp_steps > 0 (continued uptraining's short warmup)."""
+    `ramp_steps` from `ramp_start` when ramp_steps > 0 (continued uptraining's short warmup).
+    `lr` replaces train.lr as the peak (a traced scalar too: an ensemble member's own rate);
+    optax's warmup_cosine_decay_schedule, written out so that its peak may be traced."""
+    peak = train.lr if lr is None else lr
     start = train.schedule_start
     end = train.decay_steps or train.steps
-    base = optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=train.lr,
-        warmup_steps=train.warmup_steps,
-        decay_steps=max(end - start, train.warmup_steps + 1),
-        end_value=train.min_lr,
+    warmup = train.warmup_steps
+    base = optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, peak, warmup),
+            optax.cosine_decay_schedule(
+                peak, max(end - start, warmup + 1) - warmup, alpha=train.min_lr / peak
+            ),
+        ],
+        [warmup],
     )
     if not (start or train.ramp_steps):
         return base

@@ -56,6 +56,10 @@ class StepContext:
     members: int = 0
     member_axes: tuple[str, ...] = ()
     member_loop: bool = False  # members looped in the program (lax.map) instead of vmapped
+    # Members with peak learning rates of their own: the rates, and a member's (optimizer,
+    # schedule) from its rate, which replace `tx` and `lr_schedule` inside the step.
+    member_lrs: tuple[float, ...] = ()
+    member_optimizer: Callable[[jax.Array], tuple] | None = None
 
 
 def parse_xla_options(spec: str, given: str = '') -> dict[str, str | bool]:
@@ -293,7 +297,8 @@ def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int
     """
     grad_fn = jax.value_and_grad(lambda p, b: batch_loss(ctx, p, b))
 
-    def step(state: State, batch_BT1: jax.Array) -> tuple[State, dict]:
+    def step(state: State, batch_BT1: jax.Array, lr: jax.Array | None = None) -> tuple:
+        tx, schedule = (ctx.tx, ctx.lr_schedule) if lr is None else ctx.member_optimizer(lr)
         params = state['params']
         if grad_accum_steps == 1:
             loss, grads = grad_fn(params, batch_BT1)
@@ -310,7 +315,7 @@ def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int
             zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
             (loss, grads), _ = jax.lax.scan(accumulate, zero, micro_ABT1)
             loss, grads = jax.tree.map(lambda x: x / grad_accum_steps, (loss, grads))
-        updates, opt_state = ctx.tx.update(grads, state['opt_state'], params)
+        updates, opt_state = tx.update(grads, state['opt_state'], params)
         new_state = {
             'params': optax.apply_updates(params, updates),
             'opt_state': opt_state,
@@ -318,21 +323,31 @@ def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int
             'rng': state['rng'],
         }
         metrics = {'loss': loss, 'grad_norm': optax.tree.norm(grads)}
-        if ctx.lr_schedule is not None:
-            metrics['lr'] = ctx.lr_schedule(state['step'])
+        if schedule is not None:
+            metrics['lr'] = schedule(state['step'])
         return new_state, metrics
 
-    def steps(state: State, batches_NBT1: jax.Array) -> tuple[State, dict]:
-        return jax.lax.scan(step, state, batches_NBT1)
+    def steps(state: State, batches_NBT1: jax.Array, lr: jax.Array | None = None) -> tuple:
+        return jax.lax.scan(lambda s, b: step(s, b, lr), state, batches_NBT1)
 
     fn = step if steps_per_call == 1 else steps
     return jax.jit(
-        over_members(ctx, fn) if ctx.members else fn,
+        _members_step(ctx, fn) if ctx.members else fn,
         in_shardings=(ctx.state_sharding, call_sharding(ctx, steps_per_call)),
         out_shardings=(ctx.state_sharding, None),
         donate_argnums=0,
         compiler_options=dict(ctx.xla_options) or None,
     )
+
+
+def _members_step(ctx: StepContext, fn: Callable) -> Callable:
+    """The step `fn(state, batch[, lr])` over the ensemble's members, each member with its own
+    peak rate when `ctx.member_lrs` gives them."""
+    if not ctx.member_lrs:
+        return over_members(ctx, fn)
+    mapped = over_members(ctx, fn, (0, 0, 0))
+    lrs_K = np.asarray(ctx.member_lrs, np.float32)
+    return lambda state, batch: mapped(state, batch, lrs_K)
 
 
 def make_eval_step(ctx: StepContext) -> Callable:

@@ -30,11 +30,13 @@ TB_FILE = 'tensorboard.json'  # the shared TensorBoard directory the run was tra
 
 # Config keys (or whole sections, ending in '.') that may change when a run resumes: they set
 # how long it trains, how often it logs / evaluates / saves, where caches go, how devices are
-# laid out and how XLA compiles the step (its kernels, so its rounding), but not the maths a
-# step asks for. Any other change needs --allow_config_change.
+# laid out and how XLA compiles the step (its kernels, so its rounding; an ensemble's members
+# looped or vmapped), but not the maths a step asks for. Any other change needs
+# --allow_config_change.
 RESUMABLE_KEYS = (
     'train.steps',
     'train.steps_per_call',
+    'train.ensemble_loop',
     'train.xla_options',
     'train.peak_flops',
     'train.max_loss_ratio',
