@@ -39,6 +39,8 @@ of a study's README.md with the table of kind KIND made from its results/NAME.cs
 - 'steps_to': the same curves: per run the first step its first metric reached REACHED, per arm
   their mean ± std and 95% t-interval, then the paired differences (same seed), Holm-corrected
   over the pairs tested; a pair with a run that never reached it is not tested.
+- 'capacity': a recall sweep over KV state and pairs (lm.experiments.capacity): the accuracy
+  grid, then one Holm family per question (KV state at equal pairs; pairs at equal KV).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import os
 import re
 from collections.abc import Callable
 
-from lm.experiments import ablation_doc_tables, lr_grid, stats, summary
+from lm.experiments import ablation_doc_tables, capacity, lr_grid, stats, summary
 from lm.experiments.runner import arm_and_seed
 
 MARKER = re.compile(r'(<!-- table: (\w+) ([\w.-]+) -->\n)(.*?)(<!-- /table -->)', re.S)
@@ -262,6 +264,7 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
     'lr_grid': ablation_doc_tables.lr_grid_table,
     'lr_screen': lr_screen_table,
     'steps_to': steps_to_table,
+    'capacity': capacity.capacity_table,
 }
 
 

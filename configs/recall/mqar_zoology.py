@@ -1,0 +1,47 @@
+"""MQAR as Zoology builds it (`source='mqar_zoology'`, lm/data/recall.py): the answers are
+labels only, never in the input, and no policy that skips the key-value lookup beats 1/pairs
+(tests/test_recall_zoology.py). A 2-layer model, d_model 64, 4 query heads of 16; the loss and
+`eval/recall_accuracy` count the answers only:
+
+  python train.py --config=configs/recall/mqar_zoology.py:mha --workdir=runs/mqz_mha
+
+The optional argument picks the attention variant: mha (default), gqa2, mqa, mla.
+
+Calibration (docs/studies/mqar_capacity/README.md): 4 pairs over 1,024 symbols in rows of 64
+tokens, the easiest cell of the capacity sweep (configs/sweeps/mqar_capacity.py).
+"""
+
+import os
+
+from lm.config import load_config_file
+from lm.model.attention import parse_variant
+
+
+def get_config(variant: str = 'mha'):
+    config = load_config_file(os.path.join(os.path.dirname(__file__), '..', 'base.py'))
+    config.model.update(
+        d_model=64, num_layers=2, num_heads=4, head_dim=16, vocab_size=0, tie_embeddings=False
+    )
+    try:
+        config.model.update(parse_variant(variant))
+    except ValueError as e:
+        raise ValueError(f'configs/recall/mqar_zoology.py: {e}') from None
+    config.model.mla.update(
+        kv_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16
+    )
+    config.data.update(
+        source='mqar_zoology', seq_len=64, recall_pairs=4, recall_vocab=1024,
+        recall_eval_examples=1000,
+    )
+    config.train.update(
+        batch_size=64,
+        steps=600,
+        lr=3e-3,
+        min_lr=3e-3,
+        warmup_steps=50,
+        weight_decay=0.0,
+        b2=0.99,
+    )
+    config.update(eval_every=200, log_every=50, checkpoint_every=600, eval_batch_size=500)
+    config.train.steps_per_call = 10
+    return config
