@@ -142,3 +142,26 @@ def test_step_feeds_blank_where_the_answer_is_a_label():
     np.testing.assert_allclose(got, reference(inputs, targets), rtol=1e-5)
     leaked = (rows & (LABEL_FLAG - 1))[:, :-1]
     assert abs(got - reference(leaked, targets)) > 1e-4
+
+
+def test_sign_flip_p_counts_sign_patterns():
+    from lm.experiments.capacity import sign_flip_p
+
+    assert sign_flip_p([0.1] * 8) == pytest.approx(2 / 256)  # only all-plus and all-minus
+    assert sign_flip_p([0.3, -0.1, 0.2]) == pytest.approx(4 / 8)  # |mean| ≥ 0.4/3: 4 of 8
+    assert sign_flip_p([1.0, -1.0]) == 1.0
+
+
+def test_capacity_table_tests_each_question_as_its_own_family():
+    from lm.experiments.capacity import capacity_table
+
+    rows = [
+        {'point': 'x', 'kv_dims': d, 'kv_bytes_per_token': 8 * d, 'pairs': p, 'seed': s,
+         'eval_recall_accuracy': 1.0 - (0.3 if (d, p) == (16, 8) else 0.0) - 0.01 * (s % 3)}
+        for p in (2, 8) for d in (64, 16) for s in range(8)
+    ]
+    text = capacity_table(rows)
+    row = next(line for line in text.splitlines() if line.startswith('| 8 |'))
+    assert row.startswith('| 8 | 99.1% [') and '8/8 ≥ 90% | 69.1% [' in row and '0/8' in row
+    assert '(2 comparisons, Holm over them)' in text  # KV at 2 and 8 pairs; pairs at each KV
+    assert '| KV 16, 8 pairs | KV 64, 8 pairs | -30.0 | [-30.0, -30.0] |' in text
