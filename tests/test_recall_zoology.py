@@ -20,7 +20,10 @@ def zoology_config(**overrides):
     config = tiny_config(attention='mha')
     config.model.vocab_size = 0
     config.data.update(
-        source='mqar_zoology', seq_len=24, recall_pairs=4, recall_vocab=1024,
+        source='mqar_zoology',
+        seq_len=24,
+        recall_pairs=4,
+        recall_vocab=1024,
         recall_eval_examples=40,
     )
     return with_values(config, overrides)
@@ -156,9 +159,17 @@ def test_capacity_table_tests_each_question_as_its_own_family():
     from lm.experiments.capacity import capacity_table
 
     rows = [
-        {'point': 'x', 'kv_dims': d, 'kv_bytes_per_token': 8 * d, 'pairs': p, 'seed': s,
-         'eval_recall_accuracy': 1.0 - (0.3 if (d, p) == (16, 8) else 0.0) - 0.01 * (s % 3)}
-        for p in (2, 8) for d in (64, 16) for s in range(8)
+        {
+            'point': 'x',
+            'kv_dims': d,
+            'kv_bytes_per_token': 8 * d,
+            'pairs': p,
+            'seed': s,
+            'eval_recall_accuracy': 1.0 - (0.3 if (d, p) == (16, 8) else 0.0) - 0.01 * (s % 3),
+        }
+        for p in (2, 8)
+        for d in (64, 16)
+        for s in range(8)
     ]
     text = capacity_table(rows)
     row = next(line for line in text.splitlines() if line.startswith('| 8 |'))

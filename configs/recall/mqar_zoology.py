@@ -10,8 +10,8 @@ The optional argument picks the attention variant: mha (default), gqa2, mqa, mla
 
 4 pairs over 1,024 symbols in rows of 16 tokens (4 x pairs: every query slot holds a query),
 batch 32, lr 1e-2 held after warmup (chosen on validation at step 500 over 3e-3 and 1e-2 tied,
-1e-2 untied; 1e-3 and 3e-3 untied stopped at step 250), 1500 steps: the easiest cell of the capacity study
-(docs/studies/mqar_capacity/README.md says whether MHA is calibrated here).
+1e-2 untied; 1e-3 and 3e-3 untied stopped at step 250), 1500 steps: the easiest cell of the
+capacity study (docs/studies/mqar_capacity/README.md says whether MHA is calibrated here).
 """
 
 import os
@@ -29,11 +29,12 @@ def get_config(variant: str = 'mha'):
         config.model.update(parse_variant(variant))
     except ValueError as e:
         raise ValueError(f'configs/recall/mqar_zoology.py: {e}') from None
-    config.model.mla.update(
-        kv_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16
-    )
+    config.model.mla.update(kv_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
     config.data.update(
-        source='mqar_zoology', seq_len=16, recall_pairs=4, recall_vocab=1024,
+        source='mqar_zoology',
+        seq_len=16,
+        recall_pairs=4,
+        recall_vocab=1024,
         recall_eval_examples=1000,
     )
     config.train.update(

@@ -39,6 +39,7 @@ __all__, __getattr__, __dir__ = public_face(
             'tables as ablation_markdown',
         ),
         'summary': ('seed_rows', 'write_csv'),
+        'stats': ('estimate',),
         'pareto': (
             'METRICS',
             'Point',

@@ -79,7 +79,8 @@ def _family(title: str, tests: list[tuple[str, str, dict, dict]]) -> list[str]:
         '| a | b | a − b (points) | 95% CI | p (t) | p (Holm) | p (sign-flip) | resolved |',
         '|---|---|---|---|---|---|---|---|',
     ]
-    for (na, nb, _, _), d, raw, adj, flip in zip(tests, diffs, p, stats.holm(p), flips, strict=True):
+    holm = stats.holm(p)
+    for (na, nb, _, _), d, raw, adj, flip in zip(tests, diffs, p, holm, flips, strict=True):
         lines.append(
             f'| {na} | {nb} | {100 * d.mean:+.1f} | [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}] | '
             f'{raw:.3g} | {adj:.3g} | {flip:.3g} | '

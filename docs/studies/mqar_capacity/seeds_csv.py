@@ -3,7 +3,8 @@ ensemble runs: one row per member with its cell's KV state and pairs, read from 
 saved config and results.json.
 
   python docs/studies/mqar_capacity/seeds_csv.py --runs=runs/mqz/mha_p4,runs/mqz/mqa_p4 \
-      --out=docs/studies/mqar_capacity/results/capacity_seeds.csv
+      --out=docs/studies/mqar_capacity/results/capacity_seeds.csv \
+      --plot=docs/studies/mqar_capacity/capacity.png
 
 Columns: point, kv_dims (KV heads x head_dim, per token per layer), kv_bytes_per_token (bf16,
 K and V, every layer), pairs, seed, eval_loss, eval_recall_accuracy.
@@ -15,12 +16,13 @@ import os
 from absl import flags
 
 from lm.cli import run_app
-from lm.experiments import write_csv
+from lm.experiments import estimate, write_csv
 from lm.model import kv_cache_bytes, model_config
 from lm.train import stored_config
 
 _RUNS = flags.DEFINE_list('runs', [], 'Workdirs of the ensemble runs, one per cell.')
 _OUT = flags.DEFINE_string('out', None, 'CSV to write.', required=True)
+_PLOT = flags.DEFINE_string('plot', '', 'PNG of accuracy against KV bytes per token, if set.')
 
 
 def cell_rows(workdir: str) -> list[dict]:
@@ -47,10 +49,53 @@ def cell_rows(workdir: str) -> list[dict]:
     ]
 
 
+def plot(rows: list[dict], path: str) -> None:
+    """Mean held-out accuracy (95% t-interval as error bars, seeds as dots) against KV bytes
+    per token (log x), one line per pairs count."""
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
+    for pairs in sorted({r['pairs'] for r in rows}):
+        by_bytes: dict[int, list[float]] = {}
+        for r in rows:
+            if r['pairs'] == pairs:
+                by_bytes.setdefault(r['kv_bytes_per_token'], []).append(r['eval_recall_accuracy'])
+        xs = sorted(by_bytes)
+        es = [estimate(by_bytes[x]) for x in xs]
+        line = ax.errorbar(
+            xs,
+            [e.mean for e in es],
+            yerr=[[e.mean - e.lo for e in es], [e.hi - e.mean for e in es]],
+            marker='o',
+            capsize=3,
+            label=f'{pairs} pairs (1/pairs dashed)',
+        )
+        for x in xs:
+            ax.scatter([x] * len(by_bytes[x]), by_bytes[x], s=6, color=line[0].get_color())
+        ax.axhline(1 / pairs, ls='--', lw=0.8, color=line[0].get_color())
+    ax.set_xscale('log', base=2)
+    ax.set_xticks(sorted({r['kv_bytes_per_token'] for r in rows}))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel('KV cache bytes per token (bf16, K and V, 2 layers)')
+    ax.set_ylabel('held-out recall accuracy')
+    ax.set_ylim(0, 1.02)
+    ax.legend()
+    ax.set_title('mqar_zoology, d_model 64: seeds, mean and 95% CI')
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def run() -> int:
     rows = [row for workdir in _RUNS.value for row in cell_rows(workdir)]
     write_csv(_OUT.value, rows)
     print(f'wrote {len(rows)} rows to {_OUT.value}')
+    if _PLOT.value:
+        plot(rows, _PLOT.value)
+        print(f'wrote {_PLOT.value}')
     return 0
 
 
