@@ -22,15 +22,44 @@ from lm.train import stored_config
 
 _RUNS = flags.DEFINE_list('runs', [], 'Workdirs of the ensemble runs, one per cell.')
 _OUT = flags.DEFINE_string('out', None, 'CSV to write.', required=True)
+_STEP = flags.DEFINE_integer(
+    'step',
+    0,
+    "Read each member's held-out accuracy at this step from its TensorBoard run "
+    '(<workdir>/tb/seed_<s>) instead of the final results.json; 0 = results.json.',
+)
 _PLOT = flags.DEFINE_string('plot', '', 'PNG of accuracy against KV bytes per token, if set.')
 
 
-def cell_rows(workdir: str) -> list[dict]:
-    """One row per member of the ensemble run in `workdir`."""
+def tb_members(workdir: str, seeds: list[int], step: int) -> list[dict]:
+    """Each member's eval loss and recall accuracy at `step`, from its TensorBoard run."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    members = []
+    for seed in seeds:
+        logdir = os.path.join(workdir, 'tb', f'seed_{seed}')
+        acc = event_accumulator.EventAccumulator(logdir, size_guidance={'scalars': 0})
+        acc.Reload()
+        value = {
+            tag.split('/', 1)[1]: {e.step: e.value for e in acc.Scalars(tag)}.get(step)
+            for tag in ('eval/loss', 'eval/recall_accuracy')
+        }
+        if None in value.values():
+            raise ValueError(f'{logdir}: no eval/loss and eval/recall_accuracy at step {step}')
+        members.append({'seed': seed, 'eval': value})
+    return members
+
+
+def cell_rows(workdir: str, step: int = 0) -> list[dict]:
+    """One row per member of the ensemble run in `workdir` (at `step`, else its end)."""
     config = stored_config(workdir)
     cfg = model_config(config.model)
-    with open(os.path.join(workdir, 'results.json')) as f:
-        members = json.load(f)['members']
+    if step:
+        seeds = list(range(config.seed, config.seed + config.train.ensemble))
+        members = tb_members(workdir, seeds, step)
+    else:
+        with open(os.path.join(workdir, 'results.json')) as f:
+            members = json.load(f)['members']
     kv_bytes = kv_cache_bytes(cfg, 1)  # bf16 K and V of every layer
     common = {
         'point': os.path.basename(os.path.normpath(workdir)),
@@ -90,7 +119,7 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def run() -> int:
-    rows = [row for workdir in _RUNS.value for row in cell_rows(workdir)]
+    rows = [row for workdir in _RUNS.value for row in cell_rows(workdir, _STEP.value)]
     write_csv(_OUT.value, rows)
     print(f'wrote {len(rows)} rows to {_OUT.value}')
     if _PLOT.value:
