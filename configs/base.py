@@ -54,7 +54,7 @@ def get_config() -> ml_collections.ConfigDict:
     mla.latent_norm_eps = 0.0  # Epsilon of MLA's q/kv latent RMSNorms; 0 = norm_eps.
 
     data = config.data = ml_collections.ConfigDict()
-    data.source = 'stdlib'  # 'stdlib' (own .py files) | 'text' | 'hf' | recall: 'mqar' | 'passkey'.
+    data.source = 'stdlib'  # 'stdlib' | 'text' | 'hf' | 'mqar_zoology' | 'mqar' | 'passkey'.
     data.path = ''  # text: comma-separated file paths; hf: optional local data_files (comma-sep).
     data.decode_errors = 'strict'  # Non-UTF-8 text: 'strict' = refuse it | 'replace' = U+FFFD.
     data.val_fraction = 0.1  # Held-out share: last chars (text), path hash (stdlib), docs (hf).
@@ -82,9 +82,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Recall sources (lm/data/recall.py), generated from seeds, scored on their answers only:
     data.recall_seed = 0  # Seed of the examples: held-out set from it, training from it + seed.
     data.recall_eval_examples = 1000  # Held-out examples scored per evaluation.
-    data.recall_pairs = 8  # mqar: key-value pairs per sequence (each key queried once).
+    data.recall_pairs = 8  # mqar, mqar_zoology: key-value pairs per row (each key queried once).
     data.recall_train_pairs = ''  # mqar: training rows' pair counts, one drawn per row ('2,4,8').
-    data.recall_vocab = 256  # mqar: symbols; keys from [1, V/2), values from [V/2, V-1).
+    data.recall_vocab = 256  # mqar, mqar_zoology: symbols; keys in [1, V/2), values in [V/2, V-1).
     data.recall_power_a = 0.01  # mqar: query-gap power law p(g) ~ g^(a-1) (Zoology: 0.01).
     data.passkey_lengths = '128,256'  # passkey: example lengths in bytes (<= seq_len + 1).
     data.passkey_depths = '0,0.25,0.5,0.75,1'  # passkey: needle depths scored (0 = first).

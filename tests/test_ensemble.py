@@ -306,9 +306,11 @@ def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_tex
     ]
     cfg = sweep_file(tmp_path, config, points)
     ens, sep = tmp_path / 'ensembles', tmp_path / 'separate'
-    # vmapped: the looped program's members are checked against single runs above
+    # vmapped: the looped program's members are checked against single runs above; on two CPU
+    # devices, as the recipe's sweeps run (the members are split out in the sweep's process)
     out = run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={ens}', '--seeds=8',
-                    '--ensemble', '--ensemble_program=vmapped', timeout=900)  # fmt: skip
+                    '--ensemble', '--ensemble_program=vmapped', '--config.mesh.cpu_devices=2',
+                    timeout=900)  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     monkeypatch.setattr(experiments_sweep, '_trainer', in_process_trainer)
     specs = plan_sweep(config, points, str(sep), [], 8)
@@ -327,7 +329,8 @@ def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_tex
                 assert same_cell(g[key], value), (name, key, g[key], value)
     assert len(read_csv(ens / 'summary_seeds.csv')) == 24
     assert (ens / 'summary.png').stat().st_size > 10_000
-    ensembled = plan_sweep(config, points, str(ens), [], 8, ensemble=True)
+    two = with_values(config, {'mesh.cpu_devices': 2})
+    ensembled = plan_sweep(two, points, str(ens), [], 8, ensemble=True)
     assert progress(ensembled, str(ens))[-1].endswith(
         '27 finished, 0 with other settings, 0 started, 0 not started'
     )

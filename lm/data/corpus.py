@@ -34,7 +34,7 @@ from absl import logging
 
 from lm.data.cache import SPLITS, Piece, exclusive, load_or_build
 from lm.data.parts import check_split_config, split_corpus
-from lm.data.recall import TARGET_FLAG, TASKS, RecallTask, check_recall_config
+from lm.data.recall import LABEL_FLAG, TASKS, RecallTask, check_recall_config
 from lm.data.tokenizer import (
     ByteTokenizer,
     HFTokenizer,
@@ -414,7 +414,7 @@ def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:
 def _recall_corpus(data: ml_collections.ConfigDict) -> Corpus:
     """A recall source as a Corpus: each split's example rows, flattened, as its tokens."""
     task = RecallTask(ml_collections.ConfigDict(data.to_dict()))
-    tokens = {s: task.split(s)[0].reshape(-1) & (TARGET_FLAG - 1) for s in SPLITS}
+    tokens = {s: task.split(s)[0].reshape(-1) & (LABEL_FLAG - 1) for s in SPLITS}
     # Unset ('') settings stay out, so a newly added optional one keeps existing fingerprints.
     keys = sorted(
         k

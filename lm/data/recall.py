@@ -30,8 +30,11 @@ import numpy as np
 
 from lm.data.tokenizer import ByteTokenizer
 
-TASKS = ('mqar', 'passkey')
+TASKS = ('mqar', 'mqar_zoology', 'passkey')
+MQAR_SOURCES = ('mqar', 'mqar_zoology')
 TARGET_FLAG = 1 << 30  # set on a row's token where it is a scored target (an answer)
+LABEL_FLAG = 1 << 29  # with TARGET_FLAG: the target is a label only, its input position is BLANK
+BLANK = 0  # the input token of a label-only position and of mqar_zoology's filler (never a key)
 FILLER = (
     'The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. '
 )
@@ -87,6 +90,8 @@ def check_recall_config(data: ml_collections.ConfigDict) -> None:
             f'config.data.document_mask=True does not apply to source={data.source!r}: a recall '
             'row is one example, with no EOS-separated documents'
         )
+    if data.source == 'mqar_zoology':
+        return _check_zoology(data)
     if data.source == 'mqar':
         if data.recall_vocab < 4 or data.recall_vocab // 2 - 1 < data.recall_pairs:
             raise ValueError(
@@ -129,6 +134,30 @@ def check_recall_config(data: ml_collections.ConfigDict) -> None:
         )
 
 
+def _check_zoology(data: ml_collections.ConfigDict) -> None:
+    """One-line errors for source='mqar_zoology'."""
+    T, P, V = data.seq_len, data.recall_pairs, data.recall_vocab
+    if V < 4 or V // 2 - 1 < P:
+        raise ValueError(
+            f'config.data.recall_vocab={V} must hold recall_pairs={P} distinct keys in '
+            '[1, recall_vocab / 2) and as many values in [recall_vocab / 2, recall_vocab - 1)'
+        )
+    if P < 1 or 4 * P > T + 1:
+        raise ValueError(
+            f'config.data.recall_pairs={P} must be >= 1 with 4 x pairs <= config.data.seq_len + 1'
+            f' = {T + 1} (the pairs, then a query slot of two tokens per pair)'
+        )
+    if data.recall_train_pairs:
+        raise ValueError(
+            f'config.data.recall_train_pairs={data.recall_train_pairs!r} applies to '
+            "source='mqar' only; leave it empty for mqar_zoology"
+        )
+    if data.recall_eval_examples < 1:
+        raise ValueError(
+            f'config.data.recall_eval_examples must be >= 1, got {data.recall_eval_examples}'
+        )
+
+
 def _counts_within(text: str, most: int) -> bool:
     """Whether `text` lists one or more integers, each in [1, most]."""
     try:
@@ -160,6 +189,30 @@ def mqar_rows(
     query = context + 2 * gaps
     np.put_along_axis(tokens, query, keys, axis=1)
     np.put_along_axis(tokens, query + 1, values, axis=1)
+    scored = np.zeros(tokens.shape, bool)
+    np.put_along_axis(scored, query + 1, True, axis=1)
+    return tokens.astype(np.int32), scored
+
+
+def zoology_rows(
+    rng: np.random.Generator, n: int, seq_len: int, pairs: int, vocab: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens int32 [n, T + 1], scored bool [n, T + 1]) of 'mqar_zoology': the pairs, then
+    the P queries at P of the (T + 1 - 2P) // 2 two-token slots drawn uniformly, each slot's
+    key drawn by a permutation of the pairs independent of the slots; a query's answer sits
+    right after it (scored, a label only: `pack(..., label_only=True)` hides it from the input),
+    every other token is BLANK."""
+    context = 2 * pairs
+    slots = (seq_len + 1 - context) // 2
+    keys = _distinct(rng, n, 1, vocab // 2, pairs)
+    values = _distinct(rng, n, vocab // 2, vocab - 1, pairs)
+    chosen = np.sort(_distinct(rng, n, 0, slots, pairs), axis=1)  # the slots, in row order
+    order = _distinct(rng, n, 0, pairs, pairs)  # the pair asked at each chosen slot
+    tokens = np.full((n, seq_len + 1), BLANK, np.int64)
+    tokens[:, 0:context:2], tokens[:, 1:context:2] = keys, values
+    query = context + 2 * chosen
+    np.put_along_axis(tokens, query, np.take_along_axis(keys, order, axis=1), axis=1)
+    np.put_along_axis(tokens, query + 1, np.take_along_axis(values, order, axis=1), axis=1)
     scored = np.zeros(tokens.shape, bool)
     np.put_along_axis(scored, query + 1, True, axis=1)
     return tokens.astype(np.int32), scored
@@ -207,9 +260,19 @@ def passkey_rows(
     return tokens, scored
 
 
-def pack(tokens: np.ndarray, scored: np.ndarray) -> np.ndarray:
-    """Rows with TARGET_FLAG on the scored tokens (what batches carry)."""
-    return np.where(scored, tokens | TARGET_FLAG, tokens).astype(np.int32)
+def pack(tokens: np.ndarray, scored: np.ndarray, label_only: bool = False) -> np.ndarray:
+    """Rows with TARGET_FLAG on the scored tokens (what batches carry), and with `label_only`
+    LABEL_FLAG too (the step feeds BLANK as their input)."""
+    flags = TARGET_FLAG | (LABEL_FLAG if label_only else 0)
+    return np.where(scored, tokens | flags, tokens).astype(np.int32)
+
+
+def unpack(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs [..., T], targets [..., T]) of packed rows as the model sees them: the flags
+    cleared, a label-only token's input position BLANK."""
+    tokens = rows & (LABEL_FLAG - 1)
+    inputs = np.where((rows & LABEL_FLAG) != 0, BLANK, tokens)
+    return inputs[..., :-1], tokens[..., 1:]
 
 
 def nth_answer_only(rows: np.ndarray, n: int) -> np.ndarray:
@@ -229,7 +292,7 @@ class RecallTask:
     @property
     def groups(self) -> list[str]:
         """Labels of the held-out cells whose accuracy is reported apart ('' = one cell)."""
-        if self.data.source == 'mqar':
+        if self.data.source in MQAR_SOURCES:
             return []
         d = self.data
         return [
@@ -245,6 +308,9 @@ class RecallTask:
         passkey example i sits in cell i mod cells (held-out), else lengths and depths are drawn;
         `train` rows of MQAR follow `recall_train_pairs` when it is set."""
         d, rng = self.data, np.random.default_rng(entropy)
+        if d.source == 'mqar_zoology':
+            tokens, scored = zoology_rows(rng, n, d.seq_len, d.recall_pairs, d.recall_vocab)
+            return pack(tokens, scored, label_only=True), np.zeros(n, np.int64)
         if d.source == 'mqar':
             if train and d.recall_train_pairs:
                 mixture = parse_ints(d.recall_train_pairs)
@@ -299,6 +365,6 @@ class RecallTask:
         return rows[0] if steps == 1 else np.stack(rows)
 
     def tokenizer(self):
-        if self.data.source == 'mqar':
+        if self.data.source in MQAR_SOURCES:
             return SymbolTokenizer(self.data.recall_vocab)
         return ByteTokenizer()

@@ -39,6 +39,7 @@ __all__, __getattr__, __dir__ = public_face(
             'tables as ablation_markdown',
         ),
         'summary': ('seed_rows', 'write_csv'),
+        'stats': ('estimate',),
         'trend': ('contrasts as trend_contrasts', 'per_seed_contrasts', 'seeds_needed'),
         'pareto': (
             'METRICS',

@@ -43,6 +43,8 @@ of a study's README.md with the table of kind KIND made from its results/NAME.cs
 - 'steps_to': the same curves: per run the first step its first metric reached REACHED, per arm
   their mean ± std and 95% t-interval, then the paired differences (same seed), Holm-corrected
   over the pairs tested; a pair with a run that never reached it is not tested.
+- 'capacity': a recall sweep over KV state and pairs (lm.experiments.capacity): the accuracy
+  grid, then one Holm family per question (KV state at equal pairs; pairs at equal KV).
 - 'trend': a pre-registered trend (columns arm, x, seed, value; lm.experiments.trend): per arm
   its estimate, then the per-seed slope of the value in x and the end arms' difference, one
   Holm family of two.
@@ -58,7 +60,7 @@ import os
 import re
 from collections.abc import Callable
 
-from lm.experiments import ablation_doc_tables, lr_grid, stats, summary, trend
+from lm.experiments import ablation_doc_tables, capacity, lr_grid, stats, summary, trend
 from lm.experiments.runner import arm_and_seed
 from lm.experiments.table_inputs import check_markers, read_csv
 
@@ -278,6 +280,7 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
     'lr_grid': ablation_doc_tables.lr_grid_table,
     'lr_screen': lr_screen_table,
     'steps_to': steps_to_table,
+    'capacity': capacity.capacity_table,
     'trend': trend.trend_table,
 }
 

@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lm.config import hides_a_pair
-from lm.data.recall import TARGET_FLAG
+from lm.data.recall import BLANK, LABEL_FLAG, TARGET_FLAG
 from lm.model.config import ModelConfig
 from lm.model.transformer import Transformer
 from lm.sharding import (
@@ -191,9 +191,10 @@ def documents(tokens_BT: jax.Array, eos_id: int) -> tuple[jax.Array, jax.Array]:
 def _logits(ctx: StepContext, params: dict, batch_BT1: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(logits [B, T, V], targets [B, T]) of a batch of T + 1 tokens per row (flags cleared)."""
     model = nnx.merge(ctx.graphdef, params)
-    if ctx.masked_targets:
-        batch_BT1 = batch_BT1 & (TARGET_FLAG - 1)
     tokens_BT = batch_BT1[:, :-1]
+    if ctx.masked_targets:  # flags cleared; a label-only target's input position reads BLANK
+        batch_BT1 = batch_BT1 & (LABEL_FLAG - 1)
+        tokens_BT = jnp.where((tokens_BT & LABEL_FLAG) != 0, BLANK, batch_BT1[:, :-1])
     if ctx.document_eos is None:
         logits = model(tokens_BT, constrain=ctx.constrain)
     else:

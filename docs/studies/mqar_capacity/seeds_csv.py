@@ -1,0 +1,132 @@
+r"""The capacity study's per-seed CSV (the 'capacity' table of lm.experiments.tables) from its
+ensemble runs: one row per member with its cell's KV state and pairs, read from each run's
+saved config and results.json.
+
+  python docs/studies/mqar_capacity/seeds_csv.py --runs=runs/mqz/mha_p4,runs/mqz/mqa_p4 \
+      --out=docs/studies/mqar_capacity/results/capacity_seeds.csv \
+      --plot=docs/studies/mqar_capacity/capacity.png
+
+Columns: point, kv_dims (KV heads x head_dim, per token per layer), kv_bytes_per_token (bf16,
+K and V, every layer), pairs, seed, eval_loss, eval_recall_accuracy.
+"""
+
+import json
+import os
+
+from absl import flags
+
+from lm.cli import run_app
+from lm.experiments import estimate, write_csv
+from lm.model import kv_cache_bytes, model_config
+from lm.train import stored_config
+
+_RUNS = flags.DEFINE_list('runs', [], 'Workdirs of the ensemble runs, one per cell.')
+_OUT = flags.DEFINE_string('out', None, 'CSV to write.', required=True)
+_STEP = flags.DEFINE_integer(
+    'step',
+    0,
+    "Read each member's held-out accuracy at this step from its TensorBoard run "
+    '(<workdir>/tb/seed_<s>) instead of the final results.json; 0 = results.json.',
+)
+_PLOT = flags.DEFINE_string('plot', '', 'PNG of accuracy against KV bytes per token, if set.')
+
+
+def tb_members(workdir: str, seeds: list[int], step: int) -> list[dict]:
+    """Each member's eval loss and recall accuracy at `step`, from its TensorBoard run."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    members = []
+    for seed in seeds:
+        logdir = os.path.join(workdir, 'tb', f'seed_{seed}')
+        acc = event_accumulator.EventAccumulator(logdir, size_guidance={'scalars': 0})
+        acc.Reload()
+        value = {
+            tag.split('/', 1)[1]: {e.step: e.value for e in acc.Scalars(tag)}.get(step)
+            for tag in ('eval/loss', 'eval/recall_accuracy')
+        }
+        if None in value.values():
+            raise ValueError(f'{logdir}: no eval/loss and eval/recall_accuracy at step {step}')
+        members.append({'seed': seed, 'eval': value})
+    return members
+
+
+def cell_rows(workdir: str, step: int = 0) -> list[dict]:
+    """One row per member of the ensemble run in `workdir` (at `step`, else its end)."""
+    config = stored_config(workdir)
+    cfg = model_config(config.model)
+    if step:
+        seeds = list(range(config.seed, config.seed + config.train.ensemble))
+        members = tb_members(workdir, seeds, step)
+    else:
+        with open(os.path.join(workdir, 'results.json')) as f:
+            members = json.load(f)['members']
+    kv_bytes = kv_cache_bytes(cfg, 1)  # bf16 K and V of every layer
+    common = {
+        'point': os.path.basename(os.path.normpath(workdir)),
+        'kv_dims': kv_bytes // (2 * 2 * cfg.num_layers),
+        'kv_bytes_per_token': kv_bytes,
+        'pairs': config.data.recall_pairs,
+    }
+    return [
+        {
+            **common,
+            'seed': m['seed'],
+            'eval_loss': m['eval']['loss'],
+            'eval_recall_accuracy': m['eval']['recall_accuracy'],
+        }
+        for m in members
+    ]
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Mean held-out accuracy (95% t-interval as error bars, seeds as dots) against KV bytes
+    per token (log x), one line per pairs count."""
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
+    for pairs in sorted({r['pairs'] for r in rows}):
+        by_bytes: dict[int, list[float]] = {}
+        for r in rows:
+            if r['pairs'] == pairs:
+                by_bytes.setdefault(r['kv_bytes_per_token'], []).append(r['eval_recall_accuracy'])
+        xs = sorted(by_bytes)
+        es = [estimate(by_bytes[x]) for x in xs]
+        line = ax.errorbar(
+            xs,
+            [e.mean for e in es],
+            yerr=[[e.mean - e.lo for e in es], [e.hi - e.mean for e in es]],
+            marker='o',
+            capsize=3,
+            label=f'{pairs} pairs (1/pairs dashed)',
+        )
+        for x in xs:
+            ax.scatter([x] * len(by_bytes[x]), by_bytes[x], s=6, color=line[0].get_color())
+        ax.axhline(1 / pairs, ls='--', lw=0.8, color=line[0].get_color())
+    ax.set_xscale('log', base=2)
+    ax.set_xticks(sorted({r['kv_bytes_per_token'] for r in rows}))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel('KV cache bytes per token (bf16, K and V, 2 layers)')
+    ax.set_ylabel('held-out recall accuracy')
+    ax.set_ylim(0, 1.02)
+    ax.legend()
+    ax.set_title('mqar_zoology, d_model 64: seeds, mean and 95% CI')
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run() -> int:
+    rows = [row for workdir in _RUNS.value for row in cell_rows(workdir, _STEP.value)]
+    write_csv(_OUT.value, rows)
+    print(f'wrote {len(rows)} rows to {_OUT.value}')
+    if _PLOT.value:
+        plot(rows, _PLOT.value)
+        print(f'wrote {_PLOT.value}')
+    return 0
+
+
+if __name__ == '__main__':
+    run_app(run)
