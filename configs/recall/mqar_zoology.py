@@ -1,4 +1,4 @@
-"""MQAR as Zoology builds it (`source='mqar_zoology'`, lm/data/recall.py): the answers are
+r"""MQAR as Zoology builds it (`source='mqar_zoology'`, lm/data/recall.py): the answers are
 labels only, never in the input, and no policy that skips the key-value lookup beats 1/pairs
 (tests/test_recall_zoology.py). A 2-layer model, d_model 64, 4 query heads of 16, tied
 embeddings; the loss and `eval/recall_accuracy` count the answers only:

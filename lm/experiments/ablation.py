@@ -309,7 +309,13 @@ def _lane(ab: Ablation, out_dir: str, seed: int, by_label: dict) -> list[Spec]:
     specs = [Spec(src, fp, source, (SOURCE, 'scratch', 0.0, lr0), seed, lane=lane)]
     if ab.mha_scratch:
         specs += _scratch_specs(
-            ab, 'mha', SOURCE, lambda s, t, lr=None: mha_config(ab, s, t, lr), seed, lane, tb
+            ab,
+            attention.baseline()['attention'],  # run names mha_scratch_<steps>_s<seed>
+            SOURCE,
+            lambda s, t, lr=None: mha_config(ab, s, t, lr),
+            seed,
+            lane,
+            tb,
         )
     for label, (make, methods) in by_label.items():
         for method, options in methods.items():
