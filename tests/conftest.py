@@ -53,6 +53,11 @@ XLA_CACHE = os.path.join(
     os.environ.get('PYTEST_XDIST_TESTRUNUID', f'pid{os.getpid()}'),
     os.environ.get('PYTEST_XDIST_WORKER', 'main'),
 )
+# This process's own compiles go there too, however short (-O0 compiles take ~0.5 s, under JAX's
+# 1 s default for writing an entry): the runs a test trains in-process, a sweep's seeds say,
+# compile each program once.
+jax.config.update('jax_compilation_cache_dir', XLA_CACHE)
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'JAX_NUMPY_RANK_PROMOTION': 'raise'}
 if jax.default_backend() == 'cpu':
     ENV['JAX_DISABLE_MOST_OPTIMIZATIONS'] = 'true'

@@ -163,11 +163,11 @@ def make_step_context(
 def init_state(ctx: StepContext, cfg: ModelConfig, seed: int) -> State:
     """A fresh state, each array created directly in its sharding; for an ensemble the
     members' states from seeds `seed`, `seed + 1`, ... stacked."""
-    if not ctx.members:
-        return jax.jit(_init_fn(cfg, ctx.tx, seed), out_shardings=ctx.state_sharding)()
+    init = lambda s: _init(cfg, ctx.tx, s)  # noqa: E731
+    if not ctx.members:  # the seed an argument: one program for every seed (a cache hit)
+        return jax.jit(init, out_shardings=ctx.state_sharding)(np.uint32(seed))
     seeds_K = np.arange(seed, seed + ctx.members, dtype=np.uint32)
-    init = jax.vmap(lambda s: _init(cfg, ctx.tx, s))
-    return jax.jit(init, out_shardings=ctx.state_sharding)(seeds_K)
+    return jax.jit(jax.vmap(init), out_shardings=ctx.state_sharding)(seeds_K)
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
