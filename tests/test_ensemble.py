@@ -77,14 +77,14 @@ def test_an_ensemble_step_is_its_members_single_steps(tmp_path, small_text, loop
     step = make_train_step(ens.ctx, 1)
     state = ens.state
     single_states = [s.state for s in singles]
+    single_steps = [make_train_step(single.ctx, 1) for single in singles]
     for s in range(3):
         batch = call_batch(ens, s, 1)
         assert batch.shape == (2, 4, 17)
         state, metrics = step(state, device_call_batch(ens.ctx, batch))
         for i, single in enumerate(singles):
             np.testing.assert_array_equal(batch[i], call_batch(single, s, 1))  # own data order
-            single_step = make_train_step(single.ctx, 1)
-            single_states[i], m = single_step(
+            single_states[i], m = single_steps[i](
                 single_states[i], device_call_batch(single.ctx, batch[i])
             )
             np.testing.assert_allclose(metrics['loss'][i], m['loss'], rtol=RTOL)
