@@ -3,6 +3,7 @@ README's commands, and tests that need nothing outside the repository."""
 
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -99,14 +100,33 @@ def test_data_dir_is_ignored_and_nothing_points_outside_the_repository():
     assert offenders == []
 
 
+@pytest.fixture(scope='module')
+def helps() -> dict[str, dict]:
+    """Every entry point's `--help` run as `python` runs it, each in a forked child of one
+    Python that imported `lm` once (tests/flag_parse.py, "run"): the script's own imports and
+    absl's help and exit, not a JAX import per script."""
+    calls = [{'cwd': str(ROOT), 'argv': [script, '--help'], 'run': True} for script in ENTRY_POINTS]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / 'tests' / 'flag_parse.py')],
+        input=json.dumps(calls),
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return dict(zip(ENTRY_POINTS, json.loads(out.stdout), strict=True))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('script', ENTRY_POINTS)
-def test_help_exits_0_and_lists_the_flags(script):
-    out = run(script, '--help', timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert 'Traceback' not in out.stderr
-    own = re.findall(r'^  --(?:\[no\])?(\w+)', out.stdout, flags=re.M)
-    assert own, out.stdout  # the entry point's own flags, not only absl's
+def test_help_exits_0_and_lists_the_flags(helps, script):
+    code, out = helps[script]['code'], helps[script]['out']
+    assert code == 0, out[-2000:]
+    assert 'Traceback' not in out
+    own = re.findall(r'^  --(?:\[no\])?(\w+)', out, flags=re.M)
+    assert own, out  # the entry point's own flags, not only absl's
     if script in ('train.py', 'eval.py'):
         assert {'workdir', 'config', 'distributed', 'process_id'} <= set(own)
 
