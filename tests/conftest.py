@@ -36,9 +36,9 @@ os.environ['XLA_FLAGS'] = (
 # and the entry points the tests start inherit it through ENV (JAX reads
 # JAX_DISABLE_MOST_OPTIMIZATIONS): a tiny sweep's CPU time 80 s -> 49 s. Helper processes that
 # import this file (tests/mesh_worker.py, test_variant_contract's export refusal) compile like
-# it. The README's quickstart (tests/test_doc_commands.py::test_quickstart_perplexities_are_in_
-# the_readme_ranges) and the fresh-clone test run without it, compiled as users' runs are. On a
-# GPU nothing changes: tests/test_gpu.py and the fast tier there check the kernels users run.
+# it. The README's quickstart (tests/test_quickstart.py) and the fresh-clone test run without
+# it, compiled as users' runs are. On a GPU nothing changes: tests/test_gpu.py and the fast
+# tier there check the kernels users run.
 if jax.default_backend() == 'cpu':
     jax.config.update('jax_disable_most_optimizations', True)
 
@@ -220,3 +220,32 @@ def sweep_file(tmp_path, config, points):
         f'def get_points():\n    return {points!r}\n'
     )
     return path
+
+
+# xdist hands out whole files (--dist loadfile) in collection order (--no-loadscope-reorder):
+# the files with the longest tests go first, so no long file starts last and leaves a core idle
+# at the end (the 2-core CI machine, `pytest --durations=0`, 2026-11-29); the rest keep xdist's
+# default order, most tests first. An order only: a file missing here still runs.
+LONGEST_FIRST = (
+    'test_doc_commands.py',  # the reference pages' command chain, one test of ~3 min
+    'test_ensemble.py',
+    'test_quickstart.py',
+    'test_uptrain.py',
+    'test_train.py',
+    'test_hf.py',
+    'test_faults.py',
+    'test_sharding.py',
+    'test_decode.py',
+    'test_integrity.py',
+    'test_scripts.py',
+    'test_generate.py',
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    files = {}
+    for item in items:
+        files.setdefault(item.path.name, []).append(item)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    order = sorted(files, key=lambda name: (rank.get(name, len(rank)), -len(files[name])))
+    items[:] = [item for name in order for item in files[name]]
