@@ -70,7 +70,7 @@ def model_and_decoder(seed=0, absorb=True, **model):
     # full suite only (the fast tier keeps GQA, MLA with two RoPE heads and three chunked reads)
     tiered(
         VARIANTS,
-        fast=[v for v in VARIANTS if v not in ('mha', 'mqa', 'mla', 'mla_qlora', 'mha_chunked')],
+        fast=['gqa2', 'mla_rope_heads2', 'mqa_chunked'],  # grouped, MLA absorbed, chunked reads
     ),
 )
 def test_cached_decoding_equals_full_forward(variant):

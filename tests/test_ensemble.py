@@ -59,10 +59,10 @@ def assert_equal_trees(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-# The fast tier checks the looped program (the CPU's route); the vmapped one runs in the suite.
-@pytest.mark.parametrize(
-    'loop', [pytest.param(False, marks=pytest.mark.slow), True], ids=['vmapped', 'looped']
-)
+# Both programs run in the full suite (the fast tier trains an ensemble in
+# test_a_diverging_member_stops_the_ensemble_naming_its_seed).
+@pytest.mark.slow
+@pytest.mark.parametrize('loop', [False, True], ids=['vmapped', 'looped'])
 def test_an_ensemble_step_is_its_members_single_steps(tmp_path, small_text, loop):
     """Member i is the single run of seed 5 + i and, with train.ensemble_lr, of its own rate."""
     config = tiny_train_config(tmp_path, small_text, seed=5)
