@@ -17,6 +17,7 @@ import json
 import os
 import pkgutil
 import runpy
+import subprocess
 import sys
 import tempfile
 import threading
@@ -75,6 +76,22 @@ def run(cwd: str, argv: list[str], run: bool = False) -> dict:
         out.seek(0)
         text = out.read().decode(errors='replace')
     return {'code': os.waitstatus_to_exitcode(status), 'out': text}
+
+
+def in_one_python(calls: list[dict], cwd, env: dict) -> list[dict]:
+    """The results of `calls` (this file's stdin format), from one Python started by the tests
+    (a failure of that Python itself fails the test, showing its stderr)."""
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__)],
+        input=json.dumps(calls),
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
 
 
 def main() -> None:

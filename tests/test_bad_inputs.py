@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import ENV, ROOT, stdlib_text, tiny_config, tiny_train_config, write_config_file
+from flag_parse import in_one_python
 
 from lm.config import with_values
 from lm.train.checkpoint import Checkpointer
@@ -516,17 +517,8 @@ def early_outcomes(early):
         for _, script, args, _ in EARLY
     ]
     before = tree_digest(early.root)
-    out = subprocess.run(
-        [sys.executable, str(ROOT / 'tests' / 'flag_parse.py')],
-        input=json.dumps(calls),
-        cwd=ROOT,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'HF_HUB_OFFLINE': '1'},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    results = json.loads(out.stdout)
+    env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'HF_HUB_OFFLINE': '1'}
+    results = in_one_python(calls, ROOT, env)
     return dict(zip([r[0] for r in EARLY], results, strict=True)), before, tree_digest(early.root)
 
 

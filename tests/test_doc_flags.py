@@ -8,15 +8,12 @@ first on PATH that records each invocation; tests/flag_parse.py then parses all 
 Python that has imported `lm` once, each in a forked child, instead of ~60 fresh interpreters
 (`--help`, which the plan appends, would hide an unknown flag: absl exits at `--help` first)."""
 
-import json
 import re
-import subprocess
-import sys
 
 import pytest
 from conftest import ROOT
 from doc_commands import REFERENCE, STUDIES, bash, doc_commands, scaled, scratch, walk
-from flag_parse import PARSED
+from flag_parse import PARSED, in_one_python
 
 # `python` for bash: records "$PWD", then the arguments, NUL-separated, in a file of its own
 RECORDER = '#!/usr/bin/env bash\nprintf \'%s\\0\' "$PWD" "$@" > "$(mktemp "$CALLS/call.XXXXXX")"\n'
@@ -54,17 +51,7 @@ def test_every_doc_flag_parses(tmp_path):
             calls += found
     # the check itself: a flag no entry point defines fails, even before a --help
     canary = {'cwd': str(tmp_path), 'argv': ['train.py', '--no_such_flag=1', '--help']}
-    out = subprocess.run(
-        [sys.executable, str(ROOT / 'tests' / 'flag_parse.py')],
-        input=json.dumps([canary, *calls]),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    refused, *results = json.loads(out.stdout)
+    refused, *results = in_one_python([canary, *calls], tmp_path, env)
     assert refused['code'] == 1 and "Unknown command line flag 'no_such_flag'" in refused['out']
     for label, call, result in zip(labels, calls, results, strict=True):
         assert result['code'] == 0 and PARSED in result['out'], (

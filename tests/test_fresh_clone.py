@@ -3,7 +3,6 @@ README's commands, and tests that need nothing outside the repository."""
 
 import hashlib
 import importlib.util
-import json
 import os
 import re
 import subprocess
@@ -11,6 +10,7 @@ import sys
 
 import pytest
 from conftest import ROOT, stdlib_text
+from flag_parse import in_one_python
 
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
 ENTRY_POINTS = ['train.py', 'eval.py'] + sorted(
@@ -106,17 +106,7 @@ def helps() -> dict[str, dict]:
     Python that imported `lm` once (tests/flag_parse.py, "run"): the script's own imports and
     absl's help and exit, not a JAX import per script."""
     calls = [{'cwd': str(ROOT), 'argv': [script, '--help'], 'run': True} for script in ENTRY_POINTS]
-    out = subprocess.run(
-        [sys.executable, str(ROOT / 'tests' / 'flag_parse.py')],
-        input=json.dumps(calls),
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return dict(zip(ENTRY_POINTS, json.loads(out.stdout), strict=True))
+    return dict(zip(ENTRY_POINTS, in_one_python(calls, ROOT, ENV), strict=True))
 
 
 @pytest.mark.slow
