@@ -62,7 +62,10 @@ def test_attention_matches_reference(case):
     np.testing.assert_allclose(attn(x, pos)[0], want, atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize('case', CASES)
+@pytest.mark.parametrize(
+    'case',
+    tiered(CASES, fast=('mha', 'gqa2_obias_llama3', 'mla_qlora_latent_eps', 'mla_rope_heads2')),
+)
 def test_model_matches_reference(case):
     cfg = model_config(tiny_config(**CASES[case], tie_embeddings=case != 'mha').model)
     model = build_model(cfg, seed=1)
@@ -71,7 +74,7 @@ def test_model_matches_reference(case):
     np.testing.assert_allclose(model(tokens), want, atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize('case', CASES)
+@pytest.mark.parametrize('case', tiered(CASES, fast=('gqa2_bias_hd12', 'mla')))
 def test_backends_agree(case):
     cfg = model_config(tiny_config(**CASES[case]).model)
     x, pos = inputs(cfg)
@@ -86,7 +89,7 @@ def test_cases_cover_every_registered_variant():
     assert {CASES[c]['attention'] for c in CASES} == set(VARIANTS)
 
 
-@pytest.mark.parametrize('case', CASES)
+@pytest.mark.parametrize('case', tiered(CASES, fast=('mha', 'gqa2', 'mla_rope_heads2')))
 def test_sown_weights_match_reference(case):
     """The weights a variant sows for analysis, against float64 softmax(q·k) written from the
     module's parameters (atol 1e-5 on weights in [0, 1]): on the training path, and on the
