@@ -174,5 +174,6 @@ def test_capacity_table_tests_each_question_as_its_own_family():
     text = capacity_table(rows)
     row = next(line for line in text.splitlines() if line.startswith('| 8 |'))
     assert row.startswith('| 8 | 99.1% [') and '8/8 ≥ 90% | 69.1% [' in row and '0/8' in row
+    assert 'lowest 98.0%, 8/8' in row and 'lowest 68.0%, 0/8' in row  # the gate's seed
     assert '(2 comparisons, Holm over them)' in text  # KV at 2 and 8 pairs; pairs at each KV
     assert '| KV 16, 8 pairs | KV 64, 8 pairs | -30.0 | [-30.0, -30.0] |' in text

@@ -11,11 +11,17 @@ rate, 3000 steps, the rate chosen per variant on validation accuracy at step 300
       --config.train.lr=1e-3 --config.train.min_lr=1e-3
 
 Then the four cells <variant>_p<pairs> at the chosen rates (LR), 8 seeds each, one looped
-ensemble per cell:
+ensemble per cell, one sweep per pairs count (scripts/eval_sweep.py replaces a run's whole data
+config, so each sweep is scored on a second held-out set with its own pairs and row length):
 
-  python scripts/sweep.py --config=configs/sweeps/mqar_capacity.py --sweep_dir=runs/mqc/cells \
-      --points=mha_p4,mqa_p4,mha_p8,mqa_p8 --seeds=8 --ensemble --ensemble_program=looped \
+  python scripts/sweep.py --config=configs/sweeps/mqar_capacity.py --sweep_dir=runs/mqc/p4 \
+      --points=mha_p4,mqa_p4 --seeds=8 --ensemble --ensemble_program=looped \
       --config.mesh.cpu_devices=1
+  python scripts/eval_sweep.py --sweep_dir=runs/mqc/p4 --config=configs/sweeps/mqar_capacity.py \
+      --config.data.recall_seed=1 --config.data.recall_pairs=4 --config.data.seq_len=16 \
+      --out=runs/mqc/p4_test.csv
+
+and the same with p8 (--config.data.recall_pairs=8 --config.data.seq_len=32).
 """
 
 import os

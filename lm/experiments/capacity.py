@@ -3,7 +3,7 @@
 pairs, seed, eval_recall_accuracy:
 
 - the grid: per pairs count (rows) and KV arm (columns) the mean held-out accuracy over seeds,
-  its 95% t-interval and how many seeds reached FITS;
+  its 95% t-interval, the lowest seed's and how many seeds reached FITS;
 - question 1, KV state: at each pairs count, each smaller KV arm against the largest;
 - question 2, pairs: at each KV arm, each larger pairs count against the smallest.
 
@@ -61,7 +61,7 @@ def _grid(cells: dict, pairs: list[int], arms: list[tuple[int, int]]) -> list[st
             fit = sum(v >= FITS for v in seeds.values())
             out.append(
                 f'{100 * e.mean:.1f}% [{100 * e.lo:.1f}, {100 * e.hi:.1f}], '
-                f'{fit}/{len(seeds)} ≥ {FITS:.0%}'
+                f'lowest {100 * min(seeds.values()):.1f}%, {fit}/{len(seeds)} ≥ {FITS:.0%}'
             )
         lines.append(f'| {p} | ' + ' | '.join(out) + ' |')
     return lines
