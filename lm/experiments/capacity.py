@@ -70,11 +70,13 @@ def _grid(cells: dict, pairs: list[int], arms: list[tuple[int, int]]) -> list[st
 def _family(title: str, tests: list[tuple[str, str, dict, dict]]) -> list[str]:
     """A question's comparisons (label a, label b, {seed: a}, {seed: b}): a − b, t-test p,
     Holm over the family, sign-flip p."""
+    if not tests:
+        return [f'{title}: no comparison (a cell it needs was not run).']
     diffs = [stats.paired_difference(a, b) for _, _, a, b in tests]
     p = [stats.p_value(d) for d in diffs]
     flips = [sign_flip_p([a[s] - b[s] for s in sorted(set(a) & set(b))]) for *_, a, b in tests]
     lines = [
-        f'{title} ({len(tests)} comparisons, Holm over them):',
+        f'{title} ({len(tests)} comparison{"s" if len(tests) > 1 else ""}, Holm over them):',
         '',
         '| a | b | a − b (points) | 95% CI | p (t) | p (Holm) | p (sign-flip) | resolved |',
         '|---|---|---|---|---|---|---|---|',
