@@ -23,12 +23,14 @@
 #                                             # (default 570) are skipped, said in the log
 #   bash scripts/bench_gpu.sh studies OUT_DIR # the kv_contrast study's sweep as seed ensembles
 #                                             # (as published, then at d_model 512), its CSVs
+#   bash scripts/bench_gpu.sh mqar OUT_DIR    # the calibrated MQAR capacity sweep (4 cells x 8
+#                                             # seeds as ensembles), then its second held-out set
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
 # H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/studies/performance/README.md.
 set -u
-usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline|studies OUT_DIR'
+usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline|studies|mqar OUT_DIR'
 part=${1:?$usage}
 out=${2:?$usage}
 budget=${3:-570}
@@ -157,8 +159,21 @@ studies)
   step kv_contrast_d512 320 "${contrast[@]}" --sweep_dir="$out/kv_contrast_d512" \
     --config.model.d_model=512 --config.model.head_dim=64 --config.model.mlp_dim=1536
   ;;
+mqar)
+  # docs/studies/mqar_capacity: the calibrated cells as on the CPU (vmapped ensembles here), one
+  # sweep per pairs count, each scored on recall_seed 1's rows of its own pairs (eval_sweep.py
+  # replaces a run's whole data config, so a sweep holds one pairs count)
+  for p in 4 8; do
+    step "mqar_p$p" 200 python3 scripts/sweep.py --config=configs/sweeps/mqar_capacity.py \
+      --points="mha_p$p,mqa_p$p" --seeds=8 --ensemble --sweep_dir="$out/mqar_p$p"
+    step "mqar_p${p}_test" 60 python3 scripts/eval_sweep.py --sweep_dir="$out/mqar_p$p" \
+      --config=configs/sweeps/mqar_capacity.py --config.data.recall_seed=1 \
+      --config.data.recall_pairs="$p" --config.data.seq_len=$((4 * p)) \
+      --out="$out/mqar_p${p}_test.csv"
+  done
+  ;;
 *)
-  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits|roofline|studies)" >&2
+  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits|roofline|studies|mqar)" >&2
   exit 2
   ;;
 esac

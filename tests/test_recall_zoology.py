@@ -174,5 +174,10 @@ def test_capacity_table_tests_each_question_as_its_own_family():
     text = capacity_table(rows)
     row = next(line for line in text.splitlines() if line.startswith('| 8 |'))
     assert row.startswith('| 8 | 99.1% [') and '8/8 ≥ 90% | 69.1% [' in row and '0/8' in row
+    assert 'lowest 98.0%, 8/8' in row and 'lowest 68.0%, 0/8' in row  # the gate's seed
     assert '(2 comparisons, Holm over them)' in text  # KV at 2 and 8 pairs; pairs at each KV
     assert '| KV 16, 8 pairs | KV 64, 8 pairs | -30.0 | [-30.0, -30.0] |' in text
+    # one pairs count run: the KV family has one comparison, the pairs family none
+    text = capacity_table([r for r in rows if r['pairs'] == 2])
+    assert '(1 comparison, Holm over them)' in text
+    assert 'fewest at equal KV: no comparison (a cell it needs was not run).' in text

@@ -3,7 +3,7 @@
 pairs, seed, eval_recall_accuracy:
 
 - the grid: per pairs count (rows) and KV arm (columns) the mean held-out accuracy over seeds,
-  its 95% t-interval and how many seeds reached FITS;
+  its 95% t-interval, the lowest seed's and how many seeds reached FITS;
 - question 1, KV state: at each pairs count, each smaller KV arm against the largest;
 - question 2, pairs: at each KV arm, each larger pairs count against the smallest.
 
@@ -61,7 +61,7 @@ def _grid(cells: dict, pairs: list[int], arms: list[tuple[int, int]]) -> list[st
             fit = sum(v >= FITS for v in seeds.values())
             out.append(
                 f'{100 * e.mean:.1f}% [{100 * e.lo:.1f}, {100 * e.hi:.1f}], '
-                f'{fit}/{len(seeds)} ≥ {FITS:.0%}'
+                f'lowest {100 * min(seeds.values()):.1f}%, {fit}/{len(seeds)} ≥ {FITS:.0%}'
             )
         lines.append(f'| {p} | ' + ' | '.join(out) + ' |')
     return lines
@@ -70,11 +70,13 @@ def _grid(cells: dict, pairs: list[int], arms: list[tuple[int, int]]) -> list[st
 def _family(title: str, tests: list[tuple[str, str, dict, dict]]) -> list[str]:
     """A question's comparisons (label a, label b, {seed: a}, {seed: b}): a − b, t-test p,
     Holm over the family, sign-flip p."""
+    if not tests:
+        return [f'{title}: no comparison (a cell it needs was not run).']
     diffs = [stats.paired_difference(a, b) for _, _, a, b in tests]
     p = [stats.p_value(d) for d in diffs]
     flips = [sign_flip_p([a[s] - b[s] for s in sorted(set(a) & set(b))]) for *_, a, b in tests]
     lines = [
-        f'{title} ({len(tests)} comparisons, Holm over them):',
+        f'{title} ({len(tests)} comparison{"s" if len(tests) > 1 else ""}, Holm over them):',
         '',
         '| a | b | a − b (points) | 95% CI | p (t) | p (Holm) | p (sign-flip) | resolved |',
         '|---|---|---|---|---|---|---|---|',

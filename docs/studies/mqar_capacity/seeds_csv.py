@@ -8,8 +8,20 @@ saved config and results.json.
 
 Columns: point, kv_dims (KV heads x head_dim, per token per layer), kv_bytes_per_token (bf16,
 K and V, every layer), pairs, seed, eval_loss, eval_recall_accuracy.
+
+With --heldout=CSV (scripts/eval_sweep.py's per-seed rows of the runs split out of the
+ensembles by `scripts/sweep.py --ensemble`, scored on a second held-out set), eval_loss and
+eval_recall_accuracy are that CSV's (matched by point, the ensemble's directory name, and seed),
+and the runs' own evaluation, on the rows the rate was chosen on, moves to validation_loss and
+validation_recall_accuracy:
+
+  python docs/studies/mqar_capacity/seeds_csv.py \
+      --runs=runs/mqc/cells/ensembles/mha_p4,runs/mqc/cells/ensembles/mqa_p4 \
+      --heldout=runs/mqc/cells_test.csv \
+      --out=docs/studies/mqar_capacity/results/calibrated_seeds.csv
 """
 
+import csv
 import json
 import os
 
@@ -29,6 +41,12 @@ _STEP = flags.DEFINE_integer(
     '(<workdir>/tb/seed_<s>) instead of the final results.json; 0 = results.json.',
 )
 _PLOT = flags.DEFINE_string('plot', '', 'PNG of accuracy against KV bytes per token, if set.')
+_HELDOUT = flags.DEFINE_string(
+    'heldout',
+    '',
+    "scripts/eval_sweep.py's CSV (point, seed, eval_loss, eval_recall_accuracy): the outcome; "
+    "the runs' own evaluation becomes validation_loss and validation_recall_accuracy.",
+)
 
 
 def tb_members(workdir: str, seeds: list[int], step: int) -> list[dict]:
@@ -78,6 +96,28 @@ def cell_rows(workdir: str, step: int = 0) -> list[dict]:
     ]
 
 
+def with_heldout(rows: list[dict], path: str) -> list[dict]:
+    """`rows` with eval_* from the held-out CSV at `path` and their own as validation_*;
+    refuses a row the CSV lacks."""
+    with open(path, newline='') as f:
+        heldout = {(r['point'], int(r['seed'])): r for r in csv.DictReader(f)}
+    out = []
+    for r in rows:
+        h = heldout.get((r['point'], int(r['seed'])))
+        if h is None:
+            raise ValueError(f'--heldout={path}: no row for point {r["point"]} seed {r["seed"]}')
+        out.append(
+            {
+                **{k: v for k, v in r.items() if not k.startswith('eval_')},
+                'eval_loss': float(h['eval_loss']),
+                'eval_recall_accuracy': float(h['eval_recall_accuracy']),
+                'validation_loss': r['eval_loss'],
+                'validation_recall_accuracy': r['eval_recall_accuracy'],
+            }
+        )
+    return out
+
+
 def plot(rows: list[dict], path: str) -> None:
     """Mean held-out accuracy (95% t-interval as error bars, seeds as dots) against KV bytes
     per token (log x), one line per pairs count."""
@@ -120,6 +160,8 @@ def plot(rows: list[dict], path: str) -> None:
 
 def run() -> int:
     rows = [row for workdir in _RUNS.value for row in cell_rows(workdir, _STEP.value)]
+    if _HELDOUT.value:
+        rows = with_heldout(rows, _HELDOUT.value)
     write_csv(_OUT.value, rows)
     print(f'wrote {len(rows)} rows to {_OUT.value}')
     if _PLOT.value:

@@ -1,0 +1,58 @@
+r"""The calibrated MQAR capacity sweep (docs/studies/mqar_capacity/README.md): MHA (4 KV heads of
+16) and MQA (1 KV head of 16) at d_model 64, 4 query heads, on configs/recall/mqar_zoology.py
+(the calibrated recipe), against 4 and 8 pairs in rows of 4 x pairs tokens.
+
+The learning-rate grid first: points 'mha' and 'mqa' (4 pairs), 2 seeds each, one sweep per
+rate, 3000 steps, the rate chosen per variant on validation accuracy at step 3000:
+
+  python scripts/sweep.py --config=configs/sweeps/mqar_capacity.py --sweep_dir=runs/mqc/lr1e-3 \
+      --points=mha,mqa --seeds=2 --ensemble --ensemble_program=looped \
+      --config.mesh.cpu_devices=1 --config.train.steps=3000 \
+      --config.train.lr=1e-3 --config.train.min_lr=1e-3
+
+Then the four cells <variant>_p<pairs> at the chosen rates (LR), 8 seeds each, one looped
+ensemble per cell, one sweep per pairs count (scripts/eval_sweep.py replaces a run's whole data
+config, so each sweep is scored on a second held-out set with its own pairs and row length):
+
+  python scripts/sweep.py --config=configs/sweeps/mqar_capacity.py --sweep_dir=runs/mqc/p4 \
+      --points=mha_p4,mqa_p4 --seeds=8 --ensemble --ensemble_program=looped \
+      --config.mesh.cpu_devices=1
+  python scripts/eval_sweep.py --sweep_dir=runs/mqc/p4 --config=configs/sweeps/mqar_capacity.py \
+      --config.data.recall_seed=1 --config.data.recall_pairs=4 --config.data.seq_len=16 \
+      --out=runs/mqc/p4_test.csv
+
+and the same with p8 (--config.data.recall_pairs=8 --config.data.seq_len=32).
+"""
+
+import os
+
+from lm.config import load_config_file
+from lm.experiments.sweep import variant_points
+
+VARIANTS = ('mha', 'mqa')
+PAIRS = (4, 8)
+# The rate of each variant's cells, chosen on the grid (the study's amendment records it).
+LR = {'mha': 3e-3, 'mqa': 3e-3}
+
+
+def get_config():
+    return load_config_file(
+        os.path.join(os.path.dirname(__file__), '..', 'recall', 'mqar_zoology.py')
+    )
+
+
+def get_points():
+    grid = variant_points(list(VARIANTS))  # 4 pairs, the config's rate: the lr grid's points
+    cells = [
+        {
+            **point,
+            'name': f'{point["name"]}_p{pairs}',
+            'data.recall_pairs': pairs,
+            'data.seq_len': 4 * pairs,
+            'train.lr': LR[point['name']],
+            'train.min_lr': LR[point['name']],
+        }
+        for pairs in PAIRS
+        for point in grid
+    ]
+    return grid + cells
