@@ -285,6 +285,27 @@ def test_eval_sweep_scores_every_run_on_a_second_heldout_set(tmp_path):
     assert bad.stderr.strip().splitlines()[-1].endswith('holds no finished run <arm>_s<seed>')
 
 
+def test_eval_sweep_refuses_runs_of_different_tasks_unless_the_key_is_set():
+    """One --config.data scores every run: runs that trained at different recall pairs are
+    refused in one line naming both runs and the key, unless the key is set for all."""
+    from lm.experiments import check_one_task
+
+    data = {
+        'mha_p4_s0': {'recall_pairs': 4, 'seq_len': 16, 'recall_seed': 0},
+        'mha_p4_s1': {'recall_pairs': 4, 'seq_len': 16, 'recall_seed': 0},
+        'mha_p8_s0': {'recall_pairs': 8, 'seq_len': 16, 'recall_seed': 0},
+    }
+    check_one_task(dict(list(data.items())[:2]), set(), 'eval_sweep.py')
+    with pytest.raises(ValueError) as e:
+        check_one_task(data, {'data.recall_seed'}, 'eval_sweep.py')
+    assert str(e.value) == (
+        'eval_sweep.py: runs mha_p4_s0 and mha_p8_s0 trained with different data.recall_pairs '
+        '(4, 8); set --config.data.recall_pairs to score them all at one value, or score each '
+        'group of runs as its own sweep'
+    )
+    check_one_task(data, {'data.recall_pairs'}, 'eval_sweep.py')
+
+
 def test_mqar_training_mixture_draws_pairs_per_row_and_keeps_heldout(tmp_path):
     mixed = recall_config(tmp_path, **{'data.recall_train_pairs': '1,2,4'})
     corpus, plain = load_corpus(mixed.data), load_corpus(recall_config(tmp_path).data)

@@ -56,6 +56,7 @@ __all__, __getattr__, __dir__ = public_face(
         'cache_quality': (
             'evaluate_run',
             'finished_runs',
+            'check_one_task',
             'heldout_rows',
             'pareto_rows',
             'quantized_rows',

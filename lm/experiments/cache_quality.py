@@ -153,6 +153,22 @@ def finished_runs(sweep_dir: str) -> list[tuple[tuple[str, int], str]]:
     return runs
 
 
+def check_one_task(data: dict[str, dict], overridden: set[str], where: str) -> None:
+    """One-line ValueError when a sweep's runs (`data`: run name -> its stored config.data as a
+    dict) trained on different data settings (e.g. recall pairs) that `overridden` (the
+    `data.<key>`s set on the command line) does not fix: one data config would score them all
+    on one task, some on another than their own."""
+    (first, want), *rest = data.items()
+    for name, got in rest:
+        for key in sorted(set(got) | set(want)):
+            if f'data.{key}' not in overridden and got.get(key) != want.get(key):
+                raise ValueError(
+                    f'{where}: runs {first} and {name} trained with different data.{key} '
+                    f'({want.get(key)!r}, {got.get(key)!r}); set --config.data.{key} to score '
+                    'them all at one value, or score each group of runs as its own sweep'
+                )
+
+
 def heldout_rows(
     runs: list[tuple[tuple[str, int], str]],
     data: ml_collections.ConfigDict,
@@ -162,7 +178,8 @@ def heldout_rows(
     """Each of a sweep's finished runs (`finished_runs`) evaluated again with its data config
     replaced by `data` (e.g. a recall task's second held-out set, `recall_seed` 1), under the
     run's own protocol: rows point, seed, eval_loss (and eval_recall_accuracy for a recall run),
-    as a sweep's summary_seeds.csv has them."""
+    as a sweep's summary_seeds.csv has them (`check_one_task` first, for runs whose own data
+    differ)."""
     out = []
     for (arm, seed), workdir in runs:
         config = stored_config(workdir)
