@@ -630,3 +630,17 @@ def test_steps_to_table_pairs_first_steps_and_skips_runs_that_never_reached():
     want = f'| mqa | mha | +167 [23, 310] p={1 - 5 / 27**0.5:.3g} ✓ (sign-flip 0.25) | mqa > mha |'
     assert want in text
     assert '| mla | mqa | not tested | 1 run(s) never reached 0.9 |' in text
+
+
+def test_family_note_says_whether_the_sign_flip_test_can_pass_after_holm():
+    """The floor 2/2^n passes only if Holm's first step, the floor times the family size, is
+    below 0.05: 8 seeds pass in a family of 2 (0.0156) and not in one of 10 (0.078)."""
+    family_note = summary.family_note
+    assert family_note(10, 3).endswith('2/2^3 = 0.25, above 0.05: no comparison here can pass it.')
+    assert family_note(10, 8).endswith(
+        '2/2^8 = 0.00781, and Holm over 10 makes it at least 0.0781: no comparison here can '
+        'pass it.'
+    )
+    assert family_note(2, 8).endswith(
+        '2/2^8 = 0.00781, 0.0156 after Holm over 2, below 0.05: it can pass.'
+    )

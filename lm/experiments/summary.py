@@ -104,7 +104,12 @@ def family_note(m: int, seeds: int | None = None, test: str = 'paired t-test') -
     if seeds is None or seeds < 1:
         return note
     floor = stats.sign_flip_floor(seeds)
-    can = 'above 0.05: no comparison here can pass it' if floor >= 0.05 else 'below 0.05'
+    if floor >= 0.05:
+        can = 'above 0.05: no comparison here can pass it'
+    elif floor * m >= 0.05:
+        can = f'and Holm over {m} makes it at least {floor * m:.3g}: no comparison here can pass it'
+    else:
+        can = f'{floor * m:.3g} after Holm over {m}, below 0.05: it can pass'
     return (
         f'{note} Sign-flip: the exact sign-flip (permutation) test of the same paired '
         f'differences, Holm-corrected alike; at {seeds} paired seeds its smallest p is '
