@@ -22,6 +22,15 @@ config, so each sweep is scored on a second held-out set with its own pairs and 
       --out=runs/mqc/p4_test.csv
 
 and the same with p8 (--config.data.recall_pairs=8 --config.data.seq_len=32).
+
+The second round (the study's second statement) at 8 pairs, lr 3e-3: the calibration gate again
+on fresh seeds, MHA at seeds 8-15 ('mha_p8_gate'), and two arms of 32 KV dims per token per
+layer, seeds 0-7, paired with the first round's 8-pair cells: GQA-2 (2 KV heads of 16,
+'gqa2_p8') and one KV head of 32 with 4 query heads of 32 ('mqa_hd32_p8'):
+
+  python scripts/sweep.py --config=configs/sweeps/mqar_capacity.py --sweep_dir=runs/mqc/r2 \
+      --points=mha_p8_gate,gqa2_p8,mqa_hd32_p8 --seeds=8 --ensemble --ensemble_program=looped \
+      --config.mesh.cpu_devices=1
 """
 
 import os
@@ -55,4 +64,9 @@ def get_points():
         for pairs in PAIRS
         for point in grid
     ]
-    return grid + cells
+    second = [
+        {**cells[-2], 'name': 'mha_p8_gate', 'seed': 8},  # the gate on seeds no choice saw
+        {**cells[-2], **variant_points(['gqa2'])[0], 'name': 'gqa2_p8'},
+        {**cells[-1], 'name': 'mqa_hd32_p8', 'model.head_dim': 32},
+    ]
+    return grid + cells + second
