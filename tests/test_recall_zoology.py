@@ -181,3 +181,35 @@ def test_capacity_table_tests_each_question_as_its_own_family():
     text = capacity_table([r for r in rows if r['pairs'] == 2])
     assert '(1 comparison, Holm over them)' in text
     assert 'fewest at equal KV: no comparison (a cell it needs was not run).' in text
+
+
+def test_capacity_table_compares_layouts_of_equal_kv_dims_by_head_width():
+    """With kv_heads and head_dim columns, arms of equal KV dims are told apart (2×16 against
+    1×32), each is tested against the largest arm, and the wider head against the narrower
+    forms a family of its own."""
+    from lm.experiments.capacity import capacity_table
+
+    layouts = {(4, 16): 0.97, (2, 16): 0.25, (1, 32): 0.96}
+    rows = [
+        {
+            'point': 'x',
+            'kv_dims': h * hd,
+            'kv_heads': h,
+            'head_dim': hd,
+            'kv_bytes_per_token': 8 * h * hd,
+            'pairs': 8,
+            'seed': s,
+            'eval_recall_accuracy': acc - 0.01 * (s % 2),
+        }
+        for (h, hd), acc in layouts.items()
+        for s in range(8)
+    ]
+    text = capacity_table(rows)
+    assert text.splitlines()[0] == (
+        '| pairs | KV 4×16 = 64 dims (512 B/token) | KV 1×32 = 32 dims (256 B/token) | '
+        'KV 2×16 = 32 dims (256 B/token) |'
+    )
+    assert 'each arm against the largest at equal pairs (2 comparisons' in text
+    assert 'the wider KV head against the narrower (1 comparison, Holm over them)' in text
+    assert '| KV 1×32 = 32, 8 pairs | KV 2×16 = 32, 8 pairs | +71.0 | [+71.0, +71.0] |' in text
+    assert 'times a family of 2 it can pass' in text

@@ -1,11 +1,13 @@
 """The capacity tables of a recall sweep over KV state and pairs (the 'capacity' kind of
 `lm.experiments.tables`), from a per-seed CSV with columns point, kv_dims, kv_bytes_per_token,
-pairs, seed, eval_recall_accuracy:
+pairs, seed, eval_recall_accuracy (and kv_heads, head_dim where arms of equal KV dims differ in
+layout, e.g. 2 KV heads of 16 against one of 32):
 
 - the grid: per pairs count (rows) and KV arm (columns) the mean held-out accuracy over seeds,
   its 95% t-interval, the lowest seed's and how many seeds reached FITS;
 - question 1, KV state: at each pairs count, each smaller KV arm against the largest;
-- question 2, pairs: at each KV arm, each larger pairs count against the smallest.
+- question 2, pairs: at each KV arm, each larger pairs count against the smallest;
+- head width, where two arms hold equal KV dims: the wider KV head against the narrower.
 
 Each question is one family: paired t-tests (same seed), Holm-corrected over the family's
 comparisons, with the exact sign-flip p of the same differences beside each (`sign_flip_p`).
@@ -32,28 +34,38 @@ def sign_flip_p(diffs: list[float]) -> float:
     return hits / 2 ** len(diffs)
 
 
-def _cells(rows: list[dict]) -> tuple[dict, list[int], list[tuple[int, int]]]:
-    """({(pairs, kv_dims): {seed: accuracy}}, pairs counts, KV arms as (dims, bytes)), the
-    arms from the largest down."""
-    cells: dict[tuple[int, int], dict[int, float]] = {}
+def _arm(r: dict) -> tuple[int, str]:
+    """A row's KV arm: (KV dims per token per layer, its label), e.g. (32, 'KV 2×16 = 32') where
+    the CSV has kv_heads and head_dim columns, else (32, 'KV 32')."""
+    d = int(r['kv_dims'])
+    if r.get('kv_heads') and r.get('head_dim'):
+        return d, f'KV {int(r["kv_heads"])}×{int(r["head_dim"])} = {d}'
+    return d, f'KV {d}'
+
+
+def _cells(rows: list[dict]) -> tuple[dict, list[int], list[tuple[tuple[int, str], int]]]:
+    """({(pairs, arm): {seed: accuracy}}, pairs counts, KV arms as (arm, bytes per token)), the
+    arms from the largest down (at equal dims, the wider head first)."""
+    cells: dict[tuple[int, tuple[int, str]], dict[int, float]] = {}
     arms = {}
     for r in rows:
-        key = (int(r['pairs']), int(r['kv_dims']))
+        key = (int(r['pairs']), _arm(r))
         cells.setdefault(key, {})[int(r['seed'])] = float(r['eval_recall_accuracy'])
-        arms[int(r['kv_dims'])] = int(r['kv_bytes_per_token'])
+        arms[_arm(r)] = (int(r['kv_bytes_per_token']), int(r.get('head_dim') or 0))
     pairs = sorted({p for p, _ in cells})
-    return cells, pairs, sorted(arms.items(), reverse=True)
+    order = sorted(arms, key=lambda a: (a[0], arms[a][1]), reverse=True)
+    return cells, pairs, [(a, arms[a][0]) for a in order]
 
 
-def _grid(cells: dict, pairs: list[int], arms: list[tuple[int, int]]) -> list[str]:
+def _grid(cells: dict, pairs: list[int], arms: list[tuple[tuple[int, str], int]]) -> list[str]:
     lines = [
-        '| pairs | ' + ' | '.join(f'KV {d} dims ({b} B/token)' for d, b in arms) + ' |',
+        '| pairs | ' + ' | '.join(f'{label} dims ({b} B/token)' for (_, label), b in arms) + ' |',
         '|---|' + '---|' * len(arms),
     ]
     for p in pairs:
         out = []
-        for d, _ in arms:
-            seeds = cells.get((p, d), {})
+        for arm, _ in arms:
+            seeds = cells.get((p, arm), {})
             if not seeds:
                 out.append('')
                 continue
@@ -92,31 +104,52 @@ def _family(title: str, tests: list[tuple[str, str, dict, dict]]) -> list[str]:
 
 
 def capacity_table(rows: list[dict]) -> str:
-    """The grid, then the KV-state family and the pairs family (module docstring)."""
+    """The grid, then the KV-state family, the pairs family and, where two arms hold equal KV
+    dims in different layouts, the head-width family (module docstring)."""
     cells, pairs, arms = _cells(rows)
     top = arms[0][0]
+
+    def at(p: int, arm: tuple[int, str]) -> str:
+        return f'{arm[1]}, {p} pairs'
+
     kv_tests = [
-        (f'KV {d}, {p} pairs', f'KV {top}, {p} pairs', cells[(p, d)], cells[(p, top)])
+        (at(p, arm), at(p, top), cells[(p, arm)], cells[(p, top)])
         for p in pairs
-        for d, _ in arms[1:]
-        if (p, d) in cells and (p, top) in cells
+        for arm, _ in arms[1:]
+        if (p, arm) in cells and (p, top) in cells
     ]
     pair_tests = [
-        (f'{p} pairs, KV {d}', f'{pairs[0]} pairs, KV {d}', cells[(p, d)], cells[(pairs[0], d)])
-        for d, _ in arms
+        (
+            f'{p} pairs, {arm[1]}',
+            f'{pairs[0]} pairs, {arm[1]}',
+            cells[(p, arm)],
+            cells[(pairs[0], arm)],
+        )
+        for arm, _ in arms
         for p in pairs[1:]
-        if (p, d) in cells and (pairs[0], d) in cells
+        if (p, arm) in cells and (pairs[0], arm) in cells
+    ]
+    width_tests = [
+        (at(p, wide), at(p, narrow), cells[(p, wide)], cells[(p, narrow)])
+        for p in pairs
+        for i, (wide, _) in enumerate(arms)
+        for narrow, _ in arms[i + 1 :]
+        if wide[0] == narrow[0] and (p, wide) in cells and (p, narrow) in cells
     ]
     n = min(len(s) for s in cells.values())
     lines = _grid(cells, pairs, arms) + ['']
     lines += _family('Question 1, KV state: each arm against the largest at equal pairs', kv_tests)
     lines += ['']
     lines += _family('Question 2, pairs: each count against the fewest at equal KV', pair_tests)
+    if width_tests:
+        lines += ['']
+        lines += _family(
+            'Head width at equal KV state: the wider KV head against the narrower', width_tests
+        )
+    m = max(len(kv_tests), len(pair_tests), len(width_tests))
     lines += [
         '',
         f'With {n} seeds the sign-flip p is at least {2.0 ** (1 - n):.3g}: times a family of '
-        f'{max(len(kv_tests), len(pair_tests))} it '
-        f'{"can" if 2.0 ** (1 - n) * max(len(kv_tests), len(pair_tests)) < 0.05 else "cannot"} '
-        'pass Holm at 0.05 on its own.',
+        f'{m} it {"can" if 2.0 ** (1 - n) * m < 0.05 else "cannot"} pass Holm at 0.05 on its own.',
     ]
     return '\n'.join(lines)

@@ -6,8 +6,8 @@ saved config and results.json.
       --out=docs/studies/mqar_capacity/results/capacity_seeds.csv \
       --plot=docs/studies/mqar_capacity/capacity.png
 
-Columns: point, kv_dims (KV heads x head_dim, per token per layer), kv_bytes_per_token (bf16,
-K and V, every layer), pairs, seed, eval_loss, eval_recall_accuracy.
+Columns: point, kv_heads, head_dim, kv_dims (their product: per token per layer),
+kv_bytes_per_token (bf16, K and V, every layer), pairs, seed, eval_loss, eval_recall_accuracy.
 
 With --heldout=CSV (scripts/eval_sweep.py's per-seed rows of the runs split out of the
 ensembles by `scripts/sweep.py --ensemble`, scored on a second held-out set), eval_loss and
@@ -19,6 +19,10 @@ validation_recall_accuracy:
       --runs=runs/mqc/cells/ensembles/mha_p4,runs/mqc/cells/ensembles/mqa_p4 \
       --heldout=runs/mqc/cells_test.csv \
       --out=docs/studies/mqar_capacity/results/calibrated_seeds.csv
+
+With --rows_from=CSV and --layouts=point=HxD,...: also those points' rows of an earlier per-seed
+CSV (cells whose runs are gone), their KV heads and head_dim given (checked against kv_dims):
+the second round pairs its new cells with the first round's this way.
 """
 
 import csv
@@ -41,6 +45,12 @@ _STEP = flags.DEFINE_integer(
     '(<workdir>/tb/seed_<s>) instead of the final results.json; 0 = results.json.',
 )
 _PLOT = flags.DEFINE_string('plot', '', 'PNG of accuracy against KV bytes per token, if set.')
+_ROWS_FROM = flags.DEFINE_string(
+    'rows_from', '', 'An earlier per-seed CSV of this script: the rows of --layouts points.'
+)
+_LAYOUTS = flags.DEFINE_list(
+    'layouts', [], 'With --rows_from: point=HxD (KV heads x head_dim) for each point to copy.'
+)
 _HELDOUT = flags.DEFINE_string(
     'heldout',
     '',
@@ -81,6 +91,8 @@ def cell_rows(workdir: str, step: int = 0) -> list[dict]:
     kv_bytes = kv_cache_bytes(cfg, 1)  # bf16 K and V of every layer
     common = {
         'point': os.path.basename(os.path.normpath(workdir)),
+        'kv_heads': cfg.num_kv_heads,
+        'head_dim': cfg.head_dim,
         'kv_dims': kv_bytes // (2 * 2 * cfg.num_layers),
         'kv_bytes_per_token': kv_bytes,
         'pairs': config.data.recall_pairs,
@@ -118,20 +130,50 @@ def with_heldout(rows: list[dict], path: str) -> list[dict]:
     return out
 
 
+def earlier_rows(path: str, layouts: list[str]) -> list[dict]:
+    """The rows of each `point=HxD` of `layouts` from the per-seed CSV at `path`, with kv_heads
+    and head_dim set; refuses a point the CSV lacks or a layout whose product is not kv_dims."""
+    with open(path, newline='') as f:
+        table = list(csv.DictReader(f))
+    out = []
+    for spec in layouts:
+        point, _, layout = spec.partition('=')
+        heads, _, dim = layout.partition('x')
+        if not (heads.isdigit() and dim.isdigit()):
+            raise ValueError(f'--layouts: {spec!r} is not point=HxD (e.g. mha_p8=4x16)')
+        rows = [r for r in table if r['point'] == point]
+        if not rows:
+            raise ValueError(f'--rows_from={path}: no rows of point {point!r}')
+        for r in rows:
+            if int(heads) * int(dim) != int(r['kv_dims']):
+                raise ValueError(
+                    f'--layouts: {spec} is {int(heads) * int(dim)} dims, the CSV '
+                    f'says {r["kv_dims"]}'
+                )
+            out.append({**r, 'kv_heads': int(heads), 'head_dim': int(dim)})
+    return out
+
+
 def plot(rows: list[dict], path: str) -> None:
     """Mean held-out accuracy (95% t-interval as error bars, seeds as dots) against KV bytes
-    per token (log x), one line per pairs count."""
+    per token (log x), one line per pairs count (and head_dim, where the rows have it)."""
     import matplotlib
 
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
-    for pairs in sorted({r['pairs'] for r in rows}):
+
+    def series(r: dict) -> tuple[int, int]:
+        return int(r['pairs']), int(r.get('head_dim') or 0)
+
+    for pairs, head_dim in sorted({series(r) for r in rows}):
         by_bytes: dict[int, list[float]] = {}
         for r in rows:
-            if r['pairs'] == pairs:
-                by_bytes.setdefault(r['kv_bytes_per_token'], []).append(r['eval_recall_accuracy'])
+            if series(r) == (pairs, head_dim):
+                by_bytes.setdefault(int(r['kv_bytes_per_token']), []).append(
+                    float(r['eval_recall_accuracy'])
+                )
         xs = sorted(by_bytes)
         es = [estimate(by_bytes[x]) for x in xs]
         line = ax.errorbar(
@@ -140,13 +182,15 @@ def plot(rows: list[dict], path: str) -> None:
             yerr=[[e.mean - e.lo for e in es], [e.hi - e.mean for e in es]],
             marker='o',
             capsize=3,
-            label=f'{pairs} pairs (1/pairs dashed)',
+            label=f'{pairs} pairs'
+            + (f', head_dim {head_dim}' if head_dim else '')
+            + ' (1/pairs dashed)',
         )
         for x in xs:
             ax.scatter([x] * len(by_bytes[x]), by_bytes[x], s=6, color=line[0].get_color())
         ax.axhline(1 / pairs, ls='--', lw=0.8, color=line[0].get_color())
     ax.set_xscale('log', base=2)
-    ax.set_xticks(sorted({r['kv_bytes_per_token'] for r in rows}))
+    ax.set_xticks(sorted({int(r['kv_bytes_per_token']) for r in rows}))
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel('KV cache bytes per token (bf16, K and V, 2 layers)')
     ax.set_ylabel('held-out recall accuracy')
@@ -162,6 +206,8 @@ def run() -> int:
     rows = [row for workdir in _RUNS.value for row in cell_rows(workdir, _STEP.value)]
     if _HELDOUT.value:
         rows = with_heldout(rows, _HELDOUT.value)
+    if _ROWS_FROM.value:
+        rows += earlier_rows(_ROWS_FROM.value, _LAYOUTS.value)
     write_csv(_OUT.value, rows)
     print(f'wrote {len(rows)} rows to {_OUT.value}')
     if _PLOT.value:
