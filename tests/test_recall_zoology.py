@@ -181,6 +181,9 @@ def test_capacity_table_tests_each_question_as_its_own_family():
     text = capacity_table([r for r in rows if r['pairs'] == 2])
     assert '(1 comparison, Holm over them)' in text
     assert 'fewest at equal KV: no comparison (a cell it needs was not run).' in text
+    # one cell (a calibration gate run alone): its grid row, no family
+    text = capacity_table([r for r in rows if (r['pairs'], r['kv_dims']) == (8, 64)])
+    assert text.splitlines()[-1].startswith('| 8 | 99.1% [') and 'Question' not in text
 
 
 def test_capacity_table_compares_layouts_of_equal_kv_dims_by_head_width():

@@ -105,8 +105,11 @@ def _family(title: str, tests: list[tuple[str, str, dict, dict]]) -> list[str]:
 
 def capacity_table(rows: list[dict]) -> str:
     """The grid, then the KV-state family, the pairs family and, where two arms hold equal KV
-    dims in different layouts, the head-width family (module docstring)."""
+    dims in different layouts, the head-width family (module docstring); one cell (a gate run
+    alone) is its grid row only."""
     cells, pairs, arms = _cells(rows)
+    if len(cells) == 1:
+        return '\n'.join(_grid(cells, pairs, arms))
     top = arms[0][0]
 
     def at(p: int, arm: tuple[int, str]) -> str:
