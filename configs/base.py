@@ -111,6 +111,7 @@ def get_config() -> ml_collections.ConfigDict:
     train.ensemble = 0  # Seed ensemble: K members (seeds seed..seed+K-1) as one program; 0 = off.
     train.ensemble_loop = False  # Ensemble members one after another in the program, not vmapped.
     train.ensemble_lr = ''  # Ensemble members' peak lr, K comma-separated ('1e-3,3e-3'); '' = lr.
+    train.ensemble_min_lr = ''  # Ensemble members' min_lr, K comma-separated; '' = min_lr.
     train.max_loss_ratio = 0.0  # Stop if loss > this x its last-100-step median, keep ckpt; 0=off
 
     mesh = config.mesh = ml_collections.ConfigDict()

@@ -68,6 +68,7 @@ ADDED_KEYS = {
     'train.ensemble': 0,
     'train.ensemble_loop': False,
     'train.ensemble_lr': '',
+    'train.ensemble_min_lr': '',
     'mesh.rules.member': 'data',
     'data.split_layout': 'contiguous',
     'data.split_block': 1024,

@@ -21,6 +21,7 @@ import time
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import (
@@ -64,14 +65,21 @@ def assert_equal_trees(a, b):
 @pytest.mark.slow
 @pytest.mark.parametrize('loop', [False, True], ids=['vmapped', 'looped'])
 def test_an_ensemble_step_is_its_members_single_steps(tmp_path, small_text, loop):
-    """Member i is the single run of seed 5 + i and, with train.ensemble_lr, of its own rate."""
+    """Member i is the single run of seed 5 + i and, with train.ensemble_lr and
+    ensemble_min_lr, of its own peak rate and floor (member 1: a constant rate after warmup)."""
     config = tiny_train_config(tmp_path, small_text, seed=5)
-    settings = {'train.ensemble': 2, 'train.ensemble_loop': loop, 'train.ensemble_lr': '3e-3,2e-2'}
+    settings = {
+        'train.ensemble': 2,
+        'train.ensemble_loop': loop,
+        'train.ensemble_lr': '3e-3,2e-2',
+        'train.ensemble_min_lr': '1e-4,2e-2',
+    }
     ens = assemble(with_values(config, settings), state='init', data=True)
     singles = [assemble(member_config(ens.config, i), state='init', data=True) for i in (0, 1)]
     for i, single in enumerate(singles):  # the same initialisation, bitwise
         assert single.config.seed == 5 + i
         assert single.config.train.lr == (3e-3, 2e-2)[i]
+        assert single.config.train.min_lr == (1e-4, 2e-2)[i]
         assert_equal_trees(single.state, member_tree(ens.state, i))
     assert jax.tree.leaves(ens.state['params'])[0].shape[0] == 2
     step = make_train_step(ens.ctx, 1)
@@ -92,6 +100,15 @@ def test_an_ensemble_step_is_its_members_single_steps(tmp_path, small_text, loop
         assert s == 0 or metrics['lr'][1] > 6 * metrics['lr'][0]  # each member its own rate
     for i in (0, 1):
         assert_close_trees(member_tree(state['params'], i), single_states[i]['params'])
+    # the whole schedule, floor included (3 steps end near the peak): member i's is its single's
+    for i, single in enumerate(singles):
+        rates = jnp.asarray(((3e-3, 1e-4), (2e-2, 2e-2))[i])
+        member = ens.ctx.member_optimizer(rates)[1]
+        counts = np.arange(single.config.train.steps + 1)
+        np.testing.assert_allclose(
+            [member(c) for c in counts], [single.ctx.lr_schedule(c) for c in counts], rtol=RTOL
+        )
+        assert single.ctx.lr_schedule(counts[-1]) == pytest.approx((1e-4, 2e-2)[i], rel=1e-5)
 
 
 def test_bad_member_counts_are_refused_in_one_line(tmp_path, small_text, monkeypatch):
@@ -104,6 +121,10 @@ def test_bad_member_counts_are_refused_in_one_line(tmp_path, small_text, monkeyp
     for k, lrs in ((3, '1e-3,2e-3'), (2, '1e-3,x'), (2, '1e-3,-1'), (0, '1e-3')):
         with pytest.raises(ValueError, match=r'^config.train.ensemble_lr=.*(must be|needs)'):
             check_config(with_values(config, {'train.ensemble': k, 'train.ensemble_lr': lrs}))
+    for k, lrs in ((3, '0,2e-3'), (2, '1e-3,-1'), (0, '0')):
+        with pytest.raises(ValueError, match=r'^config.train.ensemble_min_lr=.*(must be|needs)'):
+            check_config(with_values(config, {'train.ensemble': k, 'train.ensemble_min_lr': lrs}))
+    check_config(with_values(config, {'train.ensemble': 2, 'train.ensemble_min_lr': '0,1e-3'}))
     with monkeypatch.context() as m:
         m.setattr(jax, 'process_count', lambda: 2)
         with pytest.raises(ValueError, match='ensembles train in one process only'):

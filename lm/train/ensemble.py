@@ -45,27 +45,31 @@ def member_seeds(config: ml_collections.ConfigDict) -> list[int]:
     return [config.seed + i for i in range(members(config))]
 
 
-def member_lrs(config: ml_collections.ConfigDict) -> tuple[float, ...]:
-    """The members' peak learning rates (`config.train.ensemble_lr`); () when every member
-    trains with `config.train.lr`."""
-    return (
-        tuple(float(v) for v in config.train.ensemble_lr.split(','))
-        if config.train.ensemble_lr
-        else ()
-    )
+def _rates(spec: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in spec.split(',')) if spec else ()
+
+
+def member_lrs(config: ml_collections.ConfigDict) -> tuple[tuple[float, float], ...]:
+    """Each member's (peak, min_lr) (`config.train.ensemble_lr`, `ensemble_min_lr`; the one
+    not given is `train.lr` / `train.min_lr` for all); () when neither is given."""
+    train, k = config.train, config.train.ensemble
+    peaks, floors = _rates(train.ensemble_lr), _rates(train.ensemble_min_lr)
+    if not (peaks or floors):
+        return ()
+    return tuple(zip(peaks or (train.lr,) * k, floors or (train.min_lr,) * k, strict=True))
 
 
 def member_config(config: ml_collections.ConfigDict, i: int) -> ml_collections.ConfigDict:
     """The single run that member `i` of `config`'s ensemble is: ensemble off, seed + i, and
-    its own peak rate when the members have theirs (`member_lrs`)."""
+    its own peak rate and min_lr when the members have theirs (`member_lrs`)."""
     if not 0 <= i < members(config):
         raise ValueError(f'member {i} is not in config.train.ensemble={members(config)}')
     single = ml_collections.ConfigDict(config.to_dict())
     if lrs := member_lrs(config):
-        single.train.lr = lrs[i]
+        single.train.lr, single.train.min_lr = lrs[i]
     single.train.ensemble = 0
     single.train.ensemble_loop = False
-    single.train.ensemble_lr = ''
+    single.train.ensemble_lr = single.train.ensemble_min_lr = ''
     single.seed = config.seed + i
     return single
 
@@ -83,11 +87,12 @@ def check_ensemble_config(config: ml_collections.ConfigDict) -> None:
             f'config.train.ensemble must be 0 (off) or a member count K >= 1, got {k!r}'
         )
     if not k:
-        if config.train.ensemble_lr:
-            raise ValueError(
-                f'config.train.ensemble_lr={config.train.ensemble_lr!r} needs an ensemble: '
-                'set config.train.ensemble to its number of rates'
-            )
+        for key in ('ensemble_lr', 'ensemble_min_lr'):
+            if config.train[key]:
+                raise ValueError(
+                    f'config.train.{key}={config.train[key]!r} needs an ensemble: '
+                    'set config.train.ensemble to its number of rates'
+                )
         return
     check_member_lrs(config)
     if config.seed + k > 2**32:
@@ -100,19 +105,23 @@ def check_ensemble_config(config: ml_collections.ConfigDict) -> None:
 
 
 def check_member_lrs(config: ml_collections.ConfigDict) -> None:
-    """`config.train.ensemble_lr`: '' or K finite rates > 0, in one line."""
-    spec, k = config.train.ensemble_lr, config.train.ensemble
-    if not spec:
-        return
-    try:
-        lrs = member_lrs(config)
-    except ValueError:
-        lrs = ()
-    if len(lrs) != k or not all(math.isfinite(lr) and lr > 0 for lr in lrs):
-        raise ValueError(
-            f'config.train.ensemble_lr={spec!r} must be {k} comma-separated learning rates > 0, '
-            f'one per member of config.train.ensemble={k}'
-        )
+    """`config.train.ensemble_lr`: '' or K finite rates > 0; `ensemble_min_lr`: '' or K
+    finite rates >= 0; in one line."""
+    k = config.train.ensemble
+    for key, sign, ok in (
+        ('ensemble_lr', '>', lambda lr: lr > 0),
+        ('ensemble_min_lr', '>=', lambda lr: lr >= 0),
+    ):
+        spec = config.train[key]
+        try:
+            lrs = _rates(spec)
+        except ValueError:
+            lrs = ()
+        if spec and (len(lrs) != k or not all(math.isfinite(lr) and ok(lr) for lr in lrs)):
+            raise ValueError(
+                f'config.train.{key}={spec!r} must be {k} comma-separated learning rates '
+                f'{sign} 0, one per member of config.train.ensemble={k}'
+            )
 
 
 def member_axes(mesh: Mesh, rules: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
@@ -153,12 +162,12 @@ def as_ensemble(
 
 
 def member_optimizer(config: ml_collections.ConfigDict) -> Callable:
-    """peak lr (a traced scalar) -> (optimizer, schedule) of a member of `config`'s ensemble
-    that trains with that rate."""
+    """(peak, min_lr) as a traced [2] -> (optimizer, schedule) of a member of `config`'s
+    ensemble that trains with those rates."""
     train = config.train
 
     def optimizer(lr: jax.Array) -> tuple[optax.GradientTransformation, optax.Schedule]:
-        schedule = lr_schedule(train, lr)
+        schedule = lr_schedule(train, lr[0], lr[1])
         return make_optimizer(train, schedule), schedule
 
     return optimizer

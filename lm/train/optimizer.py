@@ -11,14 +11,18 @@ import optax
 
 
 def lr_schedule(
-    train: ml_collections.ConfigDict, lr: float | jax.Array | None = None
+    train: ml_collections.ConfigDict,
+    lr: float | jax.Array | None = None,
+    min_lr: float | jax.Array | None = None,
 ) -> optax.Schedule:
     """The rate at (global) step s: 0 → lr linearly over warmup_steps from `schedule_start`, then
     cosine to min_lr at `decay_steps` (0: `steps`), min_lr after; times a linear ramp 0 → 1 over
     `ramp_steps` from `ramp_start` when ramp_steps > 0 (continued uptraining's short warmup).
-    `lr` replaces train.lr as the peak (a traced scalar too: an ensemble member's own rate);
-    optax's warmup_cosine_decay_schedule, written out so that its peak may be traced."""
+    `lr` replaces train.lr as the peak and `min_lr` train.min_lr (traced scalars too: an
+    ensemble member's own rates); optax's warmup_cosine_decay_schedule, written out so that its
+    peak may be traced."""
     peak = train.lr if lr is None else lr
+    floor = train.min_lr if min_lr is None else min_lr
     start = train.schedule_start
     end = train.decay_steps or train.steps
     warmup = train.warmup_steps
@@ -26,7 +30,7 @@ def lr_schedule(
         [
             optax.linear_schedule(0.0, peak, warmup),
             optax.cosine_decay_schedule(
-                peak, max(end - start, warmup + 1) - warmup, alpha=train.min_lr / peak
+                peak, max(end - start, warmup + 1) - warmup, alpha=floor / peak
             ),
         ],
         [warmup],

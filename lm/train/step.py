@@ -56,9 +56,9 @@ class StepContext:
     members: int = 0
     member_axes: tuple[str, ...] = ()
     member_loop: bool = False  # members looped in the program (lax.map) instead of vmapped
-    # Members with peak learning rates of their own: the rates, and a member's (optimizer,
-    # schedule) from its rate, which replace `tx` and `lr_schedule` inside the step.
-    member_lrs: tuple[float, ...] = ()
+    # Members with learning rates of their own: each member's (peak, min_lr), and a member's
+    # (optimizer, schedule) from them, which replace `tx` and `lr_schedule` inside the step.
+    member_lrs: tuple[tuple[float, float], ...] = ()
     member_optimizer: Callable[[jax.Array], tuple] | None = None
 
 
@@ -343,12 +343,12 @@ def make_train_step(ctx: StepContext, grad_accum_steps: int, steps_per_call: int
 
 def _members_step(ctx: StepContext, fn: Callable) -> Callable:
     """The step `fn(state, batch[, lr])` over the ensemble's members, each member with its own
-    peak rate when `ctx.member_lrs` gives them."""
+    (peak, min_lr) as `lr` [2] when `ctx.member_lrs` gives them."""
     if not ctx.member_lrs:
         return over_members(ctx, fn)
     mapped = over_members(ctx, fn, (0, 0, 0))
-    lrs_K = np.asarray(ctx.member_lrs, np.float32)
-    return lambda state, batch: mapped(state, batch, lrs_K)
+    lrs_K2 = np.asarray(ctx.member_lrs, np.float32)
+    return lambda state, batch: mapped(state, batch, lrs_K2)
 
 
 def make_eval_step(ctx: StepContext) -> Callable:
