@@ -25,12 +25,14 @@
 #                                             # (as published, then at d_model 512), its CSVs
 #   bash scripts/bench_gpu.sh mqar OUT_DIR    # the calibrated MQAR capacity sweep (4 cells x 8
 #                                             # seeds as ensembles), then its second held-out set
+#   bash scripts/bench_gpu.sh mqar2 OUT_DIR   # its second round (the gate at 8 pairs on seeds
+#                                             # 8-15, GQA-2 and MQA-32), then the held-out set
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
 # H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/studies/performance/README.md.
 set -u
-usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline|studies|mqar OUT_DIR'
+usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline|studies|mqar|mqar2 OUT_DIR'
 part=${1:?$usage}
 out=${2:?$usage}
 budget=${3:-570}
@@ -172,8 +174,15 @@ mqar)
       --out="$out/mqar_p${p}_test.csv"
   done
   ;;
+mqar2)
+  step mqar_r2 400 python3 scripts/sweep.py --config=configs/sweeps/mqar_capacity.py \
+    --points=mha_p8_gate,gqa2_p8,mqa_hd32_p8 --seeds=8 --ensemble --sweep_dir="$out/mqar_r2"
+  step mqar_r2_test 90 python3 scripts/eval_sweep.py --sweep_dir="$out/mqar_r2" \
+    --config=configs/sweeps/mqar_capacity.py --config.data.recall_seed=1 \
+    --config.data.recall_pairs=8 --config.data.seq_len=32 --out="$out/mqar_r2_test.csv"
+  ;;
 *)
-  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits|roofline|studies|mqar)" >&2
+  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits|roofline|studies|mqar|mqar2)" >&2
   exit 2
   ;;
 esac
