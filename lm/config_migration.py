@@ -69,6 +69,7 @@ ADDED_KEYS = {
     'train.ensemble_loop': False,
     'train.ensemble_lr': '',
     'train.ensemble_min_lr': '',
+    'eval_at_start': True,
     'mesh.rules.member': 'data',
     'data.split_layout': 'contiguous',
     'data.split_block': 1024,

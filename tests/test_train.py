@@ -31,6 +31,24 @@ from lm.train.run import assemble, check_config, finished_step, restore, stored_
 from lm.train.step import init_state, make_train_step
 
 
+def test_eval_at_start_false_skips_the_step_0_evaluation_only(tmp_path, small_text):
+    """config.eval_at_start=False: no eval_init scalars; the run trains and evaluates as one
+    with it (same final loss, bitwise: the step-0 evaluation changes no state)."""
+    ends = {}
+    for at_start in (True, False):
+        config = with_values(tiny_train_config(tmp_path, small_text), {'eval_at_start': at_start})
+        workdir = tmp_path / f'run_{at_start}'
+        ends[at_start] = train(config, str(workdir))['eval']['loss']
+        tags = read_scalars(workdir / 'tb', 'eval/loss')
+        assert sorted(tags) == [4, 8]
+        if at_start:
+            assert list(read_scalars(workdir / 'tb', 'eval_init/loss')) == [0]
+        else:
+            with pytest.raises(KeyError):
+                read_scalars(workdir / 'tb', 'eval_init/loss')
+    assert ends[True] == ends[False]
+
+
 def test_train_logs_checkpoints_and_learns(tmp_path, small_text):
     config = tiny_train_config(tmp_path, small_text)
     result = train(config, str(tmp_path / 'run'))

@@ -177,11 +177,12 @@ class _Training:
         self.meter = self._start_logs()
         first = self.start in (0, c.uptrain.source_step)  # a new run, or a converted one
         # A new run's step-0 score (~ the vocabulary size in perplexity) is logged under its
-        # own tags, so it does not set the y-range of the eval charts that compare runs.
+        # own tags, so it does not set the y-range of the eval charts that compare runs; a
+        # converted run's is its conversion's score, always taken.
         prefix = 'eval_init' if self.start == 0 else 'eval'
         step, self.last_eval, self.heldout = self.start, {}, {}
         try:
-            if first:
+            if first and (c.eval_at_start or prefix == 'eval'):
                 self.last_eval = self._evaluate(self.start, prefix)
             self.meter.restart()  # the first window times steps only
             step = self._steps()

@@ -41,6 +41,7 @@ RESUMABLE_KEYS = (
     'train.peak_flops',
     'train.max_loss_ratio',
     'eval_every',
+    'eval_at_start',
     'eval_batches',
     'log_every',
     'checkpoint_every',
