@@ -177,10 +177,12 @@ def test_capacity_table_tests_each_question_as_its_own_family():
     assert 'lowest 98.0%, 8/8' in row and 'lowest 68.0%, 0/8' in row  # the gate's seed
     assert '(2 comparisons, Holm over them)' in text  # KV at 2 and 8 pairs; pairs at each KV
     assert '| KV 16, 8 pairs | KV 64, 8 pairs | -30.0 | [-30.0, -30.0] |' in text
-    # one pairs count run: the KV family has one comparison, the pairs family none
+    # one pairs count run: the KV family has one comparison, the pairs family is left out
     text = capacity_table([r for r in rows if r['pairs'] == 2])
-    assert '(1 comparison, Holm over them)' in text
-    assert 'fewest at equal KV: no comparison (a cell it needs was not run).' in text
+    assert '(1 comparison, Holm over them)' in text and 'Question 2' not in text
+    # a cell missing at the fewest pairs: the pairs family says so
+    text = capacity_table([r for r in rows if (r['pairs'], r['kv_dims']) != (2, 16)])
+    assert 'KV 16' in text and '(1 comparison, Holm over them)' in text
     # one cell (a calibration gate run alone): its grid row, no family
     text = capacity_table([r for r in rows if (r['pairs'], r['kv_dims']) == (8, 64)])
     assert text.splitlines()[-1].startswith('| 8 | 99.1% [') and 'Question' not in text

@@ -105,7 +105,8 @@ def _family(title: str, tests: list[tuple[str, str, dict, dict]]) -> list[str]:
 
 def capacity_table(rows: list[dict]) -> str:
     """The grid, then the KV-state family, the pairs family and, where two arms hold equal KV
-    dims in different layouts, the head-width family (module docstring); one cell (a gate run
+    dims in different layouts, the head-width family (module docstring); a family whose axis
+    the table does not span (one pairs count, one arm) is left out, so one cell (a gate run
     alone) is its grid row only."""
     cells, pairs, arms = _cells(rows)
     if len(cells) == 1:
@@ -140,10 +141,17 @@ def capacity_table(rows: list[dict]) -> str:
         if wide[0] == narrow[0] and (p, wide) in cells and (p, narrow) in cells
     ]
     n = min(len(s) for s in cells.values())
-    lines = _grid(cells, pairs, arms) + ['']
-    lines += _family('Question 1, KV state: each arm against the largest at equal pairs', kv_tests)
-    lines += ['']
-    lines += _family('Question 2, pairs: each count against the fewest at equal KV', pair_tests)
+    lines = _grid(cells, pairs, arms)
+    if len(arms) > 1:
+        lines += [
+            '',
+            *_family('Question 1, KV state: each arm against the largest at equal pairs', kv_tests),
+        ]
+    if len(pairs) > 1:
+        lines += [
+            '',
+            *_family('Question 2, pairs: each count against the fewest at equal KV', pair_tests),
+        ]
     if width_tests:
         lines += ['']
         lines += _family(
