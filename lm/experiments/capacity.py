@@ -21,6 +21,9 @@ import math
 from lm.experiments import stats, summary
 
 FITS = 0.9  # held-out accuracy at which a seed counts as recalling the cell's pairs
+KV_FAMILY = 'each arm against the largest at equal pairs'
+PAIRS_FAMILY = 'each count against the fewest at equal KV'
+WIDTH_FAMILY = 'the wider KV head against the narrower'
 
 
 def sign_flip_p(diffs: list[float]) -> float:
@@ -103,14 +106,9 @@ def _family(title: str, tests: list[tuple[str, str, dict, dict]]) -> list[str]:
     return lines
 
 
-def capacity_table(rows: list[dict]) -> str:
-    """The grid, then the KV-state family, the pairs family and, where two arms hold equal KV
-    dims in different layouts, the head-width family (module docstring); a family whose axis
-    the table does not span (one pairs count, one arm) is left out, so one cell (a gate run
-    alone) is its grid row only."""
-    cells, pairs, arms = _cells(rows)
-    if len(cells) == 1:
-        return '\n'.join(_grid(cells, pairs, arms))
+def _comparisons(cells: dict, pairs: list[int], arms: list) -> tuple[list, list, list]:
+    """The comparisons (label a, label b, {seed: a}, {seed: b}) of the KV-state, pairs and
+    head-width families over the cells a table holds."""
     top = arms[0][0]
 
     def at(p: int, arm: tuple[int, str]) -> str:
@@ -140,23 +138,26 @@ def capacity_table(rows: list[dict]) -> str:
         for narrow, _ in arms[i + 1 :]
         if wide[0] == narrow[0] and (p, wide) in cells and (p, narrow) in cells
     ]
-    n = min(len(s) for s in cells.values())
+    return kv_tests, pair_tests, width_tests
+
+
+def capacity_table(rows: list[dict]) -> str:
+    """The grid, then the KV-state family, the pairs family and, where two arms hold equal KV
+    dims in different layouts, the head-width family (module docstring); a family whose axis
+    the table does not span (one pairs count, one arm) is left out, so one cell (a gate run
+    alone) is its grid row only."""
+    cells, pairs, arms = _cells(rows)
     lines = _grid(cells, pairs, arms)
+    if len(cells) == 1:
+        return '\n'.join(lines)
+    kv_tests, pair_tests, width_tests = _comparisons(cells, pairs, arms)
     if len(arms) > 1:
-        lines += [
-            '',
-            *_family('Question 1, KV state: each arm against the largest at equal pairs', kv_tests),
-        ]
+        lines += ['', *_family(f'Question 1, KV state: {KV_FAMILY}', kv_tests)]
     if len(pairs) > 1:
-        lines += [
-            '',
-            *_family('Question 2, pairs: each count against the fewest at equal KV', pair_tests),
-        ]
+        lines += ['', *_family(f'Question 2, pairs: {PAIRS_FAMILY}', pair_tests)]
     if width_tests:
-        lines += ['']
-        lines += _family(
-            'Head width at equal KV state: the wider KV head against the narrower', width_tests
-        )
+        lines += ['', *_family(f'Head width at equal KV state: {WIDTH_FAMILY}', width_tests)]
+    n = min(len(s) for s in cells.values())
     m = max(len(kv_tests), len(pair_tests), len(width_tests))
     lines += [
         '',
