@@ -1,10 +1,12 @@
 r"""The exploratory MQAR probes of the second round's statement (README.md): lm's model in a plain
 optax loop (not the trainer), one seed, the recipe's optimizer (AdamW, linear warmup then a
 constant rate, beta2 0.99, weight decay 0, tied embeddings, batch 64), `mqar_zoology` rows; it
-prints accuracy on the answers of 1,000 rows of another seed every 1000 steps. The probe table:
+prints accuracy on the answers of 1,000 rows of another seed every 1000 steps. The probe table
+and its erratum (MQA at 256 symbols; GQA-2 and MQA to 10,000 steps):
 
-  for spec in "--kv_heads=1 --vocab=128" "--kv_heads=2" "--heads=1 --kv_heads=1" \
-      "--heads=2 --kv_heads=1" "--heads=2 --kv_heads=2"; do
+  for spec in "--kv_heads=1 --vocab=128" "--kv_heads=1 --vocab=256" "--kv_heads=2" \
+      "--heads=1 --kv_heads=1" "--heads=2 --kv_heads=1" "--heads=2 --kv_heads=2" \
+      "--kv_heads=2 --steps=10000" "--kv_heads=1 --steps=10000"; do
     python docs/studies/mqar_capacity/probe.py $spec
   done
 
