@@ -285,25 +285,29 @@ def test_eval_sweep_scores_every_run_on_a_second_heldout_set(tmp_path):
     assert bad.stderr.strip().splitlines()[-1].endswith('holds no finished run <arm>_s<seed>')
 
 
-def test_eval_sweep_refuses_runs_of_different_tasks_unless_the_key_is_set():
-    """One --config.data scores every run: runs that trained at different recall pairs are
-    refused in one line naming both runs and the key, unless the key is set for all."""
+def test_eval_sweep_refuses_runs_of_another_task_unless_the_key_is_set():
+    """--config.data scores every run: a run that trained at other recall pairs than it gives
+    (a sweep mixing pair counts, or a config file of another count) is refused in one line
+    naming the run and the key, unless the key is set on the command line."""
     from lm.experiments import check_one_task
 
-    data = {
+    runs = {
         'mha_p4_s0': {'recall_pairs': 4, 'seq_len': 16, 'recall_seed': 0},
         'mha_p4_s1': {'recall_pairs': 4, 'seq_len': 16, 'recall_seed': 0},
         'mha_p8_s0': {'recall_pairs': 8, 'seq_len': 16, 'recall_seed': 0},
     }
-    check_one_task(dict(list(data.items())[:2]), set(), 'eval_sweep.py')
+    given = {'recall_pairs': 4, 'seq_len': 16, 'recall_seed': 1}
+    check_one_task(dict(list(runs.items())[:2]), given, {'data.recall_seed'})
     with pytest.raises(ValueError) as e:
-        check_one_task(data, {'data.recall_seed'}, 'eval_sweep.py')
+        check_one_task(runs, given, {'data.recall_seed'})
     assert str(e.value) == (
-        'eval_sweep.py: runs mha_p4_s0 and mha_p8_s0 trained with different data.recall_pairs '
-        '(4, 8); set --config.data.recall_pairs to score them all at one value, or score each '
-        'group of runs as its own sweep'
+        'run mha_p8_s0 trained with data.recall_pairs=8 and --config has 4; set '
+        '--config.data.recall_pairs to score at that value anyway, or give each group of runs '
+        'its own --config'
     )
-    check_one_task(data, {'data.recall_pairs'}, 'eval_sweep.py')
+    with pytest.raises(ValueError, match='data.recall_seed=0 and --config has 1'):
+        check_one_task(runs, given, {'data.recall_pairs'})  # recall_seed not set: refused
+    check_one_task(runs, given, {'data.recall_pairs', 'data.recall_seed'})
 
 
 def test_mqar_training_mixture_draws_pairs_per_row_and_keeps_heldout(tmp_path):

@@ -64,9 +64,10 @@ def get_points():
         for pairs in PAIRS
         for point in grid
     ]
+    cell = {point['name']: point for point in cells}
     second = [
-        {**cells[-2], 'name': 'mha_p8_gate', 'seed': 8},  # the gate on seeds no choice saw
-        {**cells[-2], **variant_points(['gqa2'])[0], 'name': 'gqa2_p8'},
-        {**cells[-1], 'name': 'mqa_hd32_p8', 'model.head_dim': 32},
+        {**cell['mha_p8'], 'name': 'mha_p8_gate', 'seed': 8},  # the gate on seeds no choice saw
+        {**cell['mha_p8'], **variant_points(['gqa2'])[0], 'name': 'gqa2_p8'},
+        {**cell['mqa_p8'], 'name': 'mqa_hd32_p8', 'model.head_dim': 32},
     ]
     return grid + cells + second

@@ -153,36 +153,40 @@ def finished_runs(sweep_dir: str) -> list[tuple[tuple[str, int], str]]:
     return runs
 
 
-def check_one_task(data: dict[str, dict], overridden: set[str], where: str) -> None:
-    """One-line ValueError when a sweep's runs (`data`: run name -> its stored config.data as a
-    dict) trained on different data settings (e.g. recall pairs) that `overridden` (the
-    `data.<key>`s set on the command line) does not fix: one data config would score them all
-    on one task, some on another than their own."""
-    (first, want), *rest = data.items()
-    for name, got in rest:
-        for key in sorted(set(got) | set(want)):
-            if f'data.{key}' not in overridden and got.get(key) != want.get(key):
+def check_one_task(runs: dict[str, dict], data: dict, overridden: set[str]) -> None:
+    """One-line ValueError when a run (`runs`: run name -> its stored config.data as a dict)
+    trained with a data setting other than `data`'s (e.g. recall pairs) that `overridden` (the
+    `data.<key>`s set on the command line) does not name: `data` would score it on another
+    task than its own without anyone asking for it."""
+    for name, got in runs.items():
+        for key in sorted(set(got) | set(data)):
+            if f'data.{key}' not in overridden and got.get(key) != data.get(key):
                 raise ValueError(
-                    f'{where}: runs {first} and {name} trained with different data.{key} '
-                    f'({want.get(key)!r}, {got.get(key)!r}); set --config.data.{key} to score '
-                    'them all at one value, or score each group of runs as its own sweep'
+                    f'run {name} trained with data.{key}={got.get(key)!r} and --config has '
+                    f'{data.get(key)!r}; set --config.data.{key} to score at that value anyway, '
+                    'or give each group of runs its own --config'
                 )
 
 
 def heldout_rows(
     runs: list[tuple[tuple[str, int], str]],
     data: ml_collections.ConfigDict,
+    overridden: set[str] = frozenset(),
     log: Callable[[str], None] = print,
     stop: StopRequest | None = None,
 ) -> list[dict]:
     """Each of a sweep's finished runs (`finished_runs`) evaluated again with its data config
     replaced by `data` (e.g. a recall task's second held-out set, `recall_seed` 1), under the
     run's own protocol: rows point, seed, eval_loss (and eval_recall_accuracy for a recall run),
-    as a sweep's summary_seeds.csv has them (`check_one_task` first, for runs whose own data
-    differ)."""
+    as a sweep's summary_seeds.csv has them. A run whose own data differ from `data` outside
+    `overridden` (the `data.<key>`s the caller set) is refused before any is evaluated
+    (`check_one_task`)."""
+    configs = [stored_config(workdir) for _, workdir in runs]
+    names = [f'{arm}_s{seed}' for (arm, seed), _ in runs]
+    trained = {n: c.data.to_dict() for n, c in zip(names, configs, strict=True)}
+    check_one_task(trained, data.to_dict(), overridden)
     out = []
-    for (arm, seed), workdir in runs:
-        config = stored_config(workdir)
+    for ((arm, seed), workdir), config in zip(runs, configs, strict=True):
         config.data = data
         metrics = evaluate_run(
             assemble(config, state='params', workdir=workdir, data=True), stop=stop
