@@ -21,6 +21,15 @@
 #                                             # reference; the 125M step against compiled and eager
 #                                             # nanoGPT. Steps that no longer fit SECONDS
 #                                             # (default 570) are skipped, said in the log
+#   bash scripts/bench_gpu.sh next OUT_DIR    # after 2026-11-29 (kernels concatenated once per
+#                                             # decode call; the loss's one-pass backward): the
+#                                             # roofline decode table (8k: batch 8, 64; 32k: 1, 8),
+#                                             # then the 125M step of MHA and GQA-4 against
+#                                             # compiled and eager nanoGPT
+#   bash scripts/bench_gpu.sh next2 OUT_DIR   # then: decoding at 32k with the whole loop in CUDA
+#                                             # graphs (XLA command buffers for WHILE), MQA's
+#                                             # decode profile at 8k / 64, the 125M MLA step and
+#                                             # the MHA step's profile
 #   bash scripts/bench_gpu.sh studies OUT_DIR # the kv_contrast study's sweep as seed ensembles
 #                                             # (as published, then at d_model 512), its CSVs
 #   bash scripts/bench_gpu.sh mqar OUT_DIR    # the calibrated MQAR capacity sweep (4 cells x 8
@@ -32,7 +41,7 @@
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
 # H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/studies/performance/README.md.
 set -u
-usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline|studies|mqar|mqar2 OUT_DIR'
+usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline|next|next2|studies|mqar|mqar2 OUT_DIR'
 part=${1:?$usage}
 out=${2:?$usage}
 budget=${3:-570}
@@ -58,6 +67,10 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/
   echo "== $name: rc $? in $((SECONDS - t0)) s"
   tail -n 12 "$out/$name.log"
 }
+
+# the decode rows of the roofline table: every variant on the fused kernel, 16 heads of 64
+decode=(python3 scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --num_heads=16
+  --d_model=1024 --dtype=bfloat16 --num_layers=12 --bandwidth_gib=4 --decode_kernel=pallas)
 
 case $part in
 train)
@@ -142,14 +155,34 @@ roofline)
 print(jax.__version__, torch.__version__, jax.devices())"'
   XLA_PYTHON_CLIENT_PREALLOCATE=false step test_flash 120 python3 -m pytest \
     tests/test_flash_decode.py -q -n 0 -p no:cacheprovider
-  decode=(python3 scripts/bench_decode.py --variants=mha,gqa4,mqa,mla --num_heads=16
-    --d_model=1024 --dtype=bfloat16 --num_layers=12 --bandwidth_gib=4 --decode_kernel=pallas)
   step decode_8k 150 "${decode[@]}" --contexts=8192 --batch=8,64 --json="$out/decode_8k.json"
   step decode_32k 110 "${decode[@]}" --contexts=32768 --batch=1,8 --json="$out/decode_32k.json"
   # torch.compile's first compile of the 125M model takes ~2 minutes of the MHA row
   XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 step train_peers 300 python3 scripts/bench_train.py \
     --config=configs/gpt125m.py --variants=mha,gqa4,mla --steps=20 --rounds=2 \
     --set=model.attention_impl=cudnn --json="$out/train_peers.json"
+  ;;
+next)
+  step env 30 bash -c 'date -u; nvidia-smi -L; python3 -c "import jax, torch;
+print(jax.__version__, torch.__version__, jax.devices())"'
+  step decode_8k 150 "${decode[@]}" --contexts=8192 --batch=8,64 --json="$out/decode_8k.json"
+  step decode_32k 110 "${decode[@]}" --contexts=32768 --batch=1,8 --json="$out/decode_32k.json"
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 step train_peers 270 python3 scripts/bench_train.py \
+    --config=configs/gpt125m.py --variants=mha,gqa4 --steps=20 --rounds=2 \
+    --set=model.attention_impl=cudnn --json="$out/train_peers.json"
+  ;;
+next2)
+  step env 30 bash -c 'date -u; nvidia-smi -L'
+  # the same rows as next's decode_32k, the loop's while and conditionals captured as CUDA graphs
+  XLA_FLAGS=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL step decode_32k_graphs 110 \
+    "${decode[@]}" --contexts=32768 --batch=1,8 --json="$out/decode_32k_graphs.json"
+  step decode_profile 110 "${decode[@]}" --variants=mqa,gqa4 --contexts=8192 --batch=64 \
+    --profile_top=22 --profile_dir=/tmp/lm_decode_profile
+  step train_mla 150 python3 scripts/bench_train.py --config=configs/gpt125m.py --variants=mla \
+    --steps=20 --set=model.attention_impl=cudnn --torch_baseline=false \
+    --json="$out/train_mla.json"
+  step profile 150 python3 scripts/profile_train.py --config=configs/gpt125m.py --variant=mha \
+    --steps=5 --top=25 --set=model.attention_impl=cudnn --trace_dir=/tmp/lm_profile
   ;;
 studies)
   # The cost side as seed ensembles on one GPU, writing the CPU studies' CSVs (sweep summaries):
@@ -182,7 +215,7 @@ mqar2)
     --config.data.recall_pairs=8 --config.data.seq_len=32 --out="$out/mqar_r2_test.csv"
   ;;
 *)
-  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits|roofline|studies|mqar|mqar2)" >&2
+  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits|roofline|next|next2|studies|mqar|mqar2)" >&2
   exit 2
   ;;
 esac

@@ -15,6 +15,7 @@ from conftest import ROOT
 from doc_commands import REFERENCE, STUDIES, bash, doc_commands, scaled, scratch, walk
 from flag_parse import PARSED, in_one_python
 
+GPU_SCRIPT = ROOT / 'scripts' / 'bench_gpu.sh'
 # `python` for bash: records "$PWD", then the arguments, NUL-separated, in a file of its own
 RECORDER = '#!/usr/bin/env bash\nprintf \'%s\\0\' "$PWD" "$@" > "$(mktemp "$CALLS/call.XXXXXX")"\n'
 
@@ -73,3 +74,32 @@ def test_the_files_study_commands_name_exist():
                 if '$' not in path and not (ROOT / path.split(':')[0]).exists():
                     missing.append(f'{doc}: {path}')
     assert not missing, missing
+
+
+@pytest.mark.slow
+def test_every_gpu_script_command_parses(tmp_path):
+    """scripts/bench_gpu.sh runs only where a GPU is lent, minutes at a time, so a bad flag there
+    costs a session's device time: each of its parts, run here with a recording `python3`, makes
+    python commands whose flags parse (as above) and pytest commands whose test files exist."""
+    env = scratch(tmp_path)
+    recorder = tmp_path / 'recorder'
+    recorder.mkdir()
+    (recorder / 'python3').write_text(RECORDER)
+    (recorder / 'python3').chmod(0o755)
+    record_env = {**env, 'PATH': f'{recorder}:{env["PATH"]}'}
+    usage = re.search(r"usage='usage: bench_gpu.sh ([\w|]+) OUT_DIR'", GPU_SCRIPT.read_text())
+    labels, calls, tests = [], [], []
+    for i, part in enumerate(usage.group(1).split('|')):
+        command = f'bash scripts/bench_gpu.sh {part} {tmp_path}/out_{part}'
+        for call in invocations(command, tmp_path, record_env, i):
+            if call['argv'][:2] == ['-m', 'pytest']:
+                tests += [a.split('::')[0] for a in call['argv'] if a.startswith('tests/')]
+            elif call['argv'][0] != '-c':  # the environment lines
+                labels.append(part)
+                calls.append(call)
+    assert calls and tests
+    assert not [t for t in tests if not (ROOT / t).exists()]
+    for label, call, result in zip(labels, calls, in_one_python(calls, tmp_path, env), strict=True):
+        assert result['code'] == 0 and PARSED in result['out'], (
+            f'bench_gpu.sh {label}\n{call["argv"]}\n{result["out"][-3000:]}'
+        )

@@ -86,20 +86,38 @@ def test_same_seed_same_params_different_seed_different():
 
 
 def test_fused_dense_equals_separate_projections():
-    from lm.model.layers import Dense, fused_dense
+    """fused_dense gives each layer's own output (float32, 1e-6), and the same bits whether it
+    concatenates the kernels per call or reads them as `fuse_kernels` stored them."""
+    from lm.model.layers import Dense, FusedKernel, fuse_kernels, fused_dense
 
     cfg = model_config(tiny_config(attention='gqa', num_kv_heads=2).model)
     rngs = nnx.Rngs(3)
-    layers = [
-        Dense((32,), (4, 8), ('embed', 'heads', 'head_dim'), cfg, rngs=rngs, use_bias=True),
-        Dense((32,), (2, 8), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs),
-        Dense((32,), (2, 8), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs, use_bias=True),
-    ]
-    for layer in (layers[0], layers[2]):
+
+    class Owner(nnx.Module):
+        fused_groups = (('q', 'k', 'v'),)
+
+        def __init__(self):
+            self.q = Dense(
+                (32,), (4, 8), ('embed', 'heads', 'head_dim'), cfg, rngs=rngs, use_bias=True
+            )
+            self.k = Dense((32,), (2, 8), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs)
+            self.v = Dense(
+                (32,), (2, 8), ('embed', 'kv_heads', 'head_dim'), cfg, rngs=rngs, use_bias=True
+            )
+
+    owner = Owner()
+    layers = [owner.q, owner.k, owner.v]
+    for layer in (owner.q, owner.v):
         layer.bias[...] = jax.random.normal(jax.random.key(5), layer.bias[...].shape)
     x = jax.random.normal(jax.random.key(4), (2, 5, 32))
-    for fused, layer in zip(fused_dense(x, layers), layers, strict=True):
+    per_call = fused_dense(x, owner, ('q', 'k', 'v'))
+    for fused, layer in zip(per_call, layers, strict=True):
         np.testing.assert_allclose(fused, layer(x), atol=1e-6, rtol=1e-6)
+    fuse_kernels(owner)
+    assert isinstance(owner.q_k_v_fused, FusedKernel)
+    assert owner.q_k_v_fused[...].shape == (32, 8, 8)
+    for stored, fused in zip(fused_dense(x, owner, ('q', 'k', 'v')), per_call, strict=True):
+        np.testing.assert_array_equal(stored, fused)
 
 
 @pytest.mark.parametrize(

@@ -31,11 +31,12 @@ def cached_token_losses(
     inputs_BT, targets_BT = batch_BT1[:, :-1], batch_BT1[:, 1:]
     B, T = inputs_BT.shape
     caches = init_caches(decoder.cfg, B, T, decoder.kv_cache_dtype)
+    model = decoder.model(params)  # outside the scan: its kernels concatenated once
 
     def token(caches, t):
         tokens_B1 = jax.lax.dynamic_slice_in_dim(inputs_BT, t, 1, axis=1)
         positions_B1 = jnp.full((B, 1), t, jnp.int32)
-        logits_B1V, caches = decoder.forward(params, tokens_B1, positions_B1, caches)
+        logits_B1V, caches = model(tokens_B1, positions_B1, caches=caches)
         logp_BV = jax.nn.log_softmax(logits_B1V[:, 0].astype(jnp.float32), axis=-1)
         target_B1 = jax.lax.dynamic_slice_in_dim(targets_BT, t, 1, axis=1)
         return caches, -jnp.take_along_axis(logp_BV, target_B1, axis=-1)[:, 0]

@@ -28,6 +28,7 @@ from jax.experimental import io_callback
 from lm.model import attention, layout
 from lm.model.config import DTYPES, ModelConfig
 from lm.model.kv_cache import KVCache, check_storage
+from lm.model.layers import fuse_kernels
 from lm.model.transformer import Transformer
 
 
@@ -183,6 +184,13 @@ def compute_dtype_weights(params: nnx.State, dtype: jnp.dtype) -> nnx.State:
     return jax.tree.map(cast, params)
 
 
+def _one_token(model: Transformer, tokens_B, pad_B, caches):
+    """`model` fed one token per row at the caches' slot -> (logits [B, V], caches)."""
+    positions = (caches[0].slot - pad_B)[:, None]
+    logits, caches = model(tokens_B[:, None], positions, caches=caches)
+    return logits[:, 0], caches
+
+
 class LoopState(NamedTuple):
     """The generation loop's carry: step i, which rows are done (sampled eos_id), how many
     tokens each row made, the tokens [B, S], the logits of the next token, the caches, the
@@ -237,10 +245,13 @@ class Decoder:
         """The streaming loop's host callback: True stops the loop."""
         return np.bool_(bool(self._on_token(np.asarray(tokens_B))))
 
-    def forward(self, params, tokens_BT, positions_BT, caches):
-        """The model on `tokens_BT` at `positions_BT` through `caches` -> (logits, caches)."""
+    def model(self, params) -> Transformer:
+        """The model of `params` with its `fused_dense` kernels concatenated once
+        (`fuse_kernels`). Inside a jitted function, merge it before a loop over steps: each step
+        then reads the concatenated kernels instead of copying most of the weights again."""
         model = nnx.merge(self.graphdef, params)
-        return model(tokens_BT, positions_BT, caches=caches)
+        fuse_kernels(model)
+        return model
 
     def _prefill(self, params, tokens_BT, pad_B, caches):
         """Left-padded prompts [B, T] into empty caches, from slot 0 -> (logits [B, T, V],
@@ -249,13 +260,11 @@ class Decoder:
         positions = jnp.maximum(jnp.arange(T)[None, :] - pad_B[:, None], 0)
         start = jnp.zeros((), jnp.int32)
         caches = [dataclasses.replace(c, slot=start, pad_B=pad_B) for c in caches]
-        return self.forward(params, tokens_BT, positions, caches)
+        return self.model(params)(tokens_BT, positions, caches=caches)
 
     def _step(self, params, tokens_B, pad_B, caches):
         """Feeds one token per row at the caches' slot -> (logits [B, V], caches)."""
-        positions = (caches[0].slot - pad_B)[:, None]
-        logits, caches = self.forward(params, tokens_B[:, None], positions, caches)
-        return logits[:, 0], caches
+        return _one_token(self.model(params), tokens_B, pad_B, caches)
 
     def _loop(
         self,
@@ -277,6 +286,7 @@ class Decoder:
         this compiles once per (batch, cache length). `stream`: each step's tokens (-1 for
         rows already stopped) go to `_emit` as they are made, which may stop the loop."""
         B, S = caches[0].pad_B.shape[0], caches[0].length
+        model = self.model(params)  # outside the loop: its kernels concatenated once per call
 
         def cond(s: LoopState):
             return (s.i < max_new) & ~jnp.all(s.done_B) & ~s.stopped
@@ -290,7 +300,7 @@ class Decoder:
                 shape = jax.ShapeDtypeStruct((), jnp.bool_)
                 emitted_B = jnp.where(s.done_B, -1, tok_B)
                 stopped = io_callback(self._emit, shape, emitted_B, ordered=True)
-            logits_BV, caches = self._step(params, tok_B, pad_B, s.caches)
+            logits_BV, caches = _one_token(model, tok_B, pad_B, s.caches)
             return LoopState(
                 i=s.i + 1,
                 done_B=s.done_B | (tok_B == eos_id),

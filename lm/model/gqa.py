@@ -29,6 +29,7 @@ class GroupedQueryAttention(AttentionVariant):
     names = ('mha', 'gqa', 'mqa')
     poolable_kv_heads = True
     cross_layer_kv = True
+    fused_groups = (('q_proj', 'k_proj', 'v_proj'),)  # read the same input: `fused_dense`
 
     @staticmethod
     def resolve(cfg: ModelConfig) -> ModelConfig:
@@ -138,7 +139,7 @@ class GroupedQueryAttention(AttentionVariant):
 
     def _projections(self, x_BTE: jax.Array) -> list[jax.Array]:
         """q [B, T, H, D], k and v [B, T, G, D] before RoPE, in one fused matmul."""
-        return fused_dense(x_BTE, [self.q_proj, self.k_proj, self.v_proj])
+        return fused_dense(x_BTE, self, ('q_proj', 'k_proj', 'v_proj'))
 
     def kv_projections(self, x_BTE: jax.Array) -> tuple[jax.Array, jax.Array]:
         _, k_BTGD, v_BTGD = self._projections(x_BTE)

@@ -30,6 +30,7 @@ from lm.sharding import (
     param_shardings,
     stacked_sharding,
 )
+from lm.train.loss import cross_entropy
 
 State = dict
 
@@ -168,12 +169,6 @@ def init_state(ctx: StepContext, cfg: ModelConfig, seed: int) -> State:
         return jax.jit(init, out_shardings=ctx.state_sharding)(np.uint32(seed))
     seeds_K = np.arange(seed, seed + ctx.members, dtype=np.uint32)
     return jax.jit(jax.vmap(init), out_shardings=ctx.state_sharding)(seeds_K)
-
-
-def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
-    """Per-token negative log-likelihood in nats, [B, T]."""
-    logz = jax.nn.logsumexp(logits_BTV, axis=-1)
-    return logz - jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
 
 
 def documents(tokens_BT: jax.Array, eos_id: int) -> tuple[jax.Array, jax.Array]:
