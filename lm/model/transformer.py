@@ -122,8 +122,11 @@ class Transformer(nnx.Module):
         constrain: Constrain = no_constraint,
         segment_ids_BT: jax.Array | None = None,
         caches: list[KVCache] | None = None,
+        upcast: bool = True,
     ) -> jax.Array | tuple[jax.Array, list[KVCache]]:
-        """Logits [B, T, V] (float32); with `caches`, (logits, updated caches).
+        """Logits [B, T, V] (float32; `upcast=False`: as the head wrote them, in
+        `cfg.logits_dtype`, for a loss that upcasts inside its own passes); with `caches`,
+        (logits, updated caches).
 
         `constrain(x, logical_axes)` pins activation shardings; the trainer passes one built
         from the mesh rules (lm/sharding.py), the default leaves them to the compiler.
@@ -153,6 +156,7 @@ class Transformer(nnx.Module):
         if caches is not None and len(caches) != len(new_caches):
             raise ValueError(f'{len(caches)} caches given for {len(new_caches)} K/V layers')
         logits = self._logits(x_BTE)
+        logits = logits.astype(jnp.float32) if upcast else logits
         return logits if caches is None else (logits, new_caches)
 
     def _logits(self, x_BTE: jax.Array) -> jax.Array:
@@ -163,8 +167,7 @@ class Transformer(nnx.Module):
             table_VE = self.embed[...]  # tied: x · embedᵀ
         else:
             table_VE = self.lm_head.kernel[...].T
-        logits = head_logits(x_BTE.astype(dtype), table_VE.astype(dtype), out_dtype)
-        return logits.astype(jnp.float32)  # the loss's softmax is float32 either way
+        return head_logits(x_BTE.astype(dtype), table_VE.astype(dtype), out_dtype)
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer:

@@ -184,17 +184,24 @@ def documents(tokens_BT: jax.Array, eos_id: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _logits(ctx: StepContext, params: dict, batch_BT1: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(logits [B, T, V], targets [B, T]) of a batch of T + 1 tokens per row (flags cleared)."""
+    """(logits [B, T, V] in `logits_dtype`: `cross_entropy` upcasts them, targets [B, T]) of a
+    batch of T + 1 tokens per row (flags cleared)."""
     model = nnx.merge(ctx.graphdef, params)
     tokens_BT = batch_BT1[:, :-1]
     if ctx.masked_targets:  # flags cleared; a label-only target's input position reads BLANK
         batch_BT1 = batch_BT1 & (LABEL_FLAG - 1)
         tokens_BT = jnp.where((tokens_BT & LABEL_FLAG) != 0, BLANK, batch_BT1[:, :-1])
     if ctx.document_eos is None:
-        logits = model(tokens_BT, constrain=ctx.constrain)
+        logits = model(tokens_BT, constrain=ctx.constrain, upcast=False)
     else:
         segments_BT, positions_BT = documents(tokens_BT, ctx.document_eos)
-        logits = model(tokens_BT, positions_BT, constrain=ctx.constrain, segment_ids_BT=segments_BT)
+        logits = model(
+            tokens_BT,
+            positions_BT,
+            constrain=ctx.constrain,
+            segment_ids_BT=segments_BT,
+            upcast=False,
+        )
     return logits, batch_BT1[:, 1:]
 
 
