@@ -26,10 +26,11 @@
 #                                             # roofline decode table (8k: batch 8, 64; 32k: 1, 8),
 #                                             # then the 125M step of MHA and GQA-4 against
 #                                             # compiled and eager nanoGPT
-#   bash scripts/bench_gpu.sh next2 OUT_DIR   # then: decoding at 32k with the whole loop in CUDA
-#                                             # graphs (XLA command buffers for WHILE), MQA's
-#                                             # decode profile at 8k / 64, the 125M MLA step and
-#                                             # the MHA step's profile
+#   bash scripts/bench_gpu.sh next2 OUT_DIR   # then decoding A/Bs: at 32k with the whole loop in
+#                                             # CUDA graphs (XLA command buffers for WHILE), at
+#                                             # 8k with cuBLAS for the weight GEMMs (Triton off);
+#                                             # MQA's and GQA-4's decode profile at 8k / 64
+#   bash scripts/bench_gpu.sh next3 OUT_DIR   # then the 125M MLA step, and the MHA step's profile
 #   bash scripts/bench_gpu.sh studies OUT_DIR # the kv_contrast study's sweep as seed ensembles
 #                                             # (as published, then at d_model 512), its CSVs
 #   bash scripts/bench_gpu.sh mqar OUT_DIR    # the calibrated MQAR capacity sweep (4 cells x 8
@@ -41,7 +42,7 @@
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
 # H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/studies/performance/README.md.
 set -u
-usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline|next|next2|studies|mqar|mqar2 OUT_DIR'
+usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline|next|next2|next3|studies|mqar|mqar2 OUT_DIR'
 part=${1:?$usage}
 out=${2:?$usage}
 budget=${3:-570}
@@ -173,11 +174,17 @@ print(jax.__version__, torch.__version__, jax.devices())"'
   ;;
 next2)
   step env 30 bash -c 'date -u; nvidia-smi -L'
-  # the same rows as next's decode_32k, the loop's while and conditionals captured as CUDA graphs
+  # next's decode rows again, each with one XLA flag for the whole process: the loop's while and
+  # conditionals captured as CUDA graphs (32k), cuBLAS for every GEMM (8k)
   XLA_FLAGS=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL step decode_32k_graphs 110 \
     "${decode[@]}" --contexts=32768 --batch=1,8 --json="$out/decode_32k_graphs.json"
-  step decode_profile 110 "${decode[@]}" --variants=mqa,gqa4 --contexts=8192 --batch=64 \
+  XLA_FLAGS=--xla_gpu_enable_triton_gemm=false step decode_8k_cublas 150 "${decode[@]}" \
+    --contexts=8192 --batch=8,64 --json="$out/decode_8k_cublas.json"
+  step decode_profile 130 "${decode[@]}" --variants=mqa,gqa4 --contexts=8192 --batch=64 \
     --profile_top=22 --profile_dir=/tmp/lm_decode_profile
+  ;;
+next3)
+  step env 30 bash -c 'date -u; nvidia-smi -L'
   step train_mla 150 python3 scripts/bench_train.py --config=configs/gpt125m.py --variants=mla \
     --steps=20 --set=model.attention_impl=cudnn --torch_baseline=false \
     --json="$out/train_mla.json"
@@ -215,7 +222,7 @@ mqar2)
     --config.data.recall_pairs=8 --config.data.seq_len=32 --out="$out/mqar_r2_test.csv"
   ;;
 *)
-  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits|roofline|next|next2|studies|mqar|mqar2)" >&2
+  echo "unknown part $part (train|rest|decode|flash|batch64|cublas|logits|roofline|next|next2|next3|studies|mqar|mqar2)" >&2
   exit 2
   ;;
 esac
