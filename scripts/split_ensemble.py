@@ -14,7 +14,7 @@ import os
 from absl import flags
 
 from lm.cli import bootstrap, check_writable_dir, run_app
-from lm.train import member_seeds, split_member, stored_config
+from lm.train import member_seeds, split_members, stored_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The ensemble run directory.', required=True)
 _OUT_DIR = flags.DEFINE_string(
@@ -34,8 +34,8 @@ def run() -> int:
     if bad := [m for m in chosen if not 0 <= m < len(seeds)]:
         raise ValueError(f'--members: {bad} not in 0..{len(seeds) - 1}')
     bootstrap(config)
-    for m in chosen:
-        out = split_member(_WORKDIR.value, m, os.path.join(_OUT_DIR.value, f'seed_{seeds[m]}'))
+    outs = {m: os.path.join(_OUT_DIR.value, f'seed_{seeds[m]}') for m in chosen}
+    for m, out in zip(chosen, split_members(_WORKDIR.value, outs, _STEP.value), strict=True):
         print(f'member {m} (seed {seeds[m]}) -> {out}')
     return 0
 

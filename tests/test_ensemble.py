@@ -42,10 +42,11 @@ from lm.experiments import plan_sweep, progress, run_specs, seed_runs, summarise
 from lm.experiments import sweep as experiments_sweep
 from lm.train import ensemble
 from lm.train.ensemble import check_members_divide, member_config, member_tree, state_bytes
-from lm.train.ensemble_run import split_member
+from lm.train.ensemble_run import split_member, split_members
 from lm.train.loop import call_batch, train
 from lm.train.run import assemble, check_config, finished_step
 from lm.train.step import device_call_batch, make_train_step
+from lm.train.workdir import RunError
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -165,6 +166,15 @@ def test_an_ensemble_trains_its_members_single_runs(tmp_path, small_text):
         with assemble(out, state='restore') as split:
             assert split.config.train.ensemble == 0 and split.config.seed == 3 + i
             assert_equal_trees(split.state, member_tree(result['state'], i))
+    # several members at once from an earlier checkpoint (the ensemble restored once)
+    outs = {0: str(tmp_path / 'early0'), 2: str(tmp_path / 'early2')}
+    assert split_members(str(tmp_path / 'ens'), outs, step=4) == list(outs.values())
+    for i, out in outs.items():
+        with assemble(out, state='restore') as split:
+            assert split.step == 4 and split.config.seed == 3 + i
+    with pytest.raises(RunError, match='already holds a run'):
+        split_members(str(tmp_path / 'ens'), {1: str(tmp_path / 'fresh'), 2: outs[2]})
+    assert not (tmp_path / 'fresh').exists()  # refused before anything was written
     # uptraining converts the whole ensemble: each member as its split-out run converts
     options = ConversionOptions(num_kv_heads=1, method='mean', steps=2)
     written = convert_ensemble(str(tmp_path / 'ens'), options, str(tmp_path / 'up'))

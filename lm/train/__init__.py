@@ -19,7 +19,7 @@ __all__, __getattr__, __dir__ = public_face(
         ),
         'loop': ('train',),
         'ensemble': ('ensemble_loop_default', 'member_config', 'member_seeds', 'state_bytes'),
-        'ensemble_run': ('member_logdir', 'split_member'),
+        'ensemble_run': ('member_logdir', 'split_member', 'split_members'),
         'step': (
             'call_sharding',
             'device_call_batch',

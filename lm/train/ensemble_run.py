@@ -163,20 +163,27 @@ def split_member(workdir: str, member: int, out: str, step: int | None = None) -
     and a checkpoint of its params, optimizer state, step and RNG, with a results.json when
     the ensemble's has its evaluation. generate, export and eval.py then read `out` as any run
     (and train.py resumes it as the single run). Returns `out`."""
-    if os.path.exists(os.path.join(out, 'checkpoints')):
-        raise RunError(f'--out_dir: {out} already holds a run')
+    return split_members(workdir, {member: out}, step)[0]
+
+
+def split_members(workdir: str, outs: dict[int, str], step: int | None = None) -> list[str]:
+    """`split_member` for each member `m` of `outs` to `outs[m]`, the ensemble restored once.
+    Every `outs` directory is checked to hold no run before anything is read."""
+    if taken := [out for out in outs.values() if os.path.exists(os.path.join(out, 'checkpoints'))]:
+        raise RunError(f'--out_dir: {taken[0]} already holds a run')
     with assemble(workdir, state='restore', step=step) as run:
         if not run.config.train.ensemble:
             raise RunError(f'--workdir: {workdir} is not an ensemble (config.train.ensemble=0)')
-        single = member_run(run, member, out)
-        os.makedirs(out, exist_ok=True)
-        ckpt = Checkpointer(out, keep=1, async_save=False)
-        try:
-            ckpt.save(single.step, single.state, single.meta)
-        finally:
-            ckpt.close()
-    _split_results(workdir, member, out, run.step, single.config)
-    return out
+        for member, out in outs.items():
+            single = member_run(run, member, out)
+            os.makedirs(out, exist_ok=True)
+            ckpt = Checkpointer(out, keep=1, async_save=False)
+            try:
+                ckpt.save(single.step, single.state, single.meta)
+            finally:
+                ckpt.close()
+            _split_results(workdir, member, out, run.step, single.config)
+    return list(outs.values())
 
 
 def member_run(run: Run, member: int, workdir: str | None = None) -> Run:
