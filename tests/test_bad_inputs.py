@@ -21,7 +21,8 @@ from flag_parse import in_one_python
 from lm.config import with_values
 from lm.train.checkpoint import Checkpointer
 from lm.train.loop import train
-from lm.train.run import assemble, checkpoint_meta
+from lm.train.run import assemble
+from lm.train.stored import checkpoint_meta
 
 
 def tree_digest(root: pathlib.Path) -> dict[str, str]:

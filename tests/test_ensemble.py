@@ -44,8 +44,9 @@ from lm.train import ensemble
 from lm.train.ensemble import check_members_divide, member_config, member_tree, state_bytes
 from lm.train.ensemble_run import split_member, split_members
 from lm.train.loop import call_batch, train
-from lm.train.run import assemble, check_config, finished_step
+from lm.train.run import assemble, check_config
 from lm.train.step import device_call_batch, make_train_step
+from lm.train.stored import finished_step
 from lm.train.workdir import RunError
 
 RTOL, ATOL = 1e-5, 1e-5

@@ -119,7 +119,7 @@ def test_eval_py_refuses_a_non_finite_loss(tmp_path, words_text):
     from conftest import run_entry
 
     from lm.train.checkpoint import Checkpointer
-    from lm.train.run import checkpoint_meta
+    from lm.train.stored import checkpoint_meta
 
     config = tiny_train_config(tmp_path, words_text, **{'train.steps': 2})
     workdir = str(tmp_path / 'run')

@@ -31,7 +31,8 @@ from test_hf import base_config, write_run
 from lm.convert import hf_io
 from lm.train import evaluation
 from lm.train.checkpoint import Checkpointer, saved_steps
-from lm.train.run import assemble, checkpoint_meta
+from lm.train.run import assemble
+from lm.train.stored import checkpoint_meta
 
 QUICKSTART = 'configs/quickstart.py'
 

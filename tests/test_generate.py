@@ -22,7 +22,8 @@ from lm.convert.methods import ConversionOptions
 from lm.convert.uptrain import convert_checkpoint
 from lm.data.tokenizer import HFTokenizer
 from lm.train.checkpoint import Checkpointer
-from lm.train.run import assemble, checkpoint_meta
+from lm.train.run import assemble
+from lm.train.stored import checkpoint_meta
 
 TOKENIZER = ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha' / 'tokenizer.json'
 GENERATE = 'scripts/generate.py'

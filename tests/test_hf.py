@@ -31,7 +31,8 @@ from lm.model.hf_mapping import interleave_columns
 from lm.model.layers import rope_inv_freq
 from lm.model.transformer import model_config
 from lm.train.checkpoint import Checkpointer
-from lm.train.run import assemble, checkpoint_meta
+from lm.train.run import assemble
+from lm.train.stored import checkpoint_meta
 
 FIXTURES = ROOT / 'tests' / 'fixtures' / 'hf'
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / 'config.json').is_file())

@@ -29,7 +29,8 @@ from lm.data.tokenizer import EOS, PAD, ByteTokenizer, is_byte_tokenizer
 from lm.infer.decode import Decoder, parse_sampling
 from lm.train.checkpoint import Checkpointer
 from lm.train.loop import train
-from lm.train.run import assemble, checkpoint_meta
+from lm.train.run import assemble
+from lm.train.stored import checkpoint_meta
 
 
 def random_text(rng, n):

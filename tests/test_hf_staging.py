@@ -14,7 +14,7 @@ from test_hf import FIXTURES, base_config, write_run
 from lm.convert import hf_io
 from lm.convert.staging import staged
 from lm.train.checkpoint import saved_steps
-from lm.train.run import stored_config
+from lm.train.stored import stored_config
 
 
 def contents(directory):

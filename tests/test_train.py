@@ -27,8 +27,9 @@ from conftest import run_entry as run_cli
 from lm.config import with_values
 from lm.train.checkpoint import Checkpointer
 from lm.train.loop import call_sizes, train
-from lm.train.run import assemble, check_config, finished_step, restore, stored_config
+from lm.train.run import assemble, check_config
 from lm.train.step import init_state, make_train_step
+from lm.train.stored import finished_step, restore, stored_config
 
 
 def test_eval_at_start_false_skips_the_step_0_evaluation_only(tmp_path, small_text):

@@ -38,7 +38,8 @@ from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
 from lm.model.transformer import build_model, model_config
 from lm.train.checkpoint import Checkpointer
 from lm.train.optimizer import lr_schedule, make_optimizer
-from lm.train.run import assemble, stored_config
+from lm.train.run import assemble
+from lm.train.stored import stored_config
 
 
 def params_of(model):

@@ -28,7 +28,8 @@ from lm.convert.safetensors_files import SafetensorsReader, ShardWriter
 from lm.convert.staging import check_export_dir, move_into, replace_dir, staged
 from lm.model.transformer import model_config
 from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries
-from lm.train.run import Run, assemble, checkpoint_meta
+from lm.train.run import Run, assemble
+from lm.train.stored import checkpoint_meta
 from lm.train.workdir import RUN_TOKENIZER
 
 

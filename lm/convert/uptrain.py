@@ -51,7 +51,8 @@ from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries, 
 from lm.train.ensemble_run import member_run
 from lm.train.interrupt import StopRequest
 from lm.train.optimizer import check_train_config
-from lm.train.run import assemble, check_loop_config, checkpoint_meta, step_context, stored_config
+from lm.train.run import assemble, check_loop_config, step_context
+from lm.train.stored import checkpoint_meta, stored_config
 from lm.train.workdir import WorkdirLock
 
 METHODS = conversion.POOL_METHODS  # for K/V pooling: 'mean', 'first', 'random', 'aligned'

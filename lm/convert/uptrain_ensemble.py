@@ -17,7 +17,7 @@ from lm.convert.uptrain import SOURCE, WORKDIR, convert_checkpoint
 from lm.train.checkpoint import checkpoint_entries
 from lm.train.ensemble import member_seeds
 from lm.train.interrupt import StopRequest
-from lm.train.run import stored_config
+from lm.train.stored import stored_config
 
 
 def member_workdirs(source_workdir: str, step: int | None, workdir: str) -> list[str]:

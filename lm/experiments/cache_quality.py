@@ -21,8 +21,9 @@ from lm.model.kv_cache import KV_CACHE_DTYPES, check_storage
 from lm.model.transformer import model_config
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import StopRequest
-from lm.train.run import Run, assemble, stored_config
+from lm.train.run import Run, assemble
 from lm.train.step import make_eval_step
+from lm.train.stored import stored_config
 
 
 def evaluate_run(

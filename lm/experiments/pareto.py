@@ -24,7 +24,7 @@ from lm.experiments import stats
 from lm.experiments.runner import Spec, arm_and_seed, read_result, workdir
 from lm.model import accounting
 from lm.model.transformer import model_config
-from lm.train.run import stored_config
+from lm.train.stored import stored_config
 
 METRICS = ('eval/loss', 'eval/recall_accuracy')  # what experiments plot, where their runs have it
 

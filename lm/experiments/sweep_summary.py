@@ -15,7 +15,7 @@ from lm.experiments.fairness import DESCRIPTIONS
 from lm.experiments.runner import Spec
 from lm.model import accounting, attention
 from lm.model.transformer import model_config
-from lm.train.run import stored_config
+from lm.train.stored import stored_config
 
 
 def summarise(

@@ -22,8 +22,9 @@ from lm.train.ensemble import member_config, member_seeds, member_tree
 from lm.train.evaluation import eval_batch_size, evaluate_members
 from lm.train.loop import _Training
 from lm.train.loss_spike import LossSpikeGuard
-from lm.train.run import Run, assemble, checkpoint_meta
+from lm.train.run import Run, assemble
 from lm.train.run_log import Meter, log_model, write_results
+from lm.train.stored import checkpoint_meta
 from lm.train.summary import Summary
 from lm.train.workdir import RunError
 

@@ -19,7 +19,7 @@ from lm.train.ensemble import member_seeds
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import Interrupted, StopRequest
 from lm.train.loss_spike import LossSpikeGuard
-from lm.train.run import Run, assemble, checkpoint_meta
+from lm.train.run import Run, assemble
 from lm.train.run_log import Meter, log_model, write_results
 from lm.train.step import (
     call_sharding,
@@ -28,6 +28,7 @@ from lm.train.step import (
     make_eval_step,
     make_train_step,
 )
+from lm.train.stored import checkpoint_meta
 from lm.train.summary import Summary, run_logdir
 from lm.train.workdir import RunError, remember_tb_dir, remembered_tb_dir
 

@@ -1,12 +1,11 @@
 """Runs as data: `assemble` builds what a run needs once (checked config, mesh, sharding rules,
 model, step context, data, state) as a frozen `Run`, which training, evaluation, generation,
-export, analysis and uptraining all start from. Also the checkpoint side-car
-(`checkpoint_meta`) and the one way a state is read back (`restore`)."""
+export, analysis and uptraining all start from; a run's checkpoints as stored are
+lm/train/stored.py."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,12 +23,7 @@ from lm.model.transformer import check_model_config, model_config
 from lm.sharding import check_cpu_devices, data_parallel_size, make_mesh, rules_table
 from lm.train.checkpoint import (
     Checkpointer,
-    check_same_shapes,
-    param_shapes,
     read_latest_meta,
-    read_sound_meta,
-    read_step_meta,
-    saved_steps,
 )
 from lm.train.ensemble import as_ensemble, check_ensemble_config, check_members_divide, step_rules
 from lm.train.evaluation import check_eval_config
@@ -41,13 +35,11 @@ from lm.train.step import (
     make_step_context,
     parse_xla_options,
 )
+from lm.train.stored import check_step, restore, stored_config
 from lm.train.workdir import (
     WorkdirLock,
     check_config_change,
     check_run_files,
-    config_changes,
-    config_fingerprint,
-    run_relative,
     run_resolved,
 )
 
@@ -290,7 +282,7 @@ def _state(
         return 0, init_state(ctx, cfg, seed), None
     ckpt = Checkpointer(workdir, read_only=True)
     try:
-        _check_step(ckpt.steps(), step, ckpt.directory, flag)
+        check_step(ckpt.steps(), step, ckpt.directory, flag)
         return restore(ckpt, ctx, step, params_only=state == 'params')
     finally:
         ckpt.close()
@@ -332,87 +324,3 @@ def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow:
     saved = meta and run_resolved(meta['config'], workdir)
     if changes := check_config_change(saved, config, where, allow):
         logging.warning('resuming under a changed config: %s', '; '.join(changes))
-
-
-def _check_step(steps: list[int], step: int | None, directory: str, flag: str) -> None:
-    """One-line errors for a workdir without checkpoints, or without checkpoint `step`."""
-    if not steps:
-        raise FileNotFoundError(f'{flag}: {directory} holds no checkpoint')
-    if step is not None and step not in steps:
-        raise FileNotFoundError(
-            f'{flag}: no checkpoint for step {step} in {directory}; available: {steps}'
-        )
-
-
-def checkpoint_meta(
-    config: ml_collections.ConfigDict,
-    data_fingerprint: str,
-    step: int,
-    abstract_params: dict,
-    workdir: str | None = None,
-) -> dict:
-    """The JSON side-car of a checkpoint: resolved config (and its `config_fingerprint`), data
-    position, parameter shapes. With `workdir` (where the run is, or will be once moved in), a
-    tokenizer inside the run is saved relative to it (`run_relative`)."""
-    saved = json.loads(config.to_json())
-    if workdir is not None:
-        saved = run_relative(saved, workdir)
-    return {
-        'config': saved,
-        'config_fingerprint': config_fingerprint(ml_collections.ConfigDict(saved)),
-        'data_fingerprint': data_fingerprint,
-        'data_step': step,
-        'param_shapes': param_shapes(abstract_params),
-    }
-
-
-def restore(
-    ckpt: Checkpointer, ctx: StepContext, step: int | None = None, params_only: bool = False
-) -> tuple[int, dict, dict]:
-    """(step, state, meta): checkpoint `step` (default: the newest readable one) read into
-    `ctx`'s shardings, after checking its parameter shapes are `ctx`'s (one-line error naming
-    the first that differs, before any array is read). `params_only`: the state is {'params'},
-    nothing else is read. A checkpoint saved without optimizer state (an import's) gets a fresh
-    one, made in its shardings."""
-    current = param_shapes(ctx.abstract_state['params'])
-    target = {'params': ctx.abstract_state['params']} if params_only else ctx.abstract_state
-    step, state, meta = ckpt.restore(
-        target,
-        step,
-        check_meta=lambda m: check_same_shapes(
-            m['param_shapes'], current, f'the checkpoint in {ckpt.directory}'
-        ),
-        partial=params_only,
-    )
-    if not params_only and 'opt_state' not in state:
-        init = jax.jit(ctx.tx.init, out_shardings=ctx.state_sharding['opt_state'])
-        state = {**state, 'opt_state': init(state['params'])}
-    return step, state, meta
-
-
-def finished_step(config: ml_collections.ConfigDict, workdir: str) -> int | None:
-    """`config.train.steps` when `workdir` already finished that run under `config` (its latest
-    checkpoint is at that step, its results.json is written, no setting but the resumable ones
-    differs), else None; read without starting a JAX backend."""
-    steps = saved_steps(workdir)
-    if not steps or steps[-1] != config.train.steps:
-        return None
-    if not os.path.isfile(os.path.join(workdir, 'results.json')):
-        return None
-    try:
-        saved = run_resolved(read_step_meta(workdir, steps[-1])['config'], workdir)
-    except Exception:  # noqa: BLE001 - a damaged side-car: training's restore moves it aside
-        return None
-    return None if config_changes(saved, config) else steps[-1]
-
-
-def stored_config(
-    workdir: str, flag: str = '--workdir', step: int | None = None
-) -> ml_collections.ConfigDict:
-    """The config saved with `workdir`'s checkpoint `step` (default: the latest), e.g. to resume
-    without --config, read without starting a JAX backend."""
-    directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
-    steps = saved_steps(workdir)
-    _check_step(steps, step, directory, flag)
-    meta = read_sound_meta(workdir, steps[-1] if step is None else step, flag)
-    return upgrade_config(run_resolved(meta['config'], workdir))
