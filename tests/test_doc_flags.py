@@ -20,6 +20,15 @@ GPU_SCRIPT = ROOT / 'scripts' / 'bench_gpu.sh'
 RECORDER = '#!/usr/bin/env bash\nprintf \'%s\\0\' "$PWD" "$@" > "$(mktemp "$CALLS/call.XXXXXX")"\n'
 
 
+def recording(tmp_path, env: dict, name: str) -> dict:
+    """`env` with a recorder named `name` (`python`, `python3`) first on PATH."""
+    recorder = tmp_path / 'recorder'
+    recorder.mkdir()
+    (recorder / name).write_text(RECORDER)
+    (recorder / name).chmod(0o755)
+    return {**env, 'PATH': f'{recorder}:{env["PATH"]}'}
+
+
 def invocations(command: str, tmp_path, env, index: int) -> list[dict]:
     """The python invocations (cwd, argv) bash makes running `command`."""
     calls = tmp_path / 'calls' / str(index)
@@ -37,11 +46,7 @@ def invocations(command: str, tmp_path, env, index: int) -> list[dict]:
 @pytest.mark.slow
 def test_every_doc_flag_parses(tmp_path):
     env = scratch(tmp_path)
-    recorder = tmp_path / 'recorder'
-    recorder.mkdir()
-    (recorder / 'python').write_text(RECORDER)
-    (recorder / 'python').chmod(0o755)
-    record_env = {**env, 'PATH': f'{recorder}:{env["PATH"]}'}
+    record_env = recording(tmp_path, env, 'python')
     labels, calls = [], []
     checked = [*walk(REFERENCE), *walk(STUDIES, study=True)]
     for doc, command, action, shell_vars in checked:
@@ -82,11 +87,7 @@ def test_every_gpu_script_command_parses(tmp_path):
     costs a session's device time: each of its parts, run here with a recording `python3`, makes
     python commands whose flags parse (as above) and pytest commands whose test files exist."""
     env = scratch(tmp_path)
-    recorder = tmp_path / 'recorder'
-    recorder.mkdir()
-    (recorder / 'python3').write_text(RECORDER)
-    (recorder / 'python3').chmod(0o755)
-    record_env = {**env, 'PATH': f'{recorder}:{env["PATH"]}'}
+    record_env = recording(tmp_path, env, 'python3')
     usage = re.search(r"usage='usage: bench_gpu.sh ([\w|]+) OUT_DIR'", GPU_SCRIPT.read_text())
     labels, calls, tests = [], [], []
     for i, part in enumerate(usage.group(1).split('|')):
