@@ -1,5 +1,7 @@
 """Whole-model behaviour: causality, dtypes, parameter names."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -151,7 +153,8 @@ def test_head_logits_and_their_gradients_match_a_float64_reference(dtype, out_dt
 def test_logits_dtype_sets_the_heads_output_for_tied_and_untied_heads(tie):
     """config.model.logits_dtype: 'float32' keeps the head's product in float32 (tied or not);
     'compute' rounds it to the bfloat16 compute dtype, within 2^-8 relative of the float32 one;
-    the model returns float32 either way. A bad value is refused naming the key."""
+    the model returns float32 either way, or with upcast=False the head's output as written
+    (what the training loss reads). A bad value is refused naming the key."""
     outs = {}
     for logits_dtype in ('float32', 'compute'):
         cfg = model_config(
@@ -168,6 +171,9 @@ def test_logits_dtype_sets_the_heads_output_for_tied_and_untied_heads(tie):
         )
         logits = jax.jit(model.__call__)(tokens)
         assert logits.dtype == jnp.float32
+        as_written = jax.jit(functools.partial(model.__call__, upcast=False))(tokens)
+        assert as_written.dtype == heads[-1].outvars[0].aval.dtype  # the loss upcasts them
+        np.testing.assert_array_equal(as_written.astype(jnp.float32), logits)
         outs[logits_dtype] = np.asarray(logits, np.float64)
     np.testing.assert_allclose(outs['compute'], outs['float32'], rtol=2**-8, atol=1e-6)
     assert not np.array_equal(outs['compute'], outs['float32'])
