@@ -16,7 +16,8 @@ from lm.convert import head_merging
 from lm.convert import methods as conversion
 from lm.convert import mla as mla_conversion
 from lm.convert.methods import ConversionOptions
-from lm.convert.uptrain import check_conversion, convert_params
+from lm.convert.pool_checkpoint import convert_params
+from lm.convert.uptrain import check_conversion
 from lm.model.accounting import kv_cache_elements_per_token
 from lm.model.transformer import build_model, model_config
 from lm.train.optimizer import make_optimizer

@@ -23,15 +23,13 @@ from test_train import read_hparams
 
 import lm.data.corpus
 import lm.train.loop
+from lm.convert.pool_checkpoint import convert_opt_state, convert_params, with_schedule_count
 from lm.convert.pooling import merge_kv_heads
 from lm.convert.uptrain import (
     ConversionOptions,
     check_conversion,
     convert_checkpoint,
-    convert_opt_state,
-    convert_params,
     uptrain_config,
-    with_schedule_count,
 )
 from lm.data.corpus import load_corpus, train_batch
 from lm.infer.decode import Decoder, cache_elements_per_token, init_caches

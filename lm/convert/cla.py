@@ -146,5 +146,5 @@ def convert(tree: dict, recipe: CLARecipe, second: bool = False) -> dict:
 
 def moment_step(recipe: CLARecipe) -> Callable[[dict, bool], dict]:
     """(moment tree, second) -> the tree converted like the parameters (`convert`): the last
-    step of lm.convert.uptrain.convert_moments for a CLA target."""
+    step of lm.convert.pool_checkpoint.convert_moments for a CLA target."""
     return lambda tree, second: convert(tree, recipe, second)

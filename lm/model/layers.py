@@ -150,8 +150,9 @@ def fuse_kernels(model: nnx.Module) -> None:
     Meant for a model merged inside a jitted function, before a loop over steps."""
     for _, module in nnx.iter_graph(model):
         for names in getattr(type(module), 'fused_groups', ()):
-            kernel = concat_kernels([getattr(module, name) for name in names])
-            setattr(module, fused_name(names), FusedKernel(kernel))
+            layers = [getattr(module, name, None) for name in names]
+            if all(isinstance(layer, Dense) for layer in layers):  # a CLA consumer has no K/V
+                setattr(module, fused_name(names), FusedKernel(concat_kernels(layers)))
 
 
 class RMSNorm(nnx.Module):
