@@ -271,10 +271,13 @@ def big_validation(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('evaluation', ['first', 'at_step_4'])
+@pytest.mark.parametrize('evaluation', ['first', 'at_step_4', 'at_the_last_step'])
 def test_sigterm_during_evaluation_saves_the_step_and_exits_at_once(
     tmp_path, big_validation, evaluation
 ):
+    """A stop during an evaluation saves the step and exits; resuming repeats that evaluation
+    (the checkpoint says it was cut short) and, at the last step, writes results.json: before,
+    a stop during the final evaluation left a run that could never finish."""
     config = tiny_train_config(
         tmp_path,
         big_validation,
@@ -282,25 +285,31 @@ def test_sigterm_during_evaluation_saves_the_step_and_exits_at_once(
     )
     cfg_file = write_config_file(config, tmp_path / 'cfg.py')
     t = time.time()
+    args = (f'--config={cfg_file}', f'--workdir={tmp_path / "run"}')
+    times = {'first': 1, 'at_step_4': 2, 'at_the_last_step': 3}[evaluation]
     code, err = sigterm_while_training(
-        'train.py',
-        f'--config={cfg_file}',
-        f'--workdir={tmp_path / "run"}',
-        marker='evaluating the validation split',
-        times=1 if evaluation == 'first' else 2,  # the step-0 eval, or the one at step 4
-        delay=0.5,
-    )
+        'train.py', *args, marker='evaluating the validation split', times=times, delay=0.5
+    )  # the step-0 eval, the one at step 4 or the final one at step 8
     assert code == 128 + signal.SIGTERM, err[-2000:]
     assert 'Traceback' not in err
     if evaluation == 'first':
         assert 'stopped by SIGTERM during the first evaluation: nothing trained' in err
         assert Checkpointer(str(tmp_path / 'run')).steps() == []
         return
-    assert 'SIGTERM at step 4: checkpoint saved' in err
-    assert Checkpointer(str(tmp_path / 'run')).steps() == [4]  # the latest completed step
+    step = 4 if evaluation == 'at_step_4' else 8
+    assert f'SIGTERM at step {step}: checkpoint saved' in err
+    assert Checkpointer(str(tmp_path / 'run')).steps() == [step]  # the latest completed step
+    assert not (tmp_path / 'run' / 'results.json').exists()
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--eval_tokens=64')
     assert out.returncode == 0, out.stderr[-2000:]  # the saved step restores
-    assert time.time() - t < 300
+    run_cli('train.py', *args, check=True)
+    evals = read_scalars(tmp_path / 'run' / 'tb', 'eval/loss')
+    assert sorted(evals) == [4, 8]  # the cut evaluation repeated on resume
+    results = json.loads((tmp_path / 'run' / 'results.json').read_text())
+    assert results['step'] == 8 and results['eval']['loss'] == pytest.approx(evals[8], rel=1e-6)
+    again = run_cli('train.py', *args, check=True)  # finished: nothing to do
+    assert 'is already at train.steps=8: nothing to do' in again.stdout
+    assert time.time() - t < 400
 
 
 @pytest.mark.slow

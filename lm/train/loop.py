@@ -20,7 +20,7 @@ from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import Interrupted, StopRequest
 from lm.train.loss_spike import LossSpikeGuard
 from lm.train.run import Run, assemble
-from lm.train.run_log import Meter, log_model, write_results
+from lm.train.run_log import Meter, log_model, results_step, write_results
 from lm.train.step import (
     call_sharding,
     call_steps,
@@ -117,6 +117,10 @@ def train(
         return training(run, workdir, tb_dir, stop).train()
 
 
+# A checkpoint side-car's key: a signal cut its step's evaluation short (or came before it).
+EVAL_CUT = 'eval_cut_short'
+
+
 class _StepCache:
     """Compiled train steps by steps per call, each compiled ahead of time on first use (its
     compile time is logged and left out of the meter's window)."""
@@ -182,8 +186,9 @@ class _Training:
         # converted run's is its conversion's score, always taken.
         prefix = 'eval_init' if self.start == 0 else 'eval'
         step, self.last_eval, self.heldout = self.start, {}, {}
+        owed = not first and self._eval_owed()
         try:
-            if first and (c.eval_at_start or prefix == 'eval'):
+            if (first and (c.eval_at_start or prefix == 'eval')) or owed:
                 self.last_eval = self._evaluate(self.start, prefix)
             self.meter.restart()  # the first window times steps only
             step = self._steps()
@@ -195,7 +200,7 @@ class _Training:
             self.meter.bar.close()
             self.ckpt.wait()  # `Run.close` closes it
             self._close_logs()
-        finished = step == c.train.steps and (step > self.start or first)
+        finished = step == c.train.steps and (step > self.start or first or owed)
         if finished and not self.stop.signum and jax.process_index() == 0:
             self._write_results(step)
         return {
@@ -205,6 +210,14 @@ class _Training:
             'signal': self.stop.signum,
             'state': self.state,
         }
+
+    def _eval_owed(self) -> bool:
+        """Whether a resumed run owes the evaluation of its start step: a signal cut it short
+        (the checkpoint says so), or, at the last step, results.json was not written for it (a
+        stop during the final evaluation, or a kill between the last save and the results)."""
+        if self.start == self.run.config.train.steps:
+            return results_step(self.workdir) != self.start
+        return bool((self.run.meta or {}).get(EVAL_CUT))
 
     def _steps(self) -> int:
         """Runs the calls from the start to `train.steps` (or a stop signal); returns the step."""
@@ -241,13 +254,15 @@ class _Training:
         self.meter.drain()
         if due['log']:
             self.meter.log()
+        cut = due['eval']  # until its evaluation completes: a resumed run then repeats it
         if due['eval'] and not self.stop.signum:  # before the save, which flushes it too
             try:
                 self.last_eval = self._evaluate(step)
+                cut = False
             except Interrupted:  # the step is complete: saved below, then the run ends
                 pass
         if due['ckpt'] or self.stop.signum:
-            self._save(step)
+            self._save(step, cut)
         if due['eval'] or due['ckpt']:
             self.meter.restart()
         if self.stop.signum:
@@ -290,7 +305,7 @@ class _Training:
         )
         return metrics
 
-    def _save(self, step: int) -> None:
+    def _save(self, step: int, eval_cut: bool = False) -> None:
         run = self.run
         meta = checkpoint_meta(
             run.config,
@@ -299,6 +314,8 @@ class _Training:
             run.ctx.abstract_state['params'],
             self.workdir,
         )
+        if eval_cut:
+            meta[EVAL_CUT] = True
         # The curve up to a checkpoint survives a kill -9: flushed before the save starts, as
         # an asynchronous save may publish the checkpoint before this thread runs again.
         self._flush_logs()
