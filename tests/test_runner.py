@@ -223,3 +223,21 @@ def test_runs_recorded_before_a_key_was_added_are_cached_and_not_refused(tmp_pat
     unrecorded = [dataclasses.replace(s, added={}) for s in newer]
     with pytest.raises(ValueError, match=r"mask: '\(absent\)' -> False"):
         runner.check(unrecorded, str(tmp_path))
+
+
+def test_a_run_resumed_with_other_settings_is_not_finished_until_it_ends(tmp_path):
+    """Resumed for longer (a resumable change), a finished run stops counting as finished while
+    it trains on: its old result is moved aside (kept as result.superseded.json), so a stop
+    part-way leaves a started run, never the old result beside newer checkpoints."""
+    fake = Fake(LOSSES)
+    runner.run([fake.spec('a', 0)], str(tmp_path))
+    fake.stop.add('a_s0')
+    with pytest.raises(RunStopped):
+        runner.run([fake.spec('a', 0, steps=20)], str(tmp_path))
+    wd = tmp_path / 'a_s0'
+    assert runner.read_result(str(wd)) is None
+    assert json.loads((wd / runner.SUPERSEDED).read_text())['fingerprint']['steps'] == 10
+    assert runner.results([fake.spec('a', 0)], str(tmp_path)) == {}  # neither plan's result
+    fake.stop.clear()
+    done = runner.run([fake.spec('a', 0, steps=20)], str(tmp_path))
+    assert done['a_s0']['fingerprint']['steps'] == 20

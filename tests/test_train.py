@@ -29,7 +29,8 @@ from lm.train.checkpoint import Checkpointer
 from lm.train.loop import call_sizes, train
 from lm.train.run import assemble, check_config
 from lm.train.step import init_state, make_train_step
-from lm.train.stored import finished_step, restore, stored_config
+from lm.train.stored import finished_step, restore, result_step, stored_config
+from lm.train.workdir import RunError
 
 
 def test_eval_at_start_false_skips_the_step_0_evaluation_only(tmp_path, small_text):
@@ -608,3 +609,25 @@ def test_xla_options_reach_the_train_steps_compile_and_unknown_ones_are_refused_
             assemble(bad, data=True)
     with pytest.raises(ValueError, match=r"^config.train.xla_options='x': 'x' is not key=value$"):
         check_config(with_values(config, {'train.xla_options': 'x'}))  # the form, without devices
+
+
+def test_result_step_is_the_results_and_refused_when_its_checkpoint_is_gone(tmp_path):
+    """Analyses of a finished run restore its results.json's step, not the newest checkpoint (a
+    run resumed past its result trains on); that step's checkpoint gone: a one-line refusal."""
+    (tmp_path / 'checkpoints' / '30').mkdir(parents=True)
+    assert result_step(str(tmp_path)) is None  # no results.json: the newest
+    (tmp_path / 'results.json').write_text(json.dumps({'step': 30}))
+    assert result_step(str(tmp_path)) == 30
+    (tmp_path / 'results.json').write_text(json.dumps({'step': 20}))
+    with pytest.raises(FileNotFoundError, match=r'is for step 20, but its checkpoints'):
+        result_step(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_workdir_past_train_steps_is_refused_in_one_line(tmp_path, small_text):
+    """Resuming with train.steps below the workdir's checkpoint would train nothing and leave
+    its old results.json standing for a config it does not match: refused, naming both steps."""
+    config = tiny_train_config(tmp_path, small_text)
+    train(config, str(tmp_path / 'run'))
+    with pytest.raises(RunError, match=r'holds a checkpoint at step 8, past config.train.steps=4'):
+        train(with_values(config, {'train.steps': 4}), str(tmp_path / 'run'))

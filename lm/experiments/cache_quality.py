@@ -23,7 +23,7 @@ from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import StopRequest
 from lm.train.run import Run, assemble
 from lm.train.step import make_eval_step
-from lm.train.stored import stored_config
+from lm.train.stored import result_step, stored_config
 
 
 def evaluate_run(
@@ -105,7 +105,7 @@ def quantized_rows(
     todo = _requested_runs(sweep_dir, rows, points, dtypes)
     out = list(rows)
     for point, seed, workdir in todo:
-        restored = assemble(workdir, state='params', data=True)
+        restored = assemble(workdir, state='params', step=result_step(workdir), data=True)
         for dtype in dtypes:
             loss = evaluate_run(restored, stop=stop, kv_cache_dtype=dtype)['loss']
             out.append({'arm': f'{point}+{dtype}', 'seed': seed, 'eval_loss': loss})
@@ -124,7 +124,7 @@ def _requested_runs(
         for seed in sorted({r['seed'] for r in rows if r['arm'] == point}):
             if seed not in runs:
                 raise FileNotFoundError(f'--sweep_dir: no finished run of {point} seed {seed}')
-            cfg = model_config(stored_config(runs[seed]).model)
+            cfg = model_config(stored_config(runs[seed], step=result_step(runs[seed])).model)
             for dtype in dtypes:
                 try:
                     check_storage(cfg, dtype)
@@ -182,15 +182,16 @@ def heldout_rows(
     as a sweep's summary_seeds.csv has them. A run whose own data differ from `data` outside
     `overridden` (the `data.<key>`s the caller set) is refused before any is evaluated
     (`check_one_task`)."""
-    configs = [stored_config(workdir) for _, workdir in runs]
+    steps = [result_step(workdir) for _, workdir in runs]  # the results', not the newest
+    configs = [stored_config(wd, step=step) for (_, wd), step in zip(runs, steps, strict=True)]
     names = [f'{arm}_s{seed}' for (arm, seed), _ in runs]
     trained = {n: c.data.to_dict() for n, c in zip(names, configs, strict=True)}
     check_one_task(trained, data.to_dict(), overridden)
     out = []
-    for ((arm, seed), workdir), config in zip(runs, configs, strict=True):
+    for ((arm, seed), workdir), config, step in zip(runs, configs, steps, strict=True):
         config.data = data
         metrics = evaluate_run(
-            assemble(config, state='params', workdir=workdir, data=True), stop=stop
+            assemble(config, state='params', workdir=workdir, step=step, data=True), stop=stop
         )
         row = {'point': arm, 'seed': seed, 'eval_loss': metrics['loss']}
         recall = metrics.get('recall_accuracy')

@@ -32,6 +32,7 @@ from lm.train.workdir import safe_name
 
 RESULT = 'result.json'  # a finished run's result and fingerprint
 STARTED = 'run.json'  # a started run's fingerprint
+SUPERSEDED = 'result.superseded.json'  # the result of a run since resumed with other settings
 
 
 class RunFailed(RuntimeError):
@@ -243,6 +244,9 @@ def run_one(spec: Spec, out_dir: str, reuse: str = '') -> str:
         return f'{spec.name}: not run: {", ".join(missing)} did not finish'
     if not spec.resume:
         shutil.rmtree(wd, ignore_errors=True)
+    elif os.path.isfile(os.path.join(wd, RESULT)):  # finished with other (resumable) settings:
+        # no longer finished while it trains on; its old result is kept beside it
+        os.replace(os.path.join(wd, RESULT), os.path.join(wd, SUPERSEDED))
     os.makedirs(wd, exist_ok=True)
     _write(os.path.join(wd, STARTED), {'fingerprint': fingerprint(spec)})
     print(f'{spec.name}: started in {wd}', flush=True)

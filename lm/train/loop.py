@@ -20,7 +20,7 @@ from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import Interrupted, StopRequest
 from lm.train.loss_spike import LossSpikeGuard
 from lm.train.run import Run, assemble
-from lm.train.run_log import Meter, log_model, results_step, write_results
+from lm.train.run_log import Meter, log_model, write_results
 from lm.train.step import (
     call_sharding,
     call_steps,
@@ -28,7 +28,7 @@ from lm.train.step import (
     make_eval_step,
     make_train_step,
 )
-from lm.train.stored import checkpoint_meta
+from lm.train.stored import checkpoint_meta, results_step
 from lm.train.summary import Summary, run_logdir
 from lm.train.workdir import RunError, remember_tb_dir, remembered_tb_dir
 

@@ -37,6 +37,7 @@ from lm.train.step import (
 )
 from lm.train.stored import check_step, restore, stored_config
 from lm.train.workdir import (
+    RunError,
     WorkdirLock,
     check_config_change,
     check_run_files,
@@ -321,6 +322,12 @@ def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow:
     except Exception:  # noqa: BLE001 - an unreadable latest checkpoint: restore falls back
         meta = None
     where = f'the checkpoint in {os.path.join(workdir, "checkpoints")}'
+    if meta and meta['data_step'] > config.train.steps:  # it would train nothing, silently
+        raise RunError(
+            f'--workdir: {workdir} holds a checkpoint at step {meta["data_step"]}, past '
+            f'config.train.steps={config.train.steps}: raise train.steps to go on from it, or '
+            'use another workdir'
+        )
     saved = meta and run_resolved(meta['config'], workdir)
     if changes := check_config_change(saved, config, where, allow):
         logging.warning('resuming under a changed config: %s', '; '.join(changes))

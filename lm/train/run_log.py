@@ -177,15 +177,6 @@ def shown_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return shown
 
 
-def results_step(workdir: str) -> int | None:
-    """The step of `<workdir>/results.json` (None: none written, or unreadable)."""
-    try:
-        with open(os.path.join(workdir, 'results.json')) as f:
-            return json.load(f).get('step')
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def write_results(
     workdir: str,
     step: int,

@@ -106,3 +106,25 @@ def stored_config(
     check_step(steps, step, directory, flag)
     meta = read_sound_meta(workdir, steps[-1] if step is None else step, flag)
     return upgrade_config(run_resolved(meta['config'], workdir))
+
+
+def results_step(workdir: str) -> int | None:
+    """The step of `<workdir>/results.json` (None: none written, or unreadable)."""
+    try:
+        with open(os.path.join(workdir, 'results.json')) as f:
+            return json.load(f).get('step')
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def result_step(workdir: str) -> int | None:
+    """The step of `workdir`'s results.json (None without one), which an analysis of the
+    finished run restores: a run resumed past its result trains on, so its newest checkpoint is
+    not the result's. A one-line error when that step's checkpoint is no longer kept."""
+    step = results_step(workdir)
+    if step is not None and step not in (steps := saved_steps(workdir)):
+        raise FileNotFoundError(
+            f'{workdir}: its results.json is for step {step}, but its checkpoints are {steps} '
+            '(resumed past its result, which is no longer kept): finish or remove that run'
+        )
+    return step
