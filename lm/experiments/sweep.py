@@ -369,7 +369,11 @@ def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
             counts['started'] += 1
             saved = saved_steps(wd)
             at = f'checkpoint at step {saved[-1]}' if saved else 'no checkpoint yet'
-            lines.append(f'{spec.name}: started: {last_eval(wd, steps)}, {at}, of {steps} steps')
+            if saved and saved[-1] > steps:  # resumed for longer elsewhere, then stopped
+                where = f"{at}, past the plan's {steps} steps"
+            else:
+                where = f'{last_eval(wd, steps)}, {at}, of {steps} steps'
+            lines.append(f'{spec.name}: started: {where}')
         else:
             counts['not started'] += 1
             lines.append(f'{spec.name}: not started')
