@@ -239,3 +239,29 @@ def test_hparams_and_config_text_show_only_the_active_variants_section():
     assert {k for k in values if k.startswith('mla.')} == {f'mla.{k}' for k in dims}
     assert values['mla.kv_lora_rank'] == 12 and 'num_kv_heads' not in values  # no K/V heads
     assert shown_config(mla).model.mla.kv_lora_rank == 12
+
+
+@pytest.mark.parametrize(
+    'overrides,message',
+    [
+        ({'train.min_lr': 0.01}, r'^config.train.min_lr=0.01 must be <= lr=0.003 \(the cosine'),
+        ({'train.weight_decay': -1.0}, r'^config.train.weight_decay must be >= 0, got -1.0$'),
+        ({'train.grad_clip': -1.0}, r'^config.train.grad_clip must be >= 0 \(0 = off\), got -1'),
+        ({'train.eps': 0.0}, r'^config.train.eps must be > 0, got 0.0$'),
+        (
+            {'train.ensemble': 2, 'train.ensemble_lr': '1e-3,1e-2', 'train.min_lr': 2e-3},
+            r'^config.train: member 0 of the ensemble would decay from lr 0.001 up to min_lr',
+        ),
+    ],
+)
+def test_schedule_and_optimizer_settings_out_of_range_are_refused(overrides, message):
+    """Settings the schedule and AdamW would take silently but wrongly: a min_lr above lr (the
+    'decay' rises), negative weight decay or clipping, a zero eps; per ensemble member too."""
+    from lm.config import with_values
+    from lm.train.ensemble import check_ensemble_config
+    from lm.train.optimizer import check_train_config
+
+    config = with_values(tiny_config(), {'train.lr': 3e-3, **overrides})
+    with pytest.raises(ValueError, match=message):
+        check_train_config(config.train)
+        check_ensemble_config(config)

@@ -122,6 +122,12 @@ def check_member_lrs(config: ml_collections.ConfigDict) -> None:
                 f'config.train.{key}={spec!r} must be {k} comma-separated learning rates '
                 f'{sign} 0, one per member of config.train.ensemble={k}'
             )
+    for i, (peak, floor) in enumerate(member_lrs(config)):
+        if floor > peak:
+            raise ValueError(
+                f'config.train: member {i} of the ensemble would decay from lr {peak} up to '
+                f"min_lr {floor}; set ensemble_min_lr (or min_lr) <= each member's lr"
+            )
 
 
 def member_axes(mesh: Mesh, rules: dict[str, tuple[str, ...]]) -> tuple[str, ...]:

@@ -87,3 +87,17 @@ def check_train_config(train: ml_collections.ConfigDict) -> None:
         raise ValueError('config.train.lr must be > 0, and min_lr and warmup_steps >= 0')
     if not (0 <= train.b1 < 1 and 0 <= train.b2 < 1):
         raise ValueError(f'config.train.b1 and b2 must be in [0, 1), got {train.b1}, {train.b2}')
+    _check_schedule(train)
+
+
+def _check_schedule(train: ml_collections.ConfigDict) -> None:
+    """One-line errors for settings the schedule and AdamW would take silently but wrongly."""
+    if train.min_lr > train.lr:
+        raise ValueError(
+            f'config.train.min_lr={train.min_lr} must be <= lr={train.lr} (the cosine decays '
+            'from lr to it; min_lr = lr holds the rate constant)'
+        )
+    for name, what in (('weight_decay', ''), ('grad_clip', ' (0 = off)'), ('eps', '')):
+        if train[name] < 0 or (name == 'eps' and train[name] == 0):
+            sign = '> 0' if name == 'eps' else '>= 0'
+            raise ValueError(f'config.train.{name} must be {sign}{what}, got {train[name]}')
