@@ -14,7 +14,7 @@ import os
 from absl import flags
 
 from lm.cli import bootstrap, check_writable_dir, run_app
-from lm.train import member_seeds, split_members, stored_config
+from lm.train import member_seeds, split_members, split_request, stored_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The ensemble run directory.', required=True)
 _OUT_DIR = flags.DEFINE_string(
@@ -30,9 +30,7 @@ def run() -> int:
     seeds = member_seeds(config)
     if not seeds:
         raise ValueError(f'--workdir: {_WORKDIR.value} is not an ensemble (train.ensemble=0)')
-    chosen = [int(m) for m in _MEMBERS.value] or list(range(len(seeds)))
-    if bad := [m for m in chosen if not 0 <= m < len(seeds)]:
-        raise ValueError(f'--members: {bad} not in 0..{len(seeds) - 1}')
+    chosen = split_request(_WORKDIR.value, _OUT_DIR.value, _MEMBERS.value, len(seeds))
     bootstrap(config)
     outs = {m: os.path.join(_OUT_DIR.value, f'seed_{seeds[m]}') for m in chosen}
     for m, out in zip(chosen, split_members(_WORKDIR.value, outs, _STEP.value), strict=True):

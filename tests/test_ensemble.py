@@ -42,7 +42,7 @@ from lm.experiments import plan_sweep, progress, run_specs, seed_runs, summarise
 from lm.experiments import sweep as experiments_sweep
 from lm.train import ensemble
 from lm.train.ensemble import check_members_divide, member_config, member_tree, state_bytes
-from lm.train.ensemble_run import split_member, split_members
+from lm.train.ensemble_run import split_member, split_members, split_request
 from lm.train.loop import call_batch, train
 from lm.train.run import assemble, check_config
 from lm.train.step import device_call_batch, make_train_step
@@ -176,6 +176,11 @@ def test_an_ensemble_trains_its_members_single_runs(tmp_path, small_text):
     with pytest.raises(RunError, match='already holds a run'):
         split_members(str(tmp_path / 'ens'), {1: str(tmp_path / 'fresh'), 2: outs[2]})
     assert not (tmp_path / 'fresh').exists()  # refused before anything was written
+    # run again after a stop: the members already split stay, the missing one is written
+    again = {0: outs[0], 1: str(tmp_path / 'early1')}
+    assert split_members(str(tmp_path / 'ens'), again, step=4) == list(again.values())
+    with assemble(again[1], state='restore') as split:
+        assert split.step == 4 and split.config.seed == 4
     # uptraining converts the whole ensemble: each member as its split-out run converts
     options = ConversionOptions(num_kv_heads=1, method='mean', steps=2)
     written = convert_ensemble(str(tmp_path / 'ens'), options, str(tmp_path / 'up'))
@@ -412,3 +417,20 @@ def test_a_diverging_member_stops_the_ensemble_naming_its_seed(tmp_path, small_t
     config = tiny_train_config(tmp_path, small_text, **settings)
     with pytest.raises(FloatingPointError, match=r'^member seed 7: non-finite .* at step \d+'):
         train(config, str(tmp_path / 'run'))
+
+
+def test_a_split_request_is_checked_in_one_line(tmp_path):
+    """scripts/split_ensemble.py's --members and --out_dir, before anything is read."""
+    run, out = str(tmp_path / 'ens'), str(tmp_path / 'out')
+    assert split_request(run, out, [], 3) == [0, 1, 2]
+    assert split_request(run, out, ['2', '0'], 3) == [2, 0]
+    for given, message in (
+        (['a'], r"--members: \['a'\] are not member indices 0..2"),
+        (['3'], r"--members: \['3'\] are not member indices"),
+        (['1', '01'], r'--members: 1,01 names a member twice'),
+    ):
+        with pytest.raises(ValueError, match=message):
+            split_request(run, out, given, 3)
+    for inside in (f'{run}/checkpoints', str(tmp_path)):
+        with pytest.raises(ValueError, match=r'--out_dir: .* must lie outside --workdir'):
+            split_request(run, inside, [], 3)

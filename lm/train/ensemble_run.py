@@ -17,14 +17,14 @@ import jax
 import numpy as np
 from absl import logging
 
-from lm.train.checkpoint import Checkpointer
+from lm.train.checkpoint import Checkpointer, saved_steps
 from lm.train.ensemble import member_config, member_seeds, member_tree
 from lm.train.evaluation import eval_batch_size, evaluate_members
 from lm.train.loop import _Training
 from lm.train.loss_spike import LossSpikeGuard
 from lm.train.run import Run, assemble
 from lm.train.run_log import Meter, log_model, write_results
-from lm.train.stored import checkpoint_meta
+from lm.train.stored import checkpoint_meta, stored_config
 from lm.train.summary import Summary
 from lm.train.workdir import RunError
 
@@ -169,13 +169,16 @@ def split_member(workdir: str, member: int, out: str, step: int | None = None) -
 
 def split_members(workdir: str, outs: dict[int, str], step: int | None = None) -> list[str]:
     """`split_member` for each member `m` of `outs` to `outs[m]`, the ensemble restored once.
-    Every `outs` directory is checked to hold no run before anything is read."""
-    if taken := [out for out in outs.values() if os.path.exists(os.path.join(out, 'checkpoints'))]:
-        raise RunError(f'--out_dir: {taken[0]} already holds a run')
+    Every `outs` directory is checked before any array is read: one already holding that
+    member at that step (a split cut short, run again) is left as it is; one holding another
+    run is refused. Each member's checkpoint is saved whole or not at all."""
+    config = stored_config(workdir, step=step)
+    if not config.train.ensemble:
+        raise RunError(f'--workdir: {workdir} is not an ensemble (config.train.ensemble=0)')
+    step = saved_steps(workdir)[-1] if step is None else step
+    todo = {m: out for m, out in outs.items() if not _split_already(out, config, m, step)}
     with assemble(workdir, state='restore', step=step) as run:
-        if not run.config.train.ensemble:
-            raise RunError(f'--workdir: {workdir} is not an ensemble (config.train.ensemble=0)')
-        for member, out in outs.items():
+        for member, out in todo.items():
             single = member_run(run, member, out)
             os.makedirs(out, exist_ok=True)
             ckpt = Checkpointer(out, keep=1, async_save=False)
@@ -183,8 +186,35 @@ def split_members(workdir: str, outs: dict[int, str], step: int | None = None) -
                 ckpt.save(single.step, single.state, single.meta)
             finally:
                 ckpt.close()
-            _split_results(workdir, member, out, run.step, single.config)
+    for member, out in outs.items():
+        _split_results(workdir, member, out, step, member_config(config, member))
     return list(outs.values())
+
+
+def split_request(workdir: str, out_dir: str, given: list[str], k: int) -> list[int]:
+    """The member indices asked for (`given` as typed; default all `k`), each once, in
+    0..k-1, after checking that `out_dir` lies outside `workdir`; one-line errors."""
+    run, out = os.path.realpath(workdir), os.path.realpath(out_dir)
+    if os.path.commonpath([run, out]) in (run, out):
+        raise ValueError(f'--out_dir: {out_dir} must lie outside --workdir and not hold it')
+    if not given:
+        return list(range(k))
+    if bad := [m for m in given if not m.isdigit() or int(m) >= k]:
+        raise ValueError(f'--members: {bad} are not member indices 0..{k - 1}')
+    if len({int(m) for m in given}) < len(given):
+        raise ValueError(f'--members: {",".join(given)} names a member twice')
+    return [int(m) for m in given]
+
+
+def _split_already(out: str, config, member: int, step: int) -> bool:
+    """Whether `out` holds member `member` of `config`'s ensemble at `step` already (a split
+    stopped after it); a one-line error when it holds another run."""
+    saved = saved_steps(out)
+    if not saved:
+        return False
+    if saved == [step] and stored_config(out).seed == config.seed + member:
+        return True
+    raise RunError(f'--out_dir: {out} already holds a run')
 
 
 def member_run(run: Run, member: int, workdir: str | None = None) -> Run:
