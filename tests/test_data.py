@@ -14,6 +14,7 @@ from lm.data.corpus import (
     eval_batches,
     eval_windows,
     load_corpus,
+    load_tokenizer,
     stdlib_files,
     train_batch,
     window_targets,
@@ -279,3 +280,15 @@ def test_call_batch_stacks_consecutive_steps_and_is_train_batch_for_one():
     np.testing.assert_array_equal(
         call_batch(tokens, step=5, steps=1, **kw), train_batch(tokens, step=5, **kw)
     )
+
+
+def test_a_tokenizer_that_needs_no_data_loads_without_them(tmp_path):
+    """Generation and export of a run whose training text has moved: the byte tokenizer (or a
+    tokenizer.json) loads without the data; a BPE, cached by the data's fingerprint, needs
+    them and says so in one line."""
+    config = tiny_config()
+    config.data.update(source='text', path=str(tmp_path / 'moved.txt'), tokenizer='byte')
+    assert isinstance(load_tokenizer(config.data), ByteTokenizer)
+    config.data.tokenizer = 'bpe'
+    with pytest.raises(FileNotFoundError, match=r"^config.data.path: '.*moved.txt' does not exist"):
+        load_tokenizer(config.data)

@@ -336,7 +336,7 @@ def _hf_docs(data: ml_collections.ConfigDict, split: str) -> Iterator[str]:
         yield row[data.hf_text_column]
 
 
-def _tokenizer(data: ml_collections.ConfigDict, source: Source) -> Tokenizer:
+def _tokenizer(data: ml_collections.ConfigDict, source: Source | None) -> Tokenizer:
     if data.tokenizer == 'byte':
         return ByteTokenizer()
     if data.tokenizer == 'bpe':
@@ -365,7 +365,12 @@ def num_proc(data: ml_collections.ConfigDict) -> int:
 
 
 def load_tokenizer(data: ml_collections.ConfigDict) -> Tokenizer:
-    """The tokenizer `config.data` describes (a BPE is trained only if not cached)."""
+    """The tokenizer `config.data` describes (a BPE is trained only if not cached). Only a BPE
+    reads the data (its cache is keyed by their fingerprint): the byte tokenizer or a
+    tokenizer.json serves a run whose training text has moved (generation, export)."""
+    if data.source not in TASKS and data.tokenizer != 'bpe':
+        check_tokenizer_config(data)
+        return _tokenizer(data, None)
     check_data_config(data)
     if data.source in TASKS:
         return RecallTask(data).tokenizer()
