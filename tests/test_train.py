@@ -19,6 +19,7 @@ from conftest import (
     read_scalars,
     sigterm_while_training,
     stdlib_text,
+    tiny_config,
     tiny_train_config,
     write_config_file,
 )
@@ -631,3 +632,22 @@ def test_a_workdir_past_train_steps_is_refused_in_one_line(tmp_path, small_text)
     train(config, str(tmp_path / 'run'))
     with pytest.raises(RunError, match=r'holds a checkpoint at step 8, past config.train.steps=4'):
         train(with_values(config, {'train.steps': 4}), str(tmp_path / 'run'))
+
+
+def test_a_resume_that_moves_the_learning_rate_is_told_how_to_keep_it():
+    """Resuming a finished 200-step run for 300 steps moves the cosine's end (decay_steps 0):
+    the rate at step 200 jumps from min_lr back up; the warning names both rates and the
+    decay_steps that keeps the old decay, with which nothing moves."""
+    from lm.train.optimizer import schedule_moved
+
+    saved = tiny_config().train
+    saved.update(steps=200, warmup_steps=100, lr=1e-3, min_lr=1e-4, decay_steps=0)
+    longer = with_values(tiny_config(), {}).train
+    longer.update(steps=300, warmup_steps=100, lr=1e-3, min_lr=1e-4, decay_steps=0)
+    moved = schedule_moved(saved, longer, 200)
+    assert moved.startswith('resuming at step 200 moves the learning rate there from 0.0001 to')
+    assert 'to 0.00055 (config.train.steps 200 -> 300' in moved
+    assert 'config.train.decay_steps=200 keeps the old decay' in moved
+    longer.decay_steps = 200
+    assert schedule_moved(saved, longer, 200) is None
+    assert schedule_moved(saved, saved, 150) is None

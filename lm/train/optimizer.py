@@ -65,6 +65,26 @@ def make_optimizer(
     return adamw
 
 
+def schedule_moved(
+    saved: ml_collections.ConfigDict, train: ml_collections.ConfigDict, step: int
+) -> str | None:
+    """A warning when resuming at `step` under `train` changes the learning rate there from what
+    the checkpoint's own schedule (`saved`, its config.train) gives: a longer train.steps moves
+    the cosine's end when decay_steps is 0, and the rate jumps back up."""
+    before, after = float(lr_schedule(saved)(step)), float(lr_schedule(train)(step))
+    if math.isclose(before, after, rel_tol=1e-6):
+        return None
+    why = ''
+    if saved.steps != train.steps and not train.decay_steps:
+        old_end = saved.decay_steps or saved.steps
+        why = (
+            f" (config.train.steps {saved.steps} -> {train.steps} moves the cosine's end; "
+            f'config.train.decay_steps={old_end} keeps the old decay)'
+        )
+    moved = f'from {before:.3g} to {after:.3g}'
+    return f'resuming at step {step} moves the learning rate there {moved}{why}'
+
+
 def check_train_config(train: ml_collections.ConfigDict) -> None:
     """One-line errors for bad optimizer / schedule settings."""
     for name in ('lr', 'min_lr', 'b1', 'b2', 'eps', 'weight_decay', 'grad_clip', 'peak_flops'):

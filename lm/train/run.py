@@ -27,7 +27,7 @@ from lm.train.checkpoint import (
 )
 from lm.train.ensemble import as_ensemble, check_ensemble_config, check_members_divide, step_rules
 from lm.train.evaluation import check_eval_config
-from lm.train.optimizer import check_train_config, lr_schedule, make_optimizer
+from lm.train.optimizer import check_train_config, lr_schedule, make_optimizer, schedule_moved
 from lm.train.step import (
     StepContext,
     check_xla_options,
@@ -331,3 +331,7 @@ def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow:
     saved = meta and run_resolved(meta['config'], workdir)
     if changes := check_config_change(saved, config, where, allow):
         logging.warning('resuming under a changed config: %s', '; '.join(changes))
+    if saved and (
+        moved := schedule_moved(upgrade_config(saved).train, config.train, meta['data_step'])
+    ):
+        logging.warning(moved)
