@@ -314,6 +314,17 @@ def parse_flags(argv: list[str]) -> list[str]:
         raise
 
 
+def _check_overrides_have_a_file(argv: list[str], name: str) -> None:
+    """A `--<name>.key=value` override without `--<name>=FILE` (absl would call it an unknown
+    flag): a one-line error saying what it needs."""
+    given = [a.split('=', 1)[0] for a in argv[1:] if a.startswith(f'--{name}.')]
+    if given and not _argv_values(argv, name):
+        raise ValueError(
+            f'{given[0]} overrides a key of --{name}=FILE, which is not given: pass the config '
+            "file with it (without both, a run's workdir supplies its saved config)"
+        )
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     """`parse_flags`' work: the config files and overrides checked, then absl's parse."""
     try:
@@ -321,6 +332,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
             if isinstance(flags.FLAGS[name].parser, ConfigFileFlagParser):
                 for value in _argv_values(argv, name)[-1:]:
                     _check_override_keys(check_config_file(value, f'--{name}'), name, argv)
+                _check_overrides_have_a_file(argv, name)
     except ValueError as e:
         print(f'error: {e}', file=sys.stderr)
         sys.exit(1)

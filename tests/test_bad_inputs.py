@@ -96,6 +96,12 @@ ROWS = [
         r'error in .*syntax\.py line 1',
     ),
     (
+        'override_without_config_file',
+        TRAIN,
+        lambda c: [f'--workdir={c.run}', '--config.train.steps=300'],
+        r'--config\.train\.steps overrides a key of --config=FILE, which is not given',
+    ),
+    (
         'config_no_get_config',
         TRAIN,
         lambda c: [f'--config={c.root}/no_get.py'],
