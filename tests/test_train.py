@@ -651,3 +651,19 @@ def test_a_resume_that_moves_the_learning_rate_is_told_how_to_keep_it():
     longer.decay_steps = 200
     assert schedule_moved(saved, longer, 200) is None
     assert schedule_moved(saved, saved, 150) is None
+
+
+@pytest.mark.slow
+def test_resuming_on_changed_data_is_refused_unless_allowed(tmp_path, small_text):
+    """The data file's contents changed since the checkpoint (same settings): a resume would
+    train and evaluate on other data, so it is refused naming both fingerprints, and goes on
+    with allow_config_change."""
+    text = tmp_path / 'data.txt'
+    text.write_text(small_text.read_text())
+    config = tiny_train_config(tmp_path, text)
+    train(config, str(tmp_path / 'run'))
+    text.write_text(small_text.read_text()[: len(small_text.read_text()) // 2])
+    longer = with_values(config, {'train.steps': 12})
+    with pytest.raises(RunError, match=r'^--workdir: the data differ from those .*\(fingerprint'):
+        train(longer, str(tmp_path / 'run'))
+    assert train(longer, str(tmp_path / 'run'), allow_config_change=True)['step'] == 12

@@ -299,7 +299,7 @@ def _resume(
 ) -> tuple[Checkpointer, tuple[int, dict, dict | None]]:
     """(the run's checkpointer, open; (step, state, side-car)) of training in `workdir`: its
     latest checkpoint restored, else a fresh state."""
-    _check_resume_config(config, workdir, allow_config_change)
+    _check_resume_config(config, workdir, allow_config_change, corpus)
     os.makedirs(workdir, exist_ok=True)
     ckpt = Checkpointer(workdir, config.keep_checkpoints, config.async_checkpointing)
     try:
@@ -309,14 +309,14 @@ def _resume(
     except BaseException:
         ckpt.close()
         raise
-    if corpus is not None and meta['data_fingerprint'] != corpus.fingerprint:
-        logging.warning('resuming on different data than the checkpoint was trained on')
     logging.info('resumed from %s at step %d', ckpt.directory, step)
     return ckpt, (step, state, meta)
 
 
-def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow: bool) -> None:
-    """Refuses (or, when allowed, logs) a resume under a changed config."""
+def _check_resume_config(
+    config: ml_collections.ConfigDict, workdir: str, allow: bool, corpus: Corpus | None
+) -> None:
+    """Refuses (or, when allowed, logs) a resume under a changed config or on changed data."""
     try:
         meta = read_latest_meta(workdir)
     except Exception:  # noqa: BLE001 - an unreadable latest checkpoint: restore falls back
@@ -331,6 +331,14 @@ def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow:
     saved = meta and run_resolved(meta['config'], workdir)
     if changes := check_config_change(saved, config, where, allow):
         logging.warning('resuming under a changed config: %s', '; '.join(changes))
+    if meta and corpus is not None and meta['data_fingerprint'] != corpus.fingerprint:
+        what = (
+            f'the data differ from those {where} was trained on (fingerprint '
+            f'{meta["data_fingerprint"]} -> {corpus.fingerprint}: the files changed)'
+        )
+        if not allow:
+            raise RunError(f'--workdir: {what}; pass --allow_config_change to resume on them')
+        logging.warning('resuming on other data: %s', what)
     if saved and (
         moved := schedule_moved(upgrade_config(saved).train, config.train, meta['data_step'])
     ):
