@@ -123,6 +123,8 @@ def run() -> int:
     sweep_dir = _SWEEP_DIR.value
     if not _STATUS.value:  # --status only reads: a read-only copy of a sweep is fine
         check_writable_dir(sweep_dir, '--sweep_dir')
+        if os.path.isdir(os.path.join(sweep_dir, 'checkpoints')):
+            raise ValueError(f'--sweep_dir: {sweep_dir} is a training run, not a sweep directory')
         if _TB_DIR.value:
             check_writable_dir(_TB_DIR.value, '--tb_dir')
     check_config_keys(_CONFIG.value)

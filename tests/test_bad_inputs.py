@@ -277,6 +277,12 @@ ROWS = [
         lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.root}/a_file'],
         r"--sweep_dir=.*a_file' is a file",
     ),
+    (
+        'sweep_dir_is_a_run',
+        SWEEP,
+        lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.run}'],
+        r'--sweep_dir: .* is a training run, not a sweep directory',
+    ),
 ]
 
 

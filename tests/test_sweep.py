@@ -167,6 +167,11 @@ def test_points_picks_named_points_in_file_order():
     assert file_points(module) == [{'name': 'a'}, {'name': 'b'}, {'name': 'c'}]
     with pytest.raises(ValueError, match=r"^--points: \['d'\] not among the sweep file's points"):
         file_points(module, ['a', 'd'])
+    with pytest.raises(ValueError, match=r"^--points: \['a'\] named twice$"):
+        file_points(module, ['a', 'b', 'a'])
+    unnamed = types.SimpleNamespace()  # no get_points: one unnamed point
+    with pytest.raises(ValueError, match=r"^--points: \['a'\]: this sweep file defines no named"):
+        file_points(unnamed, ['a'])
 
 
 def test_grid_product_and_names(tmp_path, small_text):

@@ -167,8 +167,12 @@ def file_points(module: types.ModuleType, names: list[str] = ()) -> list[dict]:
     names when any are given (--points), in the file's order."""
     points = _points_of(module)
     known = [p.get('name', '') for p in points]
+    if names and known == ['']:
+        raise ValueError(f'--points: {list(names)}: this sweep file defines no named points')
     if unknown := [n for n in names if n not in known]:
         raise ValueError(f"--points: {unknown} not among the sweep file's points {known}")
+    if twice := sorted({n for n in names if list(names).count(n) > 1}):
+        raise ValueError(f'--points: {twice} named twice')
     return [p for p in points if not names or p.get('name', '') in names]
 
 
