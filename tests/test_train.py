@@ -34,6 +34,7 @@ from lm.train.stored import finished_step, restore, result_step, stored_config
 from lm.train.workdir import RunError
 
 
+@pytest.mark.slow
 def test_eval_at_start_false_skips_the_step_0_evaluation_only(tmp_path, small_text):
     """config.eval_at_start=False: no eval_init scalars; the run trains and evaluates as one
     with it (same final loss, bitwise: the step-0 evaluation changes no state)."""
