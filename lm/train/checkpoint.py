@@ -254,12 +254,18 @@ class Checkpointer:
         if requested is not None:
             raise error
         first_line = str(error).splitlines()[0][:200] if str(error) else ''
+        then = (
+            'looking for the newest readable one'
+            if self.read_only
+            else 'falling back to the previous one'
+        )
         logging.warning(
-            'checkpoint at step %d in %s is unreadable (%s: %s); falling back to the previous one',
+            'checkpoint at step %d in %s is unreadable (%s: %s); %s',
             s,
             self.directory,
             type(error).__name__,
             first_line,
+            then,
         )
         return s
 
