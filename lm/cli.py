@@ -8,6 +8,7 @@ import importlib.util
 import inspect
 import logging as pylogging
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -385,6 +386,10 @@ def _run_and_exit(main: Callable[[], int | None]) -> None:
         logging.flush()
         print(f'{e}; nothing written', file=sys.stderr)
         sys.exit(128 + e.signum)
+    except KeyboardInterrupt:  # Ctrl-C where no StopRequest listens: one line, not a traceback
+        logging.flush()
+        print('stopped by SIGINT (Ctrl-C)', file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
     sys.exit(code or 0)
 
 

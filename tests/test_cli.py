@@ -28,6 +28,16 @@ def test_user_errors_are_one_line_with_exit_status_1(capsys):
     assert e.value.code == 3
 
 
+def test_ctrl_c_where_no_stop_request_listens_is_one_line_with_exit_130(capsys):
+    def main():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as e:
+        run_reporting_errors(main)
+    assert e.value.code == 130
+    assert capsys.readouterr().err == 'stopped by SIGINT (Ctrl-C)\n'
+
+
 def test_entry_points_exit_without_the_final_collection(capsys):
     """Every exit of an entry point (its run's, or flag parsing's) freezes the objects alive, so
     the interpreter's last collection (about a second with JAX and Flax loaded) skips them."""
