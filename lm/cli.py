@@ -316,10 +316,10 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def _check_overrides_have_a_file(argv: list[str], name: str) -> None:
-    """A `--<name>.key=value` override without `--<name>=FILE` (absl would call it an unknown
-    flag): a one-line error saying what it needs."""
+    """A `--<name>.key=value` override without `--<name>=FILE` when the flag has no default
+    file (absl would call it an unknown flag): a one-line error saying what it needs."""
     given = [a.split('=', 1)[0] for a in argv[1:] if a.startswith(f'--{name}.')]
-    if given and not _argv_values(argv, name):
+    if given and not _argv_values(argv, name) and flags.FLAGS[name].default is None:
         raise ValueError(
             f'{given[0]} overrides a key of --{name}=FILE, which is not given: pass the config '
             "file with it (without both, a run's workdir supplies its saved config)"

@@ -316,7 +316,7 @@ def _resume(
 def _check_resume_config(
     config: ml_collections.ConfigDict, workdir: str, allow: bool, corpus: Corpus | None
 ) -> None:
-    """Refuses (or, when allowed, logs) a resume under a changed config or on changed data."""
+    """Refuses (or, when allowed, logs) a resume under a changed config; warns on other data."""
     try:
         meta = read_latest_meta(workdir)
     except Exception:  # noqa: BLE001 - an unreadable latest checkpoint: restore falls back
@@ -331,14 +331,15 @@ def _check_resume_config(
     saved = meta and run_resolved(meta['config'], workdir)
     if changes := check_config_change(saved, config, where, allow):
         logging.warning('resuming under a changed config: %s', '; '.join(changes))
+    # A warning, not a refusal: an imported or converted checkpoint records another fingerprint
+    # than the corpus it goes on training on ('hf:<dir>', its source's).
     if meta and corpus is not None and meta['data_fingerprint'] != corpus.fingerprint:
-        what = (
-            f'the data differ from those {where} was trained on (fingerprint '
-            f'{meta["data_fingerprint"]} -> {corpus.fingerprint}: the files changed)'
+        logging.warning(
+            'resuming on other data than %s recorded (fingerprint %s -> %s)',
+            where,
+            meta['data_fingerprint'],
+            corpus.fingerprint,
         )
-        if not allow:
-            raise RunError(f'--workdir: {what}; pass --allow_config_change to resume on them')
-        logging.warning('resuming on other data: %s', what)
     if saved and (
         moved := schedule_moved(upgrade_config(saved).train, config.train, meta['data_step'])
     ):

@@ -82,12 +82,12 @@ def restore(
 
 def finished_step(config: ml_collections.ConfigDict, workdir: str) -> int | None:
     """`config.train.steps` when `workdir` already finished that run under `config` (its latest
-    checkpoint is at that step, its results.json is written, no setting but the resumable ones
-    differs), else None; read without starting a JAX backend."""
+    checkpoint is at that step, its results.json is written for it, no setting but the
+    resumable ones differs), else None; read without starting a JAX backend."""
     steps = saved_steps(workdir)
     if not steps or steps[-1] != config.train.steps:
         return None
-    if not os.path.isfile(os.path.join(workdir, 'results.json')):
+    if results_step(workdir) != steps[-1]:  # none, or a shorter run's: its evaluation is owed
         return None
     try:
         saved = run_resolved(read_step_meta(workdir, steps[-1])['config'], workdir)
