@@ -264,6 +264,7 @@ def test_mla_factors_reproduce_the_non_rope_key_and_value_at_full_rank():
     assert dst.rope_theta == pytest.approx(cfg.rope_theta ** (stride * P / D))
 
 
+@pytest.mark.slow
 def test_mla_rope_keys_per_kv_head_or_averaged_over_adjacent_kv_heads():
     """rope_heads R of a GQA source's G = 4 KV heads (of 8 query heads): key r is the mean of
     KV heads r·G/R .. (r + 1)·G/R − 1's kept key columns (R = G: each its own); the queries,

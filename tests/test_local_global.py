@@ -50,6 +50,7 @@ def windowed_forward(model, cfg, tokens):
     return x @ reference.p(model.embed).T
 
 
+@pytest.mark.slow
 def test_window_mask_is_transformers_convention():
     """A query sees W keys, itself included (transformers: kv_idx > q_idx - W, kv <= q)."""
     pytest.importorskip('transformers')
