@@ -117,7 +117,9 @@ def _check_schedule(train: ml_collections.ConfigDict) -> None:
             f'config.train.min_lr={train.min_lr} must be <= lr={train.lr} (the cosine decays '
             'from lr to it; min_lr = lr holds the rate constant)'
         )
-    for name, what in (('weight_decay', ''), ('grad_clip', ' (0 = off)'), ('eps', '')):
-        if train[name] < 0 or (name == 'eps' and train[name] == 0):
-            sign = '> 0' if name == 'eps' else '>= 0'
-            raise ValueError(f'config.train.{name} must be {sign}{what}, got {train[name]}')
+    if train.weight_decay < 0:
+        raise ValueError(f'config.train.weight_decay must be >= 0, got {train.weight_decay}')
+    if train.grad_clip < 0:
+        raise ValueError(f'config.train.grad_clip must be >= 0 (0 = off), got {train.grad_clip}')
+    if train.eps <= 0:
+        raise ValueError(f'config.train.eps must be > 0, got {train.eps}')

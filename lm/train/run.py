@@ -299,7 +299,7 @@ def _resume(
 ) -> tuple[Checkpointer, tuple[int, dict, dict | None]]:
     """(the run's checkpointer, open; (step, state, side-car)) of training in `workdir`: its
     latest checkpoint restored, else a fresh state."""
-    _check_resume_config(config, workdir, allow_config_change, corpus)
+    _check_resume_config(config, workdir, allow_config_change)
     os.makedirs(workdir, exist_ok=True)
     ckpt = Checkpointer(workdir, config.keep_checkpoints, config.async_checkpointing)
     try:
@@ -309,14 +309,20 @@ def _resume(
     except BaseException:
         ckpt.close()
         raise
+    # A warning, not a refusal: an imported or converted checkpoint records another fingerprint
+    # than the corpus it goes on training on ('hf:<dir>', its source's).
+    if corpus is not None and meta['data_fingerprint'] != corpus.fingerprint:
+        logging.warning(
+            'resuming on other data than the checkpoint recorded (fingerprint %s -> %s)',
+            meta['data_fingerprint'],
+            corpus.fingerprint,
+        )
     logging.info('resumed from %s at step %d', ckpt.directory, step)
     return ckpt, (step, state, meta)
 
 
-def _check_resume_config(
-    config: ml_collections.ConfigDict, workdir: str, allow: bool, corpus: Corpus | None
-) -> None:
-    """Refuses (or, when allowed, logs) a resume under a changed config; warns on other data."""
+def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow: bool) -> None:
+    """Refuses (or, when allowed, logs) a resume under a changed config."""
     try:
         meta = read_latest_meta(workdir)
     except Exception:  # noqa: BLE001 - an unreadable latest checkpoint: restore falls back
@@ -331,15 +337,7 @@ def _check_resume_config(
     saved = meta and run_resolved(meta['config'], workdir)
     if changes := check_config_change(saved, config, where, allow):
         logging.warning('resuming under a changed config: %s', '; '.join(changes))
-    # A warning, not a refusal: an imported or converted checkpoint records another fingerprint
-    # than the corpus it goes on training on ('hf:<dir>', its source's).
-    if meta and corpus is not None and meta['data_fingerprint'] != corpus.fingerprint:
-        logging.warning(
-            'resuming on other data than %s recorded (fingerprint %s -> %s)',
-            where,
-            meta['data_fingerprint'],
-            corpus.fingerprint,
-        )
+
     if saved and (
         moved := schedule_moved(upgrade_config(saved).train, config.train, meta['data_step'])
     ):
