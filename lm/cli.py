@@ -9,6 +9,7 @@ import inspect
 import logging as pylogging
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -164,6 +165,18 @@ def bootstrap(config: ml_collections.ConfigDict, compilation_cache: bool = True)
         use_compilation_cache(config.compilation_cache_dir)
     if 'coordinator_address' in flags.FLAGS:
         initialize_distributed()
+
+
+def runs_backend() -> str:
+    """The JAX backend ('cpu', 'gpu', 'tpu') that a new process of this Python gets, asked of a
+    process of its own: for a driver (scripts/sweep.py) that starts the runs' processes and must
+    not start an accelerator itself (a GPU's memory belongs to those runs)."""
+    code = 'import jax; print(jax.default_backend())'
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    if out.returncode:
+        tail = (out.stderr.strip().splitlines() or ['no output'])[-1]
+        raise RuntimeError(f'a new Python process could not start JAX: {tail}')
+    return out.stdout.split()[-1]
 
 
 def check_data_overrides(entry: str, flag: str = 'config') -> None:

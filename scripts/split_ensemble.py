@@ -1,15 +1,14 @@
 r"""Write members of a seed ensemble (config.train.ensemble) out as ordinary run directories.
 
-Member i becomes `<out_dir>/seed_<seed + i>`: the single run's config (ensemble off, its own
-seed) and a checkpoint of its parameters and optimizer state at the ensemble's step, so
-eval.py, scripts/generate.py, scripts/convert_hf.py export and train.py (resuming it as a
-single run) read it like any run.
+Member i becomes `<out_dir>/seed_<seed + i>` (`--name` sets the name): the single run's
+config (ensemble off, its own seed) and a checkpoint of its parameters and optimizer state at
+the ensemble's step, so eval.py, scripts/generate.py, scripts/convert_hf.py export and train.py
+(resuming it as a single run) read it like any run.
 
   python scripts/split_ensemble.py --workdir=runs/ens --out_dir=runs/ens_members
   python scripts/split_ensemble.py --workdir=runs/ens --out_dir=runs/m --members=0,3 --step=500
+  python scripts/split_ensemble.py --workdir=runs/ens --out_dir=runs --name='ens_s{seed}'
 """
-
-import os
 
 from absl import flags
 
@@ -18,7 +17,10 @@ from lm.train import member_seeds, split_members, split_request, stored_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The ensemble run directory.', required=True)
 _OUT_DIR = flags.DEFINE_string(
-    'out_dir', None, 'Where the members go, one directory seed_<s> each.', required=True
+    'out_dir', None, 'Where the members go, one directory (--name) each.', required=True
+)
+_NAME = flags.DEFINE_string(
+    'name', 'seed_{seed}', "A member's directory in --out_dir: {seed} its seed, {member} its index."
 )
 _MEMBERS = flags.DEFINE_list('members', [], 'Member indices (0-based); default: all.')
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default: the latest.')
@@ -30,10 +32,9 @@ def run() -> int:
     seeds = member_seeds(config)
     if not seeds:
         raise ValueError(f'--workdir: {_WORKDIR.value} is not an ensemble (train.ensemble=0)')
-    chosen = split_request(_WORKDIR.value, _OUT_DIR.value, _MEMBERS.value, len(seeds))
+    outs = split_request(_WORKDIR.value, _OUT_DIR.value, _MEMBERS.value, seeds, _NAME.value)
     bootstrap(config)
-    outs = {m: os.path.join(_OUT_DIR.value, f'seed_{seeds[m]}') for m in chosen}
-    for m, out in zip(chosen, split_members(_WORKDIR.value, outs, _STEP.value), strict=True):
+    for m, out in zip(outs, split_members(_WORKDIR.value, outs, _STEP.value), strict=True):
         print(f'member {m} (seed {seeds[m]}) -> {out}')
     return 0
 

@@ -36,10 +36,11 @@ import signal
 import sys
 import time
 
+import jax
 from absl import flags
 from ml_collections import config_flags
 
-from lm.cli import bootstrap, check_config_keys, check_writable_dir, run_app
+from lm.cli import check_config_keys, check_writable_dir, run_app, runs_backend
 from lm.experiments import (
     MATCHES,
     METRICS,
@@ -112,10 +113,15 @@ _MATCH = flags.DEFINE_enum(
     "the MHA point's parameters); '' = the sweep file's MATCH, else 'width'.",
 )
 
-TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, 'train.py')
+SPLIT = os.path.join(ROOT, 'scripts', 'split_ensemble.py')
 
 
 def run() -> int:
+    # This process plans, splits nothing and trains nothing: on the CPU, so that it never holds
+    # an accelerator (a GPU's memory belongs to the runs' own processes).
+    jax.config.update('jax_platforms', 'cpu')
     if _CONFIG.value is None:
         raise ValueError('--config is required')
     if _PARALLEL.value < 1 or _SEEDS.value < 1 or _GROUPS.value < 1:
@@ -131,12 +137,12 @@ def run() -> int:
     module = load_sweep_file(config_flags.get_config_filename(flags.FLAGS['config']))
     match = sweep_match(module, _MATCH.value)
     base = _CONFIG.value
-    if _ENSEMBLE.value:  # members are split out in this process, on the ensemble's devices
-        bootstrap(base, compilation_cache=False)
     chosen = file_points(module, _POINTS.value)
     points = combine(chosen, parse_grid(base, _GRID.value))
     train = [sys.executable, TRAIN]
-    loop = {'auto': ensemble_loop_default(), 'vmapped': False, 'looped': True}[_PROGRAM.value]
+    loop = {'vmapped': False, 'looped': True}.get(_PROGRAM.value)
+    if loop is None and _ENSEMBLE.value:  # 'auto': the runs' backend's faster program
+        loop = ensemble_loop_default(runs_backend())
     specs = plan_sweep(
         base,
         points,
@@ -148,6 +154,7 @@ def run() -> int:
         _ENSEMBLE.value,
         _GROUPS.value,
         loop,
+        [sys.executable, SPLIT],
     )
     if _STATUS.value:
         print('\n'.join(progress(specs, sweep_dir)))

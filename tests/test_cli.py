@@ -2,10 +2,11 @@
 
 import gc
 
+import jax
 import pytest
 from conftest import ROOT, tiny_config
 
-from lm.cli import bootstrap, parse_flags, run_reporting_errors
+from lm.cli import bootstrap, parse_flags, run_reporting_errors, runs_backend
 
 
 @pytest.fixture(autouse=True)
@@ -83,3 +84,12 @@ def test_a_config_written_before_keys_were_added_gets_their_recorded_values(capl
         del config.train['lr']
     with pytest.raises(ValueError, match=r'--config: the config lacks train.lr; start it from'):
         check_config_keys(config)
+
+
+def test_the_runs_backend_is_asked_of_a_new_process(monkeypatch):
+    """scripts/sweep.py's --ensemble_program=auto: the backend a new process gets (this one's
+    here), and a one-line error when JAX cannot start there."""
+    assert runs_backend() == jax.default_backend()
+    monkeypatch.setenv('JAX_PLATFORMS', 'no_such_platform')
+    with pytest.raises(RuntimeError, match=r'^a new Python process could not start JAX: \S'):
+        runs_backend()

@@ -369,6 +369,8 @@ def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_tex
                 assert same_cell(g[key], value), (name, key, g[key], value)
     assert len(read_csv(ens / 'summary_seeds.csv')) == 24
     assert (ens / 'summary.png').stat().st_size > 10_000
+    # each ensemble's members split by one process of their own (a GPU's memory stays the runs')
+    assert sorted(p.parent.name for p in ens.glob('*/split.log')) == ['gqa_s0', 'mha_s0', 'mqa_s0']
     two = with_values(config, {'mesh.cpu_devices': 2})
     ensembled = plan_sweep(two, points, str(ens), [], 8, ensemble=True)
     assert progress(ensembled, str(ens))[-1].endswith(
@@ -422,16 +424,27 @@ def test_a_diverging_member_stops_the_ensemble_naming_its_seed(tmp_path, small_t
 
 def test_a_split_request_is_checked_in_one_line(tmp_path):
     """scripts/split_ensemble.py's --members and --out_dir, before anything is read."""
-    run, out = str(tmp_path / 'ens'), str(tmp_path / 'out')
-    assert split_request(run, out, [], 3) == [0, 1, 2]
-    assert split_request(run, out, ['2', '0'], 3) == [2, 0]
+    run, out, seeds = str(tmp_path / 'ens'), str(tmp_path / 'out'), [5, 6, 7]
+    assert split_request(run, out, [], seeds) == {m: f'{out}/seed_{5 + m}' for m in range(3)}
+    assert split_request(run, out, ['2', '0'], seeds) == {2: f'{out}/seed_7', 0: f'{out}/seed_5'}
+    # beside the ensemble, as a sweep splits its members: <sweep_dir>/<point>_s<seed>
+    beside = split_request(run, str(tmp_path), ['1'], seeds, 'ens_s{seed}')
+    assert beside == {1: f'{tmp_path}/ens_s6'}
     for given, message in (
         (['a'], r"--members: \['a'\] are not member indices 0..2"),
         (['3'], r"--members: \['3'\] are not member indices"),
         (['1', '01'], r'--members: 1,01 names a member twice'),
     ):
         with pytest.raises(ValueError, match=message):
-            split_request(run, out, given, 3)
-    for inside in (f'{run}/checkpoints', str(tmp_path)):
-        with pytest.raises(ValueError, match=r'--out_dir: .* must lie outside --workdir'):
-            split_request(run, inside, [], 3)
+            split_request(run, out, given, seeds)
+    for workdir, out_dir in ((run, f'{run}/checkpoints'), (f'{tmp_path}/seed_5', str(tmp_path))):
+        with pytest.raises(ValueError, match=r'--out_dir: member 0 would go to .* lie outside'):
+            split_request(workdir, out_dir, [], seeds)
+    for name, message in (
+        ('seed', r"--name: 'seed' gives two members one name: use \{seed\} or \{member\}"),
+        ('s_{step}', r"--name: 's_\{step\}' may hold only \{seed\} and \{member\}"),
+        ('{seed}/x', r"--name: '5/x' cannot name a directory"),
+        ('.{member}', r"--name: '.0' cannot name a directory"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            split_request(run, out, [], seeds, name)

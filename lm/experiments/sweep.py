@@ -220,6 +220,7 @@ def plan(
     ensemble: bool = False,
     ensemble_groups: int = 1,
     ensemble_loop: bool | None = None,
+    split_command: list[str] = (),
 ) -> list[Spec]:
     """A Spec per (point, seed) after skipping invalid points; with match='params', each point's
     mlp_dim brings it within 1% of the MHA point's parameters. A point's 'seeds' overrides
@@ -230,7 +231,8 @@ def plan(
     seed's run is its member split out (`lm.train.split_member`): the same runs, names and
     results as separate training, for the summaries (`seed_runs`, lm.experiments.sweep_ensemble);
     `ensemble_groups` > 1 splits a point's seeds over that many ensembles (lanes that can train at
-    once, <point>_g<j>), `ensemble_loop` sets their train.ensemble_loop (None: the config's)."""
+    once, <point>_g<j>), `ensemble_loop` sets their train.ensemble_loop (None: the config's);
+    `split_command` (scripts/split_ensemble.py) splits the members out, in a process of its own."""
     valid = _valid_points(base, points)
     if match == 'params':
         configs = [c for _, _, c in valid]
@@ -248,7 +250,7 @@ def plan(
     specs = []
     for name, point, config in valid:
         n = point.get('seeds', seeds)
-        make = PointSpecs(name, train_command, tb_dir, sweep_dir, _trainer)
+        make = PointSpecs(name, train_command, tb_dir, sweep_dir, _trainer, list(split_command))
         if ensemble and n > 1:
             loop = config.train.ensemble_loop if ensemble_loop is None else ensemble_loop
             specs += make.ensemble(config, n, ensemble_groups, loop)

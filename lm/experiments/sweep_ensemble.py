@@ -7,6 +7,7 @@ result separate training gives it, so summaries read the runs as they read separ
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -16,10 +17,11 @@ import ml_collections
 
 from lm.config import with_values
 from lm.config_migration import ADDED_KEYS
-from lm.experiments.runner import RunFailed, Spec
-from lm.train.ensemble_run import split_member
+from lm.experiments.runner import RESULT, RunFailed, RunStopped, Spec, call, stopped_by
+from lm.train.checkpoint import saved_steps
 from lm.train.run import check_loop_config
-from lm.train.workdir import flat_config, resumable_key
+from lm.train.stored import stored_config
+from lm.train.workdir import RunError, flat_config, resumable_key
 
 ENSEMBLES = 'ensembles'  # <sweep_dir>/ensembles/<point>: a point's seeds trained as one program
 
@@ -32,13 +34,15 @@ def seed_runs(specs: list[Spec]) -> list[Spec]:
 @dataclasses.dataclass(frozen=True)
 class PointSpecs:
     """The Specs of one sweep point: its seeds trained separately, or as one ensemble.
-    `trainer(config, command, tb_dir)` is a Spec's run that trains `config` with `command`."""
+    `trainer(config, command, tb_dir)` is a Spec's run that trains `config` with `command`;
+    `split_command` (scripts/split_ensemble.py) splits an ensemble's members out."""
 
     name: str
     command: list[str]
     tb_dir: str
     sweep_dir: str
     trainer: Callable[[ml_collections.ConfigDict, list[str], str], Callable[[str], dict]]
+    split_command: list[str] = dataclasses.field(default_factory=list)
 
     def _seeded(self, config: ml_collections.ConfigDict, k: int) -> ml_collections.ConfigDict:
         seeded = with_values(config, {'seed': config.seed + k})  # the point's own seed
@@ -99,22 +103,51 @@ class PointSpecs:
             added=ADDED_KEYS,
         )
         source = os.path.join(self.sweep_dir, name)
+        seeds = [together.seed + i for i in range(k)]
+        split = functools.partial(_split, source, seeds=seeds, name=f'{self.name}_s{{seed}}')
         members = [
             self._spec(
-                self._seeded(config, first + i), n, _split(source, i), lane=lane, needs=(name,)
+                self._seeded(config, first + i),
+                n,
+                split(i, command=self.split_command),
+                lane=lane,
+                needs=(name,),
             )
             for i in range(k)
         ]
         return [first_spec, *members]
 
 
-def _split(ensemble_dir: str, member: int):
-    """A Spec's run: member `member` of the finished ensemble in `ensemble_dir` written to the
-    run's workdir (replacing an earlier split); its result is the member's results.json."""
+def _holds_split(out: str, seed: int, step: int) -> bool:
+    """Whether the run directory `out` holds the split of the member of seed `seed` at `step`
+    (read without starting a JAX backend)."""
+    try:
+        return saved_steps(out) == [step] and stored_config(out).seed == seed
+    except (ValueError, RunError):  # a cut or foreign checkpoint: split it again
+        return False
+
+
+def _split(ensemble_dir: str, member: int, *, seeds: list[int], name: str, command: list[str]):
+    """A Spec's run: member `member` of the finished ensemble in `ensemble_dir`, whose members
+    have `seeds` and the runs `name.format(seed=...)` beside it, written to the run's workdir;
+    its result is the member's results.json. The split is `command` (scripts/split_ensemble.py)
+    in a process of its own, so this one never holds the ensemble's devices (a GPU's memory
+    belongs to the next train.py). It splits this member and each later one not finished and
+    not split at the ensemble's step, the ensemble restored once for them all."""
 
     def run(workdir: str) -> dict:
-        shutil.rmtree(os.path.join(workdir, 'checkpoints'), ignore_errors=True)
-        split_member(ensemble_dir, member, workdir)
+        parent, step = os.path.dirname(workdir), saved_steps(ensemble_dir)[-1]
+        outs = {m: os.path.join(parent, name.format(seed=seeds[m])) for m in range(len(seeds))}
+        todo = [
+            m
+            for m in range(member, len(seeds))
+            if (m == member or not os.path.isfile(os.path.join(outs[m], RESULT)))
+            and not _holds_split(outs[m], seeds[m], step)
+        ]
+        for m in todo:  # an earlier split of the member, or one cut short: replaced
+            shutil.rmtree(os.path.join(outs[m], 'checkpoints'), ignore_errors=True)
+        if todo:
+            _split_process(command, ensemble_dir, parent, name, todo, workdir)
         results = os.path.join(workdir, 'results.json')
         if not os.path.exists(results):
             raise RunFailed(f'{ensemble_dir} has no final evaluation for member {member}')
@@ -122,3 +155,23 @@ def _split(ensemble_dir: str, member: int):
             return json.load(f)
 
     return run
+
+
+def _split_process(
+    command: list[str], ensemble_dir: str, parent: str, name: str, members: list[int], log_dir: str
+) -> None:
+    """`command` (scripts/split_ensemble.py) splitting `members` of `ensemble_dir` into
+    `parent`/`name`, logging to <log_dir>/split.log; RunStopped if a signal stopped it."""
+    argv = [
+        *command,
+        f'--workdir={ensemble_dir}',
+        f'--out_dir={parent}',
+        f'--name={name}',
+        f'--members={",".join(map(str, members))}',
+    ]
+    with open(os.path.join(log_dir, 'split.log'), 'a') as log:
+        code = call(argv, log)
+    if signal_name := stopped_by(code):
+        raise RunStopped(f'splitting {ensemble_dir} stopped by {signal_name}')
+    if code:
+        raise RunFailed(f'splitting {ensemble_dir} exited with {code}: see split.log')

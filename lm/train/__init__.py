@@ -18,7 +18,12 @@ __all__, __getattr__, __dir__ = public_face(
         'stored': ('finished_step', 'stored_config'),
         'loop': ('train',),
         'ensemble': ('ensemble_loop_default', 'member_config', 'member_seeds', 'state_bytes'),
-        'ensemble_run': ('member_logdir', 'split_member', 'split_members', 'split_request'),
+        'ensemble_run': (
+            'member_logdir',
+            'split_member',
+            'split_members',
+            'split_request',
+        ),
         'step': (
             'call_sharding',
             'device_call_batch',

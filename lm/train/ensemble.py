@@ -33,11 +33,11 @@ def members(config: ml_collections.ConfigDict) -> int:
     return config.train.ensemble
 
 
-def ensemble_loop_default() -> bool:
-    """The faster of an ensemble's programs on this backend, as measured (docs/performance.md):
-    members looped inside the program on a CPU (vmapping gains nothing there), vmapped on an
-    accelerator."""
-    return jax.default_backend() == 'cpu'
+def ensemble_loop_default(backend: str | None = None) -> bool:
+    """The faster of an ensemble's programs on `backend` (default: this process's), as measured
+    (docs/performance.md): members looped inside the program on a CPU (vmapping gains nothing
+    there), vmapped on an accelerator."""
+    return (backend or jax.default_backend()) == 'cpu'
 
 
 def member_seeds(config: ml_collections.ConfigDict) -> list[int]:

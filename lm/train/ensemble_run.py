@@ -26,7 +26,7 @@ from lm.train.run import Run, assemble
 from lm.train.run_log import Meter, log_model, write_results
 from lm.train.stored import checkpoint_meta, stored_config
 from lm.train.summary import Summary
-from lm.train.workdir import RunError
+from lm.train.workdir import RunError, safe_name
 
 
 def member_logdir(logdir: str, seed: int) -> str:
@@ -191,19 +191,46 @@ def split_members(workdir: str, outs: dict[int, str], step: int | None = None) -
     return list(outs.values())
 
 
-def split_request(workdir: str, out_dir: str, given: list[str], k: int) -> list[int]:
-    """The member indices asked for (`given` as typed; default all `k`), each once, in
-    0..k-1, after checking that `out_dir` lies outside `workdir`; one-line errors."""
-    run, out = os.path.realpath(workdir), os.path.realpath(out_dir)
-    if os.path.commonpath([run, out]) in (run, out):
-        raise ValueError(f'--out_dir: {out_dir} must lie outside --workdir and not hold it')
-    if not given:
-        return list(range(k))
+def split_request(
+    workdir: str, out_dir: str, given: list[str], seeds: list[int], name: str = 'seed_{seed}'
+) -> dict[int, str]:
+    """{member: its directory <out_dir>/<name>} for the members asked for (`given` as typed,
+    each once, in 0..k-1; default all), `name` filled in by `member_names`; each directory must
+    lie outside `workdir` and not hold it. One-line errors, before anything is read."""
+    k = len(seeds)
     if bad := [m for m in given if not m.isdigit() or int(m) >= k]:
         raise ValueError(f'--members: {bad} are not member indices 0..{k - 1}')
     if len({int(m) for m in given}) < len(given):
         raise ValueError(f'--members: {",".join(given)} names a member twice')
-    return [int(m) for m in given]
+    names = member_names(name, seeds)
+    outs = {m: os.path.join(out_dir, names[m]) for m in ([int(m) for m in given] or range(k))}
+    run = os.path.realpath(workdir)
+    for m, out in outs.items():
+        if os.path.commonpath([run, real := os.path.realpath(out)]) in (run, real):
+            raise ValueError(
+                f'--out_dir: member {m} would go to {out}, which must lie outside --workdir '
+                'and not hold it'
+            )
+    return outs
+
+
+def member_names(template: str, seeds: list[int], flag: str = '--name') -> list[str]:
+    """Each member's directory name: `template` with {seed} (its seed) and {member} (its index)
+    filled in; one-line errors for a template that names no field, names another, or makes a
+    name unfit for a directory (`safe_name`) or two members' names the same."""
+    try:
+        names = [template.format(seed=s, member=m) for m, s in enumerate(seeds)]
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(
+            f'{flag}: {template!r} may hold only {{seed}} and {{member}} ({type(e).__name__}: {e})'
+        ) from None
+    for name in names:
+        safe_name(name, flag)
+    if len(set(names)) < len(names):
+        raise ValueError(
+            f'{flag}: {template!r} gives two members one name: use {{seed}} or {{member}}'
+        )
+    return names
 
 
 def _split_already(out: str, config, member: int, step: int) -> bool:
