@@ -124,6 +124,8 @@ def run() -> int:
     jax.config.update('jax_platforms', 'cpu')
     if _CONFIG.value is None:
         raise ValueError('--config is required')
+    if flags.FLAGS['points'].present and not _POINTS.value:  # e.g. an empty shell variable
+        raise ValueError('--points: empty: name at least one point, or leave it out for all')
     if _PARALLEL.value < 1 or _SEEDS.value < 1 or _GROUPS.value < 1:
         raise ValueError('--parallel, --seeds and --ensemble_groups must be >= 1')
     sweep_dir = _SWEEP_DIR.value

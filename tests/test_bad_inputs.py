@@ -283,6 +283,12 @@ ROWS = [
         lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.run}'],
         r'--sweep_dir: .* is a training run, not a sweep directory',
     ),
+    (
+        'sweep_points_empty',
+        SWEEP,
+        lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.root}/sweep', '--points='],
+        r'--points: empty: name at least one point, or leave it out for all',
+    ),
 ]
 
 
