@@ -131,7 +131,7 @@ def sigterm_while_training(
 def stdlib_text(num_chars: int) -> str:
     """The first `num_chars` characters of this Python's standard-library .py files, in the
     fixed order of the `stdlib` data source: real, varied text that every machine has."""
-    from lm.data.corpus import stdlib_files
+    from lm.data.files import stdlib_files
 
     parts, size = [], 0
     for _, full in stdlib_files():

@@ -8,17 +8,16 @@ from conftest import stdlib_text, tiny_config
 
 from lm.config_migration import upgrade_config
 from lm.data.corpus import (
-    _in_validation,
     check_corpus_size,
     check_data_config,
     eval_batches,
     eval_windows,
     load_corpus,
     load_tokenizer,
-    stdlib_files,
     train_batch,
     window_targets,
 )
+from lm.data.files import _in_validation, stdlib_files
 from lm.data.tokenizer import ByteTokenizer
 
 

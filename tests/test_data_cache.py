@@ -13,6 +13,7 @@ from conftest import ENV, ROOT, stdlib_text, tiny_config
 
 import lm.data.cache
 import lm.data.corpus
+import lm.data.files
 from lm.data.corpus import _source, load_corpus
 from lm.data.tokenizer import train_bpe
 
@@ -34,8 +35,8 @@ def odd_text() -> bytes:
 
 def streamed_small(monkeypatch):
     """Reads, pieces and tasks far smaller than the text, as a multi-GB file meets them."""
-    monkeypatch.setattr(lm.data.corpus, 'READ_BYTES', 999)  # reads end inside multi-byte characters
-    monkeypatch.setattr(lm.data.corpus, 'PIECE_CHARS', 1000)
+    monkeypatch.setattr(lm.data.files, 'READ_BYTES', 999)  # reads end inside multi-byte characters
+    monkeypatch.setattr(lm.data.files, 'PIECE_CHARS', 1000)
     monkeypatch.setattr(lm.data.cache, 'TASK_CHARS', 3000)
 
 
@@ -86,7 +87,7 @@ def test_parallel_tokenisation_writes_the_serial_cache(tmp_path, monkeypatch):
     (tmp_path / 'a.txt').write_text(text, encoding='utf-8')
     tok_path = str(tmp_path / 'tok.json')
     train_bpe(iter([text]), 600, tok_path)
-    monkeypatch.setattr(lm.data.corpus, 'PIECE_CHARS', 1000)
+    monkeypatch.setattr(lm.data.files, 'PIECE_CHARS', 1000)
     monkeypatch.setattr(lm.data.cache, 'TASK_CHARS', 2000)
     monkeypatch.setattr(lm.data.cache, 'POOL_AFTER_BYTES', 5000)
     from_pool = []

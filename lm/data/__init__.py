@@ -8,7 +8,8 @@ from lm import public_face
 __all__, __getattr__, __dir__ = public_face(
     __name__,
     {
-        'corpus': ('Corpus', 'cache_dir', 'load_corpus', 'load_tokenizer', 'stdlib_files'),
+        'corpus': ('Corpus', 'cache_dir', 'load_corpus', 'load_tokenizer'),
+        'files': ('stdlib_files',),
         'tokenizer': ('Tokenizer', 'train_bpe'),
         'windows': ('call_batch', 'eval_batches', 'eval_windows', 'train_batch'),
         'recall': ('nth_answer_only',),
