@@ -1,5 +1,6 @@
 """Data sources, tokenizers, the token cache and batch determinism."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -263,8 +264,12 @@ def test_empty_file_and_too_small_source(tmp_path):
     small = load_corpus(
         data_config(tmp_path, source='text', path=write(tmp_path, 's.txt', 'x' * 500))
     )
-    with pytest.raises(ValueError, match=r'validation split has 51 tokens, fewer than one batch'):
-        check_corpus_size(small, batch_size=4, seq_len=16)
+    with pytest.raises(ValueError, match=r'^the train split has 451 tokens, fewer than one batch'):
+        check_corpus_size(small, batch_size=4, seq_len=128)
+    check_corpus_size(small, batch_size=4, seq_len=16)  # 51 validation tokens: 4 windows
+    tiny = dataclasses.replace(small, tokens={**small.tokens, 'validation': np.zeros(1, np.int32)})
+    with pytest.raises(ValueError, match=r'^the validation split has 1 tokens, fewer than the 2'):
+        check_corpus_size(tiny, batch_size=4, seq_len=16)
 
 
 def test_call_batch_stacks_consecutive_steps_and_is_train_batch_for_one():

@@ -275,14 +275,19 @@ def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
 
 
 def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:
-    """The source must hold at least one batch of windows in each split."""
-    need = batch_size * seq_len + 1
-    for split in SPLITS:
-        if len(corpus.tokens[split]) < need:
-            raise ValueError(
-                f'the {split} split has {len(corpus.tokens[split])} tokens, fewer than one batch '
-                f'(config.train.batch_size={batch_size} x config.data.seq_len={seq_len} + 1)'
-            )
+    """The training split must hold one batch of windows; the validation split one target (its
+    evaluation windows are cut from what it has, the last one partial, `lm.data.windows`)."""
+    size = len(corpus.tokens['train'])
+    if size < batch_size * seq_len + 1:
+        raise ValueError(
+            f'the train split has {size} tokens, fewer than one batch '
+            f'(config.train.batch_size={batch_size} x config.data.seq_len={seq_len} + 1)'
+        )
+    if (size := len(corpus.tokens['validation'])) < 2:
+        raise ValueError(
+            f'the validation split has {size} tokens, fewer than the 2 of one next-token '
+            'target: raise config.data.val_fraction or give more text'
+        )
 
 
 def _recall_corpus(data: ml_collections.ConfigDict) -> Corpus:
