@@ -31,7 +31,7 @@ prediction reached.
 
   python scripts/bench_decode.py       # the CPU table of docs/studies/decoding/README.md
   python scripts/bench_decode.py --contexts=256,1024 --batch=1,8 --json=decode.json
-  python scripts/plot_roofline.py decode.json          # docs/studies/decoding/decoding_roofline.png
+  python scripts/plot_roofline.py --json=decode.json   # decoding_roofline.png
   python scripts/bench_decode.py --variants=gqa4,gqa4_local --window=256 --kv_cache_dtype=int8
   python scripts/bench_decode.py --contexts=8192 --batch=8 --profile_top=15   # ops per step
 """

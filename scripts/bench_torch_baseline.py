@@ -4,15 +4,15 @@ learned positions, AdamW), timed the way scripts/bench_train.py times ours, so t
 on one machine. Needs `pip install torch` (not a dependency of lm). scripts/bench_train.py runs
 the same baseline interleaved with ours and prints the ratio; this script times it alone.
 
-  python scripts/bench_torch_nanogpt.py --steps=60
-  python scripts/bench_torch_nanogpt.py --steps=30 --profile_top=15   # where its time goes
+  python scripts/bench_torch_baseline.py --steps=60
+  python scripts/bench_torch_baseline.py --steps=30 --profile_top=15   # where its time goes
 
 With --target_loss it instead trains the baseline on the recipe's data (configs/
 shakespeare_char.py: its split, batches, steps, learning rates) and prints the validation loss
 of the whole split every --eval_every steps, with the seconds since training started, until the
 loss reaches the target (time to quality; vocabulary: the recipe's byte tokenizer):
 
-  python scripts/bench_torch_nanogpt.py --target_loss=1.886 --eval_every=100 \
+  python scripts/bench_torch_baseline.py --target_loss=1.886 --eval_every=100 \
       --data_path=data/tinyshakespeare.txt
 """
 

@@ -1,16 +1,17 @@
 r"""Sample text from a trained checkpoint with the KV-cache decoder.
 
-  python scripts/generate.py --workdir=runs/shakespeare_mha --prompt="ROMEO:" --max_new_tokens=200
+  python scripts/generate.py --workdir=runs/shakespeare_mha --prompt="ROMEO:" --max_new_tokens=50
   python scripts/generate.py --workdir=runs/gqa2 --prompt="ROMEO:" --prompt="JULIET:" \
       --sampling=temperature=0.8,top_k=40
   python scripts/generate.py --workdir=runs/gqa2 --prompts_file=prompts.txt   # one per line
 
 The context is the model's maximum position (`max_position`: an imported model's
-max_position_embeddings, else the length it was trained at): a prompt longer than it, or a prompt
-plus --max_new_tokens beyond it, is refused before the checkpoint is read. The whole generation is
-one jitted loop. One prompt streams its text to stdout as tokens are made; a batch prints each
-prompt's text when the batch is done (progress on stderr). SIGTERM / SIGINT stop it within a
-token: one line on stderr, exit 128 + the signal number.
+max_position_embeddings, else the length it was trained at): a prompt longer than it, or a
+prompt plus --max_new_tokens beyond it, is refused before the checkpoint is read; without
+--max_new_tokens it generates what the context leaves after the longest prompt (at most 200).
+The whole generation is one jitted loop. One prompt streams its text to stdout as tokens are
+made; a batch prints each prompt's text when the batch is done (progress on stderr). SIGTERM /
+SIGINT stop it within a token: one line on stderr, exit 128 + the signal number.
 """
 
 import sys
@@ -26,6 +27,8 @@ from lm.infer import Decoder, parse_sampling
 from lm.model import DECODE_KERNELS, KV_CACHE_DTYPES
 from lm.train import StopRequest, assemble, check_finite, stored_config
 
+DEFAULT_NEW = 200  # --max_new_tokens when not given: at most this many (what the context leaves)
+
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory holding checkpoints/.', required=True
 )
@@ -37,7 +40,10 @@ _PROMPTS_FILE = flags.DEFINE_string(
     'prompts_file', None, 'UTF-8 text file of prompts, one per line (after any --prompt).'
 )
 _MAX_NEW = flags.DEFINE_integer(
-    'max_new_tokens', 200, "Tokens to generate per prompt (prompt + these <= the model's context)."
+    'max_new_tokens',
+    None,
+    "Tokens to generate per prompt (prompt + these <= the model's context); default: what the "
+    f'context leaves after the longest prompt, at most {DEFAULT_NEW}.',
 )
 _SAMPLING = flags.DEFINE_string(
     'sampling',
@@ -169,13 +175,15 @@ class Stream:
 def run() -> int:
     prompts = read_prompts()
     check_prompts(prompts)
-    if _MAX_NEW.value <= 0:
+    if _MAX_NEW.value is not None and _MAX_NEW.value <= 0:
         raise ValueError(f'--max_new_tokens must be > 0, got {_MAX_NEW.value}')
     sampling = parse_sampling(_SAMPLING.value)
     config = stored_config(_WORKDIR.value, step=_STEP.value)
     tokenizer = load_tokenizer(config.data)
     rows = encode_prompts(tokenizer, prompts)
-    check_lengths(prompts, rows, _MAX_NEW.value, max_position(_WORKDIR.value, config))
+    context = max_position(_WORKDIR.value, config)
+    max_new = _MAX_NEW.value or max(1, min(DEFAULT_NEW, context - max(map(len, rows))))
+    check_lengths(prompts, rows, max_new, context)
     bootstrap(config)
     with StopRequest() as stop:
         kernel = {} if _KERNEL.value is None else {'decode_kernel': _KERNEL.value}
@@ -193,11 +201,11 @@ def run() -> int:
         eos = tokenizer.eos_id if _STOP.value else None
         mark = tokenizer.continuation_mark
         shown = rows[0] if mark else []  # text: the continuation starts as it always did
-        stream = Stream(tokenizer, eos, len(rows), _MAX_NEW.value, stop, shown)
+        stream = Stream(tokenizer, eos, len(rows), max_new, stop, shown)
         if len(rows) == 1:
             sys.stdout.write(prompts[0] + mark)
         outs = decoder.generate(
-            rows, _MAX_NEW.value, sampling, eos_id=eos, seed=_SEED.value, on_token=stream
+            rows, max_new, sampling, eos_id=eos, seed=_SEED.value, on_token=stream
         )
         stream.flush()
         if len(rows) == 1:

@@ -20,9 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 _JSON = flags.DEFINE_list('json', [], 'bench_decode.py --json files (comma-separated).')
-_OUT = flags.DEFINE_string(
-    'out', 'docs/studies/decoding/decoding_roofline.png', 'The PNG to write.'
-)
+_OUT = flags.DEFINE_string('out', 'decoding_roofline.png', 'The PNG to write.')
 
 MARKERS = {1: 'o', 4: 's', 8: '^'}
 

@@ -8,6 +8,7 @@ first on PATH that records each invocation; tests/flag_parse.py then parses all 
 Python that has imported `lm` once, each in a forked child, instead of ~60 fresh interpreters
 (`--help`, which the plan appends, would hide an unknown flag: absl exits at `--help` first)."""
 
+import ast
 import re
 
 import pytest
@@ -104,3 +105,39 @@ def test_every_gpu_script_command_parses(tmp_path):
         assert result['code'] == 0 and PARSED in result['out'], (
             f'bench_gpu.sh {label}\n{call["argv"]}\n{result["out"][-3000:]}'
         )
+
+
+def docstring_commands(path) -> list[str]:
+    """The `python ...` example commands of an entry point's docstring, continuation lines
+    joined, trailing comments dropped."""
+    commands, lines = [], (ast.get_docstring(ast.parse(path.read_text())) or '').splitlines()
+    for i, line in enumerate(lines):
+        if not line.lstrip().startswith('python '):
+            continue
+        command = line.strip()
+        while command.endswith('\\') and i + 1 < len(lines):
+            i += 1
+            command = command[:-1] + ' ' + lines[i].strip()
+        commands.append(re.sub(r'\s+#.*$', '', command))
+    return commands
+
+
+@pytest.mark.slow
+def test_every_entry_point_docstring_example_parses(tmp_path):
+    """The examples an entry point's --help shows (its docstring) parse as the docs' do."""
+    env = scratch(tmp_path)
+    record_env = recording(tmp_path, env, 'python')
+    labels, calls = [], []
+    for path in sorted([ROOT / 'train.py', ROOT / 'eval.py', *(ROOT / 'scripts').glob('*.py')]):
+        for command in docstring_commands(path):
+            found = invocations(command, tmp_path, record_env, len(labels))
+            labels += [f'{path.name}: {command}'] * len(found)
+            calls += found
+    assert len(calls) > 40
+    results = in_one_python(calls, tmp_path, env)
+    failed = [
+        f'{label}\n{result["out"][-500:]}'
+        for label, result in zip(labels, results, strict=True)
+        if result['code'] != 0 or PARSED not in result['out']
+    ]
+    assert not failed, '\n\n'.join(failed)

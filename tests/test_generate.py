@@ -82,7 +82,7 @@ def greedy_reference(workdir, prompt_ids, n):
 def test_generate_prints_the_greedy_continuation_of_a_full_forward(tiny_run):
     """One prompt, streamed: stdout is the prompt and the text of the greedy tokens a cache-free
     reference picks, over 28 new tokens (up to the 32-position context: one loop, no chunks
-    conditioned on a window)."""
+    conditioned on a window; what --max_new_tokens is when not given)."""
     tokenizer = HFTokenizer.from_file(str(TOKENIZER), '</s>')
     prompt = 'the cat sat on'
     ids = tokenizer.encode(prompt)
@@ -92,7 +92,6 @@ def test_generate_prints_the_greedy_continuation_of_a_full_forward(tiny_run):
         GENERATE,
         f'--workdir={tiny_run}',
         f'--prompt={prompt}',
-        f'--max_new_tokens={n}',
         '--sampling=greedy',
         '--nostop_at_eos',
         check=True,
