@@ -353,9 +353,8 @@ def summary_markdown(runs: list[RunHeads]) -> str:
 
 def _whole_windows(tokens: np.ndarray, T: int, batch: int, max_batches: int) -> list[np.ndarray]:
     """Batches [batch, T + 1] of the evaluation protocol's windows (`lm.data.windows.eval_windows`)
-    that
-    hold T whole targets (scores by position need every position): the first `max_batches`
-    batches, or all (0)."""
+    that hold T whole targets (scores by position need every position), in whole batches: the
+    first `max_batches` batches, or all (0)."""
     starts = eval_windows(len(tokens), T)
     starts = starts[window_targets(len(tokens), starts, T) == T]
     n = len(starts) // batch

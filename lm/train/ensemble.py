@@ -187,7 +187,8 @@ def check_members_divide(config: ml_collections.ConfigDict, mesh: Mesh, rules: d
         raise ValueError(
             f'config.train.ensemble={config.train.ensemble} members do not divide over the '
             f'mesh axes {axes} of size {size} (config.mesh.rules.member='
-            f'{config.mesh.rules.get(MEMBER, "")!r}): use a multiple of {size}'
+            f'{config.mesh.rules.get(MEMBER, "")!r}): use a multiple of {size}, or '
+            "config.mesh.rules.member='' (each member over all devices)"
         )
 
 
