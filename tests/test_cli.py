@@ -1,12 +1,16 @@
 """Entry-point plumbing in-process: one-line user errors and the bootstrap."""
 
 import gc
+import os
+import signal
+import time
 
 import jax
 import pytest
 from conftest import ROOT, tiny_config
 
 from lm.cli import bootstrap, parse_flags, run_reporting_errors, runs_backend
+from lm.train import Interrupted, StopRequest
 
 
 @pytest.fixture(autouse=True)
@@ -93,3 +97,15 @@ def test_the_runs_backend_is_asked_of_a_new_process(monkeypatch):
     monkeypatch.setenv('JAX_PLATFORMS', 'no_such_platform')
     with pytest.raises(RuntimeError, match=r'^a new Python process could not start JAX: \S'):
         runs_backend()
+
+
+def test_a_stop_inside_at_once_is_not_swallowed_by_except_exception():
+    """A library's `except Exception` around a read (a restore's fallback, JAX's compilation
+    cache) must not swallow a stop raised at once, nor turn it into another error."""
+    with StopRequest() as stop, pytest.raises(Interrupted, match=r'^stopped by SIGINT$'):
+        with stop.at_once():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler raises here, as soon as Python runs again
+            except Exception:  # noqa: BLE001 - what the libraries do
+                pytest.fail('the stop was caught as an Exception')

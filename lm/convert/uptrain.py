@@ -129,6 +129,7 @@ def convert_checkpoint(
             )
         with stop.at_once():
             config, state, meta = _convert(source_workdir, options, workdir, member)
+        stop.check()  # a signal that arrived where nothing raised: still nothing written
         tokenizer = stored_config(source_workdir, SOURCE, options.source_step).data.tokenizer
         for name in os.listdir(workdir):  # left by a conversion that was killed
             if name.startswith(PARTIAL):

@@ -9,8 +9,10 @@ import signal
 from collections.abc import Iterator
 
 
-class Interrupted(Exception):
-    """A stop signal arrived during a phase that checks `StopRequest.check`."""
+class Interrupted(BaseException):
+    """A stop signal arrived during a phase that checks `StopRequest.check` (or inside
+    `StopRequest.at_once`). Like KeyboardInterrupt it is not an Exception, so that a library's
+    `except Exception` (a restore's fallback, a cache read) cannot swallow or misreport it."""
 
     def __init__(self, signum: int):
         super().__init__(f'stopped by {signal.Signals(signum).name}')
