@@ -12,6 +12,7 @@ the run's validation split this gives exactly the loss its training logged at th
 
 import json
 import math
+import sys
 
 from absl import flags
 from ml_collections import config_flags
@@ -25,7 +26,15 @@ from lm.cli import (
 )
 from lm.experiments import evaluate_run
 from lm.model import KV_CACHE_DTYPES
-from lm.train import Run, StopRequest, Summary, assemble, run_logdir, stored_config
+from lm.train import (
+    Run,
+    StopRequest,
+    Summary,
+    assemble,
+    inherited_data,
+    run_logdir,
+    stored_config,
+)
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory holding checkpoints/.', required=True
@@ -42,7 +51,8 @@ _CACHE = flags.DEFINE_string(
     'kv_cache_dtype',
     '',
     "'' = the training forward; else each window is decoded token by token through a KV cache "
-    "stored as this ('float', 'int8'; lm/infer/cached_eval.py), logged as eval_cache_<dtype>.",
+    f'stored as this ({", ".join(KV_CACHE_DTYPES)}; lm/infer/cached_eval.py), logged as '
+    'eval_cache_<dtype>.',
 )
 define_distributed_flags()
 _TB_DIR = flags.DEFINE_string(
@@ -58,6 +68,37 @@ def _evaluate(restored: Run) -> dict[str, float]:
         return evaluate_run(restored, _SPLIT.value, stop, _CACHE.value)
 
 
+def check_eval_tokens(tokens: int | None, seq_len: int) -> None:
+    """--eval_tokens must keep two windows or more (the loss's standard error is over windows)."""
+    if tokens is not None and (tokens < 0 or 0 < tokens <= seq_len):
+        raise ValueError(
+            f'--eval_tokens={tokens}: expected 0 (the whole split) or more than one window of '
+            f'{seq_len} tokens (the standard error is over windows)'
+        )
+
+
+def same_data(restored: Run, own_data: bool) -> bool:
+    """Whether the data evaluated is what the checkpoint recorded training on, as far as it can
+    tell: its fingerprint, or the run's own data config where the checkpoint's fingerprint is
+    inherited (an import's, a conversion's first step). The run's own data read as another file
+    (a relative config.data.path from another directory, a file changed since) says so on
+    stderr and is logged as other data, not as the run's eval."""
+    recorded = restored.meta['data_fingerprint']
+    if restored.corpus.fingerprint == recorded:
+        return True
+    if own_data and inherited_data(restored.config, restored.step, recorded):
+        return True
+    if own_data:
+        print(
+            f"warning: the run's data as read here (config.data.path="
+            f'{restored.config.data.path!r}) is not what step {restored.step} recorded training '
+            f'on (fingerprint {restored.corpus.fingerprint[:12]}, recorded {recorded[:12]}): '
+            'logged as other data',
+            file=sys.stderr,
+        )
+    return False
+
+
 def run() -> int:
     if _CONFIG.value is not None:
         check_data_overrides('eval.py')
@@ -67,6 +108,7 @@ def run() -> int:
         run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir' if _TB_DIR.value else '--workdir'
     )
     config = stored_config(_WORKDIR.value, step=_STEP.value)
+    check_eval_tokens(_TOKENS.value, config.data.seq_len)
     bootstrap(config)
     own_data = _CONFIG.value is None
     if not own_data:
@@ -81,7 +123,7 @@ def run() -> int:
             f'--workdir={_WORKDIR.value}: the loss of step {restored.step} is {metrics["loss"]} '
             '(non-finite parameters or activations); nothing written'
         )
-    same = own_data or restored.corpus.fingerprint == restored.meta['data_fingerprint']
+    same = same_data(restored, own_data)
     prefix = (
         'eval'
         if same and _SPLIT.value == 'validation'
@@ -90,7 +132,7 @@ def run() -> int:
     if _CACHE.value:  # decoded through a cache: its own tag, never the run's eval
         prefix += f'_cache_{_CACHE.value}'
     if restored.config.eval_tokens != own_tokens:  # another protocol: never overwrite the run's
-        prefix += f'_tokens{restored.config.eval_tokens}'
+        prefix += f'_tokens{metrics["tokens"]}'  # the tokens it scored
 
     print(json.dumps({'step': restored.step, 'split': _SPLIT.value, 'tag': prefix, **metrics}))
     tb = Summary(run_logdir(_WORKDIR.value, _TB_DIR.value))

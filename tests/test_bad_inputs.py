@@ -242,6 +242,12 @@ ROWS = [
         r'--config\.model\.d_model would be ignored',
     ),
     (
+        'eval_tokens_one_window',
+        EVAL,
+        lambda c: ['--eval_tokens=3'],
+        r'--eval_tokens=3: expected 0 \(the whole split\) or more than one window of \d+ tokens',
+    ),
+    (
         'eval_tb_dir_read_only',
         EVAL,
         lambda c: ['--tb_dir=UNWRITABLE'],

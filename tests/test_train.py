@@ -397,6 +397,22 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
 
 
 @pytest.mark.slow
+def test_eval_py_on_the_runs_data_read_as_another_file_logs_it_as_other_data(tmp_path, small_text):
+    """The run's own data config read as another text (a relative path from another directory,
+    a file changed since): eval.py says so and logs under another tag, never the run's eval."""
+    text = tmp_path / 'text.txt'
+    text.write_text(small_text.read_text())
+    train(tiny_train_config(tmp_path, text), str(tmp_path / 'run'))
+    text.write_text(small_text.read_text()[::-1])
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result['tag'].startswith('eval_text_') and result['tag'].endswith('_validation')
+    assert "warning: the run's data as read here" in out.stderr
+    assert 'logged as other data' in out.stderr
+
+
+@pytest.mark.slow
 def test_checkpoints_saved_under_an_older_config_schema_still_load(tmp_path, small_text):
     """Checkpoint side-cars rewritten to hold only the keys of the frozen v1 config (what a
     checkpoint of that version saved): resume, restore and eval.py all still work."""

@@ -15,7 +15,7 @@ __all__, __getattr__, __dir__ = public_face(
             'check_config',
             'check_devices',
         ),
-        'stored': ('finished_step', 'stored_config'),
+        'stored': ('finished_step', 'inherited_data', 'stored_config'),
         'loop': ('train',),
         'ensemble': ('ensemble_loop_default', 'member_config', 'member_seeds', 'state_bytes'),
         'ensemble_run': (

@@ -35,7 +35,7 @@ from lm.train.step import (
     make_step_context,
     parse_xla_options,
 )
-from lm.train.stored import check_step, restore, stored_config
+from lm.train.stored import check_step, inherited_data, restore, stored_config
 from lm.train.workdir import (
     RunError,
     WorkdirLock,
@@ -309,9 +309,14 @@ def _resume(
     except BaseException:
         ckpt.close()
         raise
-    # A warning, not a refusal: an imported or converted checkpoint records another fingerprint
-    # than the corpus it goes on training on ('hf:<dir>', its source's).
-    if corpus is not None and meta['data_fingerprint'] != corpus.fingerprint:
+    # A warning, not a refusal (data may move); none where the checkpoint's fingerprint is
+    # inherited: an imported or converted run goes on training on its own corpus by design.
+    recorded = meta['data_fingerprint']
+    if (
+        corpus is not None
+        and recorded != corpus.fingerprint
+        and not inherited_data(config, step, recorded)
+    ):
         logging.warning(
             'resuming on other data than the checkpoint recorded (fingerprint %s -> %s)',
             meta['data_fingerprint'],

@@ -128,3 +128,10 @@ def result_step(workdir: str) -> int | None:
             '(resumed past its result, which is no longer kept): finish or remove that run'
         )
     return step
+
+
+def inherited_data(config: ml_collections.ConfigDict, step: int, recorded: str) -> bool:
+    """Whether a checkpoint's recorded data fingerprint is inherited, not its own corpus's: an
+    imported model's ('hf:<dir>'), or a converted run's first checkpoint (its source's)."""
+    converted = bool(config.uptrain.source_workdir) and step == config.uptrain.source_step
+    return recorded.startswith('hf:') or converted
