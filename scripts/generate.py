@@ -100,6 +100,11 @@ def check_lengths(prompts: list[str], rows: list[list[int]], max_new: int, conte
     """One-line refusals of a prompt longer than the model's context, and of a prompt plus
     `max_new` tokens beyond it."""
     for i, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
+        if not row:
+            raise ValueError(
+                f'prompt {i + 1} ({prompt!r}) is no tokens: every prompt needs at least one '
+                "(with no --prompt at all, the prompt is '\\n')"
+            )
         if len(row) > context:
             shown = prompt if len(prompt) <= 30 else prompt[:30] + '...'
             raise ValueError(

@@ -147,6 +147,11 @@ def test_generate_refuses_what_does_not_fit_the_context_before_any_work(tiny_run
             'error: --max_new_tokens=31: the longest prompt (7 tokens) plus 31 new tokens exceed '
             "the model's context of 32 positions; at most 25 new tokens fit",
         ),
+        (
+            ['--prompt=the', '--prompt='],
+            "error: prompt 2 ('') is no tokens: every prompt needs at least one (with no "
+            "--prompt at all, the prompt is '\\n')",
+        ),
     ]
     for args, message in cases:
         out = run_entry(GENERATE, f'--workdir={tiny_run}', *args)

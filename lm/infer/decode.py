@@ -345,7 +345,7 @@ class Decoder:
             raise ValueError('no prompts given')
         for i, p in enumerate(prompts):
             if len(p) == 0:
-                raise ValueError(f'prompt {i} is empty; every prompt needs at least one token')
+                raise ValueError(f'prompt {i + 1} is empty; every prompt needs at least one token')
         if max_new_tokens < 1:
             raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}')
         T = max(len(p) for p in prompts)
