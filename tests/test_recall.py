@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, read_scalars, run_entry, tiny_config
 
 from lm.config import with_values
-from lm.data.corpus import load_corpus
+from lm.data.corpus import check_corpus_size, load_corpus
 from lm.data.recall import FILLER, QUESTION, TARGET_FLAG, nth_answer_only
 from lm.train.evaluation import evaluate
 from lm.train.loop import train
@@ -333,3 +333,11 @@ def test_mqar_training_mixture_draws_pairs_per_row_and_keeps_heldout(tmp_path):
     for bad in ('2,9', '0,2', 'two', ','):
         with pytest.raises(ValueError, match=re.escape(f'config.data.recall_train_pairs={bad!r}')):
             load_corpus(recall_config(tmp_path, **{'data.recall_train_pairs': bad}).data)
+
+
+def test_a_recall_set_smaller_than_a_training_batch_is_not_refused(tmp_path):
+    """Recall batches are generated and its example sets scored in padded batches: 40 examples
+    against a batch of 64 (fewer tokens than one batch of windows) is fine."""
+    corpus = load_corpus(recall_config(tmp_path).data)
+    assert corpus.tokens['train'].size < 64 * 32 + 1
+    check_corpus_size(corpus, batch_size=64, seq_len=32)
