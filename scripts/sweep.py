@@ -27,8 +27,9 @@ pareto_eval_loss.png (pareto_eval_recall_accuracy.png where runs have it), also 
       --seeds=5 --parallel=2 --match=params      # equal parameters instead of equal width
 
 The same command with --status prints where each of its runs stands (finished with its final
-evaluation, started with its last evaluation, checkpoint and minutes left, or not started) and
-exits; it reads files only, so it is safe beside the sweep running.
+evaluation, finished under settings a re-run resumes it to or with settings it refuses, started
+with its last evaluation, checkpoint and minutes left, or not started) and exits; it reads
+files only, so it is safe beside the sweep running.
 """
 
 import os

@@ -374,7 +374,7 @@ def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_tex
     two = with_values(config, {'mesh.cpu_devices': 2})
     ensembled = plan_sweep(two, points, str(ens), [], 8, ensemble=True)
     assert progress(ensembled, str(ens))[-1].endswith(
-        '27 finished, 0 with other settings, 0 started, 0 not started'
+        '27 finished, 0 to resume, 0 with other settings, 0 started, 0 not started'
     )
 
 

@@ -109,12 +109,14 @@ def test_tiny_sweep_end_to_end(tmp_path, small_text):
     assert status[0].startswith('skipping bad: ')  # the plan's own note, then a line per run
     assert status[1].startswith('mha_s0: finished at step 4: eval loss ')
     assert status[-1] == (
-        f'4 runs in {tmp_path / "sw"}: 4 finished, 0 with other settings, 0 started, 0 not started'
+        f'4 runs in {tmp_path / "sw"}: 4 finished, 0 to resume, 0 with other settings, '
+        '0 started, 0 not started'
     )
     unwritable = '/proc/lm_sweep'  # --status writes nothing: a directory it cannot write is fine
     status = sweep(f'--config={cfg}', f'--sweep_dir={unwritable}', '--match=params', '--status')
     assert status.returncode == 0 and status.stdout.strip().splitlines()[-1] == (
-        f'4 runs in {unwritable}: 0 finished, 0 with other settings, 0 started, 4 not started'
+        f'4 runs in {unwritable}: 0 finished, 0 to resume, 0 with other settings, 0 started, '
+        '4 not started'
     ), status.stderr[-2000:]
     other = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}')  # width by default
     assert other.returncode == 1 and other.stderr.strip().splitlines()[-1] == (
@@ -369,13 +371,15 @@ def test_status_says_where_each_run_stands_from_its_files(tmp_path):
     runs not started, and the count."""
     config = tiny_config()
     config.train.steps = 300
-    points = [{'name': 'mha', 'model.attention': 'mha', 'seeds': 4},
+    points = [{'name': 'mha', 'model.attention': 'mha', 'seeds': 5},
               {'name': 'mqa', 'model.attention': 'mqa'}]  # fmt: skip
     specs = plan(config, points, str(tmp_path), ['train.py'])
-    assert [s.name for s in specs] == ['mha_s0', 'mha_s1', 'mha_s2', 'mha_s3', 'mqa']
-    done, other, timed, untimed = (tmp_path / s.name for s in specs[:4])
-    for wd in (done, other, timed, untimed):
+    assert [s.name for s in specs] == ['mha_s0', 'mha_s1', 'mha_s2', 'mha_s3', 'mha_s4', 'mqa']
+    done, other, timed, untimed, shorter = (tmp_path / s.name for s in specs[:5])
+    for wd in (done, other, timed, untimed, shorter):
         wd.mkdir()
+    fewer = {**runner.fingerprint(specs[4]), 'train.steps': 200}  # a re-run trains it on
+    (shorter / 'result.json').write_text(json.dumps({'step': 200, 'fingerprint': fewer}))
     result = {'step': 300, 'eval': {'loss': 1.25, 'perplexity': 3.49, 'recall_accuracy': 0.5}}
     (done / 'result.json').write_text(
         json.dumps({**result, 'fingerprint': runner.fingerprint(specs[0])})
@@ -392,12 +396,14 @@ def test_status_says_where_each_run_stands_from_its_files(tmp_path):
     (untimed / 'train.log').write_text('\n'.join([log[0], 'no time] eval at step 150: x']) + '\n')
     assert progress(specs, str(tmp_path)) == [
         'mha_s0: finished at step 300: eval loss 1.2500, recall accuracy 0.5000',
-        'mha_s1: finished with other settings (a re-run checks them)',
+        'mha_s1: finished with other settings: train.lr: 1.0 -> 0.001; a re-run refuses it',
         'mha_s2: started: last eval at step 200 (~1 min left at its last rate), no checkpoint '
         'yet, of 300 steps',
         'mha_s3: started: last eval at step 150, no checkpoint yet, of 300 steps',
+        'mha_s4: finished at step 200; a re-run resumes it (train.steps: 200 -> 300)',
         'mqa: not started',
-        f'5 runs in {tmp_path}: 1 finished, 1 with other settings, 2 started, 1 not started',
+        f'6 runs in {tmp_path}: 1 finished, 1 to resume, 1 with other settings, 2 started, '
+        '1 not started',
     ]
 
 

@@ -154,14 +154,14 @@ def recorded(saved: Mapping[str, Any], spec: Spec) -> dict[str, Any]:
     return {**{k: v for k, v in added.items() if k not in saved}, **saved}
 
 
-def changes(saved: Mapping[str, Any], spec: Spec) -> list[str]:
-    """["key: 'old' -> 'new'", ...]: the fingerprint keys, outside the resumable ones, in which
-    `spec` differs from a run's `saved` fingerprint."""
+def changes(saved: Mapping[str, Any], spec: Spec, resumable: bool = False) -> list[str]:
+    """["key: 'old' -> 'new'", ...]: the fingerprint keys, outside the resumable ones (with
+    `resumable`: among them), in which `spec` differs from a run's `saved` fingerprint."""
     now, saved = fingerprint(spec), recorded(saved, spec)
     out = []
     for key in sorted(set(saved) | set(now)):
         a, b = saved.get(key, '(absent)'), now.get(key, '(absent)')
-        if a != b and not spec.resumable(key):
+        if a != b and bool(spec.resumable(key)) == resumable:
             out.append(f'{key}: {a!r} -> {b!r}')
     return out
 

@@ -352,11 +352,26 @@ def _log_time(line: str) -> datetime.datetime | None:
         return None
 
 
+def _finished_otherwise(spec: Spec, result: dict) -> tuple[str, str]:
+    """(state, line) of a run that finished under another fingerprint than `spec`'s: one a
+    re-run resumes (only resumable keys changed), or one with other settings it refuses."""
+    if 'fingerprint' not in result:
+        return 'with other settings', f'{spec.name}: finished with no settings recorded'
+    if fixed := runner.changes(result['fingerprint'], spec):
+        more = f' (and {len(fixed) - 1} more)' if len(fixed) > 1 else ''
+        line = f'{spec.name}: finished with other settings: {fixed[0]}{more}; a re-run refuses it'
+        return 'with other settings', line
+    moved = '; '.join(runner.changes(result['fingerprint'], spec, resumable=True))
+    step = result['step']
+    return 'to resume', f'{spec.name}: finished at step {step}; a re-run resumes it ({moved})'
+
+
 def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
     """Where each planned run stands, one line each, then a count; reads files only (safe
-    beside a running sweep): finished (its final evaluation), finished with other settings
-    than the plan's, started (its last evaluation and checkpoint) or not started."""
-    states = ('finished', 'with other settings', 'started', 'not started')
+    beside a running sweep): finished (its final evaluation), finished under settings a re-run
+    resumes it to (more train.steps, ...), finished with other settings than the plan's (a
+    re-run refuses it), started (its last evaluation and checkpoint) or not started."""
+    states = ('finished', 'to resume', 'with other settings', 'started', 'not started')
     lines, counts = [], dict.fromkeys(states, 0)
     for spec in specs:
         wd, steps = runner.workdir(sweep_dir, spec), spec.fingerprint['train.steps']
@@ -369,8 +384,9 @@ def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
             )
             lines.append(f'{spec.name}: finished at step {result["step"]}: eval {metrics}')
         elif result is not None:
-            counts['with other settings'] += 1
-            lines.append(f'{spec.name}: finished with other settings (a re-run checks them)')
+            state, line = _finished_otherwise(spec, result)
+            counts[state] += 1
+            lines.append(line)
         elif os.path.exists(os.path.join(wd, runner.STARTED)):
             counts['started'] += 1
             saved = saved_steps(wd)
