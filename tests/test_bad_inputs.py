@@ -242,6 +242,18 @@ ROWS = [
         r'--config\.model\.d_model would be ignored',
     ),
     (
+        'eval_workdir_is_the_checkpoints_dir',
+        EVAL,
+        lambda c: [f'--workdir={c.run}/checkpoints'],
+        r'--workdir: .*/checkpoints holds no checkpoint: it is inside the run .*; give the run',
+    ),
+    (
+        'eval_workdir_missing',
+        EVAL,
+        lambda c: [f'--workdir={c.root}/no_such_run'],
+        r'--workdir: .*/no_such_run does not exist$',
+    ),
+    (
         'eval_tokens_one_window',
         EVAL,
         lambda c: ['--eval_tokens=3'],

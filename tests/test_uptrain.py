@@ -390,7 +390,7 @@ def test_uptrain_end_to_end(tmp_path, small_text):
         '--num_kv_heads=2',
     )
     assert empty.returncode == 1 and empty.stderr.splitlines()[-1].startswith('error: --src:')
-    assert 'holds no checkpoint' in empty.stderr.splitlines()[-1]
+    assert 'none does not exist' in empty.stderr.splitlines()[-1]
     bad = run_entry(
         'scripts/uptrain.py',
         f'--src={tmp_path / "mha"}',

@@ -25,13 +25,29 @@ from lm.train.workdir import config_changes, config_fingerprint, run_relative, r
 
 
 def check_step(steps: list[int], step: int | None, directory: str, flag: str) -> None:
-    """One-line errors for a workdir without checkpoints, or without checkpoint `step`."""
+    """One-line errors for a workdir without checkpoints (naming the run when the workdir is
+    its checkpoints directory or a step in it), or without checkpoint `step`."""
     if not steps:
-        raise FileNotFoundError(f'{flag}: {directory} holds no checkpoint')
+        raise FileNotFoundError(_no_checkpoint(directory, flag))
     if step is not None and step not in steps:
         raise FileNotFoundError(
             f'{flag}: no checkpoint for step {step} in {directory}; available: {steps}'
         )
+
+
+def _no_checkpoint(directory: str, flag: str) -> str:
+    """Why <workdir>/checkpoints (`directory`) holds nothing: no such workdir, a path inside a
+    run (its checkpoints, or a step of them) given for the run, or an empty run."""
+    workdir = os.path.dirname(directory)
+    if not os.path.exists(workdir):
+        return f'{flag}: {workdir} does not exist'
+    for run in (os.path.dirname(workdir), os.path.dirname(os.path.dirname(workdir))):
+        if saved_steps(run):
+            return (
+                f'{flag}: {workdir} holds no checkpoint: it is inside the run {run}; give the '
+                'run directory (the one holding checkpoints/)'
+            )
+    return f'{flag}: {directory} holds no checkpoint'
 
 
 def checkpoint_meta(
