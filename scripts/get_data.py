@@ -48,6 +48,8 @@ def fetch(name: str, source: str, out_dir: str, timeout: float) -> str:
     if name not in DATASETS:
         raise ValueError(f'unknown data set {name!r}; known: {", ".join(sorted(DATASETS))}')
     url, want, filename = DATASETS[name]
+    if source and not os.path.isfile(source):
+        raise ValueError(f'--from={source!r} is not a file')
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f'--out_dir={out_dir!r} is a file, not a directory')
     target = os.path.join(out_dir, filename)
@@ -60,8 +62,6 @@ def fetch(name: str, source: str, out_dir: str, timeout: float) -> str:
         raise ValueError(f'--out_dir={out_dir!r} is not writable ({e.strerror})') from None
     try:
         if source:
-            if not os.path.isfile(source):
-                raise ValueError(f'--from={source!r} is not a file')
             shutil.copyfile(source, tmp)
             origin = f'--from={source!r}'
         else:
@@ -80,6 +80,9 @@ def fetch(name: str, source: str, out_dir: str, timeout: float) -> str:
             raise ValueError(
                 f'{origin} has SHA-256 {got}, not the expected {want}: not the {name} file'
             )
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as a file opened for writing (the temporary is 0600)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -5,6 +5,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import stat
 import subprocess
 import sys
 
@@ -54,9 +55,16 @@ def test_get_data_verifies_the_checksum_and_says_when_offline(tmp_path, monkeypa
     ):
         get_data.fetch('toy', '', str(out), timeout=5)
     assert not list(out.iterdir())  # no partial file
-    path = get_data.fetch('toy', str(tmp_path / 'local.txt'), str(out), timeout=5)
+    umask = os.umask(0o022)
+    try:
+        path = get_data.fetch('toy', str(tmp_path / 'local.txt'), str(out), timeout=5)
+    finally:
+        os.umask(umask)
     assert path == str(out / 'toy.txt') and (out / 'toy.txt').read_bytes() == text
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644  # as the umask says, not 0600
     assert get_data.fetch('toy', '', str(out), timeout=5) == path  # in place: no download
+    with pytest.raises(ValueError, match=r"^--from='.*nothing.txt' is not a file$"):
+        get_data.fetch('toy', str(tmp_path / 'nothing.txt'), str(out), timeout=5)  # even so
     (out / 'toy.txt').write_bytes(b'changed')
     (tmp_path / 'other.txt').write_bytes(b'other')
     with pytest.raises(
