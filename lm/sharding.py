@@ -83,7 +83,8 @@ def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tupl
     if math.prod(sizes) != num_devices:
         raise ValueError(
             f'config.mesh {_named(sizes)} needs {math.prod(sizes)} '
-            f'devices, but {num_devices} are available'
+            f'devices, but {num_devices} are available (on a CPU, config.mesh.cpu_devices sets '
+            'how many)'
         )
     return tuple(sizes)
 
