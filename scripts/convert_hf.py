@@ -8,10 +8,11 @@ data.tokenizer) that train.py, eval.py, scripts/generate.py and scripts/uptrain.
 they are; its data / train / mesh settings come from --config (default configs/base.py).
 `export` writes config.json, safetensors, the run's tokenizer and the tokenizer / generation
 files an import carried (chat template, generation_config.json, ...), which
-transformers.AutoModelForCausalLM and AutoTokenizer.from_pretrained load; a non-empty --hf_dir
-is refused unless --overwrite (then replaced whole). Both build their output beside its place and
-move it in when complete: a failure or SIGTERM / SIGINT (exit 128 + signal) leaves the old
-contents as they were.
+transformers.AutoModelForCausalLM and AutoTokenizer.from_pretrained load. A non-empty output
+(export: --hf_dir; import: --workdir) is refused unless --overwrite (then replaced whole); an
+import's --workdir holding checkpoints is refused always. Both build their output beside its
+place and move it in when complete: a failure or SIGTERM / SIGINT (exit 128 + signal) leaves the
+old contents as they were.
 """
 
 import os
@@ -20,7 +21,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from lm.cli import REPO_ROOT, bootstrap, check_writable_dir, parse_flags, run_reporting_errors
-from lm.convert import check_export_dir, export_hf, import_hf
+from lm.convert import check_export_dir, check_import_dir, export_hf, import_hf
 from lm.train import StopRequest, stored_config
 
 _HF_DIR = flags.DEFINE_string(
@@ -28,7 +29,10 @@ _HF_DIR = flags.DEFINE_string(
 )
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The lm run directory.')
 _OVERWRITE = flags.DEFINE_bool(
-    'overwrite', False, 'export: replace a non-empty --hf_dir whole (refused otherwise).'
+    'overwrite',
+    False,
+    'Replace a non-empty output whole (export: --hf_dir; import: a --workdir without '
+    'checkpoints); refused otherwise.',
 )
 _STEP = flags.DEFINE_integer('step', None, 'export: checkpoint step; default: the latest.')
 _TOKENIZER = flags.DEFINE_string(
@@ -52,10 +56,18 @@ def run(argv: list[str]) -> int:
         raise ValueError(f'{argv[1]} needs --hf_dir and --workdir')
     if argv[1] == 'import':
         check_writable_dir(_WORKDIR.value, '--workdir')
+        check_import_dir(
+            _WORKDIR.value, _HF_DIR.value, _OVERWRITE.value, ('--workdir', '--overwrite')
+        )
         bootstrap(_CONFIG.value)
         with StopRequest() as stop:
             config = import_hf(
-                _HF_DIR.value, _WORKDIR.value, _CONFIG.value, _TOKENIZER.value, stop.check
+                _HF_DIR.value,
+                _WORKDIR.value,
+                _CONFIG.value,
+                _TOKENIZER.value,
+                stop.check,
+                overwrite=_OVERWRITE.value,
             )
         print(
             f'wrote {_WORKDIR.value}: {config.model.attention}, {config.model.num_layers} layers; '

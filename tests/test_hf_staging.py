@@ -4,6 +4,8 @@ or SIGTERM leaves the old contents, and an import killed during its save does no
 next one."""
 
 import os
+import shutil
+import stat
 import subprocess
 import sys
 
@@ -12,7 +14,7 @@ from conftest import run_entry, sigterm_while_training
 from test_hf import FIXTURES, base_config, write_run
 
 from lm.convert import hf_io
-from lm.convert.staging import staged
+from lm.convert.staging import replace_dir, staged
 from lm.train.checkpoint import saved_steps
 from lm.train.stored import stored_config
 
@@ -78,7 +80,7 @@ def test_a_failed_overwrite_keeps_the_old_export(tmp_path, monkeypatch):
 def test_export_into_the_workdir_is_refused(tmp_path, inside):
     write_run(tmp_path / 'run', attention='gqa', num_kv_heads=2)
     before = sorted(os.listdir(tmp_path / 'run'))
-    with pytest.raises(ValueError, match="is inside the run's workdir"):
+    with pytest.raises(ValueError, match="is( inside)? the run's workdir"):
         hf_io.export_hf(str(tmp_path / 'run'), str(tmp_path / 'run' / inside))
     with pytest.raises(ValueError, match="holds the run's workdir"):
         hf_io.export_hf(str(tmp_path / 'run'), str(tmp_path), overwrite=True)
@@ -99,6 +101,49 @@ def test_import_ignores_an_unfinished_checkpoint(tmp_path):
     assert not leftovers(tmp_path)
 
 
+def test_import_into_a_non_empty_workdir_is_refused_unless_overwrite(tmp_path):
+    """A --workdir holding anything (an hf/ folder the import would replace) is refused in one
+    line, naming it, and kept; --overwrite replaces it whole, but never a directory holding
+    the HF directory it reads."""
+    workdir = tmp_path / 'w'
+    (workdir / 'hf').mkdir(parents=True)
+    (workdir / 'hf' / 'other.txt').write_text('keep')
+    with pytest.raises(FileExistsError, match=r'workdir=.* holds hf\); pass overwrite=True') as e:
+        hf_io.import_hf(str(FIXTURES / 'llama_mha'), str(workdir), base_config())
+    assert '\n' not in str(e.value)
+    assert contents(workdir / 'hf') == {'other.txt': b'keep'}
+    hf_io.import_hf(str(FIXTURES / 'llama_mha'), str(workdir), base_config(), overwrite=True)
+    assert not (workdir / 'hf' / 'other.txt').exists() and saved_steps(str(workdir)) == [0]
+    shutil.copytree(FIXTURES / 'llama_mha', tmp_path / 'holder' / 'model')
+    with pytest.raises(ValueError, match='holds the HF directory'):
+        hf_io.import_hf(
+            str(tmp_path / 'holder' / 'model'),
+            str(tmp_path / 'holder'),
+            base_config(),
+            overwrite=True,
+        )
+    assert sorted(os.listdir(tmp_path / 'holder' / 'model')) == sorted(
+        os.listdir(FIXTURES / 'llama_mha')
+    )
+    assert not leftovers(tmp_path)
+
+
+@pytest.mark.parametrize('umask', [0o022, 0o027])
+def test_directories_moved_into_place_follow_the_umask(tmp_path, umask):
+    """A staged directory moved in gets os.makedirs' mode, not tempfile.mkdtemp's 0o700."""
+    old = os.umask(umask)
+    try:
+        with staged(str(tmp_path / 'out'), 'export') as build:
+            replace_dir(build, str(tmp_path / 'out'))
+        if umask == 0o022:  # and a whole import, its run directory and what it holds
+            hf_io.import_hf(str(FIXTURES / 'llama_mha'), str(tmp_path / 'w'), base_config())
+            for path in (tmp_path / 'w', tmp_path / 'w' / 'hf', tmp_path / 'w' / 'checkpoints'):
+                assert stat.S_IMODE(os.stat(path).st_mode) == 0o755, path
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / 'out').st_mode) == 0o777 & ~umask
+
+
 def test_a_failed_import_leaves_nothing(tmp_path, monkeypatch):
     def failing(*args):
         raise OSError('disk full')
@@ -116,6 +161,7 @@ def test_a_failed_import_leaves_nothing(tmp_path, monkeypatch):
         ('import', '--workdir', 'file', "--workdir='{path}' is a file, not a directory"),
         ('export', '--hf_dir', 'file', "--hf_dir='{path}' is a file, not a directory"),
         ('export', '--hf_dir', 'full', "--hf_dir='{path}' is not empty (it holds x.txt); pass "),
+        ('import', '--workdir', 'full', "--workdir='{path}' is not empty (it holds x.txt); pass "),
     ],
 )
 def test_command_checks_its_output_first(tmp_path, command, flag, setup, message):

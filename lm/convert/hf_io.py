@@ -25,9 +25,9 @@ from absl import logging
 
 from lm.convert import hf, hf_files
 from lm.convert.safetensors_files import SafetensorsReader, ShardWriter
-from lm.convert.staging import check_export_dir, move_into, replace_dir, staged
+from lm.convert.staging import check_export_dir, check_import_dir, replace_dir, staged
 from lm.model.transformer import model_config
-from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries
+from lm.train.checkpoint import Checkpointer, check_finite
 from lm.train.run import Run, assemble
 from lm.train.stored import checkpoint_meta
 from lm.train.workdir import RUN_TOKENIZER
@@ -182,18 +182,17 @@ def import_hf(
     base: ml_collections.ConfigDict,
     tokenizer_path: str = '',
     stop: Callable[[], None] = lambda: None,
+    overwrite: bool = False,
 ) -> ml_collections.ConfigDict:
     """Writes `workdir` as a step-0 lm run of the HF model in `hf_dir` (a directory or hub id):
     `base` with its model section from config.json (the variant the registry maps its
     `model_type` to), `data.tokenizer` the model's tokenizer.json (or `tokenizer_path`: another
     tokenizer.json or 'byte'; `hf_files.read_tokenizer`), the tokenizer and generation files
-    copied into <workdir>/hf/, parameters in the checkpoint's dtype. Returns the config. The
-    run is built beside `workdir` and moved in when complete; `stop()` runs between tensors
-    (see `load_params`)."""
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ValueError(f'workdir={workdir!r} is a file, not a directory')
-    if checkpoint_entries(workdir):  # unfinished saves of a killed import do not count
-        raise FileExistsError(f'--workdir: {workdir} already holds checkpoints; choose a new one')
+    copied into <workdir>/hf/, parameters in the checkpoint's dtype. Returns the config. A
+    non-empty `workdir` is refused unless `overwrite`, one holding checkpoints always
+    (`check_import_dir`); the run is built beside it and replaces it whole when complete;
+    `stop()` runs between tensors (see `load_params`)."""
+    check_import_dir(workdir, hf_dir, overwrite)
     directory, hf_config = _read_hf_config(hf_dir)
     model, rope_interleave = hf.model_from_hf(hf_config)
     hf.check_known(model, base.model.to_dict())
@@ -214,7 +213,7 @@ def import_hf(
             run.config.data.tokenizer = os.path.join(os.path.abspath(workdir), RUN_TOKENIZER)
         _save_step0(run, reader, tensors, build, f'hf:{hf_dir}', stop, workdir)
         stop()  # a signal during the save: nothing is moved in
-        move_into(build, workdir)
+        replace_dir(build, workdir)
     logging.info('imported %s (%s) into %s', hf_dir, cfg.attention, workdir)
     return run.config
 

@@ -5,11 +5,32 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 
+from lm.train.checkpoint import checkpoint_entries
 from lm.train.workdir import safe_name
+
+
+def check_apart(path: str, setting: str, other: str, other_name: str) -> None:
+    """One-line ValueError when directory `path` is `other`, lies inside it or holds it (so
+    writing one could change or remove the other); `other_name` says what `other` is."""
+    mine, theirs = os.path.realpath(path), os.path.realpath(other)
+    common = os.path.commonpath([mine, theirs])
+    if common in (mine, theirs):
+        where = 'is' if mine == theirs else 'is inside' if common == theirs else 'holds'
+        raise ValueError(f'{setting}={path!r} {where} {other_name} {other!r}')
+
+
+def _check_empty(path: str, setting: str, option: str, ignore: tuple[str, ...] = ()) -> None:
+    """One-line FileExistsError when directory `path` holds anything but `ignore`d names."""
+    held = sorted(set(os.listdir(path)) - set(ignore)) if os.path.isdir(path) else []
+    if held:
+        shown = ', '.join(held[:3]) + (f' and {len(held) - 3} more' if len(held) > 3 else '')
+        raise FileExistsError(
+            f'{setting}={path!r} is not empty (it holds {shown}); pass {option} to replace it whole'
+        )
 
 
 def check_export_dir(
@@ -24,17 +45,42 @@ def check_export_dir(
     setting, option = names
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f'{setting}={out_dir!r} is a file, not a directory')
-    run, out = os.path.realpath(workdir), os.path.realpath(out_dir)
-    if os.path.commonpath([run, out]) in (run, out):
-        where = 'is inside' if os.path.commonpath([run, out]) == run else 'holds'
-        raise ValueError(f"{setting}={out_dir!r} {where} the run's workdir {workdir!r}")
-    held = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
-    if held and not overwrite:
-        shown = ', '.join(held[:3]) + (f' and {len(held) - 3} more' if len(held) > 3 else '')
-        raise FileExistsError(
-            f'{setting}={out_dir!r} is not empty (it holds {shown}); pass {option} to replace '
-            'it whole'
-        )
+    check_apart(out_dir, setting, workdir, "the run's workdir")
+    if not overwrite:
+        _check_empty(out_dir, setting, option)
+
+
+def check_import_dir(
+    workdir: str,
+    hf_dir: str,
+    overwrite: bool,
+    names: tuple[str, str] = ('workdir', 'overwrite=True'),
+) -> None:
+    """One-line errors, before any work, for an import of `hf_dir` into `workdir`: a file, a
+    directory holding checkpoints (unfinished saves do not count), the local `hf_dir` (or one
+    inside it or holding it), or a non-empty directory without `overwrite` (which replaces
+    it whole). `names`: how the caller spells the directory and the option in errors."""
+    setting, option = names
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ValueError(f'{setting}={workdir!r} is a file, not a directory')
+    if os.path.isdir(hf_dir):
+        check_apart(workdir, setting, hf_dir, 'the HF directory')
+    if checkpoint_entries(workdir):
+        raise FileExistsError(f'{setting}: {workdir} already holds checkpoints; choose a new one')
+    if not overwrite:
+        _check_empty(workdir, setting, option, ignore=('checkpoints',))  # unfinished saves only
+
+
+def new_dir(parent: str, prefix: str) -> str:
+    """A new directory `<parent>/<prefix><random>` with the mode os.makedirs gives (0o777 less
+    the umask), so it can be moved into place as it is (tempfile.mkdtemp's is 0o700)."""
+    while True:
+        path = os.path.join(parent, prefix + secrets.token_hex(4))
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
 
 
 def _alive(pid: int) -> bool:
@@ -69,7 +115,7 @@ def staged(target: str, what: str) -> Iterator[str]:
     os.makedirs(parent, exist_ok=True)
     prefix = f'.{name}.{what}-partial-'
     remove_abandoned(parent, prefix)
-    build = tempfile.mkdtemp(prefix=f'{prefix}{os.getpid()}-', dir=parent)
+    build = new_dir(parent, f'{prefix}{os.getpid()}-')
     try:
         yield build
     except BaseException:
@@ -89,17 +135,3 @@ def replace_dir(build: str, target: str) -> None:
     os.rename(build, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def move_into(build: str, target: str) -> None:
-    """Moves the entries of directory `build` into `target`, replacing those of the same names,
-    'checkpoints' last (an absent or empty `target` is replaced by `build` at once)."""
-    if not os.path.isdir(target) or not os.listdir(target):
-        replace_dir(build, target)
-        return
-    for name in sorted(os.listdir(build), key=lambda n: n == 'checkpoints'):
-        dest = os.path.join(target, name)
-        if os.path.isdir(dest):
-            shutil.rmtree(dest)
-        os.replace(os.path.join(build, name), dest)
-    os.rmdir(build)
