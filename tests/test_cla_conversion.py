@@ -139,7 +139,7 @@ def test_similarity_matching_and_alignment_recover_permuted_rotated_copies():
 def test_cross_layer_options_are_checked_naming_config_keys():
     with pytest.raises(ValueError, match=r'config.model.kv_share_every must be >= 1'):
         ConversionOptions(kv_share_every=0, num_kv_heads=1)
-    with pytest.raises(ValueError, match=r'^config.model.num_kv_heads must be >= 1, got 0$'):
+    with pytest.raises(ValueError, match=r'^config.model.num_kv_heads is required \(or '):
         ConversionOptions()  # without CLA, 0 KV heads is no target
     with pytest.raises(ValueError, match=r'config.model.kv_share_every does not apply'):
         ConversionOptions(

@@ -368,7 +368,12 @@ MLA = dict(target='mla', kv_lora_rank=8, qk_rope_head_dim=4, optimizer_state='fr
         ),
         (dict(num_kv_heads=2, rope_heads=2), r'^config.model.mla.kv_lora_rank, .* apply only'),
         (dict(MLA, rope_heads=0), r'^config.model.mla.rope_heads must be >= 1 .*got 0$'),
-        (dict(num_kv_heads=0), r'^config.model.num_kv_heads must be >= 1, got 0$'),
+        (
+            dict(num_kv_heads=0),
+            r'^config.model.num_kv_heads is required \(or config.uptrain.target=mla, '
+            r'config.model.kv_share_every > 1 or config.uptrain.kv_budget\)$',
+        ),
+        (dict(num_kv_heads=-1), r'^config.model.num_kv_heads must be >= 1, got -1$'),
         (dict(num_kv_heads=2, method='joint_svd'), r'^config.uptrain.method must be one of'),
         (dict(num_kv_heads=2, calibration_tokens=0), r'calibration_tokens must be >= 1, got 0$'),
         (dict(num_kv_heads=2, source_step=-1), r'^config.uptrain.source_step must be >= 0'),

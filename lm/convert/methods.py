@@ -200,8 +200,13 @@ def _check_pool(opts: ConversionOptions) -> None:
         raise ValueError(f'{_k.kv_share_every} must be >= 1, got {opts.kv_share_every}')
     if opts.kv_budget:
         _check_budget(opts)
-    elif opts.num_kv_heads < (0 if opts.kv_share_every > 1 else 1):  # 0 with CLA: the source's
+    elif opts.num_kv_heads < 0:
         raise ValueError(f'{_k.num_kv_heads} must be >= 1, got {opts.num_kv_heads}')
+    elif opts.num_kv_heads == 0 and opts.kv_share_every == 1:  # 0 with CLA: the source's
+        raise ValueError(
+            f'{_k.num_kv_heads} is required (or {_k.target}=mla, {_k.kv_share_every} > 1 or '
+            f'{_k.kv_budget})'
+        )
     if opts.kv_lora_rank or opts.qk_rope_head_dim or opts.rope_heads != 1:
         raise ValueError(
             f'{_k.kv_lora_rank}, {_k.qk_rope_head_dim} and {_k.rope_heads} apply only to a '
