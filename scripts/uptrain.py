@@ -45,18 +45,12 @@ from lm.convert import (
     SOURCE,
     WORKDIR,
     ConversionOptions,
+    cache_summary,
     convert_checkpoint,
     convert_ensemble,
+    optimizer_state_summary,
 )
-from lm.model import model_config, variant_class
 from lm.train import StopRequest, remember_tb_dir, remembered_tb_dir, stored_config
-
-
-def kv_heads(config) -> str:
-    """What the converted model's cache holds per layer ('2'; 'latent 64+8')."""
-    cfg = model_config(config.model)
-    return variant_class(cfg).kv_heads(cfg)
-
 
 _SRC = flags.DEFINE_string('src', None, 'Workdir of the source (MHA) run.', required=True)
 _DST = flags.DEFINE_string('dst', None, 'New workdir for the converted run.', required=True)
@@ -197,10 +191,10 @@ def run() -> int:
     for dst, config in written:
         remember_tb_dir(dst, tb_dir)  # train.py, eval.py, ... log there
         print(
-            f'wrote {dst}: {config.model.attention} with {kv_heads(config)} KV heads by '
+            f'wrote {dst}: {config.model.attention} with {cache_summary(config)} by '
             f'{config.uptrain.method} ({config.uptrain.grouping} grouping) at step '
             f'{config.uptrain.source_step} ({_SCHEDULE.value} schedule, '
-            f'{_OPT_STATE.value} optimizer state, to step {config.train.steps}); next: '
+            f'{optimizer_state_summary(config)}, to step {config.train.steps}); next: '
             f'python train.py --workdir={dst}' + (f' --tb_dir={tb_dir}' if tb_dir else '')
         )
     return 0

@@ -2,6 +2,7 @@
 script end to end, and its errors."""
 
 import json
+import os
 import re
 
 import jax
@@ -19,16 +20,20 @@ from conftest import (
 )
 from flax import nnx
 from tensorboard.backend.event_processing import event_accumulator
+from test_hf import FIXTURES, base_config
 from test_train import read_hparams
 
 import lm.data.corpus
 import lm.train.loop
+from lm.convert.hf_io import import_hf
 from lm.convert.pool_checkpoint import convert_opt_state, convert_params, with_schedule_count
 from lm.convert.pooling import merge_kv_heads
 from lm.convert.uptrain import (
     ConversionOptions,
+    cache_summary,
     check_conversion,
     convert_checkpoint,
+    optimizer_state_summary,
     uptrain_config,
 )
 from lm.data.corpus import load_corpus, train_batch
@@ -165,6 +170,79 @@ def test_conversion_errors(model, g, method, message):
         return
     with pytest.raises(ValueError, match=message):
         check_conversion(cfg, ConversionOptions(num_kv_heads=g, method=method))
+
+
+def test_a_destination_that_is_the_source_lies_inside_it_or_holds_it_is_refused(tmp_path):
+    """Refused first, in one line naming both, before anything is read or written (a step
+    directory of the source too, which a later check would call unreadable)."""
+    src = tmp_path / 'x' / 'src'
+    (src / 'checkpoints').mkdir(parents=True)
+    for dst, where in [
+        (src / 'sub', 'is inside'),
+        (src / 'checkpoints' / '30', 'is inside'),
+        (tmp_path / 'x', 'holds'),
+        (src, 'is'),
+    ]:
+        message = f"workdir='{dst}' {where} config.uptrain.source_workdir '{src}'"
+        with pytest.raises(ValueError, match=f'^{re.escape(message)}$'):
+            convert_checkpoint(str(src), ConversionOptions(num_kv_heads=2), str(dst))
+    assert os.listdir(tmp_path / 'x') == ['src'] and os.listdir(src) == ['checkpoints']
+    assert os.listdir(src / 'checkpoints') == []
+
+
+def test_cache_summary_words_what_the_cache_holds():
+    def summary(**model):
+        return cache_summary(tiny_config(**model))
+
+    assert summary(attention='mqa') == '1 KV head'
+    assert summary(attention='gqa', num_kv_heads=2) == '2 KV heads'
+    assert summary(attention='gqa', num_kv_heads=2, kv_share_every=2) == '2 KV heads (CLA2)'
+    per_layer = summary(attention='gqa', num_kv_heads=2, kv_heads_per_layer=(2, 1))
+    assert per_layer == '2,1 KV heads per layer'
+    assert summary(attention='mla') == 'a latent of 16 + 4 RoPE dims'
+    assert summary(attention='mla', rope_heads=2) == 'a latent of 16 + 2 x 4 RoPE dims'
+
+
+def test_a_source_without_optimizer_state_is_said_to_have_none(tmp_path):
+    """An import's step-0 checkpoint holds no optimizer state: the converted run's is fresh."""
+    import_hf(str(FIXTURES / 'llama_mha'), str(tmp_path / 'w'), base_config())
+    options = ConversionOptions(num_kv_heads=1, steps=1)
+    config = convert_checkpoint(str(tmp_path / 'w'), options, str(tmp_path / 'up'))
+    assert cache_summary(config) == '1 KV head'
+    assert optimizer_state_summary(config) == 'a fresh optimizer state (the source has none)'
+
+
+@pytest.mark.slow
+def test_uptrain_py_refuses_a_nested_dst_or_no_target_naming_its_flags(tmp_path):
+    """The script's refusals name its flags, one line each, nothing written; a source without
+    optimizer state (an import) is said to have none, an MQA target's one KV head singular."""
+    src = tmp_path / 'x' / 'src'
+    import_hf(str(FIXTURES / 'llama_mha'), str(src), base_config())
+    before = sorted(str(p) for p in tmp_path.rglob('*'))
+
+    def last_line(*args):
+        out = run_entry('scripts/uptrain.py', f'--src={src}', *args)
+        assert out.returncode == 1 and 'Traceback' not in out.stderr, out.stderr[-3000:]
+        return out.stderr.strip().splitlines()[-1]
+
+    for dst, where in [(src / 'sub', 'is inside'), (src / 'checkpoints' / '0', 'is inside')]:
+        line = last_line(f'--dst={dst}', '--num_kv_heads=2', '--steps=1')
+        assert line == f"error: --dst='{dst}' {where} --src '{src}'"
+    line = last_line(f'--dst={tmp_path / "x"}', '--num_kv_heads=2', '--steps=1')
+    assert line == f"error: --dst='{tmp_path / 'x'}' holds --src '{src}'"
+    assert last_line(f'--dst={tmp_path / "up"}') == (
+        'error: --num_kv_heads is required (or --target=mla, --kv_share_every > 1 or --kv_budget)'
+    )
+    assert sorted(str(p) for p in tmp_path.rglob('*')) == before
+    out = run_entry(
+        'scripts/uptrain.py', f'--src={src}', f'--dst={tmp_path / "up"}', '--num_kv_heads=1',
+        '--steps=1',
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 'mqa with 1 KV head by mean (contiguous grouping) at step 0 (continue schedule, a ' in (
+        out.stdout
+    )
+    assert 'a fresh optimizer state (the source has none), to step 1)' in out.stdout
 
 
 def test_uptrain_config_sets_schedule_and_provenance():
@@ -361,7 +439,7 @@ def test_uptrain_end_to_end(tmp_path, small_text):
         '--method=mean',
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert 'gqa with 2 KV heads' in out.stdout
+    assert 'gqa with 2 KV heads' in out.stdout and ', convert optimizer state,' in out.stdout
     # the converted run logs where its source did: said in the next command, and remembered
     assert out.stdout.strip().endswith(
         f'next: python train.py --workdir={tmp_path / "gqa"} --tb_dir={tmp_path / "tb"}'
@@ -436,7 +514,7 @@ def test_uptrain_end_to_end(tmp_path, small_text):
         '--rope_heads=2',  # two RoPE keys, each the mean of two of the 4 KV heads' kept columns
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert 'mla with latent 8+2x4 KV heads by joint_svd' in out.stdout
+    assert 'mla with a latent of 8 + 2 x 4 RoPE dims by joint_svd' in out.stdout
     check_mla_decoding(tmp_path / 'mla')
     opt_state = assemble(str(tmp_path / 'mla'), state='restore').state['opt_state']
     is_adam = lambda node: isinstance(node, optax.ScaleByAdamState)  # noqa: E731

@@ -44,11 +44,19 @@ from lm.convert.pool_checkpoint import (
     convert_params,
     with_schedule_count,
 )
+from lm.convert.staging import check_apart
 from lm.data.corpus import load_corpus
 from lm.model import attention
 from lm.model.config import ModelConfig
 from lm.model.transformer import model_config
-from lm.train.checkpoint import Checkpointer, check_finite, checkpoint_entries, read_latest_meta
+from lm.train.checkpoint import (
+    NO_OPT_STATE,
+    Checkpointer,
+    check_finite,
+    checkpoint_entries,
+    read_latest_meta,
+    read_step_meta,
+)
 from lm.train.ensemble_run import member_run
 from lm.train.interrupt import StopRequest
 from lm.train.optimizer import check_train_config
@@ -116,8 +124,10 @@ def convert_checkpoint(
     that can be checked is checked before anything is written, and `workdir` is owned meanwhile
     (`WorkdirLock`); the checkpoint is built beside its place and moved in when complete, so a
     failure leaves `workdir` as it was. A signal `stop` sees during the conversion raises
-    `Interrupted` at once (nothing is written yet); the writing, brief, is let finish."""
+    `Interrupted` at once (nothing is written yet); the writing, brief, is let finish. A
+    `workdir` that is the source's, lies inside it or holds it is refused first."""
     stop = stop or StopRequest()  # never entered: records nothing, stops nothing
+    check_apart(workdir, WORKDIR, source_workdir, SOURCE)
     latest = read_latest_meta(source_workdir)
     step = options.source_step
     check_steps(step if step is not None else latest and latest['data_step'], options.steps)
@@ -151,6 +161,34 @@ def convert_checkpoint(
         config.train.steps,
     )
     return config
+
+
+def cache_summary(config: ml_collections.ConfigDict) -> str:
+    """What the converted model's cache holds per token and layer, for messages ('1 KV head',
+    '2 KV heads (CLA2)', '4,2,2,1 KV heads per layer', 'a latent of 64 + 8 RoPE dims')."""
+    cfg = model_config(config.model)
+    if attention.variant(cfg).latent_kv:
+        section = cfg.section
+        keys = f'{section.rope_heads} x ' if section.rope_heads > 1 else ''
+        return f'a latent of {section.kv_lora_rank} + {keys}{section.qk_rope_head_dim} RoPE dims'
+    if cfg.kv_heads_per_layer:
+        heads = f'{",".join(map(str, cfg.kv_heads_per_layer))} KV heads per layer'
+    else:
+        heads = f'{cfg.num_kv_heads} KV head' + ('s' if cfg.num_kv_heads != 1 else '')
+    return heads + (f' (CLA{cfg.kv_share_every})' if cfg.kv_share_every > 1 else '')
+
+
+def optimizer_state_summary(config: ml_collections.ConfigDict) -> str:
+    """How the converted run's optimizer state was made, for messages: its
+    `uptrain.optimizer_state`, or that the source checkpoint had none (an import's)."""
+    up = config.uptrain
+    return _optimizer_state(up.optimizer_state, read_step_meta(up.source_workdir, up.source_step))
+
+
+def _optimizer_state(choice: str, source_meta: dict) -> str:
+    if source_meta.get(NO_OPT_STATE):
+        return 'a fresh optimizer state (the source has none)'
+    return f'{choice} optimizer state'
 
 
 # What a conversion did to the weights, one typed value per kind, which the moments follow.
@@ -293,8 +331,7 @@ def _convert(
     new_state = _converted_state(source, options, ctx, params, recipe)
     src_cfg = source.model_cfg
     logging.info(
-        'converted %s step %d (%s, %d KV heads) to %s by %s (%s grouping); schedule %s, %s '
-        'optimizer state',
+        'converted %s step %d (%s, %d KV heads) to %s by %s (%s grouping); schedule %s, %s',
         src,
         source.step,
         src_cfg.attention,
@@ -303,7 +340,7 @@ def _convert(
         options.method,
         options.grouping,
         options.schedule,
-        options.optimizer_state,
+        _optimizer_state(options.optimizer_state, source.meta),
     )
     config.data.tokenizer = lent_tokenizer(config.data.tokenizer, src, workdir)
     meta = checkpoint_meta(

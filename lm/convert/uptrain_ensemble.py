@@ -13,6 +13,7 @@ import os
 import ml_collections
 
 from lm.convert.methods import ConversionOptions
+from lm.convert.staging import check_apart
 from lm.convert.uptrain import SOURCE, WORKDIR, convert_checkpoint
 from lm.train.checkpoint import checkpoint_entries
 from lm.train.ensemble import member_seeds
@@ -41,6 +42,8 @@ def convert_ensemble(
     workdirs = member_workdirs(source_workdir, options.source_step, workdir)
     if not workdirs:
         raise ValueError(f'{SOURCE}={source_workdir} is not an ensemble (config.train.ensemble=0)')
+    for w in workdirs:
+        check_apart(w, WORKDIR, source_workdir, SOURCE)
     if taken := [w for w in workdirs if checkpoint_entries(w)]:
         raise FileExistsError(
             f'{WORKDIR}: {taken[0]} (member run of {workdir}) already holds checkpoints; choose '
