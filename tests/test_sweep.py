@@ -267,6 +267,33 @@ def fake_run(tmp_path, point, seed, loss, attention='mha', accuracy=None, **mode
     return Spec(name, {}, lambda w: result, arm=point, seed=seed), result
 
 
+def test_a_one_seed_summary_counts_its_comparisons_alike(tmp_path):
+    """One seed: no pair has a p-value, so Holm counts 0 comparisons, and both the family note
+    and the orderings say so (they said 0 and 1); one comparison is singular."""
+    runs = [fake_run(tmp_path, 'mha', 0, 1.1), fake_run(tmp_path, 'mqa', 0, 1.2, 'mqa')]
+    summarise(str(tmp_path), [s for s, _ in runs], {s.name: r for s, r in runs}, 'params')
+    md = (tmp_path / 'summary.md').read_text()
+    assert 'Holm-corrected over the 0 comparisons of this summary' in md
+    assert 'Holm-corrected p over these 0 comparisons is below' in md
+    assert '1 comparisons' not in md
+    from lm.experiments.summary import comparisons
+
+    assert [comparisons(m) for m in (0, 1, 2)] == ['0 comparisons', '1 comparison', '2 comparisons']
+
+
+def test_finished_runs_refuses_a_directory_of_ablation_runs(tmp_path):
+    """eval_sweep.py / cache_quality.py on an uptrain_ablation.py --out_dir: one line saying what
+    it is, not a KeyError."""
+    from lm.experiments.cache_quality import finished_runs
+
+    (tmp_path / 'MQA_mean_a0.1_s0').mkdir()
+    result = {'fingerprint': {'steps': 10, 'split': 'uptrain'}}
+    (tmp_path / 'MQA_mean_a0.1_s0' / 'result.json').write_text(json.dumps(result))
+    want = r'not a sweep directory: its run MQA_mean_a0\.1_s0 records no config seed \(it holds'
+    with pytest.raises(ValueError, match=want):
+        finished_runs(str(tmp_path))
+
+
 def test_summary_reports_intervals_and_resolved_orderings(tmp_path):
     runs = [fake_run(tmp_path, 'mha', s, x) for s, x in enumerate([1.10, 1.25, 1.00])]
     runs += [fake_run(tmp_path, 'mqa', s, x, 'mqa') for s, x in enumerate([1.20, 1.30, 1.10])]

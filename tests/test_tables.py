@@ -52,7 +52,7 @@ def test_a_stale_table_is_found_and_rewritten(tmp_path):
     # sign-flip: 3 differences of one sign, 2 of the 2^3 patterns: 0.25
     assert '| a | b | +0.0833 [0.0116, 0.1550] p=0.0377 ✓ (sign-flip 0.25) | a > b |' in text
     assert 'at 3 paired seeds its smallest p is 2/2^3 = 0.25, above 0.05' in text
-    assert 'Holm-corrected over the 1 comparisons' in text
+    assert 'Holm-corrected over the 1 comparison ' in text
     doc.write_text('<!-- table: nope x -->\n<!-- /table -->\n')
     with pytest.raises(ValueError, match='kind must be one of'):
         tables.update_docs(str(docs), str(results))
@@ -225,7 +225,7 @@ def test_a_pair_without_a_p_value_is_not_counted_in_the_holm_family():
         for seed, v in enumerate(vs)
     ]
     text = summary.seeds_table(rows)
-    assert 'Holm-corrected over the 1 comparisons' in text
+    assert 'Holm-corrected over the 1 comparison ' in text
     p = scipy.stats.ttest_rel(values['x'], values['y']).pvalue  # m = 1: Holm leaves it
     assert f'p={p:.3g}' in next(line for line in text.splitlines() if line.startswith('| x | y |'))
 
@@ -626,7 +626,7 @@ def test_steps_to_table_pairs_first_steps_and_skips_runs_that_never_reached():
     assert '| mha | 400 ± 100 | [152, 648] | 3 | 0 |' in text  # t_{.975,2} · 100/√3 = 248
     assert '| mqa | 567 ± 58 | [423, 710] | 3 | 0 |' in text
     assert '| mla | n/a | n/a | 0 | 1 |' in text
-    assert 'Holm-corrected over the 1 comparisons' in text
+    assert 'Holm-corrected over the 1 comparison ' in text
     want = f'| mqa | mha | +167 [23, 310] p={1 - 5 / 27**0.5:.3g} ✓ (sign-flip 0.25) | mqa > mha |'
     assert want in text
     assert '| mla | mqa | not tested | 1 run(s) never reached 0.9 |' in text

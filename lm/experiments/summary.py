@@ -94,11 +94,16 @@ def diff_cell(
     return f'{diff.mean:+.{digits}f} {diff.interval(digits)}{p}{resolved}{flip}'
 
 
+def comparisons(m: int) -> str:
+    """'1 comparison', '3 comparisons'."""
+    return f'{m} comparison' + ('' if m == 1 else 's')
+
+
 def family_note(m: int, seeds: int | None = None, test: str = 'paired t-test') -> str:
     """The sentence every summary states its correction with; with `seeds` (the fewest paired
     seeds of a comparison in the family) also the sign-flip test's floor at that n."""
     note = (
-        f'p: {test}, Holm-corrected over the {m} comparisons of this summary; ✓ = '
+        f'p: {test}, Holm-corrected over the {comparisons(m)} of this summary; ✓ = '
         'resolved (corrected p < 0.05).'
     )
     if seeds is None or seeds < 1:

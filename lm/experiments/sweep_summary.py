@@ -163,11 +163,13 @@ def _recall_markdown(rows: list[dict], pairs: list[dict], accuracy: dict) -> str
 
 
 def _orderings(pairs: list[dict], value: str, label: str) -> list[str]:
-    """The lines of an orderings table: every pair's paired difference of `value`."""
+    """The lines of an orderings table: every pair's paired difference of `value`; the count
+    is Holm's, as the family note's (pairs without a p-value, e.g. on one seed, not counted)."""
+    m = pairs[0]['comparisons'] if pairs else 0
     lines = [
         '',
         f'Orderings ({label}, paired over seeds; resolved when the Holm-corrected p over these '
-        f'{len(pairs)} comparisons is below 0.05; the exact sign-flip p of the same differences, '
+        f'{summary.comparisons(m)} is below 0.05; the exact sign-flip p of the same differences, '
         f'Holm-corrected alike, beside it: at n seeds it cannot go below 2/2^n):',
         '',
         f'| a | b | Δ {value} a − b | 95% CI | seeds | p | p (Holm) | sign-flip p (Holm) | '
