@@ -10,12 +10,14 @@ step 2000, is the converted model.) Every run and step is checked before any ana
 Writes OUT/heads.csv (run, layer, head, previous_token, induction, duplicate_token, sink,
 entropy), OUT/kv_similarity.csv (run, layer, kind, head_a, head_b, value), OUT/summary.md, PNG
 heatmaps (layer x head per score, one panel per run), one example attention map per layer and
-run, KV-head similarity and loss by position; each run's scores and images also go to its
+run, KV-head similarity and loss by position (what an earlier analysis wrote in OUT is removed
+first; other files there are kept); each run's scores and images also go to its
 TensorBoard directory at its checkpoint step. A run is WORKDIR or WORKDIR@STEP (--step applies
 to --workdir). Scores are defined in lm/analysis/scores.py.
 """
 
 import os
+import re
 import signal
 import sys
 
@@ -98,10 +100,27 @@ def run() -> int:
     return 0
 
 
+# The files `write` makes in --out (per-run images named after each run's label).
+OUTPUTS = re.compile(
+    r'(heads\.csv|kv_similarity\.csv|summary\.md|loss_by_position\.png|'
+    rf'({"|".join((*SCORES, "first_position"))})\.png|'
+    r'attention_.+_L\d+\.png|kv_similarity_.+\.png)'
+)
+
+
+def remove_old_outputs(out: str) -> None:
+    """Removes what an earlier analysis wrote in `out` (only the names `write` makes), so no
+    image of a run not analysed now stays beside the new tables."""
+    for name in os.listdir(out):
+        if OUTPUTS.fullmatch(name) and os.path.isfile(path := os.path.join(out, name)):
+            os.remove(path)
+
+
 def write(runs: list[RunHeads]) -> None:
     """The CSVs, summary, figures and TensorBoard entries of the analysed runs."""
     out = _OUT.value
     os.makedirs(out, exist_ok=True)
+    remove_old_outputs(out)
     write_csv(runs, os.path.join(out, 'heads.csv'))
     write_kv_csv(runs, os.path.join(out, 'kv_similarity.csv'))
     with open(os.path.join(out, 'summary.md'), 'w') as f:

@@ -304,6 +304,9 @@ def test_analyze_heads_cli(tmp_path):
     workdir = tmp_path / 'run'
     train(config, str(workdir), str(tmp_path / 'tb'))  # 8 steps, checkpoints at 4 and 8
     out = tmp_path / 'heads'
+    out.mkdir()  # an earlier analysis's image of a run not analysed now, and a file of the user's
+    (out / 'attention_old_step9_L0.png').write_bytes(b'old')
+    (out / 'notes.txt').write_text('mine')
     res = cli(
         f'--workdir={workdir}',
         f'--compare={workdir}@4',
@@ -313,6 +316,8 @@ def test_analyze_heads_cli(tmp_path):
         '--num_random=4',
     )
     assert res.returncode == 0, res.stderr[-3000:]
+    assert not (out / 'attention_old_step9_L0.png').exists()
+    assert (out / 'notes.txt').read_text() == 'mine'
     with open(out / 'heads.csv') as f:
         rows = list(csv.reader(f))
     assert rows[0] == [

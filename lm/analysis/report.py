@@ -64,9 +64,16 @@ def parse_run(spec: str, step: int | None = None) -> tuple[str, int | None]:
     return workdir, step
 
 
+def run_label(workdir: str, step: int) -> str:
+    """A run's name in the outputs: '<workdir name>@<step>'."""
+    return f'{os.path.basename(os.path.normpath(workdir))}@{step}'
+
+
 def check_runs(specs: list[tuple[str, int | None, str]]) -> None:
     """Refuses, before any work, a (workdir, step, flag) whose workdir holds no checkpoint or no
-    checkpoint at `step` (the error names the steps it holds)."""
+    checkpoint at `step` (the error names the steps it holds), and a run given twice (or two
+    whose labels, <workdir name>@<step>, would clash in the outputs)."""
+    seen: dict[str, str] = {}
     for workdir, step, flag in specs:
         steps = saved_steps(workdir)
         if not steps:
@@ -74,6 +81,13 @@ def check_runs(specs: list[tuple[str, int | None, str]]) -> None:
         if step is not None and step not in steps:
             held = ', '.join(map(str, steps))
             raise ValueError(f'{flag}: {workdir} has no checkpoint at step {step} (steps: {held})')
+        label = run_label(workdir, steps[-1] if step is None else step)
+        if label in seen:
+            raise ValueError(
+                f'{flag}: run {label} is also {seen[label]}; give each run (workdir name and '
+                'step) once'
+            )
+        seen[label] = flag
 
 
 @nnx.jit
@@ -181,7 +195,7 @@ def analyse_run(
             f'{flag}={workdir}: the validation split holds fewer than one batch of {batch} '
             f'windows of {T} tokens; lower --batch'
         )
-    label = f'{os.path.basename(os.path.normpath(workdir))}@{restored.step}'
+    label = run_label(workdir, restored.step)
     logging.info('%s: scoring %d batches of %d windows', label, len(windows), batch)
     text, loss_sum, icl, moments = _text_over(model, windows, label, stop)
     logging.info('head analysis of %s: %d repeated random sequences', label, num_random)
