@@ -23,7 +23,7 @@ chosen rate, with the Pareto front: <out_dir>/pareto_heldout_loss.png and the im
 
   python scripts/uptrain_ablation.py --data_path=data/tinyshakespeare.txt \
       --out_dir=runs/uptrain_ablation --schedule=continue,rewarm --lrs=3e-4,1e-3,3e-3 \
-      --report=docs/uptraining_table.md
+      --report=runs/uptrain_ablation/report.md
 
 --mha_scratch adds MHA itself trained from scratch on both parts for N + round(alpha·N) steps,
 and compares every conversion arm and from-scratch target with it. `--set=data.split_layout=
@@ -63,6 +63,8 @@ from lm.experiments import (
     ablation_markdown,
     ablation_report,
     base_config,
+    check_ablation,
+    check_output_file,
     chosen_runs,
     compare_table,
     lr_grid_rows,
@@ -202,6 +204,12 @@ def ablation() -> Ablation:
 
 
 def check_flags(seeds: int) -> None:
+    """One-line errors for the flags the ablation's settings do not check; --report: a file
+    in an existing writable directory, or in --out_dir (which the runs make)."""
+    report = _REPORT.value
+    in_out_dir = os.path.dirname(os.path.abspath(report)) == os.path.abspath(_OUT.value)
+    if report and not (in_out_dir and not os.path.isdir(report)):
+        check_output_file(report, '--report')
     if _PARALLEL.value < 1:
         raise ValueError(f'--parallel: expected >= 1, got {_PARALLEL.value}')
     if _ONLY_SEED.value is not None and _ONLY_SEED.value not in range(seeds):
@@ -222,10 +230,11 @@ def relaunch(lane: str) -> list[str]:
 def run() -> int:
     check_writable_dir(_OUT.value, '--out_dir')
     ab = ablation()
-    bootstrap(base_config(ab, 0, 1))
     check_flags(ab.seeds)
+    bootstrap(base_config(ab, 0, 1))
     t0 = time.time()
     specs = plan_ablation(ab, _OUT.value)
+    check_ablation(ab)
     only = None if _ONLY_SEED.value is None else f'seed{_ONLY_SEED.value}'
     with StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
         try:

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from lm.experiments import lr_grid
-from lm.experiments.ablation import Ablation, arms, base_config, plan
+from lm.experiments.ablation import Ablation, arms, base_config, check_configs, plan
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'configs', 'shakespeare_char.py')
 
@@ -231,3 +231,27 @@ def test_screen_choices_name_the_point_whose_seeds_differ():
     with pytest.raises(ValueError, match=r'^mqa: lr 0.0003: seeds \[0\], expected \[0, 1\]$'):
         lr_grid.screen_choices(rows)
     assert lr_grid.screen_choices(rows[:2]) == {'mqa': 1e-3}
+
+
+@pytest.mark.parametrize('setting', ['steps', 'seeds'])
+def test_no_steps_or_seeds_is_refused(setting):
+    """--steps=0 finished a source without a checkpoint; --seeds=0 wrote empty CSVs, then
+    failed."""
+    with pytest.raises(ValueError, match=f'--{setting}: expected >= 1, got 0'):
+        ablation(**{setting: 0})
+
+
+def test_every_run_config_is_checked_before_any_run(tmp_path):
+    """What train.py checks first (settings, data files, evaluation) fails before the first
+    run starts, not when the run that needs it starts."""
+    text = tmp_path / 'text.txt'
+    text.write_text('some text\n' * 100)
+    one = ('mesh.cpu_devices=0',)  # this process's devices, as JAX started them
+    good = dict(data_path=str(text), overrides=one)
+    check_configs(ablation(**good))
+    with pytest.raises(FileNotFoundError, match="config.data.path: 'nowhere.txt' does not exist"):
+        check_configs(ablation(**{**good, 'data_path': 'nowhere.txt'}))
+    with pytest.raises(ValueError, match='config.eval_tokens must be >= 0, got -1'):
+        check_configs(ablation(**good, eval_tokens=-1))
+    with pytest.raises(ValueError, match='config.train.lr must be > 0'):
+        check_configs(ablation(**{**good, 'lrs': (), 'overrides': (*one, 'train.lr=-1')}))

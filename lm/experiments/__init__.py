@@ -29,7 +29,12 @@ __all__, __getattr__, __dir__ = public_face(
         'sweep_ensemble': ('seed_runs',),
         'fairness': ('MATCHES',),
         'sweep_summary': ('summarise as summarise_sweep',),
-        'ablation': ('Ablation', 'base_config', 'plan as plan_ablation'),
+        'ablation': (
+            'Ablation',
+            'base_config',
+            'check_configs as check_ablation',
+            'plan as plan_ablation',
+        ),
         'ablation_tables': (
             'PLOTTED',
             'chosen_runs',
@@ -38,7 +43,7 @@ __all__, __getattr__, __dir__ = public_face(
             'report as ablation_report',
             'tables as ablation_markdown',
         ),
-        'summary': ('seed_rows', 'write_csv'),
+        'summary': ('check_output_file', 'seed_rows', 'write_csv'),
         'stats': ('estimate',),
         'trend': ('contrasts as trend_contrasts', 'per_seed_contrasts', 'seeds_needed'),
         'pareto': (

@@ -33,6 +33,7 @@ from lm.model import attention
 from lm.model.accounting import kv_cache_bytes_per_token
 from lm.model.transformer import check_model_config
 from lm.train import loop
+from lm.train.run import check_config, check_devices
 
 # What a from-scratch run depends on; uptraining runs depend on every setting.
 SCRATCH_SETTINGS = ('data_path', 'steps', 'eval_tokens', 'set')
@@ -66,6 +67,9 @@ class Ablation:
     mha_scratch: bool = False  # also MHA from scratch on both parts at every from-scratch budget
 
     def __post_init__(self) -> None:
+        for flag, value in (('--steps', self.steps), ('--seeds', self.seeds)):
+            if value < 1:
+                raise ValueError(f'{flag}: expected >= 1, got {value}')
         if not set(self.scratch_fractions) <= set(self.fractions):
             raise ValueError('--scratch_fractions: every alpha must also be in --fractions')
         if not self.schedules or not set(self.schedules) <= set(SCHEDULES):
@@ -377,6 +381,18 @@ def plan(ab: Ablation, out_dir: str) -> list[Spec]:
     specs = [s for seed in range(ab.seeds) for s in _lane(ab, out_dir, seed, by_label)]
     # An unfinished run starts clean: a conversion writes into an empty workdir.
     return [dataclasses.replace(s, resume=False) for s in specs]
+
+
+def check_configs(ab: Ablation) -> None:
+    """The checks train.py makes before any work (`check_config`, `check_devices`: settings,
+    data files, evaluation) on the source's config and every from-scratch config, at every
+    learning rate of the grid: a bad --set, --eval_tokens or --data_path fails before any run
+    starts (the conversion arms train the source's config on another part, fewer steps)."""
+    makes = [lambda s, t, lr: base_config(ab, s, t, lr)]
+    makes += [make for make, _ in arms(ab).values()]
+    for make in makes:
+        for total, lr in itertools.product(ab.totals() or [ab.steps], ab.grid()):
+            check_devices(check_config(make(ab.seeds - 1, total, lr)))
 
 
 def _converter(source_dir: str, options: ConversionOptions) -> Callable[[str], object]:
