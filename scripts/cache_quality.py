@@ -32,21 +32,34 @@ _PARETO = flags.DEFINE_string('pareto_table', '', 'Also this CSV, for plot_paret
 _PANEL = flags.DEFINE_string('panel', 'KV layouts and caches', "The Pareto table's panel title.")
 
 
-def run() -> int:
+def check_flags() -> None:
+    """One-line errors for empty lists and unwritable or shared output paths."""
+    for flag in (_POINTS, _DTYPES):
+        if flags.FLAGS[flag.name].present and not flag.value:
+            raise ValueError(f'--{flag.name}: expected one or more values, got none')
     outputs = (('--out', _OUT.value), ('--sweep_out', _SWEEP_OUT.value))
-    for flag, path in (*outputs, ('--pareto_table', _PARETO.value)):
-        if path and os.path.isdir(path):
+    named = [(flag, path) for flag, path in (*outputs, ('--pareto_table', _PARETO.value)) if path]
+    for flag, path in named:
+        if os.path.isdir(path):
             raise ValueError(f'{flag}={path} is a directory; give a CSV file path')
-        if path:
-            check_writable_dir(os.path.dirname(os.path.abspath(path)), flag)
+        check_writable_dir(os.path.dirname(os.path.abspath(path)), flag)
+    for i, (flag, path) in enumerate(named):
+        for other, other_path in named[:i]:
+            if os.path.abspath(path) == os.path.abspath(other_path):
+                raise ValueError(f'{other} and {flag} name the same file {path}; give each its own')
+
+
+def run() -> int:
+    check_flags()
     with StopRequest() as stop:  # SIGTERM: stop between batches; nothing written
         rows = quantized_rows(_SWEEP_DIR.value, _POINTS.value, _DTYPES.value, stop=stop)
-    write_csv(_OUT.value, [r for r in rows if r['arm'].partition('+')[0] in _POINTS.value])
+    out = [r for r in rows if r['arm'].partition('+')[0] in _POINTS.value]
+    write_csv(_OUT.value, out)
     if _SWEEP_OUT.value:
         write_csv(_SWEEP_OUT.value, [r for r in rows if '+' not in r['arm']])
     if _PARETO.value:
         write_csv(_PARETO.value, pareto_rows(_SWEEP_DIR.value, rows, _PANEL.value))
-    print(f'wrote {_OUT.value}: {len(rows)} rows')
+    print(f'wrote {_OUT.value}: {len(out)} rows')
     return 0
 
 

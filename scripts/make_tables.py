@@ -37,6 +37,8 @@ def stale_studies(studies: str, write: bool) -> list[str]:
 
 
 def run() -> int:
+    if not os.path.isdir(_STUDIES.value):
+        raise ValueError(f'--studies={_STUDIES.value} is not a directory (of study folders)')
     changed = stale_studies(_STUDIES.value, write=not _CHECK.value)
     for path in changed:
         print(f'{"stale" if _CHECK.value else "rewrote"}: {path}')

@@ -26,6 +26,7 @@ from lm.analysis import save
 from lm.cli import run_app
 from lm.experiments import (
     Point,
+    check_output_file,
     front,
     higher_is_better,
     log_images,
@@ -65,12 +66,16 @@ def dir_points(specs: list[str], metric: str) -> list[Point]:
 def run() -> int:
     if bool(_RUN_DIR.value) == bool(_TABLE.value):
         raise ValueError('give either --run_dir (one or more) or --table')
+    check_output_file(_OUT.value, '--out', '.png')
     metric = _METRIC.value
     if _TABLE.value:
         points = read_table(_TABLE.value, metric)
     else:
         points = dir_points(_RUN_DIR.value, metric)
-    points = [p for p in points if not any(text in p.label for text in _EXCLUDE.value)]
+    kept = [p for p in points if not any(text in p.label for text in _EXCLUDE.value)]
+    if points and not kept:
+        raise ValueError(f'--exclude left no points (it matches every one of the {len(points)})')
+    points = kept
     image = save(pareto_figure(points, metric, _TITLE.value), _OUT.value)
     if _TB_DIR.value:
         log_images({metric: image}, _TB_DIR.value)

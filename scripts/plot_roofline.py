@@ -14,6 +14,7 @@ import matplotlib
 from absl import flags
 
 from lm.cli import run_app
+from lm.experiments import check_output_file
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
@@ -66,16 +67,35 @@ def plot(rows: list[dict], out: str) -> None:
     fig.savefig(out, dpi=120)
 
 
+# What plot() reads of each bench_decode.py --json row.
+KEYS = ('variant', 'batch', 'bytes_per_step', 'decode_tokens_per_sec', 'bandwidth_GBps')
+
+
+def read_rows(path: str) -> list[dict]:
+    """The rows of one bench_decode.py --json file; a one-line error naming the file unless it
+    is a non-empty JSON list of objects with the keys plot() reads."""
+    with open(path) as f:
+        try:
+            rows = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f'--json: {path} is not JSON ({e})') from None
+    want = f'a non-empty list of bench_decode.py --json rows (objects with {", ".join(KEYS)})'
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f'--json: {path} is not {want}')
+    for i, r in enumerate(rows):
+        if missing := [k for k in KEYS if k not in r]:
+            raise ValueError(f'--json: {path}: row {i} lacks {", ".join(missing)}; expected {want}')
+    return rows
+
+
 def run() -> int:
     if not _JSON.value:
         raise ValueError('--json: name at least one bench_decode.py --json file')
+    check_output_file(_OUT.value, '--out', '.png')
     for path in _JSON.value:
         if not os.path.isfile(path):
             raise FileNotFoundError(f'--json: {path!r} does not exist')
-    rows = []
-    for path in _JSON.value:
-        with open(path) as f:
-            rows += json.load(f)
+    rows = [r for path in _JSON.value for r in read_rows(path)]
     plot(rows, _OUT.value)
     print(f'wrote {_OUT.value} ({len(rows)} points)')
     return 0

@@ -396,6 +396,17 @@ BENCH, CACHE_Q, EVAL_SWEEP = (
     'scripts/cache_quality.py',
     ('scripts/eval_sweep.py'),
 )
+ABLATION, PARETO, ROOFLINE = (
+    'scripts/uptrain_ablation.py',
+    'scripts/plot_pareto.py',
+    'scripts/plot_roofline.py',
+)
+ROOFLINE_JSON = {  # bench_decode.py --json files that are not its rows
+    'missing_keys': '[{"variant": "mha", "batch": 1}]',
+    'an_object': '{"variant": "mha"}',
+    'not_json': 'nope',
+    'empty': '[]',
+}
 GET_POINTS = {  # sweep files: the body of get_points()
     'points_not_a_list': "return {'name': 'a'}",
     'point_not_a_dict': 'return [1]',
@@ -429,6 +440,16 @@ def early(ctx):
     save_step0(cla, ctx.cla_sweep / 'cla2_s0')
     (ctx.cla_sweep / 'cla2_s0' / 'result.json').write_text(json.dumps({'fingerprint': {'seed': 0}}))
     (ctx.cla_sweep / 'summary_seeds.csv').write_text('point,seed,eval_loss\ncla2,0,3.0\n')
+    ablation_run = root / 'ablation' / 'GQA-2_mean_a0.1_s0'  # a run of uptrain_ablation.py
+    ablation_run.mkdir(parents=True)
+    result = {'fingerprint': {'steps': 10, 'split': 'uptrain'}}
+    (ablation_run / 'result.json').write_text(json.dumps(result))
+    (root / 'pareto.csv').write_text(
+        'panel,family,label,kv_cache_bytes_per_token,metric,seed,value\n'
+        'p,float,mha,2048,eval/loss,0,3.0\n'
+    )
+    for name, text in ROOFLINE_JSON.items():
+        (root / f'roofline_{name}.json').write_text(text)
     base = (root / 'good.py').read_text()
     for name, body in GET_POINTS.items():
         (root / f'{name}.py').write_text(f'{base}\n\ndef get_points():\n    {body}\n')
@@ -488,6 +509,99 @@ EARLY = [
             f'--out={c.root}/new_dir/q.csv',
         ],
         r'--points: cla2 \(.*cla2_s0\): config\.model\.kv_share_every=2 with kv_cache_dtype=',
+    ),
+    (
+        'cache_quality_out_and_sweep_out_the_same_file',
+        CACHE_Q,
+        lambda c: [
+            f'--sweep_dir={c.cla_sweep}',
+            f'--out={c.root}/q.csv',
+            f'--sweep_out={c.root}/q.csv',
+        ],
+        r'--out and --sweep_out name the same file',
+    ),
+    *[
+        (
+            f'cache_quality_empty_{flag}',
+            CACHE_Q,
+            lambda c, flag=flag: [
+                f'--sweep_dir={c.cla_sweep}',
+                f'--out={c.root}/q.csv',
+                f'--{flag}=',
+            ],
+            rf'--{flag}: expected one or more values, got none',
+        )
+        for flag in ('points', 'kv_cache_dtypes')
+    ],
+    (
+        'eval_sweep_on_an_ablation_out_dir',
+        EVAL_SWEEP,
+        lambda c: [
+            f'--sweep_dir={c.root}/ablation',
+            f'--config={c.good_cfg}',
+            f'--out={c.root}/e.csv',
+        ],
+        r'--sweep_dir: .*ablation is not a sweep directory: .* \(it holds an uptrain_ablation',
+    ),
+    *[
+        (
+            f'uptrain_ablation_{flag}_zero',
+            ABLATION,
+            lambda c, flag=flag: [f'--{flag}=0', f'--out_dir={c.root}/abl'],
+            rf'--{flag}: expected >= 1, got 0',
+        )
+        for flag in ('seeds', 'steps')
+    ],
+    (
+        'uptrain_ablation_report_in_a_missing_directory',
+        ABLATION,
+        lambda c: [f'--report={c.root}/nodir/report.md', f'--out_dir={c.root}/abl'],
+        r'--report=.*: its directory .*nodir does not exist',
+    ),
+    (
+        'plot_pareto_out_is_a_directory',
+        PARETO,
+        lambda c: [f'--table={c.root}/pareto.csv', f'--out={c.root}'],
+        r'--out=.* is a directory; expected a file path',
+    ),
+    (
+        'plot_pareto_out_not_png',
+        PARETO,
+        lambda c: [f'--table={c.root}/pareto.csv', f'--out={c.root}/p'],
+        r'--out=.*/p: expected a file name ending in \.png',
+    ),
+    (
+        'plot_pareto_exclude_every_point',
+        PARETO,
+        lambda c: [f'--table={c.root}/pareto.csv', f'--out={c.root}/p.png', '--exclude=mha'],
+        r'--exclude left no points',
+    ),
+    (
+        'plot_roofline_out_not_png',
+        ROOFLINE,
+        lambda c: [f'--json={c.root}/roofline_empty.json', f'--out={c.root}/roof'],
+        r'--out=.*/roof: expected a file name ending in \.png',
+    ),
+    *[
+        (
+            f'plot_roofline_json_{name}',
+            ROOFLINE,
+            lambda c, name=name: [f'--json={c.root}/roofline_{name}.json', f'--out={c.root}/r.png'],
+            rf'--json: .*roofline_{name}\.json(:| is)',
+        )
+        for name in ROOFLINE_JSON
+    ],
+    (
+        'make_tables_studies_is_a_file',
+        'scripts/make_tables.py',
+        lambda c: [f'--studies={c.root}/a_file', '--check'],
+        r'--studies=.*a_file is not a directory',
+    ),
+    (
+        'analyze_heads_the_same_run_twice',
+        'scripts/analyze_heads.py',
+        lambda c: [f'--workdir={c.run}', f'--compare={c.run}', f'--out={c.root}/heads'],
+        r'--compare=.*: run run@4 is also --workdir; give each run',
     ),
     (
         'eval_sweep_out_is_a_directory',

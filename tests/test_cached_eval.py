@@ -98,7 +98,7 @@ def test_eval_py_and_cache_quality_through_quantized_caches(tmp_path, small_text
     from conftest import sweep_file
 
     base = tiny_train_config(tmp_path, small_text, **{'train.steps': 6})
-    cfg = sweep_file(tmp_path, base, [{'name': 'gqa'}])
+    cfg = sweep_file(tmp_path, base, [{'name': 'gqa'}, {'name': 'narrow', 'model.mlp_dim': 32}])
     sweep_dir, out = tmp_path / 'sw', tmp_path / 'seeds.csv'
     run_entry('scripts/sweep.py', f'--config={cfg}', f'--sweep_dir={sweep_dir}', '--seeds=2',
               check=True)  # fmt: skip
@@ -106,11 +106,12 @@ def test_eval_py_and_cache_quality_through_quantized_caches(tmp_path, small_text
     bad = run_entry('scripts/cache_quality.py', f'--sweep_dir={sweep_dir}', '--points=mla',
                     f'--out={out}')  # fmt: skip
     assert bad.stderr.strip().splitlines()[-1] == (
-        "error: --points: ['mla'] not among the sweep's points ['gqa']"
+        "error: --points: ['mla'] not among the sweep's points ['gqa', 'narrow']"
     )
     pareto = tmp_path / 'pareto.csv'
     args = ['--points=gqa', '--kv_cache_dtypes=int8', f'--out={out}', f'--pareto_table={pareto}']
-    run_entry('scripts/cache_quality.py', f'--sweep_dir={sweep_dir}', *args, check=True)
+    done = run_entry('scripts/cache_quality.py', f'--sweep_dir={sweep_dir}', *args, check=True)
+    assert f'wrote {out}: 4 rows' in done.stdout  # those in --out, not the sweep's 'narrow' too
     rows = list(csv.DictReader(out.open()))
     assert [(r['arm'], r['seed']) for r in rows] == [
         ('gqa', '0'),
@@ -123,7 +124,8 @@ def test_eval_py_and_cache_quality_through_quantized_caches(tmp_path, small_text
         assert 0 < abs(loss['gqa+int8', seed] - loss['gqa', seed]) < 0.02
     kv = {r['label']: int(r['kv_cache_bytes_per_token']) for r in csv.DictReader(pareto.open())}
     # 2 layers, K and V of 2 heads of 8: bf16 2 bytes each; int8 1 byte plus a bf16 scale per 8
-    assert kv == {'gqa': 2 * 2 * 2 * 8 * 2, 'gqa+int8': 2 * 2 * 2 * (8 + 2)}
+    bf16 = 2 * 2 * 2 * 8 * 2
+    assert kv == {'gqa': bf16, 'narrow': bf16, 'gqa+int8': 2 * 2 * 2 * (8 + 2)}
 
 
 def _eval_py_through_the_cache(workdir) -> None:

@@ -147,11 +147,24 @@ def finished_runs(sweep_dir: str) -> list[tuple[tuple[str, int], str]]:
     for name in os.listdir(sweep_dir):
         workdir = os.path.join(sweep_dir, name)
         if os.path.isdir(workdir) and (result := read_result(workdir)):
-            found.append(((arm_and_seed(name)[0], int(result['fingerprint']['seed'])), workdir))
+            found.append(((arm_and_seed(name)[0], _seed(result, workdir)), workdir))
     runs = sorted(found, key=lambda run: (rank.get(run[0][0], len(order)), run[0]))
     if not runs:
         raise FileNotFoundError(f'--sweep_dir: {sweep_dir} holds no finished run <arm>_s<seed>')
     return runs
+
+
+def _seed(result: dict, workdir: str) -> int:
+    """The config seed a sweep run's fingerprint (its whole config) records; a one-line error
+    for a run of another kind of plan (an uptraining ablation's records its settings)."""
+    saved = result.get('fingerprint', {})
+    if 'seed' not in saved:
+        held = ' (it holds an uptrain_ablation.py run)' if 'split' in saved else ''
+        raise ValueError(
+            f'--sweep_dir: {os.path.dirname(workdir)} is not a sweep directory: its run '
+            f'{os.path.basename(workdir)} records no config seed{held}'
+        )
+    return int(saved['seed'])
 
 
 def check_one_task(runs: dict[str, dict], data: dict, overridden: set[str]) -> None:
