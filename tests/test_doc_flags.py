@@ -1,5 +1,6 @@
-"""Every study command and every reference command marked `ci: flags` (benchmarks, multi-host,
-long experiments; tests/doc_commands.py) parses its flags: each `python` command's flags are
+"""Every study command, every reference command marked `ci: flags` (benchmarks, multi-host,
+long experiments; tests/doc_commands.py) and every example in an entry point's docstring (what
+its --help shows) parses its flags: each `python` command's flags are
 parsed by its own parser, so an unknown flag, a bad value or a config key that does not exist
 fails, and nothing runs; and the repository files a study's commands name exist.
 
@@ -44,26 +45,50 @@ def invocations(command: str, tmp_path, env, index: int) -> list[dict]:
     return found
 
 
+def docstring_commands(path) -> list[str]:
+    """The `python ...` example commands of an entry point's docstring, continuation lines
+    joined, trailing comments dropped."""
+    commands, lines = [], (ast.get_docstring(ast.parse(path.read_text())) or '').splitlines()
+    for i, line in enumerate(lines):
+        if not line.lstrip().startswith('python '):
+            continue
+        command = line.strip()
+        while command.endswith('\\') and i + 1 < len(lines):
+            i += 1
+            command = command[:-1] + ' ' + lines[i].strip()
+        commands.append(re.sub(r'\s+#.*$', '', command))
+    return commands
+
+
 @pytest.mark.slow
 def test_every_doc_flag_parses(tmp_path):
+    """The docs' commands marked `ci: flags`, and the examples each entry point's --help shows
+    (its docstring)."""
     env = scratch(tmp_path)
     record_env = recording(tmp_path, env, 'python')
     labels, calls = [], []
-    checked = [*walk(REFERENCE), *walk(STUDIES, study=True)]
-    for doc, command, action, shell_vars in checked:
+
+    def record(label: str, command: str) -> None:
+        found = invocations(command, tmp_path, record_env, len(labels))
+        labels.extend([label] * len(found))
+        calls.extend(found)
+
+    for doc, command, action, shell_vars in [*walk(REFERENCE), *walk(STUDIES, study=True)]:
         if action.kind == 'flags':
-            command_run = shell_vars + scaled(command, action)
-            found = invocations(command_run, tmp_path, record_env, len(labels))
-            labels += [f'{doc}: {command}'] * len(found)
-            calls += found
+            record(f'{doc}: {command}', shell_vars + scaled(command, action))
+    for path in sorted([ROOT / 'train.py', ROOT / 'eval.py', *(ROOT / 'scripts').glob('*.py')]):
+        for command in docstring_commands(path):
+            record(f'{path.name} (docstring): {command}', command)
     # the check itself: a flag no entry point defines fails, even before a --help
     canary = {'cwd': str(tmp_path), 'argv': ['train.py', '--no_such_flag=1', '--help']}
     refused, *results = in_one_python([canary, *calls], tmp_path, env)
     assert refused['code'] == 1 and "Unknown command line flag 'no_such_flag'" in refused['out']
-    for label, call, result in zip(labels, calls, results, strict=True):
-        assert result['code'] == 0 and PARSED in result['out'], (
-            f'{label}\n{call["argv"]}\n{result["out"][-3000:]}'
-        )
+    failed = [
+        f'{label}\n{call["argv"]}\n{result["out"][-1000:]}'
+        for label, call, result in zip(labels, calls, results, strict=True)
+        if result['code'] != 0 or PARSED not in result['out']
+    ]
+    assert not failed, '\n\n'.join(failed)
 
 
 # a repository path in a command: a config (its ':argument' dropped), a script, a doc's file
@@ -105,39 +130,3 @@ def test_every_gpu_script_command_parses(tmp_path):
         assert result['code'] == 0 and PARSED in result['out'], (
             f'bench_gpu.sh {label}\n{call["argv"]}\n{result["out"][-3000:]}'
         )
-
-
-def docstring_commands(path) -> list[str]:
-    """The `python ...` example commands of an entry point's docstring, continuation lines
-    joined, trailing comments dropped."""
-    commands, lines = [], (ast.get_docstring(ast.parse(path.read_text())) or '').splitlines()
-    for i, line in enumerate(lines):
-        if not line.lstrip().startswith('python '):
-            continue
-        command = line.strip()
-        while command.endswith('\\') and i + 1 < len(lines):
-            i += 1
-            command = command[:-1] + ' ' + lines[i].strip()
-        commands.append(re.sub(r'\s+#.*$', '', command))
-    return commands
-
-
-@pytest.mark.slow
-def test_every_entry_point_docstring_example_parses(tmp_path):
-    """The examples an entry point's --help shows (its docstring) parse as the docs' do."""
-    env = scratch(tmp_path)
-    record_env = recording(tmp_path, env, 'python')
-    labels, calls = [], []
-    for path in sorted([ROOT / 'train.py', ROOT / 'eval.py', *(ROOT / 'scripts').glob('*.py')]):
-        for command in docstring_commands(path):
-            found = invocations(command, tmp_path, record_env, len(labels))
-            labels += [f'{path.name}: {command}'] * len(found)
-            calls += found
-    assert len(calls) > 40
-    results = in_one_python(calls, tmp_path, env)
-    failed = [
-        f'{label}\n{result["out"][-500:]}'
-        for label, result in zip(labels, results, strict=True)
-        if result['code'] != 0 or PARSED not in result['out']
-    ]
-    assert not failed, '\n\n'.join(failed)
