@@ -48,10 +48,10 @@ def fetch(name: str, source: str, out_dir: str, timeout: float) -> str:
     if name not in DATASETS:
         raise ValueError(f'unknown data set {name!r}; known: {", ".join(sorted(DATASETS))}')
     url, want, filename = DATASETS[name]
-    if source and not os.path.isfile(source):
-        raise ValueError(f'--from={source!r} is not a file')
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f'--out_dir={out_dir!r} is a file, not a directory')
+    if source and not os.path.isfile(source):
+        raise ValueError(f'--from={source!r} is not a file')
     target = os.path.join(out_dir, filename)
     if os.path.isfile(target) and sha256(target) == want:
         return target

@@ -481,8 +481,10 @@ def test_cli_errors_are_one_line_and_early(tmp_path, small_text):
     assert run(missing) == f"error: config.data.path: '{tmp_path / 'nope.txt'}' does not exist"
     (tmp_path / 'empty.txt').write_text('')
     assert 'is empty' in run(tiny_train_config(tmp_path, tmp_path / 'empty.txt'))
-    (tmp_path / 'tiny.txt').write_text('x' * 300)
-    assert 'fewer than one batch' in run(tiny_train_config(tmp_path, tmp_path / 'tiny.txt'))
+    (tmp_path / 'tiny.txt').write_text('x' * 60)  # 54 + 1 training tokens: a batch needs 65
+    assert 'train split has 55 tokens, fewer than one batch' in run(
+        tiny_train_config(tmp_path, tmp_path / 'tiny.txt')
+    )
     assert 'nonexistent' in run(base, '--config.model.nonexistent=1')
     assert 'attention must be one of' in run(base, '--config.model.attention=linear')
     assert run(base, '--config.train.steps_per_call=0') == (
