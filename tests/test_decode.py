@@ -362,7 +362,7 @@ def test_one_line_errors():
         r'the cache \(8 tokens\)',
     ):
         decoder.generate(PROMPTS, 4, cache_len=8)
-    with pytest.raises(ValueError, match=r'prompt 1 is empty'):
+    with pytest.raises(ValueError, match=r'^prompt 2 is empty'):  # counted from 1
         decoder.generate([[1], []], 4)
     with pytest.raises(ValueError, match=r"unknown sampling option 'beam'"):
         parse_sampling('beam=4')
