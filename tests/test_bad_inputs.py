@@ -283,6 +283,25 @@ ROWS = [
         lambda c: ['--sampling=temperature=nan'],
         r'sampling temperature must be a finite number >= 0, got nan',
     ),
+    *[
+        (
+            f'uptrain_dst_{name}',
+            UPTRAIN,
+            lambda c, dst=dst: [f'--src={c.run}', f'--dst={dst(c)}', '--num_kv_heads=2'],
+            rf"--dst='.*' {where} --src '.*/run'$",
+        )
+        for name, dst, where in (
+            ('inside_src', lambda c: c.run / 'sub', 'is inside'),
+            ('a_step_of_src', lambda c: c.run / 'checkpoints' / '4', 'is inside'),
+            ('holds_src', lambda c: c.root, 'holds'),
+        )
+    ],
+    (
+        'uptrain_no_target',
+        UPTRAIN,
+        lambda c: [f'--src={c.run}', f'--dst={c.root}/up'],
+        r'--num_kv_heads is required \(or --target=mla, --kv_share_every > 1 or --kv_budget\)$',
+    ),
     (
         'uptrain_dst_is_a_file',
         UPTRAIN,

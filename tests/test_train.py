@@ -364,7 +364,12 @@ def test_nonfinite_loss_stops_naming_the_step_and_saves_nothing(tmp_path, small_
 
 @pytest.mark.slow
 def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text):
-    config = tiny_train_config(tmp_path, small_text)
+    """eval.py is the run's own evaluation on its own data; other token counts, splits and a
+    text read as another file (a relative path from elsewhere, a file changed since) are logged
+    under their own tags, never the run's eval."""
+    text = tmp_path / 'text.txt'
+    text.write_text(small_text.read_text())
+    config = tiny_train_config(tmp_path, text)
     train(config, str(tmp_path / 'run'), str(tmp_path / 'tb'))  # a shared TensorBoard directory
     logdir = tmp_path / 'tb' / 'run'  # eval.py logs there too: one run shows up once
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
@@ -394,22 +399,14 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
     assert result['step'] == 4 and result['tag'].endswith('_train')
     assert read_scalars(logdir, f'{result["tag"]}/perplexity')[4] > 1
     assert not (tmp_path / 'run' / 'tb').exists()
-
-
-@pytest.mark.slow
-def test_eval_py_on_the_runs_data_read_as_another_file_logs_it_as_other_data(tmp_path, small_text):
-    """The run's own data config read as another text (a relative path from another directory,
-    a file changed since): eval.py says so and logs under another tag, never the run's eval."""
-    text = tmp_path / 'text.txt'
-    text.write_text(small_text.read_text())
-    train(tiny_train_config(tmp_path, text), str(tmp_path / 'run'))
-    text.write_text(small_text.read_text()[::-1])
+    text.write_text(small_text.read_text()[::-1])  # the run's data config, another text
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result['tag'].startswith('eval_text_') and result['tag'].endswith('_validation')
     assert "warning: the run's data as read here" in out.stderr
     assert 'logged as other data' in out.stderr
+    assert read_scalars(logdir, 'eval/loss') == tb
 
 
 @pytest.mark.slow

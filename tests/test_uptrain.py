@@ -212,39 +212,6 @@ def test_a_source_without_optimizer_state_is_said_to_have_none(tmp_path):
     assert optimizer_state_summary(config) == 'a fresh optimizer state (the source has none)'
 
 
-@pytest.mark.slow
-def test_uptrain_py_refuses_a_nested_dst_or_no_target_naming_its_flags(tmp_path):
-    """The script's refusals name its flags, one line each, nothing written; a source without
-    optimizer state (an import) is said to have none, an MQA target's one KV head singular."""
-    src = tmp_path / 'x' / 'src'
-    import_hf(str(FIXTURES / 'llama_mha'), str(src), base_config())
-    before = sorted(str(p) for p in tmp_path.rglob('*'))
-
-    def last_line(*args):
-        out = run_entry('scripts/uptrain.py', f'--src={src}', *args)
-        assert out.returncode == 1 and 'Traceback' not in out.stderr, out.stderr[-3000:]
-        return out.stderr.strip().splitlines()[-1]
-
-    for dst, where in [(src / 'sub', 'is inside'), (src / 'checkpoints' / '0', 'is inside')]:
-        line = last_line(f'--dst={dst}', '--num_kv_heads=2', '--steps=1')
-        assert line == f"error: --dst='{dst}' {where} --src '{src}'"
-    line = last_line(f'--dst={tmp_path / "x"}', '--num_kv_heads=2', '--steps=1')
-    assert line == f"error: --dst='{tmp_path / 'x'}' holds --src '{src}'"
-    assert last_line(f'--dst={tmp_path / "up"}') == (
-        'error: --num_kv_heads is required (or --target=mla, --kv_share_every > 1 or --kv_budget)'
-    )
-    assert sorted(str(p) for p in tmp_path.rglob('*')) == before
-    out = run_entry(
-        'scripts/uptrain.py', f'--src={src}', f'--dst={tmp_path / "up"}', '--num_kv_heads=1',
-        '--steps=1',
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert 'mqa with 1 KV head by mean (contiguous grouping) at step 0 (continue schedule, a ' in (
-        out.stdout
-    )
-    assert 'a fresh optimizer state (the source has none), to step 1)' in out.stdout
-
-
 def test_uptrain_config_sets_schedule_and_provenance():
     config = tiny_config(attention='mha')
     config.train.update(steps=40, warmup_steps=4)
