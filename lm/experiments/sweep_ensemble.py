@@ -104,7 +104,8 @@ class PointSpecs:
         )
         source = os.path.join(self.sweep_dir, name)
         seeds = [together.seed + i for i in range(k)]
-        split = functools.partial(_split, source, seeds=seeds, name=f'{self.name}_s{{seed}}')
+        point = self.name.replace('{', '{{').replace('}', '}}')  # a literal in the template
+        split = functools.partial(_split, source, seeds=seeds, name=f'{point}_s{{seed}}')
         members = [
             self._spec(
                 self._seeded(config, first + i),
