@@ -268,13 +268,15 @@ def fake_run(tmp_path, point, seed, loss, attention='mha', accuracy=None, **mode
 
 
 def test_a_one_seed_summary_counts_its_comparisons_alike(tmp_path):
-    """One seed: no pair has a p-value, so Holm counts 0 comparisons, and both the family note
-    and the orderings say so (they said 0 and 1); one comparison is singular."""
+    """One seed: no pair has a p-value, so Holm counts none, and both the family note and the
+    orderings say that no paired test is possible (they once said 0 and 1); one comparison is
+    singular."""
     runs = [fake_run(tmp_path, 'mha', 0, 1.1), fake_run(tmp_path, 'mqa', 0, 1.2, 'mqa')]
     summarise(str(tmp_path), [s for s, _ in runs], {s.name: r for s, r in runs}, 'params')
     md = (tmp_path / 'summary.md').read_text()
-    assert 'Holm-corrected over the 0 comparisons of this summary' in md
-    assert 'Holm-corrected p over these 0 comparisons is below' in md
+    assert 'none here: a paired test needs two or more seeds of both arms' in md
+    assert 'none can be resolved: a paired test needs two or more seeds' in md
+    assert '0 comparisons' not in md
     assert '1 comparisons' not in md
     from lm.experiments.summary import comparisons
 

@@ -102,6 +102,8 @@ def comparisons(m: int) -> str:
 def family_note(m: int, seeds: int | None = None, test: str = 'paired t-test') -> str:
     """The sentence every summary states its correction with; with `seeds` (the fewest paired
     seeds of a comparison in the family) also the sign-flip test's floor at that n."""
+    if m == 0:
+        return f'p: {test}; none here: a paired test needs two or more seeds of both arms.'
     note = (
         f'p: {test}, Holm-corrected over the {comparisons(m)} of this summary; ✓ = '
         'resolved (corrected p < 0.05).'

@@ -166,11 +166,15 @@ def _orderings(pairs: list[dict], value: str, label: str) -> list[str]:
     """The lines of an orderings table: every pair's paired difference of `value`; the count
     is Holm's, as the family note's (pairs without a p-value, e.g. on one seed, not counted)."""
     m = pairs[0]['comparisons'] if pairs else 0
+    resolved = (
+        f'resolved when the Holm-corrected p over these {summary.comparisons(m)} is below 0.05'
+        if m
+        else 'none can be resolved: a paired test needs two or more seeds'
+    )
     lines = [
         '',
-        f'Orderings ({label}, paired over seeds; resolved when the Holm-corrected p over these '
-        f'{summary.comparisons(m)} is below 0.05; the exact sign-flip p of the same differences, '
-        f'Holm-corrected alike, beside it: at n seeds it cannot go below 2/2^n):',
+        f'Orderings ({label}, paired over seeds; {resolved}; the exact sign-flip p of the same '
+        'differences, Holm-corrected alike, beside it: at n seeds it cannot go below 2/2^n):',
         '',
         f'| a | b | Δ {value} a − b | 95% CI | seeds | p | p (Holm) | sign-flip p (Holm) | '
         'ordering |',
