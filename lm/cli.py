@@ -167,16 +167,18 @@ def bootstrap(config: ml_collections.ConfigDict, compilation_cache: bool = True)
         initialize_distributed()
 
 
-def runs_backend() -> str:
-    """The JAX backend ('cpu', 'gpu', 'tpu') that a new process of this Python gets, asked of a
-    process of its own: for a driver (scripts/sweep.py) that starts the runs' processes and must
-    not start an accelerator itself (a GPU's memory belongs to those runs)."""
-    code = 'import jax; print(jax.default_backend())'
+def runs_devices() -> tuple[str, int]:
+    """The JAX backend ('cpu', 'gpu', 'tpu') and device count that a new process of this Python
+    gets, asked of a process of its own: for a driver (scripts/sweep.py) that starts the runs'
+    processes and must not start an accelerator itself (a GPU's memory belongs to those runs).
+    A run's config.mesh.cpu_devices, applied in its own process, changes the CPU count."""
+    code = 'import jax; print(jax.default_backend(), jax.device_count())'
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     if out.returncode:
         tail = (out.stderr.strip().splitlines() or ['no output'])[-1]
         raise RuntimeError(f'a new Python process could not start JAX: {tail}')
-    return out.stdout.split()[-1]
+    backend, count = out.stdout.split()[-2:]
+    return backend, int(count)
 
 
 def check_data_overrides(entry: str, flag: str = 'config') -> None:

@@ -41,12 +41,13 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from lm.cli import check_config_keys, check_writable_dir, run_app, runs_backend
+from lm.cli import check_config_keys, check_writable_dir, run_app, runs_devices
 from lm.experiments import (
     MATCHES,
     METRICS,
     RunStopped,
     StopRuns,
+    check_ensembles_divide,
     check_same_fairness,
     check_specs,
     combine,
@@ -144,8 +145,9 @@ def run() -> int:
     points = combine(chosen, parse_grid(base, _GRID.value))
     train = [sys.executable, TRAIN]
     loop = {'vmapped': False, 'looped': True}.get(_PROGRAM.value)
-    if loop is None and _ENSEMBLE.value:  # 'auto': the runs' backend's faster program
-        loop = ensemble_loop_default(runs_backend())
+    devices = runs_devices() if _ENSEMBLE.value else None  # what each run's process gets
+    if loop is None and devices:  # 'auto': the runs' backend's faster program
+        loop = ensemble_loop_default(devices[0])
     specs = plan_sweep(
         base,
         points,
@@ -162,6 +164,8 @@ def run() -> int:
     if _STATUS.value:
         print('\n'.join(progress(specs, sweep_dir)))
         return 0
+    if devices:
+        check_ensembles_divide(specs, base, *devices)
     t = time.time()
     with WorkdirLock(sweep_dir, '--sweep_dir'):
         check_same_fairness(sweep_dir, match)  # the more specific refusal first

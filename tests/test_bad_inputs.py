@@ -326,6 +326,19 @@ ROWS = [
         lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.root}/sweep', '--points='],
         r'--points: empty: name at least one point, or leave it out for all',
     ),
+    (
+        'sweep_ensemble_does_not_divide',  # found up front, not as each point's failed run
+        SWEEP,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            f'--sweep_dir={c.root}/sweep',
+            '--ensemble',
+            '--seeds=3',
+            '--config.mesh.cpu_devices=2',
+        ],  # fmt: skip
+        r'--ensemble: ensembles/\w+ \(members: --seeds, --ensemble_groups\): '
+        r'config.train.ensemble=3 members do not divide over the mesh axes',
+    ),
 ]
 
 

@@ -9,7 +9,7 @@ import jax
 import pytest
 from conftest import ROOT, tiny_config
 
-from lm.cli import bootstrap, parse_flags, run_reporting_errors, runs_backend
+from lm.cli import bootstrap, parse_flags, run_reporting_errors, runs_devices
 from lm.train import Interrupted, StopRequest
 
 
@@ -91,12 +91,12 @@ def test_a_config_written_before_keys_were_added_gets_their_recorded_values(capl
 
 
 def test_the_runs_backend_is_asked_of_a_new_process(monkeypatch):
-    """scripts/sweep.py's --ensemble_program=auto: the backend a new process gets (this one's
+    """scripts/sweep.py --ensemble: the backend and device count a new process gets (this one's
     here), and a one-line error when JAX cannot start there."""
-    assert runs_backend() == jax.default_backend()
+    assert runs_devices() == (jax.default_backend(), jax.device_count())
     monkeypatch.setenv('JAX_PLATFORMS', 'no_such_platform')
     with pytest.raises(RuntimeError, match=r'^a new Python process could not start JAX: \S'):
-        runs_backend()
+        runs_devices()
 
 
 def test_a_stop_inside_at_once_is_not_swallowed_by_except_exception():

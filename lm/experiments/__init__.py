@@ -26,7 +26,7 @@ __all__, __getattr__, __dir__ = public_face(
             'plan as plan_sweep',
             'progress',
         ),
-        'sweep_ensemble': ('seed_runs',),
+        'sweep_ensemble': ('check_ensembles_divide', 'seed_runs'),
         'fairness': ('MATCHES',),
         'sweep_summary': ('summarise as summarise_sweep',),
         'ablation': (

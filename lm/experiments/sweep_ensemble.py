@@ -19,6 +19,7 @@ from lm.config import with_values
 from lm.config_migration import ADDED_KEYS
 from lm.experiments.runner import RESULT, RunFailed, RunStopped, Spec, call, stopped_by
 from lm.train.checkpoint import saved_steps
+from lm.train.ensemble import check_members_divide_over
 from lm.train.run import check_loop_config
 from lm.train.stored import stored_config
 from lm.train.workdir import RunError, flat_config, resumable_key
@@ -117,6 +118,26 @@ class PointSpecs:
             for i in range(k)
         ]
         return [first_spec, *members]
+
+
+def check_ensembles_divide(
+    specs: list[Spec], base: ml_collections.ConfigDict, backend: str, count: int
+) -> None:
+    """Refuses, before any run starts, an ensemble of the plan whose members would not divide
+    over its mesh's member axes in its own process: on `backend` with `count` devices
+    (lm.cli.runs_devices), or a CPU run's config.mesh.cpu_devices."""
+    for spec in specs:
+        if not spec.name.startswith(f'{ENSEMBLES}/'):
+            continue
+        keys = {k: v for k, v in spec.fingerprint.items() if k.startswith(('mesh.', 'train.'))}
+        config = with_values(base, keys)
+        cpu = config.mesh.cpu_devices
+        try:
+            check_members_divide_over(config, cpu if backend == 'cpu' and cpu else count)
+        except ValueError as e:
+            raise ValueError(
+                f'--ensemble: {spec.name} (members: --seeds, --ensemble_groups): {e}'
+            ) from None
 
 
 def _holds_split(out: str, seed: int, step: int) -> bool:

@@ -19,9 +19,9 @@ import jax
 import ml_collections
 import numpy as np
 import optax
-from jax.sharding import Mesh
+from jax.sharding import AbstractMesh, Mesh
 
-from lm.sharding import stacked_sharding
+from lm.sharding import MESH_AXES, mesh_shape, rules_table, stacked_sharding
 from lm.train.optimizer import lr_schedule, make_optimizer
 from lm.train.step import StepContext
 
@@ -179,7 +179,9 @@ def member_optimizer(config: ml_collections.ConfigDict) -> Callable:
     return optimizer
 
 
-def check_members_divide(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -> None:
+def check_members_divide(
+    config: ml_collections.ConfigDict, mesh: Mesh | AbstractMesh, rules: dict
+) -> None:
     """The member count must divide over the member axes, in one line naming both settings."""
     axes = member_axes(mesh, rules)
     size = math.prod(mesh.shape[a] for a in axes)
@@ -190,6 +192,13 @@ def check_members_divide(config: ml_collections.ConfigDict, mesh: Mesh, rules: d
             f'{config.mesh.rules.get(MEMBER, "")!r}): use a multiple of {size}, or '
             "config.mesh.rules.member='' (each member over all devices)"
         )
+
+
+def check_members_divide_over(config: ml_collections.ConfigDict, num_devices: int) -> None:
+    """`check_members_divide` before any device exists: on the mesh `config.mesh` makes of
+    `num_devices` devices (for a driver that plans runs it does not start)."""
+    mesh = AbstractMesh(mesh_shape(config.mesh, num_devices), MESH_AXES)
+    check_members_divide(config, mesh, rules_table(config.mesh))
 
 
 def ensemble_context(ctx: StepContext, k: int, axes: tuple[str, ...], loop: bool) -> StepContext:
