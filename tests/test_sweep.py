@@ -19,9 +19,9 @@ from lm.experiments.sweep import (
     parse_grid,
     plan,
     point_config,
-    progress,
     run_name,
 )
+from lm.experiments.sweep_status import progress
 from lm.experiments.sweep_summary import summarise
 from lm.model.accounting import param_counts
 from lm.model.transformer import model_config

@@ -11,7 +11,6 @@ train.steps, ...) may change: the run then resumes from its checkpoint.
 
 from __future__ import annotations
 
-import datetime
 import importlib.util
 import itertools
 import json
@@ -23,7 +22,6 @@ from typing import Any
 import ml_collections
 
 from lm.config import parse_assignment, with_values, write_config_file
-from lm.experiments import runner
 from lm.experiments.fairness import MATCHES, match_parameters, reference_config
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
 from lm.experiments.sweep_ensemble import PointSpecs
@@ -317,87 +315,3 @@ def check_same_fairness(sweep_dir: str, match: str) -> None:
         os.makedirs(sweep_dir, exist_ok=True)
         with open(path, 'w') as f:
             f.write(match + '\n')
-
-
-SHOWN = ('loss', 'recall_accuracy')  # the final evaluation's values `progress` prints
-
-
-def last_eval(workdir: str, steps: int) -> str:
-    """'last eval at step N' from a sweep run's train.log (absl lines, 'I1127 14:52:26.93 ...')
-    and, from the last two evaluations' times, the minutes left to `steps` at that rate; or
-    'no eval yet'."""
-    evals = []  # (time, step) of each evaluation line
-    path = os.path.join(workdir, 'train.log')
-    if os.path.exists(path):
-        with open(path, errors='replace') as f:
-            for line in f:
-                if PROGRESS[0] in line:
-                    step = int(line.split(PROGRESS[0], 1)[1].split(':')[0])
-                    evals.append((_log_time(line), step))
-    if not evals:
-        return 'no eval yet'
-    text = f'last eval at step {evals[-1][1]}'
-    (t0, s0), (t1, s1) = evals[-2:] if len(evals) > 1 else (evals[0], evals[0])
-    if t0 is not None and t1 is not None and s1 > s0 and t1 > t0:
-        per_step = (t1 - t0).total_seconds() / (s1 - s0)
-        text += f' (~{per_step * (steps - s1) / 60:.0f} min left at its last rate)'
-    return text
-
-
-def _log_time(line: str) -> datetime.datetime | None:
-    """The time of an absl log line ('I1127 14:52:26.934585 ...'; no year), None if it has none."""
-    try:
-        return datetime.datetime.strptime(' '.join(line[1:].split()[:2]), '%m%d %H:%M:%S.%f')
-    except ValueError:
-        return None
-
-
-def _finished_otherwise(spec: Spec, result: dict) -> tuple[str, str]:
-    """(state, line) of a run that finished under another fingerprint than `spec`'s: one a
-    re-run resumes (only resumable keys changed), or one with other settings it refuses."""
-    if 'fingerprint' not in result:
-        return 'with other settings', f'{spec.name}: finished with no settings recorded'
-    if fixed := runner.changes(result['fingerprint'], spec):
-        more = f' (and {len(fixed) - 1} more)' if len(fixed) > 1 else ''
-        line = f'{spec.name}: finished with other settings: {fixed[0]}{more}; a re-run refuses it'
-        return 'with other settings', line
-    moved = '; '.join(runner.changes(result['fingerprint'], spec, resumable=True))
-    step = result['step']
-    return 'to resume', f'{spec.name}: finished at step {step}; a re-run resumes it ({moved})'
-
-
-def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
-    """Where each planned run stands, one line each, then a count; reads files only (safe
-    beside a running sweep): finished (its final evaluation), finished under settings a re-run
-    resumes it to (more train.steps, ...), finished with other settings than the plan's (a
-    re-run refuses it), started (its last evaluation and checkpoint) or not started."""
-    states = ('finished', 'to resume', 'with other settings', 'started', 'not started')
-    lines, counts = [], dict.fromkeys(states, 0)
-    for spec in specs:
-        wd, steps = runner.workdir(sweep_dir, spec), spec.fingerprint['train.steps']
-        result = runner.read_result(wd)
-        if result is not None and runner.cached(spec, wd) is not None:
-            counts['finished'] += 1
-            final = result.get('eval', {})  # an ensemble's run: its members' runs show it
-            metrics = ', '.join(
-                f'{k.replace("_", " ")} {final[k]:.4f}' for k in SHOWN if k in final
-            )
-            lines.append(f'{spec.name}: finished at step {result["step"]}: eval {metrics}')
-        elif result is not None:
-            state, line = _finished_otherwise(spec, result)
-            counts[state] += 1
-            lines.append(line)
-        elif os.path.exists(os.path.join(wd, runner.STARTED)):
-            counts['started'] += 1
-            saved = saved_steps(wd)
-            at = f'checkpoint at step {saved[-1]}' if saved else 'no checkpoint yet'
-            if saved and saved[-1] > steps:  # resumed for longer elsewhere, then stopped
-                where = f"{at}, past the plan's {steps} steps"
-            else:
-                where = f'{last_eval(wd, steps)}, {at}, of {steps} steps'
-            lines.append(f'{spec.name}: started: {where}')
-        else:
-            counts['not started'] += 1
-            lines.append(f'{spec.name}: not started')
-    tally = ', '.join(f'{n} {state}' for state, n in counts.items())
-    return [*lines, f'{len(specs)} runs in {sweep_dir}: {tally}']
