@@ -394,7 +394,7 @@ def test_a_run_echoes_its_evaluations_while_it_trains(tmp_path, capsys):
 
 
 def test_status_says_where_each_run_stands_from_its_files(tmp_path):
-    """sweep.py --status (lm.experiments.sweep.progress): finished runs with their final
+    """sweep.py --status (lm.experiments.sweep_status.progress): finished runs with their final
     evaluation, a result under other settings, a started run's last evaluation from its
     train.log (with the minutes left at the rate between its last two, when they carry times),
     runs not started, and the count."""
