@@ -7,7 +7,8 @@ import os
 import pytest
 
 from lm.experiments import lr_grid
-from lm.experiments.ablation import Ablation, arms, base_config, check_configs, plan
+from lm.experiments.ablation import check_configs, plan
+from lm.experiments.ablation_arms import Ablation, arms, base_config
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'configs', 'shakespeare_char.py')
 

@@ -15,7 +15,7 @@ from lm.convert import cla, head_merging
 from lm.convert import methods as conversion
 from lm.convert.methods import ConversionOptions
 from lm.convert.uptrain import check_conversion
-from lm.experiments import ablation
+from lm.experiments import ablation, ablation_arms
 from lm.model.accounting import kv_cache_bytes_per_token
 from lm.model.transformer import build_model, model_config
 
@@ -155,7 +155,7 @@ def test_cross_layer_options_are_checked_naming_config_keys():
 
 
 def test_ablation_cla_arms_and_their_cache_bytes():
-    ab = ablation.Ablation(
+    ab = ablation_arms.Ablation(
         config_file='configs/shakespeare_char.py',
         data_path='unused.txt',
         steps=10,
@@ -166,19 +166,19 @@ def test_ablation_cla_arms_and_their_cache_bytes():
         methods=('mean', 'similarity-aligned'),
         cla=('cla2', 'mqa_cla2'),
     )
-    arms = ablation.arms(ab)
+    arms = ablation_arms.arms(ab)
     assert set(arms) == {'MQA', 'CLA2', 'MQA-CLA2'}
     options = arms['MQA-CLA2'][1]['similarity-aligned']
     assert (options.num_kv_heads, options.kv_share_every, options.grouping) == (1, 2, 'similarity')
     kv = ablation.kv_bytes(ab)
-    assert 2 * kv['CLA2'] == kv[ablation.SOURCE] and 2 * kv['MQA-CLA2'] == kv['MQA']
-    assert ablation.parse_cla(ab, 'gqa2_cla3') == (2, 3)
-    assert ablation.parse_cla(ab, 'mqa_cla2') == (1, 2)
-    assert ablation.parse_cla(ab, 'cla2') == (0, 2)
+    assert 2 * kv['CLA2'] == kv[ablation_arms.SOURCE] and 2 * kv['MQA-CLA2'] == kv['MQA']
+    assert ablation_arms.parse_cla(ab, 'gqa2_cla3') == (2, 3)
+    assert ablation_arms.parse_cla(ab, 'mqa_cla2') == (1, 2)
+    assert ablation_arms.parse_cla(ab, 'cla2') == (0, 2)
     with pytest.raises(ValueError, match="'cla<n>'"):
-        ablation.parse_cla(ab, 'cla1')
+        ablation_arms.parse_cla(ab, 'cla1')
     with pytest.raises(ValueError, match=r"^--cla: arm mla_cla2: .*'mla' with CLA is not conv"):
-        ablation.parse_cla(ab, 'mla_cla2')  # not MHA-CLA2 labelled CLA2
+        ablation_arms.parse_cla(ab, 'mla_cla2')  # not MHA-CLA2 labelled CLA2
 
 
 @pytest.mark.slow

@@ -308,7 +308,7 @@ def test_ablation_table_keeps_each_targets_trained_arms():
     assert pair in cla
     assert 'α = 0.0' not in text and '3.1000' not in text  # the untrained arm is left out
     assert 'MHA' not in text  # and so is the source
-    from lm.experiments.ablation import SOURCE
+    from lm.experiments.ablation_arms import SOURCE
 
     # the ablation's label of its source
     assert ablation_doc_tables.ablation_table.__defaults__ == (SOURCE,)
@@ -532,7 +532,7 @@ def test_last_step_table_and_the_curve_of_a_csv_of_several_metrics():
 def test_ablation_tables_correct_over_the_whole_report():
     """The uptraining report's Δ-vs-scratch cells and method comparisons are one Holm family,
     whose size the report states; a difference resolved alone can be unresolved within it."""
-    from lm.experiments.ablation import SOURCE, Ablation
+    from lm.experiments.ablation_arms import SOURCE, Ablation
     from lm.experiments.ablation_tables import tables
 
     ab = Ablation(

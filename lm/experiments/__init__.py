@@ -29,9 +29,8 @@ __all__, __getattr__, __dir__ = public_face(
         'sweep_ensemble': ('check_ensembles_divide', 'seed_runs'),
         'fairness': ('MATCHES',),
         'sweep_summary': ('summarise as summarise_sweep',),
+        'ablation_arms': ('Ablation', 'base_config'),
         'ablation': (
-            'Ablation',
-            'base_config',
             'check_configs as check_ablation',
             'plan as plan_ablation',
         ),

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 
 from lm.experiments import lr_grid, pareto, stats, summary
-from lm.experiments.ablation import SOURCE, Ablation, arms, kv_bytes
+from lm.experiments.ablation import kv_bytes
+from lm.experiments.ablation_arms import SOURCE, Ablation, arms
 from lm.experiments.runner import Spec, read_result, workdir
 
 PLOTTED = ('heldout/loss',)  # the Pareto figure's metric: the loss the tables report
