@@ -40,6 +40,7 @@ from lm.config import with_values
 from lm.convert import ConversionOptions, convert_checkpoint, convert_ensemble
 from lm.experiments import plan_sweep, progress, run_specs, seed_runs, summarise_sweep
 from lm.experiments import sweep as experiments_sweep
+from lm.experiments.sweep_ensemble import to_split
 from lm.train import ensemble
 from lm.train.ensemble import check_members_divide, member_config, member_tree, state_bytes
 from lm.train.ensemble_run import split_member, split_members, split_request
@@ -395,6 +396,19 @@ def test_a_sweep_splits_a_points_seeds_over_ensemble_groups(tmp_path, small_text
         (f'mha_s{10 + k}', f'mha_g{k // 3}', (f'ensembles/mha_g{k // 3}',)) for k in range(8)
     ]
     assert seed_runs(specs) == [s for s in specs if s not in groups]
+
+
+def test_after_an_extended_sweep_one_split_serves_every_later_member(tmp_path):
+    """A sweep extended to more steps: the first member's split also takes each later member
+    whose result is of the old step (not one process per member); a member already finished at
+    the ensemble's step, or not started, is handled as before."""
+    outs = {m: str(tmp_path / f'p_s{m}') for m in range(4)}
+    for m, step in ((1, 4), (2, 8)):  # member 1 finished before the extension, 2 after it
+        os.makedirs(outs[m])
+        (tmp_path / f'p_s{m}' / 'result.json').write_text(json.dumps({'step': step}))
+    assert to_split(outs, [0, 1, 2, 3], 0, 8) == [0, 1, 3]
+    assert to_split(outs, [0, 1, 2, 3], 2, 8) == [2, 3]  # its own split: always made
+    assert to_split(outs, [0, 1, 2, 3], 0, 4) == [0, 2, 3]
 
 
 @pytest.mark.slow

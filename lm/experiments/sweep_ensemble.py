@@ -17,7 +17,7 @@ import ml_collections
 
 from lm.config import with_values
 from lm.config_migration import ADDED_KEYS
-from lm.experiments.runner import RESULT, RunFailed, RunStopped, Spec, call, stopped_by
+from lm.experiments.runner import RunFailed, RunStopped, Spec, call, read_result, stopped_by
 from lm.train.checkpoint import saved_steps
 from lm.train.ensemble import check_members_divide_over
 from lm.train.run import check_loop_config
@@ -149,6 +149,23 @@ def _holds_split(out: str, seed: int, step: int) -> bool:
         return False
 
 
+def to_split(outs: dict[int, str], seeds: list[int], member: int, step: int) -> list[int]:
+    """The members a split for `member` makes, of an ensemble at `step` whose members' runs are
+    `outs`: this one and each later one not finished at `step` (a run finished before its sweep
+    was extended holds an earlier step) and not already split there."""
+    return [
+        m
+        for m in range(member, len(seeds))
+        if (m == member or not _finished_at(outs[m], step))
+        and not _holds_split(outs[m], seeds[m], step)
+    ]
+
+
+def _finished_at(out: str, step: int) -> bool:
+    result = read_result(out)
+    return result is not None and result.get('step') == step
+
+
 def _split(ensemble_dir: str, member: int, *, seeds: list[int], name: str, command: list[str]):
     """A Spec's run: member `member` of the finished ensemble in `ensemble_dir`, whose members
     have `seeds` and the runs `name.format(seed=...)` beside it, written to the run's workdir;
@@ -160,12 +177,7 @@ def _split(ensemble_dir: str, member: int, *, seeds: list[int], name: str, comma
     def run(workdir: str) -> dict:
         parent, step = os.path.dirname(workdir), saved_steps(ensemble_dir)[-1]
         outs = {m: os.path.join(parent, name.format(seed=seeds[m])) for m in range(len(seeds))}
-        todo = [
-            m
-            for m in range(member, len(seeds))
-            if (m == member or not os.path.isfile(os.path.join(outs[m], RESULT)))
-            and not _holds_split(outs[m], seeds[m], step)
-        ]
+        todo = to_split(outs, seeds, member, step)
         for m in todo:  # an earlier split of the member, or one cut short: replaced
             shutil.rmtree(os.path.join(outs[m], 'checkpoints'), ignore_errors=True)
         if todo:
