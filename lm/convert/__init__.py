@@ -10,7 +10,7 @@ __all__, __getattr__, __dir__ = public_face(
     {
         'hf_io': ('export_hf', 'import_hf'),
         'hf_files': ('max_position',),
-        'staging': ('check_apart', 'check_export_dir', 'check_import_dir'),
+        'staging': ('check_export_dir', 'check_import_dir'),
         'methods': (
             'KEYS',
             'SCHEDULES',

@@ -10,17 +10,7 @@ import shutil
 from collections.abc import Iterator
 
 from lm.train.checkpoint import checkpoint_entries
-from lm.train.workdir import safe_name
-
-
-def check_apart(path: str, setting: str, other: str, other_name: str) -> None:
-    """One-line ValueError when directory `path` is `other`, lies inside it or holds it (so
-    writing one could change or remove the other); `other_name` says what `other` is."""
-    mine, theirs = os.path.realpath(path), os.path.realpath(other)
-    common = os.path.commonpath([mine, theirs])
-    if common in (mine, theirs):
-        where = 'is' if mine == theirs else 'is inside' if common == theirs else 'holds'
-        raise ValueError(f'{setting}={path!r} {where} {other_name} {other!r}')
+from lm.train.workdir import check_apart, safe_name
 
 
 def _check_empty(path: str, setting: str, option: str, ignore: tuple[str, ...] = ()) -> None:

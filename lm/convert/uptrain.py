@@ -44,7 +44,6 @@ from lm.convert.pool_checkpoint import (
     convert_params,
     with_schedule_count,
 )
-from lm.convert.staging import check_apart
 from lm.data.corpus import load_corpus
 from lm.model import attention
 from lm.model.config import ModelConfig
@@ -62,7 +61,7 @@ from lm.train.interrupt import StopRequest
 from lm.train.optimizer import check_train_config
 from lm.train.run import assemble, check_loop_config, step_context
 from lm.train.stored import checkpoint_meta, stored_config
-from lm.train.workdir import WorkdirLock
+from lm.train.workdir import WorkdirLock, check_apart
 
 METHODS = conversion.POOL_METHODS  # for K/V pooling: 'mean', 'first', 'random', 'aligned'
 PARTIAL = '.uptrain-partial-'  # a conversion is written here, inside its workdir, then moved in

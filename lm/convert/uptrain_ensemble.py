@@ -13,12 +13,12 @@ import os
 import ml_collections
 
 from lm.convert.methods import ConversionOptions
-from lm.convert.staging import check_apart
 from lm.convert.uptrain import SOURCE, WORKDIR, convert_checkpoint
 from lm.train.checkpoint import checkpoint_entries
 from lm.train.ensemble import member_seeds
 from lm.train.interrupt import StopRequest
 from lm.train.stored import stored_config
+from lm.train.workdir import check_apart
 
 
 def member_workdirs(source_workdir: str, step: int | None, workdir: str) -> list[str]:

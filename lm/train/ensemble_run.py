@@ -26,7 +26,7 @@ from lm.train.run import Run, assemble
 from lm.train.run_log import Meter, log_model, write_results
 from lm.train.stored import checkpoint_meta, stored_config
 from lm.train.summary import Summary
-from lm.train.workdir import RunError, safe_name
+from lm.train.workdir import RunError, check_apart, safe_name
 
 
 def member_logdir(logdir: str, seed: int) -> str:
@@ -204,13 +204,8 @@ def split_request(
         raise ValueError(f'--members: {",".join(given)} names a member twice')
     names = member_names(name, seeds)
     outs = {m: os.path.join(out_dir, names[m]) for m in ([int(m) for m in given] or range(k))}
-    run = os.path.realpath(workdir)
     for m, out in outs.items():
-        if os.path.commonpath([run, real := os.path.realpath(out)]) in (run, real):
-            raise ValueError(
-                f'--out_dir: member {m} would go to {out}, which must lie outside --workdir '
-                'and not hold it'
-            )
+        check_apart(out, f'--out_dir: member {m}', workdir, 'the ensemble --workdir')
     return outs
 
 

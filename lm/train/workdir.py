@@ -74,6 +74,16 @@ def safe_name(name: Any, what: str) -> str:
     raise ValueError(f'{what}: {name!r} cannot name a directory: {reason}')
 
 
+def check_apart(path: str, setting: str, other: str, other_name: str) -> None:
+    """One-line ValueError when directory `path` is `other`, lies inside it or holds it (so
+    writing one could change or remove the other); `other_name` says what `other` is."""
+    mine, theirs = os.path.realpath(path), os.path.realpath(other)
+    common = os.path.commonpath([mine, theirs])
+    if common in (mine, theirs):
+        where = 'is' if mine == theirs else 'is inside' if common == theirs else 'holds'
+        raise ValueError(f'{setting}={path!r} {where} {other_name} {other!r}')
+
+
 def _with_tokenizer(saved: dict, tokenizer: str) -> dict:
     return {**saved, 'data': {**saved['data'], 'tokenizer': tokenizer}}
 
