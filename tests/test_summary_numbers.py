@@ -33,12 +33,7 @@ def test_every_answer_number_is_found_in_its_sources(readme):
 
 
 def test_the_findings_index_repeats_every_answer_row():
-    index = (STUDIES / 'README.md').read_text()
-    rows = {}
-    for line in index.split('\n'):
-        cells = line.strip().strip('|').split(' | ')
-        if len(cells) == 4 and '/README.md)' in cells[0]:
-            rows[cells[1].strip()] = (cells[2].strip(), cells[3].strip())
+    rows = index_rows((STUDIES / 'README.md').read_text())
     differ = []
     for readme in sorted(STUDIES.glob('*/README.md')):
         for question, result, date in sn.answer_rows(readme.read_text()):
@@ -47,6 +42,28 @@ def test_the_findings_index_repeats_every_answer_row():
     assert not differ, 'findings index rows that differ from the study (copy them):\n' + '\n'.join(
         differ
     )
+
+
+def index_rows(text: str) -> dict[str, tuple[str, str]]:
+    """{question: (answer, date)} of a findings table's rows (study | question | answer | date)."""
+    rows = {}
+    for line in text.split('\n'):
+        cells = line.strip().strip('|').split(' | ')
+        if len(cells) == 4 and '/README.md)' in cells[0]:
+            rows[cells[1].strip()] = (cells[2].strip(), cells[3].strip())
+    return rows
+
+
+def test_the_readme_brief_repeats_study_answer_rows():
+    """The README's brief table of findings copies study answer rows word for word."""
+    readme = (ROOT / 'README.md').read_text()
+    brief = readme.split('### What sharing KV heads costs and saves, in brief', 1)[1]
+    rows = index_rows(brief.split('\n## ', 1)[0])
+    assert len(rows) >= 5, 'README: the brief table of findings moved'
+    study = {}
+    for page in STUDIES.glob('*/README.md'):
+        study.update({q: (r, d) for q, r, d in sn.answer_rows(page.read_text())})
+    assert not [q for q, row in rows.items() if study.get(q) != row], 'copy them from the study'
 
 
 def test_the_number_matcher_can_fail():
