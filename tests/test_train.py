@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from conftest import (
     write_config_file,
 )
 from conftest import run_entry as run_cli
+from tensorboard.backend.event_processing import event_accumulator
 
 from lm.config import with_values
 from lm.train.checkpoint import Checkpointer
@@ -670,3 +672,20 @@ def test_a_resume_that_moves_the_learning_rate_is_told_how_to_keep_it():
     longer.decay_steps = 200
     assert schedule_moved(saved, longer, 200) is None
     assert schedule_moved(saved, saved, 150) is None
+
+
+def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path, small_text):
+    """A session killed past its last checkpoint logged steps its resumption logs again; the
+    resumption marks where it starts (a SessionLog START), so TensorBoard shows each step once,
+    the resumed values, and keeps the evaluation of the checkpoint it resumed from."""
+    config = tiny_train_config(tmp_path, small_text, **{'train.steps': 10})
+    train(config, str(tmp_path / 'run'))
+    tb = tmp_path / 'run' / 'tb'
+    before = read_scalars(tb, 'train/loss')
+    shutil.rmtree(tmp_path / 'run' / 'checkpoints' / '10')  # killed after step 10's logs
+    train(config, str(tmp_path / 'run'))
+    acc = event_accumulator.EventAccumulator(str(tb), size_guidance={'scalars': 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars('train/loss')] == list(range(1, 11))
+    assert [e.step for e in acc.Scalars('eval/loss')] == [4, 8, 10]
+    assert read_scalars(tb, 'train/loss') == before  # bitwise on the CPU: the same values

@@ -90,7 +90,7 @@ class EnsembleTraining(_Training):
         self.seeds = member_seeds(c)
         self.tbs, meters = [], []
         for i, seed in enumerate(self.seeds):
-            tb = Summary(member_logdir(self.logdir, seed))
+            tb = Summary(member_logdir(self.logdir, seed), self._first_logged())
             member = dataclasses.replace(self.run, config=member_config(c, i))
             log_model(member, tb, self.tb_root)
             spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)

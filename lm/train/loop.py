@@ -158,9 +158,17 @@ class _Training:
         self.tb_root = tb_dir or self.logdir
         self.eval_fn = make_eval_step(run.ctx)
 
+    def _first_logged(self) -> int:
+        """The first step this session logs: a new or converted run's start (its step-0 or
+        conversion evaluation), a resumed run's next step (its start step's events were logged
+        by the session that saved it). TensorBoard drops what an earlier session logged from
+        there on (`Summary`'s `start`)."""
+        first = self.start in (0, self.run.config.uptrain.source_step)
+        return self.start if first else self.start + 1
+
     def _start_logs(self) -> Meter:
         """Opens TensorBoard, logs the model, and returns the train metrics' meter."""
-        self.tb = Summary(self.logdir)
+        self.tb = Summary(self.logdir, self._first_logged())
         log_model(self.run, self.tb, self.tb_root)
         spikes = LossSpikeGuard(self.run.config.train.max_loss_ratio, self.ckpt)
         return Meter(self.run, self.tb, self.start, self.ckpt.steps, spikes)

@@ -8,6 +8,7 @@ a writer is made, and without PyTorch (`lm.train.hparams.import_tensorboardx`).
 from __future__ import annotations
 
 import os
+import time
 
 import jax
 import numpy as np
@@ -27,13 +28,27 @@ def run_logdir(workdir: str, tb_dir: str = '') -> str:
 
 
 class Summary:
-    def __init__(self, logdir: str):
+    """A run's TensorBoard writer. `start`: the step a training session starts logging at;
+    TensorBoard then drops this run's events at that step and later that an earlier session
+    wrote (a session killed past its last checkpoint logged steps its resumption logs again)."""
+
+    def __init__(self, logdir: str, start: int | None = None):
         self.writer, self.files, self.logdir = None, 0, logdir
         if jax.process_index() == 0:
             hparams_tab.import_tensorboardx()
             from tensorboardX import SummaryWriter
 
             self.writer = SummaryWriter(logdir, flush_secs=30)
+            if start is not None:
+                self._session_start(start)
+
+    def _session_start(self, step: int) -> None:
+        """A SessionLog START event at `step`: TensorBoard purges the run's earlier-written
+        events at steps >= `step` when it reads it (its 'orphaned data')."""
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        start = SessionLog(status=SessionLog.START)
+        self._file_writer().add_event(Event(step=step, wall_time=time.time(), session_log=start))
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """All `values` at `step` as one event (one hand-off to the writer's process queue,
