@@ -674,6 +674,7 @@ def test_a_resume_that_moves_the_learning_rate_is_told_how_to_keep_it():
     assert schedule_moved(saved, saved, 150) is None
 
 
+@pytest.mark.slow
 def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path, small_text):
     """A session killed past its last checkpoint logged steps its resumption logs again; the
     resumption marks where it starts (a SessionLog START), so TensorBoard shows each step once,
@@ -683,9 +684,14 @@ def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path, small_text)
     tb = tmp_path / 'run' / 'tb'
     before = read_scalars(tb, 'train/loss')
     shutil.rmtree(tmp_path / 'run' / 'checkpoints' / '10')  # killed after step 10's logs
+    # TensorBoard reads event files in name order, named by the second each was opened: a
+    # restarted process opens its first in a later second than the killed one's last
+    time.sleep(1.1)
     train(config, str(tmp_path / 'run'))
     acc = event_accumulator.EventAccumulator(str(tb), size_guidance={'scalars': 0})
     acc.Reload()
     assert [e.step for e in acc.Scalars('train/loss')] == list(range(1, 11))
     assert [e.step for e in acc.Scalars('eval/loss')] == [4, 8, 10]
+    assert [e.step for e in acc.Scalars('eval_init/loss')] == [0]
+    assert read_hparams(acc)['attention'] == ('string_value', 'gqa')  # step 0's HParams kept
     assert read_scalars(tb, 'train/loss') == before  # bitwise on the CPU: the same values

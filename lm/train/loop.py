@@ -159,12 +159,11 @@ class _Training:
         self.eval_fn = make_eval_step(run.ctx)
 
     def _first_logged(self) -> int:
-        """The first step this session logs: a new or converted run's start (its step-0 or
-        conversion evaluation), a resumed run's next step (its start step's events were logged
-        by the session that saved it). TensorBoard drops what an earlier session logged from
-        there on (`Summary`'s `start`)."""
-        first = self.start in (0, self.run.config.uptrain.source_step)
-        return self.start if first else self.start + 1
+        """The first step past this session's start: TensorBoard drops what an earlier session
+        logged from there on (`Summary`'s `start`). The start step itself is kept: a resumed
+        run's was logged by the session that saved it, and step 0 holds the run's hparams
+        (lm.train.hparams), which TensorBoard reads before this session's events."""
+        return self.start + 1
 
     def _start_logs(self) -> Meter:
         """Opens TensorBoard, logs the model, and returns the train metrics' meter."""
