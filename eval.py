@@ -31,6 +31,7 @@ from lm.train import (
     StopRequest,
     Summary,
     assemble,
+    check_logdir_owner,
     inherited_data,
     run_logdir,
     stored_config,
@@ -104,9 +105,9 @@ def run() -> int:
         check_data_overrides('eval.py')
     if _CACHE.value and _CACHE.value not in KV_CACHE_DTYPES:
         raise ValueError(f'--kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {_CACHE.value!r}')
-    check_writable_dir(
-        run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir' if _TB_DIR.value else '--workdir'
-    )
+    tb_flag = '--tb_dir' if _TB_DIR.value else '--workdir'
+    check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), tb_flag)
+    check_logdir_owner(_WORKDIR.value, _TB_DIR.value, tb_flag)
     config = stored_config(_WORKDIR.value, step=_STEP.value)
     check_eval_tokens(_TOKENS.value, config.data.seq_len)
     bootstrap(config)

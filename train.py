@@ -20,7 +20,14 @@ from lm.cli import (
     run_app,
 )
 from lm.data import cache_dir
-from lm.train import finished_step, read_latest_meta, run_logdir, stored_config, train
+from lm.train import (
+    check_logdir_owner,
+    finished_step,
+    read_latest_meta,
+    run_logdir,
+    stored_config,
+    train,
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config',
@@ -50,6 +57,7 @@ def run() -> int:
     check_writable_dir(_WORKDIR.value, '--workdir')
     if _TB_DIR.value:
         check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir')
+    check_logdir_owner(_WORKDIR.value, _TB_DIR.value, '--tb_dir' if _TB_DIR.value else '--workdir')
     if _CONFIG.value is not None:
         config = _CONFIG.value
         check_config_keys(config)

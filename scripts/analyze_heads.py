@@ -41,7 +41,7 @@ from lm.analysis import (
     write_kv_csv,
 )
 from lm.cli import bootstrap, check_writable_dir, run_app
-from lm.train import StopRequest, run_logdir, stored_config
+from lm.train import StopRequest, check_logdir_owner, run_logdir, stored_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run to analyse.', required=True)
 _STEP = flags.DEFINE_integer('step', None, "--workdir's checkpoint step; default: the latest.")
@@ -76,6 +76,8 @@ def run() -> int:
     specs = [(_WORKDIR.value, _STEP.value, '--workdir')]
     specs += [(*parse_run(c), f'--compare={c}') for c in _COMPARE.value]
     check_runs(specs)
+    for workdir, _, flag in specs:  # its images go to its TensorBoard run
+        check_logdir_owner(workdir, _TB_DIR.value, flag)
     bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
     with StopRequest() as stop:  # SIGTERM: stop between batches, before anything is written
         runs = [

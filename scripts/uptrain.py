@@ -50,7 +50,13 @@ from lm.convert import (
     convert_ensemble,
     optimizer_state_summary,
 )
-from lm.train import StopRequest, remember_tb_dir, remembered_tb_dir, stored_config
+from lm.train import (
+    StopRequest,
+    check_logdir_owner,
+    remember_tb_dir,
+    remembered_tb_dir,
+    stored_config,
+)
 
 _SRC = flags.DEFINE_string('src', None, 'Workdir of the source (MHA) run.', required=True)
 _DST = flags.DEFINE_string('dst', None, 'New workdir for the converted run.', required=True)
@@ -180,6 +186,7 @@ def run() -> int:
         tb_dir = _TB_DIR.value or remembered_tb_dir(_SRC.value)
         if _TB_DIR.value:
             check_writable_dir(tb_dir, '--tb_dir')
+        check_logdir_owner(_DST.value, tb_dir, '--dst')
         with StopRequest() as stop:  # SIGTERM / SIGINT: stop the conversion, write nothing
             if source.train.ensemble:  # each member, as its own checkpoint: <dst>_s<seed>
                 written = convert_ensemble(_SRC.value, conversion, _DST.value, stop)

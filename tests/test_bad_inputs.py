@@ -23,6 +23,7 @@ from lm.train.checkpoint import Checkpointer
 from lm.train.loop import train
 from lm.train.run import assemble
 from lm.train.stored import checkpoint_meta
+from lm.train.summary import claim_logdir
 
 
 def tree_digest(root: pathlib.Path) -> dict[str, str]:
@@ -49,6 +50,7 @@ def ctx(tmp_path_factory):
         return write_config_file(tiny_train_config(root, text, **overrides), root / f'{name}.py')
 
     c.cfg = cfg
+    claim_logdir(str(c.run), str(root / 'tb'))  # tb/run: the trained run's TensorBoard run
     c.good_cfg = cfg('good')
     (root / 'syntax.py').write_text('def get_config(:\n')
     (root / 'no_get.py').write_text('x = 1\n')
@@ -307,6 +309,16 @@ ROWS = [
         UPTRAIN,
         lambda c: [f'--src={c.run}', f'--dst={c.root}/a_file', '--num_kv_heads=1'],
         r"--dst=.*a_file' is a file",
+    ),
+    (
+        'tb_run_of_another_workdir',  # two runs named 'run' in one --tb_dir: mixed curves
+        TRAIN,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            f'--workdir={c.root}/elsewhere/run',
+            f'--tb_dir={c.root}/tb',
+        ],  # fmt: skip
+        r'--tb_dir: .*tb/run is the TensorBoard run of .*/run; a run of the same name would mix',
     ),
     (
         'sweep_dir_is_a_file',

@@ -359,7 +359,8 @@ def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_tex
     assert sorted(os.listdir(ens / 'ensembles')) == ['gqa', 'mha', 'mqa']
     runs = [f'{p}_s{s}' for p in ('mha', 'gqa', 'mqa') for s in range(8)]
     assert [r for r in runs if (ens / r / 'result.json').exists()] == runs
-    assert sorted(os.listdir(ens / 'tb' / 'mha')) == [f'seed_{s}' for s in range(8)]
+    members = sorted(p.name for p in (ens / 'tb' / 'mha').iterdir() if p.is_dir())
+    assert members == [f'seed_{s}' for s in range(8)]
     for name in ('summary.csv', 'summary_seeds.csv', 'summary_pairs.csv'):
         got, want = read_csv(ens / name), read_csv(sep / name)
         assert len(got) == len(want) and list(got[0]) == list(want[0]), name

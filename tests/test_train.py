@@ -695,3 +695,23 @@ def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path, small_text)
     assert [e.step for e in acc.Scalars('eval_init/loss')] == [0]
     assert read_hparams(acc)['attention'] == ('string_value', 'gqa')  # step 0's HParams kept
     assert read_scalars(tb, 'train/loss') == before  # bitwise on the CPU: the same values
+
+
+def test_a_shared_tb_dir_run_belongs_to_one_workdir(tmp_path):
+    """Two runs of one name in a shared --tb_dir would log into one TensorBoard run: the second
+    is refused while the first's workdir exists; the same run again, a run moved away, or runs
+    in their own <workdir>/tb are not."""
+    from lm.train.summary import check_logdir_owner, claim_logdir
+
+    tb, a, b = str(tmp_path / 'tb'), tmp_path / 'a' / 'mha', tmp_path / 'b' / 'mha'
+    a.mkdir(parents=True)
+    claim_logdir(str(a), tb)
+    claim_logdir(str(a), tb)  # its own run again
+    check_logdir_owner(str(b), '', '--tb_dir')  # its own <workdir>/tb
+    with pytest.raises(ValueError, match=rf'^--tb_dir: {tb}/mha is the TensorBoard run of {a};'):
+        claim_logdir(str(b), tb)
+    a.rename(tmp_path / 'a' / 'gone')  # the owner moved away: its name is free
+    claim_logdir(str(b), tb)
+    assert json.loads((tmp_path / 'tb' / 'mha' / 'workdir.json').read_text()) == {
+        'workdir': str(b.resolve())
+    }

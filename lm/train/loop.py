@@ -29,7 +29,7 @@ from lm.train.step import (
     make_train_step,
 )
 from lm.train.stored import checkpoint_meta, results_step
-from lm.train.summary import Summary, run_logdir
+from lm.train.summary import Summary, claim_logdir, run_logdir
 from lm.train.workdir import RunError, remember_tb_dir, remembered_tb_dir
 
 
@@ -153,6 +153,7 @@ class _Training:
         self.ckpt = run.checkpointer
         tb_dir = tb_dir or remembered_tb_dir(workdir)  # a resumed run keeps its directory
         if jax.process_index() == 0:
+            claim_logdir(workdir, tb_dir)  # two runs of one name in a shared tb_dir: refused
             remember_tb_dir(workdir, tb_dir)
         self.logdir = run_logdir(workdir, tb_dir)
         self.tb_root = tb_dir or self.logdir

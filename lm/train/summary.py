@@ -7,6 +7,7 @@ a writer is made, and without PyTorch (`lm.train.hparams.import_tensorboardx`).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -25,6 +26,42 @@ def run_logdir(workdir: str, tb_dir: str = '') -> str:
     if tb_dir:
         return os.path.join(tb_dir, os.path.basename(os.path.abspath(workdir)))
     return os.path.join(workdir, 'tb')
+
+
+OWNER_FILE = 'workdir.json'  # in a shared tb_dir's run: the workdir whose run it is
+
+
+def check_logdir_owner(workdir: str, tb_dir: str, flag: str) -> None:
+    """One-line error when `workdir`'s run in a shared TensorBoard directory (`tb_dir`, or the
+    one it remembers) is another workdir's, one that still exists: two runs of one name there
+    would mix their curves. A run in its own `<workdir>/tb` cannot clash."""
+    tb_dir = tb_dir or remembered_tb_dir(workdir)
+    if not tb_dir:
+        return
+    logdir = run_logdir(workdir, tb_dir)
+    path = os.path.join(logdir, OWNER_FILE)
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        owner = json.load(f)['workdir']
+    if owner != os.path.realpath(workdir) and os.path.isdir(owner):  # not moved away
+        raise ValueError(
+            f'{flag}: {logdir} is the TensorBoard run of {owner}; a run of the same name '
+            f'would mix its curves with it: give {workdir} another name, or use another --tb_dir'
+        )
+
+
+def claim_logdir(workdir: str, tb_dir: str) -> None:
+    """Records `workdir` as the owner of its run in the shared `tb_dir` (see
+    `check_logdir_owner`, which this runs first); '' = none shared: nothing to record."""
+    check_logdir_owner(workdir, tb_dir, '--tb_dir')
+    if tb_dir:
+        logdir = run_logdir(workdir, tb_dir)
+        os.makedirs(logdir, exist_ok=True)
+        path = os.path.join(logdir, OWNER_FILE)
+        with open(path + '.tmp', 'w') as f:
+            json.dump({'workdir': os.path.realpath(workdir)}, f)
+        os.replace(path + '.tmp', path)
 
 
 class Summary:
