@@ -43,6 +43,17 @@ BAD = [
     (dict(attention='mla', v_head_dim=0), r'config.model.mla.v_head_dim must be > 0'),
     (dict(attention='mla', q_lora_rank=-2), r'config.model.mla.q_lora_rank must be >= 0'),
     (dict(attention='mla', latent_norm_eps=-1.0), r'config.model.mla.latent_norm_eps must be >= 0'),
+    (
+        dict(attention='mla', latent_norm_eps=float('nan')),
+        r'config.model.mla.latent_norm_eps must be >= 0',
+    ),
+    (dict(attention='mha', rope_theta=float('inf')), r'config.model.rope_theta must be a finite'),
+    (dict(attention='mha', norm_eps=float('nan')), r'config.model.norm_eps must be a finite'),
+    (dict(attention='mha', init_std=float('inf')), r'config.model.init_std must be a finite'),
+    (
+        dict(attention='mha', rope_scaling='llama3', rope_scaling_factor=float('inf')),
+        r'config.model.rope_scaling_factor must be a finite number, got inf',
+    ),
     (dict(attention='mla', num_kv_heads=2), r"num_kv_heads=2 does not apply to attention='mla'"),
     (
         dict(attention='mla', rope_heads=3),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Collection
 from typing import Any
 
@@ -15,6 +16,15 @@ ATTENTION_IMPLS = ('einsum', 'dot_product', 'cudnn')
 ROPE_SCALINGS = ('', 'llama3')
 LOGITS_DTYPES = ('float32', 'compute')
 DECODE_KERNELS = ('xla', 'pallas', 'pallas_interpret')
+# Float knobs that must be finite (the llama3 factors too: inf is no scaling, silently).
+FLOAT_KNOBS = (
+    'rope_theta',
+    'rope_scaling_factor',
+    'rope_low_freq_factor',
+    'rope_high_freq_factor',
+    'norm_eps',
+    'init_std',
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +136,11 @@ class ModelConfig:
                 f'float16 (cuDNN fused attention), got {self.dtype!r}'
             )
         self.check_layer_pattern()
+        for name in FLOAT_KNOBS:  # NaN and inf pass the range checks and train to NaN
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(
+                    f'config.model.{name} must be a finite number, got {getattr(self, name)}'
+                )
         if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
             raise ValueError('config.model.rope_theta, norm_eps and init_std must all be > 0')
         if self.rope_scaling not in ROPE_SCALINGS:

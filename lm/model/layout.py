@@ -65,6 +65,8 @@ def _check_counts(cfg: ModelConfig) -> None:
         raise ValueError(
             f'{key}={per_layer} must list one count per layer (num_layers={cfg.num_layers})'
         )
+    if bad := [g for g in per_layer if isinstance(g, bool) or not isinstance(g, int)]:
+        raise ValueError(f'{key}={per_layer} must list whole numbers, got {bad}')
     if bad := [g for g in per_layer if g < 1 or H % g]:
         raise ValueError(f'{key}: {bad} do not divide num_heads={H}')
 

@@ -4,6 +4,7 @@ lm/model/attention.py. Shape letters: see the legend in lm/model/transformer.py.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -78,7 +79,7 @@ class MultiHeadLatentAttention(AttentionVariant):
                 f'config.model.mla.rope_heads={mla.rope_heads} must be >= 1 and divide '
                 f'config.model.num_heads={cfg.num_heads}'
             )
-        if mla.latent_norm_eps < 0:
+        if not (math.isfinite(mla.latent_norm_eps) and mla.latent_norm_eps >= 0):
             raise ValueError(
                 'config.model.mla.latent_norm_eps must be >= 0 (0 = norm_eps), '
                 f'got {mla.latent_norm_eps}'
