@@ -259,6 +259,7 @@ def test_hparams_and_config_text_show_only_the_active_variants_section():
         ({'train.weight_decay': -1.0}, r'^config.train.weight_decay must be >= 0, got -1.0$'),
         ({'train.grad_clip': -1.0}, r'^config.train.grad_clip must be >= 0 \(0 = off\), got -1'),
         ({'train.eps': 0.0}, r'^config.train.eps must be > 0, got 0.0$'),
+        ({'train.peak_flops': -1.0}, r'^config.train.peak_flops must be >= 0 \(FLOP/s per'),
         (
             {'train.ensemble': 2, 'train.ensemble_lr': '1e-3,1e-2', 'train.min_lr': 2e-3},
             r'^config.train: member 0 of the ensemble would decay from lr 0.001 up to min_lr',
@@ -276,3 +277,22 @@ def test_schedule_and_optimizer_settings_out_of_range_are_refused(overrides, mes
     with pytest.raises(ValueError, match=message):
         check_train_config(config.train)
         check_ensemble_config(config)
+
+
+@pytest.mark.parametrize(
+    'overrides,message',
+    [
+        ({'train.max_loss_ratio': 0.5}, r'^config.train.max_loss_ratio must be 0 \(off\) or > 1'),
+        (
+            {'train.max_loss_ratio': float('nan')},
+            r'max_loss_ratio must be 0 \(off\) or > 1, got nan',
+        ),
+    ],
+)
+def test_loop_settings_out_of_range_are_refused(overrides, message):
+    """Settings training would take silently but wrongly: a loss-spike ratio <= 1 stops a run
+    at its first loss above the median."""
+    from lm.train.run import check_loop_config
+
+    with pytest.raises(ValueError, match=message):
+        check_loop_config(with_values(tiny_config(), overrides))

@@ -123,3 +123,8 @@ def _check_schedule(train: ml_collections.ConfigDict) -> None:
         raise ValueError(f'config.train.grad_clip must be >= 0 (0 = off), got {train.grad_clip}')
     if train.eps <= 0:
         raise ValueError(f'config.train.eps must be > 0, got {train.eps}')
+    if train.peak_flops < 0:
+        raise ValueError(
+            f'config.train.peak_flops must be >= 0 (FLOP/s per device; 0 = the GPU/TPU table), '
+            f'got {train.peak_flops}'
+        )

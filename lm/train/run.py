@@ -94,10 +94,9 @@ def check_loop_config(config: ml_collections.ConfigDict) -> None:
     seed = config.seed  # jax.random.key reads 2**32 and above as smaller seeds (no x64)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f'config.seed must be an integer in [0, 2**32), got {seed!r}')
-    if not config.train.max_loss_ratio >= 0:  # NaN too
-        raise ValueError(
-            f'config.train.max_loss_ratio must be >= 0 (0 = off), got {config.train.max_loss_ratio}'
-        )
+    ratio = config.train.max_loss_ratio  # <= 1 stops at the first loss above the median
+    if not (ratio == 0 or ratio > 1):  # NaN too
+        raise ValueError(f'config.train.max_loss_ratio must be 0 (off) or > 1, got {ratio}')
 
 
 def step_context(
