@@ -182,6 +182,37 @@ ROWS = [
         ],
         r"config\.data\.hf_name='someone/no_such_dataset' could not be loaded .*offline",
     ),
+    *[
+        (
+            f'hf_{name}',
+            TRAIN,
+            lambda c, setting=setting: [
+                f'--config={c.good_cfg}',
+                '--config.data.source=hf',
+                '--config.data.hf_name=text',  # the local builder, on config.data.path
+                setting,
+            ],
+            pattern,
+        )
+        for name, setting, pattern in (
+            (
+                'text_column_missing',
+                '--config.data.hf_text_column=body',
+                r"config\.data\.hf_text_column='body' is not a column of "
+                r"config\.data\.hf_name='text'; its columns are \['text'\]$",
+            ),
+            (
+                'split_unknown',
+                '--config.data.hf_split=nope',
+                r"config\.data\.hf_split='nope': Unknown split",
+            ),
+            (
+                'max_docs_negative',
+                '--config.data.hf_max_docs=-1',
+                r'config\.data\.hf_max_docs must be >= 0 \(0 = all\), got -1$',
+            ),
+        )
+    ],
     (
         'data_path_is_a_directory',
         TRAIN,

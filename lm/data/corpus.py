@@ -126,6 +126,8 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
                 raise ValueError(f'config.data.path: {path!r} is empty')
     if data.source == 'hf' and not data.hf_name:
         raise ValueError("config.data.hf_name must be set for source='hf'")
+    if data.hf_max_docs < 0:
+        raise ValueError(f'config.data.hf_max_docs must be >= 0 (0 = all), got {data.hf_max_docs}')
     if data.source == 'stdlib' and data.path:
         logging.log_first_n(
             logging.WARNING,
@@ -194,6 +196,17 @@ def _hf_docs(data: ml_collections.ConfigDict, split: str) -> Iterator[str]:
             f'config.data.hf_name={data.hf_name!r} could not be loaded ({first}); offline, '
             'use a local builder: --config.data.hf_name=text --config.data.path=FILE'
         ) from None
+    except ValueError as e:
+        if not str(e).startswith('Unknown split'):
+            raise
+        key = 'hf_eval_split' if name == data.hf_eval_split else 'hf_split'
+        raise ValueError(f'config.data.{key}={name!r}: {e}') from None
+    columns = ds.column_names  # None for some streamed datasets: checked per row then
+    if columns is not None and data.hf_text_column not in columns:
+        raise ValueError(
+            f'config.data.hf_text_column={data.hf_text_column!r} is not a column of '
+            f'config.data.hf_name={data.hf_name!r}; its columns are {columns}'
+        )
     every = round(1 / data.val_fraction)
     count = 0
     for i, row in enumerate(ds):
@@ -202,6 +215,11 @@ def _hf_docs(data: ml_collections.ConfigDict, split: str) -> Iterator[str]:
         if data.hf_max_docs and count >= data.hf_max_docs:
             break
         count += 1
+        if data.hf_text_column not in row:
+            raise ValueError(
+                f'config.data.hf_text_column={data.hf_text_column!r} is not a column of '
+                f'config.data.hf_name={data.hf_name!r}; its columns are {sorted(row)}'
+            )
         yield row[data.hf_text_column]
 
 
