@@ -287,12 +287,20 @@ def test_schedule_and_optimizer_settings_out_of_range_are_refused(overrides, mes
             {'train.max_loss_ratio': float('nan')},
             r'max_loss_ratio must be 0 \(off\) or > 1, got nan',
         ),
+        (
+            {'eval_tokens': 16, 'data.seq_len': 16},
+            r'^config.eval_tokens=16: expected 0 \(the whole split\) or more than one window of '
+            r'config.data.seq_len=16 tokens',
+        ),
     ],
 )
 def test_loop_settings_out_of_range_are_refused(overrides, message):
     """Settings training would take silently but wrongly: a loss-spike ratio <= 1 stops a run
-    at its first loss above the median."""
+    at its first loss above the median; one eval window has no standard error."""
+    from lm.train.evaluation import check_eval_config
     from lm.train.run import check_loop_config
 
+    config = with_values(tiny_config(), overrides)
     with pytest.raises(ValueError, match=message):
-        check_loop_config(with_values(tiny_config(), overrides))
+        check_loop_config(config)
+        check_eval_config(config, 1)

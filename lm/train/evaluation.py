@@ -20,6 +20,7 @@ import numpy as np
 from absl import logging
 
 from lm.data.corpus import Corpus
+from lm.data.recall import TASKS
 from lm.data.windows import eval_batches, eval_windows, window_targets
 from lm.sharding import global_batch
 
@@ -34,6 +35,12 @@ def check_eval_config(config: ml_collections.ConfigDict, data_parallel: int) -> 
     for name in ('eval_tokens', 'eval_batch_size'):
         if config[name] < 0:
             raise ValueError(f'config.{name} must be >= 0, got {config[name]}')
+    tokens, seq_len = config.eval_tokens, config.data.seq_len
+    if 0 < tokens <= seq_len and config.data.source not in TASKS:  # as eval.py's --eval_tokens
+        raise ValueError(
+            f'config.eval_tokens={tokens}: expected 0 (the whole split) or more than one window '
+            f'of config.data.seq_len={seq_len} tokens (the standard error is over windows)'
+        )
     size = eval_batch_size(config)
     if size % data_parallel or size % jax.process_count():
         raise ValueError(
