@@ -20,6 +20,17 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
+# config.mesh.cpu_devices at most: XLA starts a thread per CPU device and aborts the process
+# (no Python error) when the system refuses one (100,000 did on a 2-core machine).
+MAX_CPU_DEVICES = 4096
+
+
+def _check_cpu_count(n: int) -> None:
+    if not 0 <= n <= MAX_CPU_DEVICES:
+        raise ValueError(
+            f"config.mesh.cpu_devices must be in [0, {MAX_CPU_DEVICES}] (0 = JAX's default), "
+            f'got {n}'
+        )
 
 
 def set_cpu_devices(mesh_config: ml_collections.ConfigDict) -> None:
@@ -27,8 +38,7 @@ def set_cpu_devices(mesh_config: ml_collections.ConfigDict) -> None:
     every core with one thread each). Must run before JAX initialises a backend; a no-op for 0.
     On GPU / TPU hosts the setting only concerns the unused CPU backend."""
     n = mesh_config.cpu_devices
-    if n < 0:
-        raise ValueError(f'config.mesh.cpu_devices must be >= 0, got {n}')
+    _check_cpu_count(n)
     forced = re.search(
         r'--xla_force_host_platform_device_count=(\d+)', os.environ.get('XLA_FLAGS', '')
     )
@@ -52,11 +62,10 @@ def set_cpu_devices(mesh_config: ml_collections.ConfigDict) -> None:
 
 
 def check_cpu_devices(mesh_config: ml_collections.ConfigDict) -> None:
-    """`config.mesh.cpu_devices` must be >= 0 and, when set, already applied by
+    """`config.mesh.cpu_devices` must be in [0, MAX_CPU_DEVICES] and, when set, already applied by
     `set_cpu_devices` (which `lm.cli.bootstrap` calls before JAX starts)."""
     n = mesh_config.cpu_devices
-    if n < 0:
-        raise ValueError(f'config.mesh.cpu_devices must be >= 0, got {n}')
+    _check_cpu_count(n)
     if n and jax.config.jax_num_cpu_devices != n:
         raise ValueError(
             f'config.mesh.cpu_devices={n} is not applied (JAX has '
@@ -104,6 +113,11 @@ def rules_table(mesh_config: ml_collections.ConfigDict) -> dict[str, tuple[str, 
                     f'config.mesh.rules.{name}={value!r} names unknown mesh axis '
                     f'{a!r}; mesh axes are {MESH_AXES}'
                 )
+        if len(set(axes)) < len(axes):
+            raise ValueError(
+                f'config.mesh.rules.{name}={value!r} names a mesh axis twice; '
+                f'expected distinct axes of {MESH_AXES}'
+            )
         table[name] = axes
     return table
 

@@ -63,7 +63,10 @@ def test_bootstrap_checks_device_settings_first():
     config.compilation_cache_dir = ''  # the pytest worker's own JAX keeps no persistent cache
     bootstrap(config)  # 0 CPU devices (JAX's default) and no compilation cache: nothing to do
     config.mesh.cpu_devices = -2
-    with pytest.raises(ValueError, match=r'config.mesh.cpu_devices must be >= 0, got -2'):
+    with pytest.raises(ValueError, match=r'config.mesh.cpu_devices must be in \[0, 4096\].*got -2'):
+        bootstrap(config)
+    config.mesh.cpu_devices = 100_000  # XLA would abort the process making their threads
+    with pytest.raises(ValueError, match=r'config.mesh.cpu_devices must be in .*got 100000'):
         bootstrap(config)
 
 

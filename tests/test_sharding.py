@@ -240,6 +240,10 @@ def test_bad_meshes_give_one_line_errors():
         r"axis 'model'",
     ):
         rules_table(bad_rule)
+    bad_rule.rules.heads = 'tensor'
+    bad_rule.rules.batch = 'data,data'  # a NamedSharding's DuplicateSpecError otherwise
+    with pytest.raises(ValueError, match=r"rules.batch='data,data' names a mesh axis twice"):
+        rules_table(bad_rule)
 
 
 @pytest.mark.slow
