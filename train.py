@@ -19,6 +19,7 @@ from lm.cli import (
     define_distributed_flags,
     run_app,
 )
+from lm.convert import check_uptrain_config
 from lm.data import cache_dir
 from lm.train import (
     check_logdir_owner,
@@ -65,6 +66,7 @@ def run() -> int:
         config = stored_config(_WORKDIR.value)
     else:
         raise ValueError(f'--config is required: {_WORKDIR.value} holds no checkpoint to resume')
+    check_uptrain_config(config.uptrain)
     check_writable_dir(cache_dir(config.data), 'config.data.cache_dir')
     if (done := finished_step(config, _WORKDIR.value)) is not None:
         print(f'{_WORKDIR.value} is already at train.steps={done}: nothing to do')

@@ -269,6 +269,12 @@ ROWS = [
         r'config\.train\.lr must be a finite number, got inf',
     ),
     (
+        'uptrain_schedule_unknown',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.uptrain.schedule=x'],
+        r"config\.uptrain\.schedule must be one of \('continue', 'rewarm'\), got 'x'$",
+    ),
+    (
         'eval_ignored_model_override',
         EVAL,
         lambda c: [f'--config={c.good_cfg}', '--config.model.d_model=64'],

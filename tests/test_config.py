@@ -304,3 +304,25 @@ def test_loop_settings_out_of_range_are_refused(overrides, message):
     with pytest.raises(ValueError, match=message):
         check_loop_config(config)
         check_eval_config(config, 1)
+
+
+@pytest.mark.parametrize(
+    'overrides,message',
+    [
+        ({'uptrain.fraction': -0.5}, r'^config.uptrain.fraction must be a finite number >= 0'),
+        ({'uptrain.fraction': float('nan')}, r'^config.uptrain.fraction must be a finite number'),
+        ({'uptrain.warmup_steps': -2}, r'^config.uptrain.warmup_steps must be >= -1, got -2$'),
+        ({'uptrain.calibration_tokens': 0}, r'^config.uptrain.calibration_tokens must be >= 1'),
+        ({'uptrain.kv_budget': -1}, r'^config.uptrain.kv_budget must be >= 0, got -1$'),
+        ({'uptrain.grouping': 'x'}, r"^config.uptrain.grouping must be one of .*, got 'x'$"),
+        ({'uptrain.method': 'svd'}, r"^config.uptrain.method must be one of .*, got 'svd'$"),
+        ({'uptrain.target': 'gqa4'}, r"^config.uptrain.target must be one of .*, got 'gqa4'$"),
+    ],
+)
+def test_uptrain_settings_out_of_range_are_refused(overrides, message):
+    """`config.uptrain` of a run to train: scripts/uptrain.py reads its defaults later."""
+    from lm.convert import check_uptrain_config
+
+    check_uptrain_config(tiny_config().uptrain)
+    with pytest.raises(ValueError, match=message):
+        check_uptrain_config(with_values(tiny_config(), overrides).uptrain)

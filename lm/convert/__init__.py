@@ -26,6 +26,7 @@ __all__, __getattr__, __dir__ = public_face(
             'convert_checkpoint',
             'optimizer_state_summary',
         ),
+        'uptrain_settings': ('check_uptrain_config',),
         'uptrain_ensemble': ('convert_ensemble', 'member_workdirs'),
         'mla': ('choose_stride', 'pair_contribution'),
         'rope_selection': ('selections',),
