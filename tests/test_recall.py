@@ -225,6 +225,14 @@ def test_bad_recall_settings_name_their_key(tmp_path):
         ('data.recall_vocab', 8, 'config.data.recall_vocab=8'),
         ('data.passkey_lengths', '300', "config.data.passkey_lengths='300'"),
         ('data.passkey_depths', '1.5', "config.data.passkey_depths='1.5'"),
+        ('data.passkey_lengths', '128,,256', "passkey_lengths='128,,256' must be comma-separated"),
+        ('data.passkey_depths', '0,x', "config.data.passkey_depths='0,x' must be comma-separated"),
+        (
+            'data.recall_power_a',
+            float('inf'),
+            'config.data.recall_power_a must be a finite number > 0, got inf',
+        ),
+        ('data.recall_seed', -1, 'config.data.recall_seed must be >= 0, got -1'),
         ('data.document_mask', True, 'config.data.document_mask=True does not apply'),
     ]:
         source = 'passkey' if 'passkey' in key else 'mqar'
@@ -330,7 +338,7 @@ def test_mqar_training_mixture_draws_pairs_per_row_and_keeps_heldout(tmp_path):
     assert set(counts) == {1, 2, 4}
     with pytest.raises(ValueError, match=r"recall_train_pairs='2' applies to source='mqar' only"):
         load_corpus(recall_config(tmp_path, 'passkey', **{'data.recall_train_pairs': '2'}).data)
-    for bad in ('2,9', '0,2', 'two', ','):
+    for bad in ('2,9', '0,2', 'two', ',', '2,,4'):
         with pytest.raises(ValueError, match=re.escape(f'config.data.recall_train_pairs={bad!r}')):
             load_corpus(recall_config(tmp_path, **{'data.recall_train_pairs': bad}).data)
 

@@ -24,6 +24,7 @@ the row itself, so batches keep the text path's shape and the loss masks them on
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import ml_collections
 import numpy as np
@@ -85,6 +86,8 @@ class SymbolTokenizer:
 def check_recall_config(data: ml_collections.ConfigDict) -> None:
     """One-line errors for a recall source's settings."""
     T = data.seq_len
+    if data.recall_seed < 0:
+        raise ValueError(f'config.data.recall_seed must be >= 0, got {data.recall_seed}')
     if data.document_mask:
         raise ValueError(
             f'config.data.document_mask=True does not apply to source={data.source!r}: a recall '
@@ -109,15 +112,17 @@ def check_recall_config(data: ml_collections.ConfigDict) -> None:
                 f'config.data.recall_train_pairs={data.recall_train_pairs!r} must list pair '
                 f'counts in [1, {most}] (min(seq_len / 4, recall_vocab / 2 - 1)), or be empty'
             )
-        if not data.recall_power_a > 0:
-            raise ValueError(f'config.data.recall_power_a must be > 0, got {data.recall_power_a}')
+        if not (math.isfinite(data.recall_power_a) and data.recall_power_a > 0):
+            raise ValueError(
+                f'config.data.recall_power_a must be a finite number > 0, got {data.recall_power_a}'
+            )
     else:
         if data.recall_train_pairs:
             raise ValueError(
                 f'config.data.recall_train_pairs={data.recall_train_pairs!r} applies to '
                 "source='mqar' only; leave it empty for passkey"
             )
-        lengths, depths = parse_ints(data.passkey_lengths), parse_floats(data.passkey_depths)
+        lengths, depths = _numbers(data, 'passkey_lengths', int), _numbers(data, 'passkey_depths')
         shortest = len(QUESTION) + len(NEEDLE.format(key='0' * DIGITS)) + DIGITS
         if not lengths or min(lengths) < shortest or max(lengths) > T + 1:
             raise ValueError(
@@ -159,12 +164,23 @@ def _check_zoology(data: ml_collections.ConfigDict) -> None:
 
 
 def _counts_within(text: str, most: int) -> bool:
-    """Whether `text` lists one or more integers, each in [1, most]."""
+    """Whether `text` lists one or more integers, each in [1, most] (no empty item: '2,,4')."""
     try:
-        counts = parse_ints(text)
+        counts = [int(v) for v in text.split(',')]
     except ValueError:
         return False
-    return bool(counts) and all(1 <= c <= most for c in counts)
+    return all(1 <= c <= most for c in counts)
+
+
+def _numbers(data: ml_collections.ConfigDict, key: str, kind: type = float) -> list:
+    """`config.data.<key>`'s comma-separated numbers (`kind`: int or float); a one-line error
+    naming it for an empty item ('128,,256') or one that is not a number."""
+    text = data[key]
+    try:
+        return [kind(v) for v in text.split(',')]  # int('') and float('') raise too
+    except ValueError:
+        what = 'whole numbers' if kind is int else 'numbers'
+        raise ValueError(f'config.data.{key}={text!r} must be comma-separated {what}') from None
 
 
 def _distinct(rng: np.random.Generator, n: int, low: int, high: int, k: int) -> np.ndarray:
