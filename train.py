@@ -23,6 +23,7 @@ from lm.convert import check_uptrain_config
 from lm.data import cache_dir
 from lm.train import (
     check_logdir_owner,
+    check_loop_config,
     finished_step,
     read_latest_meta,
     run_logdir,
@@ -66,6 +67,7 @@ def run() -> int:
         config = stored_config(_WORKDIR.value)
     else:
         raise ValueError(f'--config is required: {_WORKDIR.value} holds no checkpoint to resume')
+    check_loop_config(config)  # the intervals too, which a finished run below would not read
     check_uptrain_config(config.uptrain)
     check_writable_dir(cache_dir(config.data), 'config.data.cache_dir')
     if (done := finished_step(config, _WORKDIR.value)) is not None:

@@ -269,6 +269,12 @@ ROWS = [
         r'config\.train\.lr must be a finite number, got inf',
     ),
     (
+        'finished_run_given_a_bad_interval',  # not 'nothing to do' (exit 0) for a finished run
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.train.steps=4', '--config.log_every=0'],
+        r'config\.log_every must be > 0, got 0$',
+    ),
+    (
         'uptrain_schedule_unknown',
         TRAIN,
         lambda c: [f'--config={c.good_cfg}', '--config.uptrain.schedule=x'],

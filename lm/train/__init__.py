@@ -14,6 +14,7 @@ __all__, __getattr__, __dir__ = public_face(
             'assemble',
             'check_config',
             'check_devices',
+            'check_loop_config',
         ),
         'stored': ('finished_step', 'inherited_data', 'stored_config'),
         'loop': ('train',),

@@ -88,6 +88,8 @@ class Run:
 
 
 def check_loop_config(config: ml_collections.ConfigDict) -> None:
+    """One-line errors for the loop's intervals, the seed and the loss-spike guard (no JAX:
+    train.py checks them before it finds a run already finished)."""
     for name in ('eval_every', 'log_every', 'checkpoint_every', 'keep_checkpoints'):
         if config[name] <= 0:
             raise ValueError(f'config.{name} must be > 0, got {config[name]}')
