@@ -275,6 +275,13 @@ ROWS = [
         r'config\.log_every must be > 0, got 0$',
     ),
     (
+        'model_larger_than_memory',  # not an out-of-memory traceback while initialising
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.model.vocab_size=2000000000'],
+        r'config\.model needs [\d.]+ GiB per device for the train state and gradients alone, '
+        r'more than the [\d.]+ GiB a device has',
+    ),
+    (
         'uptrain_schedule_unknown',
         TRAIN,
         lambda c: [f'--config={c.good_cfg}', '--config.uptrain.schedule=x'],

@@ -156,8 +156,9 @@ def as_ensemble(
     config: ml_collections.ConfigDict, ctx: StepContext, mesh: Mesh, rules: dict
 ) -> StepContext:
     """A member's step context `ctx` as `config`'s ensemble's (`ensemble_context`, refused if it
-    cannot fit: `check_members_fit`); `ctx` itself for a single run."""
+    cannot fit: `check_members_fit`); `ctx` itself for a single run (refused if it cannot fit)."""
     if not config.train.ensemble:
+        check_members_fit(ctx)
         return ctx
     axes = member_axes(mesh, rules)
     ctx = ensemble_context(ctx, config.train.ensemble, axes, config.train.ensemble_loop)
@@ -250,14 +251,21 @@ def device_memory() -> int | None:
 
 
 def check_members_fit(ctx: StepContext) -> None:
-    """Refuses, before compiling, an ensemble whose train state and gradients alone exceed a
-    device's memory (activations come on top), naming the bytes and how many members fit."""
+    """Refuses, before compiling, a run (an ensemble: its members) whose train state and
+    gradients alone exceed a device's memory (activations come on top), naming the bytes (and
+    how many members fit); a single run's would fail allocating them, in no line of its own."""
     limit = device_memory()
-    if not ctx.members or limit is None:
+    if limit is None:
         return
     need = _device_bytes(ctx.abstract_state) + _device_bytes(ctx.abstract_state['params'])
     if need <= limit:
         return
+    if not ctx.members:
+        raise ValueError(
+            f'config.model needs {need / 2**30:.2f} GiB per device for the train state and '
+            f'gradients alone, more than the {limit / 2**30:.2f} GiB a device has: a smaller '
+            'd_model, num_layers, mlp_dim or vocab_size, or more devices (config.mesh.fsdp)'
+        )
     size = math.prod(ctx.mesh.shape[a] for a in ctx.member_axes)
     per_member = need / (ctx.members // size)
     fit = int(limit // per_member) * size
