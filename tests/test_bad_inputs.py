@@ -60,6 +60,7 @@ def ctx(tmp_path_factory):
         "    return ml_collections.ConfigDict({'seed': 0})\n"
     )
     (root / 'random.bin').write_bytes(bytes(range(256)) * 64)
+    (root / 'one_paragraph.txt').write_text('a single document\n')
     (root / 'a_file').write_text('not a directory\n')
     (root / 'broken_tokenizer.json').write_text('{"model": ')
     (root / 'not_tokenizer.json').write_text('{"vocab": [1, 2, 3]}')
@@ -190,7 +191,7 @@ ROWS = [
                 f'--config={c.good_cfg}',
                 '--config.data.source=hf',
                 '--config.data.hf_name=text',  # the local builder, on config.data.path
-                setting,
+                setting.replace('ONE_PARAGRAPH', str(c.root / 'one_paragraph.txt')),
             ],
             pattern,
         )
@@ -205,6 +206,11 @@ ROWS = [
                 'split_unknown',
                 '--config.data.hf_split=nope',
                 r"config\.data\.hf_split='nope': Unknown split",
+            ),
+            (  # one document: none is every 1/val_fraction-th; no empty cache is left
+                'split_without_documents',
+                '--config.data.path=ONE_PARAGRAPH',
+                r'config\.data: the validation split holds no text .*; nothing was cached$',
             ),
             (
                 'max_docs_negative',

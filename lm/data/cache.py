@@ -228,6 +228,12 @@ def build(
                 os.fsync(f.fileno())
             progress.finish()
             meta['num_tokens'][split] = os.path.getsize(path + '.partial') // dtype.itemsize
+            if not meta['num_tokens'][split]:  # else cached, then read back as 'damaged'
+                raise ValueError(
+                    f'config.data: the {split} split holds no text (a source of too few '
+                    'documents, or none read: see hf_max_docs, hf_eval_split, val_fraction); '
+                    'nothing was cached'
+                )
             os.replace(path + '.partial', path)
         meta_path = os.path.join(directory, 'meta.json')
         with open(meta_path + '.partial', 'w') as f:
