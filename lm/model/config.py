@@ -109,27 +109,17 @@ class ModelConfig:
                 f'config.model.kv_quant_group must be > 0 (tokens per KIVI key group), '
                 f'got {self.kv_quant_group}'
             )
-        for name in ('param_dtype', 'dtype'):
-            if getattr(self, name) not in DTYPES:
+        for name, allowed in (
+            ('param_dtype', sorted(DTYPES)),
+            ('dtype', sorted(DTYPES)),
+            ('attention_impl', ATTENTION_IMPLS),
+            ('logits_dtype', LOGITS_DTYPES),
+            ('decode_kernel', DECODE_KERNELS),
+        ):
+            if getattr(self, name) not in allowed:
                 raise ValueError(
-                    f'config.model.{name} must be one of {sorted(DTYPES)}, '
-                    f'got {getattr(self, name)!r}'
+                    f'config.model.{name} must be one of {allowed}, got {getattr(self, name)!r}'
                 )
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f'config.model.attention_impl must be one of {ATTENTION_IMPLS}, '
-                f'got {self.attention_impl!r}'
-            )
-        if self.logits_dtype not in LOGITS_DTYPES:
-            raise ValueError(
-                f'config.model.logits_dtype must be one of {LOGITS_DTYPES}, '
-                f'got {self.logits_dtype!r}'
-            )
-        if self.decode_kernel not in DECODE_KERNELS:
-            raise ValueError(
-                f'config.model.decode_kernel must be one of {DECODE_KERNELS}, '
-                f'got {self.decode_kernel!r}'
-            )
         if self.attention_impl == 'cudnn' and self.dtype not in ('bfloat16', 'float16'):
             raise ValueError(
                 "config.model.attention_impl='cudnn' needs config.model.dtype bfloat16 or "
