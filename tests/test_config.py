@@ -34,6 +34,8 @@ BAD = [
     (dict(attention='mqa', num_kv_heads=2), r"num_kv_heads=2 contradicts attention='mqa'"),
     (dict(attention='sliding'), r"config.model.attention must be one of .*'sliding'"),
     (dict(attention='mha', head_dim=7), r'head_dim=7 must be even for RoPE'),
+    (dict(attention='mla', qkv_bias=True), r"qkv_bias / o_bias apply to .*attention='mla' has no"),
+    (dict(attention='mla', o_bias=True), r"qkv_bias / o_bias apply to .*attention='mla' has no"),
     (
         dict(attention='mla', qk_rope_head_dim=5),
         r'config.model.mla.qk_rope_head_dim=5 must be even',

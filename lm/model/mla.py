@@ -84,6 +84,11 @@ class MultiHeadLatentAttention(AttentionVariant):
                 'config.model.mla.latent_norm_eps must be >= 0 (0 = norm_eps), '
                 f'got {mla.latent_norm_eps}'
             )
+        if cfg.qkv_bias or cfg.o_bias:  # else silently without them
+            raise ValueError(
+                "config.model.qkv_bias / o_bias apply to mha / gqa / mqa; attention='mla' "
+                'has no biases on its projections: leave them False'
+            )
         if cfg.num_kv_heads not in (0, cfg.num_heads):
             raise ValueError(
                 f'config.model.num_kv_heads={cfg.num_kv_heads} does not apply to '
