@@ -13,7 +13,7 @@ from flax import nnx
 
 from lm.convert import cla, head_merging
 from lm.convert import methods as conversion
-from lm.convert.methods import ConversionOptions
+from lm.convert.options import ConversionOptions
 from lm.convert.uptrain import check_conversion
 from lm.experiments import ablation, ablation_arms
 from lm.model.accounting import kv_cache_bytes_per_token

@@ -15,7 +15,7 @@ from flax import nnx
 from lm.convert import head_merging
 from lm.convert import methods as conversion
 from lm.convert import mla as mla_conversion
-from lm.convert.methods import ConversionOptions
+from lm.convert.options import ConversionOptions
 from lm.convert.pool_checkpoint import convert_params
 from lm.convert.uptrain import check_conversion
 from lm.model.accounting import kv_cache_elements_per_token

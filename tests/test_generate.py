@@ -18,7 +18,7 @@ from conftest import ENV, ROOT, run_entry, tiny_config
 from flax import nnx
 
 from lm.convert.hf_io import export_hf
-from lm.convert.methods import ConversionOptions
+from lm.convert.options import ConversionOptions
 from lm.convert.uptrain import convert_checkpoint
 from lm.data.tokenizer import HFTokenizer
 from lm.train.checkpoint import Checkpointer

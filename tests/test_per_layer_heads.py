@@ -14,7 +14,7 @@ from flax import nnx
 
 from lm.convert import methods as conversion
 from lm.convert import per_layer
-from lm.convert.methods import ConversionOptions, check_conversion
+from lm.convert.options import ConversionOptions, check_conversion
 from lm.model.accounting import kv_cache_bytes_per_layer
 from lm.model.transformer import build_model, model_config
 from lm.train.run import assemble

@@ -11,13 +11,14 @@ __all__, __getattr__, __dir__ = public_face(
         'hf_io': ('export_hf', 'import_hf'),
         'hf_files': ('max_position',),
         'staging': ('check_export_dir', 'check_import_dir'),
-        'methods': (
+        'options': (
             'KEYS',
             'SCHEDULES',
             'ConversionOptions',
-            'calibration_inputs',
             'check_conversion',
+            'check_uptrain_config',
         ),
+        'methods': ('calibration_inputs',),
         'uptrain': (
             'METHODS',
             'SOURCE',
@@ -26,7 +27,6 @@ __all__, __getattr__, __dir__ = public_face(
             'convert_checkpoint',
             'optimizer_state_summary',
         ),
-        'uptrain_settings': ('check_uptrain_config',),
         'uptrain_ensemble': ('convert_ensemble', 'member_workdirs'),
         'mla': ('choose_stride', 'pair_contribution'),
         'rope_selection': ('selections',),

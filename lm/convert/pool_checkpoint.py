@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from lm.convert import head_merging
-from lm.convert.methods import ConversionOptions, check_conversion
+from lm.convert.options import ConversionOptions, check_conversion
 from lm.convert.pooling import map_kv, map_moments, map_opt_state, merge_kv_heads, merge_proj
 from lm.model.config import DTYPES, ModelConfig
 

@@ -38,7 +38,13 @@ from flax import nnx
 from lm.convert import cla, head_merging, mla, per_layer, pooling
 from lm.convert import methods as conversion
 from lm.convert.hf_files import copy_run_files, lent_tokenizer
-from lm.convert.methods import SCHEDULES, ConversionOptions, check_conversion, check_steps
+from lm.convert.options import (
+    POOL_METHODS,
+    SCHEDULES,
+    ConversionOptions,
+    check_conversion,
+    check_steps,
+)
 from lm.convert.pool_checkpoint import (
     convert_opt_state,
     convert_params,
@@ -63,7 +69,7 @@ from lm.train.run import assemble, check_loop_config, step_context
 from lm.train.stored import checkpoint_meta, stored_config
 from lm.train.workdir import WorkdirLock, check_apart
 
-METHODS = conversion.POOL_METHODS  # for K/V pooling: 'mean', 'first', 'random', 'aligned'
+METHODS = POOL_METHODS  # for K/V pooling: 'mean', 'first', 'random', 'aligned'
 PARTIAL = '.uptrain-partial-'  # a conversion is written here, inside its workdir, then moved in
 SOURCE = 'config.uptrain.source_workdir'  # what errors call the source workdir (as recorded)
 WORKDIR = 'workdir'  # and the converted run's (convert_checkpoint's argument)

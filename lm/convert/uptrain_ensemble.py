@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from lm.convert.methods import ConversionOptions
+from lm.convert.options import ConversionOptions
 from lm.convert.uptrain import SOURCE, WORKDIR, convert_checkpoint
 from lm.train.checkpoint import checkpoint_entries
 from lm.train.ensemble import member_seeds

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 
 from lm.config import load_config_file, with_overrides
-from lm.convert.methods import SCHEDULES
+from lm.convert.options import SCHEDULES
 from lm.convert.uptrain import ConversionOptions
 from lm.model import attention
 from lm.model.transformer import check_model_config
