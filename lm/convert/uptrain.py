@@ -9,7 +9,7 @@ g_dst (g_src divisible by g_dst) merges each run of r = g_src / g_dst consecutiv
   (lm/convert/head_merging.py).
 `grouping='similarity'` merges the most similar heads instead of consecutive ones (permuting
 heads first, lm/convert/head_merging.py); a latent target converts to MLA instead
-(lm/convert/mla.py). What a conversion does is one `ConversionOptions` (lm/convert/methods.py,
+(lm/convert/mla.py). What a conversion does is one `ConversionOptions` (lm/convert/options.py,
 with its checks); `convert_checkpoint` applies it to a run's checkpoint.
 
 The converted run continues the source's global step: its first checkpoint is the source's step,

@@ -138,7 +138,7 @@ class AttentionVariant(nnx.Module):
 
     names: ClassVar[tuple[str, ...]] = ()  # the `config.model.attention` values it implements
     poolable_kv_heads: ClassVar[bool] = False  # has K/V heads that can be merged (uptraining)
-    latent_kv: ClassVar[bool] = False  # K/V from a shared latent + RoPE key (lm/convert/methods.py)
+    latent_kv: ClassVar[bool] = False  # K/V from a shared latent + RoPE key (lm/convert/options.py)
     cross_layer_kv: ClassVar[bool] = False  # layers may reuse the K/V of the layer below
     sow_weights: bool = False  # set on a model copy (`set_attributes`) to sow AttentionWeights
     window: int = 0  # sliding window W of a local layer (set by the model); 0 = global
