@@ -98,6 +98,25 @@ def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tupl
     return tuple(sizes)
 
 
+def fit_mesh(mesh_config: ml_collections.ConfigDict, num_devices: int) -> ml_collections.ConfigDict:
+    """`mesh_config` when its mesh fits `num_devices`, else a copy with every device on 'data'
+    (fsdp = tensor = 1), logged: how a run trained on another device count is read (evaluated,
+    decoded, exported, converted), its mesh being a setting of its training only."""
+    try:
+        mesh_shape(mesh_config, num_devices)
+        return mesh_config
+    except ValueError as e:
+        reason = str(e)
+    fitted = ml_collections.ConfigDict(mesh_config.to_dict())
+    fitted.update(data=-1, fsdp=1, tensor=1)
+    logging.warning(
+        "the run's %s; reading it on a data-parallel mesh of the %d devices here instead",
+        reason.split(' (on a CPU')[0],
+        num_devices,
+    )
+    return fitted
+
+
 def _named(sizes: list[int]) -> dict[str, int]:
     return dict(zip(MESH_AXES, sizes, strict=True))
 

@@ -23,7 +23,7 @@ from conftest import (
     write_config_file,
 )
 
-from lm.sharding import mesh_shape, rules_table
+from lm.sharding import fit_mesh, mesh_shape, rules_table
 
 RTOL = 1e-5
 VARIANTS = {
@@ -162,6 +162,15 @@ def test_checkpoint_restores_on_other_meshes(tmp_path, small_text):
         np.testing.assert_allclose(
             [got[s] for s in range(5, 9)], [want[s] for s in range(5, 9)], rtol=RTOL
         )
+    # Read on fewer devices than it was trained on (an 8-GPU run evaluated on one GPU): its
+    # mesh is refitted to the devices there, and the loss is the one training logged.
+    out = run_entry('eval.py', f'--workdir={tmp_path / "a"}', env=env(1), timeout=300, check=True)
+    assert "the run's config.mesh {'data': 2, 'fsdp': 2, 'tensor': 2} needs 8" in out.stderr
+    np.testing.assert_allclose(
+        json.loads(out.stdout.strip().splitlines()[-1])['loss'],
+        read_scalars(tmp_path / 'a' / 'tb', 'eval/loss')[8],
+        rtol=RTOL,
+    )
 
 
 def free_port():
@@ -244,6 +253,14 @@ def test_bad_meshes_give_one_line_errors():
     bad_rule.rules.batch = 'data,data'  # a NamedSharding's DuplicateSpecError otherwise
     with pytest.raises(ValueError, match=r"rules.batch='data,data' names a mesh axis twice"):
         rules_table(bad_rule)
+
+
+def test_a_mesh_that_does_not_fit_the_devices_here_is_refitted_for_reading():
+    trained = mesh_config(data=2, fsdp=2, tensor=2)
+    assert fit_mesh(trained, 8) is trained
+    fitted = fit_mesh(trained, 1)
+    assert mesh_shape(fitted, 1) == (1, 1, 1) and mesh_shape(fit_mesh(trained, 3), 3) == (3, 1, 1)
+    assert fitted.rules == trained.rules and (trained.data, trained.fsdp) == (2, 2)
 
 
 @pytest.mark.slow

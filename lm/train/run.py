@@ -20,7 +20,13 @@ from lm.data.corpus import Corpus, check_corpus_size, check_data_config, load_co
 from lm.data.recall import TASKS
 from lm.model.config import ModelConfig
 from lm.model.transformer import check_model_config, model_config
-from lm.sharding import check_cpu_devices, data_parallel_size, make_mesh, rules_table
+from lm.sharding import (
+    check_cpu_devices,
+    data_parallel_size,
+    fit_mesh,
+    make_mesh,
+    rules_table,
+)
 from lm.train.checkpoint import (
     Checkpointer,
     read_latest_meta,
@@ -219,6 +225,8 @@ def assemble(
     if state in ('restore', 'params'):  # an existing run's side files, before any other check
         check_run_files(config.data.tokenizer, workdir, flag)
     config = check_config(config, saved)
+    if state in ('restore', 'params'):  # reading a run, maybe trained on more devices
+        config.mesh = fit_mesh(config.mesh, jax.device_count())
     if model_overrides:
         config.model.update(model_overrides)
         check_model_config(config.model)
