@@ -22,7 +22,7 @@ from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from lm.config import get_key, load_config_file, with_overrides
 from lm.config_migration import ADDED_KEYS, fill_added_keys
-from lm.sharding import set_cpu_devices
+from lm.sharding import check_same_config, set_cpu_devices
 from lm.train import Interrupted, RunError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -159,12 +159,13 @@ def bootstrap(config: ml_collections.ConfigDict, compilation_cache: bool = True)
     CPU devices (`config.mesh.cpu_devices`, before any JAX backend starts), the persistent
     compilation cache (`config.compilation_cache_dir`; benchmarks that time compiles pass
     `compilation_cache=False`), then joining a multi-host job when the entry point defined the
-    distributed flags (`define_distributed_flags`)."""
+    distributed flags (`define_distributed_flags`), whose processes must share one config."""
     set_cpu_devices(config.mesh)
     if compilation_cache:
         use_compilation_cache(config.compilation_cache_dir)
     if 'coordinator_address' in flags.FLAGS:
         initialize_distributed()
+        check_same_config(config)
 
 
 def runs_devices() -> tuple[str, int]:

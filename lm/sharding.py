@@ -8,6 +8,7 @@ single KV head over a tensor axis of 4, say) is replicated instead, with one log
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -17,7 +18,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
+from jax.experimental.multihost_utils import process_allgather
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from lm.config import dotted_keys, get_key
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
 # config.mesh.cpu_devices at most: XLA starts a thread per CPU device and aborts the process
@@ -31,6 +35,8 @@ def _check_cpu_count(n: int) -> None:
             f"config.mesh.cpu_devices must be in [0, {MAX_CPU_DEVICES}] (0 = JAX's default), "
             f'got {n}'
         )
+# Settings that say where a host keeps things, which may differ between the processes of a run.
+HOST_LOCAL_KEYS = ('compilation_cache_dir', 'data.cache_dir', 'data.num_proc')
 
 
 def set_cpu_devices(mesh_config: ml_collections.ConfigDict) -> None:
@@ -229,3 +235,47 @@ def global_batch(local: np.ndarray, sharding: NamedSharding, batch_axis: int = 0
     global_shape = list(local.shape)
     global_shape[batch_axis] *= jax.process_count()
     return jax.make_array_from_process_local_data(sharding, local, tuple(global_shape))
+
+
+def _digest(text: str) -> np.ndarray:
+    return np.frombuffer(hashlib.sha256(text.encode()).digest()[:8], np.uint32)
+
+
+def config_digests(config: ml_collections.ConfigDict) -> tuple[list[str], np.ndarray]:
+    """(dotted keys, a [keys, 2] uint32 digest of each value) of every setting of `config` but
+    HOST_LOCAL_KEYS."""
+    keys = sorted(k for k in dotted_keys(config) if k not in HOST_LOCAL_KEYS)
+    return keys, np.stack([_digest(repr(get_key(config, k))) for k in keys])
+
+
+def first_difference(keys: list[str], gathered: np.ndarray) -> tuple[str, int] | None:
+    """(key, process) of the first of `keys` whose digest (`gathered`: [processes, keys, 2])
+    differs on some process from process 0's; None when all agree."""
+    differs = (gathered != gathered[:1]).any(axis=-1)  # [processes, keys]
+    for i, key in enumerate(keys):
+        if differs[:, i].any():
+            return key, int(np.argmax(differs[:, i]))
+    return None
+
+
+def check_same_config(config: ml_collections.ConfigDict) -> None:
+    """Every process of a multi-host run must run the same config (the same command on every
+    host; HOST_LOCAL_KEYS may differ): else each stops in one line naming the first setting
+    that differs, before any work, instead of training apart silently or crashing in a
+    collective. A no-op in one process."""
+    if jax.process_count() == 1:
+        return
+    keys, digests = config_digests(config)
+    names = _digest(' '.join(keys))
+    if (np.asarray(process_allgather(names)) != names).any():
+        raise ValueError(
+            'the processes of this multi-host run have configs with different keys (another '
+            'version of lm on some host?): every process needs the same code and config'
+        )
+    if found := first_difference(keys, np.asarray(process_allgather(digests))):
+        key, p = found
+        raise ValueError(
+            f'config.{key} differs between process 0 and process {p} of this multi-host run '
+            f'({get_key(config, key)!r} on process {jax.process_index()}): run the same command '
+            'with the same config on every process'
+        )

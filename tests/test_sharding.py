@@ -23,7 +23,7 @@ from conftest import (
     write_config_file,
 )
 
-from lm.sharding import fit_mesh, mesh_shape, rules_table
+from lm.sharding import config_digests, first_difference, fit_mesh, mesh_shape, rules_table
 
 RTOL = 1e-5
 VARIANTS = {
@@ -225,6 +225,54 @@ def test_two_processes_match_one(tmp_path, small_text):
         read_scalars(tmp_path / 'one' / 'tb', 'eval/loss')[3],
         rtol=RTOL,
     )
+
+
+@pytest.mark.slow
+def test_processes_with_different_configs_stop_in_one_line_before_any_work(tmp_path, small_text):
+    config = tiny_train_config(tmp_path, small_text, **{'train.batch_size': 8})
+    cfg_file = write_config_file(config, tmp_path / 'cfg.py')
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            entry_command(
+                'train.py',
+                f'--config={cfg_file}',
+                f'--workdir={tmp_path / "two"}',
+                f'--config.train.lr={lr}',
+                f'--coordinator_address=127.0.0.1:{port}',
+                '--num_processes=2',
+                f'--process_id={i}',
+            ),
+            cwd=ROOT,
+            env=env(4),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i, lr in enumerate((0.003, 0.005))
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 1 and 'Traceback' not in err, err[-3000:]
+        assert (
+            err.strip()
+            .splitlines()[-1]
+            .startswith(
+                'error: config.train.lr differs between process 0 and process 1 of this multi-host '
+                f'run ({(0.003, 0.005)[i]} on process {i})'
+            )
+        )
+    assert not (tmp_path / 'two').exists()
+
+
+def test_the_first_setting_that_differs_between_processes_is_named():
+    keys, a = config_digests(tiny_train_config(ROOT, 'a.txt'))
+    _, same = config_digests(tiny_train_config(ROOT, 'a.txt', **{'data.cache_dir': '/elsewhere'}))
+    _, lr = config_digests(tiny_train_config(ROOT, 'a.txt', **{'train.lr': 0.5}))
+    _, heads = config_digests(tiny_train_config(ROOT, 'a.txt', **{'model.num_heads': 2}))
+    assert first_difference(keys, np.stack([a, same, a])) is None  # a host's own cache
+    assert first_difference(keys, np.stack([a, same, lr])) == ('train.lr', 2)
+    assert first_difference(keys, np.stack([a, lr, heads])) == ('model.num_heads', 2)
 
 
 def mesh_config(**sizes):
