@@ -73,7 +73,7 @@ def run() -> int:
     if (done := finished_step(config, _WORKDIR.value)) is not None:
         print(f'{_WORKDIR.value} is already at train.steps={done}: nothing to do')
         return 0
-    bootstrap(config)
+    bootstrap(config, shared={'--workdir': _WORKDIR.value, '--tb_dir': _TB_DIR.value})
     result = train(config, _WORKDIR.value, _TB_DIR.value, _ALLOW_CHANGE.value)
     return 128 + result['signal'] if result['signal'] else 0
 

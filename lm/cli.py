@@ -154,18 +154,23 @@ def use_compilation_cache(path: str) -> None:
     _CACHE_EVENTS['on'] = 1
 
 
-def bootstrap(config: ml_collections.ConfigDict, compilation_cache: bool = True) -> None:
+def bootstrap(
+    config: ml_collections.ConfigDict,
+    compilation_cache: bool = True,
+    shared: dict[str, str] | None = None,
+) -> None:
     """Starts an entry point's process for a run of `config`, in the one order that works:
     CPU devices (`config.mesh.cpu_devices`, before any JAX backend starts), the persistent
     compilation cache (`config.compilation_cache_dir`; benchmarks that time compiles pass
     `compilation_cache=False`), then joining a multi-host job when the entry point defined the
-    distributed flags (`define_distributed_flags`), whose processes must share one config."""
+    distributed flags (`define_distributed_flags`), whose processes must share one config and
+    the `shared` flags ({'--workdir': path})."""
     set_cpu_devices(config.mesh)
     if compilation_cache:
         use_compilation_cache(config.compilation_cache_dir)
     if 'coordinator_address' in flags.FLAGS:
         initialize_distributed()
-        check_same_config(config)
+        check_same_config(config, shared)
 
 
 def runs_devices() -> tuple[str, int]:

@@ -12,6 +12,7 @@ import hashlib
 import math
 import os
 import re
+from collections.abc import Mapping
 
 import jax
 import ml_collections
@@ -241,41 +242,50 @@ def _digest(text: str) -> np.ndarray:
     return np.frombuffer(hashlib.sha256(text.encode()).digest()[:8], np.uint32)
 
 
-def config_digests(config: ml_collections.ConfigDict) -> tuple[list[str], np.ndarray]:
-    """(dotted keys, a [keys, 2] uint32 digest of each value) of every setting of `config` but
-    HOST_LOCAL_KEYS."""
+def config_digests(
+    config: ml_collections.ConfigDict, flags: Mapping[str, str] | None = None
+) -> tuple[list[str], np.ndarray]:
+    """(names, a [names, 2] uint32 digest of each value) of every setting of `config` but
+    HOST_LOCAL_KEYS ('config.train.lr', ...), then of the entry point's `flags`
+    ({'--workdir': path})."""
+    flags = dict(flags or {})
     keys = sorted(k for k in dotted_keys(config) if k not in HOST_LOCAL_KEYS)
-    return keys, np.stack([_digest(repr(get_key(config, k))) for k in keys])
+    values = [get_key(config, k) for k in keys] + list(flags.values())
+    names = [f'config.{k}' for k in keys] + list(flags)
+    return names, np.stack([_digest(repr(v)) for v in values])
 
 
-def first_difference(keys: list[str], gathered: np.ndarray) -> tuple[str, int] | None:
-    """(key, process) of the first of `keys` whose digest (`gathered`: [processes, keys, 2])
+def first_difference(names: list[str], gathered: np.ndarray) -> tuple[str, int] | None:
+    """(name, process) of the first of `names` whose digest (`gathered`: [processes, names, 2])
     differs on some process from process 0's; None when all agree."""
-    differs = (gathered != gathered[:1]).any(axis=-1)  # [processes, keys]
-    for i, key in enumerate(keys):
+    differs = (gathered != gathered[:1]).any(axis=-1)  # [processes, names]
+    for i, name in enumerate(names):
         if differs[:, i].any():
-            return key, int(np.argmax(differs[:, i]))
+            return name, int(np.argmax(differs[:, i]))
     return None
 
 
-def check_same_config(config: ml_collections.ConfigDict) -> None:
-    """Every process of a multi-host run must run the same config (the same command on every
-    host; HOST_LOCAL_KEYS may differ): else each stops in one line naming the first setting
-    that differs, before any work, instead of training apart silently or crashing in a
-    collective. A no-op in one process."""
+def check_same_config(
+    config: ml_collections.ConfigDict, flags: Mapping[str, str] | None = None
+) -> None:
+    """Every process of a multi-host run must run the same config and `flags` (the same
+    command on every host; HOST_LOCAL_KEYS may differ): else each stops in one line naming the
+    first setting that differs, before any work, instead of training apart silently, crashing
+    in a collective or hanging in a checkpoint save. A no-op in one process."""
     if jax.process_count() == 1:
         return
-    keys, digests = config_digests(config)
-    names = _digest(' '.join(keys))
-    if (np.asarray(process_allgather(names)) != names).any():
+    names, digests = config_digests(config, flags)
+    listed = _digest(' '.join(names))
+    if (np.asarray(process_allgather(listed)) != listed).any():
         raise ValueError(
             'the processes of this multi-host run have configs with different keys (another '
             'version of lm on some host?): every process needs the same code and config'
         )
-    if found := first_difference(keys, np.asarray(process_allgather(digests))):
-        key, p = found
+    if found := first_difference(names, np.asarray(process_allgather(digests))):
+        name, p = found
+        value = (flags or {}).get(name) if name.startswith('-') else get_key(config, name[7:])
         raise ValueError(
-            f'config.{key} differs between process 0 and process {p} of this multi-host run '
-            f'({get_key(config, key)!r} on process {jax.process_index()}): run the same command '
-            'with the same config on every process'
+            f'{name} differs between process 0 and process {p} of this multi-host run '
+            f'({value!r} on process {jax.process_index()}): run the same command with the same '
+            'config on every process'
         )

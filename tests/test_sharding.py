@@ -271,8 +271,12 @@ def test_the_first_setting_that_differs_between_processes_is_named():
     _, lr = config_digests(tiny_train_config(ROOT, 'a.txt', **{'train.lr': 0.5}))
     _, heads = config_digests(tiny_train_config(ROOT, 'a.txt', **{'model.num_heads': 2}))
     assert first_difference(keys, np.stack([a, same, a])) is None  # a host's own cache
-    assert first_difference(keys, np.stack([a, same, lr])) == ('train.lr', 2)
-    assert first_difference(keys, np.stack([a, lr, heads])) == ('model.num_heads', 2)
+    assert first_difference(keys, np.stack([a, same, lr])) == ('config.train.lr', 2)
+    assert first_difference(keys, np.stack([a, lr, heads])) == ('config.model.num_heads', 2)
+    config = tiny_train_config(ROOT, 'a.txt')
+    names, here = config_digests(config, {'--workdir': 'runs/a'})
+    _, there = config_digests(config, {'--workdir': 'runs/b'})
+    assert first_difference(names, np.stack([here, there])) == ('--workdir', 1)
 
 
 def mesh_config(**sizes):
