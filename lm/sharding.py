@@ -36,6 +36,8 @@ def _check_cpu_count(n: int) -> None:
             f"config.mesh.cpu_devices must be in [0, {MAX_CPU_DEVICES}] (0 = JAX's default), "
             f'got {n}'
         )
+
+
 # Settings that say where a host keeps things, which may differ between the processes of a run.
 HOST_LOCAL_KEYS = ('compilation_cache_dir', 'data.cache_dir', 'data.num_proc')
 
