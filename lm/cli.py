@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import collections
 import gc
-import importlib.util
-import inspect
 import logging as pylogging
 import os
 import signal
@@ -20,8 +18,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
-from lm.config import get_key, load_config_file, with_overrides
-from lm.config_migration import ADDED_KEYS, fill_added_keys
+from lm.config import check_config_file, first_line, get_key, load_config_file, with_overrides
 from lm.sharding import check_same_config, set_cpu_devices
 from lm.train import Interrupted, RunError
 
@@ -198,86 +195,6 @@ def check_data_overrides(entry: str, flag: str = 'config') -> None:
         )
 
 
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f'{type(e).__name__}: {lines[0]}' if lines else type(e).__name__
-
-
-def check_config_file(spec: str, flag: str = '--config') -> ml_collections.ConfigDict:
-    """Loads `path[:arg]` as `--config` does, with a one-line ValueError naming the flag for a
-    missing file, a syntax error, an error while it runs, no `get_config`, an argument that
-    `get_config` does not take (or rejects), and a result that is not a ConfigDict."""
-    path, sep, arg = spec.partition(':')
-    where = f'{flag}={spec}'
-    if os.path.isdir(path):
-        raise ValueError(f'{where}: {path!r} is a directory, not a config file')
-    if not os.path.isfile(path):
-        raise ValueError(f'{where}: config file {path!r} does not exist')
-    try:
-        with open(path, 'rb') as f:
-            compile(f.read(), path, 'exec')
-    except SyntaxError as e:
-        raise ValueError(f'{where}: syntax error in {path} line {e.lineno}: {e.msg}') from None
-    except ValueError as e:  # null bytes: not a Python file
-        raise ValueError(f'{where}: {path} is not a Python config file ({e})') from None
-    spec_ = importlib.util.spec_from_file_location('_lm_checked_config', path)
-    module = importlib.util.module_from_spec(spec_)
-    try:
-        spec_.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - any error in the user's file is reported in one line
-        raise ValueError(f'{where}: {path} fails to run ({_first_line(e)})') from None
-    get_config = getattr(module, 'get_config', None)
-    if not callable(get_config):
-        raise ValueError(f'{where}: {path} defines no get_config() function')
-    args = (arg,) if sep else ()
-    try:
-        inspect.signature(get_config).bind(*args)
-    except TypeError:
-        if sep:
-            raise ValueError(f'{where}: get_config() in {path} takes no argument') from None
-        raise ValueError(f'{where}: get_config() in {path} needs an argument (path:ARG)') from None
-    try:
-        config = get_config(*args)
-    except Exception as e:  # noqa: BLE001
-        raise ValueError(f'{where}: get_config() failed ({_first_line(e)})') from None
-    if not isinstance(config, ml_collections.ConfigDict):
-        raise ValueError(
-            f'{where}: get_config() returned {type(config).__name__}, '
-            'not an ml_collections.ConfigDict'
-        )
-    return config
-
-
-def check_config_keys(config: ml_collections.ConfigDict, flag: str = '--config') -> None:
-    """A run config must hold every key of configs/base.py (configs start from it); keys added
-    to base.py since the config was written (lm.config_migration.ADDED_KEYS, e.g. a sweep's
-    per-run config from before a code update) are filled with their recorded values, with a
-    warning."""
-    if filled := fill_added_keys(config):
-        shown = ', '.join(f'{k}={ADDED_KEYS[k]!r}' for k in filled)
-        logging.warning(
-            '%s: keys added since the config was written, set as before: %s', flag, shown
-        )
-    base = load_config_file(os.path.join(REPO_ROOT, 'configs', 'base.py'))
-
-    def missing(want, have, prefix):
-        for key, value in want.items():
-            if key not in have:
-                yield prefix + key
-            elif isinstance(value, ml_collections.ConfigDict):
-                if isinstance(have[key], ml_collections.ConfigDict):
-                    yield from missing(value, have[key], f'{prefix}{key}.')
-                else:
-                    yield prefix + key
-
-    if gaps := list(missing(base, config, '')):
-        shown = ', '.join(gaps[:5]) + (f' and {len(gaps) - 5} more' if len(gaps) > 5 else '')
-        raise ValueError(
-            f'{flag}: the config lacks {shown}; start it from configs/base.py '
-            '(load_config_file(base.py) and change values)'
-        )
-
-
 def check_writable_dir(path: str, setting: str) -> None:
     """One-line error unless `path` is (or can be created as) a writable directory; writes
     nothing there (a probe file in the nearest existing directory is removed at once)."""
@@ -365,7 +282,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
             sys.exit(0)
         raise
     except flags.Error as e:
-        print(f'error: {_first_line(e) if "Traceback" in str(e) else e}', file=sys.stderr)
+        print(f'error: {first_line(e) if "Traceback" in str(e) else e}', file=sys.stderr)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         print(
             f'error: a --config.* override does not fit the config ({type(e).__name__}: {e}); '

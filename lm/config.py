@@ -1,4 +1,5 @@
-"""Config plumbing: config files, and dotted-key access and overrides ('model.num_heads=8') used by
+"""Config plumbing: config files (loaded, or checked with one-line errors: `check_config_file`,
+`check_config_keys`), and dotted-key access and overrides ('model.num_heads=8') used by
 the command line, sweeps and tests. The typed view of `config.model` the model reads is
 `lm.model.config.ModelConfig`.
 
@@ -10,11 +11,20 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib.util
+import inspect
 import os
 import re
 from typing import Any
 
 import ml_collections
+from absl import logging
+
+from lm.config_migration import ADDED_KEYS, fill_added_keys
+
+# The schema every run config starts from: configs/base.py of this checkout.
+BASE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'base.py'
+)
 
 
 def load_config_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
@@ -143,3 +153,84 @@ def with_overrides(
             raise ValueError(f'{flag} {item!r}: expected key=value')
         values[key] = parse_value(key, raw.strip(), get_key(config, key, flag), flag)
     return with_values(config, values)
+
+
+def first_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    lines = str(e).strip().splitlines()
+    return f'{type(e).__name__}: {lines[0]}' if lines else type(e).__name__
+
+
+def check_config_file(spec: str, flag: str = '--config') -> ml_collections.ConfigDict:
+    """Loads `path[:arg]` as `--config` does, with a one-line ValueError naming the flag for a
+    missing file, a syntax error, an error while it runs, no `get_config`, an argument that
+    `get_config` does not take (or rejects), and a result that is not a ConfigDict."""
+    path, sep, arg = spec.partition(':')
+    where = f'{flag}={spec}'
+    if os.path.isdir(path):
+        raise ValueError(f'{where}: {path!r} is a directory, not a config file')
+    if not os.path.isfile(path):
+        raise ValueError(f'{where}: config file {path!r} does not exist')
+    try:
+        with open(path, 'rb') as f:
+            compile(f.read(), path, 'exec')
+    except SyntaxError as e:
+        raise ValueError(f'{where}: syntax error in {path} line {e.lineno}: {e.msg}') from None
+    except ValueError as e:  # null bytes: not a Python file
+        raise ValueError(f'{where}: {path} is not a Python config file ({e})') from None
+    spec_ = importlib.util.spec_from_file_location('_lm_checked_config', path)
+    module = importlib.util.module_from_spec(spec_)
+    try:
+        spec_.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - any error in the user's file is reported in one line
+        raise ValueError(f'{where}: {path} fails to run ({first_line(e)})') from None
+    get_config = getattr(module, 'get_config', None)
+    if not callable(get_config):
+        raise ValueError(f'{where}: {path} defines no get_config() function')
+    args = (arg,) if sep else ()
+    try:
+        inspect.signature(get_config).bind(*args)
+    except TypeError:
+        if sep:
+            raise ValueError(f'{where}: get_config() in {path} takes no argument') from None
+        raise ValueError(f'{where}: get_config() in {path} needs an argument (path:ARG)') from None
+    try:
+        config = get_config(*args)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f'{where}: get_config() failed ({first_line(e)})') from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ValueError(
+            f'{where}: get_config() returned {type(config).__name__}, '
+            'not an ml_collections.ConfigDict'
+        )
+    return config
+
+
+def check_config_keys(config: ml_collections.ConfigDict, flag: str = '--config') -> None:
+    """A run config must hold every key of configs/base.py (configs start from it); keys added
+    to base.py since the config was written (lm.config_migration.ADDED_KEYS, e.g. a sweep's
+    per-run config from before a code update) are filled with their recorded values, with a
+    warning."""
+    if filled := fill_added_keys(config):
+        shown = ', '.join(f'{k}={ADDED_KEYS[k]!r}' for k in filled)
+        logging.warning(
+            '%s: keys added since the config was written, set as before: %s', flag, shown
+        )
+    base = load_config_file(BASE)
+
+    def missing(want, have, prefix):
+        for key, value in want.items():
+            if key not in have:
+                yield prefix + key
+            elif isinstance(value, ml_collections.ConfigDict):
+                if isinstance(have[key], ml_collections.ConfigDict):
+                    yield from missing(value, have[key], f'{prefix}{key}.')
+                else:
+                    yield prefix + key
+
+    if gaps := list(missing(base, config, '')):
+        shown = ', '.join(gaps[:5]) + (f' and {len(gaps) - 5} more' if len(gaps) > 5 else '')
+        raise ValueError(
+            f'{flag}: the config lacks {shown}; start it from configs/base.py '
+            '(load_config_file(base.py) and change values)'
+        )

@@ -41,7 +41,8 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from lm.cli import check_config_keys, check_writable_dir, run_app, runs_devices
+from lm.cli import check_writable_dir, run_app, runs_devices
+from lm.config import check_config_keys
 from lm.experiments import (
     MATCHES,
     METRICS,

@@ -74,8 +74,7 @@ def test_a_config_written_before_keys_were_added_gets_their_recorded_values(capl
     """A sweep's per-run config written by the code it started with, read by train.py after an
     update added keys: the added keys take their recorded values (lm.config_migration), with a
     warning; a key that is neither in the config nor recorded is still refused."""
-    from lm.cli import check_config_keys
-    from lm.config import load_config_file
+    from lm.config import check_config_keys, load_config_file
 
     config = load_config_file(str(ROOT / 'configs' / 'base.py'))
     del config.data['document_mask']
