@@ -240,12 +240,26 @@ LONGEST_FIRST = (
     'test_scripts.py',
     'test_generate.py',
 )
+# The fast tier's (`-m "not slow"`) longest files, first: numerics across variants.
+FAST_LONGEST_FIRST = (
+    'test_flash_decode.py',
+    'test_attention.py',
+    'test_decode.py',
+    'test_uptrain.py',
+    'test_kv_layouts.py',
+    'test_model.py',
+    'test_variant_contract.py',
+    'test_hf.py',
+    'test_analysis.py',
+    'test_train.py',
+)
 
 
 def pytest_collection_modifyitems(config, items):
     files = {}
     for item in items:
         files.setdefault(item.path.name, []).append(item)
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    fast = 'not slow' in (config.getoption('markexpr') or '')
+    rank = {name: i for i, name in enumerate(FAST_LONGEST_FIRST if fast else LONGEST_FIRST)}
     order = sorted(files, key=lambda name: (rank.get(name, len(rank)), -len(files[name])))
     items[:] = [item for name in order for item in files[name]]

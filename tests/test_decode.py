@@ -82,7 +82,7 @@ def test_cached_decoding_equals_full_forward(variant):
         np.testing.assert_allclose(got[b], want, atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize('variant', ['gqa2', 'mla'])
+@pytest.mark.parametrize('variant', tiered(['gqa2', 'mla'], fast=['mla']))  # MLA: more casts
 def test_bfloat16_decoder_holds_its_matrices_in_bfloat16_with_the_same_logits(variant):
     """A bfloat16 model's decoder casts its float32 kernels and embeddings to bfloat16 once
     (norm scales stay float32) and decodes what the float32 parameters give when every layer
@@ -103,7 +103,10 @@ def test_bfloat16_decoder_holds_its_matrices_in_bfloat16_with_the_same_logits(va
         np.testing.assert_allclose(a, b, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize('q_lora_rank,rope_heads', [(0, 1), (8, 1), (0, 2)])
+@pytest.mark.parametrize(
+    'q_lora_rank,rope_heads',
+    tiered([(0, 1), (8, 1), (0, 2)], fast=[(0, 2)]),  # RoPE heads: more
+)
 def test_mla_absorbed_equals_naive(q_lora_rank, rope_heads):
     mla = dict(attention='mla', q_lora_rank=q_lora_rank, rope_heads=rope_heads)
     _, _, absorbed = model_and_decoder(**mla)
