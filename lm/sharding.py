@@ -102,7 +102,7 @@ def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tupl
         raise ValueError(
             f'config.mesh {_named(sizes)} needs {math.prod(sizes)} '
             f'devices, but {num_devices} are available (on a CPU, config.mesh.cpu_devices sets '
-            'how many)'
+            'how many; a run resumes on another mesh from its config file with --config.mesh.*)'
         )
     return tuple(sizes)
 
