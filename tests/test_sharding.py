@@ -179,6 +179,31 @@ def free_port():
         return s.getsockname()[1]
 
 
+def two_processes(cfg_file, workdir, extra: list[list[str]]) -> list[subprocess.Popen]:
+    """train.py as the 2 processes (4 CPU devices each) of one run on loopback, process i
+    given `extra[i]` flags too."""
+    port = free_port()
+    return [
+        subprocess.Popen(
+            entry_command(
+                'train.py',
+                f'--config={cfg_file}',
+                f'--workdir={workdir}',
+                *flags,
+                f'--coordinator_address=127.0.0.1:{port}',
+                '--num_processes=2',
+                f'--process_id={i}',
+            ),
+            cwd=ROOT,
+            env=env(4),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i, flags in enumerate(extra)
+    ]
+
+
 @pytest.mark.slow
 def test_two_processes_match_one(tmp_path, small_text):
     config = tiny_train_config(
@@ -194,25 +219,7 @@ def test_two_processes_match_one(tmp_path, small_text):
     )
     cfg_file = write_config_file(config, tmp_path / 'cfg.py')
     train_cli(cfg_file, tmp_path / 'one', 8)
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            entry_command(
-                'train.py',
-                f'--config={cfg_file}',
-                f'--workdir={tmp_path / "two"}',
-                f'--coordinator_address=127.0.0.1:{port}',
-                '--num_processes=2',
-                f'--process_id={i}',
-            ),
-            cwd=ROOT,
-            env=env(4),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
+    procs = two_processes(cfg_file, tmp_path / 'two', [[], []])
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
@@ -231,26 +238,8 @@ def test_two_processes_match_one(tmp_path, small_text):
 def test_processes_with_different_configs_stop_in_one_line_before_any_work(tmp_path, small_text):
     config = tiny_train_config(tmp_path, small_text, **{'train.batch_size': 8})
     cfg_file = write_config_file(config, tmp_path / 'cfg.py')
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            entry_command(
-                'train.py',
-                f'--config={cfg_file}',
-                f'--workdir={tmp_path / "two"}',
-                f'--config.train.lr={lr}',
-                f'--coordinator_address=127.0.0.1:{port}',
-                '--num_processes=2',
-                f'--process_id={i}',
-            ),
-            cwd=ROOT,
-            env=env(4),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i, lr in enumerate((0.003, 0.005))
-    ]
+    lrs = [[f'--config.train.lr={lr}'] for lr in (0.003, 0.005)]
+    procs = two_processes(cfg_file, tmp_path / 'two', lrs)
     outs = [p.communicate(timeout=300) for p in procs]
     for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 1 and 'Traceback' not in err, err[-3000:]
