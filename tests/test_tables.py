@@ -601,6 +601,43 @@ def test_learned_table_counts_runs_and_corrects_the_fisher_tests():
     assert ('| a | c | ' in text) and ('a > c |' in text) == (holm[1] < 0.05)
 
 
+def test_recall_pairs_table_corrects_counts_and_accuracy_each_over_the_pairs_alone():
+    """The same three arms as above (learned 5, 4 and 0 times), tested as a statement that
+    named two families: Fisher's p's (1, 2/252, 12/252) Holm over the 3 pairs alone, and the
+    accuracy t-tests (scipy's ttest_rel) Holm over the 3 pairs alone; the loss is not tested."""
+    acc = {'a': [0.95, 0.97, 0.91, 0.99, 0.90], 'b': [0.95, 0.4, 0.93, 0.96, 0.92]}
+    acc['c'] = [0.4, 0.41, 0.39, 0.79, 0.6]
+    rows = [
+        {'point': arm, 'seed': str(s), 'eval_loss': '1.0', 'eval_recall_accuracy': str(v)}
+        for arm, values in acc.items()
+        for s, v in enumerate(values)
+    ]
+    text = tables.KINDS['recall_pairs'](rows)
+    counts, accuracy = text.split('eval_recall_accuracy per seed:')
+    assert '| b | 4 of 5 | [0.28, 0.99] |' in counts and 'eval_loss' not in text
+    assert counts.count('Holm-corrected over the 3 comparisons') == 1
+    assert accuracy.count('Holm-corrected over the 3 comparisons') == 1
+
+    def holm3(raw):
+        order, out, running = sorted(range(3), key=lambda i: raw[i]), [0.0] * 3, 0.0
+        for rank, i in enumerate(order):
+            running = max(running, min(1.0, (3 - rank) * raw[i]))
+            out[i] = running
+        return out
+
+    pairs = [('a', 'b'), ('a', 'c'), ('b', 'c')]
+    fisher = [1.0, 2 / 252, 12 / 252]
+    for (x, y), p, adj in zip(pairs, fisher, holm3(fisher), strict=True):
+        assert f'| {x} | {y} | {p:.3g} | {adj:.3g} |' in counts
+    assert '| a | c | 0.00794 | 0.0238 | a > c |' in counts  # 3 × 2/252: resolved alone
+    t = [scipy.stats.ttest_rel(acc[x], acc[y]).pvalue for x, y in pairs]
+    for (x, y), adj in zip(pairs, holm3(t), strict=True):
+        row = next(
+            ln for ln in accuracy.splitlines() if ln.startswith(f'| {x} | {y} | ') and '[' in ln
+        )
+        assert f'p={adj:.3g}' in row, (row, adj)
+
+
 def test_steps_to_table_pairs_first_steps_and_skips_runs_that_never_reached():
     """mha's seeds first reach 0.9 at steps 300, 500, 400 (seed 1 touches exactly 0.9, then
     dips: the first step counts), mqa's at 500, 600, 600; mla's one run never does. Paired

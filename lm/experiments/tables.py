@@ -32,6 +32,9 @@ of a study's README.md with the table of kind KIND made from its results/NAME.cs
   reached LEARNED (left the plateau: a two-valued outcome on MQAR), with a Clopper-Pearson 95%
   interval of the rate, then every pair's Fisher exact test (unpaired: the counts),
   Holm-corrected in the CSV's one family with the t-tests its 'seeds' table shows.
+- 'recall_pairs': the same CSV tested as a statement that named two families, each Holm over
+  the arm pairs alone: the runs that learned (Fisher) and the per-seed recall accuracy (paired
+  t-test); the 'learned' and 'seeds' tables beside it give the stricter one-family correction.
 - 'lr_grid': an uptraining ablation's lr_grid.csv (columns model, conversion, alpha_or_steps,
   lr, seed, validation_loss, heldout_loss): per arm the mean validation loss at each rate, the
   rate chosen on it and the held-out loss there (lm.experiments.lr_grid).
@@ -56,6 +59,7 @@ than its header, a non-finite number, or two rows with the same key (lm.experime
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -70,31 +74,82 @@ MARKER = re.compile(r'(<!-- table: (\w+) ([\w.-]+) -->\n)(.*?)(<!-- /table -->)'
 LEARNED = summary.LEARNED  # recall accuracy at which a run left the plateau
 
 
-def learned_table(rows: list[dict]) -> str:
-    """Per arm the seeds whose recall accuracy (summary.RECALL) reached LEARNED; between arms
-    Fisher's exact test on the counts, Holm-corrected in the CSV's one family with the t-tests
-    of its values (`summary.question`; the 'seeds' table of the same CSV shows those)."""
+def _learned_counts(rows: list[dict]) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    """Per arm (learned, seeds): the runs whose recall accuracy (summary.RECALL) reached
+    LEARNED, and the table of those counts with each rate's exact 95% interval."""
     arm, value = 'arm' if 'arm' in rows[0] else 'point', summary.RECALL
     hits: dict[str, list[bool]] = {}
     for r in rows:
         hits.setdefault(r[arm], []).append(float(r[value]) >= LEARNED)
-    counts = {name: (sum(h), len(h)) for name, h in hits.items()}  # (learned, seeds)
+    counts = {name: (sum(h), len(h)) for name, h in hits.items()}
     lines = [f'| arm | runs with {value} ≥ {LEARNED} | rate, 95% CI (exact) |', '|---|---|---|']
     for name, (k, n) in counts.items():
         lo, hi = stats.rate_interval(k, n)
         lines.append(f'| {name} | {k} of {n} | [{lo:.2f}, {hi:.2f}] |')
-    _, tests = summary.question(rows)
-    fisher = [t for t in tests if t.metric == 'learned']
-    lines += ['', summary.question_note(tests), '']
-    lines += ['| a | b | p | p (Holm) | ordering |', '|---|---|---|---|---|']
-    for t in fisher:
+    return counts, lines
+
+
+def _fisher_rows(counts: dict[str, tuple[int, int]], tests: list[summary.Test]) -> list[str]:
+    """The Fisher tests' table: p, Holm-adjusted p and the ordering of each pair's counts."""
+    lines = ['| a | b | p | p (Holm) | ordering |', '|---|---|---|---|---|']
+    for t in tests:
         (k_a, n_a), (k_b, n_b) = counts[t.a], counts[t.b]
         if summary.holm_resolved(t.p_holm):
             order = f'{t.a} > {t.b}' if k_a / n_a > k_b / n_b else f'{t.b} > {t.a}'
         else:
             order = f'{t.a} ~ {t.b} (unresolved)'
         lines.append(f'| {t.a} | {t.b} | {t.p:.3g} | {t.p_holm:.3g} | {order} |')
+    return lines
+
+
+def learned_table(rows: list[dict]) -> str:
+    """Per arm the seeds whose recall accuracy (summary.RECALL) reached LEARNED; between arms
+    Fisher's exact test on the counts, Holm-corrected in the CSV's one family with the t-tests
+    of its values (`summary.question`; the 'seeds' table of the same CSV shows those)."""
+    counts, lines = _learned_counts(rows)
+    _, tests = summary.question(rows)
+    lines += ['', summary.question_note(tests), '']
+    lines += _fisher_rows(counts, [t for t in tests if t.metric == 'learned'])
     return '\n'.join(lines)
+
+
+def recall_pairs_table(rows: list[dict]) -> str:
+    """A recall CSV tested as a statement that named two families, each Holm-corrected over the
+    arm pairs on its own (recall's ten seeds per variant): the runs that learned (counts,
+    Fisher's exact test) and the per-seed recall accuracy (paired t-test, the exact sign-flip p
+    beside it). The loss is not tested. The 'learned' and 'seeds' tables of the same CSV give
+    the stricter family: every pair of counts, accuracy and loss together."""
+    counts, lines = _learned_counts(rows)
+    lines = ['runs that learned:', '', *lines]
+    arm = 'arm' if 'arm' in rows[0] else 'point'
+    acc: dict[str, dict[int, float]] = {}
+    for r in rows:
+        acc.setdefault(r[arm], {})[int(r['seed'])] = float(r[summary.RECALL])
+    names = list(acc)
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    fisher = [stats.count_p_value(*counts[a], *counts[b]) for a, b in pairs]
+    tests = [
+        summary.Test('learned', a, b, None, p, adj, math.nan)
+        for (a, b), p, adj in zip(pairs, fisher, stats.holm(fisher), strict=True)
+    ]
+    lines += [
+        '',
+        summary.family_note(len(pairs), test="Fisher's exact test of the runs that learned"),
+        '',
+    ]
+    lines += _fisher_rows(counts, tests)
+    values = [(acc[a], acc[b]) for a, b in pairs]
+    family, flips = summary.family(values), summary.sign_flips(values)
+    seeds = min((d.n for d, _, _ in family if d.n > 1), default=None)
+    lines += ['', f'{summary.RECALL} per seed:', '']
+    lines += [f'| arm | {summary.RECALL} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
+    lines += [f'| {name} | {summary.cell(v)} | {len(v)} |' for name, v in acc.items()]
+    lines += ['', summary.family_note(stats.family_size([p for _, p, _ in family]), seeds), '']
+    lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
+    for (a, b), (d, _, adj), flip in zip(pairs, family, flips, strict=True):
+        order = stats.ordering(a, b, d, summary.holm_resolved(adj))
+        lines.append(f'| {a} | {b} | {summary.diff_cell(d, adj, flip_holm=flip)} | {order} |')
+    return '\n'.join(lines).replace('of this summary', 'of this family')
 
 
 def intervals_table(rows: list[dict]) -> str:
@@ -277,6 +332,7 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
     'last_step': last_step_table,
     'seed_curve': seed_curve_table,
     'learned': learned_table,
+    'recall_pairs': recall_pairs_table,
     'lr_grid': ablation_doc_tables.lr_grid_table,
     'lr_screen': lr_screen_table,
     'steps_to': steps_to_table,
