@@ -638,6 +638,46 @@ def test_recall_pairs_table_corrects_counts_and_accuracy_each_over_the_pairs_alo
         assert f'p={adj:.3g}' in row, (row, adj)
 
 
+def test_against_base_table_tests_each_option_against_its_base_in_its_own_holm_family():
+    """Two bases and two options: each '<base>+<option>' arm is compared with its own base only
+    (4 tests, none across bases or options), Holm over the 2 tests of each option (scipy's
+    ttest_rel, Holm written out); an arm whose base is missing is refused."""
+    data = {
+        'mha': [1.00, 1.10, 0.90, 1.05],
+        'mqa': [1.20, 1.25, 1.10, 1.30],
+        'mha+int8': [1.01, 1.10, 0.91, 1.06],
+        'mqa+int8': [1.20, 1.27, 1.10, 1.31],
+        'mha+kivi4': [1.05, 1.16, 0.94, 1.09],
+        'mqa+kivi4': [1.26, 1.30, 1.17, 1.34],
+    }
+    rows = [
+        {'arm': arm, 'seed': str(seed), 'eval_loss': str(v)}
+        for arm, values in data.items()
+        for seed, v in enumerate(values)
+    ]
+    text = tables.KINDS['against_base'](rows)
+    int8, kivi4 = text.split('\nint8:\n')[1].split('\nkivi4:\n')
+    assert 'over the 2 comparisons of int8' in int8 and 'over the 2 comparisons of kivi4' in kivi4
+    compared = [ln.split(' | ')[:2] for ln in text.splitlines() if ' p=' in ln]
+    assert [(a.strip('| '), b) for a, b in compared] == [
+        ('mha+int8', 'mha'),
+        ('mqa+int8', 'mqa'),
+        ('mha+kivi4', 'mha'),
+        ('mqa+kivi4', 'mqa'),
+    ]
+    for option, section in (('int8', int8), ('kivi4', kivi4)):
+        p = [scipy.stats.ttest_rel(data[f'{b}+{option}'], data[b]).pvalue for b in ('mha', 'mqa')]
+        low, high = sorted(p)
+        holm = {low: min(1.0, 2 * low), high: min(1.0, max(2 * low, high))}
+        for b, pb in zip(('mha', 'mqa'), p, strict=True):
+            row = next(
+                ln for ln in section.splitlines() if ln.startswith(f'| {b}+{option} | {b} |')
+            )
+            assert f'p={holm[pb]:.3g}' in row, (row, holm[pb])
+    with pytest.raises(ValueError, match=r"arm 'gqa\+int8' has no base arm 'gqa'"):
+        tables.KINDS['against_base'](rows + [{'arm': 'gqa+int8', 'seed': '0', 'eval_loss': '1'}])
+
+
 def test_steps_to_table_pairs_first_steps_and_skips_runs_that_never_reached():
     """mha's seeds first reach 0.9 at steps 300, 500, 400 (seed 1 touches exactly 0.9, then
     dips: the first step counts), mqa's at 500, 600, 600; mla's one run never does. Paired

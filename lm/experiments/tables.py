@@ -23,6 +23,10 @@ of a study's README.md with the table of kind KIND made from its results/NAME.cs
 - 'targets': the same seeds.csv with several targets converted the same ways (MLA-32 and
   MLA-32-k4): per arm they share (α = 0 included), each target's estimate, and the paired
   differences between targets, Holm-corrected over every arm's comparisons together.
+- 'against_base': per-seed values (columns arm, seed, value) with arms '<base>' and
+  '<base>+<option>' ('mqa', 'mqa+int8'): each option's arms against their own base arm, one Holm
+  family per option (the question "what does this option cost?"), nothing across options or
+  bases.
 - 'rows': any CSV as it is, one table row per CSV row (measurements with no seeds, such as
   where corpus parts lie).
 - 'curve': a learning curve (columns run, step, metric, value): one row per step, one column
@@ -186,6 +190,43 @@ def intervals_table(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
+def against_base_table(rows: list[dict]) -> str:
+    """Per arm its estimate over seeds; then per option (the part after '+' of an arm
+    '<base>+<option>') the paired differences '<base>+<option>' − '<base>', Holm-corrected over
+    that option's comparisons alone, the exact sign-flip p beside each."""
+    arm, value = (
+        'arm' if 'arm' in rows[0] else 'point',
+        [k for k in rows[0] if k not in ('arm', 'point', 'seed')],
+    )
+    if len(value) != 1:
+        raise ValueError(f'against_base: one value column expected, got {value}')
+    values: dict[str, dict[int, float]] = {}
+    for r in rows:
+        values.setdefault(r[arm], {})[int(r['seed'])] = float(r[value[0]])
+    options: dict[str, list[tuple[str, str]]] = {}
+    for name in values:
+        base, plus, option = name.partition('+')
+        if plus and base not in values:
+            raise ValueError(f'against_base: arm {name!r} has no base arm {base!r}')
+        if plus:
+            options.setdefault(option, []).append((name, base))
+    if not options:
+        raise ValueError("against_base: no arm named '<base>+<option>'")
+    lines = [f'| arm | {value[0]} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
+    lines += [f'| {name} | {summary.cell(v)} | {len(v)} |' for name, v in values.items()]
+    for option, pairs in options.items():
+        tests = [(values[a], values[b]) for a, b in pairs]
+        family, flips = summary.family(tests), summary.sign_flips(tests)
+        seeds = min((d.n for d, _, _ in family if d.n > 1), default=None)
+        note = summary.family_note(stats.family_size([p for _, p, _ in family]), seeds)
+        lines += ['', f'{option}:', '', note.replace('of this summary', f'of {option}'), '']
+        lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
+        for (a, b), (d, _, adj), flip in zip(pairs, family, flips, strict=True):
+            order = stats.ordering(a, b, d, summary.holm_resolved(adj))
+            lines.append(f'| {a} | {b} | {summary.diff_cell(d, adj, flip_holm=flip)} | {order} |')
+    return '\n'.join(lines)
+
+
 def rows_table(rows: list[dict]) -> str:
     """The CSV as a table: its columns across, its rows down, values as written."""
     lines = [f'| {" | ".join(rows[0])} |', '|' + '---|' * len(rows[0])]
@@ -324,6 +365,7 @@ def lr_screen_table(rows: list[dict]) -> str:
 KINDS: dict[str, Callable[[list[dict]], str]] = {
     'seeds': summary.seeds_table,
     'within': summary.within_table,
+    'against_base': against_base_table,
     'intervals': intervals_table,
     'ablation': ablation_doc_tables.ablation_table,
     'targets': ablation_doc_tables.targets_table,
