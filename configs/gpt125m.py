@@ -1,8 +1,10 @@
 """A GPT-2-small-sized model (12 layers, d_model 768, 12 heads, context 1024, bfloat16 compute)
 for GPU throughput / MFU measurements: `python scripts/bench_train.py --config=configs/gpt125m.py
---set=model.attention_impl=cudnn` (cuDNN flash attention; 1.8x XLA's on an H100). Its logits are
+--set=model.attention_impl=cudnn` (cuDNN flash attention; about 1.8x XLA's on an H100,
+2026-11-23, two runs ten minutes apart: indicative). Its logits are
 bfloat16 (as PyTorch autocast makes them) and its train step compiles with XLA's Triton GEMMs
-off (cuBLAS): 1.03x and 1.06x on an H200 (docs/performance.md); a CPU ignores the GPU option.
+off (cuBLAS): 1.03x and 1.06x on an H200, each an A/B in one process
+(docs/studies/performance/README.md); a CPU ignores the GPU option.
 A workdir made before 2026-11-28 (float32 logits) resumes with --allow_config_change, or with
 --config.model.logits_dtype=float32.
 The optional argument picks the attention variant, as in configs/shakespeare_char.py; the byte

@@ -1,5 +1,5 @@
-"""Quickstart: a small GQA model on this Python's standard library; about 2 minutes on 2 CPU
-cores, with eval perplexity falling from about 270 at step 0 to 3.6-4.1 at step 600 (the ranges
+"""Quickstart: a small GQA model on this Python's standard library, on 2 CPU devices, with
+eval perplexity falling from about 270 at step 0 to 3.6-4.1 at step 600 (the ranges
 README.md states and tests/test_quickstart.py checks)."""
 
 import os

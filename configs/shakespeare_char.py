@@ -42,9 +42,11 @@ def get_config(variant: str = 'mha'):
     # Every validation character once (eval_tokens = 0: ~1,740 windows of 64), 96 per call
     # (8 training batches: divisible by any data-parallel size the batch of 12 allows).
     config.update(eval_tokens=0, eval_batch_size=96)
-    # Data parallel across 2 CPU cores (one thread each): 1.6x faster than one 2-thread device.
+    # Data parallel across 2 CPU cores (one thread each): 1.6-1.7x faster than one 2-thread
+    # device (AMD EPYC, 2026-11-22, docs/studies/performance/README.md).
     config.mesh.cpu_devices = 2
-    # 10 optimizer steps per jitted call (divides every interval above): host dispatch, 5-8% of
-    # a step with 2 CPU devices, drops below 1% (docs/performance.md).
+    # 10 optimizer steps per jitted call (divides every interval above): host dispatch per step
+    # drops from 1.4-2.4 ms to 0.1-0.3 ms; with the loop's own host work, ~3% of a 22-24 ms
+    # step on 2 CPU devices (docs/performance.md).
     config.train.steps_per_call = 10
     return config
