@@ -31,6 +31,14 @@ def test_every_doc_table_matches_its_csv():
     ], 'a generated table outside docs/studies/'
 
 
+def test_docs_name_every_table_kind():
+    """docs/experiments.md lists the kinds of generated table: every one of KINDS, no other."""
+    doc = (ROOT / 'docs' / 'experiments.md').read_text()
+    listed = re.search(r'`lm/experiments/tables\.py` lists them: (.*?)\) made from', doc, re.S)
+    assert listed, 'docs/experiments.md no longer lists the table kinds'
+    assert set(re.findall(r'`(\w+)`', listed.group(1))) == set(tables.KINDS)
+
+
 def test_a_stale_table_is_found_and_rewritten(tmp_path):
     docs, results = tmp_path / 'docs', tmp_path / 'results'
     docs.mkdir(), results.mkdir()
