@@ -5,11 +5,12 @@ flags with the entry point's own parser (a trailing `--help` dropped, so an unkn
 error, as it is not beside `--help`), prints PARSED and exits 0 instead of running. Used by
 tests/test_doc_flags.py: each child pays for its entry point's own imports only, not for JAX's.
 
-stdin: JSON list of {"cwd": ..., "argv": [script or "-m", ...]} (with "run": true, the entry
-point runs on past its flags: tests/test_bad_inputs.py's refusals that come before any JAX work,
-one fork each); stdout: JSON list of {"code": exit status, "out": stdout and stderr}, in the same
-order. Modules of `lm` define no
-flags when imported (entry points define them), so importing them all changes no parse.
+stdin: JSON list of {"cwd": ..., "argv": [script or "-m", ...]}; with "run": true the entry
+point runs on past its flags, JAX work included (tests/test_bad_inputs.py's refusals, one fork
+each: the parent holds no thread and no JAX backend when it forks, so each child starts its
+own). stdout: JSON list of {"code": exit status, "out": stdout and stderr}, in the same order.
+Modules of `lm` define no flags when imported (entry points define them), so importing them all
+changes no parse.
 """
 
 import importlib

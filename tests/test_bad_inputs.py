@@ -1,7 +1,8 @@
 """A hostile table of bad inputs over every entry point (train.py, eval.py, scripts/uptrain.py,
-scripts/generate.py, scripts/sweep.py): each row runs the entry point as a subprocess and must
-exit != 0 with a one-line `error:` naming the setting or file, before anything is compiled, and
-leave every file already written (a trained run, its data cache, configs) untouched."""
+scripts/generate.py, scripts/sweep.py and the other scripts): each row runs the entry point as
+`python` would, in a forked child of one Python that imported lm once (tests/flag_parse.py), and
+must exit != 0 with a one-line `error:` naming the setting or file, before anything is compiled,
+and leave every file already written (a trained run, its data cache, configs) untouched."""
 
 import hashlib
 import json
@@ -11,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -410,6 +410,17 @@ ROWS = [
 ]
 
 
+def entry_env(c) -> dict[str, str]:
+    """The entry points' environment: no network for Hugging Face, its cache in the test's
+    directory."""
+    return {
+        **ENV,
+        'HF_HUB_OFFLINE': '1',
+        'HF_DATASETS_OFFLINE': '1',
+        'HF_HOME': str(c.root.parent / 'hf_home'),
+    }
+
+
 def run_entry(c, script, args):
     """Runs an entry point with --workdir=<the trained run> where it takes one."""
     args = [a.replace('=UNWRITABLE', f'={c.unwritable}') if isinstance(a, str) else a for a in args]
@@ -417,16 +428,10 @@ def run_entry(c, script, args):
         isinstance(a, str) and a.startswith('--workdir') for a in args
     ):
         args.append(f'--workdir={c.run}')
-    env = {
-        **ENV,
-        'HF_HUB_OFFLINE': '1',
-        'HF_DATASETS_OFFLINE': '1',
-        'HF_HOME': str(c.root.parent / 'hf_home'),
-    }
     return subprocess.run(
         [sys.executable, str(ROOT / script), *args],
         cwd=ROOT,
-        env=env,
+        env=entry_env(c),
         capture_output=True,
         text=True,
         timeout=300,
@@ -435,37 +440,34 @@ def run_entry(c, script, args):
 
 @pytest.fixture(scope='module')
 def outcomes(ctx):
-    """Every row's subprocess, three at a time (each is its own process, mostly waiting on
-    imports), and the digest of everything written before and after all of them. Each train.py
+    """Every row, in forked children of one Python that imported lm once (tests/flag_parse.py,
+    "run"), and the digest of everything written before and after all of them. Each train.py
     row gets its own copy of the trained run: a row whose error shows only after the workdir
     lock is taken would otherwise be refused as 'in use' by its neighbour."""
-    for row in ROWS:
-        if row[1] == TRAIN:
-            shutil.copytree(ctx.run, ctx.root / f'run_{row[0]}')
-
-    def outcome(row):
-        args = row[2](ctx)
-        if row[1] == TRAIN and not any(str(a).startswith('--workdir') for a in args):
-            args = [*args, f'--workdir={ctx.root / f"run_{row[0]}"}']
-        return row[0], run_entry(ctx, row[1], args)
-
+    calls = []
+    for name, script, args, _ in ROWS:
+        argv = [os.fsdecode(a).replace('=UNWRITABLE', f'={ctx.unwritable}') for a in args(ctx)]
+        if script == TRAIN and not any(a.startswith('--workdir') for a in argv):
+            shutil.copytree(ctx.run, ctx.root / f'run_{name}')
+            argv.append(f'--workdir={ctx.root / f"run_{name}"}')
+        elif script in (EVAL, GENERATE) and not any(a.startswith('--workdir') for a in argv):
+            argv.append(f'--workdir={ctx.run}')
+        calls.append({'cwd': str(ROOT), 'argv': [str(ROOT / script), *argv], 'run': True})
     before = tree_digest(ctx.root)
-    with ThreadPoolExecutor(3) as pool:
-        runs = dict(pool.map(outcome, ROWS))
-    return runs, before, tree_digest(ctx.root)
+    results = in_one_python(calls, ROOT, entry_env(ctx))
+    return dict(zip([r[0] for r in ROWS], results, strict=True)), before, tree_digest(ctx.root)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(('row', 'pattern'), [(r[0], r[3]) for r in ROWS], ids=[r[0] for r in ROWS])
 def test_bad_input_is_one_line_error_and_touches_nothing(outcomes, row, pattern):
     runs, before, after = outcomes
-    out = runs[row]
-    lines = [ln for ln in out.stderr.strip().splitlines() if ln.strip()]
-    assert out.returncode != 0, out.stderr[-3000:]
-    assert 'Traceback' not in out.stderr, out.stderr[-3000:]
-    assert lines and lines[-1].startswith('error: '), out.stderr[-3000:]
+    code, out = runs[row]['code'], runs[row]['out']
+    lines = [ln for ln in out.strip().splitlines() if ln.strip()]
+    assert code != 0 and 'Traceback' not in out, out[-3000:]
+    assert lines and lines[-1].startswith('error: '), out[-3000:]
     assert re.search(pattern, lines[-1]), lines[-1]
-    assert 'compiled the train step' not in out.stderr  # refused before any compile
+    assert 'compiled the train step' not in out  # refused before any compile
     assert after == before  # nothing already written (run, data caches, configs) was touched
 
 
@@ -487,9 +489,8 @@ def test_data_path_that_the_source_ignores_is_warned_about(ctx):
     assert "source='stdlib'" in warning[0]
 
 
-# -- refusals before any JAX work: each row in a forked child of one Python that has imported
-# lm once (tests/flag_parse.py, "run"), a fraction of a second each instead of a fresh
-# interpreter. The row must be refused before the entry point touches JAX.
+# -- refusals before any work: the row must be refused before the entry point writes anything,
+# not even the directories of its outputs.
 
 BENCH, CACHE_Q, EVAL_SWEEP = (
     'scripts/bench_decode.py',
