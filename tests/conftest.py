@@ -2,6 +2,7 @@
 (`run_entry`), and text the tests make themselves (nothing outside the repository is read: the
 tests run in a fresh clone)."""
 
+import atexit
 import os
 import pathlib
 import signal
@@ -14,6 +15,7 @@ import time
 import jax
 import pytest
 from flax import nnx
+from fork_server import ForkServer
 
 from lm.config import load_config_file, with_values
 from lm.config import write_config_file as lm_write_config_file
@@ -72,18 +74,28 @@ def tiered(values, fast):
     return [v if v in fast else p for v, p in zip(values, slow, strict=True)]
 
 
-def run_entry(script, *args, env=None, timeout=600, check=False):
-    """Runs an entry point (`'train.py'`, `'scripts/sweep.py'`, ...) in a fresh Python on the
-    CPU backend from the repository root; returns the CompletedProcess (text output). With
+# This worker's fork server (tests/fork_server.py): `run_entry`'s runs without a fresh Python's
+# imports each.
+FORK_SERVER = ForkServer(ENV, ROOT)
+atexit.register(FORK_SERVER.close)
+
+
+def run_entry(script, *args, env=None, timeout=600, check=False, fresh=False):
+    """Runs an entry point (`'train.py'`, `'scripts/sweep.py'`, ...) as `python` would on the
+    CPU backend from the repository root: a child of the fork server, or with `fresh` (or an
+    environment of its own) a fresh Python; returns the CompletedProcess (text output). With
     `check`, a non-zero exit fails the test showing stderr's tail."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / script), *map(str, args)],
-        cwd=ROOT,
-        env=env or ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    argv = [str(ROOT / script), *map(str, args)]
+    out = None if fresh else FORK_SERVER.run(argv, ROOT, env or ENV, timeout)
+    if out is None:
+        out = subprocess.run(
+            [sys.executable, *argv],
+            cwd=ROOT,
+            env=env or ENV,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     if check:
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out
