@@ -36,6 +36,7 @@ import subprocess
 import sys
 
 from conftest import ENV, ROOT, stdlib_text
+from fork_server import ForkServer
 
 REFERENCE = ['README.md'] + sorted(f'docs/{p.name}' for p in (ROOT / 'docs').glob('*.md'))
 STUDIES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / 'docs' / 'studies').glob('*/README.md'))
@@ -171,11 +172,18 @@ def bash(command: str, cwd, env) -> subprocess.CompletedProcess:
 
 def run_chain(tmp_path) -> None:
     """Runs the reference pages' commands in order in a scratch directory; fails on the first
-    error."""
+    error. Their `python` runs are children of a fork server (tests/fork_server.py) where they
+    can be."""
     env = scratch(tmp_path)
-    for doc, command, action, shell_vars in walk(REFERENCE):
-        if action.kind == 'run':
-            out = bash(shell_vars + scaled(command, action), tmp_path, env)
-            assert out.returncode == 0, (
-                f'{doc}: {command}\n{out.stdout[-2000:]}{out.stderr[-4000:]}'
-            )
+    server = ForkServer(env, tmp_path)
+    assert server.start(), 'tests/fork_server.py did not start'
+    server.python(tmp_path / 'bin' / 'python')
+    try:
+        for doc, command, action, shell_vars in walk(REFERENCE):
+            if action.kind == 'run':
+                out = bash(shell_vars + scaled(command, action), tmp_path, env)
+                assert out.returncode == 0, (
+                    f'{doc}: {command}\n{out.stdout[-2000:]}{out.stderr[-4000:]}'
+                )
+    finally:
+        server.close()

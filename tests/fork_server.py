@@ -11,9 +11,15 @@ own backend. `ForkServer.run` serves only runs whose environment is the server's
 some variables when they are imported) and one run at a time: otherwise, or when the server is
 gone, it returns None and the caller starts a fresh Python.
 
-  python tests/fork_server.py SOCKET   # the server (ForkServer starts it)
+The reference pages' command chain (tests/doc_commands.py) serves its `python` commands too:
+its `python` on PATH is this file as a client (`--python`), which sends the run to the server
+(with its own stdio and working directory) when it can and otherwise becomes a fresh Python.
+
+  python tests/fork_server.py SOCKET                      # the server (ForkServer starts it)
+  python tests/fork_server.py --python SOCKET ARGS...     # `python ARGS...`, served if it can be
 """
 
+import fcntl
 import importlib
 import json
 import os
@@ -28,6 +34,8 @@ import threading
 import warnings
 
 READY = b'ready\n'
+# What bash adds to the environment of the commands it starts: not a difference that matters.
+SHELL_VARS = {'PWD', 'OLDPWD', 'SHLVL', '_'}
 
 
 def serve(path: str) -> dict:
@@ -70,7 +78,52 @@ def serve(path: str) -> dict:
         conn.close()
 
 
+def request(path: str, argv: list[str], cwd: str, fds: list[int], timeout=None) -> int | None:
+    """Runs `argv` in a child of the server at `path` with stdin, stdout, stderr `fds`; its exit
+    status, or None when the server is busy with another run. A server that is gone raises
+    ConnectionError; a run past `timeout` seconds is killed (subprocess.TimeoutExpired)."""
+    with open(path + '.lock', 'a') as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+            try:
+                conn.connect(path)
+                socket.send_fds(conn, [json.dumps({'argv': argv, 'cwd': cwd}).encode()], fds)
+                pid = int(conn.recv(64))
+            except (OSError, ValueError) as e:
+                raise ConnectionError(f'the server at {path} failed ({e})') from e
+            conn.settimeout(timeout)
+            try:
+                return int(conn.recv(64))
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(argv, timeout) from None
+
+
+def _environment(env) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in SHELL_VARS}
+
+
+def as_python(path: str, argv: list[str]) -> None:
+    """`python ARGV...` for a shell: a script or `-m` run in the same environment as the
+    server's is served with this process's stdio; anything else becomes a fresh Python."""
+    with open(path + '.env') as f:
+        same = _environment(json.load(f)) == _environment(os.environ)
+    if same and argv and (argv[0] == '-m' or argv[0].endswith('.py')):
+        try:
+            code = request(path, argv, os.getcwd(), [0, 1, 2])
+        except ConnectionError:
+            code = None
+        if code is not None:
+            sys.exit(code)
+    os.execv(sys.executable, [sys.executable, *argv])
+
+
 def main() -> None:
+    if sys.argv[1] == '--python':
+        as_python(sys.argv[2], sys.argv[3:])
     argv = serve(sys.argv[1])['argv']
     if argv[0] == '-m':
         sys.argv = [argv[1], *argv[2:]]
@@ -96,61 +149,57 @@ class ForkServer:
         self.broken = False
         self.lock = threading.Lock()
 
-    def _start(self) -> None:
-        self.path = os.path.join(tempfile.mkdtemp(prefix='lm-fork-server-'), 'socket')
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), self.path],
-            cwd=self.cwd,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+    def start(self) -> bool:
+        """Starts the server unless it runs; whether it runs."""
+        with self.lock:
+            if self.proc is None and not self.broken:
+                self.path = os.path.join(tempfile.mkdtemp(prefix='lm-fork-server-'), 'socket')
+                with open(self.path + '.env', 'w') as f:
+                    json.dump(self.env, f)
+                self.proc = subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), self.path],
+                    cwd=self.cwd,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                )
+                if self.proc.stdout.readline() != READY:
+                    self._give_up('it did not start')
+        return self.proc is not None and self.proc.poll() is None
+
+    def python(self, where) -> None:
+        """Writes `where`, a `python` for a shell's PATH that this server serves."""
+        where.write_text(
+            f'#!/bin/sh\nexec {sys.executable} -S {os.path.abspath(__file__)} --python '
+            f'{self.path} "$@"\n'
         )
-        if self.proc.stdout.readline() != READY:
-            self._give_up('it did not start')
+        where.chmod(0o755)
 
     def _give_up(self, why: str) -> None:
-        warnings.warn(
-            f'tests/fork_server.py: {why}; entry points run in fresh Pythons', stacklevel=3
-        )
+        warnings.warn(f'tests/fork_server.py: {why}; fresh Pythons instead', stacklevel=3)
         self.broken = True
         self.close()
 
     def run(self, argv: list[str], cwd, env: dict, timeout: float):
-        """`subprocess.run(argv[1:] after python, cwd, env, capture_output=True, text=True,
+        """`subprocess.run([python, *argv], cwd, env, capture_output=True, text=True,
         timeout)`'s CompletedProcess, from a forked child; None when this run is not served."""
-        if self.broken or dict(env) != self.env or not self.lock.acquire(blocking=False):
+        if _environment(env) != _environment(self.env) or not self.start():
             return None
-        try:
-            if self.proc is None:
-                self._start()
-            if self.broken or self.proc.poll() is not None:
-                return None
-            return self._run(argv, cwd, timeout)
-        finally:
-            self.lock.release()
-
-    def _run(self, argv: list[str], cwd, timeout: float):
         with (
             tempfile.TemporaryFile() as out,
             tempfile.TemporaryFile() as err,
             open(os.devnull, 'rb') as stdin,
-            socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn,
         ):
             try:
-                conn.connect(self.path)
-                request = json.dumps({'argv': argv, 'cwd': str(cwd)}).encode()
-                socket.send_fds(conn, [request], [stdin.fileno(), out.fileno(), err.fileno()])
-                pid = int(conn.recv(64))
-            except (OSError, ValueError) as e:
-                self._give_up(f'the server failed ({e})')
+                code = request(
+                    self.path, argv, str(cwd), [stdin.fileno(), out.fileno(), err.fileno()], timeout
+                )
+            except ConnectionError as e:
+                self._give_up(str(e))
                 return None
-            conn.settimeout(timeout)
-            try:
-                code = int(conn.recv(64))
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(argv, timeout) from None
+            if code is None:
+                return None
             out.seek(0)
             err.seek(0)
             args = [sys.executable, *argv]

@@ -282,6 +282,28 @@ def test_schedule_and_optimizer_settings_out_of_range_are_refused(overrides, mes
 
 
 @pytest.mark.parametrize(
+    'overrides,warned',
+    [
+        ({'train.steps': 50, 'train.warmup_steps': 100}, 'warmup_steps=100 (from step 0) ends'),
+        ({'train.steps': 900, 'train.warmup_steps': 100, 'train.schedule_start': 850}, 'ends'),
+        ({'train.steps': 900, 'train.warmup_steps': 100, 'train.decay_steps': 50}, 'cut to one'),
+        ({'train.steps': 100, 'train.warmup_steps': 100}, None),  # peak at the last step
+        ({'train.steps': 0, 'train.warmup_steps': 100}, None),  # evaluate only
+    ],
+)
+def test_a_schedule_whose_warmup_outlasts_the_run_is_warned_about(overrides, warned, caplog):
+    """Legal but likely not meant: a warmup that ends after the last step (lr never reached;
+    tiny runs with the base config's 100 warmup steps), a decay that ends before the warmup."""
+    from lm.config import with_values
+    from lm.train.optimizer import warn_schedule
+
+    with caplog.at_level('WARNING'):
+        warn_schedule(with_values(tiny_config(), overrides).train)
+    lines = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+    assert len(lines) == (warned is not None) and (warned is None or warned in lines[0]), lines
+
+
+@pytest.mark.parametrize(
     'overrides,message',
     [
         ({'train.max_loss_ratio': 0.5}, r'^config.train.max_loss_ratio must be 0 \(off\) or > 1'),

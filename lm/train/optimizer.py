@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from absl import logging
 
 
 def lr_schedule(
@@ -108,6 +109,28 @@ def check_train_config(train: ml_collections.ConfigDict) -> None:
     if not (0 <= train.b1 < 1 and 0 <= train.b2 < 1):
         raise ValueError(f'config.train.b1 and b2 must be in [0, 1), got {train.b1}, {train.b2}')
     _check_schedule(train)
+
+
+def warn_schedule(train: ml_collections.ConfigDict) -> None:
+    """One warning line for a schedule that is legal but likely not meant: a warmup that ends
+    after the last step (the rate never reaches lr), or a decay that ends before the warmup."""
+    peak_at = train.schedule_start + train.warmup_steps
+    if 0 < train.steps < peak_at:
+        logging.warning(
+            'config.train.warmup_steps=%d (from step %d) ends after the last step %d: the rate '
+            'never reaches lr=%g',
+            train.warmup_steps,
+            train.schedule_start,
+            train.steps,
+            train.lr,
+        )
+    if train.decay_steps and train.decay_steps < peak_at:
+        logging.warning(
+            'config.train.decay_steps=%d comes before the warmup ends (step %d): the cosine is '
+            'cut to one step',
+            train.decay_steps,
+            peak_at,
+        )
 
 
 def _check_schedule(train: ml_collections.ConfigDict) -> None:

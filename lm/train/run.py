@@ -33,7 +33,13 @@ from lm.train.checkpoint import (
 )
 from lm.train.ensemble import as_ensemble, check_ensemble_config, check_members_divide, step_rules
 from lm.train.evaluation import check_eval_config
-from lm.train.optimizer import check_train_config, lr_schedule, make_optimizer, schedule_moved
+from lm.train.optimizer import (
+    check_train_config,
+    lr_schedule,
+    make_optimizer,
+    schedule_moved,
+    warn_schedule,
+)
 from lm.train.step import (
     StepContext,
     check_xla_options,
@@ -166,6 +172,7 @@ def check_config(
         )
     check_loop_config(config)
     check_train_config(config.train)
+    warn_schedule(config.train)
     check_ensemble_config(config)
     parse_xla_options(config.train.xla_options)  # its form; `assemble` checks the names
     check_data_config(config.data)
