@@ -24,7 +24,7 @@ of a study's README.md with the table of kind KIND made from its results/NAME.cs
   MLA-32-k4): per arm they share (α = 0 included), each target's estimate, and the paired
   differences between targets, Holm-corrected over every arm's comparisons together.
 - 'against_base': per-seed values (columns arm, seed, value) with arms '<base>' and
-  '<base>+<option>' ('mqa', 'mqa+int8'): each option's arms against their own base arm, one Holm
+  '<base>+<option>' ('b', 'b+int8'): each option's arms against their own base arm, one Holm
   family per option (the question "what does this option cost?"), nothing across options or
   bases.
 - 'rows': any CSV as it is, one table row per CSV row (measurements with no seeds, such as
