@@ -1,10 +1,11 @@
-"""Entry-point runs for the tests without a fresh interpreter each. One server Python per test
-worker imports every module of `lm` once; each run is a child it forks, which runs the entry
-point as `python SCRIPT ARGS...` would: `__main__`, its sys.argv, its directory on sys.path, the
-caller's working directory, stdout and stderr (stdin /dev/null); an uncaught exception prints
-its traceback and exits 1, and the child shuts down as any Python does (threads joined, atexit
-handlers run). A run saves the ~1.5 s of imports a fresh Python pays (tests/conftest.py's
-`run_entry`).
+"""Entry-point runs for the tests without a fresh interpreter each (tests/conftest.py's
+`run_entry`). One server Python per test worker imports the libraries that the modules of `lm`
+import (JAX, Flax, orbax, ...) once; each run is a child it forks, which runs the entry point
+as `python SCRIPT ARGS...` would: `__main__`, its sys.argv, its directory on sys.path, the
+caller's working directory, stdout and stderr (stdin /dev/null), `lm` imported afresh; an
+uncaught exception prints its traceback and exits 1, and the child shuts down as any Python
+does (threads joined, atexit handlers run). A run saves most of the ~1.5 s of imports a fresh
+Python pays.
 
 The server holds no thread and no JAX backend when it forks (checked), so each child starts its
 own backend. `ForkServer.run` serves only runs whose environment is the server's (libraries read
@@ -45,6 +46,10 @@ def serve(path: str) -> dict:
 
     for module in pkgutil.walk_packages(lm.__path__, 'lm.'):
         importlib.import_module(module.name)
+    # The libraries lm imports stay imported; lm itself goes, so that each child imports it as a
+    # fresh Python does (an import lm forgets fails here too, as it would for a user).
+    for name in [n for n in sys.modules if n == 'lm' or n.startswith('lm.')]:
+        del sys.modules[name]
     assert threading.active_count() == 1, 'a thread before fork: children could deadlock'
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
