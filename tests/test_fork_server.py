@@ -2,6 +2,7 @@
 
 import fcntl
 
+import pytest
 from conftest import ENV, FORK_SERVER, ROOT, run_entry
 
 PROBE = """
@@ -18,6 +19,7 @@ sys.exit(int(sys.argv[1]))
 """
 
 
+@pytest.mark.slow
 def test_a_served_run_is_what_a_fresh_python_gives(tmp_path):
     """Exit status, stdout (argv, cwd, sys.path[0], __main__, lm not pre-imported, threads
     joined and atexit run at exit) and stderr's last line (an uncaught exception's)."""
@@ -34,6 +36,7 @@ def test_a_served_run_is_what_a_fresh_python_gives(tmp_path):
         assert ('Traceback' in served.stderr) == (arg == 'raise')
 
 
+@pytest.mark.slow
 def test_a_run_the_server_cannot_serve_is_left_to_a_fresh_python(tmp_path):
     """Another environment, or the server busy with another run: not served (None)."""
     probe = tmp_path / 'probe.py'
