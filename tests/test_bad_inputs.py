@@ -514,6 +514,7 @@ GET_POINTS = {  # sweep files: the body of get_points()
     'point_seeds_zero': "return [{'name': 'a', 'seeds': 0}]",
     'get_points_raises': 'return 1 / 0',
     'point_value_of_another_type': "return [{'name': 'a', 'model.num_heads': 'x'}]",
+    'point_named_pareto': "return [{'name': 'pareto'}]",
 }
 
 
@@ -735,6 +736,11 @@ EARLY = [
             ('point_seeds_zero', r'point 1 has seeds=0; expected >= 1'),
             ('get_points_raises', r'get_points\(\) of .* failed: ZeroDivisionError'),
             ('point_value_of_another_type', r"sweep point a: .*'num_heads'"),
+            (
+                'point_named_pareto',
+                r"sweep point pareto: 'pareto' is the TensorBoard run of the "
+                r"sweep's Pareto figures",
+            ),
         )
     ],
     (

@@ -26,6 +26,8 @@ from lm.model import accounting
 from lm.model.transformer import model_config
 from lm.train.stored import stored_config
 
+# The TensorBoard run of a sweep's tb_dir that holds the Pareto figures: no sweep point takes it.
+TB_RUN = 'pareto'
 METRICS = ('eval/loss', 'eval/recall_accuracy')  # what experiments plot, where their runs have it
 
 

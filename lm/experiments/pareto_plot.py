@@ -100,7 +100,7 @@ def log_images(images: dict[str, np.ndarray], tb_dir: str) -> None:
     """{metric: the figure as an RGB array (`lm.analysis.plots.save`)} as images
     'pareto/<metric>' of the run 'pareto' in `tb_dir`, through one writer (writers opened in
     the same second would share an event file name)."""
-    tb = Summary(os.path.join(tb_dir, 'pareto'))
+    tb = Summary(os.path.join(tb_dir, pareto.TB_RUN))
     for metric, image in images.items():
         tb.image(f'pareto/{metric}', to_uint8(image))
     tb.close()

@@ -23,6 +23,7 @@ import ml_collections
 
 from lm.config import parse_assignment, with_values, write_config_file
 from lm.experiments.fairness import MATCHES, match_parameters, reference_config
+from lm.experiments.pareto import TB_RUN
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
 from lm.experiments.sweep_ensemble import PointSpecs
 from lm.model import attention
@@ -196,6 +197,11 @@ def _valid_points(base: ml_collections.ConfigDict, points: list[dict]) -> list[t
             print(f'skipping {named.get("name") or point}: {reason}')
             continue
         name = safe_name(named.get('name') or run_name(point, config), 'sweep point')
+        if name == TB_RUN:
+            raise ValueError(
+                f"sweep point {name}: '{TB_RUN}' is the TensorBoard run of the sweep's Pareto "
+                'figures; give the point another name'
+            )
         try:  # a setting no run of the point can train with: refused now, not in each run
             check_train_config(config.train)
             check_loop_config(config)
