@@ -17,13 +17,13 @@ import importlib
 import json
 import os
 import pkgutil
-import runpy
 import subprocess
 import sys
 import tempfile
 import threading
 
 from absl import app, flags
+from fork_server import run_as_main
 
 import lm
 
@@ -49,13 +49,7 @@ def child(cwd: str, argv: list[str], out_fd: int, run: bool = False) -> None:
         app.run = parse_only
     try:
         os.chdir(cwd)
-        if argv[0] == '-m':
-            sys.argv = [argv[1], *argv[2:]]
-            runpy.run_module(argv[1], run_name='__main__', alter_sys=True)
-        else:
-            sys.argv = list(argv)
-            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-            runpy.run_path(argv[0], run_name='__main__')
+        run_as_main(argv)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, int | None):

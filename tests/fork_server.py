@@ -126,10 +126,9 @@ def as_python(path: str, argv: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, *argv])
 
 
-def main() -> None:
-    if sys.argv[1] == '--python':
-        as_python(sys.argv[2], sys.argv[3:])
-    argv = serve(sys.argv[1])['argv']
+def run_as_main(argv: list[str]) -> None:
+    """`python ARGV...` in this process: a script, or `-m` a module, as `__main__` with its
+    sys.argv and (a script) its directory first on sys.path."""
     if argv[0] == '-m':
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name='__main__', alter_sys=True)
@@ -137,6 +136,12 @@ def main() -> None:
         sys.argv = list(argv)
         sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
         runpy.run_path(argv[0], run_name='__main__')
+
+
+def main() -> None:
+    if sys.argv[1] == '--python':
+        as_python(sys.argv[2], sys.argv[3:])
+    run_as_main(serve(sys.argv[1])['argv'])
 
 
 def _text(data: bytes) -> str:

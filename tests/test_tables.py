@@ -16,6 +16,24 @@ from conftest import ROOT, run_entry
 from lm.experiments import ablation_doc_tables, summary, tables
 
 
+def seed_rows(values: dict[str, list[float]], column: str, key: str = 'arm', **fixed) -> list[dict]:
+    """A per-seed CSV's rows: {arm: [value of seed 0, 1, ...]} under `column`, `fixed` columns
+    alike in every row."""
+    return [
+        {key: arm, 'seed': str(seed), **fixed, column: str(v)}
+        for arm, arm_values in values.items()
+        for seed, v in enumerate(arm_values)
+    ]
+
+
+# Recall accuracy of three arms over five seeds: learned (>= 0.8) 5, 4 and 0 times.
+LEARNED_ACCURACY = {
+    'a': [0.95, 0.97, 0.91, 0.99, 0.90],
+    'b': [0.95, 0.4, 0.93, 0.96, 0.92],
+    'c': [0.4, 0.41, 0.39, 0.79, 0.6],
+}
+
+
 def test_every_doc_table_matches_its_csv():
     """Regenerate every marked table of the studies; a study whose table differs from its CSV is
     stale (fix: python scripts/make_tables.py)."""
@@ -194,11 +212,7 @@ def test_within_table_compares_only_the_arms_of_a_group_with_holm_over_those_pai
         'mla/width': [0.40, 0.39, 0.41, 0.90],
         'mla/params': [0.41, 0.92, 0.40, 0.93],
     }
-    rows = [
-        {'arm': arm, 'seed': str(seed), 'eval_recall_accuracy': str(v)}
-        for arm, values in data.items()
-        for seed, v in enumerate(values)
-    ]
+    rows = seed_rows(data, 'eval_recall_accuracy')
     text = tables.KINDS['within'](rows)
     assert 'Holm-corrected over the 2 comparisons' in text
     cells = [line.strip('| ').split(' | ') for line in text.splitlines()]
@@ -584,13 +598,8 @@ def test_learned_table_counts_runs_and_corrects_the_fisher_tests():
     (1 + 5 + 5 + 1)/252 = 12/252 (k = 0, 1, 4, 5 in arm b as or less likely). They are
     corrected in one Holm family with the paired t-tests of the CSV's values (scipy's
     ttest_rel; a loss equal in every run gives p = 1): Holm written out here."""
-    acc = {'a': [0.95, 0.97, 0.91, 0.99, 0.90], 'b': [0.95, 0.4, 0.93, 0.96, 0.92]}
-    acc['c'] = [0.4, 0.41, 0.39, 0.79, 0.6]
-    rows = [
-        {'point': arm, 'seed': str(s), 'eval_loss': '1.0', 'eval_recall_accuracy': str(v)}
-        for arm, values in acc.items()
-        for s, v in enumerate(values)
-    ]
+    acc = LEARNED_ACCURACY
+    rows = seed_rows(acc, 'eval_recall_accuracy', key='point', eval_loss='1.0')
     text = tables.learned_table(rows)
     assert '| a | 5 of 5 | [0.48, 1.00] |' in text
     assert '| c | 0 of 5 | [0.00, 0.52] |' in text
@@ -613,13 +622,8 @@ def test_recall_pairs_table_corrects_counts_and_accuracy_each_over_the_pairs_alo
     """The same three arms as above (learned 5, 4 and 0 times), tested as a statement that
     named two families: Fisher's p's (1, 2/252, 12/252) Holm over the 3 pairs alone, and the
     accuracy t-tests (scipy's ttest_rel) Holm over the 3 pairs alone; the loss is not tested."""
-    acc = {'a': [0.95, 0.97, 0.91, 0.99, 0.90], 'b': [0.95, 0.4, 0.93, 0.96, 0.92]}
-    acc['c'] = [0.4, 0.41, 0.39, 0.79, 0.6]
-    rows = [
-        {'point': arm, 'seed': str(s), 'eval_loss': '1.0', 'eval_recall_accuracy': str(v)}
-        for arm, values in acc.items()
-        for s, v in enumerate(values)
-    ]
+    acc = LEARNED_ACCURACY
+    rows = seed_rows(acc, 'eval_recall_accuracy', key='point', eval_loss='1.0')
     text = tables.KINDS['recall_pairs'](rows)
     counts, accuracy = text.split('eval_recall_accuracy per seed:')
     assert '| b | 4 of 5 | [0.28, 0.99] |' in counts and 'eval_loss' not in text
@@ -658,11 +662,7 @@ def test_against_base_table_tests_each_option_against_its_base_in_its_own_holm_f
         'mha+kivi4': [1.05, 1.16, 0.94, 1.09],
         'mqa+kivi4': [1.26, 1.30, 1.17, 1.34],
     }
-    rows = [
-        {'arm': arm, 'seed': str(seed), 'eval_loss': str(v)}
-        for arm, values in data.items()
-        for seed, v in enumerate(values)
-    ]
+    rows = seed_rows(data, 'eval_loss')
     text = tables.KINDS['against_base'](rows)
     int8, kivi4 = text.split('\nint8:\n')[1].split('\nkivi4:\n')
     assert 'over the 2 comparisons of int8' in int8 and 'over the 2 comparisons of kivi4' in kivi4
