@@ -54,12 +54,22 @@ def serve(path: str) -> dict:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(8)
+    listener.settimeout(5)
+    parent = os.getppid()
     sys.stdout.buffer.write(READY)
     sys.stdout.flush()
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if os.getppid() != parent:  # the test worker is gone (killed): so is the server
+                sys.exit(0)
+            continue
+        conn.settimeout(None)
         message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
         if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
             conn.close()
             continue
         pid = os.fork()
