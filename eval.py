@@ -32,6 +32,7 @@ from lm.train import (
     Summary,
     assemble,
     check_logdir_owner,
+    claim_logdir,
     inherited_data,
     run_logdir,
     stored_config,
@@ -136,6 +137,7 @@ def run() -> int:
         prefix += f'_tokens{metrics["tokens"]}'  # the tokens it scored
 
     print(json.dumps({'step': restored.step, 'split': _SPLIT.value, 'tag': prefix, **metrics}))
+    claim_logdir(_WORKDIR.value, _TB_DIR.value, tb_flag)  # its run there is this workdir's
     tb = Summary(run_logdir(_WORKDIR.value, _TB_DIR.value))
     tb.scalars(restored.step, {f'{prefix}/{k}': v for k, v in metrics.items()})
     tb.close()

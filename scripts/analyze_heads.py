@@ -41,7 +41,7 @@ from lm.analysis import (
     write_kv_csv,
 )
 from lm.cli import bootstrap, check_writable_dir, run_app
-from lm.train import StopRequest, check_logdir_owner, run_logdir, stored_config
+from lm.train import StopRequest, check_logdir_owner, claim_logdir, run_logdir, stored_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run to analyse.', required=True)
 _STEP = flags.DEFINE_integer('step', None, "--workdir's checkpoint step; default: the latest.")
@@ -142,6 +142,7 @@ def write(runs: list[RunHeads]) -> None:
         if r.kv is not None:
             path = os.path.join(out, f'kv_similarity_{name}.png')
             images['kv_similarity'] = save(kv_figure(r), path)
+        claim_logdir(r.workdir, _TB_DIR.value)  # its run there is this workdir's
         log_run(r, run_logdir(r.workdir, _TB_DIR.value), images)
         print(f'{r.label}: ICL score {r.icl_score:.3f}, sink rate {r.sink_rate:.3f}')
     print(f'wrote {out}/heads.csv, summary.md and PNGs; TensorBoard: heads/*')

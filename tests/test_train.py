@@ -401,6 +401,10 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
     assert result['step'] == 4 and result['tag'].endswith('_train')
     assert read_scalars(logdir, f'{result["tag"]}/perplexity')[4] > 1
     assert not (tmp_path / 'run' / 'tb').exists()
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', f'--tb_dir={tmp_path / "tb2"}')
+    assert out.returncode == 0, out.stderr[-2000:]  # another shared tb_dir: its run claimed there
+    owner = json.loads((tmp_path / 'tb2' / 'run' / 'workdir.json').read_text())
+    assert owner == {'workdir': str((tmp_path / 'run').resolve())}
     text.write_text(small_text.read_text()[::-1])  # the run's data config, another text
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
     assert out.returncode == 0, out.stderr[-2000:]

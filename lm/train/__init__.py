@@ -33,7 +33,7 @@ __all__, __getattr__, __dir__ = public_face(
             'parse_xla_options',
         ),
         'evaluation': ('eval_batch_size', 'evaluate_recall'),
-        'summary': ('Summary', 'check_logdir_owner', 'run_logdir'),
+        'summary': ('Summary', 'check_logdir_owner', 'claim_logdir', 'run_logdir'),
         'interrupt': ('Interrupted', 'StopRequest'),
         'workdir': (
             'RunError',

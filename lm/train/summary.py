@@ -51,10 +51,11 @@ def check_logdir_owner(workdir: str, tb_dir: str, flag: str) -> None:
         )
 
 
-def claim_logdir(workdir: str, tb_dir: str) -> None:
+def claim_logdir(workdir: str, tb_dir: str, flag: str = '--tb_dir') -> None:
     """Records `workdir` as the owner of its run in the shared `tb_dir` (see
-    `check_logdir_owner`, which this runs first); '' = none shared: nothing to record."""
-    check_logdir_owner(workdir, tb_dir, '--tb_dir')
+    `check_logdir_owner`, which this runs first, naming `flag`); '' = none shared: nothing to
+    record. Every command that writes into a run of a shared tb_dir claims it first."""
+    check_logdir_owner(workdir, tb_dir, flag)
     if tb_dir:
         logdir = run_logdir(workdir, tb_dir)
         os.makedirs(logdir, exist_ok=True)
