@@ -1,6 +1,7 @@
 """tests/fork_server.py: a run served by the fork server is what a fresh Python gives."""
 
 import fcntl
+import subprocess
 
 import pytest
 from conftest import ENV, FORK_SERVER, ROOT, run_entry
@@ -46,4 +47,16 @@ def test_a_run_the_server_cannot_serve_is_left_to_a_fresh_python(tmp_path):
     with open(FORK_SERVER.path + '.lock', 'a') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         assert FORK_SERVER.run([str(probe), '0'], ROOT, ENV, 60) is None
+    assert FORK_SERVER.run([str(probe), '0'], ROOT, ENV, 60).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_served_run_past_its_timeout_is_killed_and_the_server_goes_on(tmp_path):
+    """As subprocess.run: TimeoutExpired, the run killed; the next run is served."""
+    sleeper = tmp_path / 'sleeper.py'
+    sleeper.write_text('import time\ntime.sleep(60)\n')
+    with pytest.raises(subprocess.TimeoutExpired):
+        FORK_SERVER.run([str(sleeper)], ROOT, ENV, 1)
+    probe = tmp_path / 'probe.py'
+    probe.write_text(PROBE)
     assert FORK_SERVER.run([str(probe), '0'], ROOT, ENV, 60).returncode == 0
