@@ -13,7 +13,7 @@ import pytest
 import scipy.stats
 from conftest import ROOT, run_entry
 
-from lm.experiments import ablation_doc_tables, summary, tables
+from lm.experiments import ablation_doc_tables, recall_tables, summary, tables
 
 
 def seed_rows(values: dict[str, list[float]], column: str, key: str = 'arm', **fixed) -> list[dict]:
@@ -455,7 +455,7 @@ def test_lr_screen_table_bolds_the_rate_chosen_by_accuracy_and_stacks_per_seed_c
         ('mha', '3e-3', '1'),
         ('mha', '1e-3', '0'),
     ]  # seed 2 cut
-    lines = tables.lr_screen_table(rows).splitlines()
+    lines = recall_tables.lr_screen_table(rows).splitlines()
     assert lines[0] == (
         '| arm | lr 0.003: accuracy, loss | lr 0.001: accuracy, loss | lr 0.0003: accuracy, loss '
         '| chosen lr |'
@@ -600,7 +600,7 @@ def test_learned_table_counts_runs_and_corrects_the_fisher_tests():
     ttest_rel; a loss equal in every run gives p = 1): Holm written out here."""
     acc = LEARNED_ACCURACY
     rows = seed_rows(acc, 'eval_recall_accuracy', key='point', eval_loss='1.0')
-    text = tables.learned_table(rows)
+    text = recall_tables.learned_table(rows)
     assert '| a | 5 of 5 | [0.48, 1.00] |' in text
     assert '| c | 0 of 5 | [0.00, 0.52] |' in text
     assert 'Holm-corrected over the 9 comparisons' in text
@@ -707,7 +707,7 @@ def test_steps_to_table_pairs_first_steps_and_skips_runs_that_never_reached():
         for i, v in reversed(list(enumerate(values)))  # steps in any order
     ]
     rows.append({'run': 'mha_s0', 'step': '100', 'metric': 'loss', 'value': '0.95'})  # other metric
-    text = tables.steps_to_table(rows)
+    text = recall_tables.steps_to_table(rows)
     assert '| mha | 400 ± 100 | [152, 648] | 3 | 0 |' in text  # t_{.975,2} · 100/√3 = 248
     assert '| mqa | 567 ± 58 | [423, 710] | 3 | 0 |' in text
     assert '| mla | n/a | n/a | 0 | 1 |' in text
