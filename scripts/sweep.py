@@ -121,10 +121,8 @@ TRAIN = os.path.join(ROOT, 'train.py')
 SPLIT = os.path.join(ROOT, 'scripts', 'split_ensemble.py')
 
 
-def run() -> int:
-    # This process plans, splits nothing and trains nothing: on the CPU, so that it never holds
-    # an accelerator (a GPU's memory belongs to the runs' own processes).
-    jax.config.update('jax_platforms', 'cpu')
+def check_flags() -> None:
+    """One-line errors for the flags and the sweep directory, before anything is planned."""
     if _CONFIG.value is None:
         raise ValueError('--config is required')
     if flags.FLAGS['points'].present and not _POINTS.value:  # e.g. an empty shell variable
@@ -139,6 +137,28 @@ def run() -> int:
         if _TB_DIR.value:
             check_writable_dir(_TB_DIR.value, '--tb_dir')
     check_config_keys(_CONFIG.value)
+
+
+def summarise(specs: list, sweep_dir: str, found: dict, match: str) -> dict:
+    """summary.md and the Pareto figures of the finished seed runs (returned: {name: result}),
+    then summary.md printed."""
+    found = {s.name: found[s.name] for s in seed_runs(specs) if s.name in found}
+    if not found:
+        return found
+    summarise_sweep(sweep_dir, seed_runs(specs), found, match)
+    runs = runs_of(seed_runs(specs), found, sweep_dir)
+    summarise_pareto(runs, sweep_dir, _TB_DIR.value or os.path.join(sweep_dir, 'tb'), METRICS)
+    with open(os.path.join(sweep_dir, 'summary.md')) as f:
+        print(f.read())
+    return found
+
+
+def run() -> int:
+    # This process plans, splits nothing and trains nothing: on the CPU, so that it never holds
+    # an accelerator (a GPU's memory belongs to the runs' own processes).
+    jax.config.update('jax_platforms', 'cpu')
+    check_flags()
+    sweep_dir = _SWEEP_DIR.value
     module = load_sweep_file(config_flags.get_config_filename(flags.FLAGS['config']))
     match = sweep_match(module, _MATCH.value)
     base = _CONFIG.value
@@ -178,13 +198,7 @@ def run() -> int:
             except RunStopped as e:
                 print(f'{e}; no further runs started', file=sys.stderr)
                 return 128 + (stop.signum or signal.SIGTERM)
-        if found := {s.name: found[s.name] for s in seed_runs(specs) if s.name in found}:
-            summarise_sweep(sweep_dir, seed_runs(specs), found, match)
-            runs = runs_of(seed_runs(specs), found, sweep_dir)
-            tb_dir = _TB_DIR.value or os.path.join(sweep_dir, 'tb')
-            summarise_pareto(runs, sweep_dir, tb_dir, METRICS)
-            with open(os.path.join(sweep_dir, 'summary.md')) as f:
-                print(f.read())
+        found = summarise(specs, sweep_dir, found, match)
     print(f'sweep wall time: {time.time() - t:.0f} s')
     return 0 if len(found) == len(seed_runs(specs)) else 1
 
