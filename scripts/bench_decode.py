@@ -169,13 +169,11 @@ def random_like(key: jax.Array, a: jax.Array) -> jax.Array:
     return jax.random.normal(key, a.shape, a.dtype)
 
 
-def bench(variant: str, context: int, B: int) -> dict:
-    cfg = model_for(variant)
-    decoder = Decoder(build_model(cfg), xla_options={} if _XLA_DEFAULTS.value else None)
-    n = _NEW.value
-    S = cache_capacity(context + n)  # as generate sizes it
+def filled_caches(cfg, B: int, S: int, context: int) -> list:
+    """The decoder's caches of `S` slots for a batch of `B`, filled with random values up to
+    slot `context`."""
     key = jax.random.key(0)
-    caches = [  # filled up to slot `context`
+    return [
         dataclasses.replace(
             c,
             arrays={k: random_like(key, a) for k, a in c.arrays.items()},
@@ -183,6 +181,14 @@ def bench(variant: str, context: int, B: int) -> dict:
         )
         for c in init_caches(cfg, B, S, _KV_DTYPE.value)
     ]
+
+
+def bench(variant: str, context: int, B: int) -> dict:
+    cfg = model_for(variant)
+    decoder = Decoder(build_model(cfg), xla_options={} if _XLA_DEFAULTS.value else None)
+    n = _NEW.value
+    S = cache_capacity(context + n)  # as generate sizes it
+    caches = filled_caches(cfg, B, S, context)
     measured = sum(a.nbytes for c in caches for a in c.arrays.values()) / (B * S)
     logits = np.zeros((B, cfg.vocab_size), np.float32)
     args = [
