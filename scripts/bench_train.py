@@ -96,6 +96,40 @@ def baseline_stepper(c, vocab: int, peer: str) -> torch_nanogpt.Stepper:
     return _steppers[shape, peer]
 
 
+def device_batch(exp, call: int) -> jax.Array:
+    """The training batch of call `call` on the run's devices: [B, T+1], or [k, B, T+1] for k
+    steps per call."""
+    c, k = exp.config, exp.config.train.steps_per_call
+    local = call_batch(
+        exp.corpus.tokens['train'],
+        seed=c.seed,
+        step=call * k,
+        steps=k,
+        batch_size=c.train.batch_size,
+        seq_len=c.data.seq_len,
+    )
+    return device_call_batch(exp.ctx, local)
+
+
+def timed_rounds(compiled, state, batch, k: int, calls: int, steppers: dict) -> tuple:
+    """`calls` timed calls of `compiled` (k steps each) in up to --rounds rounds, each round
+    followed by the PyTorch peers' share of their steps (interleaved: both see the same machine
+    load): (state, seconds per step, dispatch seconds per step, {peer: seconds per step})."""
+    step_times, dispatch = [], []
+    peer_times = {p: [] for p in steppers}
+    rounds = max(1, min(_ROUNDS.value, calls))
+    for r in range(rounds):
+        for _ in range(calls * (r + 1) // rounds - calls * r // rounds):
+            t = time.perf_counter()
+            state, metrics = compiled(state, batch)
+            dispatch.append((time.perf_counter() - t) / k)
+            jax.block_until_ready(metrics)
+            step_times.append((time.perf_counter() - t) / k)
+        for p, stepper in steppers.items():
+            peer_times[p] += torch_nanogpt.time_steps(stepper, -(-_STEPS.value // rounds))
+    return state, step_times, dispatch, peer_times
+
+
 def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
     exp = assemble(RECIPE.config(variant), state='init', data=True)
     c, ctx = exp.config, exp.ctx
@@ -106,19 +140,7 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
         state = exp.state
         step_fn = make_train_step(ctx, c.train.grad_accum_steps, k)
 
-        def device_batch(call: int) -> jax.Array:
-            """The batch of one call: [B, T+1], or [k, B, T+1] for k steps per call."""
-            local = call_batch(
-                exp.corpus.tokens['train'],
-                seed=c.seed,
-                step=call * k,
-                steps=k,
-                batch_size=c.train.batch_size,
-                seq_len=c.data.seq_len,
-            )
-            return device_call_batch(ctx, local)
-
-        batch = device_batch(0)
+        batch = device_batch(exp, 0)
         t = time.perf_counter()
         compiled = step_fn.lower(state, batch).compile()
         compile_s = time.perf_counter() - t
@@ -127,22 +149,13 @@ def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
         for _ in range(-(-_WARMUP.value // k)):
             state, metrics = compiled(state, batch)
         jax.block_until_ready(state)
-        step_times, dispatch = [], []
-        peer_times = {p: [] for p in steppers}
-        rounds = max(1, min(_ROUNDS.value, calls))
-        for r in range(rounds):
-            for _ in range(calls * (r + 1) // rounds - calls * r // rounds):
-                t = time.perf_counter()
-                state, metrics = compiled(state, batch)
-                dispatch.append((time.perf_counter() - t) / k)
-                jax.block_until_ready(metrics)
-                step_times.append((time.perf_counter() - t) / k)
-            for p, stepper in steppers.items():
-                peer_times[p] += torch_nanogpt.time_steps(stepper, -(-_STEPS.value // rounds))
+        state, step_times, dispatch, peer_times = timed_rounds(
+            compiled, state, batch, k, calls, steppers
+        )
         with_data = []
         for call in range(calls):
             t = time.perf_counter()
-            state, metrics = compiled(state, device_batch(call))
+            state, metrics = compiled(state, device_batch(exp, call))
             jax.block_until_ready(metrics)
             with_data.append((time.perf_counter() - t) / k)
     dt = float(np.median(step_times))
