@@ -1,6 +1,6 @@
-"""Shared fixtures: tiny configs built from configs/base.py, entry points run as subprocesses
-(`run_entry`), and text the tests make themselves (nothing outside the repository is read: the
-tests run in a fresh clone)."""
+"""Shared fixtures: tiny configs built from configs/base.py, entry points run as `python` runs
+them (`run_entry`: children of a fork server, tests/fork_server.py), and text the tests make
+themselves (nothing outside the repository is read: the tests run in a fresh clone)."""
 
 import atexit
 import os
