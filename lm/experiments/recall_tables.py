@@ -74,7 +74,9 @@ def recall_pairs_table(rows: list[dict]) -> str:
     ]
     lines += [
         '',
-        summary.family_note(len(pairs), test="Fisher's exact test of the runs that learned"),
+        summary.family_note(
+            len(pairs), test="Fisher's exact test of the runs that learned", family='this family'
+        ),
         '',
     ]
     lines += _fisher_rows(counts, tests)
@@ -84,12 +86,13 @@ def recall_pairs_table(rows: list[dict]) -> str:
     lines += ['', f'{summary.RECALL} per seed:', '']
     lines += [f'| arm | {summary.RECALL} (mean ± std) | 95% CI | seeds |', '|---|---|---|---|']
     lines += [f'| {name} | {summary.cell(v)} | {len(v)} |' for name, v in acc.items()]
-    lines += ['', summary.family_note(stats.family_size([p for _, p, _ in family]), seeds), '']
+    size = stats.family_size([p for _, p, _ in family])
+    lines += ['', summary.family_note(size, seeds, family='this family'), '']
     lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
     for (a, b), (d, _, adj), flip in zip(pairs, family, flips, strict=True):
         order = stats.ordering(a, b, d, summary.holm_resolved(adj))
         lines.append(f'| {a} | {b} | {summary.diff_cell(d, adj, flip_holm=flip)} | {order} |')
-    return '\n'.join(lines).replace('of this summary', 'of this family')
+    return '\n'.join(lines)
 
 
 # Accuracy a recall run must reach to count as calibrated (docs/studies/recall/README.md): the step

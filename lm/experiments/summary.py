@@ -99,13 +99,16 @@ def comparisons(m: int) -> str:
     return f'{m} comparison' + ('' if m == 1 else 's')
 
 
-def family_note(m: int, seeds: int | None = None, test: str = 'paired t-test') -> str:
-    """The sentence every summary states its correction with; with `seeds` (the fewest paired
-    seeds of a comparison in the family) also the sign-flip test's floor at that n."""
+def family_note(
+    m: int, seeds: int | None = None, test: str = 'paired t-test', family: str = 'this summary'
+) -> str:
+    """The sentence every summary states its correction with (over the comparisons of
+    `family`); with `seeds` (the fewest paired seeds of a comparison in the family) also the
+    sign-flip test's floor at that n."""
     if m == 0:
         return f'p: {test}; none here: a paired test needs two or more seeds of both arms.'
     note = (
-        f'p: {test}, Holm-corrected over the {comparisons(m)} of this summary; ✓ = '
+        f'p: {test}, Holm-corrected over the {comparisons(m)} of {family}; ✓ = '
         'resolved (corrected p < 0.05).'
     )
     if seeds is None or seeds < 1:

@@ -143,8 +143,9 @@ def against_base_table(rows: list[dict]) -> str:
         tests = [(values[a], values[b]) for a, b in pairs]
         family, flips = summary.family(tests), summary.sign_flips(tests)
         seeds = min((d.n for d, _, _ in family if d.n > 1), default=None)
-        note = summary.family_note(stats.family_size([p for _, p, _ in family]), seeds)
-        lines += ['', f'{option}:', '', note.replace('of this summary', f'of {option}'), '']
+        size = stats.family_size([p for _, p, _ in family])
+        note = summary.family_note(size, seeds, family=option)
+        lines += ['', f'{option}:', '', note, '']
         lines += ['| a | b | Δ a − b (95% CI), p (Holm) | ordering |', '|---|---|---|---|']
         for (a, b), (d, _, adj), flip in zip(pairs, family, flips, strict=True):
             order = stats.ordering(a, b, d, summary.holm_resolved(adj))
