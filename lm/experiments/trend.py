@@ -62,7 +62,7 @@ def trend_table(rows: list[dict]) -> str:
         v = {int(r['seed']): float(r[value]) for r in rows if r['arm'] == arm}
         lines.append(f'| {arm} | {xs[arm]:g} | {summary.cell(v)} | {len(v)} |')
     n = len(slopes)
-    note = summary.family_note(2, n).replace('comparisons of this summary', 'contrasts below')
+    note = summary.family_note(2, n, family='the contrasts below')
     lines += ['', note, '', '| contrast | seeds | estimate (95% CI), p (Holm) |', '|---|---|---|']
     for name, est, p, flip in contrasts(rows):
         lines.append(f'| {name} | {est.n} | {summary.diff_cell(est, p, flip_holm=flip)} |')
