@@ -264,6 +264,19 @@ def _check_overrides_have_a_file(argv: list[str], name: str) -> None:
         )
 
 
+def _override_hint(e: flags.Error) -> str:
+    """For an unknown flag that is the other entry points' override syntax, how this one takes
+    overrides: run configs (train.py, eval.py, sweep.py, ...) as --config.KEY=VALUE, the
+    benchmarks' recipes as --set=KEY=VALUE."""
+    name = getattr(e, 'flagname', '')
+    files = [n for n in flags.FLAGS if isinstance(flags.FLAGS[n].parser, ConfigFileFlagParser)]
+    if name.partition('.')[2] and 'set' in flags.FLAGS and not files:
+        return f'; this script takes config overrides as --set={name.partition(".")[2]}=VALUE'
+    if name == 'set' and files:
+        return f'; this script takes config overrides as --{files[0]}.KEY=VALUE'
+    return ''
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     """`parse_flags`' work: the config files and overrides checked, then absl's parse."""
     try:
@@ -282,7 +295,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
             sys.exit(0)
         raise
     except flags.Error as e:
-        print(f'error: {first_line(e) if "Traceback" in str(e) else e}', file=sys.stderr)
+        hint = _override_hint(e)
+        print(f'error: {first_line(e) if "Traceback" in str(e) else e}{hint}', file=sys.stderr)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         print(
             f'error: a --config.* override does not fit the config ({type(e).__name__}: {e}); '

@@ -560,6 +560,20 @@ def early(ctx):
 
 EARLY = [
     (
+        'train_set_override',
+        TRAIN,
+        lambda c: ['--set=train.steps=5'],
+        r"Unknown command line flag 'set'; this script takes config overrides as "
+        r'--config\.KEY=VALUE',
+    ),
+    (
+        'bench_train_config_override',
+        'scripts/bench_train.py',
+        lambda c: ['--config.train.steps=5'],
+        r"Unknown command line flag 'config\.train\.steps'; this script takes config "
+        r'overrides as --set=train\.steps=VALUE',
+    ),
+    (
         'bench_decode_json_is_a_directory',
         BENCH,
         lambda c: [f'--json={c.root}'],
