@@ -108,20 +108,26 @@ def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tupl
 
 
 def fit_mesh(mesh_config: ml_collections.ConfigDict, num_devices: int) -> ml_collections.ConfigDict:
-    """`mesh_config` when its mesh fits `num_devices`, else a copy with every device on 'data'
-    (fsdp = tensor = 1), logged: how a run trained on another device count is read (evaluated,
-    decoded, exported, converted), its mesh being a setting of its training only."""
+    """`mesh_config` when its mesh fits `num_devices`, else a copy that keeps as much of its
+    parameter sharding as the devices here allow (tensor, then fsdp, each cut to its greatest
+    common divisor with the devices left; every other device on 'data'), logged: how a run
+    trained on another device count is read (evaluated, decoded, exported, converted), its mesh
+    being a setting of its training only. A cut size divides the trained one, so it divides
+    every array dimension the trained mesh sharded."""
     try:
         mesh_shape(mesh_config, num_devices)
         return mesh_config
     except ValueError as e:
         reason = str(e)
+    tensor = math.gcd(max(mesh_config.tensor, 1), num_devices)
+    fsdp = math.gcd(max(mesh_config.fsdp, 1), num_devices // tensor)
     fitted = ml_collections.ConfigDict(mesh_config.to_dict())
-    fitted.update(data=-1, fsdp=1, tensor=1)
+    fitted.update(data=-1, fsdp=fsdp, tensor=tensor)
     logging.warning(
-        "the run's %s; reading it on a data-parallel mesh of the %d devices here instead",
+        "the run's %s; reading it on a mesh of the %d devices here instead: %s",
         reason.split(' (on a CPU')[0],
         num_devices,
+        _named(list(mesh_shape(fitted, num_devices))),
     )
     return fitted
 

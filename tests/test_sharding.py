@@ -302,6 +302,13 @@ def test_a_mesh_that_does_not_fit_the_devices_here_is_refitted_for_reading():
     fitted = fit_mesh(trained, 1)
     assert mesh_shape(fitted, 1) == (1, 1, 1) and mesh_shape(fit_mesh(trained, 3), 3) == (3, 1, 1)
     assert fitted.rules == trained.rules and (trained.data, trained.fsdp) == (2, 2)
+    # the parameter sharding is kept as far as the devices allow: tensor first, then fsdp
+    assert mesh_shape(fit_mesh(trained, 4), 4) == (1, 2, 2)
+    assert mesh_shape(fit_mesh(trained, 6), 6) == (3, 1, 2)
+    fsdp8 = mesh_config(data=1, fsdp=8, tensor=1)
+    assert mesh_shape(fit_mesh(fsdp8, 4), 4) == (1, 4, 1)
+    assert mesh_shape(fit_mesh(fsdp8, 12), 12) == (3, 4, 1)
+    assert mesh_shape(fit_mesh(mesh_config(data=-1, fsdp=1, tensor=4), 2), 2) == (1, 1, 2)
 
 
 @pytest.mark.slow
