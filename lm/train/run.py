@@ -242,14 +242,14 @@ def assemble(
     if state == 'resume':
         lock = WorkdirLock(workdir, owner=jax.process_index() == 0).__enter__()
     try:
+        if state == 'resume':  # before the data is read (and a tokenizer trained) for nothing
+            _check_resume_config(config, workdir, allow_config_change)
         corpus, cfg = _data_and_model(config, data, check, check_size=not saved)
         eos = corpus.tokenizer.eos_id if corpus and config.data.document_mask else None
         ctx = step_context(config, cfg, mesh, rules, eos)
         with jax.set_mesh(mesh):
             if state == 'resume':
-                ckpt, (start, restored, meta) = _resume(
-                    config, cfg, ctx, corpus, workdir, allow_config_change
-                )
+                ckpt, (start, restored, meta) = _resume(config, cfg, ctx, corpus, workdir)
             else:
                 ckpt = None
                 start, restored, meta = _state(state, cfg, ctx, config.seed, workdir, step, flag)
@@ -311,11 +311,9 @@ def _resume(
     ctx: StepContext,
     corpus: Corpus | None,
     workdir: str,
-    allow_config_change: bool,
 ) -> tuple[Checkpointer, tuple[int, dict, dict | None]]:
     """(the run's checkpointer, open; (step, state, side-car)) of training in `workdir`: its
-    latest checkpoint restored, else a fresh state."""
-    _check_resume_config(config, workdir, allow_config_change)
+    latest checkpoint restored, else a fresh state (`assemble` has checked its config)."""
     os.makedirs(workdir, exist_ok=True)
     ckpt = Checkpointer(workdir, config.keep_checkpoints, config.async_checkpointing)
     try:
