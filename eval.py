@@ -14,6 +14,7 @@ import json
 import math
 import sys
 
+import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
@@ -79,6 +80,12 @@ def check_eval_tokens(tokens: int | None, seq_len: int) -> None:
         )
 
 
+def protocol(data: ml_collections.ConfigDict) -> dict[str, object]:
+    """The data settings that change an evaluation of the same tokens (the data fingerprint
+    covers the text and tokenizer only): a value other than the run's own gets its own tag."""
+    return {'seq_len': data.seq_len, 'document_mask': data.document_mask}
+
+
 def same_data(restored: Run, own_data: bool) -> bool:
     """Whether the data evaluated is what the checkpoint recorded training on, as far as it can
     tell: its fingerprint, or the run's own data config where the checkpoint's fingerprint is
@@ -112,7 +119,7 @@ def run() -> int:
     config = stored_config(_WORKDIR.value, step=_STEP.value)
     check_eval_tokens(_TOKENS.value, config.data.seq_len)
     bootstrap(config)
-    own_data = _CONFIG.value is None
+    own_data, own_protocol = _CONFIG.value is None, protocol(config.data)
     if not own_data:
         config.data = _CONFIG.value.data
     own_tokens = config.eval_tokens
@@ -135,6 +142,7 @@ def run() -> int:
         prefix += f'_cache_{_CACHE.value}'
     if restored.config.eval_tokens != own_tokens:  # another protocol: never overwrite the run's
         prefix += f'_tokens{metrics["tokens"]}'  # the tokens it scored
+    prefix += ''.join(f'_{k}{v}' for k, v in protocol(config.data).items() if v != own_protocol[k])
 
     print(json.dumps({'step': restored.step, 'split': _SPLIT.value, 'tag': prefix, **metrics}))
     claim_logdir(_WORKDIR.value, _TB_DIR.value, tb_flag)  # its run there is this workdir's

@@ -366,9 +366,9 @@ def test_nonfinite_loss_stops_naming_the_step_and_saves_nothing(tmp_path, small_
 
 @pytest.mark.slow
 def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text):
-    """eval.py is the run's own evaluation on its own data; other token counts, splits and a
-    text read as another file (a relative path from elsewhere, a file changed since) are logged
-    under their own tags, never the run's eval."""
+    """eval.py is the run's own evaluation on its own data; other token counts, windows, splits
+    and a text read as another file (a relative path from elsewhere, a file changed since) are
+    logged under their own tags, never the run's eval."""
     text = tmp_path / 'text.txt'
     text.write_text(small_text.read_text())
     config = tiny_train_config(tmp_path, text)
@@ -396,6 +396,11 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
         read_scalars(logdir, 'eval_tokens32/loss')[8], other['loss'], rtol=1e-6
     )
     assert read_scalars(logdir, 'eval/loss') == tb  # training's curve untouched
+    shorter = write_config_file(with_values(config, {'data.seq_len': 8}), tmp_path / 'seq8.py')
+    out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', f'--config={shorter}')
+    assert out.returncode == 0, out.stderr[-2000:]  # the same tokens in shorter windows
+    assert json.loads(out.stdout.strip().splitlines()[-1])['tag'] == 'eval_seq_len8'
+    assert read_scalars(logdir, 'eval/loss') == tb
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', '--step=4', '--split=train')
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result['step'] == 4 and result['tag'].endswith('_train')
