@@ -24,7 +24,7 @@ from lm.cli import bootstrap, run_app
 from lm.convert import max_position
 from lm.data import Tokenizer, load_tokenizer
 from lm.infer import Decoder, parse_sampling
-from lm.model import DECODE_KERNELS, KV_CACHE_DTYPES
+from lm.model import DECODE_KERNELS, KV_CACHE_DTYPES, check_decode_backend
 from lm.train import StopRequest, assemble, check_finite, stored_config
 
 DEFAULT_NEW = 200  # --max_new_tokens when not given: at most this many (what the context leaves)
@@ -190,6 +190,8 @@ def run() -> int:
     max_new = _MAX_NEW.value or max(1, min(DEFAULT_NEW, context - max(map(len, rows))))
     check_lengths(prompts, rows, max_new, context)
     bootstrap(config)
+    if (_KERNEL.value or config.model.decode_kernel) == 'pallas':  # before the restore
+        check_decode_backend('--decode_kernel' if _KERNEL.value else 'config.model.decode_kernel')
     with StopRequest() as stop:
         kernel = {} if _KERNEL.value is None else {'decode_kernel': _KERNEL.value}
         restored = assemble(

@@ -85,6 +85,12 @@ UPTRAIN, SWEEP = 'scripts/uptrain.py', 'scripts/sweep.py'
 # (id, entry point, args(ctx), regex the last stderr line must match after 'error: ')
 ROWS = [
     (
+        'generate_pallas_kernel_without_a_gpu',  # refused before the restore and the prompt
+        GENERATE,
+        lambda c: ['--prompt=ROMEO', '--decode_kernel=pallas'],
+        r"^error: --decode_kernel='pallas' needs a GPU \(Triton kernels\); this backend is 'cpu'",
+    ),
+    (
         'resume_changed_config_refused_before_data',  # the new data cache is never built
         TRAIN,
         lambda c: [

@@ -19,5 +19,6 @@ __all__, __getattr__, __dir__ = public_face(
         'attention': ('AttentionVariant', 'parse_variant', 'register', 'variant as variant_class'),
         'kv_cache': ('KVCache', 'KV_CACHE_DTYPES', 'check_storage'),
         'accounting': ('flops_per_token', 'kv_cache_bytes', 'kv_cache_bytes_read', 'param_counts'),
+        'flash_decode': ('check_backend as check_decode_backend',),
     },
 )

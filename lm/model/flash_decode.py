@@ -52,6 +52,15 @@ def pieces(offset: int, width: int) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+def check_backend(setting: str = 'config.model.decode_kernel') -> None:
+    """One-line ValueError naming `setting` when 'pallas' is asked of a backend without GPUs."""
+    if jax.default_backend() != 'gpu':
+        raise ValueError(
+            f"{setting}='pallas' needs a GPU (Triton kernels); this backend is "
+            f"{jax.default_backend()!r}: use 'xla', or 'pallas_interpret' to check the kernel"
+        )
+
+
 def unserved(S: int) -> str | None:
     """Why the kernel cannot tile a cache of S slots (None: it can)."""
     if S & -S < MIN_DOT and S & -S != S:
@@ -231,11 +240,8 @@ def flash_decode(
     unless the whole cache is one smaller power-of-2 tile; `unserved` names a cache it cannot
     tile). interpret: run in Pallas's interpreter (any backend; for tests).
     """
-    if not interpret and jax.default_backend() != 'gpu':
-        raise ValueError(
-            "config.model.decode_kernel='pallas' needs a GPU (Triton kernels); this backend is "
-            f"{jax.default_backend()!r}: use 'xla', or 'pallas_interpret' to check the kernel"
-        )
+    if not interpret:
+        check_backend()
     B, _, H, D = q_B1HD.shape
     shared = v_BGSU is None
     if k_BGSD.ndim == 3:
