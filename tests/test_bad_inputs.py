@@ -752,6 +752,16 @@ EARLY = [
         r'sweep point \S+: config\.train\.lr must be a finite number, got nan',
     ),
     (
+        'sweep_grid_data_value_bogus',  # refused before the sweep's first run, not in its log
+        SWEEP,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            f'--sweep_dir={c.root}/sw',
+            '--grid=data.sampling=epochs,bogus',
+        ],
+        r"sweep point \S+: config\.data\.sampling must be one of .*, got 'bogus'",
+    ),
+    (
         'sweep_grid_steps_negative',
         SWEEP,
         lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.root}/sw', '--grid=train.steps=-5'],

@@ -22,6 +22,7 @@ from typing import Any
 import ml_collections
 
 from lm.config import parse_assignment, with_values, write_config_file
+from lm.data.corpus import check_data_config
 from lm.experiments.fairness import MATCHES, match_parameters, reference_config
 from lm.experiments.pareto import TB_RUN
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
@@ -205,6 +206,7 @@ def _valid_points(base: ml_collections.ConfigDict, points: list[dict]) -> list[t
         try:  # a setting no run of the point can train with: refused now, not in each run
             check_train_config(config.train)
             check_loop_config(config)
+            check_data_config(config.data)
         except ValueError as e:
             raise ValueError(f'sweep point {name}: {e}') from None
         valid.append((name, point, config))
