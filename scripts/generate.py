@@ -105,11 +105,12 @@ def check_lengths(prompts: list[str], rows: list[list[int]], max_new: int, conte
                 f'prompt {i + 1} ({prompt!r}) is no tokens: every prompt needs at least one '
                 "(with no --prompt at all, the prompt is '\\n')"
             )
-        if len(row) > context:
+        if len(row) >= context:
             shown = prompt if len(prompt) <= 30 else prompt[:30] + '...'
+            than = 'longer than' if len(row) > context else 'as long as'
             raise ValueError(
-                f"prompt {i + 1} ({shown!r}) is {len(row)} tokens, longer than the model's "
-                f'context of {context} positions'
+                f"prompt {i + 1} ({shown!r}) is {len(row)} tokens, {than} the model's "
+                f'context of {context} positions: no new token fits'
             )
     longest = max(len(r) for r in rows)
     if longest + max_new > context:

@@ -135,12 +135,17 @@ def test_generate_refuses_what_does_not_fit_the_context_before_any_work(tiny_run
         (
             [f'--prompt={long_prompt}'],
             "error: prompt 1 ('the the the the the the the th...') is 40 tokens, longer than "
-            "the model's context of 32 positions",
+            "the model's context of 32 positions: no new token fits",
+        ),
+        (
+            [f'--prompt={long_prompt[:32]}'],  # the whole context: the default count cannot fit
+            "error: prompt 1 ('the the the the the the the th...') is 32 tokens, as long as "
+            "the model's context of 32 positions: no new token fits",
         ),
         (
             ['--prompt=the', f'--prompts_file={prompts}'],
             "error: prompt 3 ('the the the the the the the th...') is 40 tokens, longer than "
-            "the model's context of 32 positions",
+            "the model's context of 32 positions: no new token fits",
         ),
         (
             ['--prompt=the cat', '--max_new_tokens=31'],

@@ -112,6 +112,8 @@ def test_import_tokenizer_byte(byte_run, tmp_path):
         (bare / name).unlink()
     with pytest.raises(FileNotFoundError, match='--tokenizer=byte'):
         import_hf(str(bare), str(tmp_path / 'w0'), base_config())
+    with pytest.raises(FileNotFoundError, match=r'^--tokenizer=\S*nope\.json does not exist'):
+        import_hf(str(bare), str(tmp_path / 'w0'), base_config(), str(tmp_path / 'nope.json'))
     config = import_hf(str(bare), str(tmp_path / 'w'), base_config(), 'byte')
     assert config.data.tokenizer == 'byte'
     with pytest.raises(ValueError, match=r'vocab_size >= 258 .*got 48') as e:
@@ -248,6 +250,14 @@ def test_gguf_only_directory_says_what_to_do(tmp_path):
     message = str(e.value)
     assert '\n' not in message and "gguf_file='model-Q4_K_M.gguf'" in message
     assert 'save_pretrained' in message
+
+
+def test_malformed_config_json_names_the_file(tmp_path):
+    (tmp_path / 'bad').mkdir()
+    (tmp_path / 'bad' / 'config.json').write_text('{"model_type": "llama",\n')
+    with pytest.raises(ValueError, match=r'^--hf_dir: \S*bad/config\.json is not valid JSON \('):
+        import_hf(str(tmp_path / 'bad'), str(tmp_path / 'w'), base_config())
+    assert not (tmp_path / 'w').exists()
 
 
 CHAT = (

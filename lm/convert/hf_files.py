@@ -82,6 +82,8 @@ def read_tokenizer(directory: str, tokenizer: str, vocab_size: int) -> str:
             )
         return BYTE
     path = tokenizer or own
+    if tokenizer and not os.path.isfile(path):
+        raise FileNotFoundError(f'--tokenizer={path} does not exist; give a tokenizer.json file')
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f'{path} does not exist (a sentencepiece tokenizer.model only?): pass '

@@ -141,8 +141,12 @@ def _hf_shape(t: hf.Tensor, lm_shape: tuple[int, ...]) -> tuple[int, ...]:
 def _read_hf_config(hf_dir: str) -> tuple[str, dict]:
     """(the local directory of `hf_dir`, its config.json)."""
     directory = resolve_hf_dir(hf_dir)
-    with open(hf_files.check_has_config(directory)) as f:
-        return directory, json.load(f)
+    path = hf_files.check_has_config(directory)
+    with open(path) as f:
+        try:
+            return directory, json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f'--hf_dir: {path} is not valid JSON ({e})') from None
 
 
 def _save_step0(
