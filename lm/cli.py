@@ -141,10 +141,8 @@ def use_compilation_cache(path: str) -> None:
     if not path:
         return
     path = os.path.expanduser(path)
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f'config.compilation_cache_dir={path!r} cannot be created: {e}') from e
+    check_writable_dir(path, 'config.compilation_cache_dir')
+    os.makedirs(path, exist_ok=True)
     jax.config.update('jax_compilation_cache_dir', path)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
     jax.monitoring.register_event_listener(_count_cache_event)

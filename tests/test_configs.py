@@ -46,9 +46,10 @@ def test_shakespeare_char_reads_data_tinyshakespeare_and_says_how_to_fetch_it(
     check_data_config(config.data)
 
 
-def test_shakespeare_char_unknown_variant():
-    with pytest.raises(ValueError, match=r"unknown variant 'gqa'; expected 'mha', 'gqa<g>'"):
-        load_config_file(str(ROOT / 'configs' / 'shakespeare_char.py'), 'gqa')
+@pytest.mark.parametrize('variant', ['gqa', 'gqa0', 'gqa02'])
+def test_shakespeare_char_unknown_variant(variant):
+    with pytest.raises(ValueError, match=rf"unknown variant '{variant}'; expected 'mha', 'gqa<g>'"):
+        load_config_file(str(ROOT / 'configs' / 'shakespeare_char.py'), variant)
 
 
 def test_quickstart_and_base():

@@ -183,6 +183,7 @@ def test_mqa_cla2_halves_mqa_cache():
         (dict(kv_heads_per_layer=(4, 3)), '[3] do not divide num_heads=4'),
         (dict(kv_heads_per_layer=(3, 3)), 'kv_heads_per_layer: [3, 3] do not divide num_heads'),
         (dict(kv_heads_per_layer=(2.0, 'a')), "must list whole numbers, got [2.0, 'a']"),
+        (dict(kv_heads_per_layer=(0, 2)), 'kv_heads_per_layer=(0, 2): every count must be >= 1'),
         (  # names the key set, not the num_kv_heads derived from it
             dict(attention='mha', kv_heads_per_layer=(2, 1)),
             'config.model.kv_heads_per_layer=(2, 1) (num_kv_heads = its largest, 2): ',

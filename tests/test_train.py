@@ -502,6 +502,9 @@ def test_cli_errors_are_one_line_and_early(tmp_path, small_text):
     assert run(base, f'--config.compilation_cache_dir={tmp_path / "a_file" / "xla"}').startswith(
         f"error: config.compilation_cache_dir='{tmp_path / 'a_file' / 'xla'}' cannot be created"
     )
+    assert run(base, f'--config.compilation_cache_dir={tmp_path / "a_file"}') == (
+        f"error: config.compilation_cache_dir='{tmp_path / 'a_file'}' is a file, not a directory"
+    )
     two_devices = {**ENV, 'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
     odd = tiny_train_config(tmp_path, small_text, **{'train.batch_size': 3})
     assert 'must be divisible by the data-parallel size 2' in run(odd, env=two_devices)

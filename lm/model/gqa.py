@@ -85,7 +85,7 @@ class GroupedQueryAttention(AttentionVariant):
     @classmethod
     def parse_spec(cls, spec: str) -> dict[str, Any] | None:
         """'mha', 'mqa', or 'gqa<G>' ('gqa2': two K/V heads)."""
-        if match := re.fullmatch(r'gqa(\d+)', spec):
+        if match := re.fullmatch(r'gqa([1-9]\d*)', spec):  # 'gqa0' is no variant
             return {'attention': 'gqa', 'num_kv_heads': int(match.group(1))}
         return {'attention': spec, 'num_kv_heads': 0} if spec in ('mha', 'mqa') else None
 

@@ -67,7 +67,9 @@ def _check_counts(cfg: ModelConfig) -> None:
         )
     if bad := [g for g in per_layer if isinstance(g, bool) or not isinstance(g, int)]:
         raise ValueError(f'{key}={per_layer} must list whole numbers, got {bad}')
-    if bad := [g for g in per_layer if g < 1 or H % g]:
+    if bad := [g for g in per_layer if g < 1]:
+        raise ValueError(f'{key}={per_layer}: every count must be >= 1, got {bad}')
+    if bad := [g for g in per_layer if H % g]:
         raise ValueError(f'{key}: {bad} do not divide num_heads={H}')
 
 
