@@ -316,6 +316,8 @@ def test_eval_sweep_refuses_runs_of_another_task_unless_the_key_is_set():
     with pytest.raises(ValueError, match='data.recall_seed=0 and --config has 1'):
         check_one_task(runs, given, {'data.recall_pairs'})  # recall_seed not set: refused
     check_one_task(runs, given, {'data.recall_pairs', 'data.recall_seed'})
+    trained_apart = {'mha': {**given, 'sampling': 'epochs', 'cache_dir': 'c', 'num_proc': 4}}
+    check_one_task(trained_apart, given, set())  # settings that do not change the scoring
 
 
 def test_mqar_training_mixture_draws_pairs_per_row_and_keeps_heldout(tmp_path):

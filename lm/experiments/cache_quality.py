@@ -167,13 +167,17 @@ def _seed(result: dict, workdir: str) -> int:
     return int(saved['seed'])
 
 
+# Data settings that change neither the text nor the windows a run is scored on.
+NOT_SCORED = ('cache_dir', 'num_proc', 'sampling')
+
+
 def check_one_task(runs: dict[str, dict], data: dict, overridden: set[str]) -> None:
     """One-line ValueError when a run (`runs`: run name -> its stored config.data as a dict)
-    trained with a data setting other than `data`'s (e.g. recall pairs) that `overridden` (the
-    `data.<key>`s set on the command line) does not name: `data` would score it on another
-    task than its own without anyone asking for it."""
+    trained with a data setting other than `data`'s (e.g. recall pairs; NOT_SCORED aside) that
+    `overridden` (the `data.<key>`s set on the command line) does not name: `data` would score
+    it on another task than its own without anyone asking for it."""
     for name, got in runs.items():
-        for key in sorted(set(got) | set(data)):
+        for key in sorted((set(got) | set(data)) - set(NOT_SCORED)):
             if f'data.{key}' not in overridden and got.get(key) != data.get(key):
                 raise ValueError(
                     f'run {name} trained with data.{key}={got.get(key)!r} and --config has '
@@ -197,7 +201,7 @@ def heldout_rows(
     (`check_one_task`)."""
     steps = [result_step(workdir) for _, workdir in runs]  # the results', not the newest
     configs = [stored_config(wd, step=step) for (_, wd), step in zip(runs, steps, strict=True)]
-    names = [f'{arm}_s{seed}' for (arm, seed), _ in runs]
+    names = [os.path.basename(workdir) for _, workdir in runs]
     trained = {n: c.data.to_dict() for n, c in zip(names, configs, strict=True)}
     check_one_task(trained, data.to_dict(), overridden)
     out = []
