@@ -68,6 +68,10 @@ def ctx(tmp_path_factory):
         shutil.copytree(root / 'cache', root / name)
         (victim,) = (root / name).glob(f'*/{damage}')
         victim.write_text('' if damage.endswith('.bin') else '{"dtype": ')
+    c.sweep = root / 'a_sweep'  # a sweep directory: its fairness record, seeds and one run
+    shutil.copytree(c.run, c.sweep / 'mha_s0')
+    (c.sweep / 'match').write_text('width\n')
+    (c.sweep / 'summary_seeds.csv').write_text('point,seed,eval_loss\nmha,0,3.0\n')
     if os.geteuid() == 0:  # root writes through file modes: use a read-only file system
         c.unwritable = pathlib.Path('/sys/lm_test_unwritable')
     else:
@@ -81,6 +85,7 @@ def ctx(tmp_path_factory):
 
 TRAIN, EVAL, GENERATE = 'train.py', 'eval.py', 'scripts/generate.py'
 UPTRAIN, SWEEP = 'scripts/uptrain.py', 'scripts/sweep.py'
+CONVERT, HF_MODEL = 'scripts/convert_hf.py', str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')
 
 # (id, entry point, args(ctx), regex the last stderr line must match after 'error: ')
 ROWS = [
@@ -407,6 +412,26 @@ ROWS = [
         r'--ensemble: ensembles/\w+ \(members: --seeds, --ensemble_groups\): '
         r'config.train.ensemble=3 members do not divide over the mesh axes',
     ),
+    *[  # --overwrite replaces its output whole: never a run or sweep, nor one holding either
+        (
+            f'convert_{command}_overwrite_{name}',
+            CONVERT,
+            lambda c, command=command, out=out: [
+                command,
+                f'--hf_dir={HF_MODEL if command == "import" else out(c)}',
+                f'--workdir={out(c) if command == "import" else c.run}',
+                '--overwrite',
+            ],
+            rf"--{'workdir' if command == 'import' else 'hf_dir'}='.*' {what}; --overwrite "
+            'replaces it whole and would delete it',
+        )
+        for command, name, out, what in (
+            ('import', 'sweep_dir', lambda c: c.sweep, 'is a sweep directory'),
+            ('import', 'holding_runs', lambda c: c.root, 'holds a sweep directory, .*/a_sweep'),
+            ('export', 'another_run', lambda c: c.sweep / 'mha_s0', 'is a training run'),
+            ('export', 'sweep_dir', lambda c: c.sweep, 'is a sweep directory'),
+        )
+    ],
 ]
 
 
