@@ -432,6 +432,27 @@ ROWS = [
             ('export', 'sweep_dir', lambda c: c.sweep, 'is a sweep directory'),
         )
     ],
+    *[  # a run's own directory: not a sweep's, nor in another run's checkpoints
+        (
+            f'train_workdir_{name}',
+            TRAIN,
+            lambda c, workdir=workdir: [f'--config={c.good_cfg}', f'--workdir={workdir(c)}'],
+            pattern,
+        )
+        for name, workdir, pattern in (
+            ('a_sweep_dir', lambda c: c.sweep, r"--workdir='.*a_sweep' is a sweep directory, not"),
+            (
+                'checkpoints_of_a_run',
+                lambda c: c.run / 'checkpoints',
+                r"--workdir='.*' is the checkpoints directory of the run .*/run; give",
+            ),
+            (
+                'inside_checkpoints_of_a_run',
+                lambda c: c.run / 'checkpoints' / 'new',
+                r"--workdir='.*/new' is inside the checkpoints directory of the run .*/run; give",
+            ),
+        )
+    ],
 ]
 
 

@@ -41,6 +41,7 @@ __all__, __getattr__, __dir__ = public_face(
             'RunError',
             'WorkdirLock',
             'check_replaceable',
+            'check_train_workdir',
             'directory_kind',
             'remember_tb_dir',
             'remembered_tb_dir',

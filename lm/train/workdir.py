@@ -107,6 +107,29 @@ def check_replaceable(path: str, setting: str, option: str) -> None:
         dirs.sort()
 
 
+def check_train_workdir(path: str, setting: str = '--workdir') -> None:
+    """One-line ValueError when `path` cannot be a run's own directory: a sweep directory, or
+    a directory in (or being) another run's checkpoints/. Object stores (gs://...) pass."""
+    if '://' in path:
+        return
+    if directory_kind(path) == A_SWEEP:
+        raise ValueError(
+            f'{setting}={path!r} is {A_SWEEP}, not a run; train each run in a directory of its '
+            'own (a sweep trains its runs in its subdirectories)'
+        )
+    mine = os.path.realpath(path)
+    parent = os.path.dirname(mine)
+    while parent != os.path.dirname(parent):
+        checkpoints = os.path.join(parent, 'checkpoints')
+        if os.path.commonpath([mine, checkpoints]) == checkpoints and os.path.isdir(checkpoints):
+            where = 'is' if mine == checkpoints else 'is inside'
+            raise ValueError(
+                f'{setting}={path!r} {where} the checkpoints directory of the run {parent}; '
+                'give the new run a directory of its own'
+            )
+        parent = os.path.dirname(parent)
+
+
 def _with_tokenizer(saved: dict, tokenizer: str) -> dict:
     return {**saved, 'data': {**saved['data'], 'tokenizer': tokenizer}}
 
