@@ -453,6 +453,18 @@ ROWS = [
             ),
         )
     ],
+    *[  # its summary.md and figures would replace a run's or sweep's own files
+        (
+            f'analyze_heads_out_is_{name}',
+            'scripts/analyze_heads.py',
+            lambda c, out=out: [f'--workdir={c.run}', f'--out={out(c)}', '--max_batches=1'],
+            rf"--out='.*' is {kind}; give the analysis a directory of its own",
+        )
+        for name, out, kind in (
+            ('a_sweep_dir', lambda c: c.sweep, 'a sweep directory'),
+            ('a_run', lambda c: c.sweep / 'mha_s0', 'a training run'),
+        )
+    ],
 ]
 
 
