@@ -465,6 +465,37 @@ ROWS = [
             ('a_run', lambda c: c.sweep / 'mha_s0', 'a training run'),
         )
     ],
+    (
+        'eval_sweep_out_is_the_sweeps_own_file',
+        'scripts/eval_sweep.py',
+        lambda c: [
+            f'--sweep_dir={c.sweep}',
+            f'--config={c.good_cfg}',
+            f'--out={c.sweep}/summary_seeds.csv',
+        ],
+        r"--out=.*a_sweep/summary_seeds\.csv is the sweep's own summary_seeds\.csv",
+    ),
+    *[  # cache_quality.py's outputs: never the sweep's own files (summary_seeds.csv is its input)
+        (
+            f'cache_quality_{flag}_is_the_sweeps_own_file',
+            'scripts/cache_quality.py',
+            lambda c, flag=flag, name=name: (
+                [
+                    f'--sweep_dir={c.sweep}',
+                    '--points=mha',
+                    '--kv_cache_dtypes=int8',
+                    f'--{flag}={c.sweep}/{name}',
+                ]
+                + ([] if flag == 'out' else [f'--out={c.root}/q.csv'])
+            ),
+            rf'--{flag}=.*a_sweep/{pattern}',
+        )
+        for flag, name, pattern in (
+            ('out', 'summary_seeds.csv', r"summary_seeds\.csv is the sweep's own summary_seeds"),
+            ('sweep_out', 'summary.csv', r"summary\.csv is the sweep's own summary\.csv"),
+            ('pareto_table', 'mha_s0/p.csv', r'mha_s0/p\.csv is inside .*a_sweep/mha_s0, a dir'),
+        )
+    ],
 ]
 
 
