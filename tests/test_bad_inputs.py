@@ -35,6 +35,18 @@ def tree_digest(root: pathlib.Path) -> dict[str, str]:
     return out
 
 
+DAMAGED_SEEDS = {  # a sweep's summary_seeds.csv: (its text, the error's regex after the file)
+    'wrong_header': (
+        'arm,seed,eval_loss\nmha,0,3.0\n',
+        r' has the header arm,seed,eval_loss, without point: expected the header '
+        r'point,seed,eval_loss',
+    ),
+    'seed_not_a_number': ('point,seed,eval_loss\nmha,zero,3.0\n', r" line 2: seed 'zero' is not a"),
+    'empty': ('', r' is empty: expected the header point,seed,eval_loss and a row per'),
+    'no_rows': ('point,seed,eval_loss\n', r' holds no rows: expected the header'),
+}
+
+
 @pytest.fixture(scope='module')
 def ctx(tmp_path_factory):
     """A trained tiny run with its data cache, and the files the rows point at."""
@@ -72,6 +84,9 @@ def ctx(tmp_path_factory):
     shutil.copytree(c.run, c.sweep / 'mha_s0')
     (c.sweep / 'match').write_text('width\n')
     (c.sweep / 'summary_seeds.csv').write_text('point,seed,eval_loss\nmha,0,3.0\n')
+    for name, (text, _) in DAMAGED_SEEDS.items():  # sweeps whose summary_seeds.csv is damaged
+        (root / f'seeds_{name}').mkdir()
+        (root / f'seeds_{name}' / 'summary_seeds.csv').write_text(text)
     if os.geteuid() == 0:  # root writes through file modes: use a read-only file system
         c.unwritable = pathlib.Path('/sys/lm_test_unwritable')
     else:
@@ -496,6 +511,30 @@ ROWS = [
             ('pareto_table', 'mha_s0/p.csv', r'mha_s0/p\.csv is inside .*a_sweep/mha_s0, a dir'),
         )
     ],
+    *[  # a damaged summary_seeds.csv: one line naming it and what it should hold
+        (
+            f'cache_quality_seeds_csv_{name}',
+            'scripts/cache_quality.py',
+            lambda c, name=name: [
+                f'--sweep_dir={c.root}/seeds_{name}',
+                '--points=mha',
+                '--kv_cache_dtypes=int8',
+                f'--out={c.root}/q.csv',
+            ],
+            rf'--sweep_dir: .*seeds_{name}/summary_seeds\.csv{pattern}',
+        )
+        for name, (_, pattern) in DAMAGED_SEEDS.items()
+    ],
+    (  # the same reader for eval_sweep.py (the order of its rows)
+        'eval_sweep_seeds_csv_wrong_header',
+        'scripts/eval_sweep.py',
+        lambda c: [
+            f'--sweep_dir={c.root}/seeds_wrong_header',
+            f'--config={c.good_cfg}',
+            f'--out={c.root}/e.csv',
+        ],
+        r'--sweep_dir: .*seeds_wrong_header/summary_seeds\.csv has the header arm,seed,eval_loss',
+    ),
 ]
 
 
