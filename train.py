@@ -24,6 +24,7 @@ from lm.data import cache_dir
 from lm.train import (
     check_logdir_owner,
     check_loop_config,
+    check_train_workdir,
     finished_step,
     read_latest_meta,
     run_logdir,
@@ -57,6 +58,7 @@ define_distributed_flags()
 
 def run() -> int:
     check_writable_dir(_WORKDIR.value, '--workdir')
+    check_train_workdir(_WORKDIR.value)
     if _TB_DIR.value:
         check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir')
     check_logdir_owner(_WORKDIR.value, _TB_DIR.value, '--tb_dir' if _TB_DIR.value else '--workdir')

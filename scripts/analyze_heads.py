@@ -11,9 +11,10 @@ Writes OUT/heads.csv (run, layer, head, previous_token, induction, duplicate_tok
 entropy), OUT/kv_similarity.csv (run, layer, kind, head_a, head_b, value), OUT/summary.md, PNG
 heatmaps (layer x head per score, one panel per run), one example attention map per layer and
 run, KV-head similarity and loss by position (what an earlier analysis wrote in OUT is removed
-first; other files there are kept); each run's scores and images also go to its
-TensorBoard directory at its checkpoint step. A run is WORKDIR or WORKDIR@STEP (--step applies
-to --workdir). Scores are defined in lm/analysis/scores.py.
+first; other files there are kept; an OUT that is a training run or sweep directory is refused);
+each run's scores and images also go to its TensorBoard directory at its checkpoint step. A run
+is WORKDIR or WORKDIR@STEP (--step applies to --workdir). Scores are defined in
+lm/analysis/scores.py.
 """
 
 import os
@@ -41,7 +42,15 @@ from lm.analysis import (
     write_kv_csv,
 )
 from lm.cli import bootstrap, check_writable_dir, run_app
-from lm.train import StopRequest, check_logdir_owner, claim_logdir, run_logdir, stored_config
+from lm.train import (
+    A_RUN,
+    StopRequest,
+    check_logdir_owner,
+    claim_logdir,
+    directory_kind,
+    run_logdir,
+    stored_config,
+)
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run to analyse.', required=True)
 _STEP = flags.DEFINE_integer('step', None, "--workdir's checkpoint step; default: the latest.")
@@ -71,6 +80,12 @@ def run() -> int:
     if _MAX_BATCHES.value < 0:
         raise ValueError(f'--max_batches must be >= 0 (0 = all), got {_MAX_BATCHES.value}')
     check_writable_dir(_OUT.value, '--out')
+    if kind := directory_kind(_OUT.value):  # its summary.md and figures are not ours to replace
+        inside = os.path.join(_OUT.value, 'heads')
+        raise ValueError(
+            f'--out={_OUT.value!r} is {kind}; give the analysis a directory of its own'
+            + (f' (e.g. {inside})' if kind == A_RUN else '')
+        )
     if _TB_DIR.value:
         check_writable_dir(_TB_DIR.value, '--tb_dir')
     specs = [(_WORKDIR.value, _STEP.value, '--workdir')]

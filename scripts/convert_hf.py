@@ -10,7 +10,8 @@ they are; its data / train / mesh settings come from --config (default configs/b
 files an import carried (chat template, generation_config.json, ...), which
 transformers.AutoModelForCausalLM and AutoTokenizer.from_pretrained load. A non-empty output
 (export: --hf_dir; import: --workdir) is refused unless --overwrite (then replaced whole); an
-import's --workdir holding checkpoints is refused always. Both build their output beside its
+import's --workdir holding checkpoints is refused always, and --overwrite never replaces a
+training run or sweep directory, nor a directory holding one. Both build their output beside its
 place and move it in when complete: a failure or SIGTERM / SIGINT (exit 128 + signal) leaves the
 old contents as they were.
 """
@@ -32,7 +33,7 @@ _OVERWRITE = flags.DEFINE_bool(
     'overwrite',
     False,
     'Replace a non-empty output whole (export: --hf_dir; import: a --workdir without '
-    'checkpoints); refused otherwise.',
+    'checkpoints), unless it is or holds a training run or sweep directory; refused otherwise.',
 )
 _STEP = flags.DEFINE_integer('step', None, 'export: checkpoint step; default: the latest.')
 _TOKENIZER = flags.DEFINE_string(

@@ -64,7 +64,7 @@ from lm.experiments import (
     summarise_sweep,
     sweep_match,
 )
-from lm.train import WorkdirLock, ensemble_loop_default
+from lm.train import A_RUN, WorkdirLock, directory_kind, ensemble_loop_default
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Base config file; a sweep file may also define get_points().'
@@ -132,8 +132,8 @@ def check_flags() -> None:
     sweep_dir = _SWEEP_DIR.value
     if not _STATUS.value:  # --status only reads: a read-only copy of a sweep is fine
         check_writable_dir(sweep_dir, '--sweep_dir')
-        if os.path.isdir(os.path.join(sweep_dir, 'checkpoints')):
-            raise ValueError(f'--sweep_dir: {sweep_dir} is a training run, not a sweep directory')
+        if directory_kind(sweep_dir) == A_RUN:
+            raise ValueError(f'--sweep_dir: {sweep_dir} is {A_RUN}, not a sweep directory')
         if _TB_DIR.value:
             check_writable_dir(_TB_DIR.value, '--tb_dir')
     check_config_keys(_CONFIG.value)

@@ -35,6 +35,18 @@ def tree_digest(root: pathlib.Path) -> dict[str, str]:
     return out
 
 
+DAMAGED_SEEDS = {  # a sweep's summary_seeds.csv: (its text, the error's regex after the file)
+    'wrong_header': (
+        'arm,seed,eval_loss\nmha,0,3.0\n',
+        r' has the header arm,seed,eval_loss, without point: expected the header '
+        r'point,seed,eval_loss',
+    ),
+    'seed_not_a_number': ('point,seed,eval_loss\nmha,zero,3.0\n', r" line 2: seed 'zero' is not a"),
+    'empty': ('', r' is empty: expected the header point,seed,eval_loss and a row per'),
+    'no_rows': ('point,seed,eval_loss\n', r' holds no rows: expected the header'),
+}
+
+
 @pytest.fixture(scope='module')
 def ctx(tmp_path_factory):
     """A trained tiny run with its data cache, and the files the rows point at."""
@@ -68,6 +80,13 @@ def ctx(tmp_path_factory):
         shutil.copytree(root / 'cache', root / name)
         (victim,) = (root / name).glob(f'*/{damage}')
         victim.write_text('' if damage.endswith('.bin') else '{"dtype": ')
+    c.sweep = root / 'a_sweep'  # a sweep directory: its fairness record, seeds and one run
+    shutil.copytree(c.run, c.sweep / 'mha_s0')
+    (c.sweep / 'match').write_text('width\n')
+    (c.sweep / 'summary_seeds.csv').write_text('point,seed,eval_loss\nmha,0,3.0\n')
+    for name, (text, _) in DAMAGED_SEEDS.items():  # sweeps whose summary_seeds.csv is damaged
+        (root / f'seeds_{name}').mkdir()
+        (root / f'seeds_{name}' / 'summary_seeds.csv').write_text(text)
     if os.geteuid() == 0:  # root writes through file modes: use a read-only file system
         c.unwritable = pathlib.Path('/sys/lm_test_unwritable')
     else:
@@ -81,6 +100,7 @@ def ctx(tmp_path_factory):
 
 TRAIN, EVAL, GENERATE = 'train.py', 'eval.py', 'scripts/generate.py'
 UPTRAIN, SWEEP = 'scripts/uptrain.py', 'scripts/sweep.py'
+CONVERT, HF_MODEL = 'scripts/convert_hf.py', str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')
 
 # (id, entry point, args(ctx), regex the last stderr line must match after 'error: ')
 ROWS = [
@@ -429,6 +449,114 @@ ROWS = [
         ],  # fmt: skip
         r'--ensemble: ensembles/\w+ \(members: --seeds, --ensemble_groups\): '
         r'config.train.ensemble=3 members do not divide over the mesh axes',
+    ),
+    *[  # --overwrite replaces its output whole: never a run or sweep, nor one holding either
+        (
+            f'convert_{command}_overwrite_{name}',
+            CONVERT,
+            lambda c, command=command, out=out: [
+                command,
+                f'--hf_dir={HF_MODEL if command == "import" else out(c)}',
+                f'--workdir={out(c) if command == "import" else c.run}',
+                '--overwrite',
+            ],
+            rf"--{'workdir' if command == 'import' else 'hf_dir'}='.*' {what}; --overwrite "
+            'replaces it whole and would delete it',
+        )
+        for command, name, out, what in (
+            ('import', 'sweep_dir', lambda c: c.sweep, 'is a sweep directory'),
+            ('import', 'holding_runs', lambda c: c.root, 'holds a sweep directory, .*/a_sweep'),
+            ('export', 'another_run', lambda c: c.sweep / 'mha_s0', 'is a training run'),
+            ('export', 'sweep_dir', lambda c: c.sweep, 'is a sweep directory'),
+        )
+    ],
+    *[  # a run's own directory: not a sweep's, nor in another run's checkpoints
+        (
+            f'train_workdir_{name}',
+            TRAIN,
+            lambda c, workdir=workdir: [f'--config={c.good_cfg}', f'--workdir={workdir(c)}'],
+            pattern,
+        )
+        for name, workdir, pattern in (
+            ('a_sweep_dir', lambda c: c.sweep, r"--workdir='.*a_sweep' is a sweep directory, not"),
+            (
+                'checkpoints_of_a_run',
+                lambda c: c.run / 'checkpoints',
+                r"--workdir='.*' is the checkpoints directory of the run .*/run; give",
+            ),
+            (
+                'inside_checkpoints_of_a_run',
+                lambda c: c.run / 'checkpoints' / 'new',
+                r"--workdir='.*/new' is inside the checkpoints directory of the run .*/run; give",
+            ),
+        )
+    ],
+    *[  # its summary.md and figures would replace a run's or sweep's own files
+        (
+            f'analyze_heads_out_is_{name}',
+            'scripts/analyze_heads.py',
+            lambda c, out=out: [f'--workdir={c.run}', f'--out={out(c)}', '--max_batches=1'],
+            rf"--out='.*' is {kind}; give the analysis a directory of its own",
+        )
+        for name, out, kind in (
+            ('a_sweep_dir', lambda c: c.sweep, 'a sweep directory'),
+            ('a_run', lambda c: c.sweep / 'mha_s0', 'a training run'),
+        )
+    ],
+    (
+        'eval_sweep_out_is_the_sweeps_own_file',
+        'scripts/eval_sweep.py',
+        lambda c: [
+            f'--sweep_dir={c.sweep}',
+            f'--config={c.good_cfg}',
+            f'--out={c.sweep}/summary_seeds.csv',
+        ],
+        r"--out=.*a_sweep/summary_seeds\.csv is the sweep's own summary_seeds\.csv",
+    ),
+    *[  # cache_quality.py's outputs: never the sweep's own files (summary_seeds.csv is its input)
+        (
+            f'cache_quality_{flag}_is_the_sweeps_own_file',
+            'scripts/cache_quality.py',
+            lambda c, flag=flag, name=name: (
+                [
+                    f'--sweep_dir={c.sweep}',
+                    '--points=mha',
+                    '--kv_cache_dtypes=int8',
+                    f'--{flag}={c.sweep}/{name}',
+                ]
+                + ([] if flag == 'out' else [f'--out={c.root}/q.csv'])
+            ),
+            rf'--{flag}=.*a_sweep/{pattern}',
+        )
+        for flag, name, pattern in (
+            ('out', 'summary_seeds.csv', r"summary_seeds\.csv is the sweep's own summary_seeds"),
+            ('sweep_out', 'summary.csv', r"summary\.csv is the sweep's own summary\.csv"),
+            ('pareto_table', 'mha_s0/p.csv', r'mha_s0/p\.csv is inside .*a_sweep/mha_s0, a dir'),
+        )
+    ],
+    *[  # a damaged summary_seeds.csv: one line naming it and what it should hold
+        (
+            f'cache_quality_seeds_csv_{name}',
+            'scripts/cache_quality.py',
+            lambda c, name=name: [
+                f'--sweep_dir={c.root}/seeds_{name}',
+                '--points=mha',
+                '--kv_cache_dtypes=int8',
+                f'--out={c.root}/q.csv',
+            ],
+            rf'--sweep_dir: .*seeds_{name}/summary_seeds\.csv{pattern}',
+        )
+        for name, (_, pattern) in DAMAGED_SEEDS.items()
+    ],
+    (  # the same reader for eval_sweep.py (the order of its rows)
+        'eval_sweep_seeds_csv_wrong_header',
+        'scripts/eval_sweep.py',
+        lambda c: [
+            f'--sweep_dir={c.root}/seeds_wrong_header',
+            f'--config={c.good_cfg}',
+            f'--out={c.root}/e.csv',
+        ],
+        r'--sweep_dir: .*seeds_wrong_header/summary_seeds\.csv has the header arm,seed,eval_loss',
     ),
 ]
 

@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Iterator
 
 from lm.train.checkpoint import checkpoint_entries
-from lm.train.workdir import check_apart, safe_name
+from lm.train.workdir import check_apart, check_replaceable, safe_name
 
 
 def _check_empty(path: str, setting: str, option: str, ignore: tuple[str, ...] = ()) -> None:
@@ -30,13 +30,16 @@ def check_export_dir(
     names: tuple[str, str] = ('out_dir', 'overwrite=True'),
 ) -> None:
     """One-line errors, before any work, for an export into `out_dir`: a file, the run's workdir
-    (or a directory inside it, or one holding it), or a non-empty directory without
-    `overwrite`. `names`: how the caller spells the directory and the option in errors."""
+    (or a directory inside it, or one holding it), a non-empty directory without `overwrite`,
+    or with it one that is or holds a training run or sweep directory (`check_replaceable`).
+    `names`: how the caller spells the directory and the option in errors."""
     setting, option = names
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f'{setting}={out_dir!r} is a file, not a directory')
     check_apart(out_dir, setting, workdir, "the run's workdir")
-    if not overwrite:
+    if overwrite:
+        check_replaceable(out_dir, setting, option)
+    else:
         _check_empty(out_dir, setting, option)
 
 
@@ -48,8 +51,10 @@ def check_import_dir(
 ) -> None:
     """One-line errors, before any work, for an import of `hf_dir` into `workdir`: a file, a
     directory holding checkpoints (unfinished saves do not count), the local `hf_dir` (or one
-    inside it or holding it), or a non-empty directory without `overwrite` (which replaces
-    it whole). `names`: how the caller spells the directory and the option in errors."""
+    inside it or holding it), a non-empty directory without `overwrite` (which replaces it
+    whole), or with it one that is or holds anywhere below it a training run (a checkpoints/
+    directory, even of unfinished saves) or a sweep directory (`check_replaceable`). `names`:
+    how the caller spells the directory and the option in errors."""
     setting, option = names
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ValueError(f'{setting}={workdir!r} is a file, not a directory')
@@ -57,7 +62,9 @@ def check_import_dir(
         check_apart(workdir, setting, hf_dir, 'the HF directory')
     if checkpoint_entries(workdir):
         raise FileExistsError(f'{setting}: {workdir} already holds checkpoints; choose a new one')
-    if not overwrite:
+    if overwrite:
+        check_replaceable(workdir, setting, option)
+    else:
         _check_empty(workdir, setting, option, ignore=('checkpoints',))  # unfinished saves only
 
 

@@ -28,7 +28,7 @@ __all__, __getattr__, __dir__ = public_face(
         'sweep_status': ('progress',),
         'sweep_ensemble': ('check_ensembles_divide', 'seed_runs'),
         'fairness': ('MATCHES',),
-        'sweep_summary': ('summarise as summarise_sweep',),
+        'sweep_summary': ('check_not_sweep_file', 'summarise as summarise_sweep'),
         'ablation_arms': ('Ablation', 'base_config'),
         'ablation': (
             'check_configs as check_ablation',

@@ -62,16 +62,50 @@ def _evaluate(run: Run, split: str, step: Callable, params, stop: StopRequest | 
     )
 
 
+SEED_COLUMNS = ('point', 'seed', 'eval_loss')  # what summary_seeds.csv holds, at least
+
+
 def sweep_seeds(sweep_dir: str) -> list[dict]:
-    """The sweep's per-seed losses (<sweep_dir>/summary_seeds.csv) as rows arm, seed, eval_loss."""
+    """The sweep's per-seed losses (<sweep_dir>/summary_seeds.csv) as rows arm, seed, eval_loss;
+    a one-line error naming the file for one without `SEED_COLUMNS`, without rows, or with a
+    seed that is not a whole number or a loss that is not a number."""
     path = os.path.join(sweep_dir, 'summary_seeds.csv')
     if not os.path.isfile(path):
         raise FileNotFoundError(f'--sweep_dir: {path} does not exist (run the sweep first)')
-    with open(path, newline='') as f:
-        return [
-            {'arm': r['point'], 'seed': int(r['seed']), 'eval_loss': float(r['eval_loss'])}
-            for r in csv.DictReader(f)
-        ]
+    expected = f'expected the header {",".join(SEED_COLUMNS)} and a row per finished run'
+    rerun = 'repeating the sweep command rewrites it'
+    rows = []
+    with open(path, newline='', errors='replace') as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        if missing := [c for c in SEED_COLUMNS if c not in header]:
+            got = f'has the header {",".join(header)}, without {",".join(missing)}'
+            raise ValueError(
+                f'--sweep_dir: {path} {got if header else "is empty"}: {expected}; {rerun}'
+            )
+        for r in reader:
+            rows.append(_seed_row(r, f'{path} line {reader.line_num}'))
+    if not rows:
+        raise ValueError(f'--sweep_dir: {path} holds no rows: {expected}; {rerun}')
+    return rows
+
+
+def _seed_row(row: dict, where: str) -> dict:
+    """One row of summary_seeds.csv as arm, seed, eval_loss; a one-line error naming `where`
+    (the file and line) for a missing value, a seed that is not a whole number or a loss that
+    is not a number."""
+    if missing := [c for c in SEED_COLUMNS if not row[c]]:  # empty, or the row ends before it
+        raise ValueError(f'--sweep_dir: {where}: no {missing[0]}')
+    point, seed, loss = (row[c] for c in SEED_COLUMNS)
+    try:
+        seed = int(seed)
+    except ValueError:
+        raise ValueError(f'--sweep_dir: {where}: seed {seed!r} is not a whole number') from None
+    try:
+        loss = float(loss)
+    except ValueError:
+        raise ValueError(f'--sweep_dir: {where}: eval_loss {loss!r} is not a number') from None
+    return {'arm': point, 'seed': seed, 'eval_loss': loss}
 
 
 def point_runs(sweep_dir: str, point: str) -> dict[int, str]:

@@ -32,7 +32,7 @@ from lm.model.transformer import check_model_config
 from lm.train.checkpoint import saved_steps
 from lm.train.optimizer import check_train_config
 from lm.train.run import check_loop_config
-from lm.train.workdir import safe_name
+from lm.train.workdir import SWEEP_MARK, safe_name
 
 SHORT = {
     'model.num_heads': 'h',
@@ -310,7 +310,7 @@ def _trainer(config: ml_collections.ConfigDict, command: list[str], tb_dir: str)
 def check_same_fairness(sweep_dir: str, match: str) -> None:
     """Records the sweep's fairness in <sweep_dir>/match; a re-run with another one stops with a
     one-line error."""
-    path = os.path.join(sweep_dir, 'match')
+    path = os.path.join(sweep_dir, SWEEP_MARK)
     if os.path.exists(path):
         with open(path) as f:
             before = f.read().strip()

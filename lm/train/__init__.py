@@ -36,8 +36,13 @@ __all__, __getattr__, __dir__ = public_face(
         'summary': ('Summary', 'check_logdir_owner', 'claim_logdir', 'run_logdir'),
         'interrupt': ('Interrupted', 'StopRequest'),
         'workdir': (
+            'A_RUN',
+            'A_SWEEP',
             'RunError',
             'WorkdirLock',
+            'check_replaceable',
+            'check_train_workdir',
+            'directory_kind',
             'remember_tb_dir',
             'remembered_tb_dir',
             'safe_name',

@@ -27,6 +27,8 @@ LOCK_NAME = '.lock'
 RUN_FILES = 'hf'  # <workdir>/hf: the side files a run keeps (an import's tokenizer, config.json)
 RUN_TOKENIZER = os.path.join(RUN_FILES, 'tokenizer.json')  # the run's own tokenizer, if any
 TB_FILE = 'tensorboard.json'  # the shared TensorBoard directory the run was trained with
+SWEEP_MARK = 'match'  # the file scripts/sweep.py marks a sweep directory with (its fairness)
+A_RUN, A_SWEEP = 'a training run', 'a sweep directory'  # the kinds `directory_kind` tells
 
 # Config keys (or whole sections, ending in '.') that may change when a run resumes: they set
 # how long it trains, how often it logs / evaluates / saves, where caches go, how devices are
@@ -82,6 +84,50 @@ def check_apart(path: str, setting: str, other: str, other_name: str) -> None:
     if common in (mine, theirs):
         where = 'is' if mine == theirs else 'is inside' if common == theirs else 'holds'
         raise ValueError(f'{setting}={path!r} {where} {other_name} {other!r}')
+
+
+def directory_kind(path: str) -> str:
+    """What directory `path` is: `A_RUN` (it holds checkpoints/), `A_SWEEP` (it holds
+    `SWEEP_MARK`, written when scripts/sweep.py starts), else ''."""
+    if os.path.isdir(os.path.join(path, 'checkpoints')):
+        return A_RUN
+    return A_SWEEP if os.path.isfile(os.path.join(path, SWEEP_MARK)) else ''
+
+
+def check_replaceable(path: str, setting: str, option: str) -> None:
+    """One-line ValueError when directory `path`, which `option` would replace whole, is or
+    holds anywhere below it a training run or a sweep directory (`directory_kind`)."""
+    for top, dirs, _ in os.walk(path):
+        if kind := directory_kind(top):
+            what = f'is {kind}' if top == path else f'holds {kind}, {top}'
+            raise ValueError(
+                f'{setting}={path!r} {what}; {option} replaces it whole and would delete it: '
+                'choose another directory'
+            )
+        dirs.sort()
+
+
+def check_train_workdir(path: str, setting: str = '--workdir') -> None:
+    """One-line ValueError when `path` cannot be a run's own directory: a sweep directory, or
+    a directory in (or being) another run's checkpoints/. Object stores (gs://...) pass."""
+    if '://' in path:
+        return
+    if directory_kind(path) == A_SWEEP:
+        raise ValueError(
+            f'{setting}={path!r} is {A_SWEEP}, not a run; train each run in a directory of its '
+            'own (a sweep trains its runs in its subdirectories)'
+        )
+    mine = os.path.realpath(path)
+    parent = os.path.dirname(mine)
+    while parent != os.path.dirname(parent):
+        checkpoints = os.path.join(parent, 'checkpoints')
+        if os.path.commonpath([mine, checkpoints]) == checkpoints and os.path.isdir(checkpoints):
+            where = 'is' if mine == checkpoints else 'is inside'
+            raise ValueError(
+                f'{setting}={path!r} {where} the checkpoints directory of the run {parent}; '
+                'give the new run a directory of its own'
+            )
+        parent = os.path.dirname(parent)
 
 
 def _with_tokenizer(saved: dict, tokenizer: str) -> dict:
