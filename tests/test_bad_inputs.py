@@ -770,6 +770,35 @@ EARLY = [
         lambda c: [f'--workdir={c.mqar}', '--prompt=-2 5'],
         r"'-2' is not a symbol id",
     ),
+    (
+        'train_recall_source_with_a_bad_sampling',
+        TRAIN,
+        lambda c: [
+            f'--config={ROOT / "configs" / "recall" / "mqar.py"}',
+            f'--workdir={c.root}/mqar_new',
+            '--config.data.sampling=bogus',
+        ],
+        r"^error: config\.data\.sampling must be one of \('random', 'epochs'\), got 'bogus'",
+    ),
+    (
+        'train_recall_source_with_a_text_setting',
+        TRAIN,
+        lambda c: [
+            f'--config={ROOT / "configs" / "recall" / "mqar.py"}',
+            f'--workdir={c.root}/mqar_new',
+            '--config.data.val_fraction=0.5',
+        ],
+        r"config\.data\.val_fraction=0\.5 does nothing for source='mqar'",
+    ),
+    *[
+        (
+            f'generate_seed_{name}',
+            GENERATE,
+            lambda c, seed=seed: [f'--workdir={c.mqar}', '--prompt=1 5', f'--seed={seed}'],
+            rf'^error: --seed must be an integer in \[0, 2\*\*32\), got {seed}$',
+        )
+        for name, seed in (('past_2_32', 2**32), ('negative', -1))
+    ],
 ]
 
 
