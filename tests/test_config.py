@@ -80,6 +80,22 @@ def test_bad_config_raises_named_error(overrides, message):
         model_config(tiny_config(**overrides).model)
 
 
+@pytest.mark.parametrize(
+    'name,value',
+    [('rope_scaling_factor', 2.0), ('rope_low_freq_factor', 2.0), ('rope_original_max_len', 4096)],
+)
+def test_llama3_knobs_without_rope_scaling_are_refused(name, value):
+    """A llama3 knob changed while rope_scaling is '' would do nothing: refused for a new run,
+    taken with rope_scaling='llama3'; a saved run's config loads as it was."""
+    from lm.train.run import check_config
+
+    config = with_values(tiny_config(attention='mha'), {f'model.{name}': value})
+    with pytest.raises(ValueError, match=rf'^config.model.{name}={value} does nothing with '):
+        check_config(config)
+    check_config(config, saved=True)
+    check_config(with_values(config, {'model.rope_scaling': 'llama3'}))
+
+
 def test_unknown_and_missing_keys():
     config = tiny_config()
     config.model.unlock()

@@ -19,7 +19,6 @@ where the fingerprint covers the source's contents and the tokenizer.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -29,7 +28,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from lm.config import BASE, load_config_file
+from lm.config import base_values
 from lm.data.cache import SPLITS, Piece, exclusive, load_or_build
 from lm.data.files import stdlib_source, text_paths, text_source
 from lm.data.parts import check_split_config, split_corpus
@@ -173,7 +172,7 @@ def _check_recall_ignores(data: ml_collections.ConfigDict) -> None:
     """A recall source generates its rows and symbols: a RECALL_IGNORES setting away from
     configs/base.py's value is refused (it would do nothing); this machine's own settings
     (RECALL_IGNORES_LOCAL, which a user may give every run) are warned about in one line."""
-    base = base_data()
+    base = base_values('data')
     for key in RECALL_IGNORES:
         if data[key] != base[key]:
             raise ValueError(
@@ -188,12 +187,6 @@ def _check_recall_ignores(data: ml_collections.ConfigDict) -> None:
             ', '.join(local),
             data.source,
         )
-
-
-@functools.cache
-def base_data() -> dict:
-    """configs/base.py's `config.data` values."""
-    return load_config_file(BASE).data.to_dict()
 
 
 @dataclasses.dataclass

@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 from lm.config_migration import upgrade_config
 from lm.data.corpus import Corpus, check_corpus_size, check_data_config, load_corpus
 from lm.data.recall import TASKS
-from lm.model.config import ModelConfig
+from lm.model.config import ModelConfig, check_idle_rope_knobs
 from lm.model.transformer import check_model_config, model_config
 from lm.sharding import (
     check_cpu_devices,
@@ -182,6 +182,7 @@ def check_config(
     parse_xla_options(config.train.xla_options)  # its form; `assemble` checks the names
     check_data_config(config.data)
     check_model_config(config.model)  # model errors before reading any data
+    check_idle_rope_knobs(config.model)
     check_cpu_devices(config.mesh)
     if config.model.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
         raise ValueError(
