@@ -515,6 +515,8 @@ GET_POINTS = {  # sweep files: the body of get_points()
     'get_points_raises': 'return 1 / 0',
     'point_value_of_another_type': "return [{'name': 'a', 'model.num_heads': 'x'}]",
     'point_named_pareto': "return [{'name': 'pareto'}]",
+    'kv_points': "return [{'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0}, "
+    "{'name': 'gqa2', 'model.attention': 'gqa', 'model.num_kv_heads': 2}]",
 }
 
 
@@ -799,6 +801,42 @@ EARLY = [
         )
         for name, seed in (('past_2_32', 2**32), ('negative', -1))
     ],
+    (
+        'sweep_override_of_a_key_a_point_sets',
+        SWEEP,
+        lambda c: [
+            f'--config={c.root}/kv_points.py',
+            f'--sweep_dir={c.root}/sw',
+            '--points=mha,gqa2',
+            '--config.model.num_kv_heads=1',
+        ],
+        r'^error: --config\.model\.num_kv_heads: sweep point mha sets model\.num_kv_heads=0 '
+        r'itself, so the override would do nothing',
+    ),
+    (
+        'sweep_override_of_a_grid_key',
+        SWEEP,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            f'--sweep_dir={c.root}/sw',
+            '--grid=train.lr=1e-3,2e-3',
+            '--config.train.lr=5e-3',
+        ],
+        r"^error: --config\.train\.lr: --grid sets train\.lr too, and the grid's values",
+    ),
+    (
+        'sweep_named_point_that_cannot_run',
+        SWEEP,
+        lambda c: [
+            f'--config={c.root}/kv_points.py',
+            f'--sweep_dir={c.root}/sw',
+            '--points=mha,gqa2',
+            '--config.model.num_heads=3',
+            '--config.model.head_dim=8',
+        ],
+        r'^error: --points: gqa2 cannot run: config\.model\.num_heads=3 must be divisible by '
+        r'num_kv_heads=2',
+    ),
 ]
 
 
