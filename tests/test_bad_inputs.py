@@ -837,6 +837,19 @@ EARLY = [
         r'^error: --points: gqa2 cannot run: config\.model\.num_heads=3 must be divisible by '
         r'num_kv_heads=2',
     ),
+    (
+        'uptrain_fraction_rounds_to_no_step',  # the run has 4 steps: 0.05 x 4 rounds to 0
+        UPTRAIN,
+        lambda c: [f'--src={c.run}', f'--dst={c.root}/up0', '--num_kv_heads=2'],
+        r"^error: --fraction=0\.05 of the source's 4 steps rounds to 0 uptraining steps, so "
+        r'train\.py would train nothing: set a larger --fraction or --steps >= 1$',
+    ),
+    (
+        'uptrain_no_step',
+        UPTRAIN,
+        lambda c: [f'--src={c.run}', f'--dst={c.root}/up0', '--num_kv_heads=2', '--steps=0'],
+        r'^error: --steps=0 leaves nothing to uptrain: set it >= 1$',
+    ),
 ]
 
 
