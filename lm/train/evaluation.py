@@ -36,11 +36,6 @@ def check_eval_config(config: ml_collections.ConfigDict, data_parallel: int) -> 
         if config[name] < 0:
             raise ValueError(f'config.{name} must be >= 0, got {config[name]}')
     tokens, seq_len = config.eval_tokens, config.data.seq_len
-    if 0 < tokens <= seq_len:  # as eval.py's --eval_tokens
-        raise ValueError(
-            f'config.eval_tokens={tokens}: expected 0 (the whole split) or more than one window '
-            f'of config.data.seq_len={seq_len} tokens (the standard error is over windows)'
-        )
     if tokens and config.data.source in TASKS:  # a warning: settings shared with text runs
         logging.warning(
             'config.eval_tokens=%d is ignored: source=%r scores config.data.recall_eval_examples'
@@ -48,6 +43,11 @@ def check_eval_config(config: ml_collections.ConfigDict, data_parallel: int) -> 
             tokens,
             config.data.source,
             config.data.recall_eval_examples,
+        )
+    elif 0 < tokens <= seq_len:  # as eval.py's --eval_tokens
+        raise ValueError(
+            f'config.eval_tokens={tokens}: expected 0 (the whole split) or more than one window '
+            f'of config.data.seq_len={seq_len} tokens (the standard error is over windows)'
         )
     size = eval_batch_size(config)
     if size % data_parallel or size % jax.process_count():
