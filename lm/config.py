@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import importlib.util
 import inspect
 import os
@@ -25,6 +26,16 @@ from lm.config_migration import ADDED_KEYS, fill_added_keys
 BASE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'base.py'
 )
+
+
+@functools.cache
+def _base_dict() -> dict:
+    return load_config_file(BASE).to_dict()
+
+
+def base_values(section: str) -> dict:
+    """configs/base.py's `config.<section>` values (a copy), e.g. to tell a changed setting."""
+    return copy.deepcopy(_base_dict()[section])
 
 
 def load_config_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:

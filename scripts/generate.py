@@ -25,7 +25,7 @@ from lm.convert import max_position
 from lm.data import Tokenizer, load_tokenizer
 from lm.infer import Decoder, parse_sampling
 from lm.model import DECODE_KERNELS, KV_CACHE_DTYPES, check_decode_backend
-from lm.train import StopRequest, assemble, check_finite, stored_config
+from lm.train import StopRequest, assemble, check_finite, check_seed, stored_config
 
 DEFAULT_NEW = 200  # --max_new_tokens when not given: at most this many (what the context leaves)
 
@@ -50,7 +50,7 @@ _SAMPLING = flags.DEFINE_string(
     'temperature=0.8,top_k=40',
     "'greedy' or name=value pairs of temperature, top_k, top_p.",
 )
-_SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed, in [0, 2**32).')
 _STOP = flags.DEFINE_bool('stop_at_eos', True, 'Stop a row at the end-of-text token.')
 _KV_DTYPE = flags.DEFINE_enum(
     'kv_cache_dtype',
@@ -183,6 +183,7 @@ def run() -> int:
     check_prompts(prompts)
     if _MAX_NEW.value is not None and _MAX_NEW.value <= 0:
         raise ValueError(f'--max_new_tokens must be > 0, got {_MAX_NEW.value}')
+    check_seed(_SEED.value, '--seed')
     sampling = parse_sampling(_SAMPLING.value)
     config = stored_config(_WORKDIR.value, step=_STEP.value)
     tokenizer = load_tokenizer(config.data)

@@ -51,6 +51,7 @@ from lm.experiments import (
     check_ensembles_divide,
     check_same_fairness,
     check_specs,
+    check_sweep_overrides,
     combine,
     file_points,
     load_sweep_file,
@@ -163,7 +164,10 @@ def run() -> int:
     match = sweep_match(module, _MATCH.value)
     base = _CONFIG.value
     chosen = file_points(module, _POINTS.value)
-    points = combine(chosen, parse_grid(base, _GRID.value))
+    grid = parse_grid(base, _GRID.value)
+    overridden = list(config_flags.get_override_values(flags.FLAGS['config']))
+    check_sweep_overrides(overridden, chosen, grid)
+    points = combine(chosen, grid)
     train = [sys.executable, TRAIN]
     loop = {'vmapped': False, 'looped': True}.get(_PROGRAM.value)
     devices = runs_devices() if _ENSEMBLE.value else None  # what each run's process gets
@@ -181,6 +185,7 @@ def run() -> int:
         _GROUPS.value,
         loop,
         [sys.executable, SPLIT],
+        chosen=bool(_POINTS.value),
     )
     if _STATUS.value:
         print('\n'.join(progress(specs, sweep_dir)))

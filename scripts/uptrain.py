@@ -189,9 +189,13 @@ def run() -> int:
         check_logdir_owner(_DST.value, tb_dir, '--dst')
         with StopRequest() as stop:  # SIGTERM / SIGINT: stop the conversion, write nothing
             if source.train.ensemble:  # each member, as its own checkpoint: <dst>_s<seed>
-                written = convert_ensemble(_SRC.value, conversion, _DST.value, stop)
+                written = convert_ensemble(
+                    _SRC.value, conversion, _DST.value, stop, need_steps=True
+                )
             else:
-                config = convert_checkpoint(_SRC.value, conversion, _DST.value, stop)
+                config = convert_checkpoint(
+                    _SRC.value, conversion, _DST.value, stop, need_steps=True
+                )
                 written = [(_DST.value, config)]
     except USER_ERRORS as e:
         raise type(e)(with_flags(str(e))) from None

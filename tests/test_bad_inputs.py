@@ -669,6 +669,8 @@ GET_POINTS = {  # sweep files: the body of get_points()
     'get_points_raises': 'return 1 / 0',
     'point_value_of_another_type': "return [{'name': 'a', 'model.num_heads': 'x'}]",
     'point_named_pareto': "return [{'name': 'pareto'}]",
+    'kv_points': "return [{'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0}, "
+    "{'name': 'gqa2', 'model.attention': 'gqa', 'model.num_kv_heads': 2}]",
 }
 
 
@@ -933,6 +935,84 @@ EARLY = [
         GENERATE,
         lambda c: [f'--workdir={c.mqar}', '--prompt=-2 5'],
         r"'-2' is not a symbol id",
+    ),
+    (
+        'train_recall_source_with_a_bad_sampling',
+        TRAIN,
+        lambda c: [
+            f'--config={ROOT / "configs" / "recall" / "mqar.py"}',
+            f'--workdir={c.root}/mqar_new',
+            '--config.data.sampling=bogus',
+        ],
+        r"^error: config\.data\.sampling must be one of \('random', 'epochs'\), got 'bogus'",
+    ),
+    (
+        'train_recall_source_with_a_text_setting',
+        TRAIN,
+        lambda c: [
+            f'--config={ROOT / "configs" / "recall" / "mqar.py"}',
+            f'--workdir={c.root}/mqar_new',
+            '--config.data.val_fraction=0.5',
+        ],
+        r"config\.data\.val_fraction=0\.5 does nothing for source='mqar'",
+    ),
+    *[
+        (
+            f'generate_seed_{name}',
+            GENERATE,
+            lambda c, seed=seed: [f'--workdir={c.mqar}', '--prompt=1 5', f'--seed={seed}'],
+            rf'^error: --seed must be an integer in \[0, 2\*\*32\), got {seed}$',
+        )
+        for name, seed in (('past_2_32', 2**32), ('negative', -1))
+    ],
+    (
+        'sweep_override_of_a_key_a_point_sets',
+        SWEEP,
+        lambda c: [
+            f'--config={c.root}/kv_points.py',
+            f'--sweep_dir={c.root}/sw',
+            '--points=mha,gqa2',
+            '--config.model.num_kv_heads=1',
+        ],
+        r'^error: --config\.model\.num_kv_heads: sweep point mha sets model\.num_kv_heads=0 '
+        r'itself, so the override would do nothing',
+    ),
+    (
+        'sweep_override_of_a_grid_key',
+        SWEEP,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            f'--sweep_dir={c.root}/sw',
+            '--grid=train.lr=1e-3,2e-3',
+            '--config.train.lr=5e-3',
+        ],
+        r"^error: --config\.train\.lr: --grid sets train\.lr too, and the grid's values",
+    ),
+    (
+        'sweep_named_point_that_cannot_run',
+        SWEEP,
+        lambda c: [
+            f'--config={c.root}/kv_points.py',
+            f'--sweep_dir={c.root}/sw',
+            '--points=mha,gqa2',
+            '--config.model.num_heads=3',
+            '--config.model.head_dim=8',
+        ],
+        r'^error: --points: gqa2 cannot run: config\.model\.num_heads=3 must be divisible by '
+        r'num_kv_heads=2',
+    ),
+    (
+        'uptrain_fraction_rounds_to_no_step',  # the run has 4 steps: 0.05 x 4 rounds to 0
+        UPTRAIN,
+        lambda c: [f'--src={c.run}', f'--dst={c.root}/up0', '--num_kv_heads=2'],
+        r"^error: --fraction=0\.05 of the source's 4 steps rounds to 0 uptraining steps, so "
+        r'train\.py would train nothing: set a larger --fraction or --steps >= 1$',
+    ),
+    (
+        'uptrain_no_step',
+        UPTRAIN,
+        lambda c: [f'--src={c.run}', f'--dst={c.root}/up0', '--num_kv_heads=2', '--steps=0'],
+        r'^error: --steps=0 leaves nothing to uptrain: set it >= 1$',
     ),
 ]
 

@@ -80,6 +80,22 @@ def test_bad_config_raises_named_error(overrides, message):
         model_config(tiny_config(**overrides).model)
 
 
+@pytest.mark.parametrize(
+    'name,value',
+    [('rope_scaling_factor', 2.0), ('rope_low_freq_factor', 2.0), ('rope_original_max_len', 4096)],
+)
+def test_llama3_knobs_without_rope_scaling_are_refused(name, value):
+    """A llama3 knob changed while rope_scaling is '' would do nothing: refused for a new run,
+    taken with rope_scaling='llama3'; a saved run's config loads as it was."""
+    from lm.train.run import check_config
+
+    config = with_values(tiny_config(attention='mha'), {f'model.{name}': value})
+    with pytest.raises(ValueError, match=rf'^config.model.{name}={value} does nothing with '):
+        check_config(config)
+    check_config(config, saved=True)
+    check_config(with_values(config, {'model.rope_scaling': 'llama3'}))
+
+
 def test_unknown_and_missing_keys():
     config = tiny_config()
     config.model.unlock()
@@ -266,6 +282,24 @@ def test_hparams_and_config_text_show_only_the_active_variants_section():
             {'train.ensemble': 2, 'train.ensemble_lr': '1e-3,1e-2', 'train.min_lr': 2e-3},
             r'^config.train: member 0 of the ensemble would decay from lr 0.001 up to min_lr',
         ),
+        (
+            {'train.steps': 3, 'train.ramp_steps': 5, 'train.ramp_start': 1000},
+            r'^config.train.ramp_start=1000 \(ramp_steps=5\) must be < train.steps - 1 = 2: .*'
+            r'the learning rate is 0 at every step of the run \(0 .. 2\)$',
+        ),
+        (
+            {'train.steps': 3, 'train.ramp_steps': 5, 'train.ramp_start': 2},
+            r'^config.train.ramp_start=2 .* the learning rate is 0 at every step',
+        ),
+        (
+            {'train.steps': 3, 'train.warmup_steps': 1, 'train.schedule_start': 100},
+            r'^config.train.schedule_start=100 \(warmup_steps=1\) must be < train.steps - 1 = 2,'
+            r' or warmup_steps 0: .* the learning rate is 0 at every step of the run',
+        ),
+        (
+            {'train.steps': 1, 'train.warmup_steps': 100},
+            r'^config.train.schedule_start=0 \(warmup_steps=100\) .* is 0 at every step',
+        ),
     ],
 )
 def test_schedule_and_optimizer_settings_out_of_range_are_refused(overrides, message):
@@ -284,16 +318,40 @@ def test_schedule_and_optimizer_settings_out_of_range_are_refused(overrides, mes
 @pytest.mark.parametrize(
     'overrides,warned',
     [
-        ({'train.steps': 50, 'train.warmup_steps': 100}, 'warmup_steps=100 (from step 0) ends'),
+        (
+            {'train.steps': 50, 'train.warmup_steps': 100},
+            'warmup_steps=100 (from step 0) ends after the last step 50: the rate rises only to '
+            '0.49 of lr=0.001, at the last update (step 49)',
+        ),
         ({'train.steps': 900, 'train.warmup_steps': 100, 'train.schedule_start': 850}, 'ends'),
+        (
+            {
+                'train.steps': 10,
+                'train.warmup_steps': 0,
+                'train.ramp_steps': 5,
+                'train.ramp_start': 7,
+            },
+            'ramp_steps=5 (from step 7) ends after the last step 10: the rate is scaled only by '
+            '0.4 at the last update (step 9)',
+        ),
+        (
+            {
+                'train.steps': 10,
+                'train.warmup_steps': 0,
+                'train.ramp_steps': 5,
+                'train.ramp_start': 5,
+            },
+            None,  # full at step 10
+        ),
         ({'train.steps': 900, 'train.warmup_steps': 100, 'train.decay_steps': 50}, 'cut to one'),
         ({'train.steps': 100, 'train.warmup_steps': 100}, None),  # peak at the last step
         ({'train.steps': 0, 'train.warmup_steps': 100}, None),  # evaluate only
     ],
 )
 def test_a_schedule_whose_warmup_outlasts_the_run_is_warned_about(overrides, warned, caplog):
-    """Legal but likely not meant: a warmup that ends after the last step (lr never reached;
-    tiny runs with the base config's 100 warmup steps), a decay that ends before the warmup."""
+    """Legal but likely not meant: a warmup or ramp that ends after the last step (lr never
+    reached; tiny runs with the base config's 100 warmup steps), a decay that ends before the
+    warmup."""
     from lm.config import with_values
     from lm.train.optimizer import warn_schedule
 

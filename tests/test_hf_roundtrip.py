@@ -227,7 +227,7 @@ def test_mla_conversion_of_an_imported_llama_exports(tmp_path, small_text):  # n
         target='mla',
         kv_lora_rank=8,
         qk_rope_head_dim=4,
-        steps=1,
+        steps=2,
         calibration_tokens=64,
         optimizer_state='fresh',
     )

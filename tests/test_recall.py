@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, read_scalars, run_entry, tiny_config
 
 from lm.config import with_values
-from lm.data.corpus import check_corpus_size, load_corpus
+from lm.data.corpus import check_corpus_size, check_data_config, load_corpus
 from lm.data.recall import FILLER, QUESTION, TARGET_FLAG, nth_answer_only
 from lm.train.evaluation import evaluate
 from lm.train.loop import train
@@ -238,6 +238,63 @@ def test_bad_recall_settings_name_their_key(tmp_path):
         source = 'passkey' if 'passkey' in key else 'mqar'
         with pytest.raises(ValueError, match=re.escape(words)):
             load_corpus(recall_config(tmp_path, source, **{key: value}).data)
+
+
+@pytest.mark.parametrize(
+    'key,value,message',
+    [
+        ('data.sampling', 'bogus', r"^config.data.sampling must be one of \('random', 'epochs'\)"),
+        ('data.tokenizer', 'nonexist.json', r"^config.data.tokenizer: 'nonexist.json' is not a"),
+        ('data.num_proc', -1, r'^config.data.num_proc must be an integer >= 0'),
+        ('data.split', 'bogus', r"^config.data.split must be '' or one of"),
+        ('data.val_fraction', 1.5, r'^config.data.val_fraction must be in \(0, 1\), got 1.5$'),
+        (
+            'data.val_fraction',
+            0.5,
+            r"^config.data.val_fraction=0.5 does nothing for source='mqar' \(its rows are "
+            r"generated\): leave it at configs/base.py's 0.1$",
+        ),
+        ('data.sampling', 'epochs', r"^config.data.sampling='epochs' does nothing for source="),
+        ('data.tokenizer', 'bpe', r"^config.data.tokenizer='bpe' does nothing for source="),
+        ('data.path', 'x.txt', r"^config.data.path='x.txt' does nothing for source='mqar'"),
+        ('data.split', 'uptrain', r"^config.data.split='uptrain' does nothing for source="),
+    ],
+)
+def test_a_recall_source_checks_every_data_value_and_refuses_those_it_ignores(
+    tmp_path, key, value, message
+):
+    """Values no source takes are refused for a recall source too; a valid text setting that
+    its generated rows would ignore is refused, not silently dropped."""
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        check_data_config(recall_config(tmp_path, **{key: value}).data)
+
+
+def test_a_recall_source_warns_about_the_machines_data_settings(tmp_path, caplog, monkeypatch):
+    """data.cache_dir, num_proc (this machine's) and eval_tokens, settings that may be given to
+    every run (the doc commands' TINY), are warned about in one line each."""
+    from absl import logging as absl_logging
+
+    from lm.train.evaluation import check_eval_config
+
+    # log_first_n's counts, fresh: another test in this process may have had the warning
+    monkeypatch.setattr(absl_logging, '_log_counter_per_token', {})
+    config = recall_config(tmp_path, **{'data.cache_dir': '/tmp/c', 'data.num_proc': 2})
+    with caplog.at_level('WARNING'):
+        check_data_config(config.data)
+    lines = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+    assert lines == [
+        "config.data.cache_dir='/tmp/c', num_proc=2 ignored: source='mqar' generates its rows "
+        '(nothing is read or cached)'
+    ]
+    for tokens in (64, 5):  # not a window count here: TINY's 64 within passkey's 128 too
+        caplog.clear()
+        with caplog.at_level('WARNING'):
+            check_eval_config(with_values(config, {'eval_tokens': tokens}), 1)
+        lines = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+        assert lines == [
+            f"config.eval_tokens={tokens} is ignored: source='mqar' scores "
+            'config.data.recall_eval_examples=40 examples'
+        ]
 
 
 def test_nth_answer_only_keeps_each_rows_nth_flag():

@@ -206,7 +206,7 @@ def test_cache_summary_words_what_the_cache_holds():
 def test_a_source_without_optimizer_state_is_said_to_have_none(tmp_path):
     """An import's step-0 checkpoint holds no optimizer state: the converted run's is fresh."""
     import_hf(str(FIXTURES / 'llama_mha'), str(tmp_path / 'w'), base_config())
-    options = ConversionOptions(num_kv_heads=1, steps=1)
+    options = ConversionOptions(num_kv_heads=1, steps=2)
     config = convert_checkpoint(str(tmp_path / 'w'), options, str(tmp_path / 'up'))
     assert cache_summary(config) == '1 KV head'
     assert optimizer_state_summary(config) == 'a fresh optimizer state (the source has none)'

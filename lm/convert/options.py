@@ -293,6 +293,24 @@ def check_steps(source_step: int | None, steps: int | None) -> None:
         raise ValueError(f'{_k.steps} must be >= 0, got {steps}')
 
 
+def uptrain_steps(source_step: int, steps: int | None, fraction: float) -> int:
+    """The converted run's uptraining steps: `steps`, else `fraction` of the source's."""
+    return round(fraction * source_step) if steps is None else steps
+
+
+def check_some_steps(source_step: int, steps: int | None, fraction: float) -> None:
+    """One-line error for a conversion to uptrain that would have no uptraining step (train.py
+    would then train nothing): `steps` 0, or `fraction` of the source's steps rounding to 0."""
+    if uptrain_steps(source_step, steps, fraction):
+        return
+    if steps is not None:
+        raise ValueError(f'{_k.steps}=0 leaves nothing to uptrain: set it >= 1')
+    raise ValueError(
+        f"{_k.fraction}={fraction} of the source's {source_step} steps rounds to 0 uptraining "
+        f'steps, so train.py would train nothing: set a larger {_k.fraction} or {_k.steps} >= 1'
+    )
+
+
 def check_uptrain_config(up: ml_collections.ConfigDict) -> None:
     """One-line errors for `config.uptrain` of a run to train: the defaults scripts/uptrain.py
     reads from it later (fraction, warmup_steps, calibration_tokens) and the choices it records

@@ -43,7 +43,9 @@ from lm.convert.options import (
     SCHEDULES,
     ConversionOptions,
     check_conversion,
+    check_some_steps,
     check_steps,
+    uptrain_steps,
 )
 from lm.convert.pool_checkpoint import (
     convert_opt_state,
@@ -100,7 +102,7 @@ def uptrain_config(
     if up.schedule not in SCHEDULES:
         raise ValueError(f'config.uptrain.schedule must be one of {SCHEDULES}, got {up.schedule!r}')
     check_steps(source_step, steps)
-    steps = round(up.fraction * source_step) if steps is None else steps
+    steps = uptrain_steps(source_step, steps, up.fraction)
     if up.schedule == 'continue':
         # the source's horizon; a step-0 source (an import) has none: decay over this run
         train.decay_steps = (train.decay_steps or train.steps) if source_step else 0
@@ -122,6 +124,7 @@ def convert_checkpoint(
     workdir: str,
     stop: StopRequest | None = None,
     member: int | None = None,
+    need_steps: bool = False,
 ) -> ml_collections.ConfigDict:
     """Converts `source_workdir`'s checkpoint as `options` say and writes it as a new run in
     `workdir` whose first checkpoint is at the source's step (config from `uptrain_config`);
@@ -130,12 +133,20 @@ def convert_checkpoint(
     (`WorkdirLock`); the checkpoint is built beside its place and moved in when complete, so a
     failure leaves `workdir` as it was. A signal `stop` sees during the conversion raises
     `Interrupted` at once (nothing is written yet); the writing, brief, is let finish. A
-    `workdir` that is the source's, lies inside it or holds it is refused first."""
+    `workdir` that is the source's, lies inside it or holds it is refused first. `need_steps`
+    (scripts/uptrain.py, whose run is to be uptrained): no uptraining step is refused too
+    (`alpha` 0 of the ablation converts only)."""
     stop = stop or StopRequest()  # never entered: records nothing, stops nothing
     check_apart(workdir, WORKDIR, source_workdir, SOURCE)
     latest = read_latest_meta(source_workdir)
     step = options.source_step
-    check_steps(step if step is not None else latest and latest['data_step'], options.steps)
+    source_step = step if step is not None else latest and latest['data_step']
+    check_steps(source_step, options.steps)
+    if need_steps and source_step is not None:
+        fraction = options.fraction
+        if fraction is None:  # the source's own (its latest config: a bad `step` is said later)
+            fraction = stored_config(source_workdir, SOURCE).uptrain.fraction
+        check_some_steps(source_step, options.steps, fraction)
     with WorkdirLock(workdir, WORKDIR):
         dst_ckpts = os.path.join(workdir, 'checkpoints')
         if checkpoint_entries(workdir):

@@ -34,11 +34,13 @@ def convert_ensemble(
     options: ConversionOptions,
     workdir: str,
     stop: StopRequest | None = None,
+    need_steps: bool = False,
 ) -> list[tuple[str, ml_collections.ConfigDict]]:
     """[(workdir, config)] of each member of the ensemble in `source_workdir` converted as
     `options` say (`convert_checkpoint` of the member) into its `member_workdirs` directory;
     every one must be free before the first is written. A signal `stop` sees during a
-    conversion stops it before that member is written (the ones before it stay written)."""
+    conversion stops it before that member is written (the ones before it stay written).
+    `need_steps`: as `convert_checkpoint`'s."""
     workdirs = member_workdirs(source_workdir, options.source_step, workdir)
     if not workdirs:
         raise ValueError(f'{SOURCE}={source_workdir} is not an ensemble (config.train.ensemble=0)')
@@ -50,6 +52,6 @@ def convert_ensemble(
             'a new directory'
         )
     return [
-        (w, convert_checkpoint(source_workdir, options, w, stop, member=i))
+        (w, convert_checkpoint(source_workdir, options, w, stop, member=i, need_steps=need_steps))
         for i, w in enumerate(workdirs)
     ]

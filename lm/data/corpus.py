@@ -28,6 +28,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from lm.config import base_values
 from lm.data.cache import SPLITS, Piece, exclusive, load_or_build
 from lm.data.files import stdlib_source, text_paths, text_source
 from lm.data.parts import check_split_config, split_corpus
@@ -51,6 +52,31 @@ SOURCES = ('stdlib', 'text', 'hf', *TASKS)
 DECODE_ERRORS = ('strict', 'replace')
 HF_SAMPLE_BY = ('line', 'paragraph', 'document')
 SAMPLINGS = ('random', 'epochs')
+# config.data keys a recall source never reads (text files, held-out share, parts, Hugging
+# Face, tokenizer, window sampling), and those of them that are this machine's own.
+RECALL_IGNORES = (
+    'path',
+    'decode_errors',
+    'val_fraction',
+    'split',
+    'uptrain_fraction',
+    'heldout_fraction',
+    'split_layout',
+    'split_block',
+    'hf_name',
+    'hf_config',
+    'hf_split',
+    'hf_eval_split',
+    'hf_text_column',
+    'hf_sample_by',
+    'hf_streaming',
+    'hf_max_docs',
+    'tokenizer',
+    'eos_token',
+    'bpe_vocab_size',
+    'sampling',
+)
+RECALL_IGNORES_LOCAL = ('cache_dir', 'num_proc')
 
 
 @dataclasses.dataclass
@@ -82,32 +108,14 @@ def cache_dir(data: ml_collections.ConfigDict) -> str:
 
 
 def check_data_config(data: ml_collections.ConfigDict) -> None:
-    """One-line errors for bad data settings, before anything is read or compiled."""
+    """One-line errors for bad data settings, before anything is read or compiled: every value
+    is checked whatever the source; a recall source also refuses the text settings it ignores."""
     if data.source not in SOURCES:
         raise ValueError(f'config.data.source must be one of {SOURCES}, got {data.source!r}')
-    if not 0 < data.val_fraction < 1:
-        raise ValueError(f'config.data.val_fraction must be in (0, 1), got {data.val_fraction}')
-    if data.seq_len <= 0:
-        raise ValueError(f'config.data.seq_len must be > 0, got {data.seq_len}')
+    _check_values(data)
     if data.source in TASKS:
-        return check_recall_config(data)
-    if data.decode_errors not in DECODE_ERRORS:
-        raise ValueError(
-            f'config.data.decode_errors must be one of {DECODE_ERRORS}, got {data.decode_errors!r}'
-        )
-    if data.hf_sample_by not in HF_SAMPLE_BY:
-        raise ValueError(
-            f'config.data.hf_sample_by must be one of {HF_SAMPLE_BY}, got {data.hf_sample_by!r}'
-        )
-    if data.sampling not in SAMPLINGS:
-        raise ValueError(f'config.data.sampling must be one of {SAMPLINGS}, got {data.sampling!r}')
-    num = data.num_proc
-    if isinstance(num, bool) or not isinstance(num, int) or num < 0:
-        raise ValueError(
-            f'config.data.num_proc must be an integer >= 0 (0 = every CPU, up to 16), got {num!r}'
-        )
-    check_tokenizer_config(data)
-    check_split_config(data)
+        check_recall_config(data)
+        return _check_recall_ignores(data)
     if data.source == 'text':
         if not text_paths(data):
             raise ValueError("config.data.path must name at least one text file for source='text'")
@@ -126,8 +134,6 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
                 raise ValueError(f'config.data.path: {path!r} is empty')
     if data.source == 'hf' and not data.hf_name:
         raise ValueError("config.data.hf_name must be set for source='hf'")
-    if data.hf_max_docs < 0:
-        raise ValueError(f'config.data.hf_max_docs must be >= 0 (0 = all), got {data.hf_max_docs}')
     if data.source == 'stdlib' and data.path:
         logging.log_first_n(
             logging.WARNING,
@@ -135,6 +141,51 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
             "files (set config.data.source='text' to train on it)",
             1,
             data.path,
+        )
+
+
+def _check_values(data: ml_collections.ConfigDict) -> None:
+    """One-line errors for data values no source takes (the tokenizer's file must exist)."""
+    if not 0 < data.val_fraction < 1:
+        raise ValueError(f'config.data.val_fraction must be in (0, 1), got {data.val_fraction}')
+    if data.seq_len <= 0:
+        raise ValueError(f'config.data.seq_len must be > 0, got {data.seq_len}')
+    for key, allowed in (
+        ('decode_errors', DECODE_ERRORS),
+        ('hf_sample_by', HF_SAMPLE_BY),
+        ('sampling', SAMPLINGS),
+    ):
+        if data[key] not in allowed:
+            raise ValueError(f'config.data.{key} must be one of {allowed}, got {data[key]!r}')
+    num = data.num_proc
+    if isinstance(num, bool) or not isinstance(num, int) or num < 0:
+        raise ValueError(
+            f'config.data.num_proc must be an integer >= 0 (0 = every CPU, up to 16), got {num!r}'
+        )
+    if data.hf_max_docs < 0:
+        raise ValueError(f'config.data.hf_max_docs must be >= 0 (0 = all), got {data.hf_max_docs}')
+    check_tokenizer_config(data)
+    check_split_config(data)
+
+
+def _check_recall_ignores(data: ml_collections.ConfigDict) -> None:
+    """A recall source generates its rows and symbols: a RECALL_IGNORES setting away from
+    configs/base.py's value is refused (it would do nothing); this machine's own settings
+    (RECALL_IGNORES_LOCAL, which a user may give every run) are warned about in one line."""
+    base = base_values('data')
+    for key in RECALL_IGNORES:
+        if data[key] != base[key]:
+            raise ValueError(
+                f'config.data.{key}={data[key]!r} does nothing for source={data.source!r} (its '
+                f"rows are generated): leave it at configs/base.py's {base[key]!r}"
+            )
+    if local := [f'{k}={data[k]!r}' for k in RECALL_IGNORES_LOCAL if data[k] != base[k]]:
+        logging.log_first_n(
+            logging.WARNING,
+            'config.data.%s ignored: source=%r generates its rows (nothing is read or cached)',
+            1,
+            ', '.join(local),
+            data.source,
         )
 
 

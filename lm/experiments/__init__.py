@@ -17,6 +17,7 @@ __all__, __getattr__, __dir__ = public_face(
             'run as run_specs',
         ),
         'sweep': (
+            'check_overrides as check_sweep_overrides',
             'check_same_fairness',
             'combine',
             'fairness as sweep_match',

@@ -184,9 +184,29 @@ def fairness(module: types.ModuleType, match: str = '') -> str:
     return match
 
 
-def _valid_points(base: ml_collections.ConfigDict, points: list[dict]) -> list[tuple]:
+def check_overrides(overridden: list[str], points: list[dict], grid: list[dict]) -> None:
+    """One-line error for a --config.KEY override that the sweep would drop: a KEY that one of
+    the chosen `points` (the sweep file's) sets itself, or that the `grid` sets."""
+    for key in overridden:
+        for named in points:
+            if key in named and key not in ('name', 'seeds'):
+                raise ValueError(
+                    f'--config.{key}: sweep point {named.get("name") or named} sets {key}='
+                    f'{named[key]!r} itself, so the override would do nothing; leave it out, or '
+                    'choose points that leave it to the config (--points)'
+                )
+        if any(key in values for values in grid):
+            raise ValueError(
+                f"--config.{key}: --grid sets {key} too, and the grid's values replace the "
+                'override; give it in one place'
+            )
+
+
+def _valid_points(
+    base: ml_collections.ConfigDict, points: list[dict], chosen: bool = False
+) -> list[tuple]:
     """[(name, point, config)] of the points whose model can be built; a one-line note for each
-    skipped one."""
+    skipped one, or, when the points were `chosen` by name (--points), a one-line error."""
     valid = []
     for named in points:
         point = {k: v for k, v in named.items() if k != 'name'}
@@ -195,6 +215,8 @@ def _valid_points(base: ml_collections.ConfigDict, points: list[dict]) -> list[t
         except (TypeError, ValueError) as e:  # a key the config lacks, a value of another type
             raise ValueError(f'sweep point {named.get("name") or point}: {e}') from None
         if reason := invalid_reason(config):
+            if chosen:
+                raise ValueError(f'--points: {named.get("name") or point} cannot run: {reason}')
             print(f'skipping {named.get("name") or point}: {reason}')
             continue
         name = safe_name(named.get('name') or run_name(point, config), 'sweep point')
@@ -227,6 +249,7 @@ def plan(
     ensemble_groups: int = 1,
     ensemble_loop: bool | None = None,
     split_command: list[str] = (),
+    chosen: bool = False,
 ) -> list[Spec]:
     """A Spec per (point, seed) after skipping invalid points; with match='params', each point's
     mlp_dim brings it within 1% of the MHA point's parameters. A point's 'seeds' overrides
@@ -238,8 +261,9 @@ def plan(
     results as separate training, for the summaries (`seed_runs`, lm.experiments.sweep_ensemble);
     `ensemble_groups` > 1 splits a point's seeds over that many ensembles (lanes that can train at
     once, <point>_g<j>), `ensemble_loop` sets their train.ensemble_loop (None: the config's);
-    `split_command` (scripts/split_ensemble.py) splits the members out, in a process of its own."""
-    valid = _valid_points(base, points)
+    `split_command` (scripts/split_ensemble.py) splits the members out, in a process of its own.
+    `chosen`: the points were named in --points, so an invalid one is refused, not skipped."""
+    valid = _valid_points(base, points, chosen)
     if match == 'params':
         configs = [c for _, _, c in valid]
         matched = match_parameters(

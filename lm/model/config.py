@@ -11,6 +11,8 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 
+from lm.config import base_values
+
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 ATTENTION_IMPLS = ('einsum', 'dot_product', 'cudnn')
 ROPE_SCALINGS = ('', 'llama3')
@@ -25,6 +27,28 @@ FLOAT_KNOBS = (
     'norm_eps',
     'init_std',
 )
+
+
+LLAMA3_KNOBS = (  # read only when rope_scaling = 'llama3'
+    'rope_scaling_factor',
+    'rope_low_freq_factor',
+    'rope_high_freq_factor',
+    'rope_original_max_len',
+)
+
+
+def check_idle_rope_knobs(model: ml_collections.ConfigDict) -> None:
+    """A llama3 scaling knob away from configs/base.py's value while rope_scaling is off would
+    do nothing: one-line error (a new run's config only; saved runs load as they were)."""
+    if model.rope_scaling:
+        return
+    base = base_values('model')
+    for name in LLAMA3_KNOBS:
+        if model[name] != base[name]:
+            raise ValueError(
+                f"config.model.{name}={model[name]} does nothing with rope_scaling='' (plain "
+                f"RoPE): set config.model.rope_scaling='llama3', or leave it at {base[name]}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

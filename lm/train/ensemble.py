@@ -93,6 +93,11 @@ def check_ensemble_config(config: ml_collections.ConfigDict) -> None:
                     f'config.train.{key}={config.train[key]!r} needs an ensemble: '
                     'set config.train.ensemble to its number of rates'
                 )
+        if config.train.ensemble_loop:
+            raise ValueError(
+                'config.train.ensemble_loop=True needs an ensemble (it loops over its members): '
+                'set config.train.ensemble to the member count K, or leave ensemble_loop False'
+            )
         return
     check_member_lrs(config)
     if config.seed + k > 2**32:

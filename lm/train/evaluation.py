@@ -36,7 +36,15 @@ def check_eval_config(config: ml_collections.ConfigDict, data_parallel: int) -> 
         if config[name] < 0:
             raise ValueError(f'config.{name} must be >= 0, got {config[name]}')
     tokens, seq_len = config.eval_tokens, config.data.seq_len
-    if 0 < tokens <= seq_len and config.data.source not in TASKS:  # as eval.py's --eval_tokens
+    if tokens and config.data.source in TASKS:  # a warning: settings shared with text runs
+        logging.warning(
+            'config.eval_tokens=%d is ignored: source=%r scores config.data.recall_eval_examples'
+            '=%d examples',
+            tokens,
+            config.data.source,
+            config.data.recall_eval_examples,
+        )
+    elif 0 < tokens <= seq_len:  # as eval.py's --eval_tokens
         raise ValueError(
             f'config.eval_tokens={tokens}: expected 0 (the whole split) or more than one window '
             f'of config.data.seq_len={seq_len} tokens (the standard error is over windows)'

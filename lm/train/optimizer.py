@@ -112,17 +112,31 @@ def check_train_config(train: ml_collections.ConfigDict) -> None:
 
 
 def warn_schedule(train: ml_collections.ConfigDict) -> None:
-    """One warning line for a schedule that is legal but likely not meant: a warmup that ends
-    after the last step (the rate never reaches lr), or a decay that ends before the warmup."""
+    """One warning line each for a schedule that is legal but likely not meant: a warmup or a
+    ramp that ends after the last step (the last update, at step steps - 1, uses only a share
+    of lr), or a decay that ends before the warmup."""
+    last = train.steps - 1  # the step whose rate the run's last update uses
     peak_at = train.schedule_start + train.warmup_steps
     if 0 < train.steps < peak_at:
         logging.warning(
             'config.train.warmup_steps=%d (from step %d) ends after the last step %d: the rate '
-            'never reaches lr=%g',
+            'rises only to %.3g of lr=%g, at the last update (step %d)',
             train.warmup_steps,
             train.schedule_start,
             train.steps,
+            (last - train.schedule_start) / train.warmup_steps,
             train.lr,
+            last,
+        )
+    if train.ramp_steps and 0 < train.steps < train.ramp_start + train.ramp_steps:
+        logging.warning(
+            'config.train.ramp_steps=%d (from step %d) ends after the last step %d: the rate '
+            'is scaled only by %.3g at the last update (step %d)',
+            train.ramp_steps,
+            train.ramp_start,
+            train.steps,
+            (last - train.ramp_start) / train.ramp_steps,
+            last,
         )
     if train.decay_steps and train.decay_steps < peak_at:
         logging.warning(
@@ -130,6 +144,27 @@ def warn_schedule(train: ml_collections.ConfigDict) -> None:
             'cut to one step',
             train.decay_steps,
             peak_at,
+        )
+
+
+def _check_rate_not_zero(train: ml_collections.ConfigDict) -> None:
+    """One-line errors for a schedule whose rate is 0 at every step the run updates with (0 ..
+    steps - 1): a warmup gives 0 up to its start (schedule_start), a ramp up to ramp_start."""
+    last = train.steps - 1
+    if last < 0:  # evaluate only
+        return
+    if train.ramp_steps and train.ramp_start >= last:
+        raise ValueError(
+            f'config.train.ramp_start={train.ramp_start} (ramp_steps={train.ramp_steps}) must be '
+            f'< train.steps - 1 = {last}: the ramp scales the rate by 0 up to step ramp_start, '
+            f'so the learning rate is 0 at every step of the run (0 .. {last})'
+        )
+    if train.warmup_steps and train.schedule_start >= last:
+        raise ValueError(
+            f'config.train.schedule_start={train.schedule_start} (warmup_steps='
+            f'{train.warmup_steps}) must be < train.steps - 1 = {last}, or warmup_steps 0: the '
+            f'warmup gives rate 0 up to step schedule_start, so the learning rate is 0 at every '
+            f'step of the run (0 .. {last})'
         )
 
 
@@ -151,3 +186,4 @@ def _check_schedule(train: ml_collections.ConfigDict) -> None:
             f'config.train.peak_flops must be >= 0 (FLOP/s per device; 0 = the GPU/TPU table), '
             f'got {train.peak_flops}'
         )
+    _check_rate_not_zero(train)

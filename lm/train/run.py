@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 from lm.config_migration import upgrade_config
 from lm.data.corpus import Corpus, check_corpus_size, check_data_config, load_corpus
 from lm.data.recall import TASKS
-from lm.model.config import ModelConfig
+from lm.model.config import ModelConfig, check_idle_rope_knobs
 from lm.model.transformer import check_model_config, model_config
 from lm.sharding import (
     check_cpu_devices,
@@ -99,15 +99,20 @@ class Run:
         self.close()
 
 
+def check_seed(seed: int, name: str) -> None:
+    """A seed of jax.random.key must be an integer in [0, 2**32): without x64 it reads larger
+    and negative seeds as others (2**32 as 0); `name` (a key or flag) names it in the error."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f'{name} must be an integer in [0, 2**32), got {seed!r}')
+
+
 def check_loop_config(config: ml_collections.ConfigDict) -> None:
     """One-line errors for the loop's intervals, the seed and the loss-spike guard (no JAX:
     train.py checks them before it finds a run already finished)."""
     for name in ('eval_every', 'log_every', 'checkpoint_every', 'keep_checkpoints'):
         if config[name] <= 0:
             raise ValueError(f'config.{name} must be > 0, got {config[name]}')
-    seed = config.seed  # jax.random.key reads 2**32 and above as smaller seeds (no x64)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise ValueError(f'config.seed must be an integer in [0, 2**32), got {seed!r}')
+    check_seed(config.seed, 'config.seed')
     ratio = config.train.max_loss_ratio  # <= 1 stops at the first loss above the median
     if not (ratio == 0 or ratio > 1):  # NaN too
         raise ValueError(f'config.train.max_loss_ratio must be 0 (off) or > 1, got {ratio}')
@@ -177,6 +182,7 @@ def check_config(
     parse_xla_options(config.train.xla_options)  # its form; `assemble` checks the names
     check_data_config(config.data)
     check_model_config(config.model)  # model errors before reading any data
+    check_idle_rope_knobs(config.model)
     check_cpu_devices(config.mesh)
     if config.model.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
         raise ValueError(
