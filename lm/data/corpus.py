@@ -28,7 +28,6 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from lm.config import base_values
 from lm.data.cache import SPLITS, Piece, exclusive, load_or_build
 from lm.data.files import stdlib_source, text_paths, text_source
 from lm.data.parts import check_split_config, split_corpus
@@ -109,13 +108,12 @@ def cache_dir(data: ml_collections.ConfigDict) -> str:
 
 def check_data_config(data: ml_collections.ConfigDict) -> None:
     """One-line errors for bad data settings, before anything is read or compiled: every value
-    is checked whatever the source; a recall source also refuses the text settings it ignores."""
+    is checked whatever the source (`check_idle_data` tells settings a source ignores)."""
     if data.source not in SOURCES:
         raise ValueError(f'config.data.source must be one of {SOURCES}, got {data.source!r}')
     _check_values(data)
     if data.source in TASKS:
-        check_recall_config(data)
-        return _check_recall_ignores(data)
+        return check_recall_config(data)
     if data.source == 'text':
         if not text_paths(data):
             raise ValueError("config.data.path must name at least one text file for source='text'")
@@ -168,11 +166,13 @@ def _check_values(data: ml_collections.ConfigDict) -> None:
     check_split_config(data)
 
 
-def _check_recall_ignores(data: ml_collections.ConfigDict) -> None:
-    """A recall source generates its rows and symbols: a RECALL_IGNORES setting away from
-    configs/base.py's value is refused (it would do nothing); this machine's own settings
-    (RECALL_IGNORES_LOCAL, which a user may give every run) are warned about in one line."""
-    base = base_values('data')
+def check_idle_data(data: ml_collections.ConfigDict, base: dict) -> None:
+    """A recall source generates its rows and symbols: a RECALL_IGNORES setting away from its
+    default (`base`: configs/base.py's config.data) is refused (it would do nothing); this
+    machine's own settings (RECALL_IGNORES_LOCAL, which a user may give every run) are warned
+    about in one line. Nothing for other sources."""
+    if data.source not in TASKS:
+        return
     for key in RECALL_IGNORES:
         if data[key] != base[key]:
             raise ValueError(

@@ -11,8 +11,6 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 
-from lm.config import base_values
-
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 ATTENTION_IMPLS = ('einsum', 'dot_product', 'cudnn')
 ROPE_SCALINGS = ('', 'llama3')
@@ -37,12 +35,12 @@ LLAMA3_KNOBS = (  # read only when rope_scaling = 'llama3'
 )
 
 
-def check_idle_rope_knobs(model: ml_collections.ConfigDict) -> None:
-    """A llama3 scaling knob away from configs/base.py's value while rope_scaling is off would
-    do nothing: one-line error (a new run's config only; saved runs load as they were)."""
+def check_idle_rope_knobs(model: ml_collections.ConfigDict, base: dict) -> None:
+    """A llama3 scaling knob away from its default (`base`: configs/base.py's config.model)
+    while rope_scaling is off would do nothing: one-line error (the train wing calls it for a
+    new run's config only; saved runs load as they were)."""
     if model.rope_scaling:
         return
-    base = base_values('model')
     for name in LLAMA3_KNOBS:
         if model[name] != base[name]:
             raise ValueError(
