@@ -242,6 +242,13 @@ def test_eval_tokens_spreads_whole_windows_over_the_split():
             FileNotFoundError,
             r"config.data.path: '/nonexistent/file.txt' does not exist",
         ),
+        (
+            dict(source='text', path='no/such.txt'),
+            FileNotFoundError,
+            r"^config.data.path: 'no/such.txt' does not exist \(relative to the current "
+            r'directory /\S+\)$',
+        ),
+        (dict(source='text', path='/dev/null'), ValueError, r"'/dev/null' is not a regular file$"),
         (dict(source='text', path=''), ValueError, r'config.data.path must name at least one'),
         (dict(source='web'), ValueError, r'config.data.source must be one of'),
         (dict(source='hf', hf_name=''), ValueError, r'config.data.hf_name must be set'),

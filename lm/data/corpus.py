@@ -123,11 +123,10 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
                 raise ValueError(
                     f'config.data.path: {path!r} is a directory; name text files (comma-separated)'
                 )
+            if os.path.exists(path) and not os.path.isfile(path):
+                raise ValueError(f'config.data.path: {path!r} is not a regular file')
             if not os.path.isfile(path):
-                hint = ''
-                if os.path.basename(path) == 'tinyshakespeare.txt':
-                    hint = ' (fetch it: python scripts/get_data.py tinyshakespeare)'
-                raise FileNotFoundError(f'config.data.path: {path!r} does not exist{hint}')
+                raise FileNotFoundError(f'config.data.path: {path!r} does not exist{_hint(path)}')
             if data.source == 'text' and os.path.getsize(path) == 0:
                 raise ValueError(f'config.data.path: {path!r} is empty')
     if data.source == 'hf' and not data.hf_name:
@@ -140,6 +139,15 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
             1,
             data.path,
         )
+
+
+def _hint(path: str) -> str:
+    """What to do about a data file that is not there: a relative path is read from the current
+    directory (a run's saved one from where it trained); the recipes' file can be fetched."""
+    notes = [] if os.path.isabs(path) else [f'relative to the current directory {os.getcwd()}']
+    if os.path.basename(path) == 'tinyshakespeare.txt':
+        notes.append('fetch it: python scripts/get_data.py tinyshakespeare')
+    return f' ({"; ".join(notes)})' if notes else ''
 
 
 def _check_values(data: ml_collections.ConfigDict) -> None:
