@@ -25,6 +25,7 @@ from lm.cli import (
     define_distributed_flags,
     run_app,
 )
+from lm.data import TASKS
 from lm.experiments import evaluate_run
 from lm.model import KV_CACHE_DTYPES
 from lm.train import (
@@ -71,8 +72,15 @@ def _evaluate(restored: Run) -> dict[str, float]:
         return evaluate_run(restored, _SPLIT.value, stop, _CACHE.value)
 
 
-def check_eval_tokens(tokens: int | None, seq_len: int) -> None:
-    """--eval_tokens must keep two windows or more (the loss's standard error is over windows)."""
+def check_eval_tokens(tokens: int | None, data: ml_collections.ConfigDict) -> None:
+    """--eval_tokens must keep two windows or more of the data evaluated (the loss's standard
+    error is over windows); a recall task scores its examples instead, so it takes none."""
+    if tokens is not None and data.source in TASKS:
+        raise ValueError(
+            f'--eval_tokens does nothing for source={data.source!r}: a recall task scores '
+            f'config.data.recall_eval_examples={data.recall_eval_examples} examples'
+        )
+    seq_len = data.seq_len
     if tokens is not None and (tokens < 0 or 0 < tokens <= seq_len):
         raise ValueError(
             f'--eval_tokens={tokens}: expected 0 (the whole split) or more than one window of '
@@ -117,7 +125,7 @@ def run() -> int:
     tb_flag = '--tb_dir' if _TB_DIR.value else '--workdir'
     check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), tb_flag)
     check_logdir_owner(_WORKDIR.value, _TB_DIR.value, tb_flag)
-    check_eval_tokens(_TOKENS.value, config.data.seq_len)
+    check_eval_tokens(_TOKENS.value, config.data if _CONFIG.value is None else _CONFIG.value.data)
     bootstrap(config)
     own_data, own_protocol = _CONFIG.value is None, protocol(config.data)
     if not own_data:

@@ -716,6 +716,13 @@ def early(ctx):
 
 EARLY = [
     (
+        'eval_tokens_of_a_recall_run',  # it scores its examples: the flag would do nothing
+        EVAL,
+        lambda c: [f'--workdir={c.mqar}', '--eval_tokens=1000'],
+        r"--eval_tokens does nothing for source='mqar': a recall task scores "
+        r'config\.data\.recall_eval_examples=\d+ examples',
+    ),
+    (
         'train_set_override',
         TRAIN,
         lambda c: ['--set=train.steps=5'],

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from conftest import stdlib_text, tiny_config
 
+from lm.config import base_values
 from lm.config_migration import upgrade_config
 from lm.data.corpus import (
     check_corpus_size,
     check_data_config,
+    check_idle_data,
     eval_batches,
     eval_windows,
     load_corpus,
@@ -262,6 +264,24 @@ def test_eval_tokens_spreads_whole_windows_over_the_split():
 def test_bad_data_settings(tmp_path, overrides, error, message):
     with pytest.raises(error, match=message):
         check_data_config(data_config(tmp_path, **overrides))
+
+
+@pytest.mark.parametrize(
+    'source,key,value',
+    [
+        ('text', 'recall_pairs', 4),
+        ('text', 'passkey_lengths', '64'),
+        ('text', 'hf_name', 'someone/data'),
+        ('stdlib', 'hf_max_docs', 10),
+        ('hf', 'recall_vocab', 64),
+    ],
+)
+def test_a_setting_the_source_never_reads_is_refused(tmp_path, source, key, value):
+    base = base_values('data')
+    check_idle_data(data_config(tmp_path, source=source), base)  # the defaults: nothing said
+    with pytest.raises(ValueError, match=rf'^config.data.{key}={value!r} does nothing for source'):
+        check_idle_data(data_config(tmp_path, source=source, **{key: value}), base)
+    check_idle_data(data_config(tmp_path, source='hf', hf_name='someone/data'), base)  # read
 
 
 def test_empty_file_and_too_small_source(tmp_path):

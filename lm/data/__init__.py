@@ -12,7 +12,7 @@ __all__, __getattr__, __dir__ = public_face(
         'files': ('stdlib_files',),
         'tokenizer': ('Tokenizer', 'train_bpe'),
         'windows': ('call_batch', 'eval_batches', 'eval_windows', 'train_batch'),
-        'recall': ('nth_answer_only',),
+        'recall': ('TASKS', 'nth_answer_only'),
         'parts': ('FOUR', 'block_parts', 'cuts', 'part_shares'),
     },
 )

@@ -76,6 +76,18 @@ RECALL_IGNORES = (
     'sampling',
 )
 RECALL_IGNORES_LOCAL = ('cache_dir', 'num_proc')
+# config.data keys only a recall task reads, and only a Hugging Face dataset.
+RECALL_KEYS = (
+    'recall_seed',
+    'recall_eval_examples',
+    'recall_pairs',
+    'recall_train_pairs',
+    'recall_vocab',
+    'recall_power_a',
+    'passkey_lengths',
+    'passkey_depths',
+)
+HF_KEYS = tuple(k for k in RECALL_IGNORES if k.startswith('hf_'))
 
 
 @dataclasses.dataclass
@@ -175,19 +187,23 @@ def _check_values(data: ml_collections.ConfigDict) -> None:
 
 
 def check_idle_data(data: ml_collections.ConfigDict, base: dict) -> None:
-    """A recall source generates its rows and symbols: a RECALL_IGNORES setting away from its
-    default (`base`: configs/base.py's config.data) is refused (it would do nothing); this
-    machine's own settings (RECALL_IGNORES_LOCAL, which a user may give every run) are warned
-    about in one line. Nothing for other sources."""
-    if data.source not in TASKS:
-        return
-    for key in RECALL_IGNORES:
+    """A setting the source never reads, away from its default (`base`: configs/base.py's
+    config.data), is refused in one line (it would do nothing): for a recall source every text
+    setting (RECALL_IGNORES; this machine's own, RECALL_IGNORES_LOCAL, which a user may give
+    every run, are warned about instead), for the others the recall tasks' (RECALL_KEYS) and,
+    but for 'hf', the Hugging Face dataset's (HF_KEYS)."""
+    recall = data.source in TASKS
+    ignored = RECALL_IGNORES if recall else RECALL_KEYS + (HF_KEYS if data.source != 'hf' else ())
+    why = ' (its rows are generated)' if recall else ''
+    for key in ignored:
         if data[key] != base[key]:
             raise ValueError(
-                f'config.data.{key}={data[key]!r} does nothing for source={data.source!r} (its '
-                f"rows are generated): leave it at configs/base.py's {base[key]!r}"
+                f'config.data.{key}={data[key]!r} does nothing for source={data.source!r}{why}: '
+                f"leave it at configs/base.py's {base[key]!r}"
             )
-    if local := [f'{k}={data[k]!r}' for k in RECALL_IGNORES_LOCAL if data[k] != base[k]]:
+    if recall and (
+        local := [f'{k}={data[k]!r}' for k in RECALL_IGNORES_LOCAL if data[k] != base[k]]
+    ):
         logging.log_first_n(
             logging.WARNING,
             'config.data.%s ignored: source=%r generates its rows (nothing is read or cached)',
