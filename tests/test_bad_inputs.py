@@ -480,6 +480,11 @@ ROWS = [
         for name, workdir, pattern in (
             ('a_sweep_dir', lambda c: c.sweep, r"--workdir='.*a_sweep' is a sweep directory, not"),
             (
+                'a_folder_of_runs',
+                lambda c: c.root,
+                r"--workdir='.*' holds a (training run|sweep directory), \w+; train each run in",
+            ),
+            (
                 'checkpoints_of_a_run',
                 lambda c: c.run / 'checkpoints',
                 r"--workdir='.*' is the checkpoints directory of the run .*/run; give",

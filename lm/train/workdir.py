@@ -108,8 +108,9 @@ def check_replaceable(path: str, setting: str, option: str) -> None:
 
 
 def check_train_workdir(path: str, setting: str = '--workdir') -> None:
-    """One-line ValueError when `path` cannot be a run's own directory: a sweep directory, or
-    a directory in (or being) another run's checkpoints/. Object stores (gs://...) pass."""
+    """One-line ValueError when `path` cannot be a run's own directory: a sweep directory, a
+    directory holding runs or sweeps (a folder of runs), or a directory in (or being) another
+    run's checkpoints/. Object stores (gs://...) pass."""
     if '://' in path:
         return
     if directory_kind(path) == A_SWEEP:
@@ -117,6 +118,13 @@ def check_train_workdir(path: str, setting: str = '--workdir') -> None:
             f'{setting}={path!r} is {A_SWEEP}, not a run; train each run in a directory of its '
             'own (a sweep trains its runs in its subdirectories)'
         )
+    if directory_kind(path) != A_RUN and os.path.isdir(path):  # a folder of runs, not a run
+        for name in sorted(os.listdir(path)):
+            if kind := directory_kind(os.path.join(path, name)):
+                raise ValueError(
+                    f'{setting}={path!r} holds {kind}, {name}; train each run in a directory '
+                    f'of its own (e.g. {os.path.join(path, "NEW_RUN")})'
+                )
     mine = os.path.realpath(path)
     parent = os.path.dirname(mine)
     while parent != os.path.dirname(parent):
