@@ -11,7 +11,8 @@ Writes OUT/heads.csv (run, layer, head, previous_token, induction, duplicate_tok
 entropy), OUT/kv_similarity.csv (run, layer, kind, head_a, head_b, value), OUT/summary.md, PNG
 heatmaps (layer x head per score, one panel per run), one example attention map per layer and
 run, KV-head similarity and loss by position (what an earlier analysis wrote in OUT is removed
-first; other files there are kept; an OUT that is a training run or sweep directory is refused);
+first; other files there are kept; an OUT that is a training run or sweep directory, or holds
+those names without an earlier analysis's heads.csv, is refused);
 each run's scores and images also go to its TensorBoard directory at its checkpoint step. A run
 is WORKDIR or WORKDIR@STEP (--step applies to --workdir). Scores are defined in
 lm/analysis/scores.py.
@@ -80,12 +81,7 @@ def run() -> int:
     if _MAX_BATCHES.value < 0:
         raise ValueError(f'--max_batches must be >= 0 (0 = all), got {_MAX_BATCHES.value}')
     check_writable_dir(_OUT.value, '--out')
-    if kind := directory_kind(_OUT.value):  # its summary.md and figures are not ours to replace
-        inside = os.path.join(_OUT.value, 'heads')
-        raise ValueError(
-            f'--out={_OUT.value!r} is {kind}; give the analysis a directory of its own'
-            + (f' (e.g. {inside})' if kind == A_RUN else '')
-        )
+    check_out(_OUT.value)
     if _TB_DIR.value:
         check_writable_dir(_TB_DIR.value, '--tb_dir')
     specs = [(_WORKDIR.value, _STEP.value, '--workdir')]
@@ -123,6 +119,33 @@ OUTPUTS = re.compile(
     rf'({"|".join((*SCORES, "first_position"))})\.png|'
     r'attention_.+_L\d+\.png|kv_similarity_.+\.png)'
 )
+
+
+def check_out(out: str) -> None:
+    """One-line error for an --out whose files an analysis would replace but no analysis wrote:
+    a training run or sweep directory, or a directory holding one of the names `write` makes
+    without an earlier analysis's heads.csv."""
+    if kind := directory_kind(out):  # its summary.md and figures are not ours to replace
+        inside = os.path.join(out, 'heads')
+        raise ValueError(
+            f'--out={out!r} is {kind}; give the analysis a directory of its own'
+            + (f' (e.g. {inside})' if kind == A_RUN else '')
+        )
+    ours = sorted(n for n in os.listdir(out) if OUTPUTS.fullmatch(n)) if os.path.isdir(out) else []
+    if ours and not _earlier_analysis(out):
+        raise ValueError(
+            f'--out={out!r} holds {ours[0]}, which an analysis would replace, but no earlier '
+            "analysis's heads.csv: give a new directory or an earlier analysis's"
+        )
+
+
+def _earlier_analysis(out: str) -> bool:
+    """Whether `out` holds the heads.csv an analysis writes (its header)."""
+    try:
+        with open(os.path.join(out, 'heads.csv')) as f:
+            return f.readline().startswith('run,layer,head,')
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def remove_old_outputs(out: str) -> None:

@@ -305,6 +305,7 @@ def test_analyze_heads_cli(tmp_path):
     train(config, str(workdir), str(tmp_path / 'tb'))  # 8 steps, checkpoints at 4 and 8
     out = tmp_path / 'heads'
     out.mkdir()  # an earlier analysis's image of a run not analysed now, and a file of the user's
+    (out / 'heads.csv').write_text('run,layer,head,previous_token\nold,0,0,0.5\n')
     (out / 'attention_old_step9_L0.png').write_bytes(b'old')
     (out / 'notes.txt').write_text('mine')
     res = cli(
@@ -366,6 +367,15 @@ def test_analyze_heads_cli(tmp_path):
         assert bad.returncode == 1 and 'head analysis of' not in bad.stderr, bad.stderr[-2000:]
         assert bad.stderr.strip().splitlines()[-1] == f'error: {want} at step 5 (steps: 4, 8)'
     assert not (tmp_path / 'o').exists()
+    notes = tmp_path / 'notes'  # the user's summary.md, in a directory no analysis wrote
+    notes.mkdir()
+    (notes / 'summary.md').write_text('mine')
+    bad = cli(f'--workdir={workdir}', f'--out={notes}')
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (
+        f"error: --out='{notes}' holds summary.md, which an analysis would replace, but no "
+        "earlier analysis's heads.csv: give a new directory or an earlier analysis's"
+    )
+    assert (notes / 'summary.md').read_text() == 'mine'
 
 
 @pytest.mark.slow
