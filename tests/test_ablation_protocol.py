@@ -205,6 +205,10 @@ def test_mha_scratch_trains_the_source_model_on_both_parts_for_every_budget():
     [
         ({'schedules': ('warm',)}, '--schedule: expected one or more of'),
         ({'lrs': (1e-3, 0.0)}, '--lrs: every learning rate must be > 0'),
+        (
+            {'steps': 10, 'fractions': (0.0, 0.04, 0.5)},
+            r'^--fractions: alpha=0.04 of --steps=10 rounds to 0 uptraining steps',
+        ),
     ],
 )
 def test_bad_settings_are_refused(overrides, message):

@@ -49,6 +49,11 @@ class Ablation:
         for flag, value in (('--steps', self.steps), ('--seeds', self.seeds)):
             if value < 1:
                 raise ValueError(f'{flag}: expected >= 1, got {value}')
+        if zero := [a for a in self.fractions if a > 0 and not self.up_steps(a)]:
+            raise ValueError(
+                f'--fractions: alpha={zero[0]} of --steps={self.steps} rounds to 0 uptraining '
+                'steps (the alpha = 0 arm again): raise --steps or alpha'
+            )
         if not set(self.scratch_fractions) <= set(self.fractions):
             raise ValueError('--scratch_fractions: every alpha must also be in --fractions')
         if not self.schedules or not set(self.schedules) <= set(SCHEDULES):
