@@ -23,6 +23,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from test_hf import FIXTURES, base_config
 from test_train import read_hparams
 
+import lm.convert.uptrain as uptrain
 import lm.data.corpus
 import lm.train.loop
 from lm.convert.hf_io import import_hf
@@ -203,12 +204,17 @@ def test_cache_summary_words_what_the_cache_holds():
     assert summary(attention='mla', rope_heads=2) == 'a latent of 16 + 2 x 4 RoPE dims'
 
 
-def test_a_source_without_optimizer_state_is_said_to_have_none(tmp_path):
+def test_a_source_without_optimizer_state_is_said_to_have_none(tmp_path, monkeypatch):
     """An import's step-0 checkpoint holds no optimizer state: the converted run's is fresh."""
     import_hf(str(FIXTURES / 'llama_mha'), str(tmp_path / 'w'), base_config())
     options = ConversionOptions(num_kv_heads=1, steps=2)
     config = convert_checkpoint(str(tmp_path / 'w'), options, str(tmp_path / 'up'))
     assert cache_summary(config) == '1 KV head'
+    one_step = ConversionOptions(num_kv_heads=1, steps=1)  # under the recipe's warmup: lr 0
+    monkeypatch.setattr(uptrain, '_convert', lambda *a: pytest.fail('converted before refusing'))
+    with pytest.raises(ValueError, match=r'^config\.train\.'):  # before the conversion's work
+        convert_checkpoint(str(tmp_path / 'w'), one_step, str(tmp_path / 'up1'))
+    assert not (tmp_path / 'up1').exists()
     assert optimizer_state_summary(config) == 'a fresh optimizer state (the source has none)'
 
 

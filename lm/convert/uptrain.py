@@ -147,6 +147,10 @@ def convert_checkpoint(
         if fraction is None:  # the source's own (its latest config: a bad `step` is said later)
             fraction = stored_config(source_workdir, SOURCE).uptrain.fraction
         check_some_steps(source_step, options.steps, fraction)
+    if source_step is not None:  # the schedule, before the conversion's work
+        stored = stored_config(source_workdir, SOURCE, step)
+        keep = {'attention': stored.model.attention}  # the model is the conversion's to check
+        _converted_config(source_workdir, stored, source_step, options, keep, {})
     with WorkdirLock(workdir, WORKDIR):
         dst_ckpts = os.path.join(workdir, 'checkpoints')
         if checkpoint_entries(workdir):
@@ -262,11 +266,16 @@ def _per_layer_params(params: dict, cfg: ModelConfig, options, inputs: list, rec
 
 
 def _converted_config(
-    src: str, source, options: ConversionOptions, settings: dict | None, record: dict
+    src: str,
+    src_config: ml_collections.ConfigDict,
+    step: int,
+    options: ConversionOptions,
+    settings: dict | None,
+    record: dict,
 ) -> ml_collections.ConfigDict:
-    """The converted run's config: `uptrain_config` of the source's (restored from workdir `src`)
-    with the options and the conversion's `settings` and provenance `record`, checked."""
-    src_config = source.config
+    """The converted run's config: `uptrain_config` of the source's (`src_config` of workdir
+    `src` at `step`, updated in place) with the options and the conversion's `settings` and
+    provenance `record`, its training settings checked."""
     if options.fraction is not None:
         src_config.uptrain.fraction = options.fraction
     src_config.uptrain.update(schedule=options.schedule, optimizer_state=options.optimizer_state)
@@ -278,7 +287,7 @@ def _converted_config(
     config = uptrain_config(
         src_config,
         options.num_kv_heads,
-        source.step,
+        step,
         options.steps,
         settings,
         method=options.method,
@@ -341,7 +350,7 @@ def _convert(
         source = member_run(source, member)
     check_finite(source.state['params'], f'{SOURCE}={src}: the checkpoint at step {source.step}')
     params, recipe, settings, record = _converted_params(source, options)
-    config = _converted_config(src, source, options, settings, record)
+    config = _converted_config(src, source.config, source.step, options, settings, record)
     dst_cfg = model_config(config.model)
     ctx = step_context(config, dst_cfg, source.mesh, source.rules)  # the source's mesh
     new_state = _converted_state(source, options, ctx, params, recipe)
