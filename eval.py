@@ -121,10 +121,10 @@ def run() -> int:
         check_data_overrides('eval.py')
     if _CACHE.value and _CACHE.value not in KV_CACHE_DTYPES:
         raise ValueError(f'--kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {_CACHE.value!r}')
-    config = stored_config(_WORKDIR.value, step=_STEP.value)  # first: is it a run at all
     tb_flag = '--tb_dir' if _TB_DIR.value else '--workdir'
-    check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), tb_flag)
+    check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), tb_flag)  # outputs first
     check_logdir_owner(_WORKDIR.value, _TB_DIR.value, tb_flag)
+    config = stored_config(_WORKDIR.value, step=_STEP.value)
     check_eval_tokens(_TOKENS.value, config.data if _CONFIG.value is None else _CONFIG.value.data)
     bootstrap(config)
     own_data, own_protocol = _CONFIG.value is None, protocol(config.data)

@@ -33,9 +33,15 @@ def _base_dict() -> dict:
     return load_config_file(BASE).to_dict()
 
 
-def base_values(section: str) -> dict:
-    """configs/base.py's `config.<section>` values (a copy), e.g. to tell a changed setting."""
-    return copy.deepcopy(_base_dict()[section])
+def default_values(section: str) -> dict[str, tuple]:
+    """{key: its default values} of `config.<section>`: configs/base.py's, and for a key added
+    since checkpoints were first written also the value an older run's config is upgraded
+    with (`ADDED_KEYS`), e.g. to tell a setting changed from its default."""
+    added = {k.split('.', 1)[1]: v for k, v in ADDED_KEYS.items() if k.startswith(f'{section}.')}
+    return {
+        key: (value, added[key]) if key in added and added[key] != value else (value,)
+        for key, value in copy.deepcopy(_base_dict()[section]).items()
+    }
 
 
 def load_config_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:

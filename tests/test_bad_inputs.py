@@ -105,12 +105,6 @@ CONVERT, HF_MODEL = 'scripts/convert_hf.py', str(ROOT / 'tests' / 'fixtures' / '
 # (id, entry point, args(ctx), regex the last stderr line must match after 'error: ')
 ROWS = [
     (
-        'eval_workdir_is_a_file_of_the_run',
-        EVAL,
-        lambda c: [f'--workdir={c.run}/results.json'],
-        r'--workdir: .*/results\.json holds no checkpoint: it is inside the run .*; give the run',
-    ),
-    (
         'generate_pallas_kernel_without_a_gpu',  # refused before the restore and the prompt
         GENERATE,
         lambda c: ['--prompt=ROMEO', '--decode_kernel=pallas'],

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import stdlib_text, tiny_config
 
-from lm.config import base_values
+from lm.config import default_values
 from lm.config_migration import upgrade_config
 from lm.data.corpus import (
     check_corpus_size,
@@ -277,7 +277,7 @@ def test_bad_data_settings(tmp_path, overrides, error, message):
     ],
 )
 def test_a_setting_the_source_never_reads_is_refused(tmp_path, source, key, value):
-    base = base_values('data')
+    base = default_values('data')
     check_idle_data(data_config(tmp_path, source=source), base)  # the defaults: nothing said
     with pytest.raises(ValueError, match=rf'^config.data.{key}={value!r} does nothing for source'):
         check_idle_data(data_config(tmp_path, source=source, **{key: value}), base)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, read_scalars, run_entry, tiny_config
 
-from lm.config import base_values, with_values
+from lm.config import default_values, with_values
 from lm.data.corpus import check_corpus_size, check_data_config, check_idle_data, load_corpus
 from lm.data.recall import FILLER, QUESTION, TARGET_FLAG, nth_answer_only
 from lm.train.evaluation import evaluate
@@ -268,7 +268,7 @@ def test_a_recall_source_checks_every_data_value_and_refuses_those_it_ignores(
     data = recall_config(tmp_path, **{key: value}).data
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         check_data_config(data)
-        check_idle_data(data, base_values('data'))
+        check_idle_data(data, default_values('data'))
 
 
 def test_a_recall_source_warns_about_the_machines_data_settings(tmp_path, caplog, monkeypatch):
@@ -282,7 +282,7 @@ def test_a_recall_source_warns_about_the_machines_data_settings(tmp_path, caplog
     monkeypatch.setattr(absl_logging, '_log_counter_per_token', {})
     config = recall_config(tmp_path, **{'data.cache_dir': '/tmp/c', 'data.num_proc': 2})
     with caplog.at_level('WARNING'):
-        check_idle_data(config.data, base_values('data'))
+        check_idle_data(config.data, default_values('data'))
     lines = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
     assert lines == [
         "config.data.cache_dir='/tmp/c', num_proc=2 ignored: source='mqar' generates its rows "

@@ -240,7 +240,7 @@ def test_bench_xla_options_smoke(text_file):
         'bench_xla_options.py',
         f'--data_path={text_file}',
         '--option=eigen1:xla_cpu_multi_thread_eigen=false;xla_cpu_use_xnnpack=false',
-        '--config_arm=logits16:model.logits_dtype=compute;data.passkey_lengths=64,128',
+        f'--config_arm=logits16:model.logits_dtype=compute;data.path={text_file},{text_file}',
         '--rounds=1',
         '--calls=1',
         '--set=model.dtype=bfloat16',

@@ -138,19 +138,7 @@ def convert_checkpoint(
     (`alpha` 0 of the ablation converts only)."""
     stop = stop or StopRequest()  # never entered: records nothing, stops nothing
     check_apart(workdir, WORKDIR, source_workdir, SOURCE)
-    latest = read_latest_meta(source_workdir)
-    step = options.source_step
-    source_step = step if step is not None else latest and latest['data_step']
-    check_steps(source_step, options.steps)
-    if need_steps and source_step is not None:
-        fraction = options.fraction
-        if fraction is None:  # the source's own (its latest config: a bad `step` is said later)
-            fraction = stored_config(source_workdir, SOURCE).uptrain.fraction
-        check_some_steps(source_step, options.steps, fraction)
-    if source_step is not None:  # the schedule, before the conversion's work
-        stored = stored_config(source_workdir, SOURCE, step)
-        keep = {'attention': stored.model.attention}  # the model is the conversion's to check
-        _converted_config(source_workdir, stored, source_step, options, keep, {})
+    _check_steps_first(source_workdir, options, need_steps)
     with WorkdirLock(workdir, WORKDIR):
         dst_ckpts = os.path.join(workdir, 'checkpoints')
         if checkpoint_entries(workdir):
@@ -181,6 +169,26 @@ def convert_checkpoint(
         config.train.steps,
     )
     return config
+
+
+def _check_steps_first(source_workdir: str, options: ConversionOptions, need_steps: bool) -> None:
+    """`convert_checkpoint`'s checks of the uptraining steps and schedule, before the conversion's
+    work: the step counts, some uptraining step when `need_steps`, and the training settings
+    of the run it would write (a rate that is 0 at every step, say)."""
+    latest = read_latest_meta(source_workdir)
+    step = options.source_step
+    source_step = step if step is not None else latest and latest['data_step']
+    check_steps(source_step, options.steps)
+    if source_step is None:  # no checkpoint: the conversion says so
+        return
+    if need_steps:
+        fraction = options.fraction
+        if fraction is None:  # the source's own (its latest config: a bad `step` is said later)
+            fraction = stored_config(source_workdir, SOURCE).uptrain.fraction
+        check_some_steps(source_step, options.steps, fraction)
+    stored = stored_config(source_workdir, SOURCE, step)
+    keep = {'attention': stored.model.attention}  # the model is the conversion's to check
+    _converted_config(source_workdir, stored, source_step, options, keep, {})
 
 
 def cache_summary(config: ml_collections.ConfigDict) -> str:

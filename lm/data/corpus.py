@@ -186,24 +186,24 @@ def _check_values(data: ml_collections.ConfigDict) -> None:
     check_split_config(data)
 
 
-def check_idle_data(data: ml_collections.ConfigDict, base: dict) -> None:
-    """A setting the source never reads, away from its default (`base`: configs/base.py's
-    config.data), is refused in one line (it would do nothing): for a recall source every text
-    setting (RECALL_IGNORES; this machine's own, RECALL_IGNORES_LOCAL, which a user may give
-    every run, are warned about instead), for the others the recall tasks' (RECALL_KEYS) and,
-    but for 'hf', the Hugging Face dataset's (HF_KEYS)."""
+def check_idle_data(data: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> None:
+    """A setting the source never reads, away from its defaults (`defaults`: configs/base.py's
+    config.data value and an upgraded old config's, `lm.config.default_values`), is refused in
+    one line (it would do nothing): for a recall source every text setting (RECALL_IGNORES;
+    this machine's own, RECALL_IGNORES_LOCAL, which a user may give every run, are warned
+    about instead), for the others the recall tasks' (RECALL_KEYS) and, but for 'hf', the
+    Hugging Face dataset's (HF_KEYS)."""
     recall = data.source in TASKS
     ignored = RECALL_IGNORES if recall else RECALL_KEYS + (HF_KEYS if data.source != 'hf' else ())
     why = ' (its rows are generated)' if recall else ''
     for key in ignored:
-        if data[key] != base[key]:
+        if data[key] not in defaults[key]:
             raise ValueError(
                 f'config.data.{key}={data[key]!r} does nothing for source={data.source!r}{why}: '
-                f"leave it at configs/base.py's {base[key]!r}"
+                f"leave it at configs/base.py's {defaults[key][0]!r}"
             )
-    if recall and (
-        local := [f'{k}={data[k]!r}' for k in RECALL_IGNORES_LOCAL if data[k] != base[k]]
-    ):
+    local = [f'{k}={data[k]!r}' for k in RECALL_IGNORES_LOCAL if data[k] not in defaults[k]]
+    if recall and local:
         logging.log_first_n(
             logging.WARNING,
             'config.data.%s ignored: source=%r generates its rows (nothing is read or cached)',

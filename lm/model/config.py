@@ -35,17 +35,18 @@ LLAMA3_KNOBS = (  # read only when rope_scaling = 'llama3'
 )
 
 
-def check_idle_rope_knobs(model: ml_collections.ConfigDict, base: dict) -> None:
-    """A llama3 scaling knob away from its default (`base`: configs/base.py's config.model)
-    while rope_scaling is off would do nothing: one-line error (the train wing calls it for a
-    new run's config only; saved runs load as they were)."""
+def check_idle_rope_knobs(model: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> None:
+    """A llama3 scaling knob away from its defaults (`defaults`: `lm.config.default_values` of
+    config.model) while rope_scaling is off would do nothing: one-line error (the train wing
+    calls it for a new run's config only; saved runs load as they were)."""
     if model.rope_scaling:
         return
     for name in LLAMA3_KNOBS:
-        if model[name] != base[name]:
+        if model[name] not in defaults[name]:
             raise ValueError(
                 f"config.model.{name}={model[name]} does nothing with rope_scaling='' (plain "
-                f"RoPE): set config.model.rope_scaling='llama3', or leave it at {base[name]}"
+                f"RoPE): set config.model.rope_scaling='llama3', or leave it at "
+                f'{defaults[name][0]}'
             )
 
 

@@ -15,7 +15,7 @@ import ml_collections
 from absl import logging
 from jax.sharding import Mesh
 
-from lm.config import base_values
+from lm.config import default_values
 from lm.config_migration import upgrade_config
 from lm.data.corpus import (
     Corpus,
@@ -188,9 +188,9 @@ def check_config(
     check_ensemble_config(config)
     parse_xla_options(config.train.xla_options)  # its form; `assemble` checks the names
     check_data_config(config.data)
-    check_idle_data(config.data, base_values('data'))
+    check_idle_data(config.data, default_values('data'))
     check_model_config(config.model)  # model errors before reading any data
-    check_idle_rope_knobs(config.model, base_values('model'))
+    check_idle_rope_knobs(config.model, default_values('model'))
     check_cpu_devices(config.mesh)
     if config.model.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
         raise ValueError(
