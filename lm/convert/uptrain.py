@@ -181,12 +181,10 @@ def _check_steps_first(source_workdir: str, options: ConversionOptions, need_ste
     check_steps(source_step, options.steps)
     if source_step is None:  # no checkpoint: the conversion says so
         return
+    stored = stored_config(source_workdir, SOURCE, step)  # read once, for both checks
     if need_steps:
-        fraction = options.fraction
-        if fraction is None:  # the source's own (its latest config: a bad `step` is said later)
-            fraction = stored_config(source_workdir, SOURCE).uptrain.fraction
+        fraction = stored.uptrain.fraction if options.fraction is None else options.fraction
         check_some_steps(source_step, options.steps, fraction)
-    stored = stored_config(source_workdir, SOURCE, step)
     keep = {'attention': stored.model.attention}  # the model is the conversion's to check
     _converted_config(source_workdir, stored, source_step, options, keep, {})
 
