@@ -233,8 +233,9 @@ def test_peak_memory_of_generate_and_import_follows_the_parameter_bytes(tmp_path
     """generate.py and the HF import read no optimizer state: on a 4-layer model of P = 46 MiB
     of float32 parameters, generate's peak RSS over the runtime's baseline (the same command on
     a 0.7 MiB model of the same architecture: imports, orbax, compiling the same loop) is at
-    most 3·P (measured ~2·P; reading the optimizer state too gave ~8·P), and the import's is at
-    most 3× the safetensors file (measured ~2×; ~9× when it built an optimizer state)."""
+    most 4·P (measured 1.7-2.2·P here, 3.05·P once on CI: the baseline alone varies by ~25 MiB
+    between launches; reading the optimizer state too gave ~8·P), and the import's is at most
+    4× the safetensors file (measured 2.3-2.4×; ~9× when it built an optimizer state)."""
     runs = {}
     for name, d_model in (('small', 64), ('big', 512)):
         runs[name] = tmp_path / name
@@ -244,7 +245,7 @@ def test_peak_memory_of_generate_and_import_follows_the_parameter_bytes(tmp_path
     P /= 2**20
     generate = ['--prompt=the', '--max_new_tokens=8', '--sampling=greedy']
     peaks = {n: peak_rss_mb([GENERATE, f'--workdir={w}', *generate]) for n, w in runs.items()}
-    assert peaks['big'] - peaks['small'] <= 3 * P, (peaks, P)
+    assert peaks['big'] - peaks['small'] <= 4 * P, (peaks, P)
     imports = {
         name: peak_rss_mb(
             [
@@ -257,7 +258,7 @@ def test_peak_memory_of_generate_and_import_follows_the_parameter_bytes(tmp_path
         for name in runs
     }
     file_mb = os.path.getsize(tmp_path / 'big_hf' / 'model.safetensors') / 2**20
-    assert imports['big'] - imports['small'] <= 3 * file_mb, (imports, file_mb)
+    assert imports['big'] - imports['small'] <= 4 * file_mb, (imports, file_mb)
 
 
 @pytest.mark.slow
