@@ -4,15 +4,20 @@ on a tiny trained run."""
 
 import csv
 import math
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from conftest import ENV, ROOT, read_scalars, sown_weights, tiered, tiny_config, tiny_train_config
+from conftest import (
+    read_scalars,
+    run_entry,
+    sown_weights,
+    tiered,
+    tiny_config,
+    tiny_train_config,
+)
 from flax import nnx
 from reference import p, rmsnorm
 
@@ -281,14 +286,7 @@ def write_text(path):
 
 
 def cli(*args):
-    return subprocess.run(
-        [sys.executable, str(ROOT / 'scripts' / 'analyze_heads.py'), *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=ENV,
-    )
+    return run_entry('scripts/analyze_heads.py', *args)
 
 
 @pytest.mark.slow

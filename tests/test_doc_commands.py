@@ -2,9 +2,11 @@
 `ci:` comment beside it (tests/doc_commands.py); the studies' commands are flag-checked in
 tests/test_doc_flags.py."""
 
+import json
 import re
 import sys
 
+import numpy as np
 import pytest
 from conftest import ROOT
 from doc_commands import REFERENCE, STUDIES, bash, doc_commands, run_chain, scaled, scratch, walk
@@ -45,6 +47,35 @@ def test_reference_commands_run_scaled_down(tmp_path):
         'runs/passkey_mqa/checkpoints',
     ):
         assert (tmp_path / path).exists(), path
+    check_the_hf_round_trip(tmp_path / 'runs' / 'llama2_gqa8', tmp_path / 'out' / 'llama2_gqa8')
+
+
+def check_the_hf_round_trip(run, out) -> None:
+    """docs/convert.md's chain (import the MHA fixture -> eval -> generate -> uptrain to GQA ->
+    train -> export): the export is a Llama of 2 KV heads with its tokenizer, reads back bitwise,
+    and (with transformers) loads there with lm's logits."""
+    from test_hf import (
+        FIXTURES,
+        HAVE_TORCH,
+        assert_bitwise_equal,
+        assert_close_logits,
+        base_config,
+        flat_params,
+        model_of,
+        transformers_logits,
+    )
+
+    from lm.convert.hf_io import import_hf
+
+    exported = json.loads((out / 'config.json').read_text())
+    assert exported['num_key_value_heads'] == 2 and exported['model_type'] == 'llama'
+    assert (out / 'tokenizer.json').is_file() and (out / 'tokenizer_config.json').is_file()
+    import_hf(str(out), str(out.parent / 'back'), base_config())
+    assert_bitwise_equal(flat_params(run), flat_params(out.parent / 'back'))
+    if HAVE_TORCH:
+        tokens = np.load(FIXTURES / 'llama_mha' / 'tokens.npy')
+        model, _ = model_of(run)
+        assert_close_logits(model(tokens), transformers_logits(out, tokens))
 
 
 def test_studies_are_not_run():

@@ -13,7 +13,15 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ENV, ROOT, read_scalars, sweep_file, tiny_train_config, write_config_file
+from conftest import (
+    ENV,
+    ROOT,
+    read_scalars,
+    run_entry,
+    sweep_file,
+    tiny_train_config,
+    write_config_file,
+)
 
 from lm.convert.uptrain import ConversionOptions, convert_checkpoint
 from lm.train.checkpoint import Checkpointer, read_latest_meta
@@ -37,6 +45,10 @@ def text(tmp_path):
 
 
 def cli(*args, timeout=300):
+    """`python ARGS...` from the repository root: an entry point through `run_entry` (the fork
+    server), `-c CODE` in a fresh Python."""
+    if args[0] != '-c':
+        return run_entry(args[0], *args[1:], timeout=timeout)
     return subprocess.run(
         [sys.executable, *map(str, args)],
         cwd=ROOT,
