@@ -8,19 +8,20 @@ does (threads joined, atexit handlers run). A run saves most of the ~1.5 s of im
 Python pays.
 
 The server holds no thread and no JAX backend when it forks (checked), so each child starts its
-own backend. `ForkServer.run` serves only runs whose environment is the server's (libraries read
-some variables when they are imported) and one run at a time: otherwise, or when the server is
-gone, it returns None and the caller starts a fresh Python.
+own backend; it serves runs side by side (a sweep and its runs). `ForkServer.run` serves only runs
+whose environment is the server's (libraries read some variables when they are imported):
+otherwise, or when the server is gone, it returns None and the caller starts a fresh Python.
 
-The reference pages' command chain (tests/doc_commands.py) serves its `python` commands too:
-its `python` on PATH is this file as a client (`--python`), which sends the run to the server
-(with its own stdio and working directory) when it can and otherwise becomes a fresh Python.
+A client (`--python`) sends a run to the server with its own stdio and working directory when it
+can, and otherwise becomes a fresh Python; a SIGTERM or SIGINT it gets goes on to the run, and it
+exits as the run did. The reference pages' command chain (tests/doc_commands.py) puts one on PATH
+as `python`, and in each child `sys.executable` is one: the runs an entry point starts itself as
+`[sys.executable, script, ...]` (a sweep's runs, say) are served too.
 
   python tests/fork_server.py SOCKET                      # the server (ForkServer starts it)
   python tests/fork_server.py --python SOCKET ARGS...     # `python ARGS...`, served if it can be
 """
 
-import fcntl
 import importlib
 import json
 import os
@@ -54,11 +55,13 @@ def serve(path: str) -> dict:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(8)
-    listener.settimeout(5)
+    listener.settimeout(0.05)  # how often finished children are reaped
     parent = os.getppid()
+    running: dict[int, socket.socket] = {}  # child pid -> its caller's connection
     sys.stdout.buffer.write(READY)
     sys.stdout.flush()
     while True:
+        _reap(running)
         try:
             conn, _ = listener.accept()
         except TimeoutError:
@@ -74,18 +77,30 @@ def serve(path: str) -> dict:
             continue
         pid = os.fork()
         if pid == 0:
-            listener.close()
-            conn.close()
+            for other in (listener, conn, *running.values()):
+                other.close()
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
                 os.close(fd)
             request = json.loads(message)
             os.chdir(request['cwd'])
+            sys.executable = path + '.python'  # the runs it starts itself are served too
             return request
         for fd in fds:
             os.close(fd)
         conn.send(str(pid).encode())
-        _, status = os.waitpid(pid, 0)
+        running[pid] = conn
+
+
+def _reap(running: dict) -> None:
+    """Tells the callers of finished children their exit status."""
+    while running:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        conn = running.pop(pid, None)
+        if conn is None:
+            continue
         try:
             conn.send(str(os.waitstatus_to_exitcode(status)).encode())
         except OSError:  # the caller gave up (a timeout): nobody to tell
@@ -93,28 +108,29 @@ def serve(path: str) -> dict:
         conn.close()
 
 
-def request(path: str, argv: list[str], cwd: str, fds: list[int], timeout=None) -> int | None:
+def request(
+    path: str, argv: list[str], cwd: str, fds: list[int], timeout=None, forward=False
+) -> int:
     """Runs `argv` in a child of the server at `path` with stdin, stdout, stderr `fds`; its exit
-    status, or None when the server is busy with another run. A server that is gone raises
-    ConnectionError; a run past `timeout` seconds is killed (subprocess.TimeoutExpired)."""
-    with open(path + '.lock', 'a') as lock:
+    status (-N: stopped by signal N). A server that is gone raises ConnectionError; a run past
+    `timeout` seconds is killed (subprocess.TimeoutExpired). With `forward` (main thread only),
+    a SIGTERM or SIGINT to this process goes on to the run."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
-            try:
-                conn.connect(path)
-                socket.send_fds(conn, [json.dumps({'argv': argv, 'cwd': cwd}).encode()], fds)
-                pid = int(conn.recv(64))
-            except (OSError, ValueError) as e:
-                raise ConnectionError(f'the server at {path} failed ({e})') from e
-            conn.settimeout(timeout)
-            try:
-                return int(conn.recv(64))
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(argv, timeout) from None
+            conn.connect(path)
+            socket.send_fds(conn, [json.dumps({'argv': argv, 'cwd': cwd}).encode()], fds)
+            pid = int(conn.recv(64))
+        except (OSError, ValueError) as e:
+            raise ConnectionError(f'the server at {path} failed ({e})') from e
+        if forward:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda s, _: os.kill(pid, s))
+        conn.settimeout(timeout)
+        try:
+            return int(conn.recv(64))
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(argv, timeout) from None
 
 
 def _environment(env) -> dict[str, str]:
@@ -128,9 +144,12 @@ def as_python(path: str, argv: list[str]) -> None:
         same = _environment(json.load(f)) == _environment(os.environ)
     if same and argv and (argv[0] == '-m' or argv[0].endswith('.py')):
         try:
-            code = request(path, argv, os.getcwd(), [0, 1, 2])
+            code = request(path, argv, os.getcwd(), [0, 1, 2], forward=True)
         except ConnectionError:
             code = None
+        if code is not None and code < 0:  # stopped by a signal: so is this process
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
         if code is not None:
             sys.exit(code)
     os.execv(sys.executable, [sys.executable, *argv])
@@ -152,6 +171,14 @@ def main() -> None:
     if sys.argv[1] == '--python':
         as_python(sys.argv[2], sys.argv[3:])
     run_as_main(serve(sys.argv[1])['argv'])
+
+
+def write_client(where, path: str) -> None:
+    """Writes `where`: a `python` that sends its runs to the server at `path` (`as_python`)."""
+    client = f'{sys.executable} -S {os.path.abspath(__file__)} --python {path}'
+    with open(where, 'w') as f:
+        f.write(f'#!/bin/sh\nexec {client} "$@"\n')
+    os.chmod(where, 0o755)
 
 
 def _text(data: bytes) -> str:
@@ -176,6 +203,7 @@ class ForkServer:
                 self.path = os.path.join(tempfile.mkdtemp(prefix='lm-fork-server-'), 'socket')
                 with open(self.path + '.env', 'w') as f:
                     json.dump(self.env, f)
+                write_client(self.path + '.python', self.path)  # its children's sys.executable
                 self.proc = subprocess.Popen(
                     [sys.executable, os.path.abspath(__file__), self.path],
                     cwd=self.cwd,
@@ -190,11 +218,7 @@ class ForkServer:
 
     def python(self, where) -> None:
         """Writes `where`, a `python` for a shell's PATH that this server serves."""
-        where.write_text(
-            f'#!/bin/sh\nexec {sys.executable} -S {os.path.abspath(__file__)} --python '
-            f'{self.path} "$@"\n'
-        )
-        where.chmod(0o755)
+        write_client(where, self.path)
 
     def _give_up(self, why: str) -> None:
         warnings.warn(f'tests/fork_server.py: {why}; fresh Pythons instead', stacklevel=3)
@@ -217,8 +241,6 @@ class ForkServer:
                 )
             except ConnectionError as e:
                 self._give_up(str(e))
-                return None
-            if code is None:
                 return None
             out.seek(0)
             err.seek(0)

@@ -1,6 +1,5 @@
 """tests/fork_server.py: a run served by the fork server is what a fresh Python gives."""
 
-import fcntl
 import subprocess
 
 import pytest
@@ -38,16 +37,41 @@ def test_a_served_run_is_what_a_fresh_python_gives(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_the_server_cannot_serve_is_left_to_a_fresh_python(tmp_path):
-    """Another environment, or the server busy with another run: not served (None)."""
+def test_a_run_in_another_environment_is_left_to_a_fresh_python(tmp_path):
     probe = tmp_path / 'probe.py'
     probe.write_text(PROBE)
     assert FORK_SERVER.run([str(probe), '0'], ROOT, {**ENV, 'LM_OTHER': '1'}, 60) is None
-    assert FORK_SERVER.start()
-    with open(FORK_SERVER.path + '.lock', 'a') as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        assert FORK_SERVER.run([str(probe), '0'], ROOT, ENV, 60) is None
     assert FORK_SERVER.run([str(probe), '0'], ROOT, ENV, 60).returncode == 0
+
+
+SPAWNER = """
+import os, signal, subprocess, sys
+inner = sys.argv[1]
+ppid = subprocess.run([sys.executable, inner], capture_output=True, text=True).stdout.strip()
+print('parent of the inner run is me:', ppid == str(os.getpid()))
+proc = subprocess.Popen([sys.executable, inner, 'sleep'], stdout=subprocess.PIPE, text=True)
+proc.stdout.readline()  # it started
+proc.send_signal(signal.SIGTERM)
+print('inner exit', proc.wait())
+"""
+INNER = """
+import os, signal, sys, time
+print(os.getppid(), flush=True)
+if sys.argv[1:] == ['sleep']:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_the_runs_a_served_run_starts_are_served_beside_it(tmp_path):
+    """`[sys.executable, script]` in a served run is a run of the same server, side by side with
+    its starter (not its child); a SIGTERM to it reaches the run, whose exit status it gives."""
+    (tmp_path / 'spawner.py').write_text(SPAWNER)
+    (tmp_path / 'inner.py').write_text(INNER)
+    out = FORK_SERVER.run([str(tmp_path / 'spawner.py'), str(tmp_path / 'inner.py')], ROOT, ENV, 60)
+    assert out is not None and out.returncode == 0, out and out.stderr[-2000:]
+    assert out.stdout.splitlines() == ['parent of the inner run is me: False', 'inner exit 143']
 
 
 @pytest.mark.slow
