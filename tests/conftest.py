@@ -13,6 +13,7 @@ import threading
 import time
 
 import jax
+import numpy as np
 import pytest
 from flax import nnx
 from fork_server import ForkServer
@@ -190,6 +191,15 @@ def jitted(model):
         return nnx.merge(graphdef, state)(tokens_BT, positions_BT, segment_ids_BT=segment_ids_BT)
 
     return run
+
+
+def full_forward_rows(model, rows: list[list[int]]) -> list:
+    """The full forward's logits of each token sequence in `rows`, [len(row), V] each, from one
+    call on the batch right-padded with token 0 (causal: padding after a position leaves its
+    logits as they are), not one compile per length."""
+    T = max(len(r) for r in rows)
+    logits_BTV = np.asarray(model(np.array([r + [0] * (T - len(r)) for r in rows], np.int32)))
+    return [logits_BTV[b, : len(r)] for b, r in enumerate(rows)]
 
 
 def sown_weights(attn, x_BTE, positions_BT, **kwargs):

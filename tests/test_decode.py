@@ -7,7 +7,15 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import ENV, ROOT, run_entry, tiered, tiny_config, tiny_train_config
+from conftest import (
+    ENV,
+    ROOT,
+    full_forward_rows,
+    run_entry,
+    tiered,
+    tiny_config,
+    tiny_train_config,
+)
 from flax import nnx
 
 from lm.infer.decode import (
@@ -77,8 +85,8 @@ def test_cached_decoding_equals_full_forward(variant):
     cfg, model, decoder = model_and_decoder(**VARIANTS[variant])
     cont = np.asarray(jax.random.randint(jax.random.key(1), (3, 5), 0, cfg.vocab_size), np.int32)
     got = teacher_forced_logits(decoder, PROMPTS, cont)
-    for b, prompt in enumerate(PROMPTS):
-        want = model(np.array([prompt + cont[b].tolist()], np.int32))[0]
+    wants = full_forward_rows(model, [p + cont[b].tolist() for b, p in enumerate(PROMPTS)])
+    for b, want in enumerate(wants):
         np.testing.assert_allclose(got[b], want, atol=ATOL, rtol=RTOL)
 
 
@@ -140,9 +148,9 @@ def test_cache_sizes_equal_the_accounting_formulas(variant):
 def test_greedy_generation_follows_the_argmax_and_stops_at_eos():
     cfg, model, decoder = model_and_decoder(attention='gqa', num_kv_heads=2, seed=4)
     outs = decoder.generate(PROMPTS, max_new_tokens=6)
-    for prompt, out in zip(PROMPTS, outs, strict=True):
+    fulls = full_forward_rows(model, [p + o for p, o in zip(PROMPTS, outs, strict=True)])
+    for prompt, out, logits in zip(PROMPTS, outs, fulls, strict=True):
         assert len(out) == 6
-        logits = model(np.array([prompt + out], np.int32))[0]
         np.testing.assert_array_equal(np.argmax(logits[len(prompt) - 1 : -1], -1), out)
     first = outs[0][0]
     stopped = decoder.generate(PROMPTS[:1], max_new_tokens=6, eos_id=first)

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 import reference
-from conftest import tiny_config
+from conftest import full_forward_rows, tiny_config
 
 from lm.convert import hf
 from lm.infer.decode import Decoder, init_caches
@@ -104,9 +104,9 @@ def teacher_forced(model, cont, kv_cache_dtype='float'):
 
 
 def assert_equals_full_forward(model, cont, rows):
-    for b, prompt in enumerate(PROMPTS):
-        want = model(np.array([prompt + cont[b].tolist()], np.int32))[0]
-        np.testing.assert_allclose(rows[b], want, atol=2e-5, rtol=1e-4)
+    wants = full_forward_rows(model, [p + cont[b].tolist() for b, p in enumerate(PROMPTS)])
+    for row, want in zip(rows, wants, strict=True):
+        np.testing.assert_allclose(row, want, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.slow
@@ -120,8 +120,8 @@ def test_decode_equals_full_forward_past_the_window(attention):
     cont = np.asarray(jax.random.randint(jax.random.key(3), (3, 12), 0, cfg.vocab_size), np.int32)
     assert_equals_full_forward(model, cont, teacher_forced(model, cont))
     out = Decoder(model).generate(PROMPTS, 6)
-    for prompt, new in zip(PROMPTS, out, strict=True):
-        full = model(np.array([prompt + new], np.int32))[0]
+    fulls = full_forward_rows(model, [p + n for p, n in zip(PROMPTS, out, strict=True)])
+    for prompt, new, full in zip(PROMPTS, out, fulls, strict=True):
         np.testing.assert_array_equal(np.argmax(full[len(prompt) - 1 : -1], -1), new)
 
 
