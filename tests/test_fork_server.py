@@ -56,9 +56,10 @@ print('inner exit', proc.wait())
 """
 INNER = """
 import os, signal, sys, time
+if sys.argv[1:] == ['sleep']:  # the handler is in place before the spawner hears it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 print(os.getppid(), flush=True)
 if sys.argv[1:] == ['sleep']:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     time.sleep(60)
 """
 
