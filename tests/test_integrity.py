@@ -411,6 +411,28 @@ def test_sweep_honours_a_seed_grid_and_refuses_stale_runs(tmp_path, text):
 # 6. Checkpoint checksums.
 
 
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16', 'float16', 'int32', 'int8', 'bool'])
+def test_host_checksums_are_the_device_checksums(dtype):
+    """A small array's checksum is summed on the host, a large one's on device: the two give
+    the same (a, b) bit for bit (random values; shapes with 0-3 axes and a key array)."""
+    import jax
+    import jax.numpy as jnp
+
+    from lm.train import checksum
+
+    rng = np.random.default_rng(0)
+    for shape in [(), (7,), (3, 5, 2), (513, 33)]:
+        x = jnp.asarray(rng.normal(size=shape) * 100).astype(dtype)
+        device = tuple(int(v) for v in np.asarray(checksum._leaf_sums(x)))
+        assert checksum.host_leaf_sums(np.asarray(x)) == device, shape
+    big = jnp.ones(checksum.HOST_ELEMENTS + 1, dtype).at[5].set(0)
+    tree = {'big': big, 'small': big[:64], 'key': jax.random.key(3)}
+    data = {**tree, 'key': jax.random.key_data(tree['key'])}  # a key array's words: its data
+    sums = {k: tuple(int(v) for v in np.asarray(checksum._leaf_sums(x))) for k, x in data.items()}
+    want = {f"['{k}']": f'{a:08x}{b:08x}' for k, (a, b) in sums.items()}
+    assert checksum.array_checksums(tree) == want
+
+
 def flip_bytes(step_dir: pathlib.Path) -> None:
     """Inverts 8 bytes in the middle of the largest array file of a checkpoint."""
     files = [f for f in (step_dir / 'state').rglob('*') if f.is_file()]

@@ -15,6 +15,7 @@ per value vector per slot, and a float residual of G slots (`kivi4_bytes`).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax.numpy as jnp
@@ -39,14 +40,20 @@ def _component(path: tuple) -> str:
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """Parameters per component (embedding, attention, mlp, norm, lm_head) and 'total'.
 
-    Counted from the abstract model (`nnx.eval_shape`), so it is exact for any variant.
+    Counted from the abstract model (`nnx.eval_shape`), so it is exact for any variant; each
+    config is traced once per process (sweep planning and parameter matching ask many times).
     """
+    return dict(_param_counts(cfg))
+
+
+@functools.lru_cache(maxsize=256)
+def _param_counts(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     counts = dict.fromkeys(COMPONENTS, 0)
     for path, leaf in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
         counts[_component(path)] += math.prod(leaf.shape)
     counts['total'] = sum(counts.values())
-    return counts
+    return tuple(counts.items())
 
 
 def kv_cache_elements_per_layer(cfg: ModelConfig) -> list[int]:

@@ -22,12 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 
 _WORDS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+# Arrays this small are checksummed on the host (`array_checksums`).
+HOST_ELEMENTS = 1 << 20
 
 
 def _words(x: jax.Array) -> jax.Array:
     """The bits of each element of x as uint32 (same shape)."""
-    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-        x = jax.random.key_data(x)
     if x.dtype == jnp.bool_:
         return x.astype(jnp.uint32)
     return jax.lax.bitcast_convert_type(x, _WORDS[x.dtype.itemsize]).astype(jnp.uint32)
@@ -54,16 +54,36 @@ def _leaf_sums(x: jax.Array) -> jax.Array:
     return jnp.sum(w[None] * weights, axis=tuple(range(1, w.ndim + 1)), dtype=jnp.uint32)
 
 
+def host_leaf_sums(x: np.ndarray) -> tuple[int, int]:
+    """(a, b) of one host array: the same sums as `_leaf_sums`, in numpy's wrapping uint32."""
+    if x.dtype == np.bool_:
+        w = x.astype(np.uint32)
+    else:
+        w = x.view(np.dtype(f'uint{8 * x.dtype.itemsize}')).astype(np.uint32)
+    i = (np.arange(x.size, dtype=np.uint64) % 2**32).astype(np.uint32)
+    a = np.sum(w.ravel() * (2 * i + 1), dtype=np.uint32)
+    b = np.sum(w.ravel() * ((i * np.uint32(2654435761)) | 1), dtype=np.uint32)
+    return int(a), int(b)
+
+
 def array_checksums(tree) -> dict[str, str]:
     """{'['params']['embed']': '1f03...', ...}: a 16-hex-digit checksum per array of `tree`,
     one array at a time (the temporaries are one array's, a compile serves every array of the
-    same shape, and only one checksum program is in flight)."""
+    same shape, and only one checksum program is in flight). An array of this process of at
+    most HOST_ELEMENTS elements is summed on the host instead: the same sums, with no compile
+    per shape (most of a small run's checkpoint time)."""
     out = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        # Fetched before the next leaf is dispatched: XLA:CPU's in-process collectives (a mesh
-        # of several CPU devices) can deadlock when many multi-device programs are queued.
-        a, b = np.asarray(jax.device_get(_leaf_sums(leaf)))
-        out[jax.tree_util.keystr(path)] = f'{int(a):08x}{int(b):08x}'
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        if leaf.size <= HOST_ELEMENTS and getattr(leaf, 'is_fully_addressable', True):
+            a, b = host_leaf_sums(np.asarray(jax.device_get(leaf)))
+        else:
+            # Fetched before the next leaf is dispatched: XLA:CPU's in-process collectives (a
+            # mesh of several CPU devices) can deadlock when many multi-device programs are
+            # queued.
+            a, b = (int(s) for s in np.asarray(jax.device_get(_leaf_sums(leaf))))
+        out[jax.tree_util.keystr(path)] = f'{a:08x}{b:08x}'
     return out
 
 
