@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, stdlib_text
+from conftest import ROOT, USER_XLA_FLAGS, stdlib_text
 from flag_parse import in_one_python
 
-ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': USER_XLA_FLAGS}
 ENTRY_POINTS = ['train.py', 'eval.py'] + sorted(
     f'scripts/{p.name}' for p in (ROOT / 'scripts').glob('*.py')
 )

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, USER_XLA_FLAGS
 from doc_commands import doc_commands
 
 
@@ -28,7 +28,7 @@ def test_quickstart_perplexities_are_in_the_readme_ranges(tmp_path):
     out = subprocess.run(
         [sys.executable, *command.split()[1:]],
         cwd=ROOT,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+        env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': USER_XLA_FLAGS},
         capture_output=True,
         text=True,
         timeout=1800,

@@ -13,6 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 from conftest import (
+    CPU_TEST_XLA_FLAG,
     ENV,
     ROOT,
     entry_command,
@@ -45,7 +46,8 @@ CASES = [
 
 
 def env(devices):
-    return {**ENV, 'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}'}
+    flags = f'{CPU_TEST_XLA_FLAG} --xla_force_host_platform_device_count={devices}'
+    return {**ENV, 'XLA_FLAGS': flags}
 
 
 def worker(devices, spec):
