@@ -425,7 +425,7 @@ def test_host_checksums_are_the_device_checksums(dtype):
         x = jnp.asarray(rng.normal(size=shape) * 100).astype(dtype)
         device = tuple(int(v) for v in np.asarray(checksum._leaf_sums(x)))
         assert checksum.host_leaf_sums(np.asarray(x)) == device, shape
-    big = jnp.ones(checksum.HOST_ELEMENTS + 1, dtype).at[5].set(0)
+    big = jnp.ones(checksum.HOST_ELEMENTS + 1, dtype).at[5].set(jnp.zeros((), dtype))
     tree = {'big': big, 'small': big[:64], 'key': jax.random.key(3)}
     data = {**tree, 'key': jax.random.key_data(tree['key'])}  # a key array's words: its data
     sums = {k: tuple(int(v) for v in np.asarray(checksum._leaf_sums(x))) for k, x in data.items()}
