@@ -1,4 +1,5 @@
-"""Checksums of a state's arrays, computed on device where they live (sharded or not).
+"""Checksums of a state's arrays, computed on device where they live (sharded or not; a small
+array on the host, the same sums).
 
 Each array's bits are read as unsigned words w_i (one per element, by the element's byte width;
 i = its flat row-major index) and reduced to two position-weighted sums modulo 2^32:
