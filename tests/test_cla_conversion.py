@@ -152,6 +152,10 @@ def test_cross_layer_options_are_checked_naming_config_keys():
     assert ConversionOptions(kv_share_every=2).num_kv_heads == 0  # the source's heads kept
     with pytest.raises(ValueError, match='shares K/V across layers'):
         check_conversion(cla_cfg(), ConversionOptions(num_kv_heads=1))
+    mha = cla_cfg(share=1)
+    check_conversion(mha, ConversionOptions(kv_share_every=2))
+    with pytest.raises(ValueError, match=r'^config.model.kv_share_every=3 is more than the sou'):
+        check_conversion(mha, ConversionOptions(kv_share_every=3))
 
 
 def test_ablation_cla_arms_and_their_cache_bytes():

@@ -61,6 +61,20 @@ def test_several_text_files_are_concatenated(tmp_path):
     assert corpus.tokenizer.decode(corpus.tokens['train']) == ('0' * 50 + '1' * 50)[:90]
 
 
+def test_a_file_listed_twice_is_refused(tmp_path, monkeypatch):
+    a, b = write(tmp_path, 'a.txt', 'a' * 50), write(tmp_path, 'b.txt', 'b' * 50)
+    monkeypatch.chdir(tmp_path)
+    for twice in (f'{a},{b},{a}', f'{b},a.txt,{a}'):  # by one path, or a relative and absolute
+        with pytest.raises(ValueError, match=r'^config.data.path names one file twice \('):
+            check_data_config(data_config(tmp_path, source='text', path=twice))
+    copy = write(tmp_path, 'copy.txt', 'b' * 50)  # the same bytes under another name
+    check_data_config(data_config(tmp_path, source='text', path=f'{a},{b},{copy}'))
+    with pytest.raises(
+        ValueError, match=r"^config.data.path: '.*copy.txt' holds the same bytes as '.*b.txt'"
+    ):
+        load_corpus(data_config(tmp_path, source='text', path=f'{a},{b},{copy}'))
+
+
 def test_cache_is_reused_and_keyed_by_content(tmp_path, monkeypatch):
     path = write(tmp_path, 'a.txt', 'hello world ' * 50)
     first = load_corpus(data_config(tmp_path, source='text', path=path))

@@ -180,6 +180,7 @@ def test_mqa_cla2_halves_mqa_cache():
     'settings,message',
     [
         (dict(kv_share_every=0), 'config.model.kv_share_every must be >= 1'),
+        (dict(kv_share_every=3), 'kv_share_every=3 must be <= config.model.num_layers=2'),
         (dict(attention='mla', kv_share_every=2, num_kv_heads=0), 'kv_share_every=2 needs'),
         (dict(kv_heads_per_layer=(2,)), 'must list one count per layer'),
         (dict(kv_heads_per_layer=(4, 3)), '[3] do not divide num_heads=4'),

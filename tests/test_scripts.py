@@ -238,11 +238,13 @@ def test_bench_torch_baseline_time_to_loss(text_file):
 
 
 def test_bench_xla_options_smoke(text_file):
+    more = text_file.with_name('more.txt')  # an arm's value with a comma: two files
+    more.write_text(text_file.read_text(encoding='utf-8')[:20_000], encoding='utf-8')
     stdout = run(
         'bench_xla_options.py',
         f'--data_path={text_file}',
         '--option=eigen1:xla_cpu_multi_thread_eigen=false;xla_cpu_use_xnnpack=false',
-        f'--config_arm=logits16:model.logits_dtype=compute;data.path={text_file},{text_file}',
+        f'--config_arm=logits16:model.logits_dtype=compute;data.path={text_file},{more}',
         '--rounds=1',
         '--calls=1',
         '--set=model.dtype=bfloat16',

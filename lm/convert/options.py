@@ -280,6 +280,11 @@ def check_conversion(src: ModelConfig, opts: ConversionOptions) -> None:
         raise ValueError(f'{key}={g} does not divide config.model.num_heads={H}')
     if g_src % g:
         raise ValueError(f"{key}={g} does not divide the source's {g_src} KV heads")
+    if opts.kv_share_every > src.num_layers:
+        raise ValueError(
+            f"{_k.kv_share_every}={opts.kv_share_every} is more than the source's "
+            f'{src.num_layers} layers'
+        )
 
 
 def check_steps(source_step: int | None, steps: int | None) -> None:

@@ -141,6 +141,7 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
                 raise FileNotFoundError(f'config.data.path: {path!r} does not exist{_hint(path)}')
             if data.source == 'text' and os.path.getsize(path) == 0:
                 raise ValueError(f'config.data.path: {path!r} is empty')
+        _check_distinct_files(text_paths(data))
     if data.source == 'hf' and not data.hf_name:
         raise ValueError("config.data.hf_name must be set for source='hf'")
     if data.source == 'stdlib' and data.path:
@@ -151,6 +152,20 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
             1,
             data.path,
         )
+
+
+def _check_distinct_files(paths: list[str]) -> None:
+    """Refuses a file named twice (by any path): its text would be read twice, and could then
+    be in both splits (validation is the end of the last file)."""
+    seen: dict[str, str] = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise ValueError(
+                f'config.data.path names one file twice ({seen[real]!r} and {path!r}): list '
+                'each file once'
+            )
+        seen[real] = path
 
 
 def _hint(path: str) -> str:

@@ -128,12 +128,19 @@ def stdlib_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Call
 
 def text_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Callable]:
     """The files are hashed and checked for UTF-8 in one streaming pass before anything is
-    tokenised; the last `val_fraction` of their characters is validation."""
+    tokenised (two files of the same bytes are refused); the last `val_fraction` of their
+    characters is validation."""
     paths = text_paths(data)
     key, chars = [], 0
     for p in paths:
         digest = hashlib.sha256()
         chars += sum(len(text) for text in _decoded(p, data.decode_errors, digest))
+        if digest.hexdigest() in key:
+            twin = paths[key.index(digest.hexdigest())]
+            raise ValueError(
+                f'config.data.path: {p!r} holds the same bytes as {twin!r}: its text would be '
+                'read twice, and could then be in both splits; list it once'
+            )
         key.append(digest.hexdigest())
     cut = int(chars * (1 - data.val_fraction))
     total = sum(os.path.getsize(p) for p in paths)

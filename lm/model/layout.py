@@ -44,6 +44,11 @@ def resolve(cls, cfg: ModelConfig) -> ModelConfig:
     n = cfg.kv_share_every
     if n < 1:
         raise ValueError(f'config.model.kv_share_every must be >= 1 (1 = off), got {n}')
+    if n > cfg.num_layers:  # layer 0 would serve every layer, as n = num_layers says
+        raise ValueError(
+            f'config.model.kv_share_every={n} must be <= config.model.num_layers='
+            f'{cfg.num_layers} (num_layers: one K/V for every layer)'
+        )
     if n > 1 and not cls.cross_layer_kv:
         raise ValueError(
             f'config.model.kv_share_every={n} needs an attention variant with K/V heads '
