@@ -18,7 +18,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
-from lm.config import check_config_file, first_line, get_key, load_config_file, with_overrides
+from lm.config import check_config_file, first_line, get_key, with_overrides
 from lm.sharding import check_same_config, set_cpu_devices
 from lm.train import Interrupted, RunError
 
@@ -82,7 +82,10 @@ class RecipeFlags:
 
     def config(self, variant: str) -> ml_collections.ConfigDict:
         """`get_config(variant)` with config.data.path set, then the --set overrides."""
-        config = load_config_file(self._file.value, variant)
+        try:  # a one-line error naming the file (a config that takes no variant, say)
+            config = check_config_file(f'{self._file.value}:{variant}')
+        except ValueError as e:
+            raise ValueError(f'{e} (the script passes it --variant={variant})') from None
         config.data.path = self._data.value
         return with_overrides(config, self._set.value)
 

@@ -736,6 +736,13 @@ EARLY = [
         r'overrides as --set=train\.steps=VALUE',
     ),
     (
+        'profile_train_config_without_variants',
+        'scripts/profile_train.py',
+        lambda c: ['--config=configs/quickstart.py', '--variant=gqa'],
+        r'--config=configs/quickstart\.py:gqa: get_config\(\) in configs/quickstart\.py takes no '
+        r'argument \(the script passes it --variant=gqa\)',
+    ),
+    (
         'bench_decode_json_is_a_directory',
         BENCH,
         lambda c: [f'--json={c.root}'],
