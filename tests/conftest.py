@@ -117,10 +117,16 @@ def entry_command(script, *args):
     return [sys.executable, str(ROOT / script), *map(str, args)]
 
 
-def start_entry(script, *args) -> tuple[subprocess.Popen, list[str]]:
-    """An entry point started with its stderr collected line by line in the returned list."""
+def start_entry(script, *args, sigkill=False) -> tuple[subprocess.Popen, list[str]]:
+    """An entry point started with its stderr collected line by line in the returned list: a
+    child of the fork server through its client (which passes SIGTERM and SIGINT on to the run
+    and exits as it did), else a fresh Python; with `sigkill` (the test kills it with SIGKILL,
+    which no client can pass on) always a fresh Python."""
+    argv = entry_command(script, *args)
+    if not sigkill and FORK_SERVER.start():
+        argv = [FORK_SERVER.path + '.python', *argv[1:]]
     proc = subprocess.Popen(
-        entry_command(script, *args),
+        argv,
         cwd=ROOT,
         env=ENV,
         stdout=subprocess.PIPE,

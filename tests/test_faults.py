@@ -297,6 +297,7 @@ def test_kill9_during_export_leaves_the_old_export_or_the_new_one(tmp_path):
         f'--workdir={tmp_path / "run1"}',
         f'--hf_dir={out}',
         '--overwrite',
+        sigkill=True,
     )
     wait_for(lambda: any('tensors to' in line for line in lines), proc, lines)
     time.sleep(0.05)
@@ -329,7 +330,7 @@ def import_saving(tmp_path) -> tuple[subprocess.Popen, list[str], object, object
     hf_io.export_hf(str(tmp_path / 'run'), str(hf))
     work = tmp_path / 'w'
     proc, lines = start_entry(
-        'scripts/convert_hf.py', 'import', f'--hf_dir={hf}', f'--workdir={work}'
+        'scripts/convert_hf.py', 'import', f'--hf_dir={hf}', f'--workdir={work}', sigkill=True
     )
     wait_for(lambda: list(tmp_path.glob('.w.import-partial-*/checkpoints/*')), proc, lines)
     return proc, lines, hf, work

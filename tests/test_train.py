@@ -284,21 +284,23 @@ def test_sigterm_during_evaluation_saves_the_step_and_exits_at_once(
     """A stop during an evaluation saves the step and exits; resuming repeats that evaluation
     (the checkpoint says it was cut short) and, at the last step, writes results.json: before,
     a stop during the final evaluation left a run that could never finish."""
+    first = evaluation == 'first'  # else no step-0 evaluation: one long evaluation less
     config = tiny_train_config(
         tmp_path,
         big_validation,
         **{'train.steps': 8, 'eval_every': 4, 'checkpoint_every': 8, 'eval_tokens': 0},
+        eval_at_start=first,
     )
     cfg_file = write_config_file(config, tmp_path / 'cfg.py')
     t = time.time()
     args = (f'--config={cfg_file}', f'--workdir={tmp_path / "run"}')
-    times = {'first': 1, 'at_step_4': 2, 'at_the_last_step': 3}[evaluation]
+    times = {'first': 1, 'at_step_4': 1, 'at_the_last_step': 2}[evaluation]
     code, err = sigterm_while_training(
         'train.py', *args, marker='evaluating the validation split', times=times, delay=0.5
     )  # the step-0 eval, the one at step 4 or the final one at step 8
     assert code == 128 + signal.SIGTERM, err[-2000:]
     assert 'Traceback' not in err
-    if evaluation == 'first':
+    if first:
         assert 'stopped by SIGTERM during the first evaluation: nothing trained' in err
         assert Checkpointer(str(tmp_path / 'run')).steps() == []
         return
