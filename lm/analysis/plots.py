@@ -95,12 +95,13 @@ def loss_figure(runs: list[RunHeads]) -> plt.Figure:
 
 def save(fig: plt.Figure, path: str | None = None) -> np.ndarray:
     """Writes the figure as a PNG (when `path` is given) and returns it as an RGB array (for
-    TensorBoard)."""
-    if path is not None:
-        fig.savefig(path, dpi=90)
+    TensorBoard); the figure is drawn once for both."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format='png', dpi=90)
     plt.close(fig)
+    if path is not None:
+        with open(path, 'wb') as f:
+            f.write(buffer.getvalue())
     buffer.seek(0)
     return plt.imread(buffer)[..., :3]
 
