@@ -234,7 +234,7 @@ def test_kill9_then_resume_of_an_ensemble_is_bitwise_identical(tmp_path, small_t
     proc.kill()  # SIGKILL, mid-way
     proc.wait()
     assert not (tmp_path / 'run' / 'checkpoints' / '200').exists(), 'run finished before kill'
-    resumed = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    resumed = run_entry('train.py', *cmd[2:], timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert 'resumed from' in resumed.stderr
     for seed in (0, 1):
