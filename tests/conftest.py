@@ -3,6 +3,7 @@ them (`run_entry`: children of a fork server, tests/fork_server.py), and text th
 themselves (nothing outside the repository is read: the tests run in a fresh clone)."""
 
 import atexit
+import json
 import os
 import pathlib
 import signal
@@ -86,18 +87,40 @@ def tiered(values, fast):
 
 
 # This worker's fork server (tests/fork_server.py): `run_entry`'s runs without a fresh Python's
-# imports each.
+# imports each; one more per other environment runs are given (simulated devices), made on its
+# first run.
 FORK_SERVER = ForkServer(ENV, ROOT)
-atexit.register(FORK_SERVER.close)
+_SERVERS = {json.dumps(ENV, sort_keys=True): FORK_SERVER}
+
+
+def fork_server(env: dict[str, str]) -> ForkServer:
+    """This worker's fork server for runs in `env`."""
+    key = json.dumps(env, sort_keys=True)
+    if key not in _SERVERS:
+        _SERVERS[key] = ForkServer(env, ROOT)
+    return _SERVERS[key]
+
+
+@atexit.register
+def _close_servers() -> None:
+    for server in _SERVERS.values():
+        server.close()
+
+
+def simulated_devices_env(devices: int) -> dict[str, str]:
+    """ENV with `devices` simulated CPU devices (XLA_FLAGS, read when JAX starts)."""
+    flags = f'{CPU_TEST_XLA_FLAG} --xla_force_host_platform_device_count={devices}'
+    return {**ENV, 'XLA_FLAGS': flags}
 
 
 def run_entry(script, *args, env=None, timeout=600, check=False, fresh=False):
     """Runs an entry point (`'train.py'`, `'scripts/sweep.py'`, ...) as `python` would on the
-    CPU backend from the repository root: a child of the fork server, or with `fresh` (or an
-    environment of its own) a fresh Python; returns the CompletedProcess (text output). With
+    CPU backend from the repository root: a child of the fork server for its environment
+    (`env`, default ENV), or with `fresh` a fresh Python; returns the CompletedProcess (text
+    output). With
     `check`, a non-zero exit fails the test showing stderr's tail."""
     argv = [str(ROOT / script), *map(str, args)]
-    out = None if fresh else FORK_SERVER.run(argv, ROOT, env or ENV, timeout)
+    out = None if fresh else fork_server(env or ENV).run(argv, ROOT, env or ENV, timeout)
     if out is None:
         out = subprocess.run(
             [sys.executable, *argv],

@@ -13,12 +13,11 @@ import subprocess
 import numpy as np
 import pytest
 from conftest import (
-    CPU_TEST_XLA_FLAG,
-    ENV,
     ROOT,
     entry_command,
     read_scalars,
     run_entry,
+    simulated_devices_env,
     stdlib_text,
     tiny_train_config,
     write_config_file,
@@ -45,14 +44,13 @@ CASES = [
 ]
 
 
-def env(devices):
-    flags = f'{CPU_TEST_XLA_FLAG} --xla_force_host_platform_device_count={devices}'
-    return {**ENV, 'XLA_FLAGS': flags}
-
-
 def worker(devices, spec):
     out = run_entry(
-        'tests/mesh_worker.py', json.dumps(spec), env=env(devices), timeout=900, check=True
+        'tests/mesh_worker.py',
+        json.dumps(spec),
+        env=simulated_devices_env(devices),
+        timeout=900,
+        check=True,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     runs = {r['name']: r for r in result['runs']}
@@ -133,7 +131,7 @@ def train_cli(cfg_file, workdir, devices, *extra):
         f'--config={cfg_file}',
         f'--workdir={workdir}',
         *extra,
-        env=env(devices),
+        env=simulated_devices_env(devices),
         check=True,
     )
     return out
@@ -166,7 +164,13 @@ def test_checkpoint_restores_on_other_meshes(tmp_path, small_text):
         )
     # Read on fewer devices than it was trained on (an 8-GPU run evaluated on one GPU): its
     # mesh is refitted to the devices there, and the loss is the one training logged.
-    out = run_entry('eval.py', f'--workdir={tmp_path / "a"}', env=env(1), timeout=300, check=True)
+    out = run_entry(
+        'eval.py',
+        f'--workdir={tmp_path / "a"}',
+        env=simulated_devices_env(1),
+        timeout=300,
+        check=True,
+    )
     assert "the run's config.mesh {'data': 2, 'fsdp': 2, 'tensor': 2} needs 8" in out.stderr
     np.testing.assert_allclose(
         json.loads(out.stdout.strip().splitlines()[-1])['loss'],
@@ -197,7 +201,7 @@ def two_processes(cfg_file, workdir, extra: list[list[str]]) -> list[subprocess.
                 f'--process_id={i}',
             ),
             cwd=ROOT,
-            env=env(4),
+            env=simulated_devices_env(4),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -320,7 +324,7 @@ def test_batch_not_divisible_by_8_devices_is_a_one_line_error(tmp_path, small_te
         'train.py',
         f'--config={write_config_file(config, tmp_path / "c.py")}',
         f'--workdir={tmp_path / "w"}',
-        env=env(8),
+        env=simulated_devices_env(8),
         timeout=300,
     )
     assert out.returncode == 1 and 'Traceback' not in out.stderr

@@ -14,12 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import (
-    CPU_TEST_XLA_FLAG,
     ENV,
     ROOT,
     entry_command,
     read_scalars,
     sigterm_while_training,
+    simulated_devices_env,
     stdlib_text,
     tiny_config,
     tiny_train_config,
@@ -508,9 +508,8 @@ def test_cli_errors_are_one_line_and_early(tmp_path, small_text):
     assert run(base, f'--config.compilation_cache_dir={tmp_path / "a_file"}') == (
         f"error: config.compilation_cache_dir='{tmp_path / 'a_file'}' is a file, not a directory"
     )
-    flags = f'{CPU_TEST_XLA_FLAG} --xla_force_host_platform_device_count=2'
-    two_devices = {**ENV, 'XLA_FLAGS': flags}
     odd = tiny_train_config(tmp_path, small_text, **{'train.batch_size': 3})
+    two_devices = simulated_devices_env(2)
     assert 'must be divisible by the data-parallel size 2' in run(odd, env=two_devices)
     train(base, str(tmp_path / 'w'))
     wider = tiny_train_config(tmp_path, small_text, **{'model.d_model': 48})
