@@ -314,6 +314,20 @@ def test_config_fingerprint_and_changes(tmp_path, text):
     assert config_changes(saved, config) == []
 
 
+def test_a_data_path_given_relative_then_absolute_is_no_change(tmp_path, text, monkeypatch):
+    monkeypatch.chdir(text.parent)
+    saved = json.loads(tiny_train_config(tmp_path, text.name).to_json())
+    assert config_changes(saved, tiny_train_config(tmp_path, text.resolve())) == []
+    other = text.with_name('other.txt')
+    other.write_text(text.read_text())  # the same bytes, but another file
+    changed = config_changes(saved, tiny_train_config(tmp_path, other))
+    assert changed == [f"data.path: '{text.name}' -> '{other}'"]
+    both = f'{text.name},{other.name}'
+    saved = json.loads(tiny_train_config(tmp_path, both).to_json())
+    assert config_changes(saved, tiny_train_config(tmp_path, f'{text},{other}')) == []
+    assert config_changes(saved, tiny_train_config(tmp_path, f'{other},{text}')) != []
+
+
 @pytest.mark.slow
 def test_resume_under_a_changed_config_is_refused_unless_allowed(tmp_path, text):
     config = tiny_train_config(tmp_path, text)

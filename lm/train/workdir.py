@@ -316,15 +316,30 @@ def config_fingerprint(config: ml_collections.ConfigDict) -> str:
 def config_changes(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
     """['train.lr: 0.001 -> 0.003', ...]: the settings outside RESUMABLE_KEYS in which `config`
     differs from `saved` (a checkpoint's config, upgraded to today's keys first). A
-    `model.vocab_size` of 0 ("from the tokenizer") matches any saved size."""
+    `model.vocab_size` of 0 ("from the tokenizer") matches any saved size, and a `data.path`
+    that names the same files (absolute or relative) matches."""
     old, new = flat_config(upgrade_config(saved)), flat_config(config)
     changes = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, '(absent)'), new.get(key, '(absent)')
         if a == b or resumable_key(key) or (key == 'model.vocab_size' and b == 0):
             continue
+        if key == 'data.path' and _same_files(a, b):
+            continue
         changes.append(f'{key}: {a!r} -> {b!r}')
     return changes
+
+
+def _same_files(a: Any, b: Any) -> bool:
+    """Whether two `data.path` values name the same files in the same order, each read from
+    here (one given absolute, the other relative to this directory, say)."""
+    if not (isinstance(a, str) and isinstance(b, str)):
+        return False
+    one, two = ([p.strip() for p in v.split(',') if p.strip()] for v in (a, b))
+    return len(one) == len(two) and all(
+        x == y or (os.path.isfile(x) and os.path.isfile(y) and os.path.samefile(x, y))
+        for x, y in zip(one, two, strict=True)
+    )
 
 
 def check_config_change(
