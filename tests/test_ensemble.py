@@ -382,6 +382,20 @@ def test_a_sweep_of_ensembles_summarises_as_separate_runs_do(tmp_path, small_tex
     )
 
 
+def test_a_sweep_refuses_ensemble_settings_its_runs_would_refuse_when_it_plans(
+    tmp_path, small_text
+):
+    config = tiny_train_config(tmp_path, small_text, **{'train.ensemble_lr': '1e-3,2e-3,3e-3'})
+    points = [{'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0}]
+    plan_sweep(config, points, str(tmp_path), [], 3, ensemble=True)  # 3 rates, 3 members
+    with pytest.raises(ValueError, match=r"^sweep point mha: config.train.ensemble_lr='1e-3,2e-3,"
+                       r"3e-3' must be 2 comma-separated"):  # fmt: skip
+        plan_sweep(config, points, str(tmp_path), [], 2, ensemble=True)
+    with pytest.raises(ValueError, match=r'^sweep point mha: config.train.ensemble_lr=.* needs an'):
+        plan_sweep(config, points, str(tmp_path), [], 3)  # separate runs: no ensemble
+    assert not list(tmp_path.glob('mha*'))
+
+
 def test_a_sweep_splits_a_points_seeds_over_ensemble_groups(tmp_path, small_text):
     """--ensemble_groups=3 of 8 seeds: ensembles of seeds 0-2, 3-5 and 6-7, each a lane of
     its own with its members' runs after it; --ensemble_program sets their program."""

@@ -19,7 +19,7 @@ from lm.config import with_values
 from lm.config_migration import ADDED_KEYS
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, read_result, stopped_by
 from lm.train.checkpoint import saved_steps
-from lm.train.ensemble import check_members_divide_over
+from lm.train.ensemble import check_ensemble_config, check_members_divide_over
 from lm.train.run import check_loop_config
 from lm.train.stored import stored_config
 from lm.train.workdir import RunError, flat_config, resumable_key
@@ -45,10 +45,16 @@ class PointSpecs:
     trainer: Callable[[ml_collections.ConfigDict, list[str], str], Callable[[str], dict]]
     split_command: list[str] = dataclasses.field(default_factory=list)
 
-    def _seeded(self, config: ml_collections.ConfigDict, k: int) -> ml_collections.ConfigDict:
+    def _seeded(
+        self, config: ml_collections.ConfigDict, k: int, trains: bool = True
+    ) -> ml_collections.ConfigDict:
+        """The point's config at its k-th seed, checked as its run will check it (`trains`: a
+        run that trains, not a member split out of its ensemble)."""
         seeded = with_values(config, {'seed': config.seed + k})  # the point's own seed
         try:
             check_loop_config(seeded)
+            if trains:
+                check_ensemble_config(seeded)
         except ValueError as e:
             raise ValueError(f'sweep point {self.name}: {e}') from None
         return seeded
@@ -109,7 +115,7 @@ class PointSpecs:
         split = functools.partial(_split, source, seeds=seeds, name=f'{point}_s{{seed}}')
         members = [
             self._spec(
-                self._seeded(config, first + i),
+                self._seeded(config, first + i, trains=False),
                 n,
                 split(i, command=self.split_command),
                 lane=lane,
