@@ -25,7 +25,12 @@ _TEST_DIRS = {'test', 'tests', 'idle_test', 'site-packages', 'dist-packages', '_
 
 def text_paths(data: ml_collections.ConfigDict) -> list[str]:
     """`config.data.path`'s files (comma-separated)."""
-    return [p.strip() for p in data.path.split(',') if p.strip()]
+    return split_paths(data.path)
+
+
+def split_paths(path: str) -> list[str]:
+    """The files of a `data.path` value: comma-separated, blanks dropped."""
+    return [p.strip() for p in path.split(',') if p.strip()]
 
 
 def stdlib_files() -> list[tuple[str, str]]:
@@ -135,13 +140,12 @@ def text_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Callab
     for p in paths:
         digest = hashlib.sha256()
         chars += sum(len(text) for text in _decoded(p, data.decode_errors, digest))
-        if digest.hexdigest() in key:
-            twin = paths[key.index(digest.hexdigest())]
+        if (h := digest.hexdigest()) in key:
             raise ValueError(
-                f'config.data.path: {p!r} holds the same bytes as {twin!r}: its text would be '
-                'read twice, and could then be in both splits; list it once'
+                f'config.data.path: {p!r} holds the same bytes as {paths[key.index(h)]!r}: its '
+                'text would be read twice, and could then be in both splits; list it once'
             )
-        key.append(digest.hexdigest())
+        key.append(h)
     cut = int(chars * (1 - data.val_fraction))
     total = sum(os.path.getsize(p) for p in paths)
 

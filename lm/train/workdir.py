@@ -22,6 +22,7 @@ from typing import Any
 import ml_collections
 
 from lm.config_migration import upgrade_config
+from lm.data.files import split_paths
 
 LOCK_NAME = '.lock'
 RUN_FILES = 'hf'  # <workdir>/hf: the side files a run keeps (an import's tokenizer, config.json)
@@ -335,7 +336,7 @@ def _same_files(a: Any, b: Any) -> bool:
     here (one given absolute, the other relative to this directory, say)."""
     if not (isinstance(a, str) and isinstance(b, str)):
         return False
-    one, two = ([p.strip() for p in v.split(',') if p.strip()] for v in (a, b))
+    one, two = split_paths(a), split_paths(b)
     return len(one) == len(two) and all(
         x == y or (os.path.isfile(x) and os.path.isfile(y) and os.path.samefile(x, y))
         for x, y in zip(one, two, strict=True)
