@@ -75,6 +75,18 @@ def test_a_file_listed_twice_is_refused(tmp_path, monkeypatch):
         load_corpus(data_config(tmp_path, source='text', path=f'{a},{b},{copy}'))
 
 
+def test_a_file_whose_name_holds_a_comma_is_refused_by_name(tmp_path):
+    """data.path is comma-separated, so a file named 'a,b.txt' reads as files 'a' and 'b.txt':
+    the error names the file and the comma, not a missing 'a'."""
+    other = write(tmp_path, 'other.txt', 'o' * 50)
+    comma = write(tmp_path, 'one,two.txt', 'c' * 50)
+    for value in (comma, f'{other}, {comma}', f'{comma},{other}'):
+        with pytest.raises(ValueError, match=r"^config.data.path: '.*one,two.txt' is a file whose"):
+            check_data_config(data_config(tmp_path, source='text', path=value))
+    with pytest.raises(FileNotFoundError, match=r"^config.data.path: '.*three' does not exist"):
+        check_data_config(data_config(tmp_path, source='text', path=f'{other},{tmp_path}/three'))
+
+
 def test_cache_is_reused_and_keyed_by_content(tmp_path, monkeypatch):
     path = write(tmp_path, 'a.txt', 'hello world ' * 50)
     first = load_corpus(data_config(tmp_path, source='text', path=path))

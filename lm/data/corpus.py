@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -138,6 +139,7 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
             if os.path.exists(path) and not os.path.isfile(path):
                 raise ValueError(f'config.data.path: {path!r} is not a regular file')
             if not os.path.isfile(path):
+                _check_comma_name(data.path)
                 raise FileNotFoundError(f'config.data.path: {path!r} does not exist{_hint(path)}')
             if data.source == 'text' and os.path.getsize(path) == 0:
                 raise ValueError(f'config.data.path: {path!r} is empty')
@@ -166,6 +168,19 @@ def _check_distinct_files(paths: list[str]) -> None:
                 'each file once'
             )
         seen[real] = path
+
+
+def _check_comma_name(value: str) -> None:
+    """Refuses a `data.path` whose pieces are missing files because a file's own name holds a
+    comma (the list separator): no file name can hold one."""
+    parts = value.split(',')
+    for i, j in itertools.combinations(range(len(parts) + 1), 2):
+        name = ','.join(parts[i:j]).strip()
+        if j - i > 1 and os.path.isfile(name):
+            raise ValueError(
+                f'config.data.path: {name!r} is a file whose name holds a comma, but data.path '
+                'is a comma-separated list of files: link or copy it to a name without one'
+            )
 
 
 def _hint(path: str) -> str:
