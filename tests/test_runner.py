@@ -241,3 +241,32 @@ def test_a_run_resumed_with_other_settings_is_not_finished_until_it_ends(tmp_pat
     fake.stop.clear()
     done = runner.run([fake.spec('a', 0, steps=20)], str(tmp_path))
     assert done['a_s0']['fingerprint']['steps'] == 20
+
+
+def test_an_output_file_never_replaces_a_runs_or_any_sweeps_own_files(tmp_path):
+    """Output files of the scripts: refused inside any sweep directory above them (its summary
+    files, its runs), or as a run's record file or in its subdirectories; a file of the user's
+    beside a run's record is fine, and nothing is written."""
+    from lm.experiments.outputs import check_not_record_file, check_output_file
+    from lm.train.workdir import SWEEP_MARK
+
+    sweep, run = tmp_path / 'sweep', tmp_path / 'runs' / 'gqa2'
+    (sweep / 'mha_s0' / 'checkpoints').mkdir(parents=True)
+    (sweep / SWEEP_MARK).write_text('{}')
+    (run / 'checkpoints').mkdir(parents=True)
+    refused = {
+        sweep / 'summary.csv': r"is the sweep's own summary\.csv",
+        sweep / 'pareto_kv.png': r"is the sweep's own pareto_kv\.png",
+        sweep / 'mha_s0' / 'q.csv': r'is inside .*sweep/mha_s0, a directory of the sweep',
+        run / 'results.json': r"would replace the run .*gqa2's own results\.json",
+        run / 'tb' / 'x.png': r"would replace the run .*gqa2's own tb;",
+    }
+    for path, pattern in refused.items():
+        with pytest.raises(ValueError, match=rf'^--out={path} {pattern}'):
+            check_not_record_file(str(path), '--out', sweep_dir=str(tmp_path / 'another'))
+    (run / 'tb').mkdir()
+    with pytest.raises(ValueError, match=r"^--out=.*tb/x\.png would replace the run"):
+        check_output_file(str(run / 'tb' / 'x.png'), '--out', '.png')
+    for path in (sweep / 'mine.csv', run / 'mine.csv', tmp_path / 'summary.csv'):
+        check_output_file(str(path), '--out')
+    assert sorted(p.name for p in tmp_path.rglob('*') if p.is_file()) == [SWEEP_MARK]

@@ -29,7 +29,8 @@ __all__, __getattr__, __dir__ = public_face(
         'sweep_status': ('progress',),
         'sweep_ensemble': ('check_ensembles_divide', 'seed_runs'),
         'fairness': ('MATCHES',),
-        'sweep_summary': ('check_not_sweep_file', 'summarise as summarise_sweep'),
+        'sweep_summary': ('summarise as summarise_sweep',),
+        'outputs': ('check_not_record_file', 'check_output_file'),
         'ablation_arms': ('Ablation', 'base_config'),
         'ablation': (
             'check_configs as check_ablation',
@@ -43,7 +44,7 @@ __all__, __getattr__, __dir__ = public_face(
             'report as ablation_report',
             'tables as ablation_markdown',
         ),
-        'summary': ('check_output_file', 'seed_rows', 'write_csv'),
+        'summary': ('seed_rows', 'write_csv'),
         'stats': ('estimate',),
         'trend': ('contrasts as trend_contrasts', 'per_seed_contrasts', 'seeds_needed'),
         'pareto': (

@@ -202,20 +202,6 @@ def seed_rows(values: Mapping[Hashable, Values], keys: tuple[str, ...], value: s
     return rows
 
 
-def check_output_file(path: str, flag: str, suffix: str = '') -> None:
-    """One-line error unless `path` names a file (ending in `suffix` when given) that can be
-    written: not a directory, in an existing writable directory. Writes nothing."""
-    if os.path.isdir(path):
-        raise ValueError(f'{flag}={path} is a directory; expected a file path')
-    if suffix and not path.endswith(suffix):
-        raise ValueError(f'{flag}={path}: expected a file name ending in {suffix}')
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise ValueError(f'{flag}={path}: its directory {parent} does not exist')
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f'{flag}={path}: its directory {parent} is not writable')
-
-
 def write_csv(path: str, rows: list[dict]) -> None:
     """Writes `rows` to the CSV file `path`, creating its directory."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

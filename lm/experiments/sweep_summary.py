@@ -5,7 +5,6 @@ at its end (summary.md, summary.csv, summary_pairs*.csv, summary_seeds.csv, summ
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import os
 
@@ -17,39 +16,6 @@ from lm.experiments.runner import Spec
 from lm.model import accounting, attention
 from lm.model.transformer import model_config
 from lm.train.stored import stored_config
-from lm.train.workdir import SWEEP_MARK
-
-# The files `summarise` leaves in the sweep directory.
-FILES = (
-    'summary.md',
-    'summary.csv',
-    'summary_pairs.csv',
-    'summary_pairs_recall.csv',
-    'summary_seeds.csv',
-    'summary.png',
-)
-
-
-def check_not_sweep_file(path: str, sweep_dir: str, flag: str) -> None:
-    """One-line ValueError when output file `path` would replace what the sweep in `sweep_dir`
-    wrote: its summary files (`FILES`), Pareto figures (pareto_*.png, lm.experiments.pareto_plot)
-    or fairness record (`SWEEP_MARK`), or anything in its subdirectories (its runs, TensorBoard
-    files)."""
-    mine, sweep = os.path.realpath(path), os.path.realpath(sweep_dir)
-    if mine == sweep or os.path.commonpath([mine, sweep]) != sweep:
-        return
-    name = os.path.relpath(mine, sweep)
-    if os.sep in name:
-        raise ValueError(
-            f'{flag}={path} is inside {os.path.join(sweep_dir, name.split(os.sep)[0])}, a '
-            f'directory of the sweep {sweep_dir} (its runs, TensorBoard files); give a path '
-            'outside it'
-        )
-    if name in (*FILES, SWEEP_MARK) or fnmatch.fnmatch(name, 'pareto_*.png'):
-        raise ValueError(
-            f"{flag}={path} is the sweep's own {name} (scripts/sweep.py writes it in "
-            f'{sweep_dir}); give another file'
-        )
 
 
 def summarise(
