@@ -265,7 +265,7 @@ def test_an_output_file_never_replaces_a_runs_or_any_sweeps_own_files(tmp_path):
         with pytest.raises(ValueError, match=rf'^--out={path} {pattern}'):
             check_not_record_file(str(path), '--out', sweep_dir=str(tmp_path / 'another'))
     (run / 'tb').mkdir()
-    with pytest.raises(ValueError, match=r"^--out=.*tb/x\.png would replace the run"):
+    with pytest.raises(ValueError, match=r'^--out=.*tb/x\.png would replace the run'):
         check_output_file(str(run / 'tb' / 'x.png'), '--out', '.png')
     for path in (sweep / 'mine.csv', run / 'mine.csv', tmp_path / 'summary.csv'):
         check_output_file(str(path), '--out')
