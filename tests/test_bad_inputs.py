@@ -392,6 +392,18 @@ ROWS = [
         )
     ],
     (
+        'uptrain_dst_inside_another_run',  # a run inside a run: never a directory of its own
+        UPTRAIN,
+        lambda c: [f'--src={c.run}', f'--dst={c.sweep}/mha_s0/gqa2', '--num_kv_heads=2'],
+        r"--dst='.*mha_s0/gqa2' is inside the run .*/mha_s0; give the new run a directory",
+    ),
+    (
+        'convert_import_inside_a_run',
+        CONVERT,
+        lambda c: ['import', f'--hf_dir={HF_MODEL}', f'--workdir={c.run}/imported'],
+        r"--workdir='.*/imported' is inside the run .*/run; give the new run a directory",
+    ),
+    (
         'uptrain_no_target',
         UPTRAIN,
         lambda c: [f'--src={c.run}', f'--dst={c.root}/up'],
@@ -482,6 +494,11 @@ ROWS = [
                 'checkpoints_of_a_run',
                 lambda c: c.run / 'checkpoints',
                 r"--workdir='.*' is the checkpoints directory of the run .*/run; give",
+            ),
+            (
+                'inside_a_run',
+                lambda c: c.run / 'child',
+                r"--workdir='.*/child' is inside the run .*/run; give the new run a directory",
             ),
             (
                 'inside_checkpoints_of_a_run',

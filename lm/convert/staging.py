@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Iterator
 
 from lm.train.checkpoint import checkpoint_entries
-from lm.train.workdir import check_apart, check_replaceable, safe_name
+from lm.train.workdir import check_apart, check_replaceable, check_train_workdir, safe_name
 
 
 def _check_empty(path: str, setting: str, option: str, ignore: tuple[str, ...] = ()) -> None:
@@ -51,10 +51,11 @@ def check_import_dir(
 ) -> None:
     """One-line errors, before any work, for an import of `hf_dir` into `workdir`: a file, a
     directory holding checkpoints (unfinished saves do not count), the local `hf_dir` (or one
-    inside it or holding it), a non-empty directory without `overwrite` (which replaces it
-    whole), or with it one that is or holds anywhere below it a training run (a checkpoints/
-    directory, even of unfinished saves) or a sweep directory (`check_replaceable`). `names`:
-    how the caller spells the directory and the option in errors."""
+    inside it or holding it), one that cannot be a run's own (`check_train_workdir`), a
+    non-empty directory without `overwrite` (which replaces it whole), or with it one that is
+    or holds anywhere below it a training run (a checkpoints/ directory, even of unfinished
+    saves) or a sweep directory (`check_replaceable`). `names`: how the caller spells the
+    directory and the option in errors."""
     setting, option = names
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ValueError(f'{setting}={workdir!r} is a file, not a directory')
@@ -66,6 +67,7 @@ def check_import_dir(
         check_replaceable(workdir, setting, option)
     else:
         _check_empty(workdir, setting, option, ignore=('checkpoints',))  # unfinished saves only
+    check_train_workdir(workdir, setting)  # not inside another run
 
 
 def new_dir(parent: str, prefix: str) -> str:

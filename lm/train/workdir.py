@@ -110,8 +110,9 @@ def check_replaceable(path: str, setting: str, option: str) -> None:
 
 def check_train_workdir(path: str, setting: str = '--workdir') -> None:
     """One-line ValueError when `path` cannot be a run's own directory: a sweep directory, a
-    directory holding runs or sweeps (a folder of runs), or a directory in (or being) another
-    run's checkpoints/. Object stores (gs://...) pass."""
+    directory holding runs or sweeps (a folder of runs), or a directory inside another run
+    (its checkpoints/ or elsewhere: it would hold a run inside a run). Object stores
+    (gs://...) pass."""
     if '://' in path:
         return
     if directory_kind(path) == A_SWEEP:
@@ -129,12 +130,16 @@ def check_train_workdir(path: str, setting: str = '--workdir') -> None:
     mine = os.path.realpath(path)
     parent = os.path.dirname(mine)
     while parent != os.path.dirname(parent):
-        checkpoints = os.path.join(parent, 'checkpoints')
-        if os.path.commonpath([mine, checkpoints]) == checkpoints and os.path.isdir(checkpoints):
-            where = 'is' if mine == checkpoints else 'is inside'
+        if directory_kind(parent) == A_RUN:  # its checkpoints, TensorBoard files or any subdir
+            checkpoints = os.path.join(parent, 'checkpoints')
+            where = (
+                ('is' if mine == checkpoints else 'is inside') + ' the checkpoints directory of'
+                if os.path.commonpath([mine, checkpoints]) == checkpoints
+                else 'is inside'
+            )
             raise ValueError(
-                f'{setting}={path!r} {where} the checkpoints directory of the run {parent}; '
-                'give the new run a directory of its own'
+                f'{setting}={path!r} {where} the run {parent}; give the new run a directory of '
+                'its own, outside it'
             )
         parent = os.path.dirname(parent)
 
