@@ -10,6 +10,7 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -98,6 +99,13 @@ def ctx(tmp_path_factory):
         c.unwritable.chmod(0o755)
 
 
+def closed_port() -> int:
+    """A loopback port nothing listens on (just freed)."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
 TRAIN, EVAL, GENERATE = 'train.py', 'eval.py', 'scripts/generate.py'
 UPTRAIN, SWEEP = 'scripts/uptrain.py', 'scripts/sweep.py'
 CONVERT, HF_MODEL = 'scripts/convert_hf.py', str(ROOT / 'tests' / 'fixtures' / 'hf' / 'llama_mha')
@@ -120,6 +128,19 @@ ROWS = [
             f'--config.data.cache_dir={c.root}/cache_of_a_refused_resume',
         ],
         r'was trained with a different config: .*train\.lr: ',
+    ),
+    (
+        'multi_host_coordinator_never_answers',  # not JAX's native abort (exit 134) at its timeout
+        TRAIN,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            f'--workdir={c.root}/mh',
+            f'--coordinator_address=127.0.0.1:{closed_port()}',
+            '--num_processes=2',
+            '--process_id=1',
+            '--distributed_timeout=1',
+        ],
+        r'--coordinator_address=127\.0\.0\.1:\d+: no coordinator answered in 1 s ',
     ),
     (
         'config_missing',

@@ -111,3 +111,31 @@ def test_a_stop_inside_at_once_is_not_swallowed_by_except_exception():
                 time.sleep(5)  # the handler raises here, as soon as Python runs again
             except Exception:  # noqa: BLE001 - what the libraries do
                 pytest.fail('the stop was caught as an Exception')
+
+
+def test_a_multi_host_process_stops_in_one_line_when_the_job_cannot_form():
+    """JAX aborts natively (exit 134) when the coordinator never answers or its port is taken;
+    these are checked first: a process other than 0 waits for the coordinator's port up to the
+    timeout, process 0 binds its port first."""
+    import socket
+
+    from lm.cli import _check_port_free, _host_port, _wait_for_coordinator
+
+    assert _host_port('host0:1234') == ('host0', 1234)
+    assert _host_port('[::1]:80') == ('::1', 80)
+    for bad in ('host0', 'host0:0', 'host0:x', ':80', 'host0:70000'):
+        with pytest.raises(ValueError, match=r'^--coordinator_address=.*: expected host:port'):
+            _host_port(bad)
+    with socket.socket() as listener:
+        listener.bind(('127.0.0.1', 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        address = f'127.0.0.1:{port}'
+        with pytest.raises(ValueError, match=rf'^--coordinator_address={address}: process 0 can'):
+            _check_port_free(address, port)
+        _wait_for_coordinator(address, '127.0.0.1', port, 2)  # it answers: returns at once
+    _check_port_free(address, port)  # free again
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=rf'^--coordinator_address={address}: no coordinator '):
+        _wait_for_coordinator(address, '127.0.0.1', port, 1)
+    assert 1 <= time.monotonic() - start < 5
