@@ -275,6 +275,9 @@ def test_hparams_and_config_text_show_only_the_active_variants_section():
     [
         ({'train.min_lr': 0.01}, r'^config.train.min_lr=0.01 must be <= lr=0.003 \(the cosine'),
         ({'train.weight_decay': -1.0}, r'^config.train.weight_decay must be >= 0, got -1.0$'),
+        ({'train.lr': -1.0}, r'^config.train.lr must be > 0, got -1.0$'),
+        ({'train.min_lr': -1e-4}, r'^config.train.min_lr must be >= 0, got -0.0001$'),
+        ({'train.warmup_steps': -5}, r'^config.train.warmup_steps must be >= 0, got -5$'),
         ({'train.grad_clip': -1.0}, r'^config.train.grad_clip must be >= 0 \(0 = off\), got -1'),
         ({'train.eps': 0.0}, r'^config.train.eps must be > 0, got 0.0$'),
         ({'train.peak_flops': -1.0}, r'^config.train.peak_flops must be >= 0 \(FLOP/s per'),

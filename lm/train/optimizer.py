@@ -104,8 +104,11 @@ def check_train_config(train: ml_collections.ConfigDict) -> None:
     for name in ('schedule_start', 'decay_steps', 'ramp_start', 'ramp_steps'):
         if train[name] < 0:
             raise ValueError(f'config.train.{name} must be >= 0, got {train[name]}')
-    if train.lr <= 0 or train.min_lr < 0 or train.warmup_steps < 0:
-        raise ValueError('config.train.lr must be > 0, and min_lr and warmup_steps >= 0')
+    if train.lr <= 0:
+        raise ValueError(f'config.train.lr must be > 0, got {train.lr}')
+    for name in ('min_lr', 'warmup_steps'):
+        if train[name] < 0:
+            raise ValueError(f'config.train.{name} must be >= 0, got {train[name]}')
     if not (0 <= train.b1 < 1 and 0 <= train.b2 < 1):
         raise ValueError(f'config.train.b1 and b2 must be in [0, 1), got {train.b1}, {train.b2}')
     _check_schedule(train)
