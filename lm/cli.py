@@ -87,7 +87,11 @@ class RecipeFlags:
         try:  # a one-line error naming the file (a config that takes no variant, say)
             config = check_config_file(f'{self._file.value}:{variant}')
         except ValueError as e:
-            raise ValueError(f'{e} (the script passes it --variant={variant})') from None
+            raise ValueError(
+                f'{e} (the script builds the variant {variant!r} it times as get_config('
+                f'{variant!r}): give a --config whose get_config takes a variant name, as '
+                'configs/shakespeare_char.py and configs/gpt125m.py do)'
+            ) from None
         config.data.path = self._data.value
         return with_overrides(config, self._set.value)
 

@@ -778,7 +778,8 @@ EARLY = [
         'scripts/profile_train.py',
         lambda c: ['--config=configs/quickstart.py', '--variant=gqa'],
         r'--config=configs/quickstart\.py:gqa: get_config\(\) in configs/quickstart\.py takes no '
-        r'argument \(the script passes it --variant=gqa\)',
+        r"argument \(the script builds the variant 'gqa' it times as get_config\('gqa'\): give a "
+        r'--config whose get_config takes a variant name, as configs/shakespeare_char\.py',
     ),
     (
         'bench_decode_json_is_a_directory',
