@@ -19,8 +19,9 @@ SWEEP_FILES = (
     'summary_seeds.csv',
     'summary.png',
 )
-# The record files a run keeps at the top of its directory (beside checkpoints/).
-RUN_FILES = ('results.json', RESULT, STARTED, TB_FILE)
+# The record files a run keeps at the top of its directory, beside checkpoints/ and its
+# side files (lm.train.workdir.RUN_FILES, a subdirectory: refused as one).
+RUN_RECORDS = ('results.json', RESULT, STARTED, TB_FILE)
 
 
 def check_output_file(path: str, flag: str, suffix: str = '') -> None:
@@ -84,9 +85,9 @@ def check_not_sweep_file(path: str, sweep_dir: str, flag: str) -> None:
 def check_not_run_file(path: str, run_dir: str, flag: str) -> None:
     """One-line ValueError when output file `path` is in a subdirectory of the run in
     `run_dir` (its checkpoints, TensorBoard files) or is one of its record files
-    (`RUN_FILES`); another file beside them is the user's."""
+    (`RUN_RECORDS`); another file beside them is the user's."""
     name = os.path.relpath(os.path.realpath(path), os.path.realpath(run_dir))
-    if os.sep in name or name in RUN_FILES:
+    if os.sep in name or name in RUN_RECORDS:
         raise ValueError(
             f"{flag}={path} would replace the run {run_dir}'s own "
             f'{name.split(os.sep)[0]}; give a path outside it'
