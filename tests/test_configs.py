@@ -6,7 +6,7 @@ import pytest
 from conftest import ROOT
 
 from lm.config import load_config_file
-from lm.data.corpus import check_data_config
+from lm.data.checks import check_data_config
 from lm.experiments.sweep import invalid_reason, point_config
 from lm.model.transformer import model_config
 

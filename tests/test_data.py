@@ -9,10 +9,9 @@ from conftest import stdlib_text, tiny_config
 
 from lm.config import default_values
 from lm.config_migration import upgrade_config
+from lm.data.checks import check_data_config, check_idle_data
 from lm.data.corpus import (
     check_corpus_size,
-    check_data_config,
-    check_idle_data,
     eval_batches,
     eval_windows,
     load_corpus,

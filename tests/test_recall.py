@@ -12,7 +12,8 @@ import pytest
 from conftest import ROOT, read_scalars, run_entry, tiny_config
 
 from lm.config import default_values, with_values
-from lm.data.corpus import check_corpus_size, check_data_config, check_idle_data, load_corpus
+from lm.data.checks import check_data_config, check_idle_data
+from lm.data.corpus import check_corpus_size, load_corpus
 from lm.data.recall import FILLER, QUESTION, TARGET_FLAG, nth_answer_only
 from lm.train.evaluation import evaluate
 from lm.train.loop import train

@@ -1,5 +1,5 @@
 """Text sources, tokenised once into a cached memmap (`lm.data.cache`); batches and evaluation
-windows are in `lm.data.windows`.
+windows are in `lm.data.windows`, the settings' checks in `lm.data.checks`.
 
 Sources (`config.data.source`; the file sources are read in `lm.data.files`):
 - 'stdlib': the running Python's standard-library .py files (no tests, no site-packages), split
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -30,9 +29,10 @@ import numpy as np
 from absl import logging
 
 from lm.data.cache import SPLITS, Piece, exclusive, load_or_build
+from lm.data.checks import check_data_config
 from lm.data.files import stdlib_source, text_paths, text_source
-from lm.data.parts import check_split_config, split_corpus
-from lm.data.recall import LABEL_FLAG, TASKS, RecallTask, check_recall_config
+from lm.data.parts import split_corpus
+from lm.data.recall import LABEL_FLAG, TASKS, RecallTask
 from lm.data.tokenizer import (
     ByteTokenizer,
     HFTokenizer,
@@ -47,48 +47,6 @@ from lm.data.windows import (  # noqa: F401 - re-exported: their home was this m
     train_batch,
     window_targets,
 )
-
-SOURCES = ('stdlib', 'text', 'hf', *TASKS)
-DECODE_ERRORS = ('strict', 'replace')
-HF_SAMPLE_BY = ('line', 'paragraph', 'document')
-SAMPLINGS = ('random', 'epochs')
-# config.data keys a recall source never reads (text files, held-out share, parts, Hugging
-# Face, tokenizer, window sampling), and those of them that are this machine's own.
-RECALL_IGNORES = (
-    'path',
-    'decode_errors',
-    'val_fraction',
-    'split',
-    'uptrain_fraction',
-    'heldout_fraction',
-    'split_layout',
-    'split_block',
-    'hf_name',
-    'hf_config',
-    'hf_split',
-    'hf_eval_split',
-    'hf_text_column',
-    'hf_sample_by',
-    'hf_streaming',
-    'hf_max_docs',
-    'tokenizer',
-    'eos_token',
-    'bpe_vocab_size',
-    'sampling',
-)
-RECALL_IGNORES_LOCAL = ('cache_dir', 'num_proc')
-# config.data keys only a recall task reads, and only a Hugging Face dataset.
-RECALL_KEYS = (
-    'recall_seed',
-    'recall_eval_examples',
-    'recall_pairs',
-    'recall_train_pairs',
-    'recall_vocab',
-    'recall_power_a',
-    'passkey_lengths',
-    'passkey_depths',
-)
-HF_KEYS = tuple(k for k in RECALL_IGNORES if k.startswith('hf_'))
 
 
 @dataclasses.dataclass
@@ -117,130 +75,6 @@ class Corpus:
 
 def cache_dir(data: ml_collections.ConfigDict) -> str:
     return os.path.expanduser(data.cache_dir or '~/.cache/lm')
-
-
-def check_data_config(data: ml_collections.ConfigDict) -> None:
-    """One-line errors for bad data settings, before anything is read or compiled: every value
-    is checked whatever the source (`check_idle_data` tells settings a source ignores)."""
-    if data.source not in SOURCES:
-        raise ValueError(f'config.data.source must be one of {SOURCES}, got {data.source!r}')
-    _check_values(data)
-    if data.source in TASKS:
-        return check_recall_config(data)
-    if data.source == 'text':
-        if not text_paths(data):
-            raise ValueError("config.data.path must name at least one text file for source='text'")
-    if data.source in ('text', 'hf'):
-        for path in text_paths(data):
-            if os.path.isdir(path):
-                raise ValueError(
-                    f'config.data.path: {path!r} is a directory; name text files (comma-separated)'
-                )
-            if os.path.exists(path) and not os.path.isfile(path):
-                raise ValueError(f'config.data.path: {path!r} is not a regular file')
-            if not os.path.isfile(path):
-                _check_comma_name(data.path)
-                raise FileNotFoundError(f'config.data.path: {path!r} does not exist{_hint(path)}')
-            if data.source == 'text' and os.path.getsize(path) == 0:
-                raise ValueError(f'config.data.path: {path!r} is empty')
-        _check_distinct_files(text_paths(data))
-    if data.source == 'hf' and not data.hf_name:
-        raise ValueError("config.data.hf_name must be set for source='hf'")
-    if data.source == 'stdlib' and data.path:
-        logging.log_first_n(
-            logging.WARNING,
-            "config.data.path=%r is ignored: source='stdlib' reads this Python's own .py "
-            "files (set config.data.source='text' to train on it)",
-            1,
-            data.path,
-        )
-
-
-def _check_distinct_files(paths: list[str]) -> None:
-    """Refuses a file named twice (by any path): its text would be read twice, and could then
-    be in both splits (validation is the end of the last file)."""
-    seen: dict[str, str] = {}
-    for path in paths:
-        real = os.path.realpath(path)
-        if real in seen:
-            raise ValueError(
-                f'config.data.path names one file twice ({seen[real]!r} and {path!r}): list '
-                'each file once'
-            )
-        seen[real] = path
-
-
-def _check_comma_name(value: str) -> None:
-    """Refuses a `data.path` whose pieces are missing files because a file's own name holds a
-    comma (the list separator): no file name can hold one."""
-    parts = value.split(',')
-    for i, j in itertools.combinations(range(len(parts) + 1), 2):
-        name = ','.join(parts[i:j]).strip()
-        if j - i > 1 and os.path.isfile(name):
-            raise ValueError(
-                f'config.data.path: {name!r} is a file whose name holds a comma, but data.path '
-                'is a comma-separated list of files: link or copy it to a name without one'
-            )
-
-
-def _hint(path: str) -> str:
-    """What to do about a data file that is not there: a relative path is read from the current
-    directory (a run's saved one from where it trained); the recipes' file can be fetched."""
-    notes = [] if os.path.isabs(path) else [f'relative to the current directory {os.getcwd()}']
-    if os.path.basename(path) == 'tinyshakespeare.txt':
-        notes.append('fetch it: python scripts/get_data.py tinyshakespeare')
-    return f' ({"; ".join(notes)})' if notes else ''
-
-
-def _check_values(data: ml_collections.ConfigDict) -> None:
-    """One-line errors for data values no source takes (the tokenizer's file must exist)."""
-    if not 0 < data.val_fraction < 1:
-        raise ValueError(f'config.data.val_fraction must be in (0, 1), got {data.val_fraction}')
-    if data.seq_len <= 0:
-        raise ValueError(f'config.data.seq_len must be > 0, got {data.seq_len}')
-    for key, allowed in (
-        ('decode_errors', DECODE_ERRORS),
-        ('hf_sample_by', HF_SAMPLE_BY),
-        ('sampling', SAMPLINGS),
-    ):
-        if data[key] not in allowed:
-            raise ValueError(f'config.data.{key} must be one of {allowed}, got {data[key]!r}')
-    num = data.num_proc
-    if isinstance(num, bool) or not isinstance(num, int) or num < 0:
-        raise ValueError(
-            f'config.data.num_proc must be an integer >= 0 (0 = every CPU, up to 16), got {num!r}'
-        )
-    if data.hf_max_docs < 0:
-        raise ValueError(f'config.data.hf_max_docs must be >= 0 (0 = all), got {data.hf_max_docs}')
-    check_tokenizer_config(data)
-    check_split_config(data)
-
-
-def check_idle_data(data: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> None:
-    """A setting the source never reads, away from its defaults (`defaults`: configs/base.py's
-    config.data value and an upgraded old config's, `lm.config.default_values`), is refused in
-    one line (it would do nothing): for a recall source every text setting (RECALL_IGNORES;
-    this machine's own, RECALL_IGNORES_LOCAL, which a user may give every run, are warned
-    about instead), for the others the recall tasks' (RECALL_KEYS) and, but for 'hf', the
-    Hugging Face dataset's (HF_KEYS)."""
-    recall = data.source in TASKS
-    ignored = RECALL_IGNORES if recall else RECALL_KEYS + (HF_KEYS if data.source != 'hf' else ())
-    why = ' (its rows are generated)' if recall else ''
-    for key in ignored:
-        if data[key] not in defaults[key]:
-            raise ValueError(
-                f'config.data.{key}={data[key]!r} does nothing for source={data.source!r}{why}: '
-                f"leave it at configs/base.py's {defaults[key][0]!r}"
-            )
-    local = [f'{k}={data[k]!r}' for k in RECALL_IGNORES_LOCAL if data[k] not in defaults[k]]
-    if recall and local:
-        logging.log_first_n(
-            logging.WARNING,
-            'config.data.%s ignored: source=%r generates its rows (nothing is read or cached)',
-            1,
-            ', '.join(local),
-            data.source,
-        )
 
 
 @dataclasses.dataclass

@@ -22,7 +22,7 @@ from typing import Any
 import ml_collections
 
 from lm.config import parse_assignment, with_values, write_config_file
-from lm.data.corpus import check_data_config
+from lm.data.checks import check_data_config
 from lm.experiments.fairness import MATCHES, match_parameters, reference_config
 from lm.experiments.pareto import TB_RUN
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by

@@ -17,13 +17,8 @@ from jax.sharding import Mesh
 
 from lm.config import default_values
 from lm.config_migration import upgrade_config
-from lm.data.corpus import (
-    Corpus,
-    check_corpus_size,
-    check_data_config,
-    check_idle_data,
-    load_corpus,
-)
+from lm.data.checks import check_data_config, check_idle_data
+from lm.data.corpus import Corpus, check_corpus_size, load_corpus
 from lm.data.recall import TASKS
 from lm.model.config import ModelConfig, check_idle_rope_knobs
 from lm.model.transformer import check_model_config, model_config
