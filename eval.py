@@ -22,10 +22,10 @@ from lm.cli import (
     bootstrap,
     check_data_overrides,
     check_writable_dir,
-    define_distributed_flags,
     run_app,
 )
 from lm.data import TASKS
+from lm.distributed import define_distributed_flags
 from lm.experiments import evaluate_run
 from lm.model import KV_CACHE_DTYPES
 from lm.train import (

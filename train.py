@@ -15,12 +15,12 @@ from ml_collections import config_flags
 from lm.cli import (
     bootstrap,
     check_writable_dir,
-    define_distributed_flags,
     run_app,
 )
 from lm.config import check_config_keys
 from lm.convert import check_uptrain_config
 from lm.data import cache_dir
+from lm.distributed import define_distributed_flags
 from lm.train import (
     check_logdir_owner,
     check_loop_config,

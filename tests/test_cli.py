@@ -119,7 +119,7 @@ def test_a_multi_host_process_stops_in_one_line_when_the_job_cannot_form():
     timeout, process 0 binds its port first."""
     import socket
 
-    from lm.cli import _check_port_free, _host_port, _wait_for_coordinator
+    from lm.distributed import _check_port_free, _host_port, _wait_for_coordinator
 
     assert _host_port('host0:1234') == ('host0', 1234)
     assert _host_port('[::1]:80') == ('::1', 80)

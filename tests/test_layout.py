@@ -25,7 +25,8 @@ RANKS = {
     'analysis': 4,
     'convert': 5,
     'experiments': 6,
-    'cli': 7,
+    'distributed': 7,
+    'cli': 8,
 }
 WINGS = sorted(p.name for p in LM.iterdir() if (p / '__init__.py').exists())
 TOP_MODULES = sorted(p.stem for p in LM.glob('*.py') if p.name != '__init__.py')
