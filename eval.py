@@ -4,7 +4,7 @@ The protocol is the run's own (`lm.train.evaluation`: config.eval_tokens and eva
 the run's validation split this gives exactly the loss its training logged at that step.
 
   python eval.py --workdir=runs/quickstart                  # latest checkpoint, validation split
-  python eval.py --workdir=runs/quickstart --step=500 --split=train --eval_tokens=100000
+  python eval.py --workdir=runs/quickstart --step=400 --split=train --eval_tokens=100000
   python eval.py --workdir=runs/gqa2 --config=configs/shakespeare_char.py \
       --config.data.path=other.txt                          # another data source
   python eval.py --workdir=runs/gqa2 --kv_cache_dtype=int8  # decoded through an int8 KV cache

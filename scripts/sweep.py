@@ -166,7 +166,7 @@ def run() -> int:
     chosen = file_points(module, _POINTS.value)
     grid = parse_grid(base, _GRID.value)
     overridden = list(config_flags.get_override_values(flags.FLAGS['config']))
-    check_sweep_overrides(overridden, chosen, grid)
+    check_sweep_overrides(overridden, chosen, grid, ensemble=_ENSEMBLE.value)
     points = combine(chosen, grid)
     train = [sys.executable, TRAIN]
     loop = {'vmapped': False, 'looped': True}.get(_PROGRAM.value)

@@ -1041,6 +1041,19 @@ EARLY = [
         r"^error: --config\.train\.lr: --grid sets train\.lr too, and the grid's values",
     ),
     (
+        'sweep_override_of_what_ensemble_sets',  # --ensemble_program sets it: silently replaced
+        SWEEP,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            f'--sweep_dir={c.root}/sw',
+            '--seeds=2',
+            '--ensemble',
+            '--config.train.ensemble_loop=true',
+        ],
+        r'^error: --config\.train\.ensemble_loop sets train\.ensemble_loop, but with --ensemble '
+        r'the sweep sets it from --ensemble_program',
+    ),
+    (
         'sweep_named_point_that_cannot_run',
         SWEEP,
         lambda c: [

@@ -13,6 +13,7 @@ from lm.experiments import runner
 from lm.experiments.fairness import match_parameters, reference_config
 from lm.experiments.runner import Spec
 from lm.experiments.sweep import (
+    check_overrides,
     combine,
     file_points,
     load_sweep_file,
@@ -159,6 +160,22 @@ def test_grid_errors_before_any_run(tmp_path, small_text):
         assert out.returncode == 1, out.stderr
         assert out.stderr.strip().splitlines()[-1] == message
         assert not (tmp_path / 'sw').exists()
+
+
+def test_with_ensemble_what_the_sweep_sets_is_refused_wherever_it_is_given():
+    """--ensemble sets train.ensemble and train.ensemble_loop in every run (from --seeds,
+    --ensemble_groups and --ensemble_program): an override, a grid key or a point setting either
+    would be replaced silently, so each is refused; without --ensemble they are the run's own."""
+    points, grid = [{'name': 'mha'}], [{}]
+    check_overrides(['train.ensemble_loop'], points, grid)  # separate runs: the override holds
+    cases = [
+        (['train.ensemble_loop'], points, grid, r'^--config\.train\.ensemble_loop sets'),
+        ([], points, [{'train.ensemble_loop': True}], r'^--grid train\.ensemble_loop sets'),
+        ([], [{'name': 'mha', 'train.ensemble': 4}], grid, r'^sweep point mha sets train\.ens'),
+    ]
+    for overridden, named, values, message in cases:
+        with pytest.raises(ValueError, match=message + '.* with --ensemble the sweep sets it'):
+            check_overrides(overridden, named, values, ensemble=True)
 
 
 def test_points_picks_named_points_in_file_order():

@@ -184,9 +184,29 @@ def fairness(module: types.ModuleType, match: str = '') -> str:
     return match
 
 
-def check_overrides(overridden: list[str], points: list[dict], grid: list[dict]) -> None:
+# What --ensemble sets in each run's config itself (`PointSpecs.ensemble`), and from which flag.
+ENSEMBLE_SETS = {
+    'train.ensemble': '--seeds and --ensemble_groups',
+    'train.ensemble_loop': '--ensemble_program (auto, vmapped or looped)',
+}
+
+
+def check_overrides(
+    overridden: list[str], points: list[dict], grid: list[dict], ensemble: bool = False
+) -> None:
     """One-line error for a --config.KEY override that the sweep would drop: a KEY that one of
-    the chosen `points` (the sweep file's) sets itself, or that the `grid` sets."""
+    the chosen `points` (the sweep file's) sets itself, or that the `grid` sets, or, with
+    `ensemble` (--ensemble), one of ENSEMBLE_SETS in an override, a point or the grid."""
+    if ensemble:
+        for key, flag in ENSEMBLE_SETS.items():
+            given = [f'--config.{key}'] if key in overridden else []
+            given += [f'--grid {key}'] if any(key in values for values in grid) else []
+            given += [f'sweep point {n.get("name") or n}' for n in points if key in n]
+            if given:
+                raise ValueError(
+                    f'{given[0]} sets {key}, but with --ensemble the sweep sets it from {flag}: '
+                    'leave it out and use that flag'
+                )
     for key in overridden:
         for named in points:
             if key in named and key not in ('name', 'seeds'):
