@@ -118,8 +118,20 @@ _FRACTION = flags.DEFINE_float(
 _SCHEDULE = flags.DEFINE_string(
     'schedule',
     'continue',
-    "'continue': the source's learning-rate schedule carried on (plus uptrain.warmup_steps of "
-    "ramp if > 0); 'rewarm': warmup to the peak lr anew, cosine over the uptraining steps.",
+    "'continue': the source's learning-rate schedule carried on (plus --warmup_steps of ramp "
+    "if > 0); 'rewarm': warmup to the peak lr anew, cosine over the uptraining steps.",
+)
+_WARMUP = flags.DEFINE_integer(
+    'warmup_steps',
+    None,
+    "Uptraining steps of warmup ('rewarm') or of ramp from 0 ('continue'); -1: 10% of them "
+    "('rewarm'), none ('continue'); default: the config's uptrain.warmup_steps (-1).",
+)
+_LR = flags.DEFINE_float(
+    'lr',
+    None,
+    'Peak learning rate of the converted run, its min_lr scaled by the same factor; default: '
+    "the source's (config.train.lr).",
 )
 _OPT_STATE = flags.DEFINE_string(
     'optimizer_state',
@@ -141,7 +153,7 @@ _STEPS = flags.DEFINE_integer(
 
 # The library's errors name config keys (KEYS); this script's user sees its flags, each named
 # as its option but --step, plus the two workdirs.
-FLAGS = {KEYS[name]: f'--{name}' for name in KEYS} | {
+FLAGS = {KEYS[name]: f'--{name}' for name in KEYS if name in flags.FLAGS} | {
     KEYS['source_step']: '--step',
     SOURCE: '--src',
     WORKDIR: '--dst',
@@ -171,7 +183,9 @@ def options() -> ConversionOptions:
         steps=_STEPS.value,
         fraction=_FRACTION.value,
         schedule=_SCHEDULE.value,
+        warmup_steps=_WARMUP.value,
         optimizer_state=_OPT_STATE.value,
+        lr=_LR.value,
         seed=_SEED.value,
         kv_budget=_BUDGET.value,
     )

@@ -118,6 +118,12 @@ def test_readme_names_sweep_runs_and_hparams_as_the_code_does():
     columns, metrics = found.groups()
     gqa = next(v for name, v in values.items() if name.startswith('gqa'))
     assert re.findall(r'`([\w.]+)`', columns.split("MLA's")[0]) == list(gqa)
+    gqa_config = point_config(tiny_config(), {'model.attention': 'gqa', 'model.num_kv_heads': 2})
+    gqa_config.uptrain.method = 'mean'
+    cfg = model_config(gqa_config.model)
+    uptrained = hparam_values(gqa_config, cfg, param_counts(cfg)['total'])
+    said = re.findall(r'`([\w.]+)`', columns.split("an uptrained run's")[1])
+    assert said == [k for k in uptrained if k not in gqa], 'README: the uptrained columns'
     assert re.findall(r'`([\w/]+)`', metrics) == list(METRICS)
 
     found = re.search(

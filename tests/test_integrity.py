@@ -254,6 +254,8 @@ def test_uptrain_flags_are_checked_before_writing(tmp_path, mha_run, monkeypatch
             r'^config.uptrain.source_workdir: no checkpoint for step 5 in .*; available: \[4, 8\]',
         ),
         (dict(seed=-1), r'^ConversionOptions.seed must be in \[0, 2\*\*32\), got -1$'),
+        (dict(warmup_steps=-2), r'^config.uptrain.warmup_steps must be >= -1 \(-1: the default\)'),
+        (dict(lr=0.0), r'^config.train.lr must be a finite number > 0, got 0.0$'),
         (dict(method='median'), r'^config.uptrain.method must be one of'),
         (dict(optimizer_state='keep'), r"^config.uptrain.optimizer_state must be one of \('conv"),
     ]:

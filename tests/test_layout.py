@@ -180,3 +180,24 @@ def test_readme_layout_row_of_each_wing_names_its_modules():
         named = set(re.findall(r'`(\w+)`', row))
         modules = {p.stem for p in (ROOT / 'lm' / wing).glob('*.py') if p.stem != '__init__'}
         assert not modules - named, f'README row of lm/{wing}/ lacks {sorted(modules - named)}'
+
+
+# The reference page of each wing (docs/): its opening names every module of the wing.
+WING_PAGES = {
+    'model': 'model.md',
+    'data': 'data.md',
+    'train': 'train.md',
+    'infer': 'decoding.md',
+    'convert': 'convert.md',
+    'analysis': 'analysis.md',
+    'experiments': 'experiments.md',
+}
+
+
+def test_each_wings_page_names_its_modules():
+    assert set(WING_PAGES) == set(WINGS), 'every wing has a reference page here'
+    for wing, page in WING_PAGES.items():
+        text = (ROOT / 'docs' / page).read_text()
+        named = set(re.findall(r'`(\w+)', text)) | set(re.findall(r'(\w+)\.py\b', text))
+        modules = {p.stem for p in (ROOT / 'lm' / wing).glob('*.py') if p.stem != '__init__'}
+        assert not modules - named, f'docs/{page} lacks lm/{wing}/ {sorted(modules - named)}'

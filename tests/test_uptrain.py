@@ -464,6 +464,22 @@ def test_uptrain_end_to_end(tmp_path, small_text):
         step.stderr.splitlines()[-1],
     )
     assert 'Traceback' not in bad.stderr + empty.stderr + again.stderr + step.stderr
+    # --warmup_steps and --lr go to the converted run's config (a ramp from 0 under 'continue';
+    # min_lr scaled with the peak).
+    ramp = run_entry(
+        'scripts/uptrain.py',
+        f'--src={tmp_path / "mha"}',
+        f'--dst={tmp_path / "ramp"}',
+        '--num_kv_heads=2',
+        '--warmup_steps=3',
+        f'--lr={config.train.lr / 2}',
+    )
+    assert ramp.returncode == 0, ramp.stderr[-3000:]
+    saved = stored_config(str(tmp_path / 'ramp'))
+    up, train = saved.uptrain, saved.train
+    assert (up.warmup_steps, train.ramp_start, train.ramp_steps) == (3, 40, 3)
+    assert saved.train.lr == config.train.lr / 2
+    assert saved.train.min_lr == pytest.approx(config.train.min_lr / 2, rel=1e-12)
     # MHA -> MLA (lm/convert/methods.py); similarity grouping and aligned merging: the ablation
     # smoke.
     mla = ['--target=mla', '--kv_lora_rank=8', '--qk_rope_head_dim=4', '--calibration_tokens=64']

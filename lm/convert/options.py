@@ -40,6 +40,7 @@ KEYS = {
     'steps': 'ConversionOptions.steps',
     'fraction': 'config.uptrain.fraction',
     'schedule': 'config.uptrain.schedule',
+    'warmup_steps': 'config.uptrain.warmup_steps',
     'optimizer_state': 'config.uptrain.optimizer_state',
     'seed': 'ConversionOptions.seed',
     'data_split': 'config.data.split',
@@ -64,7 +65,9 @@ class ConversionOptions:
     by the same method and grouping); num_kv_heads 0 keeps the source's count. The converted
     run starts at the source's `source_step` (None: its latest checkpoint) and trains `steps`
     more (None: `fraction` of the source's steps; None: the source config's uptrain.fraction) under
-    `schedule` with `optimizer_state`; `seed` draws method 'random's fresh K/V. None for
+    `schedule` with `optimizer_state`, the schedule's warmup or ramp `warmup_steps` (None: the
+    source config's uptrain.warmup_steps; -1: 10% of the steps under 'rewarm', none under
+    'continue'); `seed` draws method 'random's fresh K/V. None for
     `calibration_tokens`: the source config's. `data_split` (None: the source's) is the corpus
     part the converted run trains on (`lm.data.parts`); `lr` (None: the source's) its peak
     learning rate, the source's min_lr scaled by the same factor. `kv_budget` B > 0 (with
@@ -84,6 +87,7 @@ class ConversionOptions:
     steps: int | None = None
     fraction: float | None = None
     schedule: str = 'continue'
+    warmup_steps: int | None = None
     optimizer_state: str = 'convert'
     seed: int = 0
     data_split: str | None = None
@@ -133,6 +137,10 @@ def _check_run(opts: ConversionOptions) -> None:
             raise ValueError(f'{KEYS[name]} must be >= 0, got {getattr(opts, name)}')
     if opts.fraction is not None and not (math.isfinite(opts.fraction) and opts.fraction >= 0):
         raise ValueError(f'{_k.fraction} must be a finite number >= 0, got {opts.fraction}')
+    if opts.warmup_steps is not None and opts.warmup_steps < -1:
+        raise ValueError(
+            f'{_k.warmup_steps} must be >= -1 (-1: the default), got {opts.warmup_steps}'
+        )
     if not 0 <= opts.seed < 2**32:
         raise ValueError(f'{_k.seed} must be in [0, 2**32), got {opts.seed}')
     if opts.calibration_tokens is not None and opts.calibration_tokens < 1:

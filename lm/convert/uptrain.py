@@ -287,6 +287,8 @@ def _converted_config(
     if options.fraction is not None:
         src_config.uptrain.fraction = options.fraction
     src_config.uptrain.update(schedule=options.schedule, optimizer_state=options.optimizer_state)
+    if options.warmup_steps is not None:
+        src_config.uptrain.warmup_steps = options.warmup_steps
     if options.data_split is not None:
         src_config.data.split = options.data_split
     if options.lr is not None:
