@@ -57,7 +57,7 @@ def teacher_forced(decoder, cfg, cont, kv_cache_dtype):
 def test_int8_cache_decodes_within_tolerance_of_float(variant):
     """Teacher-forced logits (prefill + 8 steps) with the int8 cache within 3% of the largest
     |logit| of the float cache's (measured: 0.9% to 2.0%; this random tiny model's logits are
-    within +-0.4), and the same greedy token at >= 90% of the 27 positions (measured: all)."""
+    within +-0.43), and the same greedy token at >= 90% of the 27 positions (measured: all)."""
     cfg = model_config(tiny_config(**VARIANTS[variant], num_layers=2).model)
     model = build_model(cfg, seed=3)
     decoder = Decoder(model)
