@@ -208,6 +208,20 @@ def _check_override_keys(config: ml_collections.ConfigDict, name: str, argv: lis
             get_key(config, arg[len(name) + 3 :].partition('=')[0], f'--{name}.*')
 
 
+def define_config_file(default: str, help_text: str) -> flags.FlagHolder:
+    """`--config`, a config file flag with a `default` file. ml_collections parses the default
+    and applies argv's `--config.KEY` overrides when the flag is defined (the entry point's
+    import), where an unknown KEY would be a traceback: with no --config given, the overrides'
+    keys are checked against the default file first, one line and exit 1."""
+    if not _argv_values(sys.argv, 'config'):
+        try:
+            _check_override_keys(check_config_file(default, '--config'), 'config', sys.argv)
+        except ValueError as e:
+            print(f'error: {e}', file=sys.stderr)
+            sys.exit(1)
+    return config_flags.DEFINE_config_file('config', default, help_text)
+
+
 _HELP = {'--help', '-help', '-?', '--helpshort', '--helpfull', '--helpxml'}
 
 

@@ -28,14 +28,12 @@ import time
 import jax
 import numpy as np
 from absl import flags
-from ml_collections import config_flags
 
-from lm.cli import bootstrap, run_app
+from lm.cli import bootstrap, define_config_file, run_app
 from lm.config import with_values, write_config_file
 from lm.train import assemble, device_call_batch, device_description, make_train_step, state_bytes
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config',
+_CONFIG = define_config_file(
     os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         'configs',

@@ -21,7 +21,14 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from lm.cli import REPO_ROOT, bootstrap, check_writable_dir, parse_flags, run_reporting_errors
+from lm.cli import (
+    REPO_ROOT,
+    bootstrap,
+    check_writable_dir,
+    define_config_file,
+    parse_flags,
+    run_reporting_errors,
+)
 from lm.convert import check_export_dir, check_import_dir, export_hf, import_hf
 from lm.train import StopRequest, stored_config
 
@@ -42,8 +49,7 @@ _TOKENIZER = flags.DEFINE_string(
     "import: a tokenizer.json to use instead of --hf_dir's own, or 'byte' (lm's byte tokenizer; "
     'an lm export of a byte run is recognised without it).',
 )
-_CONFIG = config_flags.DEFINE_config_file(
-    'config',
+_CONFIG = define_config_file(
     os.path.join(REPO_ROOT, 'configs', 'base.py'),
     'import: config whose data, train and mesh settings the run gets (model: from config.json).',
 )
@@ -55,6 +61,12 @@ def run(argv: list[str]) -> int:
         raise ValueError(f'give one command, {" or ".join(COMMANDS)}, got {argv[1:]}')
     if not _HF_DIR.value or not _WORKDIR.value:
         raise ValueError(f'{argv[1]} needs --hf_dir and --workdir')
+    overridden = tuple(config_flags.get_override_values(flags.FLAGS['config']))
+    if argv[1] == 'export' and (overridden or flags.FLAGS['config'].present):
+        raise ValueError(
+            'export writes the run as it trained (its saved config): --config and --config.* '
+            'apply to import only'
+        )
     if argv[1] == 'import':
         check_writable_dir(_WORKDIR.value, '--workdir')
         check_import_dir(
@@ -69,6 +81,7 @@ def run(argv: list[str]) -> int:
                 _TOKENIZER.value,
                 stop.check,
                 overwrite=_OVERWRITE.value,
+                overridden=overridden,
             )
         print(
             f'wrote {_WORKDIR.value}: {config.model.attention}, {config.model.num_layers} layers; '

@@ -419,6 +419,40 @@ ROWS = [
         r"--dst='.*mha_s0/gqa2' is inside the run .*/mha_s0; give the new run a directory",
     ),
     (
+        'convert_import_override_of_what_config_json_sets',  # the HF model's: silently dropped
+        CONVERT,
+        lambda c: [
+            'import',
+            f'--hf_dir={HF_MODEL}',
+            f'--workdir={c.root}/imp',
+            '--config.model.num_heads=8',
+        ],
+        r'^error: config\.model\.num_heads: the import takes it from .*llama_mha \(config\.json ',
+    ),
+    (
+        'convert_import_unknown_key_of_the_default_config',  # parsed as the flag is defined
+        CONVERT,
+        lambda c: [
+            'import',
+            f'--hf_dir={HF_MODEL}',
+            f'--workdir={c.root}/imp',
+            '--config.train.stepz=3',
+        ],
+        r"^error: --config\.\*: unknown config key 'train\.stepz' \(did you mean 'train\.steps"
+        r"'\?\)$",
+    ),
+    (
+        'convert_export_with_a_config',  # export writes the run's saved config
+        CONVERT,
+        lambda c: [
+            'export',
+            f'--hf_dir={c.root}/exp',
+            f'--workdir={c.run}',
+            '--config.train.steps=3',
+        ],
+        r'^error: export writes the run as it trained \(its saved config\): --config and ',
+    ),
+    (
         'convert_import_inside_a_run',
         CONVERT,
         lambda c: ['import', f'--hf_dir={HF_MODEL}', f'--workdir={c.run}/imported'],

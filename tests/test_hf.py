@@ -106,10 +106,13 @@ def test_llama3_frequencies_match_reference():
 
 # The fast tier: one grouped Llama (MHA and MQA are its g = H and g = 1) and one DeepSeek MLA
 @pytest.mark.parametrize('name', tiered(NAMES, fast=['llama_gqa']))
-def test_import_matches_transformers(tmp_path, name):
-    """Logits and KV-cache greedy decoding of the imported model equal transformers'."""
+def test_import_matches_transformers(tmp_path, name, caplog):
+    """Logits and KV-cache greedy decoding of the imported model equal transformers'; windows
+    longer than the model's max_position_embeddings (64 here) are warned about."""
     d = FIXTURES / name
     config = import_hf(str(d), str(tmp_path / 'w'), base_config())
+    assert "seq_len=256 is longer than" in caplog.text
+    assert 'max_position_embeddings=64' in caplog.text
     assert config.model.attention == ATTENTION[name]
     assert config.data.eos_token == '</s>'
     model, restored = model_of(tmp_path / 'w')

@@ -187,6 +187,7 @@ def import_hf(
     tokenizer_path: str = '',
     stop: Callable[[], None] = lambda: None,
     overwrite: bool = False,
+    overridden: tuple[str, ...] = (),
 ) -> ml_collections.ConfigDict:
     """Writes `workdir` as a step-0 lm run of the HF model in `hf_dir` (a directory or hub id):
     `base` with its model section from config.json (the variant the registry maps its
@@ -195,10 +196,22 @@ def import_hf(
     copied into <workdir>/hf/, parameters in the checkpoint's dtype. Returns the config. A
     non-empty `workdir` is refused unless `overwrite`, one holding checkpoints always
     (`check_import_dir`); the run is built beside it and replaces it whole when complete;
-    `stop()` runs between tensors (see `load_params`)."""
+    `stop()` runs between tensors (see `load_params`). `overridden`: the keys of `base` the user
+    set (--config.KEY); one that the import sets itself is refused in one line."""
     check_import_dir(workdir, hf_dir, overwrite)
     directory, hf_config = _read_hf_config(hf_dir)
     model, rope_interleave = hf.model_from_hf(hf_config)
+    _check_overridden(overridden, model, hf_dir)
+    longest = hf_config.get('max_position_embeddings', base.data.seq_len)
+    if base.data.seq_len > longest:
+        logging.warning(
+            "config.data.seq_len=%d is longer than %s's max_position_embeddings=%d: its windows "
+            'reach positions the model never saw; --config.data.seq_len=%d matches it',
+            base.data.seq_len,
+            hf_dir,
+            longest,
+            longest,
+        )
     hf.check_known(model, base.model.to_dict())
     tokenizer = hf_files.read_tokenizer(directory, tokenizer_path, model['vocab_size'])
     reader = SafetensorsReader(directory)
@@ -220,6 +233,24 @@ def import_hf(
         replace_dir(build, workdir)
     logging.info('imported %s (%s) into %s', hf_dir, cfg.attention, workdir)
     return run.config
+
+
+def _check_overridden(overridden: tuple[str, ...], model: dict, hf_dir: str) -> None:
+    """A one-line error for an override of what the import takes from the HF model: its model
+    settings (config.json, `model`), parameter dtype and tokenizer."""
+    for key in overridden:
+        section, _, name = key.partition('.')
+        if section == 'model' and (name.split('.')[0] in model or name == 'param_dtype'):
+            raise ValueError(
+                f'config.{key}: the import takes it from {hf_dir} (config.json and weights), so '
+                'the override would do nothing; the other model settings (dtype, attention_impl, '
+                '...) are yours'
+            )
+        if key in ('data.tokenizer', 'data.eos_token'):
+            raise ValueError(
+                f"config.{key}: the import sets it from {hf_dir}'s tokenizer files; another "
+                'tokenizer is --tokenizer=FILE (or byte)'
+            )
 
 
 def _write_tensors(
