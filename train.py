@@ -16,8 +16,9 @@ from lm.cli import (
     bootstrap,
     check_writable_dir,
     run_app,
+    saved_config_overrides,
 )
-from lm.config import check_config_keys
+from lm.config import check_config_keys, with_overrides
 from lm.convert import check_uptrain_config
 from lm.data import cache_dir
 from lm.distributed import define_distributed_flags
@@ -39,6 +40,8 @@ _CONFIG = config_flags.DEFINE_config_file(
     'saved config is then used.',
     lock_config=True,
 )
+# --config.KEY=VALUE without --config: applied to the workdir's saved config (a run trained on)
+_SAVED_OVERRIDES = saved_config_overrides()
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory: checkpoints/ and tb/ go here.', required=True
 )
@@ -66,9 +69,12 @@ def run() -> int:
         config = _CONFIG.value
         check_config_keys(config)
     elif read_latest_meta(_WORKDIR.value) is not None:
-        config = stored_config(_WORKDIR.value)
+        config = with_overrides(stored_config(_WORKDIR.value), _SAVED_OVERRIDES, '--config.*')
     else:
-        raise ValueError(f'--config is required: {_WORKDIR.value} holds no checkpoint to resume')
+        given = ' (--config.* overrides apply to a saved config)' if _SAVED_OVERRIDES else ''
+        raise ValueError(
+            f'--config is required: {_WORKDIR.value} holds no checkpoint to resume{given}'
+        )
     check_loop_config(config)  # the intervals too, which a finished run below would not read
     check_uptrain_config(config.uptrain)
     check_writable_dir(cache_dir(config.data), 'config.data.cache_dir')

@@ -236,6 +236,33 @@ def parse_flags(argv: list[str]) -> list[str]:
         raise
 
 
+# Config-file flags of entry points that read a run's saved config when no file is given
+# (train.py resuming a workdir): their `--NAME.KEY=VALUE` overrides, taken out of argv at parse
+# time, as ['KEY=VALUE', ...] for the entry point to apply to that config.
+_SAVED_CONFIG_OVERRIDES: dict[str, list[str]] = {}
+
+
+def saved_config_overrides(name: str = 'config') -> list[str]:
+    """Lets `--NAME.KEY=VALUE` overrides come without `--NAME=FILE` (a flag with no default
+    file): the list they are put in when argv is parsed, for the entry point to apply to the
+    config it reads instead (`lm.config.with_overrides`). Call it where the flag is defined."""
+    return _SAVED_CONFIG_OVERRIDES.setdefault(name, [])
+
+
+def _take_saved_overrides(argv: list[str], name: str) -> list[str]:
+    """`argv` without its `--NAME.KEY=VALUE` items, which go to `saved_config_overrides`."""
+    kept, taken = [], _SAVED_CONFIG_OVERRIDES[name]
+    for i, a in enumerate(argv):
+        if i and a.startswith(f'--{name}.') and '--' not in argv[1:i]:
+            key, sep, value = a[len(name) + 3 :].partition('=')
+            if not sep:
+                raise ValueError(f'--{name}.{key}: give the value as --{name}.{key}=VALUE')
+            taken.append(f'{key}={value}')
+        else:
+            kept.append(a)
+    return kept
+
+
 def _check_overrides_have_a_file(argv: list[str], name: str) -> None:
     """A `--<name>.key=value` override without `--<name>=FILE` when the flag has no default
     file (absl would call it an unknown flag): a one-line error saying what it needs."""
@@ -267,6 +294,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
             if isinstance(flags.FLAGS[name].parser, ConfigFileFlagParser):
                 for value in _argv_values(argv, name)[-1:]:
                     _check_override_keys(check_config_file(value, f'--{name}'), name, argv)
+                if name in _SAVED_CONFIG_OVERRIDES and not _argv_values(argv, name):
+                    argv = _take_saved_overrides(argv, name)
                 _check_overrides_have_a_file(argv, name)
     except ValueError as e:
         print(f'error: {e}', file=sys.stderr)

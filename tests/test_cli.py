@@ -139,3 +139,30 @@ def test_a_multi_host_process_stops_in_one_line_when_the_job_cannot_form():
     with pytest.raises(ValueError, match=rf'^--coordinator_address={address}: no coordinator '):
         _wait_for_coordinator(address, '127.0.0.1', port, 1)
     assert 1 <= time.monotonic() - start < 5
+
+
+def test_overrides_of_a_saved_config_are_taken_out_of_argv(monkeypatch):
+    """An entry point that reads a run's saved config when no --config is given gets its
+    --config.KEY=VALUE items as 'KEY=VALUE' (after `--`, arguments are left alone); one without
+    a value is a one-line error."""
+    import lm.cli
+
+    taken = []
+    monkeypatch.setitem(lm.cli._SAVED_CONFIG_OVERRIDES, 'config', taken)
+    argv = [
+        'train.py',
+        '--workdir=w',
+        '--config.train.steps=52',
+        '--config.data.path=',
+        '--',
+        '--config.x=1',
+    ]
+    assert lm.cli._take_saved_overrides(argv, 'config') == [
+        'train.py',
+        '--workdir=w',
+        '--',
+        '--config.x=1',
+    ]
+    assert taken == ['train.steps=52', 'data.path=']
+    with pytest.raises(ValueError, match=r'^--config\.train\.steps: give the value as --config'):
+        lm.cli._take_saved_overrides(['train.py', '--config.train.steps', '52'], 'config')

@@ -111,7 +111,7 @@ def test_import_matches_transformers(tmp_path, name, caplog):
     longer than the model's max_position_embeddings (64 here) are warned about."""
     d = FIXTURES / name
     config = import_hf(str(d), str(tmp_path / 'w'), base_config())
-    assert "seq_len=256 is longer than" in caplog.text
+    assert 'seq_len=256 is longer than' in caplog.text
     assert 'max_position_embeddings=64' in caplog.text
     assert config.model.attention == ATTENTION[name]
     assert config.data.eos_token == '</s>'

@@ -426,6 +426,11 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     assert evals[40] > source[40] - 1e-3  # conversion loses a little...
     assert evals[50] < evals[40]  # ...and uptraining wins it back
     assert sorted(read_scalars(tmp_path / 'tb' / 'gqa', 'train/loss')) == list(range(41, 51))
+    # An uptrained run has no config file: --config.KEY=VALUE overrides its saved config.
+    out = run_entry('train.py', f'--workdir={tmp_path / "gqa"}', '--config.train.steps=52')
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert max(read_scalars(tmp_path / 'tb' / 'gqa', 'train/loss')) == 52
+    assert stored_config(str(tmp_path / 'gqa')).train.steps == 52
     # Errors are one line: an existing destination, a workdir with no checkpoint.
     again = run_entry(
         'scripts/uptrain.py',
