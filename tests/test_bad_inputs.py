@@ -157,10 +157,17 @@ ROWS = [
         r'error in .*syntax\.py line 1',
     ),
     (
-        'override_without_config_file',
+        'override_without_config_file_or_saved_config',  # with a checkpoint: the saved one's
         TRAIN,
-        lambda c: [f'--workdir={c.run}', '--config.train.steps=300'],
-        r'--config\.train\.steps overrides a key of --config=FILE, which is not given',
+        lambda c: [f'--workdir={c.root}/fresh', '--config.train.steps=300'],
+        r'--config is required: .*/fresh holds no checkpoint to resume \(--config\.\* overrides '
+        r'apply to a saved config\)$',
+    ),
+    (
+        'override_without_config_file',  # eval.py reads no saved config through overrides
+        EVAL,
+        lambda c: [f'--workdir={c.run}', '--config.data.seq_len=8'],
+        r'--config\.data\.seq_len overrides a key of --config=FILE, which is not given',
     ),
     (
         'config_no_get_config',
@@ -452,6 +459,23 @@ ROWS = [
         ],
         r'^error: export writes the run as it trained \(its saved config\): --config and ',
     ),
+    *[
+        (  # a sweep directory, or a folder of runs, given where one run is read
+            f'{name}_reads_{what}',
+            entry,
+            lambda c, args=args, where=where: args(where(c)),
+            rf'^error: --(workdir|src): .*/{leaf} is {kind}, not a run; name one of its runs',
+        )
+        for name, entry, args in (
+            ('eval', EVAL, lambda w: [f'--workdir={w}']),
+            ('generate', GENERATE, lambda w: [f'--workdir={w}', '--prompt=a']),
+            ('uptrain', UPTRAIN, lambda w: [f'--src={w}', f'--dst={w}_up', '--num_kv_heads=2']),
+        )
+        for what, where, leaf, kind in (
+            ('a_sweep', lambda c: c.sweep, 'a_sweep', 'a sweep directory'),
+            ('a_folder_of_runs', lambda c: c.sweep.parent, '[^/]+', 'a folder of runs'),
+        )
+    ],
     (
         'convert_import_inside_a_run',
         CONVERT,

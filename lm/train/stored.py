@@ -21,7 +21,15 @@ from lm.train.checkpoint import (
     saved_steps,
 )
 from lm.train.step import StepContext
-from lm.train.workdir import config_changes, config_fingerprint, run_relative, run_resolved
+from lm.train.workdir import (
+    A_RUN,
+    A_SWEEP,
+    config_changes,
+    config_fingerprint,
+    directory_kind,
+    run_relative,
+    run_resolved,
+)
 
 
 def check_step(steps: list[int], step: int | None, directory: str, flag: str) -> None:
@@ -36,11 +44,18 @@ def check_step(steps: list[int], step: int | None, directory: str, flag: str) ->
 
 
 def _no_checkpoint(directory: str, flag: str) -> str:
-    """Why <workdir>/checkpoints (`directory`) holds nothing: no such workdir, a path inside a
-    run (its checkpoints, or a step of them) given for the run, or an empty run."""
+    """Why <workdir>/checkpoints (`directory`) holds nothing: no such workdir, a sweep directory
+    or a folder of runs given for a run, a path inside a run (its checkpoints, or a step of
+    them) given for the run, or an empty run."""
     workdir = os.path.dirname(directory)
     if not os.path.exists(workdir):
         return f'{flag}: {workdir} does not exist'
+    names = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
+    runs = [n for n in names if directory_kind(os.path.join(workdir, n)) == A_RUN]
+    if runs or directory_kind(workdir) == A_SWEEP:
+        what = A_SWEEP if directory_kind(workdir) == A_SWEEP else 'a folder of runs'
+        example = f' (e.g. {os.path.join(workdir, runs[0])})' if runs else ''
+        return f'{flag}: {workdir} is {what}, not a run; name one of its runs{example}'
     for run in (os.path.dirname(workdir), os.path.dirname(os.path.dirname(workdir))):
         if saved_steps(run):
             return (
