@@ -411,3 +411,24 @@ def test_uptrain_settings_out_of_range_are_refused(overrides, message):
     check_uptrain_config(tiny_config().uptrain)
     with pytest.raises(ValueError, match=message):
         check_uptrain_config(with_values(tiny_config(), overrides).uptrain)
+
+
+def test_the_schedule_warning_is_for_runs_that_train_after_every_check(caplog):
+    """`assemble` warns about a warmup that outlasts the run only for a run that trains (state
+    'init' or 'resume'), never for one that reads or evaluates, and not before a config error,
+    which then stands alone."""
+    from lm.config import with_values
+    from lm.train.run import assemble
+
+    config = with_values(
+        tiny_config(attention='mha'), {'train.steps': 5, 'train.warmup_steps': 100}
+    )
+    for state, warned in (('none', False), ('init', True)):
+        caplog.clear()
+        with caplog.at_level('WARNING'):
+            assemble(config, state=state).close()
+        assert ('ends after the last step 5' in caplog.text) == warned, state
+    caplog.clear()
+    with caplog.at_level('WARNING'), pytest.raises(ValueError, match='must be divisible'):
+        assemble(with_values(config, {'model.num_heads': 3}), state='init')
+    assert 'ends after' not in caplog.text

@@ -179,7 +179,6 @@ def check_config(
         )
     check_loop_config(config)
     check_train_config(config.train)
-    warn_schedule(config.train)
     check_ensemble_config(config)
     parse_xla_options(config.train.xla_options)  # its form; `assemble` checks the names
     check_data_config(config.data)
@@ -247,6 +246,8 @@ def assemble(
         config.model.update(model_overrides)
         check_model_config(config.model)
     rules, mesh = check_devices(config, saved)
+    if state in ('init', 'resume'):  # a run that trains: after every check, so errors stand alone
+        warn_schedule(config.train)
     lock = None
     if state == 'resume':
         lock = WorkdirLock(workdir, owner=jax.process_index() == 0).__enter__()
