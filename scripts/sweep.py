@@ -128,8 +128,9 @@ def check_flags() -> None:
         raise ValueError('--config is required')
     if flags.FLAGS['points'].present and not _POINTS.value:  # e.g. an empty shell variable
         raise ValueError('--points: empty: name at least one point, or leave it out for all')
-    if _PARALLEL.value < 1 or _SEEDS.value < 1 or _GROUPS.value < 1:
-        raise ValueError('--parallel, --seeds and --ensemble_groups must be >= 1')
+    for flag in (_PARALLEL, _SEEDS, _GROUPS):
+        if flag.value < 1:
+            raise ValueError(f'--{flag.name} must be >= 1, got {flag.value}')
     sweep_dir = _SWEEP_DIR.value
     if not _STATUS.value:  # --status only reads: a read-only copy of a sweep is fine
         check_writable_dir(sweep_dir, '--sweep_dir')

@@ -1099,6 +1099,12 @@ EARLY = [
         r"^error: --config\.train\.lr: --grid sets train\.lr too, and the grid's values",
     ),
     (
+        'sweep_parallel_zero',
+        SWEEP,
+        lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.root}/sw', '--parallel=0'],
+        r'^error: --parallel must be >= 1, got 0$',
+    ),
+    (
         'sweep_override_of_what_ensemble_sets',  # --ensemble_program sets it: silently replaced
         SWEEP,
         lambda c: [
