@@ -52,6 +52,10 @@ def fetch(name: str, source: str, out_dir: str, timeout: float) -> str:
         raise ValueError(f'--out_dir={out_dir!r} is a file, not a directory')
     if source and not os.path.isfile(source):
         raise ValueError(f'--from={source!r} is not a file')
+    if source and (got := sha256(source)) != want:  # checked even when the file is there
+        raise ValueError(
+            f'--from={source!r} has SHA-256 {got}, not the expected {want}: not the {name} file'
+        )
     target = os.path.join(out_dir, filename)
     if os.path.isfile(target) and sha256(target) == want:
         return target

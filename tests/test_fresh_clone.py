@@ -65,8 +65,10 @@ def test_get_data_verifies_the_checksum_and_says_when_offline(tmp_path, monkeypa
     assert get_data.fetch('toy', '', str(out), timeout=5) == path  # in place: no download
     with pytest.raises(ValueError, match=r"^--from='.*nothing.txt' is not a file$"):
         get_data.fetch('toy', str(tmp_path / 'nothing.txt'), str(out), timeout=5)  # even so
-    (out / 'toy.txt').write_bytes(b'changed')
     (tmp_path / 'other.txt').write_bytes(b'other')
+    with pytest.raises(ValueError, match=r"^--from='.*other.txt' has SHA-256 \w+, not the"):
+        get_data.fetch('toy', str(tmp_path / 'other.txt'), str(out), timeout=5)  # and a wrong one
+    (out / 'toy.txt').write_bytes(b'changed')
     with pytest.raises(
         ValueError,
         match=rf"--from='.*other.txt' has SHA-256 \w+, not the "
