@@ -173,6 +173,21 @@ def test_conversion_errors(model, g, method, message):
         check_conversion(cfg, ConversionOptions(num_kv_heads=g, method=method))
 
 
+def test_a_conversion_to_the_sources_own_count_is_noted(caplog):
+    """--num_kv_heads equal to the source's merges nothing: allowed (a continued-training
+    control), with a warning; not for method 'random', which draws new K/V."""
+    cfg = model_config(tiny_config(attention='gqa', num_kv_heads=2).model)
+    for method, warned in (('mean', True), ('random', False)):
+        caplog.clear()
+        with caplog.at_level('WARNING'):
+            check_conversion(cfg, ConversionOptions(num_kv_heads=2, method=method))
+        assert ("num_kv_heads=2 is the source's own count" in caplog.text) == warned, method
+    caplog.clear()
+    with caplog.at_level('WARNING'):
+        check_conversion(cfg, ConversionOptions(num_kv_heads=1))
+    assert 'own count' not in caplog.text
+
+
 def test_a_destination_that_is_the_source_lies_inside_it_or_holds_it_is_refused(tmp_path):
     """Refused first, in one line naming both, before anything is read or written (a step
     directory of the source too, which a later check would call unreadable)."""

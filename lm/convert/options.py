@@ -12,6 +12,7 @@ import math
 import types
 
 import ml_collections
+from absl import logging
 
 from lm.data.parts import PARTS
 from lm.model import attention
@@ -288,6 +289,13 @@ def check_conversion(src: ModelConfig, opts: ConversionOptions) -> None:
         raise ValueError(f'{key}={g} does not divide config.model.num_heads={H}')
     if g_src % g:
         raise ValueError(f"{key}={g} does not divide the source's {g_src} KV heads")
+    if opts.num_kv_heads == g_src and opts.kv_share_every == 1 and opts.method != 'random':
+        logging.warning(
+            "%s=%d is the source's own count: no K/V heads are merged, so the converted run "
+            "continues the source's weights under the uptraining schedule",
+            key,
+            g,
+        )
     if opts.kv_share_every > src.num_layers:
         raise ValueError(
             f"{_k.kv_share_every}={opts.kv_share_every} is more than the source's "
