@@ -224,29 +224,21 @@ def assemble(
 
     `source` is a config, or a workdir whose checkpoint `step` (default: the newest) gives both
     the config and, with state='restore' or 'params', the state. A config's 'restore', 'params'
-    and 'resume' read
-    `workdir`; 'resume' (training) first takes the workdir (`WorkdirLock`, released by
-    `Run.close`) and refuses a config changed since its checkpoint unless
+    and 'resume' read `workdir`; 'resume' (training) first takes the workdir (`WorkdirLock`,
+    released by `Run.close`) and refuses a config changed since its checkpoint unless
     `allow_config_change`. `flag` names the workdir in errors. `model_overrides`: `config.model`
     keys set on the config before the model is built, for settings that leave the parameters
     as they are (e.g. inference's `decode_kernel`)."""
-    if state not in STATES:
-        raise ValueError(f'state must be one of {STATES}, got {state!r}')
     saved = isinstance(source, str)
     workdir = source if saved else workdir
-    if state in ('restore', 'params', 'resume') and workdir is None:
-        raise ValueError(f'state={state!r} needs a workdir to read the checkpoint from')
-    config = stored_config(workdir, flag, step) if saved else source
-    if state in ('restore', 'params'):  # an existing run's side files, before any other check
-        check_run_files(config.data.tokenizer, workdir, flag)
-    config = check_config(config, saved)
+    config = check_config(_source_config(source, state, workdir, step, flag), saved)
     if state in ('restore', 'params'):  # reading a run, maybe trained on more devices
         config.mesh = fit_mesh(config.mesh, jax.device_count())
     if model_overrides:
         config.model.update(model_overrides)
         check_model_config(config.model)
     rules, mesh = check_devices(config, saved)
-    if state in ('init', 'resume'):  # a run that trains: after every check, so errors stand alone
+    if state in ('init', 'resume'):  # a run that trains: after every check (errors alone)
         warn_schedule(config.train)
     lock = None
     if state == 'resume':
@@ -268,6 +260,25 @@ def assemble(
         if lock is not None:
             lock.release()
         raise
+
+
+def _source_config(
+    source: ml_collections.ConfigDict | str,
+    state: str,
+    workdir: str | None,
+    step: int | None,
+    flag: str,
+) -> ml_collections.ConfigDict:
+    """`assemble`'s config as given or saved in workdir `source`, after the checks that come
+    before any other: the state's name, its workdir, and the side files of a run it reads."""
+    if state not in STATES:
+        raise ValueError(f'state must be one of {STATES}, got {state!r}')
+    if state in ('restore', 'params', 'resume') and workdir is None:
+        raise ValueError(f'state={state!r} needs a workdir to read the checkpoint from')
+    config = stored_config(workdir, flag, step) if isinstance(source, str) else source
+    if state in ('restore', 'params'):  # an existing run's side files, before any other check
+        check_run_files(config.data.tokenizer, workdir, flag)
+    return config
 
 
 def _data_and_model(
