@@ -25,8 +25,7 @@ Beyond contiguous mean-pooling (docs/convert.md, "Conversion methods"):
   python scripts/uptrain.py --src=runs/mha --dst=runs/mqa_cla2 --num_kv_heads=1 \
       --kv_share_every=2
   # per-layer KV heads: 6 over the layers, more where a layer's heads are least alike
-  python scripts/uptrain.py --src=runs/mha --dst=runs/kv6 --kv_budget=6 \
-      --grouping=similarity --method=mean
+  python scripts/uptrain.py --src=runs/mha --dst=runs/kv6 --kv_budget=6
   # MHA / GQA -> MLA (MHA2MLA): latent rank 64, RoPE on 8 dims of a shared key
   python scripts/uptrain.py --src=runs/mha --dst=runs/mla64 --target=mla --kv_lora_rank=64 \
       --qk_rope_head_dim=8 --optimizer_state=fresh
@@ -78,15 +77,16 @@ _METHOD = flags.DEFINE_string(
 )
 _GROUPING = flags.DEFINE_string(
     'grouping',
-    'contiguous',
+    '',
     "Which KV heads merge: 'contiguous' (Ainslie et al.) or 'similarity' (most similar heads, "
-    "by the head-analysis KV-head similarity on the source's training text).",
+    "by the head-analysis KV-head similarity on the source's training text); default: "
+    "'similarity' with --kv_budget, else 'contiguous'.",
 )
 _BUDGET = flags.DEFINE_integer(
     'kv_budget',
     0,
     'Per-layer KV heads: this many over all layers, given to the layers whose heads are least '
-    'alike (with --grouping=similarity --method=mean; --num_kv_heads unset). 0 = off.',
+    'alike, each layer by similarity grouping and mean pooling (--num_kv_heads unset). 0 = off.',
 )
 _TARGET = flags.DEFINE_string(
     'target', '', "'' = fewer K/V heads (GQA / MQA); 'mla' = MHA2MLA latent attention."

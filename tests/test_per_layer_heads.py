@@ -91,6 +91,9 @@ def test_moments_pool_like_the_weights_per_layer():
 def test_budget_options_are_checked_naming_config_keys():
     ok = {'kv_budget': 5, 'grouping': 'similarity', 'method': 'mean'}
     assert ConversionOptions(**ok).needs_calibration
+    # left out, grouping and method are the budget's: similarity and mean
+    assert ConversionOptions(kv_budget=5) == ConversionOptions(**ok)
+    assert ConversionOptions(num_kv_heads=2).grouping == 'contiguous'
     for bad, message in [
         ({'num_kv_heads': 2}, 'leave config.model.num_kv_heads unset'),
         ({'kv_share_every': 2}, 'does not combine with config.model.kv_share_every'),
@@ -119,7 +122,7 @@ def test_uptrain_script_gives_each_layer_its_heads_and_the_run_continues(tmp_pat
     src, dst = tmp_path / 'mha', tmp_path / 'kv6'
     cfg_file = write_config_file(config, tmp_path / 'mha.py')
     run_entry('train.py', f'--config={cfg_file}', f'--workdir={src}', check=True)
-    flags = ['--kv_budget=6', '--grouping=similarity', '--method=mean', '--steps=4']
+    flags = ['--kv_budget=6', '--steps=4']  # grouping similarity, method mean: its defaults
     out = run_entry(
         'scripts/uptrain.py',
         f'--src={src}',

@@ -61,7 +61,8 @@ class ConversionOptions:
     converts to it, with `kv_lora_rank` C and `qk_rope_head_dim` P, by `LATENT_METHODS`, its RoPE
     key (`rope_heads` 1) the mean over the source's G KV heads' kept columns, or with `rope_heads`
     R dividing G, R keys each averaging G / R adjacent KV heads (R = G: each its own). method
-    '' becomes the target's default ('mean'; 'joint_svd' for a latent). `kv_share_every` n > 1
+    '' becomes the target's default ('mean'; 'joint_svd' for a latent), grouping '' the
+    budget's 'similarity' with `kv_budget`, else 'contiguous'. `kv_share_every` n > 1
     then merges each n adjacent layers' K/V into one (cross-layer attention, lm/convert/cla.py,
     by the same method and grouping); num_kv_heads 0 keeps the source's count. The converted
     run starts at the source's `source_step` (None: its latest checkpoint) and trains `steps`
@@ -82,7 +83,7 @@ class ConversionOptions:
     qk_rope_head_dim: int = 0
     rope_heads: int = 1
     method: str = ''
-    grouping: str = 'contiguous'
+    grouping: str = ''
     calibration_tokens: int | None = None
     source_step: int | None = None
     steps: int | None = None
@@ -97,6 +98,8 @@ class ConversionOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'method', self.method or _default_method(self.target))
+        grouping = self.grouping or ('similarity' if self.kv_budget > 0 else 'contiguous')
+        object.__setattr__(self, 'grouping', grouping)
         _check_run(self)
         _check_target(self)
         if self.latent:
