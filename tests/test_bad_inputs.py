@@ -466,14 +466,19 @@ ROWS = [
             lambda c, args=args, where=where: args(where(c)),
             rf'^error: --(workdir|src): .*/{leaf} is {kind}, not a run; name one of its runs',
         )
-        for name, entry, args in (
-            ('eval', EVAL, lambda w: [f'--workdir={w}']),
-            ('generate', GENERATE, lambda w: [f'--workdir={w}', '--prompt=a']),
-            ('uptrain', UPTRAIN, lambda w: [f'--src={w}', f'--dst={w}_up', '--num_kv_heads=2']),
-        )
-        for what, where, leaf, kind in (
-            ('a_sweep', lambda c: c.sweep, 'a_sweep', 'a sweep directory'),
-            ('a_folder_of_runs', lambda c: c.sweep.parent, '[^/]+', 'a folder of runs'),
+        # one message (lm.train.stored) for every reader: each entry point with one kind
+        for (name, entry, args), (what, where, leaf, kind) in zip(
+            (
+                ('eval', EVAL, lambda w: [f'--workdir={w}']),
+                ('generate', GENERATE, lambda w: [f'--workdir={w}', '--prompt=a']),
+                ('uptrain', UPTRAIN, lambda w: [f'--src={w}', f'--dst={w}_up', '--num_kv_heads=2']),
+            ),
+            (
+                ('a_sweep', lambda c: c.sweep, 'a_sweep', 'a sweep directory'),
+                ('a_folder_of_runs', lambda c: c.sweep.parent, '[^/]+', 'a folder of runs'),
+                ('a_sweep', lambda c: c.sweep, 'a_sweep', 'a sweep directory'),
+            ),
+            strict=True,
         )
     ],
     (
