@@ -65,7 +65,13 @@ from lm.experiments import (
     summarise_sweep,
     sweep_match,
 )
-from lm.train import A_RUN, WorkdirLock, directory_kind, ensemble_loop_default
+from lm.train import (
+    A_RUN,
+    WorkdirLock,
+    check_not_inside_a_run,
+    directory_kind,
+    ensemble_loop_default,
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Base config file; a sweep file may also define get_points().'
@@ -136,6 +142,7 @@ def check_flags() -> None:
         check_writable_dir(sweep_dir, '--sweep_dir')
         if directory_kind(sweep_dir) == A_RUN:
             raise ValueError(f'--sweep_dir: {sweep_dir} is {A_RUN}, not a sweep directory')
+        check_not_inside_a_run(sweep_dir, '--sweep_dir')
         if _TB_DIR.value:
             check_writable_dir(_TB_DIR.value, '--tb_dir')
     check_config_keys(_CONFIG.value)

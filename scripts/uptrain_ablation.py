@@ -74,6 +74,7 @@ from lm.experiments import (
     summarise_pareto,
     write_csv,
 )
+from lm.train import check_not_inside_a_run, directory_kind
 
 _DATA = flags.DEFINE_string('data_path', 'data/tinyshakespeare.txt', 'Text file.')
 _OUT = flags.DEFINE_string('out_dir', 'runs/uptrain_ablation', 'Workdirs and TensorBoard.')
@@ -229,6 +230,12 @@ def relaunch(lane: str) -> list[str]:
 
 def run() -> int:
     check_writable_dir(_OUT.value, '--out_dir')
+    if kind := directory_kind(_OUT.value):
+        raise ValueError(
+            f'--out_dir={_OUT.value!r} is {kind}; the ablation makes its runs in a directory of '
+            'its own'
+        )
+    check_not_inside_a_run(_OUT.value, '--out_dir')
     ab = ablation()
     check_flags(ab.seeds)
     bootstrap(base_config(ab, 0, 1))

@@ -939,6 +939,30 @@ EARLY = [
         )
         for flag in ('seeds', 'steps')
     ],
+    *[
+        (  # its runs would be made inside a run, or beside a sweep's
+            f'uptrain_ablation_out_dir_{name}',
+            ABLATION,
+            lambda c, where=where: [f'--out_dir={where(c)}'],
+            rf"--out_dir='.*' is {kind}; the ablation makes its runs in a directory of its own$",
+        )
+        for name, where, kind in (
+            ('a_run', lambda c: c.run, 'a training run'),
+            ('a_sweep', lambda c: c.sweep, 'a sweep directory'),
+        )
+    ],
+    (
+        'uptrain_ablation_out_dir_inside_a_run',
+        ABLATION,
+        lambda c: [f'--out_dir={c.run}/abl'],
+        r"--out_dir='.*/run/abl' is inside the run .*/run; give the new run a directory",
+    ),
+    (
+        'sweep_dir_inside_a_run',
+        SWEEP,
+        lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.run}/sw'],
+        r"--sweep_dir='.*/run/sw' is inside the run .*/run; give the new run a directory",
+    ),
     (
         'uptrain_ablation_report_in_a_missing_directory',
         ABLATION,

@@ -42,6 +42,7 @@ __all__, __getattr__, __dir__ = public_face(
             'RunError',
             'WorkdirLock',
             'check_replaceable',
+            'check_not_inside_a_run',
             'check_train_workdir',
             'directory_kind',
             'remember_tb_dir',

@@ -127,6 +127,12 @@ def check_train_workdir(path: str, setting: str = '--workdir') -> None:
                     f'{setting}={path!r} holds {kind}, {name}; train each run in a directory '
                     f'of its own (e.g. {os.path.join(path, "NEW_RUN")})'
                 )
+    check_not_inside_a_run(path, setting)
+
+
+def check_not_inside_a_run(path: str, setting: str) -> None:
+    """One-line ValueError when directory `path`, where new runs would be made (a run, a sweep
+    or an ablation), lies inside a training run: its checkpoints/ or anywhere else in it."""
     mine = os.path.realpath(path)
     parent = os.path.dirname(mine)
     while parent != os.path.dirname(parent):
