@@ -137,6 +137,9 @@ def check_flags() -> None:
     for flag in (_PARALLEL, _SEEDS, _GROUPS):
         if flag.value < 1:
             raise ValueError(f'--{flag.name} must be >= 1, got {flag.value}')
+    for name in ('ensemble_groups', 'ensemble_program'):
+        if flags.FLAGS[name].present and not _ENSEMBLE.value:
+            raise ValueError(f'--{name} applies to --ensemble sweeps only; add --ensemble')
     sweep_dir = _SWEEP_DIR.value
     if not _STATUS.value:  # --status only reads: a read-only copy of a sweep is fine
         check_writable_dir(sweep_dir, '--sweep_dir')

@@ -1134,6 +1134,12 @@ EARLY = [
         r'^error: --parallel must be >= 1, got 0$',
     ),
     (
+        'sweep_ensemble_flag_without_ensemble',  # separate runs: it would do nothing
+        SWEEP,
+        lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.root}/sw', '--ensemble_groups=2'],
+        r'^error: --ensemble_groups applies to --ensemble sweeps only; add --ensemble$',
+    ),
+    (
         'sweep_override_of_what_ensemble_sets',  # --ensemble_program sets it: silently replaced
         SWEEP,
         lambda c: [
