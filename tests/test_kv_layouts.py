@@ -188,8 +188,12 @@ def test_mqa_cla2_halves_mqa_cache():
         (dict(kv_heads_per_layer=(2.0, 'a')), "must list whole numbers, got [2.0, 'a']"),
         (dict(kv_heads_per_layer=(0, 2)), 'kv_heads_per_layer=(0, 2): every count must be >= 1'),
         (  # names the key set, not the num_kv_heads derived from it
-            dict(attention='mha', kv_heads_per_layer=(2, 1)),
-            'config.model.kv_heads_per_layer=(2, 1) (num_kv_heads = its largest, 2): ',
+            dict(attention='mha', kv_heads_per_layer=(4, 2)),
+            "kv_heads_per_layer=(4, 2) contradicts attention='mha' (which means 4 in every",
+        ),
+        (
+            dict(attention='mqa', kv_heads_per_layer=(1, 2)),
+            "kv_heads_per_layer=(1, 2) contradicts attention='mqa' (which means 1 in every",
         ),
         (dict(kv_heads_per_layer=(2, 1), num_kv_heads=1), 'must be 0 or max('),
         (dict(attention='mla', kv_heads_per_layer=(2, 1)), 'needs K/V heads'),

@@ -29,18 +29,15 @@ def resolve(cls, cfg: ModelConfig) -> ModelConfig:
         )
     if per_layer:
         _check_counts(cfg)
-    derived = bool(per_layer) and cfg.num_kv_heads == 0
-    if derived:
+        implied = {'mha': cfg.num_heads, 'mqa': 1}.get(cfg.attention)
+        if implied is not None and set(per_layer) != {implied}:
+            raise ValueError(
+                f'config.model.kv_heads_per_layer={per_layer} contradicts attention='
+                f"'{cfg.attention}' (which means {implied} in every layer); use attention='gqa'"
+            )
+    if per_layer and cfg.num_kv_heads == 0:
         cfg = dataclasses.replace(cfg, num_kv_heads=max(per_layer))
-    try:
-        cfg = cls.resolve(cfg)
-    except ValueError as e:
-        if not derived:
-            raise
-        raise ValueError(  # name the key the user set, not the num_kv_heads derived from it
-            f'config.model.kv_heads_per_layer={per_layer} (num_kv_heads = its largest, '
-            f'{max(per_layer)}): {e}'
-        ) from None
+    cfg = cls.resolve(cfg)
     n = cfg.kv_share_every
     if n < 1:
         raise ValueError(f'config.model.kv_share_every must be >= 1 (1 = off), got {n}')
