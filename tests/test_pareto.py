@@ -112,6 +112,8 @@ def test_points_from_an_out_dir(tmp_path):
         ValueError, match="^metric 'eval/bleu': not in the run's result .*eval/loss"
     ):
         pareto.points(found, 'eval/bleu')
+    with pytest.raises(ValueError, match=r"^metric 'loss': not in the run's result \(it has eval/"):
+        pareto.points(found, 'loss')  # no section: the metrics it has are listed all the same
 
 
 def test_figure_written_and_logged_to_tensorboard(tmp_path):

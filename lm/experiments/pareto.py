@@ -66,8 +66,15 @@ def metric_value(result: Mapping, metric: str) -> float:
     section, _, name = metric.partition('/')
     values = result.get(section)
     if not isinstance(values, Mapping) or name not in values:
-        have = sorted(f'{section}/{k}' for k in values) if isinstance(values, Mapping) else []
-        raise ValueError(f"metric {metric!r}: not in the run's result (it has {', '.join(have)})")
+        have = [
+            f'{s}/{k}'
+            for s, v in result.items()
+            if isinstance(v, Mapping) and s != 'fingerprint'  # the run's settings
+            for k in v
+        ]
+        raise ValueError(
+            f"metric {metric!r}: not in the run's result (it has {', '.join(sorted(have))})"
+        )
     return float(values[name])
 
 
