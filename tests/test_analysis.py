@@ -380,8 +380,8 @@ def test_analyze_heads_cli(tmp_path):
 def test_analyze_heads_cli_rejects_a_run_without_checkpoints(tmp_path):
     res = cli(f'--workdir={tmp_path}', f'--out={tmp_path / "o"}')
     assert res.returncode == 1 and 'Traceback' not in res.stderr
-    assert (
-        res.stderr.strip().splitlines()[-1] == f'error: --workdir: {tmp_path} holds no checkpoint'
+    assert res.stderr.strip().splitlines()[-1] == (
+        f'error: --workdir: {tmp_path / "checkpoints"} holds no checkpoint'
     )
 
 

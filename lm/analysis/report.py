@@ -21,6 +21,7 @@ from lm.data.windows import eval_windows, window_targets
 from lm.model import attention
 from lm.train.checkpoint import saved_steps
 from lm.train.run import assemble
+from lm.train.stored import check_step
 
 SCORES = ('previous_token', 'induction', 'duplicate_token', 'sink', 'entropy')
 CSV_COLUMNS = ('run', 'layer', 'head', *SCORES)
@@ -76,8 +77,7 @@ def check_runs(specs: list[tuple[str, int | None, str]]) -> None:
     seen: dict[str, str] = {}
     for workdir, step, flag in specs:
         steps = saved_steps(workdir)
-        if not steps:
-            raise FileNotFoundError(f'{flag}: {workdir} holds no checkpoint')
+        check_step(steps, None, os.path.join(workdir, 'checkpoints'), flag)  # none at all: why
         if step is not None and step not in steps:
             held = ', '.join(map(str, steps))
             raise ValueError(f'{flag}: {workdir} has no checkpoint at step {step} (steps: {held})')
