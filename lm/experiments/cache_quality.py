@@ -24,6 +24,7 @@ from lm.train.interrupt import StopRequest
 from lm.train.run import Run, assemble
 from lm.train.step import make_eval_step
 from lm.train.stored import result_step, stored_config
+from lm.train.workdir import A_RUN, directory_kind
 
 
 def evaluate_run(
@@ -184,7 +185,11 @@ def finished_runs(sweep_dir: str) -> list[tuple[tuple[str, int], str]]:
             found.append(((arm_and_seed(name)[0], _seed(result, workdir)), workdir))
     runs = sorted(found, key=lambda run: (rank.get(run[0][0], len(order)), run[0]))
     if not runs:
-        raise FileNotFoundError(f'--sweep_dir: {sweep_dir} holds no finished run <arm>_s<seed>')
+        run = directory_kind(sweep_dir) == A_RUN
+        what = f' (it is {A_RUN}, not a sweep directory)' if run else ''
+        raise FileNotFoundError(
+            f'--sweep_dir: {sweep_dir} holds no finished run <arm>_s<seed>{what}'
+        )
     return runs
 
 
