@@ -415,6 +415,29 @@ def test_a_sweep_splits_a_points_seeds_over_ensemble_groups(tmp_path, small_text
     assert seed_runs(specs) == [s for s in specs if s not in groups]
 
 
+def test_an_ensemble_whose_members_finished_under_other_groups_is_not_trained(tmp_path, small_text):
+    """A sweep re-run with other --ensemble_groups: the members' runs finished (their
+    fingerprints hold no grouping), so the new grouping's ensemble is not needed: skipped, and
+    --status counts it finished; with one member missing it trains."""
+    from lm.experiments.runner import fingerprint, run_one
+
+    config = tiny_train_config(tmp_path, small_text)
+    points = [{'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0}]
+    before = plan_sweep(config, points, str(tmp_path), [], 4, ensemble=True, ensemble_groups=2)
+    for spec in before[1:3] + before[4:6]:  # the members' runs of both groups, finished
+        (tmp_path / spec.name).mkdir()
+        result = {'step': 8, 'eval': {'loss': 3.0}, 'fingerprint': fingerprint(spec)}
+        (tmp_path / spec.name / 'result.json').write_text(json.dumps(result))
+    after = plan_sweep(config, points, str(tmp_path), [], 4, ensemble=True)
+    assert after[0].name == 'ensembles/mha' and after[0].served(str(tmp_path))
+    assert run_one(after[0], str(tmp_path)).endswith(
+        'not needed (the runs it makes finished earlier), skipped'
+    )
+    assert 'ensembles/mha: not needed' in progress(after, str(tmp_path))[0]
+    (tmp_path / 'mha_s3' / 'result.json').unlink()
+    assert not after[0].served(str(tmp_path))
+
+
 def test_after_an_extended_sweep_one_split_serves_every_later_member(tmp_path):
     """A sweep extended to more steps: the first member's split also takes each later member
     whose result is of the old step (not one process per member); a member already finished at

@@ -112,6 +112,8 @@ class Spec:
     resumable: Callable[[str], bool] = _never  # fingerprint keys that may change: re-run
     # fingerprint keys added since runs were recorded -> the value a record lacking one had
     added: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # out_dir -> whether the run is no longer needed (an ensemble whose members' runs finished)
+    served: Callable[[str], bool] | None = None
 
     @property
     def lane_name(self) -> str:
@@ -237,6 +239,8 @@ def run_one(spec: Spec, out_dir: str, reuse: str = '') -> str:
     wd = workdir(out_dir, spec)
     if cached(spec, wd) is not None:
         return f'{spec.name}: finished earlier, skipped'
+    if spec.served is not None and spec.served(out_dir):
+        return f'{spec.name}: not needed (the runs it makes finished earlier), skipped'
     if reuse and cached(spec, earlier := workdir(reuse, spec)) is not None:
         _copy_run(earlier, wd)
         return f'{spec.name}: copied from {earlier}'

@@ -17,7 +17,16 @@ import ml_collections
 
 from lm.config import with_values
 from lm.config_migration import ADDED_KEYS
-from lm.experiments.runner import RunFailed, RunStopped, Spec, call, read_result, stopped_by
+from lm.experiments.runner import (
+    RunFailed,
+    RunStopped,
+    Spec,
+    cached,
+    call,
+    read_result,
+    stopped_by,
+)
+from lm.experiments.runner import workdir as run_dir
 from lm.train.checkpoint import saved_steps
 from lm.train.ensemble import check_ensemble_config, check_members_divide_over
 from lm.train.run import check_loop_config
@@ -123,7 +132,14 @@ class PointSpecs:
             )
             for i in range(k)
         ]
-        return [first_spec, *members]
+        served = functools.partial(_members_finished, members)  # under other groups, say
+        return [dataclasses.replace(first_spec, served=served), *members]
+
+
+def _members_finished(members: list[Spec], out_dir: str) -> bool:
+    """Whether every member's run finished with its spec's fingerprint, whatever ensemble made
+    it (a sweep re-run with other --ensemble_groups needs no ensemble for them)."""
+    return all(cached(m, run_dir(out_dir, m)) is not None for m in members)
 
 
 def check_ensembles_divide(

@@ -74,7 +74,11 @@ def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
             metrics = ', '.join(
                 f'{k.replace("_", " ")} {final[k]:.4f}' for k in SHOWN if k in final
             )
-            lines.append(f'{spec.name}: finished at step {result["step"]}: eval {metrics}')
+            shown = f'eval {metrics}' if metrics else "its members' runs hold its evaluations"
+            lines.append(f'{spec.name}: finished at step {result["step"]}: {shown}')
+        elif spec.served is not None and spec.served(sweep_dir):
+            counts['finished'] += 1
+            lines.append(f'{spec.name}: not needed: the runs it makes finished earlier')
         elif result is not None:
             state, line = _finished_otherwise(spec, result)
             counts[state] += 1
