@@ -376,6 +376,12 @@ def test_eval_sweep_refuses_runs_of_another_task_unless_the_key_is_set():
     with pytest.raises(ValueError, match='data.recall_seed=0 and --config has 1'):
         check_one_task(runs, given, {'data.recall_pairs'})  # recall_seed not set: refused
     check_one_task(runs, given, {'data.recall_pairs', 'data.recall_seed'})
+    # one file written two ways (a sweep file's relative path) is the same data.path
+    check_one_task(
+        {'a': {'path': 'configs/sweeps/../../x.txt, y.txt'}}, {'path': 'x.txt,y.txt'}, set()
+    )
+    with pytest.raises(ValueError, match=r"data.path='x.txt' and --config has 'y.txt'"):
+        check_one_task({'a': {'path': 'x.txt'}}, {'path': 'y.txt'}, set())
     trained_apart = {'mha': {**given, 'sampling': 'epochs', 'cache_dir': 'c', 'num_proc': 4}}
     check_one_task(trained_apart, given, set())  # settings that do not change the scoring
 

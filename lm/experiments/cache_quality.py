@@ -13,6 +13,7 @@ from collections.abc import Callable
 import ml_collections
 from flax import nnx
 
+from lm.data.files import split_paths
 from lm.experiments.runner import arm_and_seed, read_result
 from lm.infer.cached_eval import make_cached_eval_step
 from lm.infer.decode import Decoder
@@ -217,12 +218,22 @@ def check_one_task(runs: dict[str, dict], data: dict, overridden: set[str]) -> N
     it on another task than its own without anyone asking for it."""
     for name, got in runs.items():
         for key in sorted((set(got) | set(data)) - set(NOT_SCORED)):
-            if f'data.{key}' not in overridden and got.get(key) != data.get(key):
+            if f'data.{key}' not in overridden and not _same(key, got.get(key), data.get(key)):
                 raise ValueError(
                     f'run {name} trained with data.{key}={got.get(key)!r} and --config has '
                     f'{data.get(key)!r}; set --config.data.{key} to score at that value anyway, '
                     'or give each group of runs its own --config'
                 )
+
+
+def _same(key: str, a: object, b: object) -> bool:
+    """Whether two values of data setting `key` are one: paths name the same files however
+    they are written ('configs/sweeps/../../data/x.txt' is 'data/x.txt')."""
+    if key == 'path' and isinstance(a, str) and isinstance(b, str):
+        return [os.path.realpath(p) for p in split_paths(a)] == [
+            os.path.realpath(p) for p in split_paths(b)
+        ]
+    return a == b
 
 
 def heldout_rows(
