@@ -166,10 +166,11 @@ def _orderings(pairs: list[dict], value: str, label: str) -> list[str]:
     """The lines of an orderings table: every pair's paired difference of `value`; the count
     is Holm's, as the family note's (pairs without a p-value, e.g. on one seed, not counted)."""
     m = pairs[0]['comparisons'] if pairs else 0
+    over = 'this comparison' if m == 1 else f'these {summary.comparisons(m)}'
     resolved = (
-        f'resolved when the Holm-corrected p over these {summary.comparisons(m)} is below 0.05'
+        f'resolved when the Holm-corrected p over {over} is below 0.05'
         if m
-        else 'none can be resolved: a paired test needs two or more seeds'
+        else 'none can be resolved: a paired test needs two or more seeds of two or more points'
     )
     lines = [
         '',
