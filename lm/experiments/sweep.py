@@ -337,11 +337,12 @@ def _trainer(config: ml_collections.ConfigDict, command: list[str], tb_dir: str)
         code = _train_logged([*command, *args], workdir)
         if name := stopped_by(code):
             steps = saved_steps(workdir)
-            kept = f'its checkpoint of step {steps[-1]} kept' if steps else 'no checkpoint yet'
-            raise RunStopped(
-                f'{os.path.basename(workdir)} stopped by {name}: {kept}; repeating the command '
-                'resumes it'
+            kept = (
+                f'its checkpoint of step {steps[-1]} kept; repeating the command resumes it'
+                if steps
+                else 'no checkpoint yet; repeating the command starts it again'
             )
+            raise RunStopped(f'{os.path.basename(workdir)} stopped by {name}: {kept}')
         results = os.path.join(workdir, 'results.json')
         if code != 0 or not os.path.exists(results):
             raise RunFailed(f'exit {code}; see {workdir}/train.log')
