@@ -13,7 +13,14 @@ the ensemble's step, so eval.py, scripts/generate.py, scripts/convert_hf.py expo
 from absl import flags
 
 from lm.cli import bootstrap, check_writable_dir, run_app
-from lm.train import member_seeds, split_members, split_request, stored_config
+from lm.train import (
+    Interrupted,
+    StopRequest,
+    member_seeds,
+    split_members,
+    split_request,
+    stored_config,
+)
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The ensemble run directory.', required=True)
 _OUT_DIR = flags.DEFINE_string(
@@ -34,8 +41,16 @@ def run() -> int:
         raise ValueError(f'--workdir: {_WORKDIR.value} is not an ensemble (train.ensemble=0)')
     outs = split_request(_WORKDIR.value, _OUT_DIR.value, _MEMBERS.value, seeds, _NAME.value)
     bootstrap(config)
-    for m, out in zip(outs, split_members(_WORKDIR.value, outs, _STEP.value), strict=True):
-        print(f'member {m} (seed {seeds[m]}) -> {out}')
+
+    def done(m: int, out: str) -> None:
+        print(f'member {m} (seed {seeds[m]}) -> {out}', flush=True)
+
+    with StopRequest() as stop:
+        try:
+            split_members(_WORKDIR.value, outs, _STEP.value, stop.check, done)
+        except Interrupted as e:  # between members: those printed are split, each whole
+            print(f'{e}: the members above are split; run the command again for the rest')
+            return 128 + e.signum
     return 0
 
 

@@ -16,6 +16,7 @@ import math
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import time
 import types
@@ -41,7 +42,7 @@ from lm.convert import ConversionOptions, convert_checkpoint, convert_ensemble
 from lm.experiments import plan_sweep, progress, run_specs, seed_runs, summarise_sweep
 from lm.experiments import sweep as experiments_sweep
 from lm.experiments.sweep_ensemble import to_split
-from lm.train import ensemble
+from lm.train import Interrupted, ensemble
 from lm.train.ensemble import check_members_divide, member_config, member_tree, state_bytes
 from lm.train.ensemble_run import split_member, split_members, split_request
 from lm.train.loop import call_batch, train
@@ -180,6 +181,20 @@ def test_an_ensemble_trains_its_members_single_runs(tmp_path, small_text):
     with pytest.raises(RunError, match='already holds a run'):
         split_members(str(tmp_path / 'ens'), {1: str(tmp_path / 'fresh'), 2: outs[2]})
     assert not (tmp_path / 'fresh').exists()  # refused before anything was written
+    # a stop between members: those before it are split whole and reported, none after it
+    calls, done = [], []
+
+    def stop_at_second() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise Interrupted(signal.SIGTERM)
+
+    stopped = {1: str(tmp_path / 'early1'), 2: str(tmp_path / 'never')}
+    with pytest.raises(Interrupted):
+        split_members(
+            str(tmp_path / 'ens'), stopped, 4, stop_at_second, lambda m, o: done.append(m)
+        )
+    assert done == [1] and not (tmp_path / 'never').exists()
     # run again after a stop: the members already split stay, the missing one is written
     again = {0: outs[0], 1: str(tmp_path / 'early1')}
     assert split_members(str(tmp_path / 'ens'), again, step=4) == list(again.values())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -167,27 +168,36 @@ def split_member(workdir: str, member: int, out: str, step: int | None = None) -
     return split_members(workdir, {member: out}, step)[0]
 
 
-def split_members(workdir: str, outs: dict[int, str], step: int | None = None) -> list[str]:
+def split_members(
+    workdir: str,
+    outs: dict[int, str],
+    step: int | None = None,
+    stop: Callable[[], None] = lambda: None,
+    done: Callable[[int, str], None] = lambda member, out: None,
+) -> list[str]:
     """`split_member` for each member `m` of `outs` to `outs[m]`, the ensemble restored once.
     Every `outs` directory is checked before any array is read: one already holding that
     member at that step (a split cut short, run again) is left as it is; one holding another
-    run is refused. Each member's checkpoint is saved whole or not at all."""
+    run is refused. Each member's checkpoint is saved whole or not at all; `stop()` runs
+    before each (a stop request ends the split between members), `done(member, out)` after."""
     config = stored_config(workdir, step=step)
     if not config.train.ensemble:
         raise RunError(f'--workdir: {workdir} is not an ensemble (config.train.ensemble=0)')
     step = saved_steps(workdir)[-1] if step is None else step
     todo = {m: out for m, out in outs.items() if not _split_already(out, config, m, step)}
     with assemble(workdir, state='restore', step=step) as run:
-        for member, out in todo.items():
-            single = member_run(run, member, out)
-            os.makedirs(out, exist_ok=True)
-            ckpt = Checkpointer(out, keep=1, async_save=False)
-            try:
-                ckpt.save(single.step, single.state, single.meta)
-            finally:
-                ckpt.close()
-    for member, out in outs.items():
-        _split_results(workdir, member, out, step, member_config(config, member))
+        for member, out in outs.items():
+            if member in todo:
+                stop()
+                single = member_run(run, member, out)
+                os.makedirs(out, exist_ok=True)
+                ckpt = Checkpointer(out, keep=1, async_save=False)
+                try:
+                    ckpt.save(single.step, single.state, single.meta)
+                finally:
+                    ckpt.close()
+            _split_results(workdir, member, out, step, member_config(config, member))
+            done(member, out)
     return list(outs.values())
 
 
