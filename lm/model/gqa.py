@@ -35,6 +35,12 @@ class GroupedQueryAttention(AttentionVariant):
     def resolve(cfg: ModelConfig) -> ModelConfig:
         H, g = cfg.num_heads, cfg.num_kv_heads
         implied = {'mha': H, 'mqa': 1}.get(cfg.attention)
+        per_layer = cfg.kv_heads_per_layer
+        if per_layer and implied is not None and set(per_layer) != {implied}:
+            raise ValueError(
+                f'config.model.kv_heads_per_layer={per_layer} contradicts attention='
+                f"'{cfg.attention}' (which means {implied} in every layer); use attention='gqa'"
+            )
         if implied is not None and g not in (0, implied):
             raise ValueError(
                 f'config.model.num_kv_heads={g} contradicts attention='

@@ -29,12 +29,6 @@ def resolve(cls, cfg: ModelConfig) -> ModelConfig:
         )
     if per_layer:
         _check_counts(cfg)
-        implied = {'mha': cfg.num_heads, 'mqa': 1}.get(cfg.attention)
-        if implied is not None and set(per_layer) != {implied}:
-            raise ValueError(
-                f'config.model.kv_heads_per_layer={per_layer} contradicts attention='
-                f"'{cfg.attention}' (which means {implied} in every layer); use attention='gqa'"
-            )
     if per_layer and cfg.num_kv_heads == 0:
         cfg = dataclasses.replace(cfg, num_kv_heads=max(per_layer))
     cfg = cls.resolve(cfg)
