@@ -27,6 +27,7 @@ from lm.train.workdir import (
     config_changes,
     config_fingerprint,
     directory_kind,
+    held_directories,
     run_relative,
     run_resolved,
 )
@@ -50,8 +51,7 @@ def _no_checkpoint(directory: str, flag: str) -> str:
     workdir = os.path.dirname(directory)
     if not os.path.exists(workdir):
         return f'{flag}: {workdir} does not exist'
-    names = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
-    runs = [n for n in names if directory_kind(os.path.join(workdir, n)) == A_RUN]
+    runs = [name for name, kind in held_directories(workdir) if kind == A_RUN]
     if runs or directory_kind(workdir) == A_SWEEP:
         what = A_SWEEP if directory_kind(workdir) == A_SWEEP else 'a folder of runs'
         example = f' (e.g. {os.path.join(workdir, runs[0])})' if runs else ''

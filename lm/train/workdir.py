@@ -95,6 +95,15 @@ def directory_kind(path: str) -> str:
     return A_SWEEP if os.path.isfile(os.path.join(path, SWEEP_MARK)) else ''
 
 
+def held_directories(path: str) -> list[tuple[str, str]]:
+    """The runs and sweeps directly inside directory `path` (a folder of runs), as (name, kind)
+    pairs sorted by name; [] when `path` is no directory."""
+    if not os.path.isdir(path):
+        return []
+    held = ((name, directory_kind(os.path.join(path, name))) for name in sorted(os.listdir(path)))
+    return [(name, kind) for name, kind in held if kind]
+
+
 def check_replaceable(path: str, setting: str, option: str) -> None:
     """One-line ValueError when directory `path`, which `option` would replace whole, is or
     holds anywhere below it a training run or a sweep directory (`directory_kind`)."""
@@ -120,13 +129,13 @@ def check_train_workdir(path: str, setting: str = '--workdir') -> None:
             f'{setting}={path!r} is {A_SWEEP}, not a run; train each run in a directory of its '
             'own (a sweep trains its runs in its subdirectories)'
         )
-    if directory_kind(path) != A_RUN and os.path.isdir(path):  # a folder of runs, not a run
-        for name in sorted(os.listdir(path)):
-            if kind := directory_kind(os.path.join(path, name)):
-                raise ValueError(
-                    f'{setting}={path!r} holds {kind}, {name}; train each run in a directory '
-                    f'of its own (e.g. {os.path.join(path, "NEW_RUN")})'
-                )
+    held = held_directories(path) if directory_kind(path) != A_RUN else []
+    if held:  # a folder of runs, not a run
+        name, kind = held[0]
+        raise ValueError(
+            f'{setting}={path!r} holds {kind}, {name}; train each run in a directory of its '
+            f'own (e.g. {os.path.join(path, "NEW_RUN")})'
+        )
     check_not_inside_a_run(path, setting)
 
 
