@@ -4,7 +4,7 @@ edit.
 
 A command is a line of a ```bash block (continuation lines joined, runs of spaces made one; a
 multi-line `for` loop is one command). Its trailing comment may end in `ci: DIRECTIVES`
-(`python eval.py --step=400  # the train split; ci: --step=20 --eval_tokens=256`):
+(`python eval.py --step=200  # the train split; ci: --step=20 --eval_tokens=256`):
 
 - nothing: a reference page's command runs, scaled down: every `python train.py --config` and
   `python scripts/sweep.py --config` line gets `TINY` (a 1-layer model of width 32, 40 steps,
