@@ -92,6 +92,7 @@ def test_a_config_written_before_keys_were_added_gets_their_recorded_values(capl
         check_config_keys(config)
 
 
+@pytest.mark.slow
 def test_the_runs_backend_is_asked_of_a_new_process(monkeypatch):
     """scripts/sweep.py --ensemble: the backend and device count a new process gets (this one's
     here), and a one-line error when JAX cannot start there."""

@@ -34,6 +34,7 @@ LEARNED_ACCURACY = {
 }
 
 
+@pytest.mark.slow
 def test_every_doc_table_matches_its_csv():
     """Regenerate every marked table of the studies; a study whose table differs from its CSV is
     stale (fix: python scripts/make_tables.py)."""
@@ -162,6 +163,7 @@ def test_a_damaged_csv_is_refused_naming_the_file_and_line_before_anything_is_wr
     assert path.read_text() == TWO_TABLES
 
 
+@pytest.mark.slow
 def test_make_tables_check_reports_the_damage_not_stale_and_writes_nothing(tmp_path):
     """--check says what is damaged, in one line, not just 'stale'."""
     study = tmp_path / 'studies' / 'a'

@@ -600,6 +600,7 @@ def test_rerunning_a_finished_run_does_nothing_at_once(tmp_path, small_text):
     assert finished_step(config, str(work)) is None  # its final evaluation is owed
 
 
+@pytest.mark.slow
 def test_the_tensorboard_writer_does_not_import_pytorch(tmp_path):
     """tensorboardX's writer imports torch where installed (seconds of every run's start-up)
     only to accept torch tensors; the run's writer gets it without. A fresh process: this one
