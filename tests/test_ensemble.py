@@ -12,6 +12,7 @@ project uses for other re-fusions of one computation (steps per call): rtol 1e-5
 import csv
 import itertools
 import json
+import logging
 import math
 import os
 import pathlib
@@ -147,9 +148,13 @@ def test_bad_member_counts_are_refused_in_one_line(tmp_path, small_text, monkeyp
 
 
 @pytest.mark.slow
-def test_an_ensemble_trains_its_members_single_runs(tmp_path, small_text):
+def test_an_ensemble_trains_its_members_single_runs(tmp_path, small_text, caplog):
     config = tiny_train_config(tmp_path, small_text, seed=3, **{'train.ensemble': 3})
-    result = train(config, str(tmp_path / 'ens'))
+    with caplog.at_level(logging.INFO):
+        result = train(config, str(tmp_path / 'ens'))
+    said = [r.getMessage() for r in caplog.records]  # the model once, then what the members are
+    assert len([m for m in said if m.startswith('model: ')]) == 1, said
+    assert 'ensemble of 3 members (seeds [3, 4, 5]), each the model above' in said, said
     tb = tmp_path / 'ens' / 'tb'
     assert sorted(p.name for p in tb.iterdir() if p.is_dir()) == ['seed_3', 'seed_4', 'seed_5']
     results = json.loads((tmp_path / 'ens' / 'results.json').read_text())

@@ -93,10 +93,13 @@ class EnsembleTraining(_Training):
         for i, seed in enumerate(self.seeds):
             tb = Summary(member_logdir(self.logdir, seed), self._first_logged())
             member = dataclasses.replace(self.run, config=member_config(c, i))
-            log_model(member, tb, self.tb_root)
+            log_model(member, tb, self.tb_root, log=i == 0)
             spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
             meters.append(Meter(member, tb, self.start, self.ckpt.steps, spikes, verbose=i == 0))
             self.tbs.append(tb)
+        logging.info(
+            'ensemble of %d members (seeds %s), each the model above', len(self.seeds), self.seeds
+        )
         return MemberMeters(meters, self.seeds)
 
     def _flush_logs(self) -> None:

@@ -148,14 +148,16 @@ class Meter:
         return float(np.median(self.speeds)) if self.speeds else None
 
 
-def log_model(run: Run, tb: Summary, tb_root: str) -> None:
+def log_model(run: Run, tb: Summary, tb_root: str, log: bool = True) -> None:
     """The run's config and HParams (in the TensorBoard directory `tb_root`) to TensorBoard;
-    model size, FLOPs and peak to the log."""
+    with `log`, model size, FLOPs and peak to the log (an ensemble logs them once)."""
     c, cfg = run.config, run.model_cfg
     counts = accounting.param_counts(cfg)
     peak_total, peak_source = perf.peak_flops(c.train.peak_flops)
     tb.text('config', '```\n' + shown_config(c).to_json(indent=2) + '\n```')
     tb.hparams(hparam_values(c, cfg, counts['total']), tb_root)
+    if not log:
+        return
     logging.info(
         'model: %s params (%s), %.3g FLOPs/token; on %d devices, mesh %s; %s',
         f'{counts["total"]:,}',
