@@ -6,6 +6,7 @@ import collections
 import gc
 import logging as pylogging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -287,6 +288,21 @@ def _override_hint(e: flags.Error) -> str:
     return ''
 
 
+def _flag_error(e: flags.Error) -> str:
+    """absl's message for a flag error in one line; required flags left out say so, with each
+    flag's help (absl's own, a line per flag: 'flag --workdir=None: Flag --workdir must have a
+    value other than None.')."""
+    absl_missing = r'flag --(\w+)=None: Flag --\1 must have a value other than None\.'
+    missing = [re.fullmatch(absl_missing, line) for line in str(e).strip().splitlines()]
+    if missing and all(m and m[1] in flags.FLAGS for m in missing):
+        names = [m[1] for m in missing]
+        if len(names) == 1:
+            return f'--{names[0]} is required: {flags.FLAGS[names[0]].help}'
+        helps = '; '.join(f'--{n}: {flags.FLAGS[n].help}' for n in names)
+        return f'{" and ".join(f"--{n}" for n in names)} are required ({helps})'
+    return first_line(e) if 'Traceback' in str(e) else str(e)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     """`parse_flags`' work: the config files and overrides checked, then absl's parse."""
     try:
@@ -308,7 +324,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
         raise
     except flags.Error as e:
         hint = _override_hint(e)
-        print(f'error: {first_line(e) if "Traceback" in str(e) else e}{hint}', file=sys.stderr)
+        print(f'error: {_flag_error(e)}{hint}', file=sys.stderr)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         print(
             f'error: a --config.* override does not fit the config ({type(e).__name__}: {e}); '

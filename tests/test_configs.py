@@ -48,7 +48,12 @@ def test_shakespeare_char_reads_data_tinyshakespeare_and_says_how_to_fetch_it(
 
 @pytest.mark.parametrize('variant', ['gqa', 'gqa0', 'gqa02'])
 def test_shakespeare_char_unknown_variant(variant):
-    with pytest.raises(ValueError, match=rf"unknown variant '{variant}'; expected 'mha', 'gqa<g>'"):
+    what = (
+        "variant 'gqa' names an attention kind without its settings"
+        if variant == 'gqa'
+        else f"unknown variant '{variant}'"
+    )
+    with pytest.raises(ValueError, match=rf": {what}; expected 'mha', 'gqa<g>'"):
         load_config_file(str(ROOT / 'configs' / 'shakespeare_char.py'), variant)
 
 

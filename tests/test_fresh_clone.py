@@ -132,6 +132,26 @@ def test_help_exits_0_and_lists_the_flags(helps, script):
 
 
 @pytest.mark.slow
+def test_a_required_flag_left_out_is_named_with_its_help():
+    """An entry point run without a flag it requires says which, with the flag's help, in one
+    line (not absl's 'flag --workdir=None: Flag --workdir must have a value other than None.')."""
+    required = [s for s in ENTRY_POINTS if 'required=True' in (ROOT / s).read_text()]
+    assert {'train.py', 'eval.py', 'scripts/uptrain.py', 'scripts/generate.py'} <= set(required)
+    calls = [{'cwd': str(ROOT), 'argv': [script], 'run': True} for script in required]
+    outs = dict(zip(required, in_one_python(calls, ROOT, ENV), strict=True))
+    last = {script: out['out'].strip().splitlines()[-1] for script, out in outs.items()}
+    for script, out in outs.items():
+        assert out['code'] == 1, (script, out['out'][-1000:])
+        said = r'error: --\w+ (is required: |and --\w+ are required \()\S.*'
+        assert re.fullmatch(said, last[script]), (script, last)
+    assert last['eval.py'] == 'error: --workdir is required: Run directory holding checkpoints/.'
+    assert last['scripts/eval_sweep.py'] == (
+        'error: --sweep_dir and --out are required (--sweep_dir: A sweep with finished runs.; '
+        '--out: CSV to write (point, seed, eval_loss, ...).)'
+    )
+
+
+@pytest.mark.slow
 def test_readme_lists_config_values_as_documented():
     readme = (ROOT / 'README.md').read_text()
     (command,) = re.findall(r'^python -c "(from lm\.config import .*)"$', readme, flags=re.M)

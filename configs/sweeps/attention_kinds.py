@@ -2,7 +2,7 @@ r"""The first sweep to run: MHA, GQA-4, GQA-2, MQA and MLA at equal depth and wi
 Shakespeare (8 heads of 16, d_model 128, 4 layers, the shakespeare_char recipe).
 
   python scripts/sweep.py --config=configs/sweeps/attention_kinds.py --sweep_dir=runs/kinds \
-      --config.data.path=data/tinyshakespeare.txt --seeds=3
+      --seeds=3
 """
 
 import os

@@ -86,10 +86,14 @@ def parse_variant(spec: str) -> dict[str, Any]:
     for cls in dict.fromkeys(VARIANTS.values()):
         if (settings := cls.parse_spec(spec)) is not None:
             return settings
+    what = (  # 'gqa' is a kind (config.model.attention), not a variant: its g is missing
+        f'variant {spec!r} names an attention kind without its settings'
+        if spec in VARIANTS
+        else f'unknown variant {spec!r}'
+    )
     raise ValueError(
-        f"unknown variant {spec!r}; expected 'mha', 'gqa<g>' (e.g. 'gqa2'), 'mqa' or 'mla', "
-        "optionally with '_cla<n>' "
-        f'(registered: {sorted(VARIANTS)})'
+        f"{what}; expected 'mha', 'gqa<g>' (e.g. 'gqa2'), 'mqa' or 'mla', optionally with "
+        f"'_cla<n>' (attention kinds registered: {sorted(VARIANTS)})"
     )
 
 
