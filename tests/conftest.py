@@ -3,6 +3,7 @@ them (`run_entry`: children of a fork server, tests/fork_server.py), and text th
 themselves (nothing outside the repository is read: the tests run in a fresh clone)."""
 
 import atexit
+import compileall
 import json
 import os
 import pathlib
@@ -57,6 +58,11 @@ if jax.default_backend() == 'cpu':
     jax.config.update('jax_disable_most_optimizations', True)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# lm's bytecode, written once (compileall writes it even under PYTHONDONTWRITEBYTECODE=1, which
+# the machines here set): every entry point the tests start imports lm afresh, and compiling its
+# ~100 modules from source cost each one ~0.3 s (tests/test_faults.py and test_generate.py in a
+# fresh clone, 2026-11-30: 106 s, then 87-95 s with the bytecode).
+compileall.compile_dir(ROOT / 'lm', quiet=1)
 # One persistent compilation cache per test worker, new each session: the runs the tests start
 # reuse each other's compiled steps (a tiny train.py run: 11 s compiling afresh, 5 s from the
 # cache). Per worker, so two workers never write one entry at once; tests of the cache itself
