@@ -4,9 +4,11 @@ themselves (nothing outside the repository is read: the tests run in a fresh clo
 
 import atexit
 import compileall
+import contextlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,8 +111,13 @@ def fork_server(env: dict[str, str]) -> ForkServer:
 
 @atexit.register
 def _close_servers() -> None:
+    """Stops this worker's fork servers, then removes its compilation cache (and the session's
+    folder of caches once the last worker's is gone): nothing of a session stays in /tmp."""
     for server in _SERVERS.values():
         server.close()
+    shutil.rmtree(XLA_CACHE, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(XLA_CACHE))
 
 
 def simulated_devices_env(devices: int) -> dict[str, str]:

@@ -27,6 +27,7 @@ import json
 import os
 import pkgutil
 import runpy
+import shutil
 import signal
 import socket
 import subprocess
@@ -248,10 +249,13 @@ class ForkServer:
             return subprocess.CompletedProcess(args, code, _text(out.read()), _text(err.read()))
 
     def close(self) -> None:
+        """Stops the server and removes its folder (the socket, the environment, the client)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+        if self.path:
+            shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
 
 
 if __name__ == '__main__':
