@@ -25,6 +25,7 @@ from lm.distributed import define_distributed_flags
 from lm.train import (
     check_logdir_owner,
     check_loop_config,
+    check_new_run_dir,
     check_train_workdir,
     finished_step,
     read_latest_meta,
@@ -62,6 +63,7 @@ define_distributed_flags()
 def run() -> int:
     check_writable_dir(_WORKDIR.value, '--workdir')
     check_train_workdir(_WORKDIR.value)
+    check_new_run_dir(_WORKDIR.value)
     if _TB_DIR.value:
         check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir')
     check_logdir_owner(_WORKDIR.value, _TB_DIR.value, '--tb_dir' if _TB_DIR.value else '--workdir')

@@ -81,6 +81,9 @@ def ctx(tmp_path_factory):
         shutil.copytree(root / 'cache', root / name)
         (victim,) = (root / name).glob(f'*/{damage}')
         victim.write_text('' if damage.endswith('.bin') else '{"dtype": ')
+    c.notes = root / 'notes'  # a directory of the user's own, not a run
+    c.notes.mkdir()
+    (c.notes / 'results.json').write_text('{"mine": 1}\n')
     c.sweep = root / 'a_sweep'  # a sweep directory: its fairness record, seeds and one run
     shutil.copytree(c.run, c.sweep / 'mha_s0')
     (c.sweep / 'match').write_text('width\n')
@@ -589,8 +592,20 @@ ROWS = [
                 lambda c: c.run / 'checkpoints' / 'new',
                 r"--workdir='.*/new' is inside the checkpoints directory of the run .*/run; give",
             ),
+            (  # the run would write its results.json over the user's and its files beside
+                'not_a_run_holding_files',
+                lambda c: c.notes,
+                r"--workdir='.*/notes' is not a run \(no checkpoints/\) but holds results\.json; "
+                r'a new run starts in an empty directory, so that nothing there is written over',
+            ),
         )
     ],
+    (
+        'uptrain_dst_not_a_run_holding_files',
+        UPTRAIN,
+        lambda c: [f'--src={c.run}', f'--dst={c.notes}', '--num_kv_heads=2'],
+        r"--dst='.*/notes' is not a run \(no checkpoints/\) but holds results\.json; a new run",
+    ),
     *[  # its summary.md and figures would replace a run's or sweep's own files
         (
             f'analyze_heads_out_is_{name}',

@@ -155,6 +155,8 @@ def test_an_ensemble_trains_its_members_single_runs(tmp_path, small_text, caplog
     said = [r.getMessage() for r in caplog.records]  # the model once, then what the members are
     assert len([m for m in said if m.startswith('model: ')]) == 1, said
     assert 'ensemble of 3 members (seeds [3, 4, 5]), each the model above' in said, said
+    steps = [m for m in said if m.startswith('step ')]  # the first member's, and it says so
+    assert steps and all('| seed 3 (member 1 of 3; tok/s its own) | loss' in m for m in steps)
     tb = tmp_path / 'ens' / 'tb'
     assert sorted(p.name for p in tb.iterdir() if p.is_dir()) == ['seed_3', 'seed_4', 'seed_5']
     results = json.loads((tmp_path / 'ens' / 'results.json').read_text())

@@ -28,9 +28,11 @@ from lm.train.checkpoint import Checkpointer, read_latest_meta
 from lm.train.loop import train
 from lm.train.run import assemble, check_loop_config
 from lm.train.workdir import (
+    BEFORE_FIRST_CHECKPOINT,
     LOCK_NAME,
     RunError,
     WorkdirLock,
+    check_new_run_dir,
     config_changes,
     config_fingerprint,
 )
@@ -659,3 +661,26 @@ def test_a_read_only_restore_refuses_a_damaged_latest_checkpoint_and_changes_not
     )
     assert sorted(p.name for p in ckpts.iterdir()) == before == ['4', '8']
     assert assemble(str(tmp_path / 'run'), state='restore', step=4).step == 4
+
+
+def test_a_new_run_starts_only_where_nothing_would_be_written_over(tmp_path):
+    """A new run's directory may be missing, empty, or hold what a run leaves before its first
+    checkpoint and what a sweep writes for its run (and hidden locks); anything else is refused
+    in one line naming it, and a run (checkpoints/) is resumed wherever it is."""
+    check_new_run_dir(str(tmp_path / 'missing'))
+    started = tmp_path / 'started'
+    started.mkdir()
+    for name in (*BEFORE_FIRST_CHECKPOINT, LOCK_NAME):
+        (started / name).write_text('')
+    check_new_run_dir(str(started))
+    for name in ('results.json', 'config.json', 'model.safetensors', 'notes'):
+        (started / name).mkdir() if name == 'notes' else (started / name).write_text('')
+    with pytest.raises(ValueError) as e:
+        check_new_run_dir(str(started), '--dst')
+    assert str(e.value) == (
+        f"--dst='{started}' is not a run (no checkpoints/) but holds config.json and 3 more; a "
+        'new run starts in an empty directory, so that nothing there is written over: choose '
+        f'another (e.g. {started / "run"})'
+    )
+    (started / 'checkpoints').mkdir()  # a run, with the user's files beside it: resumed
+    check_new_run_dir(str(started))

@@ -28,10 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lm.train.interrupt import StopRequest
-from lm.train.workdir import safe_name
+from lm.train.workdir import STARTED, safe_name
 
 RESULT = 'result.json'  # a finished run's result and fingerprint
-STARTED = 'run.json'  # a started run's fingerprint
 SUPERSEDED = 'result.superseded.json'  # the result of a run since resumed with other settings
 
 

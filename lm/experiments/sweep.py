@@ -32,7 +32,7 @@ from lm.model.transformer import check_model_config
 from lm.train.checkpoint import saved_steps
 from lm.train.optimizer import check_train_config
 from lm.train.run import check_loop_config
-from lm.train.workdir import SWEEP_MARK, safe_name
+from lm.train.workdir import RUN_LOG, SWEEP_CONFIG, SWEEP_MARK, safe_name
 
 SHORT = {
     'model.num_heads': 'h',
@@ -323,7 +323,7 @@ def _train_logged(argv: list[str], workdir: str) -> int:
             if marker in line:
                 print(f'{name}: {marker[2:]}{line.split(marker, 1)[1]}', end='', flush=True)
 
-    with open(os.path.join(workdir, 'train.log'), 'a') as log:
+    with open(os.path.join(workdir, RUN_LOG), 'a') as log:
         return call(argv, log, echo)
 
 
@@ -332,7 +332,7 @@ def _trainer(config: ml_collections.ConfigDict, command: list[str], tb_dir: str)
     <workdir>/train.log and echoing its progress; its result is the run's results.json."""
 
     def run(workdir: str) -> dict:
-        cfg_file = write_config_file(config, os.path.join(workdir, 'sweep_config.py'))
+        cfg_file = write_config_file(config, os.path.join(workdir, SWEEP_CONFIG))
         args = [f'--config={cfg_file}', f'--workdir={workdir}', f'--tb_dir={tb_dir}']
         code = _train_logged([*command, *args], workdir)
         if name := stopped_by(code):

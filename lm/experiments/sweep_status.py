@@ -10,6 +10,7 @@ from lm.experiments import runner
 from lm.experiments.runner import Spec
 from lm.experiments.sweep import PROGRESS
 from lm.train.checkpoint import saved_steps
+from lm.train.workdir import RUN_LOG
 
 SHOWN = ('loss', 'recall_accuracy')  # the final evaluation's values `progress` prints
 
@@ -19,7 +20,7 @@ def last_eval(workdir: str, steps: int) -> str:
     and, from the last two evaluations' times, the minutes left to `steps` at that rate; or
     'no eval yet'."""
     evals = []  # (time, step) of each evaluation line
-    path = os.path.join(workdir, 'train.log')
+    path = os.path.join(workdir, RUN_LOG)
     if os.path.exists(path):
         with open(path, errors='replace') as f:
             for line in f:

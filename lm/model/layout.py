@@ -38,7 +38,8 @@ def resolve(cls, cfg: ModelConfig) -> ModelConfig:
     if n > cfg.num_layers:  # layer 0 would serve every layer, as n = num_layers says
         raise ValueError(
             f'config.model.kv_share_every={n} must be <= config.model.num_layers='
-            f'{cfg.num_layers} (num_layers: one K/V for every layer)'
+            f"{cfg.num_layers} (kv_share_every={cfg.num_layers}: the first layer's K/V serves "
+            'every layer)'
         )
     if n > 1 and not cls.cross_layer_kv:
         raise ValueError(

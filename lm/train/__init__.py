@@ -41,6 +41,7 @@ __all__, __getattr__, __dir__ = public_face(
             'A_SWEEP',
             'RunError',
             'WorkdirLock',
+            'check_new_run_dir',
             'check_replaceable',
             'check_not_inside_a_run',
             'check_train_workdir',

@@ -95,7 +95,10 @@ class EnsembleTraining(_Training):
             member = dataclasses.replace(self.run, config=member_config(c, i))
             log_model(member, tb, self.tb_root, log=i == 0)
             spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
-            meters.append(Meter(member, tb, self.start, self.ckpt.steps, spikes, verbose=i == 0))
+            who = f'seed {seed} (member 1 of {len(self.seeds)}; tok/s its own)'
+            meters.append(
+                Meter(member, tb, self.start, self.ckpt.steps, spikes, verbose=i == 0, who=who)
+            )
             self.tbs.append(tb)
         logging.info(
             'ensemble of %d members (seeds %s), each the model above', len(self.seeds), self.seeds

@@ -29,7 +29,8 @@ class Meter:
     """Train metrics and throughput: queues each call's metrics and fetches them one call late
     (`drain`: checked, one TensorBoard point per step, progress bar), and times the steps
     since the last `restart` for the periodic log line (`log`). Not `verbose` (an ensemble's
-    members but the first): no progress bar and no log line, TensorBoard only."""
+    members but the first): no progress bar and no log line, TensorBoard only. `who`: whose
+    values the log line shows, said after the step (an ensemble's first member)."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class Meter:
         checkpoints: Callable,
         spikes: LossSpikeGuard,
         verbose: bool = True,
+        who: str = '',
     ):
         c = run.config
         self.tb, self.total, self.checkpoints = tb, c.train.steps, checkpoints
@@ -52,7 +54,7 @@ class Meter:
         self.flops_per_token = accounting.flops_per_token(run.model_cfg, c.data.seq_len)
         self.peak, _ = perf.peak_flops(c.train.peak_flops)
         self.warned_peak = False  # said once that the stated peak is below the achieved rate
-        self.verbose = verbose
+        self.verbose, self.who = verbose, f' | {who}' if who else ''
         self.pending: list = []  # (last step of a call, its metrics on device)
         self.speeds: list[float] = []  # tokens/s of each timed window
         self.last: tuple[int, dict] = (start, {})
@@ -119,9 +121,10 @@ class Meter:
         if not self.verbose:
             return
         logging.info(
-            'step %d/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms/step | %.0f tok/s%s',
+            'step %d/%d%s | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms/step | %.0f tok/s%s',
             s,
             self.total,
+            self.who,
             m['loss'],
             m['grad_norm'],
             m['lr'],

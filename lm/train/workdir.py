@@ -30,6 +30,13 @@ RUN_TOKENIZER = os.path.join(RUN_FILES, 'tokenizer.json')  # the run's own token
 TB_FILE = 'tensorboard.json'  # the shared TensorBoard directory the run was trained with
 SWEEP_MARK = 'match'  # the file scripts/sweep.py marks a sweep directory with (its fairness)
 A_RUN, A_SWEEP = 'a training run', 'a sweep directory'  # the kinds `directory_kind` tells
+STARTED = 'run.json'  # a sweep's or an ablation's run: its fingerprint, written before it starts
+RUN_LOG = 'train.log'  # a sweep's run: what its train.py printed
+SWEEP_CONFIG = 'sweep_config.py'  # a sweep's run: the config file its train.py reads
+# What a directory may hold when a new run starts in it (no checkpoints/ yet), besides hidden
+# names (locks, staging): what a run writes before its first checkpoint, and what a sweep writes
+# for the run it starts. Anything else is the user's or another tool's (an export, an analysis).
+BEFORE_FIRST_CHECKPOINT = ('tb', TB_FILE, STARTED, RUN_LOG, SWEEP_CONFIG)
 
 # Config keys (or whole sections, ending in '.') that may change when a run resumes: they set
 # how long it trains, how often it logs / evaluates / saves, where caches go, how devices are
@@ -137,6 +144,24 @@ def check_train_workdir(path: str, setting: str = '--workdir') -> None:
             f'own (e.g. {os.path.join(path, "NEW_RUN")})'
         )
     check_not_inside_a_run(path, setting)
+
+
+def check_new_run_dir(path: str, setting: str = '--workdir') -> None:
+    """One-line ValueError when a new run (no checkpoints/ in `path` yet) would start in a
+    directory holding files that are not a run's (`BEFORE_FIRST_CHECKPOINT`): the user's own, an
+    export or an analysis, which the run would write beside (its checkpoints, TensorBoard files)
+    or over (its results.json). Object stores (gs://...) and runs pass."""
+    if '://' in path or not os.path.isdir(path) or directory_kind(path) == A_RUN:
+        return
+    ours = BEFORE_FIRST_CHECKPOINT
+    other = [n for n in sorted(os.listdir(path)) if not (n.startswith('.') or n in ours)]
+    if other:
+        more = f' and {len(other) - 1} more' if len(other) > 1 else ''
+        raise ValueError(
+            f'{setting}={path!r} is not a run (no checkpoints/) but holds {other[0]}{more}; a new '
+            f'run starts in an empty directory, so that nothing there is written over: choose '
+            f'another (e.g. {os.path.join(path, "run")})'
+        )
 
 
 def check_not_inside_a_run(path: str, setting: str) -> None:
