@@ -69,18 +69,28 @@ compileall.compile_dir(ROOT / 'lm', quiet=1)
 # reuse each other's compiled steps (a tiny train.py run: 11 s compiling afresh, 5 s from the
 # cache). Per worker, so two workers never write one entry at once; tests of the cache itself
 # (tests/test_train.py) give their runs directories of their own.
-XLA_CACHE = os.path.join(
-    tempfile.gettempdir(),
-    'lm-tests-xla',
-    os.environ.get('PYTEST_XDIST_TESTRUNUID', f'pid{os.getpid()}'),
-    os.environ.get('PYTEST_XDIST_WORKER', 'main'),
+# Helpers that import this file in a Python of their own (tests/mesh_worker.py) use the cache of
+# the worker that started them (ENV below passes it on), not one of their own.
+XLA_CACHE = os.environ.get(
+    'LM_TESTS_XLA_CACHE',
+    os.path.join(
+        tempfile.gettempdir(),
+        'lm-tests-xla',
+        os.environ.get('PYTEST_XDIST_TESTRUNUID', f'pid{os.getpid()}'),
+        os.environ.get('PYTEST_XDIST_WORKER', 'main'),
+    ),
 )
 # This process's own compiles go there too, however short (-O0 compiles take ~0.5 s, under JAX's
 # 1 s default for writing an entry): the runs a test trains in-process, a sweep's seeds say,
 # compile each program once.
 jax.config.update('jax_compilation_cache_dir', XLA_CACHE)
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'JAX_NUMPY_RANK_PROMOTION': 'raise'}
+ENV = {
+    **os.environ,
+    'JAX_PLATFORMS': 'cpu',
+    'JAX_NUMPY_RANK_PROMOTION': 'raise',
+    'LM_TESTS_XLA_CACHE': XLA_CACHE,
+}
 if jax.default_backend() == 'cpu':
     ENV['JAX_DISABLE_MOST_OPTIMIZATIONS'] = 'true'
 
@@ -111,10 +121,15 @@ def fork_server(env: dict[str, str]) -> ForkServer:
 
 @atexit.register
 def _close_servers() -> None:
-    """Stops this worker's fork servers, then removes its compilation cache (and the session's
-    folder of caches once the last worker's is gone): nothing of a session stays in /tmp."""
     for server in _SERVERS.values():
         server.close()
+
+
+def pytest_unconfigure(config) -> None:
+    """Removes this worker's compilation cache when its session ends (and the session's folder
+    of caches once the last worker's is gone): nothing of a session stays in /tmp. A pytest hook,
+    not atexit: tests/mesh_worker.py imports this file in a Python of its own, whose exit must
+    leave the worker's cache alone."""
     shutil.rmtree(XLA_CACHE, ignore_errors=True)
     with contextlib.suppress(OSError):
         os.rmdir(os.path.dirname(XLA_CACHE))

@@ -40,6 +40,7 @@ from fork_server import ForkServer
 
 REFERENCE = ['README.md'] + sorted(f'docs/{p.name}' for p in (ROOT / 'docs').glob('*.md'))
 STUDIES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / 'docs' / 'studies').glob('*/README.md'))
+ANSWER_HEADER = '| question | result | date | reproduce |'  # a study's answer table
 TINY = (
     '--config.model.d_model=32 --config.model.num_layers=1 --config.data.seq_len=16 '
     '--config.train.steps=40 --config.eval_every=20 --config.log_every=20 '
@@ -102,6 +103,23 @@ def doc_commands(text: str) -> list[tuple[str, Action]]:
             marked = [c for c in comments[i : j + 1] if 'ci:' in c]
             out.append(('\n'.join(lines[i : j + 1]), directive(marked[-1] if marked else '')))
             i = j + 1
+    return out
+
+
+def answer_commands(text: str) -> list[str]:
+    """The whole commands of a study's answer table (its 'reproduce' cells: `python ...`, or an
+    entry point's path, which gets `python ` put before it); cells that elide part of a command
+    (`…`, 'same') are left out."""
+    rows = (
+        text.split(ANSWER_HEADER + '\n', 1)[1].split('\n\n', 1)[0] if ANSWER_HEADER in text else ''
+    )
+    out = []
+    for row in rows.splitlines()[1:]:
+        for command in re.findall(r'`([^`]+)`', row.rsplit(' | ', 1)[-1]):
+            if command.startswith(('train.py', 'eval.py', 'scripts/')):
+                command = f'python {command}'
+            if command.startswith('python ') and '…' not in command:
+                out.append(command)
     return out
 
 

@@ -1,8 +1,9 @@
-"""Every study command, every reference command marked `ci: flags` (benchmarks, multi-host,
-long experiments; tests/doc_commands.py) and every example in an entry point's docstring (what
-its --help shows) parses its flags: each `python` command's flags are
-parsed by its own parser, so an unknown flag, a bad value or a config key that does not exist
-fails, and nothing runs; and the repository files a study's commands name exist.
+"""Every study command (its bash blocks and its answer table's whole commands), every reference
+command marked `ci: flags` (benchmarks, multi-host, long experiments; tests/doc_commands.py) and
+every example in an entry point's docstring (what its --help shows) parses its flags: each
+`python` command's flags are parsed by its own parser, so an unknown flag, a bad value or a
+config key that does not exist fails, and nothing runs; and the repository files a study's
+commands name exist.
 
 bash runs each command as written (variables, loops, `&&`, `taskset`) with a stand-in `python`
 first on PATH that records each invocation; tests/flag_parse.py then parses all of them in one
@@ -14,7 +15,16 @@ import re
 
 import pytest
 from conftest import ROOT
-from doc_commands import REFERENCE, STUDIES, bash, doc_commands, scaled, scratch, walk
+from doc_commands import (
+    REFERENCE,
+    STUDIES,
+    answer_commands,
+    bash,
+    doc_commands,
+    scaled,
+    scratch,
+    walk,
+)
 from flag_parse import PARSED, in_one_python
 
 GPU_SCRIPT = ROOT / 'scripts' / 'bench_gpu.sh'
@@ -76,6 +86,9 @@ def test_every_doc_flag_parses(tmp_path):
     for doc, command, action, shell_vars in [*walk(REFERENCE), *walk(STUDIES, study=True)]:
         if action.kind == 'flags':
             record(f'{doc}: {command}', shell_vars + scaled(command, action))
+    for doc in STUDIES:  # the whole commands of its answer table's 'reproduce' column
+        for command in answer_commands((ROOT / doc).read_text()):
+            record(f'{doc} (answer table): {command}', command)
     for path in sorted([ROOT / 'train.py', ROOT / 'eval.py', *(ROOT / 'scripts').glob('*.py')]):
         for command in docstring_commands(path):
             record(f'{path.name} (docstring): {command}', command)
@@ -100,7 +113,8 @@ def test_the_files_study_commands_name_exist():
     commands name (inputs and the outputs they made) exists, so a moved file fails here."""
     missing = []
     for doc in STUDIES:
-        for command, _ in doc_commands((ROOT / doc).read_text()):
+        text = (ROOT / doc).read_text()
+        for command in [c for c, _ in doc_commands(text)] + answer_commands(text):
             for path in PATH.findall(command):
                 if '$' not in path and not (ROOT / path.split(':')[0]).exists():
                     missing.append(f'{doc}: {path}')

@@ -6,9 +6,9 @@ import re
 
 import pytest
 from conftest import ROOT
+from doc_commands import ANSWER_HEADER
 
 STUDIES = ROOT / 'docs' / 'studies'
-ANSWER_HEADER = '| question | result | date | reproduce |'
 
 
 def study_readmes():
