@@ -22,6 +22,7 @@ from flax import nnx
 from reference import p, rmsnorm
 
 from lm.analysis import scores as analysis
+from lm.model import attention
 from lm.model.transformer import build_model, model_config
 
 
@@ -216,6 +217,11 @@ VARIANTS = {
     'mla': dict(attention='mla'),
     'mla_qlora': dict(attention='mla', q_lora_rank=8),
 }
+
+
+def test_every_registered_variant_has_a_probe_case():
+    """A new variant (lm/model/attention.py's registry) is refused here until VARIANTS has it."""
+    assert {case['attention'] for case in VARIANTS.values()} >= set(attention.VARIANTS)
 
 
 def randomise_biases(model, rng):

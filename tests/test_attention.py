@@ -37,12 +37,17 @@ CASES = {
 ATOL, RTOL = 2e-5, 1e-4
 
 
-def randomize_biases(module, seed=0):
+def randomize_biases_and_scales(module, seed=0):
+    """Biases (0 at init) and norm scales (1 at init) made random: a reference that leaves one
+    out, or applies a norm where a unit scale hides the difference (before or after RoPE, which
+    keeps the RMS), fails."""
     keys = iter(jax.random.split(jax.random.key(seed), 16))
     for _, leaf in nnx.iter_graph(module):
         axes = leaf.get_metadata().get('axes', ()) if isinstance(leaf, nnx.Param) else ()
         if (axes[-1:] == ('head_dim',) and len(axes) == 2) or axes == ('embed',):  # biases
             leaf[...] = jax.random.normal(next(keys), leaf[...].shape)
+        elif axes == ('norm',):
+            leaf[...] = 1 + 0.5 * jax.random.normal(next(keys), leaf[...].shape)
 
 
 def inputs(cfg, B=2, T=16, seed=0):
@@ -56,7 +61,7 @@ def inputs(cfg, B=2, T=16, seed=0):
 def test_attention_matches_reference(case):
     cfg = model_config(tiny_config(**CASES[case]).model)
     attn = make_attention(cfg, rngs=nnx.Rngs(0))
-    randomize_biases(attn)
+    randomize_biases_and_scales(attn)
     x, pos = inputs(cfg)
     want = reference.attention(attn, cfg, np.asarray(x, np.float64), np.asarray(pos, np.float64))
     np.testing.assert_allclose(attn(x, pos)[0], want, atol=ATOL, rtol=RTOL)
@@ -97,7 +102,7 @@ def test_sown_weights_match_reference(case):
     whose empty slots get weight exactly 0 and whose output is the training path's."""
     cfg = model_config(tiny_config(**CASES[case]).model)
     attn = make_attention(cfg, rngs=nnx.Rngs(0))
-    randomize_biases(attn)
+    randomize_biases_and_scales(attn)
     x, pos = inputs(cfg)
     B, T = pos.shape
     want = reference.weights(attn, cfg, np.asarray(x, np.float64), np.asarray(pos, np.float64))

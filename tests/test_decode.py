@@ -27,6 +27,7 @@ from lm.infer.decode import (
     init_caches,
     parse_sampling,
 )
+from lm.model import attention
 from lm.model.accounting import kv_cache_bytes_per_token, kv_cache_elements_per_token
 from lm.model.transformer import build_model, model_config
 from lm.train.loop import train
@@ -128,7 +129,7 @@ def test_mla_absorbed_equals_naive(q_lora_rank, rope_heads):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize('variant', ['mha', 'gqa2', 'mqa', 'mla', 'mla_rope_heads2'])
+@pytest.mark.parametrize('variant', VARIANTS)
 def test_cache_sizes_equal_the_accounting_formulas(variant):
     for dtype in ('float32', 'bfloat16'):
         cfg = model_config(tiny_config(**VARIANTS[variant], dtype=dtype).model)
@@ -186,11 +187,21 @@ def test_generate_sizes_its_cache_in_aligned_slots_that_are_never_attended():
     assert decoder.loop._cache_size() == 2
 
 
+NO_COPY = ['mha', 'gqa2', 'mqa', 'mla', 'mha_chunked', 'mqa_chunked', 'mla_chunked']
+
+
+def test_every_registered_variant_decodes_in_these_tables():
+    """A new variant (lm/model/attention.py's registry) is refused here until it has a case in
+    VARIANTS (its decoding against the full forward, its cache sizes against the accounting)
+    and in NO_COPY."""
+    for table in (VARIANTS, NO_COPY):
+        cases = table.values() if isinstance(table, dict) else (VARIANTS[v] for v in table)
+        assert {case['attention'] for case in cases} >= set(attention.VARIANTS)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('B', [1, 3])
-@pytest.mark.parametrize(
-    'variant', ['mha', 'gqa2', 'mqa', 'mla', 'mha_chunked', 'mqa_chunked', 'mla_chunked']
-)
+@pytest.mark.parametrize('variant', NO_COPY)
 def test_decode_loop_reads_the_cache_without_copying_it(variant, B):
     """The compiled generation loop neither copies nor transposes a cache array (the caches
     are donated and updated in place; the kernel reads the head-major layout as it is): no

@@ -159,11 +159,11 @@ def test_kivi4_cache_bytes_equal_the_formula(variant):
         assert measured == 3 * accounting.kv_cache_bytes(cfg, S, dtype, 'kivi4')
         size = 2 if dtype == 'bfloat16' else 4
         slots = (-(-S // G) + 1) * G
-        if variant == 'mla':  # the latent, 16 + 4 wide, per token
+        if cfg.attention == 'mla':  # the latent, 16 + 4 wide, per token
             layer = slots * 20 // 2 + 2 * size * slots + G * 20 * size
             asymptote = 20 / 2 + 2 * size
         else:  # K and V of g heads of 8: keys per channel, values per token
-            g = 2 if variant == 'gqa2' else 1
+            g = cfg.num_kv_heads
             codes, residual = slots * 2 * g * 8 // 2, G * 2 * g * 8 * size
             layer = codes + 2 * size * (slots // G * g * 8 + slots * g) + residual
             asymptote = 2 * g * 8 / 2 + 2 * size * (g * 8 / G + g)

@@ -27,6 +27,7 @@ from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
 from lm.model import accounting, attention
 from lm.model.attention import AttentionVariant, KVCache
 from lm.model.config import ModelConfig
+from lm.model.gqa import GroupedQueryAttention
 from lm.model.layers import Dense, residual_scale, rope
 from lm.model.transformer import build_model, model_config
 from lm.train.hparams import hparam_values
@@ -274,6 +275,52 @@ def test_accounting_uptraining_and_export_ask_the_variant(toy):
         'supports LlamaForCausalLM (llama: mha/gqa/mqa), Qwen2ForCausalLM (qwen2: mha/gqa/mqa), '
         'DeepseekV3ForCausalLM (deepseek_v3: mla)'
     )
+
+
+class KeyScaled(GroupedQueryAttention):
+    """Toy: GQA plus a parameter its inherited Llama / Qwen2 mappings do not name."""
+
+    names = ('toy_key_scaled',)
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, **layout):
+        super().__init__(cfg, rngs=rngs, **layout)
+        self.key_scale = nnx.Param(jnp.ones((cfg.head_dim,)))
+
+
+class NoOutput(GroupedQueryAttention):
+    """Toy: GQA less a parameter its inherited mappings name."""
+
+    names = ('toy_no_output',)
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, **layout):
+        super().__init__(cfg, rngs=rngs, **layout)
+        self.o_proj = None
+
+
+@pytest.mark.parametrize(
+    'toy, side, names',
+    [
+        (KeyScaled, 'leaves out', 'blocks/0/attn/key_scale, blocks/1/attn/key_scale'),
+        (NoOutput, 'names', 'blocks/0/attn/o_proj/kernel, blocks/1/attn/o_proj/kernel'),
+    ],
+)
+def test_export_refuses_a_mapping_that_does_not_name_the_models_parameters(toy, side, names):
+    """A subclass inherits its parent's Hugging Face mappings; one whose parameters they do not
+    name exactly is refused from its config, before any array is read (an export would drop a
+    parameter, an import leave it at its initial value)."""
+    attention.register(toy)
+    try:
+        cfg = toy_cfg(attention=toy.names[0])
+        for check in (hf.check_exportable, hf.tensor_map):
+            with pytest.raises(ValueError) as refused:
+                check(cfg)
+            assert str(refused.value).startswith(
+                f"config.model.attention='{toy.names[0]}' ({toy.__name__}): its Hugging Face "
+                f'mapping (LlamaForCausalLM) {side} 2 parameters ({names}): '
+            )
+    finally:
+        attention.unregister(toy)
+    hf.check_exportable(toy_cfg(attention='gqa'))  # the parent's own parameters: all named
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 
 from lm.model import attention
+from lm.model.accounting import param_shapes
 from lm.model.config import ModelConfig
 from lm.model.hf_mapping import HFMapping, Tensor, refuse
 
@@ -241,6 +242,13 @@ def hf_from_model(cfg: ModelConfig, max_position_embeddings: int, **extra) -> di
     }
 
 
+def check_exportable(cfg: ModelConfig) -> None:
+    """The one-line errors of an export, from the config alone (before any array is read): a
+    variant with no mapping, a knob its architecture cannot express, a parameter it leaves out."""
+    hf_from_model(cfg, 1)
+    tensor_map(cfg)
+
+
 def tensor_map(cfg: ModelConfig, rope_interleave: bool = False) -> list[Tensor]:
     """Every lm parameter of `cfg` with its HF source, in HF file order (the attention's from
     its variant's mapping)."""
@@ -259,7 +267,27 @@ def tensor_map(cfg: ModelConfig, rope_interleave: bool = False) -> list[Tensor]:
     out.append(Tensor(('final_norm', 'scale'), 'model.norm.weight', False))
     if not cfg.tie_embeddings:
         out.append(Tensor(('lm_head', 'kernel'), 'lm_head.weight', True, 1))
+    _check_covers(cfg, {t.lm for t in out})
     return out
+
+
+def _check_covers(cfg: ModelConfig, mapped: set[tuple]) -> None:
+    """A one-line ValueError unless the mapping names exactly the model's parameters: one it
+    leaves out would be dropped by an export (and left at its initial value by an import)."""
+    model = set(param_shapes(cfg))
+    for missing, side, would in (
+        (model - mapped, 'leaves out', 'an export would drop them'),
+        (mapped - model, 'names', 'which the model does not have'),
+    ):
+        if missing:
+            names = sorted('/'.join(map(str, path)) for path in missing)
+            raise ValueError(
+                f'config.model.attention={cfg.attention!r} ({attention.variant(cfg).__name__}): '
+                'its Hugging Face mapping '
+                f'({export_mapping(cfg).architecture}) {side} {len(names)} parameters ('
+                f'{", ".join(names[:3])}{", ..." if len(names) > 3 else ""}): {would}; map '
+                "them in the variant's hf_mappings, or give it none"
+            )
 
 
 def _flat_index(shape: tuple[int, ...], index: tuple, columns: np.ndarray | None) -> np.ndarray:

@@ -301,11 +301,9 @@ def export_hf(
     if jax.process_count() > 1:
         raise ValueError('export runs in one process (it gathers one tensor at a time)')
     check_export_dir(workdir, out_dir, overwrite)
-    # What transformers cannot express, or a variant with no mapping, is refused before any
-    # array is read.
-    restored = assemble(
-        workdir, state='params', step=step, check=lambda cfg: hf.hf_from_model(cfg, 1)
-    )
+    # What transformers cannot express, or a variant with no mapping or one that leaves a
+    # parameter out, is refused before any array is read.
+    restored = assemble(workdir, state='params', step=step, check=hf.check_exportable)
     check_finite(restored.state['params'], f'the checkpoint at step {restored.step} of {workdir}')
     config, cfg = restored.config, restored.model_cfg
     files = hf_files.files_dir(workdir, config)

@@ -261,10 +261,12 @@ def check_latent_source(src: ModelConfig, opts: ConversionOptions) -> None:
 
 def check_conversion(src: ModelConfig, opts: ConversionOptions) -> None:
     """One-line errors for a conversion the source cannot take, before any array is read."""
-    if not attention.variant(src).poolable_kv_heads:
+    cls = attention.variant(src)
+    if not cls.poolable_kv_heads:
         raise ValueError(
-            f"the source checkpoint uses attention='{src.attention}', which has no K/V heads to "
-            'pool; only MHA/GQA/MQA checkpoints convert to fewer KV heads or a latent'
+            f"the source checkpoint uses attention='{src.attention}', which has no K/V heads lm "
+            f'can pool ({cls.__name__}.poolable_kv_heads is False); only MHA/GQA/MQA checkpoints '
+            'convert to fewer KV heads or a latent'
         )
     if src.kv_share_every > 1 or src.kv_heads_per_layer:
         raise ValueError(

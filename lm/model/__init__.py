@@ -18,7 +18,13 @@ __all__, __getattr__, __dir__ = public_face(
         'transformer': ('Transformer', 'build_model', 'check_model_config', 'model_config'),
         'attention': ('AttentionVariant', 'parse_variant', 'register', 'variant as variant_class'),
         'kv_cache': ('KVCache', 'KV_CACHE_DTYPES', 'check_storage'),
-        'accounting': ('flops_per_token', 'kv_cache_bytes', 'kv_cache_bytes_read', 'param_counts'),
+        'accounting': (
+            'flops_per_token',
+            'kv_cache_bytes',
+            'kv_cache_bytes_read',
+            'param_counts',
+            'param_shapes',
+        ),
         'flash_decode': ('check_backend as check_decode_backend',),
     },
 )

@@ -46,12 +46,24 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     return dict(_param_counts(cfg))
 
 
+def param_shapes(cfg: ModelConfig) -> dict[tuple, tuple[int, ...]]:
+    """Every parameter of the model `cfg` builds, by its path (('blocks', 0, 'attn', 'k_proj',
+    'kernel'), ...), with its shape; from the abstract model, traced once per config."""
+    return dict(_param_shapes(cfg))
+
+
+@functools.lru_cache(maxsize=256)
+def _param_shapes(cfg: ModelConfig) -> tuple[tuple[tuple, tuple[int, ...]], ...]:
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    flat = nnx.to_flat_state(nnx.state(abstract, nnx.Param))
+    return tuple((tuple(path), tuple(leaf.shape)) for path, leaf in flat)
+
+
 @functools.lru_cache(maxsize=256)
 def _param_counts(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     counts = dict.fromkeys(COMPONENTS, 0)
-    for path, leaf in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
-        counts[_component(path)] += math.prod(leaf.shape)
+    for path, shape in _param_shapes(cfg):
+        counts[_component(path)] += math.prod(shape)
     counts['total'] = sum(counts.values())
     return tuple(counts.items())
 
