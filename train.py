@@ -9,6 +9,8 @@ config is refused unless --allow_config_change (see lm.train.workdir.RESUMABLE_K
 time owns a workdir.
 """
 
+import os
+
 from absl import flags
 from ml_collections import config_flags
 
@@ -61,12 +63,14 @@ define_distributed_flags()
 
 
 def run() -> int:
+    tb_flag = '--tb_dir' if _TB_DIR.value else '--workdir'
     check_writable_dir(_WORKDIR.value, '--workdir')
     check_train_workdir(_WORKDIR.value)
     check_new_run_dir(_WORKDIR.value)
-    if _TB_DIR.value:
-        check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), '--tb_dir')
-    check_logdir_owner(_WORKDIR.value, _TB_DIR.value, '--tb_dir' if _TB_DIR.value else '--workdir')
+    # what the run writes into, before any work: its checkpoints and its TensorBoard directory
+    check_writable_dir(os.path.join(_WORKDIR.value, 'checkpoints'), '--workdir')
+    check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), tb_flag)
+    check_logdir_owner(_WORKDIR.value, _TB_DIR.value, tb_flag)
     if _CONFIG.value is not None:
         config = _CONFIG.value
         check_config_keys(config)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 
 import jax
@@ -347,8 +348,28 @@ def run_reporting_errors(main: Callable[[], int | None]) -> None:
         gc.freeze()
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM where no `StopRequest` listens (start-up, a restore, compiling): raised like
+    Ctrl-C's KeyboardInterrupt, so that `with` blocks release what they hold (the run's lock)
+    and the process says it stopped, instead of dying silently by the default handler."""
+
+
+def _terminate(signum: int, frame) -> None:
+    raise _Terminated()
+
+
 def _run_and_exit(main: Callable[[], int | None]) -> None:
     """`main()`, its exit status as SystemExit; user errors and interruptions in one line."""
+    if threading.current_thread() is not threading.main_thread():
+        return _report_and_exit(main)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        _report_and_exit(main)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _report_and_exit(main: Callable[[], int | None]) -> None:
     try:
         code = main()
         if _CACHE_EVENTS['on']:
@@ -366,10 +387,11 @@ def _run_and_exit(main: Callable[[], int | None]) -> None:
         logging.flush()
         print(f'{e}; nothing written', file=sys.stderr)
         sys.exit(128 + e.signum)
-    except KeyboardInterrupt:  # Ctrl-C where no StopRequest listens: one line, not a traceback
+    except KeyboardInterrupt as e:  # where no StopRequest listens: one line, not a traceback
         logging.flush()
-        print('stopped by SIGINT (Ctrl-C)', file=sys.stderr)
-        sys.exit(128 + signal.SIGINT)
+        terminated = isinstance(e, _Terminated)
+        print('stopped by SIGTERM' if terminated else 'stopped by SIGINT (Ctrl-C)', file=sys.stderr)
+        sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
     sys.exit(code or 0)
 
 

@@ -114,6 +114,29 @@ def test_a_stop_inside_at_once_is_not_swallowed_by_except_exception():
                 pytest.fail('the stop was caught as an Exception')
 
 
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_where_no_stop_request_listens_exits_in_one_line(signum, capsys):
+    """SIGTERM before any phase listens (start-up, a restore, compiling) stops an entry point
+    as Ctrl-C does: `with` blocks unwind, one line, exit 143 (was: killed silently, -15)."""
+    unwound = []
+
+    def main():
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # the handler raises here
+        finally:
+            unwound.append(True)
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exited:
+        run_reporting_errors(main)
+    gc.unfreeze()
+    assert exited.value.code == 128 + signum and unwound == [True]
+    said = 'stopped by SIGTERM' if signum == signal.SIGTERM else 'stopped by SIGINT (Ctrl-C)'
+    assert capsys.readouterr().err.splitlines() == [said]
+    assert signal.getsignal(signal.SIGTERM) is before  # given back
+
+
 def test_a_multi_host_process_stops_in_one_line_when_the_job_cannot_form():
     """JAX aborts natively (exit 134) when the coordinator never answers or its port is taken;
     these are checked first: a process other than 0 waits for the coordinator's port up to the

@@ -33,6 +33,7 @@ from lm.train import evaluation
 from lm.train.checkpoint import Checkpointer, saved_steps
 from lm.train.run import assemble
 from lm.train.stored import checkpoint_meta
+from lm.train.workdir import remembered_tb_dir
 
 QUICKSTART = 'configs/quickstart.py'
 
@@ -90,6 +91,40 @@ def test_an_output_path_that_is_a_file_is_refused_first(tmp_path, script, args, 
     assert line.startswith(f'error: {flag}='), line
     assert f"{file}' is a file" in line, line
     assert file.read_text() == 'mine'
+
+
+@pytest.mark.parametrize('text', ['{x', '[1]'])
+def test_damaged_bookkeeping_json_is_refused_naming_its_file(tmp_path, text):
+    """A run's bookkeeping file that no longer holds the JSON object lm wrote (tensorboard.json,
+    pinned.json, a TensorBoard run's workdir.json, hparams.json, a sweep run's results) is named
+    in the one-line error (was: the JSON parser's message alone, or a traceback)."""
+    path = tmp_path / 'tensorboard.json'
+    path.write_text(text)
+    with pytest.raises(ValueError) as refused:
+        remembered_tb_dir(str(tmp_path))
+    assert (
+        str(refused.value)
+        == {
+            '{x': f'{path} is not the JSON lm wrote (Expecting property name enclosed in double '
+            'quotes: line 1 column 2); it was changed or cut short since',
+            '[1]': f'{path} holds a JSON list, not the object lm wrote',
+        }[text]
+    )
+    assert path.read_text() == text
+
+
+@pytest.mark.slow
+def test_a_run_whose_own_tensorboard_directory_is_a_file_is_refused_first(tmp_path):
+    """train.py checks <workdir>/tb, where it logs without --tb_dir, as it checks --tb_dir:
+    one line before any data or checkpoint is read (was: a traceback after the restore)."""
+    (tmp_path / 'w').mkdir()
+    (tmp_path / 'w' / 'tb').write_text('mine')
+    out = run_entry('train.py', f'--workdir={tmp_path / "w"}', f'--config={QUICKSTART}')
+    assert out.returncode == 1 and 'Traceback' not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: --workdir='{tmp_path / 'w' / 'tb'}' is a file, not a directory"
+    )
+    assert sorted(p.name for p in (tmp_path / 'w').iterdir()) == ['tb']
 
 
 # A full disk. RLIMIT_FSIZE makes every write past 300 bytes fail in the OS (EFBIG, as ENOSPC

@@ -25,8 +25,10 @@ from conftest import (
 
 from lm.convert.uptrain import ConversionOptions, convert_checkpoint
 from lm.train.checkpoint import Checkpointer, read_latest_meta
+from lm.train.interrupt import Interrupted
 from lm.train.loop import train
 from lm.train.run import assemble, check_loop_config
+from lm.train.stored import checkpoint_meta
 from lm.train.workdir import (
     BEFORE_FIRST_CHECKPOINT,
     LOCK_NAME,
@@ -280,6 +282,9 @@ def test_uptrain_flags_are_checked_before_writing(tmp_path, mha_run, monkeypatch
         convert_checkpoint(str(mha_run), ConversionOptions(num_kv_heads=2), str(dst))
     assert list(dst.iterdir()) == []  # an existing (empty) destination stays as it was
     monkeypatch.undo()
+    # What a conversion killed (-9) while writing leaves: a staging directory holding a
+    # checkpoints/ (it made dst look like a folder of runs, refused); the next one removes it.
+    (dst / f'{lm.convert.uptrain.PARTIAL}k1ll3d' / 'checkpoints' / '8').mkdir(parents=True)
     config = convert_checkpoint(
         str(mha_run), ConversionOptions(num_kv_heads=2, fraction=0.5), str(dst)
     )
@@ -661,6 +666,33 @@ def test_a_read_only_restore_refuses_a_damaged_latest_checkpoint_and_changes_not
     )
     assert sorted(p.name for p in ckpts.iterdir()) == before == ['4', '8']
     assert assemble(str(tmp_path / 'run'), state='restore', step=4).step == 4
+
+
+@pytest.mark.parametrize('fails', [True, False])
+def test_a_stop_signal_during_a_restore_stops_it_and_moves_nothing(tmp_path, text, fails):
+    """Ctrl-C during a restore: orbax and TensorStore report the KeyboardInterrupt raised in
+    their wait as an unreadable checkpoint, which training then moved aside. A stop is held
+    until the read ends, then raised as `Interrupted`; the checkpoint stays where it is."""
+    run = assemble(tiny_train_config(tmp_path, text), state='init', data=True)
+    ckpt = Checkpointer(str(tmp_path / 'run'), async_save=False)
+    meta = checkpoint_meta(run.config, run.corpus.fingerprint, 4, run.ctx.abstract_state['params'])
+    ckpt.save(4, run.state, meta)
+    ckpt.close()
+    ckpt = Checkpointer(str(tmp_path / 'run'))
+    read = ckpt.manager.restore
+
+    def interrupted_read(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        if fails:  # what TensorStore's wait makes of it
+            raise Exception('Encountered error while reading array index: (slice(0, 8, 1),)')  # noqa: TRY002
+        return read(*args, **kwargs)
+
+    ckpt.manager.restore = interrupted_read
+    with pytest.raises(Interrupted, match=r'^stopped by SIGINT$'):
+        ckpt.restore(run.ctx.abstract_state)
+    assert sorted(p.name for p in (tmp_path / 'run' / 'checkpoints').iterdir()) == ['4']
+    ckpt.manager.restore = read
+    assert ckpt.restore(run.ctx.abstract_state)[0] == 4  # no signal: read as before
 
 
 def test_a_new_run_starts_only_where_nothing_would_be_written_over(tmp_path):

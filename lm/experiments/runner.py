@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lm.train.interrupt import StopRequest
-from lm.train.workdir import STARTED, safe_name
+from lm.train.workdir import STARTED, read_json_object, safe_name
 
 RESULT = 'result.json'  # a finished run's result and fingerprint
 SUPERSEDED = 'result.superseded.json'  # the result of a run since resumed with other settings
@@ -131,8 +131,7 @@ def workdir(out_dir: str, spec: Spec) -> str:
 def _read(path: str) -> dict | None:
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    return read_json_object(path)
 
 
 def _write(path: str, data: dict) -> None:

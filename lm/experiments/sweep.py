@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import json
 import os
 import re
 import types
@@ -32,7 +31,7 @@ from lm.model.transformer import check_model_config
 from lm.train.checkpoint import saved_steps
 from lm.train.optimizer import check_train_config
 from lm.train.run import check_loop_config
-from lm.train.workdir import RUN_LOG, SWEEP_CONFIG, SWEEP_MARK, safe_name
+from lm.train.workdir import RUN_LOG, SWEEP_CONFIG, SWEEP_MARK, read_json_object, safe_name
 
 SHORT = {
     'model.num_heads': 'h',
@@ -346,8 +345,7 @@ def _trainer(config: ml_collections.ConfigDict, command: list[str], tb_dir: str)
         results = os.path.join(workdir, 'results.json')
         if code != 0 or not os.path.exists(results):
             raise RunFailed(f'exit {code}; see {workdir}/train.log')
-        with open(results) as f:
-            return json.load(f)
+        return read_json_object(results)
 
     return run
 

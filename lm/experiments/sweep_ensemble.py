@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import shutil
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from lm.train.checkpoint import saved_steps
 from lm.train.ensemble import check_ensemble_config, check_members_divide_over
 from lm.train.run import check_loop_config
 from lm.train.stored import stored_config
-from lm.train.workdir import RunError, flat_config, resumable_key
+from lm.train.workdir import RunError, flat_config, read_json_object, resumable_key
 
 ENSEMBLES = 'ensembles'  # <sweep_dir>/ensembles/<point>: a point's seeds trained as one program
 
@@ -207,8 +206,7 @@ def _split(ensemble_dir: str, member: int, *, seeds: list[int], name: str, comma
         results = os.path.join(workdir, 'results.json')
         if not os.path.exists(results):
             raise RunFailed(f'{ensemble_dir} has no final evaluation for member {member}')
-        with open(results) as f:
-            return json.load(f)
+        return read_json_object(results)
 
     return run
 

@@ -18,7 +18,8 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
 from lm.train.checksum import array_checksums, meta_checksum, mismatches
-from lm.train.workdir import RunError
+from lm.train.interrupt import StopRequest, deferred_stop
+from lm.train.workdir import RunError, read_json_object
 
 PINNED = 'pinned.json'  # in the checkpoints directory: {step: why}; never rotated away
 # In a side-car: the save holds no optimizer state (an import's step 0); restores leave it out
@@ -159,8 +160,7 @@ class Checkpointer:
         path = os.path.join(self.directory, PINNED)
         if not os.path.exists(path):
             return {}
-        with open(path) as f:
-            return {int(k): v for k, v in json.load(f).items()}
+        return {int(k): v for k, v in read_json_object(path).items()}
 
     def pin(self, step: int, why: str) -> None:
         """Keeps checkpoint `step` from rotation by this and later Checkpointers of the
@@ -200,11 +200,23 @@ class Checkpointer:
             raise FileNotFoundError(
                 f'no checkpoint for step {step} in {self.directory}; available: {self.steps()}'
             )
+        with deferred_stop() as stop:  # a stop signal is not a reading error
+            return self._restore(abstract_state, step, check_meta, partial, stop)
+
+    def _restore(
+        self,
+        abstract_state: dict,
+        step: int | None,
+        check_meta: Callable | None,
+        partial: bool,
+        stop: StopRequest,
+    ) -> tuple[int, dict, dict]:
         unreadable = []
         for s in [step] if step is not None else self.steps()[::-1]:
             try:
                 meta = self.read_meta(s)
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
+                stop.check()
                 unreadable.append(self._skip(s, e, step))
                 continue
             if check_meta is not None:
@@ -223,6 +235,7 @@ class Checkpointer:
                         + f' of the checkpoint at step {s} in {self.directory}'
                     )
             except Exception as e:  # noqa: BLE001
+                stop.check()
                 unreadable.append(self._skip(s, e, step))
                 continue
             if unreadable and self.read_only:
@@ -253,7 +266,9 @@ class Checkpointer:
     def _skip(self, s: int, error: Exception, requested: int | None) -> int:
         if requested is not None:
             raise error
-        first_line = str(error).splitlines()[0][:200] if str(error) else ''
+        # TensorStore's message ends in a repr of its details: the cause is before it
+        cause = str(error).split('. See full TensorStore details')[0]
+        first_line = cause.splitlines()[0][:200] if cause else ''
         then = (
             'looking for the newest readable one'
             if self.read_only

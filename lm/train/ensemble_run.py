@@ -10,7 +10,6 @@ overlay as runs of their own; `results.json` lists each member's final evaluatio
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable
 
@@ -27,7 +26,7 @@ from lm.train.run import Run, assemble
 from lm.train.run_log import Meter, log_model, write_results
 from lm.train.stored import checkpoint_meta, stored_config
 from lm.train.summary import Summary
-from lm.train.workdir import RunError, check_apart, safe_name
+from lm.train.workdir import RunError, check_apart, read_json_object, safe_name
 
 
 def member_logdir(logdir: str, seed: int) -> str:
@@ -274,8 +273,7 @@ def _split_results(workdir: str, member: int, out: str, step: int, config) -> No
     path = os.path.join(workdir, 'results.json')
     if not os.path.isfile(path):
         return
-    with open(path) as f:
-        results = json.load(f)
+    results = read_json_object(path)
     if results.get('step') != step:
         return
     entry = results['members'][member]

@@ -24,6 +24,7 @@ import ml_collections
 
 from lm.model import accounting, attention
 from lm.model.config import ModelConfig
+from lm.train.workdir import read_json_object
 
 
 def import_tensorboardx() -> None:
@@ -83,8 +84,7 @@ def register(logdir: str, root: str, values: dict) -> None:
             os.path.join(root, VALUES_FILE)
         ]:
             if os.path.exists(path):
-                with open(path) as f:
-                    runs[os.path.dirname(path)] = json.load(f)
+                runs[os.path.dirname(path)] = read_json_object(path)
         summary = experiment(list(runs.values()))
         for run_dir, run_values in runs.items():
             _write_events(os.path.join(run_dir, EVENT_FILE), summary, run_values)

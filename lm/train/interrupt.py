@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Iterator
 
 
@@ -96,3 +97,20 @@ class StopRequest:
         """Raises `Interrupted` when a stop signal has arrived."""
         if self.signum:
             raise Interrupted(self.signum)
+
+
+@contextlib.contextmanager
+def deferred_stop() -> Iterator[StopRequest]:
+    """SIGTERM / SIGINT recorded, not raised, while the block runs, then `Interrupted` at its end
+    (or at the block's own `check`): for reads through libraries that wrap an exception raised
+    in their waits into an `Exception` (orbax and TensorStore report a KeyboardInterrupt during a
+    restore as an unreadable checkpoint). Outside the main thread, no signal is received."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    with stop:
+        try:
+            yield stop
+        finally:
+            stop.check()

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from lm.train import hparams as hparams_tab
-from lm.train.workdir import remembered_tb_dir
+from lm.train.workdir import read_json_object, remembered_tb_dir
 
 
 def run_logdir(workdir: str, tb_dir: str = '') -> str:
@@ -42,8 +42,7 @@ def check_logdir_owner(workdir: str, tb_dir: str, flag: str) -> None:
     path = os.path.join(logdir, OWNER_FILE)
     if not os.path.exists(path):
         return
-    with open(path) as f:
-        owner = json.load(f)['workdir']
+    owner = read_json_object(path)['workdir']
     if owner != os.path.realpath(workdir) and os.path.isdir(owner):  # not moved away
         raise ValueError(
             f'{flag}: {logdir} is the TensorBoard run of {owner}; a run of the same name '

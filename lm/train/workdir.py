@@ -104,10 +104,13 @@ def directory_kind(path: str) -> str:
 
 def held_directories(path: str) -> list[tuple[str, str]]:
     """The runs and sweeps directly inside directory `path` (a folder of runs), as (name, kind)
-    pairs sorted by name; [] when `path` is no directory."""
+    pairs sorted by name; [] when `path` is no directory. Hidden names are not counted: a
+    conversion's, import's or export's staging directory, left by a killed one (the next one
+    into that target removes it)."""
     if not os.path.isdir(path):
         return []
-    held = ((name, directory_kind(os.path.join(path, name))) for name in sorted(os.listdir(path)))
+    names = sorted(n for n in os.listdir(path) if not n.startswith('.'))
+    held = ((name, directory_kind(os.path.join(path, name))) for name in names)
     return [(name, kind) for name, kind in held if kind]
 
 
@@ -327,8 +330,24 @@ def remembered_tb_dir(workdir: str) -> str:
     path = os.path.join(workdir, TB_FILE)
     if not os.path.exists(path):
         return ''
+    return read_json_object(path)['tb_dir']
+
+
+def read_json_object(path: str) -> dict:
+    """The JSON object in `path`, a file lm wrote (a run's bookkeeping, results); a one-line
+    ValueError naming the file when it no longer holds one (changed or cut short since)."""
     with open(path) as f:
-        return json.load(f)['tb_dir']
+        text = f.read()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f'{path} is not the JSON lm wrote ({e.msg}: line {e.lineno} column {e.colno}); it '
+            'was changed or cut short since'
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f'{path} holds a JSON {type(value).__name__}, not the object lm wrote')
+    return value
 
 
 def flat_config(config: ml_collections.ConfigDict | dict) -> dict[str, Any]:
