@@ -35,6 +35,8 @@ Beyond contiguous mean-pooling (docs/convert.md, "Conversion methods"):
 """
 
 import re
+import signal
+import sys
 
 from absl import flags
 
@@ -222,6 +224,9 @@ def run() -> int:
             f'{optimizer_state_summary(config)}, to step {config.train.steps}); next: '
             f'python train.py --workdir={dst}' + (f' --tb_dir={tb_dir}' if tb_dir else '')
         )
+    if stop.signum:  # it arrived while writing, which is let finish
+        print(f'stopped by {signal.Signals(stop.signum).name} once written', file=sys.stderr)
+        return 128 + stop.signum
     return 0
 
 

@@ -293,6 +293,42 @@ def test_uptrain_flags_are_checked_before_writing(tmp_path, mha_run, monkeypatch
     assert Checkpointer(str(dst)).steps() == [8]
 
 
+# SIGTERM to scripts/uptrain.py as its conversion starts to be written.
+SIGTERM_WHILE_WRITING = """
+import os, runpy, signal, sys
+from lm.convert import uptrain
+
+real = uptrain.Checkpointer.save
+
+def save(self, *args):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(self, *args)
+
+uptrain.Checkpointer.save = save
+sys.argv = ['scripts/uptrain.py'] + sys.argv[1:]
+runpy.run_path('scripts/uptrain.py', run_name='__main__')
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_while_uptrain_writes_lets_it_finish_then_exits_143(tmp_path, mha_run):
+    """The writing, brief, is let finish; the signal is then said, exit 143 (was: exit 0)."""
+    dst = tmp_path / 'dst'
+    argv = [f'--src={mha_run}', f'--dst={dst}', '--num_kv_heads=2', '--fraction=0.5']
+    out = subprocess.run(
+        [sys.executable, '-c', SIGTERM_WHILE_WRITING, *argv],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 143, out.stderr[-3000:]
+    assert 'stopped by SIGTERM once written' in out.stderr.splitlines(), out.stderr[-3000:]
+    assert out.stdout.startswith(f'wrote {dst}: gqa')
+    assert Checkpointer(str(dst)).steps() == [8]
+
+
 # 4 and 5. Sweep seeds; configs that changed since a run's checkpoint.
 
 
@@ -666,6 +702,20 @@ def test_a_read_only_restore_refuses_a_damaged_latest_checkpoint_and_changes_not
     )
     assert sorted(p.name for p in ckpts.iterdir()) == before == ['4', '8']
     assert assemble(str(tmp_path / 'run'), state='restore', step=4).step == 4
+    # A read that fails inside TensorStore (a byte of its data file changed near its end): the
+    # reads still in flight report 'Event loop is closed' with a traceback each (35 of them
+    # before eval.py's refusal); none reaches stderr.
+    data = next((ckpts / '8' / 'state' / 'd').iterdir())
+    damaged = bytearray(data.read_bytes())
+    damaged[-20] ^= 0xFF
+    data.write_bytes(bytes(damaged))
+    out = run_entry('eval.py', f'--workdir={tmp_path / "run"}')
+    assert out.returncode == 1 and 'Traceback' not in out.stderr, out.stderr[-3000:]
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f'error: the checkpoint at step 8 in {ckpts} is unreadable')
+    )
 
 
 @pytest.mark.parametrize('fails', [True, False])

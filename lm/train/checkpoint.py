@@ -36,11 +36,12 @@ def _closed_loop(error: BaseException | None) -> bool:
     return isinstance(error, RuntimeError) and str(error) == 'Event loop is closed'
 
 
-def _quiet_abandoned_writes() -> None:
-    """Once per process: when one writer of an asynchronous save fails, orbax closes the
-    event loop of the others, and each of their writes still in flight then reports 'Event
-    loop is closed' with a traceback from tensorstore's threads. The failure itself is
-    reported once, by `Checkpointer`: these reports are dropped."""
+def _quiet_abandoned_io() -> None:
+    """Once per process: when one writer of an asynchronous save fails, or one read of a
+    restore, orbax closes the event loop of the others, and each of their reads or writes still
+    in flight then reports 'Event loop is closed' with a traceback from tensorstore's threads
+    (35 of them before a damaged checkpoint's one-line refusal). The failure itself is reported
+    once, by `Checkpointer`: these reports are dropped."""
     if getattr(sys.excepthook, 'quiet_abandoned_writes', False):
         return
     excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
@@ -88,8 +89,7 @@ class Checkpointer:
             read_only=read_only,
             enable_async_checkpointing=async_save and not read_only,
         )
-        if options.enable_async_checkpointing:
-            _quiet_abandoned_writes()
+        _quiet_abandoned_io()
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=('state', 'meta')
         )
