@@ -697,8 +697,8 @@ def test_a_read_only_restore_refuses_a_damaged_latest_checkpoint_and_changes_not
         assemble(str(tmp_path / 'run'), state='restore')
     assert str(refused.value) == (
         f'the checkpoint at step 8 in {ckpts} is unreadable (see the warning above); a read-only '
-        'command changes nothing: choose step 4, the newest readable one (--step=4), or let '
-        'training move it aside'
+        'command changes nothing: choose step 4, the newest readable one (--step=4); training '
+        'moves it aside when it resumes (a finished run: under a larger config.train.steps)'
     )
     assert sorted(p.name for p in ckpts.iterdir()) == before == ['4', '8']
     assert assemble(str(tmp_path / 'run'), state='restore', step=4).step == 4

@@ -242,7 +242,8 @@ class Checkpointer:
                 raise ValueError(
                     f'the checkpoint at step {unreadable[0]} in {self.directory} is unreadable '
                     f'(see the warning above); a read-only command changes nothing: choose step '
-                    f'{s}, the newest readable one (--step={s}), or let training move it aside'
+                    f'{s}, the newest readable one (--step={s}); training moves it aside when '
+                    'it resumes (a finished run: under a larger config.train.steps)'
                 )
             self._move_aside(unreadable)
             return s, restored['state'], meta
