@@ -414,15 +414,16 @@ def test_status_says_where_each_run_stands_from_its_files(tmp_path):
     """sweep.py --status (lm.experiments.sweep_status.progress): finished runs with their final
     evaluation, a result under other settings, a started run's last evaluation from its
     train.log (with the minutes left at the rate between its last two, when they carry times),
-    runs not started, and the count."""
+    a run started under other settings (which a re-run refuses), runs not started, and the
+    count."""
     config = tiny_config()
     config.train.steps = 300
-    points = [{'name': 'mha', 'model.attention': 'mha', 'seeds': 5},
+    points = [{'name': 'mha', 'model.attention': 'mha', 'seeds': 6},
               {'name': 'mqa', 'model.attention': 'mqa'}]  # fmt: skip
     specs = plan(config, points, str(tmp_path), ['train.py'])
-    assert [s.name for s in specs] == ['mha_s0', 'mha_s1', 'mha_s2', 'mha_s3', 'mha_s4', 'mqa']
-    done, other, timed, untimed, shorter = (tmp_path / s.name for s in specs[:5])
-    for wd in (done, other, timed, untimed, shorter):
+    assert [s.name for s in specs] == [*(f'mha_s{k}' for k in range(6)), 'mqa']
+    done, other, timed, untimed, shorter, started = (tmp_path / s.name for s in specs[:6])
+    for wd in (done, other, timed, untimed, shorter, started):
         wd.mkdir()
     fewer = {**runner.fingerprint(specs[4]), 'train.steps': 200}  # a re-run trains it on
     (shorter / 'result.json').write_text(json.dumps({'step': 200, 'fingerprint': fewer}))
@@ -434,6 +435,8 @@ def test_status_says_where_each_run_stands_from_its_files(tmp_path):
     (other / 'result.json').write_text(json.dumps({**result, 'fingerprint': changed}))
     for spec, wd in zip(specs[2:4], (timed, untimed), strict=True):
         (wd / 'run.json').write_text(json.dumps({'fingerprint': runner.fingerprint(spec)}))
+    started_as = {**runner.fingerprint(specs[5]), 'train.lr': 0.5}
+    (started / 'run.json').write_text(json.dumps({'fingerprint': started_as}))
     log = [
         f'I1127 14:0{k // 100}:30.000001 1 loop.py:239] eval at step {k}: loss 2'
         for k in (100, 200)
@@ -447,8 +450,9 @@ def test_status_says_where_each_run_stands_from_its_files(tmp_path):
         'yet, of 300 steps',
         'mha_s3: started: last eval at step 150, no checkpoint yet, of 300 steps',
         'mha_s4: finished at step 200; a re-run resumes it (train.steps: 200 -> 300)',
+        'mha_s5: started with other settings: train.lr: 0.5 -> 0.001; a re-run refuses it',
         'mqa: not started',
-        f'6 runs in {tmp_path}: 1 finished, 1 to resume, 1 with other settings, 2 started, '
+        f'7 runs in {tmp_path}: 1 finished, 1 to resume, 2 with other settings, 2 started, '
         '1 not started',
     ]
 

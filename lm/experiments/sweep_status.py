@@ -10,7 +10,7 @@ from lm.experiments import runner
 from lm.experiments.runner import Spec
 from lm.experiments.sweep import PROGRESS
 from lm.train.checkpoint import saved_steps
-from lm.train.workdir import RUN_LOG
+from lm.train.workdir import RUN_LOG, read_json_object
 
 SHOWN = ('loss', 'recall_accuracy')  # the final evaluation's values `progress` prints
 
@@ -59,6 +59,18 @@ def _finished_otherwise(spec: Spec, result: dict) -> tuple[str, str]:
     return 'to resume', f'{spec.name}: finished at step {step}; a re-run resumes it ({moved})'
 
 
+def _started_otherwise(spec: Spec, workdir: str) -> list[str]:
+    """The settings a started, unfinished run was made with that differ from `spec`'s, which a
+    re-run refuses (`runner.check`); [] when none, or when it is not started."""
+    path = os.path.join(workdir, runner.STARTED)
+    if not (spec.resume and os.path.exists(path)):
+        return []
+    started = read_json_object(path)
+    if 'fingerprint' not in started:
+        return ['no fingerprint recorded']
+    return runner.changes(started['fingerprint'], spec)
+
+
 def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
     """Where each planned run stands, one line each, then a count; reads files only (safe
     beside a running sweep): finished (its final evaluation), finished under settings a re-run
@@ -84,6 +96,12 @@ def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
             state, line = _finished_otherwise(spec, result)
             counts[state] += 1
             lines.append(line)
+        elif fixed := _started_otherwise(spec, wd):
+            counts['with other settings'] += 1
+            more = f' (and {len(fixed) - 1} more)' if len(fixed) > 1 else ''
+            lines.append(
+                f'{spec.name}: started with other settings: {fixed[0]}{more}; a re-run refuses it'
+            )
         elif os.path.exists(os.path.join(wd, runner.STARTED)):
             counts['started'] += 1
             saved = saved_steps(wd)
