@@ -710,6 +710,8 @@ def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path, small_text)
     assert [e.step for e in acc.Scalars('train/loss')] == list(range(1, 11))
     assert [e.step for e in acc.Scalars('eval/loss')] == [4, 8, 10]
     assert [e.step for e in acc.Scalars('eval_init/loss')] == [0]
+    # each session's config at the step it starts from (was: every session's at step 0)
+    assert [e.step for e in acc.Tensors('config/text_summary')] == [0, 8]
     assert read_hparams(acc)['attention'] == ('string_value', 'gqa')  # step 0's HParams kept
     assert read_scalars(tb, 'train/loss') == before  # bitwise on the CPU: the same values
 

@@ -92,7 +92,7 @@ class EnsembleTraining(_Training):
         for i, seed in enumerate(self.seeds):
             tb = Summary(member_logdir(self.logdir, seed), self._first_logged())
             member = dataclasses.replace(self.run, config=member_config(c, i))
-            log_model(member, tb, self.tb_root, log=i == 0)
+            log_model(member, tb, self.tb_root, self.start, log=i == 0)
             spikes = LossSpikeGuard(c.train.max_loss_ratio, self.ckpt)
             who = f'seed {seed} (member 1 of {len(self.seeds)}; tok/s its own)'
             meters.append(

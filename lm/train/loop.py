@@ -169,7 +169,7 @@ class _Training:
     def _start_logs(self) -> Meter:
         """Opens TensorBoard, logs the model, and returns the train metrics' meter."""
         self.tb = Summary(self.logdir, self._first_logged())
-        log_model(self.run, self.tb, self.tb_root)
+        log_model(self.run, self.tb, self.tb_root, self.start)
         spikes = LossSpikeGuard(self.run.config.train.max_loss_ratio, self.ckpt)
         return Meter(self.run, self.tb, self.start, self.ckpt.steps, spikes)
 

@@ -151,13 +151,15 @@ class Meter:
         return float(np.median(self.speeds)) if self.speeds else None
 
 
-def log_model(run: Run, tb: Summary, tb_root: str, log: bool = True) -> None:
-    """The run's config and HParams (in the TensorBoard directory `tb_root`) to TensorBoard;
-    with `log`, model size, FLOPs and peak to the log (an ensemble logs them once)."""
+def log_model(run: Run, tb: Summary, tb_root: str, start: int, log: bool = True) -> None:
+    """The run's config (at `start`, the step this session starts from: one per session, as a
+    resumed one may change train.steps and the like) and HParams (in the TensorBoard directory
+    `tb_root`) to TensorBoard; with `log`, model size, FLOPs and peak to the log (an ensemble
+    logs them once)."""
     c, cfg = run.config, run.model_cfg
     counts = accounting.param_counts(cfg)
     peak_total, peak_source = perf.peak_flops(c.train.peak_flops)
-    tb.text('config', '```\n' + shown_config(c).to_json(indent=2) + '\n```')
+    tb.text('config', '```\n' + shown_config(c).to_json(indent=2) + '\n```', start)
     tb.hparams(hparam_values(c, cfg, counts['total']), tb_root)
     if not log:
         return
