@@ -23,7 +23,7 @@ from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 from lm.config import check_config_file, first_line, get_key, with_overrides
 from lm.distributed import initialize_distributed
 from lm.sharding import check_same_config, set_cpu_devices
-from lm.train import Interrupted, RunError
+from lm.train import EntryPointStop, Interrupted, RunError, StopRequest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -348,28 +348,16 @@ def run_reporting_errors(main: Callable[[], int | None]) -> None:
         gc.freeze()
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM where no `StopRequest` listens (start-up, a restore, compiling): raised like
-    Ctrl-C's KeyboardInterrupt, so that `with` blocks release what they hold (the run's lock)
-    and the process says it stopped, instead of dying silently by the default handler."""
-
-
-def _terminate(signum: int, frame) -> None:
-    raise _Terminated()
-
-
 def _run_and_exit(main: Callable[[], int | None]) -> None:
-    """`main()`, its exit status as SystemExit; user errors and interruptions in one line."""
+    """`main()`, its exit status as SystemExit; user errors and interruptions in one line. A
+    stop signal that no phase of `main` listens for stops it as Ctrl-C does (`EntryPointStop`)."""
     if threading.current_thread() is not threading.main_thread():
-        return _report_and_exit(main)
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        _report_and_exit(main)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        return _report_and_exit(main, StopRequest())  # never entered: receives nothing
+    with EntryPointStop() as stop:
+        _report_and_exit(main, stop)
 
 
-def _report_and_exit(main: Callable[[], int | None]) -> None:
+def _report_and_exit(main: Callable[[], int | None], stop: StopRequest) -> None:
     try:
         code = main()
         if _CACHE_EVENTS['on']:
@@ -387,12 +375,19 @@ def _report_and_exit(main: Callable[[], int | None]) -> None:
         logging.flush()
         print(f'{e}; nothing written', file=sys.stderr)
         sys.exit(128 + e.signum)
-    except KeyboardInterrupt as e:  # where no StopRequest listens: one line, not a traceback
+    except KeyboardInterrupt as e:  # where no phase listens: one line, not a traceback
         logging.flush()
-        terminated = isinstance(e, _Terminated)
-        print('stopped by SIGTERM' if terminated else 'stopped by SIGINT (Ctrl-C)', file=sys.stderr)
-        sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
+        signum = getattr(e, 'signum', signal.SIGINT)
+        print(_stopped(signum), file=sys.stderr)
+        sys.exit(128 + signum)
+    if stop.signum and not code:  # raised where Python dropped it, and no phase stopped
+        print(f'{_stopped(stop.signum)} (once the command had finished)', file=sys.stderr)
+        sys.exit(128 + stop.signum)
     sys.exit(code or 0)
+
+
+def _stopped(signum: int) -> str:
+    return 'stopped by SIGINT (Ctrl-C)' if signum == signal.SIGINT else 'stopped by SIGTERM'
 
 
 def run_app(run: Callable[[], int | None]) -> None:

@@ -137,6 +137,31 @@ def test_a_stop_where_no_stop_request_listens_exits_in_one_line(signum, capsys):
     assert signal.getsignal(signal.SIGTERM) is before  # given back
 
 
+def test_a_stop_raised_where_python_drops_it_is_still_acted_on(capsys):
+    """The exception a stop raises at once can land where Python drops it (a garbage-collector
+    callback: 'Exception ignored in ...', after which training ran on to exit 0). The signal is
+    recorded too: a phase that starts later starts with it, and a command that still finishes
+    exits with the signal's status, saying so."""
+    seen = []
+
+    def main():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except BaseException:  # noqa: BLE001 - what a dropped exception amounts to
+            pass
+        with StopRequest() as later:  # a restore, the training loop, an evaluation
+            seen.append(later.signum)
+        return 0
+
+    with pytest.raises(SystemExit) as exited:
+        run_reporting_errors(main)
+    gc.unfreeze()
+    assert exited.value.code == 143 and seen == [signal.SIGTERM]
+    said = capsys.readouterr().err.splitlines()
+    assert said == ['stopped by SIGTERM (once the command had finished)']
+
+
 def test_a_multi_host_process_stops_in_one_line_when_the_job_cannot_form():
     """JAX aborts natively (exit 134) when the coordinator never answers or its port is taken;
     these are checked first: a process other than 0 waits for the coordinator's port up to the

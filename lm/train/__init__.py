@@ -35,7 +35,7 @@ __all__, __getattr__, __dir__ = public_face(
         ),
         'evaluation': ('eval_batch_size', 'evaluate_recall'),
         'summary': ('Summary', 'check_logdir_owner', 'claim_logdir', 'run_logdir'),
-        'interrupt': ('Interrupted', 'StopRequest'),
+        'interrupt': ('EntryPointStop', 'Interrupted', 'StopRequest'),
         'workdir': (
             'A_RUN',
             'A_SWEEP',

@@ -75,11 +75,13 @@ class StopRequest:
         self._woken = next((b for b in data if b in (signal.SIGTERM, signal.SIGINT)), 0)
         return bool(self._woken)
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum, frame, passed_on: bool = False) -> None:
+        """Records `signum` here and in the outer StopRequest; raises where this one is the
+        handler that received it and raises at once (`at_once`), never for an inner one."""
         self.signum = signum
         if outer := self._outer(signum):
-            outer._handle(signum, frame)
-        if self._raise:
+            outer._handle(signum, frame, passed_on=True)
+        if self._raise and not passed_on:
             raise Interrupted(signum)
 
     @contextlib.contextmanager
@@ -97,6 +99,28 @@ class StopRequest:
         """Raises `Interrupted` when a stop signal has arrived."""
         if self.signum:
             raise Interrupted(self.signum)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGINT that `EntryPointStop` raised (a KeyboardInterrupt, as Python's own
+    Ctrl-C, with the signal)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class EntryPointStop(StopRequest):
+    """An entry point's outermost StopRequest: a signal no phase listens for (start-up,
+    compiling) raises `Stopped` at once, so that `with` blocks unwind (SIGTERM's default handler
+    killed the process silently); and it is recorded, so a phase that starts later (a restore,
+    the training loop, an evaluation) starts with it and stops at its first check, even when
+    the exception was raised where Python drops it (a garbage-collector callback)."""
+
+    def _handle(self, signum, frame, passed_on: bool = False) -> None:
+        super()._handle(signum, frame, passed_on)
+        if not passed_on:
+            raise Stopped(signum)
 
 
 @contextlib.contextmanager
