@@ -59,6 +59,19 @@ def _finished_otherwise(spec: Spec, result: dict) -> tuple[str, str]:
     return 'to resume', f'{spec.name}: finished at step {step}; a re-run resumes it ({moved})'
 
 
+def _split_step(spec: Spec, workdir: str) -> int | None:
+    """The step of an ensemble member's run that its ensemble's split wrote (a checkpoint and
+    the run's results.json at the plan's steps) but the sweep has not recorded yet (stopped
+    between members: one split writes this member and the later ones); else None."""
+    if not spec.needs or runner.read_result(workdir) is not None:
+        return None
+    path = os.path.join(workdir, 'results.json')
+    if not os.path.exists(path) or not saved_steps(workdir):
+        return None
+    step = read_json_object(path).get('step')
+    return step if step == spec.fingerprint['train.steps'] == saved_steps(workdir)[-1] else None
+
+
 def _started_otherwise(spec: Spec, workdir: str) -> list[str]:
     """The settings a started, unfinished run was made with that differ from `spec`'s, which a
     re-run refuses (`runner.check`); [] when none, or when it is not started."""
@@ -73,9 +86,10 @@ def _started_otherwise(spec: Spec, workdir: str) -> list[str]:
 
 def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
     """Where each planned run stands, one line each, then a count; reads files only (safe
-    beside a running sweep): finished (its final evaluation), finished under settings a re-run
-    resumes it to (more train.steps, ...), finished with other settings than the plan's (a
-    re-run refuses it), started (its last evaluation and checkpoint) or not started."""
+    beside a running sweep): finished (its final evaluation; an ensemble member split but not
+    yet recorded), finished under settings a re-run resumes it to (more train.steps, ...),
+    finished or started with other settings than the plan's (a re-run refuses it), started (its
+    last evaluation and checkpoint) or not started."""
     states = ('finished', 'to resume', 'with other settings', 'started', 'not started')
     lines, counts = [], dict.fromkeys(states, 0)
     for spec in specs:
@@ -96,6 +110,10 @@ def progress(specs: list[Spec], sweep_dir: str) -> list[str]:
             state, line = _finished_otherwise(spec, result)
             counts[state] += 1
             lines.append(line)
+        elif (split := _split_step(spec, wd)) is not None:
+            counts['finished'] += 1
+            split_line = f'split from its ensemble at step {split}; a re-run records it'
+            lines.append(f'{spec.name}: {split_line}')
         elif fixed := _started_otherwise(spec, wd):
             counts['with other settings'] += 1
             more = f' (and {len(fixed) - 1} more)' if len(fixed) > 1 else ''
