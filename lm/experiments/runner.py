@@ -50,8 +50,8 @@ class StopRuns(StopRequest):
     """A StopRequest for a plan: SIGTERM / SIGINT also reach the runs' own processes (`call`),
     whose training saves its latest completed step, and no further run starts."""
 
-    def _handle(self, signum, frame) -> None:
-        super()._handle(signum, frame)
+    def _handle(self, signum, frame, passed_on: bool = False) -> None:
+        super()._handle(signum, frame, passed_on)
         with _CHILDREN_LOCK:
             for proc in _CHILDREN:
                 proc.send_signal(signum)
