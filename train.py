@@ -5,7 +5,7 @@ r"""Train (or resume) a language model from a config file.
       --config.data.path=data/tinyshakespeare.txt --config.train.steps=500
 
 Re-running the same command on a workdir that holds a checkpoint resumes from it; a changed
-config is refused unless --allow_config_change (see lm.train.workdir.RESUMABLE_KEYS). One run at a
+config is refused unless --allow_config_change (see lm.train.identity.RESUMABLE_KEYS). One run at a
 time owns a workdir.
 """
 
@@ -56,7 +56,7 @@ _ALLOW_CHANGE = flags.DEFINE_bool(
     False,
     'Resume a checkpoint under a config that differs from its own (beyond train.steps, '
     'intervals, caches, mesh and XLA options, which may always change: '
-    'lm.train.workdir.RESUMABLE_KEYS).',
+    'lm.train.identity.RESUMABLE_KEYS).',
 )
 
 define_distributed_flags()

@@ -25,6 +25,7 @@ from conftest import (
 
 from lm.convert.uptrain import ConversionOptions, convert_checkpoint
 from lm.train.checkpoint import Checkpointer, read_latest_meta
+from lm.train.identity import config_changes, config_fingerprint
 from lm.train.interrupt import Interrupted
 from lm.train.loop import train
 from lm.train.run import assemble, check_loop_config
@@ -35,8 +36,6 @@ from lm.train.workdir import (
     RunError,
     WorkdirLock,
     check_new_run_dir,
-    config_changes,
-    config_fingerprint,
 )
 
 

@@ -28,9 +28,10 @@ from lm.experiments.runner import (
 from lm.experiments.runner import workdir as run_dir
 from lm.train.checkpoint import saved_steps
 from lm.train.ensemble import check_ensemble_config, check_members_divide_over
+from lm.train.identity import flat_config, resumable_key
 from lm.train.run import check_loop_config
 from lm.train.stored import stored_config
-from lm.train.workdir import RunError, flat_config, read_json_object, resumable_key
+from lm.train.workdir import RunError, read_json_object
 
 ENSEMBLES = 'ensembles'  # <sweep_dir>/ensembles/<point>: a point's seeds trained as one program
 

@@ -103,7 +103,7 @@ def train(
     the last eval metrics (and, for a corpus with a held-out part, `lm.data.parts`, the
     last step's on it as 'heldout') and end state. A run that reaches `train.steps` writes
     `<workdir>/results.json` (`write_results`). Resuming under a config that differs from the
-    checkpoint's (`lm.train.workdir.config_changes`) needs `allow_config_change`. The process's
+    checkpoint's (`lm.train.identity.config_changes`) needs `allow_config_change`. The process's
     CPU devices must already be set (`lm.cli.bootstrap`)."""
     run = assemble(
         config, state='resume', workdir=workdir, data=True, allow_config_change=allow_config_change

@@ -35,6 +35,7 @@ from lm.train.checkpoint import (
 )
 from lm.train.ensemble import as_ensemble, check_ensemble_config, check_members_divide, step_rules
 from lm.train.evaluation import check_eval_config
+from lm.train.identity import check_config_change
 from lm.train.optimizer import (
     check_train_config,
     lr_schedule,
@@ -50,13 +51,7 @@ from lm.train.step import (
     parse_xla_options,
 )
 from lm.train.stored import check_step, inherited_data, restore, stored_config
-from lm.train.workdir import (
-    RunError,
-    WorkdirLock,
-    check_config_change,
-    check_run_files,
-    run_resolved,
-)
+from lm.train.workdir import RunError, WorkdirLock, check_run_files, run_resolved
 
 # What `assemble` gives a run as its state: nothing, a fresh one from config.seed, a workdir's
 # checkpoint, only its parameters (inference: no optimizer state is read), or (training) the

@@ -19,10 +19,10 @@ from lm.data.windows import num_windows
 from lm.model import accounting, attention
 from lm.train import perf
 from lm.train.hparams import hparam_values
+from lm.train.identity import config_fingerprint
 from lm.train.loss_spike import LossSpikeGuard
 from lm.train.run import Run
 from lm.train.summary import Summary
-from lm.train.workdir import config_fingerprint
 
 
 class Meter:

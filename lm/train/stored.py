@@ -20,12 +20,11 @@ from lm.train.checkpoint import (
     read_step_meta,
     saved_steps,
 )
+from lm.train.identity import config_changes, config_fingerprint
 from lm.train.step import StepContext
 from lm.train.workdir import (
     A_RUN,
     A_SWEEP,
-    config_changes,
-    config_fingerprint,
     directory_kind,
     held_directories,
     run_relative,
