@@ -3,11 +3,13 @@
 import gc
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import jax
 import pytest
-from conftest import ROOT, tiny_config
+from conftest import ENV, ROOT, tiny_config
 
 from lm.cli import bootstrap, parse_flags, run_reporting_errors, runs_devices
 from lm.train import Interrupted, StopRequest
@@ -160,6 +162,34 @@ def test_a_stop_raised_where_python_drops_it_is_still_acted_on(capsys):
     assert exited.value.code == 143 and seen == [signal.SIGTERM]
     said = capsys.readouterr().err.splitlines()
     assert said == ['stopped by SIGTERM (once the command had finished)']
+
+
+DROPPED_AND_NOTHING_FOLLOWS = """
+import os, signal, sys, time
+from lm.cli import run_reporting_errors
+
+def main():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except BaseException:  # dropped, as in a garbage-collector callback
+        pass
+    time.sleep(60)  # a phase that never checks (building a model of 5,000 layers)
+
+run_reporting_errors(main)
+"""
+
+
+@pytest.mark.slow
+def test_a_dropped_stop_with_no_phase_to_act_on_it_ends_the_process():
+    """A stop dropped where no later phase listens (it ran on for 10 minutes and more) ends the
+    process by the signal's default action, `EntryPointStop.DEFAULT_AFTER_S` later."""
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, '-c', DROPPED_AND_NOTHING_FOLLOWS], cwd=ROOT, env=ENV, timeout=50
+    )
+    assert done.returncode == -signal.SIGTERM
+    assert time.monotonic() - start < 30
 
 
 def test_a_multi_host_process_stops_in_one_line_when_the_job_cannot_form():

@@ -38,6 +38,7 @@ class StopRequest:
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
         if outer := self._outer(signal.SIGTERM):
             self.signum = outer.signum
+            outer._handed_on()
         # Python runs `_handle` only when the main thread is back in Python; the C handler
         # writes the signal number to the wakeup fd at once, which `arrived` reads.
         read, write = os.pipe()
@@ -62,6 +63,9 @@ class StopRequest:
             if isinstance(getattr(handler, '__self__', None), StopRequest)
             else None
         )
+
+    def _handed_on(self) -> None:
+        """An inner StopRequest starts: it acts on the signal from here on."""
 
     def arrived(self) -> bool:
         """True once SIGTERM or SIGINT has arrived; callable from any thread, also while the main
@@ -115,12 +119,40 @@ class EntryPointStop(StopRequest):
     compiling) raises `Stopped` at once, so that `with` blocks unwind (SIGTERM's default handler
     killed the process silently); and it is recorded, so a phase that starts later (a restore,
     the training loop, an evaluation) starts with it and stops at its first check, even when
-    the exception was raised where Python drops it (a garbage-collector callback)."""
+    the exception was raised where Python drops it (a garbage-collector callback). Dropped
+    and with no such phase to follow (a model being built), the process ends by the signal's
+    default action `DEFAULT_AFTER_S` later, as it would have without this handler; a second
+    signal ends it at once."""
+
+    DEFAULT_AFTER_S = 5.0
+
+    def __enter__(self) -> EntryPointStop:
+        super().__enter__()
+        self._alarm = signal.signal(signal.SIGALRM, self._default_action)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self._alarm)
+        super().__exit__(*exc)
 
     def _handle(self, signum, frame, passed_on: bool = False) -> None:
+        again = bool(self.signum)
         super()._handle(signum, frame, passed_on)
-        if not passed_on:
-            raise Stopped(signum)
+        if passed_on:
+            return
+        if again:
+            self._default_action()
+        signal.setitimer(signal.ITIMER_REAL, self.DEFAULT_AFTER_S)
+        raise Stopped(signum)
+
+    def _handed_on(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _default_action(self, *_) -> None:
+        """Ends the process by the recorded signal's default action (SIGTERM's, SIGINT's)."""
+        signal.signal(self.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), self.signum)
 
 
 @contextlib.contextmanager
