@@ -65,11 +65,11 @@ def _split_step(spec: Spec, workdir: str) -> int | None:
     between members: one split writes this member and the later ones); else None."""
     if not spec.needs or runner.read_result(workdir) is not None:
         return None
-    path = os.path.join(workdir, 'results.json')
-    if not os.path.exists(path) or not saved_steps(workdir):
+    path, saved = os.path.join(workdir, 'results.json'), saved_steps(workdir)
+    if not os.path.exists(path) or not saved:
         return None
     step = read_json_object(path).get('step')
-    return step if step == spec.fingerprint['train.steps'] == saved_steps(workdir)[-1] else None
+    return step if step == spec.fingerprint['train.steps'] == saved[-1] else None
 
 
 def _started_otherwise(spec: Spec, workdir: str) -> list[str]:
