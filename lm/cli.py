@@ -68,7 +68,7 @@ class RecipeFlags:
         self._data = flags.DEFINE_string(
             'data_path',
             os.path.join(REPO_ROOT, 'data', 'tinyshakespeare.txt'),
-            'Text file for config.data.path (python scripts/get_data.py tinyshakespeare).',
+            "Text file for config.data.path of a source='text' config (get_data.py fetches it).",
             module_name=module_name,
         )
         self._set = flags.DEFINE_multi_string(
@@ -84,7 +84,7 @@ class RecipeFlags:
         return os.path.relpath(self._file.value, REPO_ROOT)
 
     def config(self, variant: str) -> ml_collections.ConfigDict:
-        """`get_config(variant)` with config.data.path set, then the --set overrides."""
+        """`get_config(variant)` with config.data.path set (source 'text'), then --set."""
         try:  # a one-line error naming the file (a config that takes no variant, say)
             config = check_config_file(f'{self._file.value}:{variant}')
         except ValueError as e:
@@ -93,7 +93,8 @@ class RecipeFlags:
                 f'{variant!r}): give a --config whose get_config takes a variant name, as '
                 'configs/shakespeare_char.py and configs/gpt125m.py do)'
             ) from None
-        config.data.path = self._data.value
+        if config.data.source == 'text':  # the one source that needs a file
+            config.data.path = self._data.value
         return with_overrides(config, self._set.value)
 
 

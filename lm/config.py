@@ -1,7 +1,7 @@
 """Config plumbing: config files (loaded, or checked with one-line errors: `check_config_file`,
-`check_config_keys`), and dotted-key access and overrides ('model.num_heads=8') used by
-the command line, sweeps and tests. The typed view of `config.model` the model reads is
-`lm.model.config.ModelConfig`.
+`check_config_keys`, `check_value_types`), and dotted-key access and overrides
+('model.num_heads=8') used by the command line, sweeps and tests. The typed view of
+`config.model` the model reads is `lm.model.config.ModelConfig`.
 
 The schema is configs/base.py: every key with a one-line comment. Configs saved with older
 checkpoints are brought up to it by lm/config_migration.py."""
@@ -227,7 +227,8 @@ def check_config_keys(config: ml_collections.ConfigDict, flag: str = '--config')
     """A run config must hold every key of configs/base.py (configs start from it); keys added
     to base.py since the config was written (lm.config_migration.ADDED_KEYS, e.g. a sweep's
     per-run config from before a code update) are filled with their recorded values, with a
-    warning."""
+    warning. Values are checked first (`check_value_types`)."""
+    check_value_types(config, flag)
     if filled := fill_added_keys(config):
         shown = ', '.join(f'{k}={ADDED_KEYS[k]!r}' for k in filled)
         logging.warning(
@@ -251,3 +252,43 @@ def check_config_keys(config: ml_collections.ConfigDict, flag: str = '--config')
             f'{flag}: the config lacks {shown}; start it from configs/base.py '
             '(load_config_file(base.py) and change values)'
         )
+
+
+def _fits(value: Any, like: Any) -> bool:
+    """True if `value` may stand where configs/base.py has `like`: the same type, an int for
+    a float, a list for a tuple; never a bool for a number."""
+    if isinstance(like, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(like, bool)
+    if isinstance(like, float):
+        return isinstance(value, (int, float))
+    if isinstance(like, (tuple, list)):
+        return isinstance(value, (tuple, list))
+    return isinstance(value, type(like))
+
+
+def check_value_types(config: ml_collections.ConfigDict, flag: str = '--config') -> None:
+    """One-line ValueError for a value whose type is not the one configs/base.py gives its key
+    ('model.num_heads=4.0' where base has an int), before it reaches a shape or an optimizer.
+    A config built from base.get_config() cannot hold one (ConfigDict keeps types); one built
+    from a dict, or read from JSON, can."""
+
+    def check(want: dict, have: ml_collections.ConfigDict, prefix: str) -> None:
+        for key, like in want.items():
+            if key not in have:
+                continue  # `check_config_keys` reports missing keys
+            value = have[key]
+            if isinstance(like, dict):
+                if isinstance(value, ml_collections.ConfigDict):
+                    check(like, value, f'{prefix}{key}.')
+                else:
+                    raise ValueError(
+                        f'{flag}: config.{prefix}{key} is a section in configs/base.py, '
+                        f'not a value ({value!r})'
+                    )
+            elif not _fits(value, like):
+                raise ValueError(
+                    f'{flag}: config.{prefix}{key}={value!r} is {_a_type(type(value))}; '
+                    f'configs/base.py has {_a_type(type(like))} there ({like!r})'
+                )
+
+    check(_base_dict(), config, '')

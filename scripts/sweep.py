@@ -197,6 +197,7 @@ def run() -> int:
         loop,
         [sys.executable, SPLIT],
         chosen=bool(_POINTS.value),
+        grid_keys=list(grid[0]),
     )
     if _STATUS.value:
         print('\n'.join(progress(specs, sweep_dir)))

@@ -11,8 +11,6 @@ import pathlib
 import re
 import shutil
 import socket
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -48,6 +46,17 @@ DAMAGED_SEEDS = {  # a sweep's summary_seeds.csv: (its text, the error's regex a
 }
 
 
+WRONG_TYPES = {  # a value of another type than configs/base.py's: (key, value), the error
+    'float_for_int': (
+        ('model', 'num_heads', 4.0),
+        r'model\.num_heads=4\.0 is a float; configs/base\.py has an int there \(8\)$',
+    ),
+    'text_for_float': (('train', 'lr', 'abc'), r"train\.lr='abc' is a str; .* has a float there"),
+    'bool_for_int': (('train', 'steps', True), r'train\.steps=True is a bool; .* has an int'),
+    'value_for_section': (('model', 'mla', 3), r'model\.mla is a section in configs/base\.py'),
+}
+
+
 @pytest.fixture(scope='module')
 def ctx(tmp_path_factory):
     """A trained tiny run with its data cache, and the files the rows point at."""
@@ -65,6 +74,13 @@ def ctx(tmp_path_factory):
     c.cfg = cfg
     claim_logdir(str(c.run), str(root / 'tb'))  # tb/run: the trained run's TensorBoard run
     c.good_cfg = cfg('good')
+    for name, ((section, key, value), _) in WRONG_TYPES.items():
+        typed = c.config.to_dict()
+        typed[section][key] = value
+        (root / f'typed_{name}.py').write_text(
+            'import ml_collections\n\n\ndef get_config():\n'
+            f'    return ml_collections.ConfigDict({typed!r})\n'
+        )
     (root / 'syntax.py').write_text('def get_config(:\n')
     (root / 'no_get.py').write_text('x = 1\n')
     (root / 'not_config.py').write_text('def get_config():\n    return 3\n')
@@ -288,6 +304,40 @@ ROWS = [
         )
     ],
     (
+        'num_layers_beyond_memory',  # refused by arithmetic, not after minutes of tracing
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.model.num_layers=100000000'],
+        r'config\.model needs at least [\d.]+ GiB for the parameters and gradients of its '
+        r'embedding and MLPs alone \(vocab_size=\d+, num_layers=100000000, ',
+    ),
+    (
+        'vocab_beyond_memory',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.model.vocab_size=2000000000'],
+        r'config\.model needs at least [\d.]+ GiB .*\(vocab_size=2000000000, .*more than the '
+        r'[\d.]+ GiB of the 1 device: a smaller model or more devices$',
+    ),
+    (
+        'data_path_that_stdlib_ignores',  # it would train on Python's .py files instead
+        TRAIN,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            '--config.data.source=stdlib',
+            f'--config.data.path={c.text}',
+        ],
+        r"config\.data\.path='.*small\.txt' does nothing for source='stdlib'.*set "
+        r"config\.data\.source='text'",
+    ),
+    *[
+        (
+            f'config_file_value_{name}',  # a config built from a dict keeps no types
+            TRAIN,
+            lambda c, name=name: [f'--config={c.root}/typed_{name}.py'],
+            rf'^error: --config: config\.{pattern}',
+        )
+        for name, (_, pattern) in WRONG_TYPES.items()
+    ],
+    (
         'data_path_is_a_directory',
         TRAIN,
         lambda c: [f'--config={c.good_cfg}', f'--config.data.path={c.root}/cache'],
@@ -351,7 +401,7 @@ ROWS = [
     (
         'model_larger_than_memory',  # not an out-of-memory traceback while initialising
         TRAIN,
-        lambda c: [f'--config={c.good_cfg}', '--config.model.vocab_size=2000000000'],
+        lambda c: [f'--config={c.good_cfg}', '--config.model.head_dim=100000000'],
         r'config\.model needs [\d.]+ GiB per device for the train state and gradients alone, '
         r'more than the [\d.]+ GiB a device has',
     ),
@@ -687,23 +737,6 @@ def entry_env(c) -> dict[str, str]:
     }
 
 
-def run_entry(c, script, args):
-    """Runs an entry point with --workdir=<the trained run> where it takes one."""
-    args = [a.replace('=UNWRITABLE', f'={c.unwritable}') if isinstance(a, str) else a for a in args]
-    if script in (TRAIN, EVAL, GENERATE) and not any(
-        isinstance(a, str) and a.startswith('--workdir') for a in args
-    ):
-        args.append(f'--workdir={c.run}')
-    return subprocess.run(
-        [sys.executable, str(ROOT / script), *args],
-        cwd=ROOT,
-        env=entry_env(c),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 @pytest.fixture(scope='module')
 def outcomes(ctx):
     """Every row, in forked children of one Python that imported lm once (tests/flag_parse.py,
@@ -738,24 +771,6 @@ def test_bad_input_is_one_line_error_and_touches_nothing(outcomes, row, pattern)
     assert re.search(pattern, lines[-1]), lines[-1]
     assert 'compiled the train step' not in out  # refused before any compile
     assert after == before, sorted(set(after) ^ set(before))[:5]  # nothing written or touched
-
-
-@pytest.mark.slow
-def test_data_path_that_the_source_ignores_is_warned_about(ctx):
-    out = run_entry(
-        ctx,
-        TRAIN,
-        [
-            f'--config={ctx.good_cfg}',
-            '--config.data.source=stdlib',
-            f'--config.data.path={ctx.text}',
-            '--config.model.attention=linear',  # stop right after the data settings are checked
-        ],
-    )
-    assert out.returncode != 0
-    warning = [ln for ln in out.stderr.splitlines() if 'is ignored' in ln]
-    assert len(warning) == 1 and f"config.data.path='{ctx.text}'" in warning[0], out.stderr
-    assert "source='stdlib'" in warning[0]
 
 
 # -- refusals before any work: the row must be refused before the entry point writes anything,

@@ -319,9 +319,17 @@ def test_empty_file_and_too_small_source(tmp_path):
     with pytest.raises(ValueError, match=r'^the train split has 451 tokens, fewer than one batch'):
         check_corpus_size(small, batch_size=4, seq_len=128)
     check_corpus_size(small, batch_size=4, seq_len=16)  # 51 validation tokens: 4 windows
-    tiny = dataclasses.replace(small, tokens={**small.tokens, 'validation': np.zeros(1, np.int32)})
-    with pytest.raises(ValueError, match=r'^the validation split has 1 tokens, fewer than the 2'):
-        check_corpus_size(tiny, batch_size=4, seq_len=16)
+    for size in (1, 17):  # 17 tokens: 16 targets, one window, no standard error
+        val = np.zeros(size, np.int32)
+        tiny = dataclasses.replace(small, tokens={**small.tokens, 'validation': val})
+        with pytest.raises(
+            ValueError,
+            match=rf'^the validation split has {size} tokens, fewer than the 18 of two evaluation '
+            r'windows of config.data.seq_len=16 targets',
+        ):
+            check_corpus_size(tiny, batch_size=4, seq_len=16)
+    two = dataclasses.replace(small, tokens={**small.tokens, 'validation': np.zeros(18, np.int32)})
+    check_corpus_size(two, batch_size=4, seq_len=16)  # 17 targets: two windows
 
 
 def test_call_batch_stacks_consecutive_steps_and_is_train_batch_for_one():

@@ -155,11 +155,36 @@ def test_grid_errors_before_any_run(tmp_path, small_text):
         ('model.num_heads=4,eight', "error: --grid model.num_heads: 'eight' is not an int"),
         ('model.num_heads', "error: --grid 'model.num_heads': expected key=value1,value2,..."),
         ('model=1', "error: --grid: 'model' is a section, not a value"),
+        (  # a value no point can run with: refused, not skipped
+            'model.attention=gqa,weird',
+            "error: --grid model.attention='weird': no point can run with it (config.model."
+            'attention must be one of',
+        ),
     ]:
         out = sweep(f'--config={cfg}', f'--sweep_dir={tmp_path / "sw"}', f'--grid={grid}')
         assert out.returncode == 1, out.stderr
-        assert out.stderr.strip().splitlines()[-1] == message
+        assert out.stderr.strip().splitlines()[-1].startswith(message)
         assert not (tmp_path / 'sw').exists()
+
+
+def test_a_grid_value_no_point_can_run_with_is_refused_a_combination_skipped(
+    tmp_path, small_text, capsys
+):
+    """Skipping is for values that do not fit together (8 KV heads of 4 query heads); a value
+    that fits no point of the grid is a mistake, refused before any run."""
+    config = tiny_train_config(tmp_path, small_text)
+    grid = parse_grid(config, ['model.num_heads=4,8', 'model.num_kv_heads=2,8'])
+    specs = plan(config, grid, str(tmp_path), ['train.py'], grid_keys=list(grid[0]))
+    assert [s.name for s in specs] == ['gqa_h4_kv2', 'gqa_h8_kv2', 'gqa_h8_kv8']
+    assert 'skipping ' in capsys.readouterr().out
+    grid = parse_grid(config, ['model.num_heads=4,8', 'model.num_kv_heads=2,3'])
+    with pytest.raises(
+        ValueError,
+        match=r'^--grid model\.num_kv_heads=3: no point can run with it \(config\.model\.num_'
+        r'heads=4 must be divisible by num_kv_heads=3',
+    ):
+        plan(config, grid, str(tmp_path), ['train.py'], grid_keys=list(grid[0]))
+    plan(config, grid, str(tmp_path), ['train.py'])  # a sweep file's points: skipped
 
 
 def test_with_ensemble_what_the_sweep_sets_is_refused_wherever_it_is_given():

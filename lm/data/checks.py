@@ -85,12 +85,10 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
     if data.source == 'hf' and not data.hf_name:
         raise ValueError("config.data.hf_name must be set for source='hf'")
     if data.source == 'stdlib' and data.path:
-        logging.log_first_n(
-            logging.WARNING,
-            "config.data.path=%r is ignored: source='stdlib' reads this Python's own .py "
-            "files (set config.data.source='text' to train on it)",
-            1,
-            data.path,
+        raise ValueError(
+            f"config.data.path={data.path!r} does nothing for source='stdlib', which reads this "
+            "Python's own .py files: set config.data.source='text' to train on it, or leave "
+            'data.path empty'
         )
 
 

@@ -232,8 +232,9 @@ def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
 
 
 def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:
-    """The training split must hold one batch of windows; the validation split one target (its
-    evaluation windows are cut from what it has, the last one partial, `lm.data.windows`). A
+    """The training split must hold one batch of windows; the validation split more than one
+    window's targets (its evaluation windows are cut from what it has, the last one partial,
+    `lm.data.windows`; the standard error is over windows, as for config.eval_tokens). A
     recall task generates its batches, and its example sets are scored in padded batches."""
     if corpus.task is not None:
         return
@@ -243,10 +244,11 @@ def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:
             f'the train split has {size} tokens, fewer than one batch '
             f'(config.train.batch_size={batch_size} x config.data.seq_len={seq_len} + 1)'
         )
-    if (size := len(corpus.tokens['validation'])) < 2:
+    if (size := len(corpus.tokens['validation'])) < seq_len + 2:
         raise ValueError(
-            f'the validation split has {size} tokens, fewer than the 2 of one next-token '
-            'target: raise config.data.val_fraction or give more text'
+            f'the validation split has {size} tokens, fewer than the {seq_len + 2} of two '
+            f'evaluation windows of config.data.seq_len={seq_len} targets (the standard error is '
+            'over windows): raise config.data.val_fraction or give more text'
         )
 
 

@@ -16,6 +16,7 @@ import itertools
 import os
 import re
 import types
+from collections.abc import Collection
 from typing import Any
 
 import ml_collections
@@ -222,11 +223,16 @@ def check_overrides(
 
 
 def _valid_points(
-    base: ml_collections.ConfigDict, points: list[dict], chosen: bool = False
+    base: ml_collections.ConfigDict,
+    points: list[dict],
+    chosen: bool = False,
+    grid_keys: Collection[str] = (),
 ) -> list[tuple]:
     """[(name, point, config)] of the points whose model can be built; a one-line note for each
-    skipped one, or, when the points were `chosen` by name (--points), a one-line error."""
-    valid = []
+    skipped one, or, when the points were `chosen` by name (--points), a one-line error. A value
+    of a `grid_keys` key that no point can run with (a typo: `model.attention=gqa,weird`) is
+    refused: skipping is for combinations of values that do not fit together."""
+    valid, skipped = [], {}
     for named in points:
         point = {k: v for k, v in named.items() if k != 'name'}
         try:
@@ -237,6 +243,8 @@ def _valid_points(
             if chosen:
                 raise ValueError(f'--points: {named.get("name") or point} cannot run: {reason}')
             print(f'skipping {named.get("name") or point}: {reason}')
+            for key in grid_keys:
+                skipped.setdefault((key, repr(point[key])), (point[key], reason))
             continue
         name = safe_name(named.get('name') or run_name(point, config), 'sweep point')
         if name == TB_RUN:
@@ -251,6 +259,10 @@ def _valid_points(
         except ValueError as e:
             raise ValueError(f'sweep point {name}: {e}') from None
         valid.append((name, point, config))
+    ran = {(key, repr(point[key])) for _, point, _ in valid for key in grid_keys}
+    for (key, _), (value, reason) in skipped.items():
+        if (key, repr(value)) not in ran:
+            raise ValueError(f'--grid {key}={value!r}: no point can run with it ({reason})')
     if not valid:
         raise ValueError('the sweep has no valid point')
     return valid
@@ -269,6 +281,7 @@ def plan(
     ensemble_loop: bool | None = None,
     split_command: list[str] = (),
     chosen: bool = False,
+    grid_keys: Collection[str] = (),
 ) -> list[Spec]:
     """A Spec per (point, seed) after skipping invalid points; with match='params', each point's
     mlp_dim brings it within 1% of the MHA point's parameters. A point's 'seeds' overrides
@@ -281,8 +294,9 @@ def plan(
     `ensemble_groups` > 1 splits a point's seeds over that many ensembles (lanes that can train at
     once, <point>_g<j>), `ensemble_loop` sets their train.ensemble_loop (None: the config's);
     `split_command` (scripts/split_ensemble.py) splits the members out, in a process of its own.
-    `chosen`: the points were named in --points, so an invalid one is refused, not skipped."""
-    valid = _valid_points(base, points, chosen)
+    `chosen`: the points were named in --points, so an invalid one is refused, not skipped;
+    `grid_keys`: the keys of --grid, a value of which no point can run with is refused."""
+    valid = _valid_points(base, points, chosen, grid_keys)
     if match == 'params':
         configs = [c for _, _, c in valid]
         matched = match_parameters(

@@ -21,6 +21,7 @@ import numpy as np
 import optax
 from jax.sharding import AbstractMesh, Mesh
 
+from lm.model.transformer import check_model_config
 from lm.sharding import MESH_AXES, mesh_shape, rules_table, stacked_sharding
 from lm.train.optimizer import lr_schedule, make_optimizer
 from lm.train.step import StepContext
@@ -253,6 +254,30 @@ def device_memory() -> int | None:
     except (ValueError, OSError):
         return None
     return host // jax.local_device_count() if device.platform == 'cpu' else None
+
+
+def check_size_estimate(config: ml_collections.ConfigDict) -> None:
+    """Refuses, before the model is traced (layer by layer: minutes for 100,000 layers), a
+    config whose parameters and gradients alone exceed the memory of every device together,
+    counting only the weights each variant has (the embedding and the SwiGLU MLPs), a lower
+    bound of what `check_members_fit` counts once the model is traced."""
+    limit = device_memory()
+    if limit is None:
+        return
+    cfg = check_model_config(config.model)
+    weights = cfg.vocab_size * cfg.d_model + cfg.num_layers * 3 * cfg.d_model * cfg.mlp_dim
+    members = max(config.train.ensemble, 1)
+    need = 2 * weights * np.dtype(cfg.param_dtype).itemsize * members
+    n = jax.device_count()
+    if need > limit * n:
+        raise ValueError(
+            f'config.model needs at least {need / 2**30:.2f} GiB for the parameters and '
+            f'gradients of its embedding and MLPs alone (vocab_size={cfg.vocab_size}, '
+            f'num_layers={cfg.num_layers}, d_model={cfg.d_model}, mlp_dim={cfg.mlp_dim}'
+            f'{f", ensemble={members}" if members > 1 else ""}), more than the '
+            f'{limit * n / 2**30:.2f} GiB of {"all" if n > 1 else "the"} {n} '
+            f'device{"s" if n > 1 else ""}: a smaller model or more devices'
+        )
 
 
 def check_members_fit(ctx: StepContext) -> None:

@@ -15,7 +15,7 @@ import ml_collections
 from absl import logging
 from jax.sharding import Mesh
 
-from lm.config import default_values
+from lm.config import check_value_types, default_values
 from lm.config_migration import upgrade_config
 from lm.data.checks import check_data_config, check_idle_data
 from lm.data.corpus import Corpus, check_corpus_size, load_corpus
@@ -33,7 +33,13 @@ from lm.train.checkpoint import (
     Checkpointer,
     read_latest_meta,
 )
-from lm.train.ensemble import as_ensemble, check_ensemble_config, check_members_divide, step_rules
+from lm.train.ensemble import (
+    as_ensemble,
+    check_ensemble_config,
+    check_members_divide,
+    check_size_estimate,
+    step_rules,
+)
 from lm.train.evaluation import check_eval_config
 from lm.train.identity import check_config_change
 from lm.train.optimizer import (
@@ -165,6 +171,7 @@ def check_config(
     if saved:
         check_model_config(config.model)
         return config
+    check_value_types(config, 'config')
     if old_eval_batches is not None:
         logging.warning(
             'config.eval_batches=%d is replaced by config.eval_tokens: evaluating %d tokens '
@@ -198,6 +205,7 @@ def check_devices(config: ml_collections.ConfigDict, saved: bool = False) -> tup
     if not saved:
         check_parallel(config, mesh, rules)
         check_xla_options(parse_xla_options(config.train.xla_options))
+        check_size_estimate(config)  # before the model is traced
     return rules, mesh
 
 
