@@ -74,8 +74,38 @@ def test_table_per_seed_rows_and_summary_rows(tmp_path):
     assert (p.label, p.kv_bytes, p.panel, p.quality.n) == ('mha', 512, 'p', 3)
     assert p.quality.mean == pytest.approx(1.116667, abs=1e-6)
     assert p.error == pytest.approx(0.312581, abs=1e-6)
-    with pytest.raises(ValueError, match="no rows of metric 'eval/recall_accuracy'"):
+    with pytest.raises(
+        ValueError, match=r"no rows of metric 'eval/recall_accuracy' \(it has eval/loss, eval/o"
+    ):
         pareto.read_table(str(tmp_path / 'seeds.csv'), 'eval/recall_accuracy')
+
+
+def test_a_damaged_table_is_refused_naming_the_flag_and_the_file(tmp_path):
+    """--table's errors name the flag and the file (and the line, where there is one)."""
+    path = tmp_path / 'points.csv'
+    row = {'label': 'mha', 'kv_cache_bytes_per_token': 512, 'metric': 'eval/loss'}
+    cases = [
+        (None, rf'^--table={path}: no such file$'),
+        (b'\x89PNG\r\n\x1a\n', rf'^--table: {path} line 1: not UTF-8 text \(byte 0\)'),
+        ([{**row, 'seed': 0}], rf'^--table: {path} lacks the column\(s\) value: expected label, '),
+        ([row], rf'^--table: {path} lacks the column\(s\) mean, std, seeds: expected'),
+        (
+            [{**row, 'seed': 0, 'value': 1.0}, {**row, 'seed': 1, 'value': 'x'}],
+            rf"^--table: {path} line 3: value='x' is not a number",
+        ),
+        (
+            [{**row, 'kv_cache_bytes_per_token': 'many', 'seed': 0, 'value': 1.0}],
+            rf"^--table: {path}: arm mha: kv_cache_bytes_per_token='many' is not a number$",
+        ),
+    ]
+    for content, message in cases:
+        path.unlink(missing_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif content is not None:
+            write_table(path, content)
+        with pytest.raises(ValueError, match=message):
+            pareto.read_table(str(path), 'eval/loss')
 
 
 def finished_runs(tmp_path):

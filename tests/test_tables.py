@@ -139,7 +139,12 @@ def test_a_missing_or_broken_table_marker_is_refused_and_nothing_is_written(
         (SEEDS_CSV + 'a,1,1.25\n', ' line 6: repeats the row of line 3 (arm=a, seed=1)'),
         (SEEDS_CSV + 'b,2\n', ' line 6: 2 fields, but the header has 3'),
         (SEEDS_CSV + 'b,2,1.0,9\n', ' line 6: 4 fields, but the header has 3'),
-        (b'\x89PNG\r\n\x1a\n\x00\x00', ': not UTF-8 text (byte 0); a CSV was expected'),
+        (b'\x89PNG\r\n\x1a\n\x00\x00', ' line 1: not UTF-8 text (byte 0); a CSV was expected'),
+        (
+            SEEDS_CSV.encode() + b'b,2,1.\xff\n',
+            ' line 6: not UTF-8 text (byte 56); a CSV was expected',
+        ),
+        (SEEDS_CSV + 'b,2,1.O5\n', " line 6: loss='1.O5' is not a number, as the column's other"),
         (
             SEEDS_CSV.encode() + b'b,2,1\x00\n',
             ' line 6: a NUL byte (a binary file?); a CSV was expected',
@@ -148,7 +153,7 @@ def test_a_missing_or_broken_table_marker_is_refused_and_nothing_is_written(
         ('arm,seed,loss\n', ': no rows under its header'),
     ],
     ids=['nan', 'inf', 'conflicting-duplicate', 'equal-duplicate', 'short-row', 'long-row']
-    + ['binary', 'nul-byte', 'empty', 'header-only'],
+    + ['binary', 'not-utf8-row', 'word-among-numbers', 'nul-byte', 'empty', 'header-only'],
 )
 def test_a_damaged_csv_is_refused_naming_the_file_and_line_before_anything_is_written(
     tmp_path, csv, message
@@ -159,8 +164,25 @@ def test_a_damaged_csv_is_refused_naming_the_file_and_line_before_anything_is_wr
     for write in (False, True):
         with pytest.raises(ValueError) as refused:
             tables.update_docs(str(docs), str(results), write=write)
-        assert str(refused.value) == f'{path}: {csv_path}{message}'
+        assert str(refused.value).startswith(f'{path}: {csv_path}{message}')
     assert path.read_text() == TWO_TABLES
+
+
+def test_a_csv_that_is_a_directory_or_a_page_that_is_not_utf8_is_named_in_one_line(tmp_path):
+    docs, results, path, csv_path = damaged_study(tmp_path, TWO_TABLES)
+    csv_path.unlink()
+    csv_path.mkdir()
+    with pytest.raises(ValueError) as refused:
+        tables.update_docs(str(docs), str(results))
+    assert str(refused.value) == f'{path}: {csv_path}: a directory; a CSV was expected'
+    csv_path.rmdir()
+    csv_path.write_text(SEEDS_CSV)
+    path.write_bytes(TWO_TABLES.encode() + b'caf\xe9\n')  # Latin-1, line 10
+    with pytest.raises(ValueError) as refused:
+        tables.update_docs(str(docs), str(results))
+    assert str(refused.value) == (
+        f'{path} line 10: not UTF-8 text (byte {len(TWO_TABLES) + 3}); a Markdown page was expected'
+    )
 
 
 @pytest.mark.slow

@@ -14,7 +14,6 @@ columns panel, family, label, kv_cache_bytes_per_token, metric and either one ro
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 import os
@@ -22,6 +21,7 @@ from collections.abc import Hashable, Iterable, Mapping
 
 from lm.experiments import stats
 from lm.experiments.runner import Spec, arm_and_seed, read_result, workdir
+from lm.experiments.table_inputs import read_csv
 from lm.model import accounting
 from lm.model.transformer import model_config
 from lm.train.stored import stored_config
@@ -156,23 +156,56 @@ def runs_in(out_dir: str) -> list[Run]:
 def _table_point(rows: list[dict], metric: str) -> Point:
     """One arm's rows of a table: its summary row, or one row per seed."""
     first = rows[0]
+
+    def number(row: dict, column: str, kind: type = float) -> float:
+        try:
+            return kind(row[column])
+        except ValueError:
+            what = 'an int' if kind is int else 'a number'
+            raise ValueError(
+                f'arm {row["label"]}: {column}={row[column]!r} is not {what}'
+            ) from None
+
     if 'seed' in first and first['seed'] != '':
-        estimate = stats.estimate([float(r['value']) for r in rows])
+        estimate = stats.estimate([number(r, 'value') for r in rows])
     elif len(rows) > 1:
         raise ValueError(f'{first["label"]} ({metric}): several summary rows for one arm')
     else:
-        estimate = summary_estimate(float(first['mean']), float(first['std']), int(first['seeds']))
-    kv = float(first['kv_cache_bytes_per_token'])
+        mean, std = number(first, 'mean'), number(first, 'std')
+        estimate = summary_estimate(mean, std, number(first, 'seeds', int))
+    kv = number(first, 'kv_cache_bytes_per_token')
     return Point(first['label'], kv, estimate, first.get('family', ''), first.get('panel', ''))
 
 
-def read_table(path: str, metric: str) -> list[Point]:
-    """The points of `metric` in a CSV table (the module docstring says its columns)."""
-    with open(path, newline='') as f:
-        rows = [r for r in csv.DictReader(f) if r['metric'] == metric]
-    if not rows:
-        raise ValueError(f'{path} has no rows of metric {metric!r}')
+TABLE_COLUMNS = ('label', 'kv_cache_bytes_per_token', 'metric')  # and the seed or summary ones
+
+
+def read_table(path: str, metric: str, flag: str = '--table') -> list[Point]:
+    """The points of `metric` in a CSV table (the module docstring says its columns); one-line
+    errors naming `flag` and the file (and its line: `read_csv`) for a table that is missing,
+    damaged or lacks a column."""
+    if not os.path.exists(path):
+        raise ValueError(f'{flag}={path}: no such file')
+    try:
+        rows = read_csv(path)
+    except ValueError as e:
+        raise ValueError(f'{flag}: {e}') from None
+    header = set(rows[0])
+    per_seed = {bool(r.get('seed')) for r in rows}  # a row per seed, or an arm's summary row
+    need = TABLE_COLUMNS + (('value',) if True in per_seed else ())
+    need += ('mean', 'std', 'seeds') if False in per_seed else ()
+    if missing := [c for c in need if c not in header]:
+        raise ValueError(
+            f'{flag}: {path} lacks the column(s) {", ".join(missing)}: expected '
+            f'{", ".join(need)} (lm/experiments/pareto.py)'
+        )
+    if not (chosen := [r for r in rows if r['metric'] == metric]):
+        there = ', '.join(sorted({r['metric'] for r in rows}))
+        raise ValueError(f'{flag}: {path} has no rows of metric {metric!r} (it has {there})')
     arms: dict[tuple, list[dict]] = {}
-    for row in rows:
+    for row in chosen:
         arms.setdefault((row.get('panel', ''), row.get('family', ''), row['label']), []).append(row)
-    return [_table_point(group, metric) for group in arms.values()]
+    try:
+        return [_table_point(group, metric) for group in arms.values()]
+    except ValueError as e:  # a word where a number belongs, in the table's only such cell
+        raise ValueError(f'{flag}: {path}: {e}') from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import re
 
 OPENER = re.compile(r'<!-- table: \w+ [\w.-]+ -->\n')
@@ -56,16 +57,60 @@ def _non_finite(value: str) -> bool:
         return False
 
 
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def read_text(path: str, expected: str) -> str:
+    """The UTF-8 text of `path`; a one-line error naming it (and the line of a byte that is not
+    UTF-8) for a directory, a file that cannot be read, or one that is not UTF-8 text."""
+    if os.path.isdir(path):
+        raise ValueError(f'{path}: a directory; {expected} was expected')
+    try:
+        with open(path, 'rb') as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(
+            f'{path}: cannot be read ({e.strerror}); {expected} was expected'
+        ) from None
+    try:
+        return data.decode('utf-8')
+    except UnicodeDecodeError as e:
+        line = data.count(b'\n', 0, e.start) + 1
+        raise ValueError(
+            f'{path} line {line}: not UTF-8 text (byte {e.start}); {expected} was expected'
+        ) from None
+
+
+def _check_numeric_columns(path: str, header: list[str], rows: list[dict], lines: list[int]):
+    """A value column (not a `KEY_COLUMNS` one) whose other cells are numbers must hold a
+    number in every filled cell: 'abc' among losses is damage, refused naming its line."""
+    for column in header:
+        if column in KEY_COLUMNS:
+            continue
+        filled = [
+            (row[column], line) for row, line in zip(rows, lines, strict=True) if row[column] != ''
+        ]
+        words = [(v, line) for v, line in filled if not _is_number(v)]
+        if words and len(words) < len(filled):
+            value, line = words[0]
+            raise ValueError(
+                f"{path} line {line}: {column}={value!r} is not a number, as the column's other "
+                'cells are'
+            )
+
+
 def read_csv(path: str) -> list[dict]:
     """The rows of a results CSV as {column: text}. Refused in one line naming `path` and the
-    line: not UTF-8 text, no header or no rows, a row with more or fewer fields than the header,
-    a number that is not finite (nan, inf), or a row whose key (its `KEY_COLUMNS`, e.g. arm
-    and seed) repeats an earlier row's, equal or not."""
-    try:
-        with open(path, encoding='utf-8', newline='') as f:
-            text = f.read()
-    except UnicodeDecodeError as e:
-        raise ValueError(f'{path}: not UTF-8 text (byte {e.start}); a CSV was expected') from None
+    line: a directory or not UTF-8 text, no header or no rows, a row with more or fewer fields
+    than the header, a number that is not finite (nan, inf), a word in a column of numbers, or
+    a row whose key (its `KEY_COLUMNS`, e.g. arm and seed) repeats an earlier row's, equal or
+    not."""
+    text = read_text(path, 'a CSV')
     if '\0' in text:
         line = text.count('\n', 0, text.index('\0')) + 1
         raise ValueError(f'{path} line {line}: a NUL byte (a binary file?); a CSV was expected')
@@ -74,7 +119,7 @@ def read_csv(path: str) -> list[dict]:
     if not header:
         raise ValueError(f'{path}: empty; a CSV with a header line was expected')
     keys = [c for c in KEY_COLUMNS if c in header]
-    rows, seen = [], {}
+    rows, lines, seen = [], [], {}
     for fields in reader:
         if not fields:
             continue  # a blank line
@@ -90,6 +135,8 @@ def read_csv(path: str) -> list[dict]:
             raise ValueError(f'{where}: repeats the row of line {seen[key]} ({named})')
         seen[key] = reader.line_num
         rows.append(row)
+        lines.append(reader.line_num)
     if not rows:
         raise ValueError(f'{path}: no rows under its header')
+    _check_numeric_columns(path, header, rows, lines)
     return rows

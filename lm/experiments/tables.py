@@ -76,7 +76,7 @@ from lm.experiments import (
     trend,
 )
 from lm.experiments.runner import arm_and_seed
-from lm.experiments.table_inputs import check_markers, read_csv
+from lm.experiments.table_inputs import check_markers, read_csv, read_text
 
 MARKER = re.compile(r'(<!-- table: (\w+) ([\w.-]+) -->\n)(.*?)(<!-- /table -->)', re.S)
 
@@ -248,8 +248,7 @@ def rendered_docs(docs_dir: str, results_dir: str) -> dict[str, str]:
         if not name.endswith('.md'):
             continue
         path = os.path.join(docs_dir, name)
-        with open(path, encoding='utf-8') as f:
-            text = f.read()
+        text = read_text(path, 'a Markdown page')
         check_markers(text, path)
         try:
             new = render(text, results_dir)
