@@ -24,7 +24,7 @@ from lm.cli import (
     check_writable_dir,
     run_app,
 )
-from lm.data import TASKS
+from lm.data import TASKS, check_same_tokenizer
 from lm.distributed import define_distributed_flags
 from lm.experiments import evaluate_run
 from lm.model import KV_CACHE_DTYPES
@@ -126,6 +126,8 @@ def run() -> int:
     check_logdir_owner(_WORKDIR.value, _TB_DIR.value, tb_flag)
     config = stored_config(_WORKDIR.value, step=_STEP.value)
     check_eval_tokens(_TOKENS.value, config.data if _CONFIG.value is None else _CONFIG.value.data)
+    if _CONFIG.value is not None:
+        check_same_tokenizer(config.data, _CONFIG.value.data, '--config')
     bootstrap(config)
     own_data, own_protocol = _CONFIG.value is None, protocol(config.data)
     if not own_data:

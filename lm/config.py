@@ -152,7 +152,14 @@ def with_values(
     """A copy of `base` with `{'model.dtype': 'bfloat16', ...}` set (every key must exist)."""
     config = ml_collections.ConfigDict(copy.deepcopy(base.to_dict()))
     for key, value in values.items():
-        set_key(config, key, value)
+        like = get_key(config, key)
+        try:
+            set_key(config, key, value)
+        except TypeError:  # ConfigDict keeps each key's type
+            raise ValueError(
+                f'{key}={value!r} is {_a_type(type(value))}; the config has '
+                f'{_a_type(type(like))} there ({like!r})'
+            ) from None
     return config
 
 

@@ -90,6 +90,7 @@ def ctx(tmp_path_factory):
     )
     (root / 'random.bin').write_bytes(bytes(range(256)) * 64)
     (root / 'one_paragraph.txt').write_text('a single document\n')
+    (root / 'short.txt').write_text(stdlib_text(150))  # 16 validation tokens: one window
     (root / 'a_file').write_text('not a directory\n')
     (root / 'broken_tokenizer.json').write_text('{"model": ')
     (root / 'not_tokenizer.json').write_text('{"vocab": [1, 2, 3]}')
@@ -316,6 +317,43 @@ ROWS = [
         lambda c: [f'--config={c.good_cfg}', '--config.model.vocab_size=2000000000'],
         r'config\.model needs at least [\d.]+ GiB .*\(vocab_size=2000000000, .*more than the '
         r'[\d.]+ GiB of the 1 device: a smaller model or more devices$',
+    ),
+    (
+        'model_vocab_below_the_byte_tokenizer',  # before any text is read
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.model.vocab_size=100'],
+        r'config\.model\.vocab_size=100 is smaller than the tokenizer vocabulary \(258, '
+        r"config\.data\.tokenizer='byte'\)$",
+    ),
+    (
+        'model_vocab_below_the_bpe_to_train',  # before the BPE is trained and the text encoded
+        TRAIN,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            '--config.data.tokenizer=bpe',
+            '--config.model.vocab_size=600',
+            f'--config.data.cache_dir={c.root}/cache_of_a_refused_bpe',
+        ],
+        r'config\.model\.vocab_size=600 is smaller than config\.data\.bpe_vocab_size=4096',
+    ),
+    (
+        'eval_other_text_of_one_window',  # not 'one batch of config.train.batch_size'
+        EVAL,
+        lambda c: [  # the text is tokenised (and cached, outside the digest) to count its tokens
+            f'--config={c.good_cfg}',
+            f'--config.data.path={c.root}/short.txt',
+            f'--config.data.cache_dir={c.root.parent}/cache_of_short_text',
+        ],
+        r'the validation split has 16 tokens, fewer than the 18 of two evaluation windows of '
+        r'config\.data\.seq_len=\d+ targets',
+    ),
+    (
+        'eval_text_by_another_tokenizer',  # its ids are not the ones the checkpoint embeds
+        EVAL,
+        lambda c: [f'--config={c.good_cfg}', '--config.data.tokenizer=bpe'],
+        r'^error: --config: the data would be tokenised by a BPE to be trained on config\.data\.'
+        r"source='text', path='.*small\.txt', not by the run's \(config\.data\.tokenizer="
+        r"'byte'\), whose token ids the checkpoint embeds$",
     ),
     (
         'data_path_that_stdlib_ignores',  # it would train on Python's .py files instead
@@ -799,6 +837,7 @@ GET_POINTS = {  # sweep files: the body of get_points()
     'get_points_raises': 'return 1 / 0',
     'point_value_of_another_type': "return [{'name': 'a', 'model.num_heads': 'x'}]",
     'point_named_pareto': "return [{'name': 'pareto'}]",
+    'points_empty': 'return []',
     'kv_points': "return [{'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0}, "
     "{'name': 'gqa2', 'model.attention': 'gqa', 'model.num_kv_heads': 2}]",
 }
@@ -1084,7 +1123,12 @@ EARLY = [
             ('point_not_a_dict', r'point 1 is 1, not a dict of settings'),
             ('point_seeds_zero', r'point 1 has seeds=0; expected >= 1'),
             ('get_points_raises', r'get_points\(\) of .* failed: ZeroDivisionError'),
-            ('point_value_of_another_type', r"sweep point a: .*'num_heads'"),
+            (
+                'point_value_of_another_type',
+                r"sweep point a: model\.num_heads='x' is a str; the config has an int there "
+                r'\(\d+\)$',
+            ),
+            ('points_empty', r'get_points\(\) of .* returned no points: list at least one'),
             (
                 'point_named_pareto',
                 r"sweep point pareto: 'pareto' is the TensorBoard run of the "

@@ -209,6 +209,31 @@ def test_bpe_is_trained_once_and_cached(tmp_path):
     assert again.tokenizer.encode(sample) == tok.encode(sample)
 
 
+def test_tokenizer_identity_tells_a_bpe_trained_on_other_text_without_training_it(tmp_path):
+    """eval.py's check that other data is tokenised as the run was: a BPE is named by its
+    cached file (equal to a tokenizer.json naming that file), a BPE not yet trained by its text,
+    and nothing is trained to tell them apart."""
+    from lm.data.corpus import tokenizer_identity
+
+    a, b = write(tmp_path, 'a.txt', stdlib_text(50_000)), write(tmp_path, 'b.txt', 'other ' * 9000)
+    bpe_a = data_config(tmp_path, source='text', path=a, tokenizer='bpe', bpe_vocab_size=600)
+    untrained = tokenizer_identity(bpe_a)
+    assert untrained.key[0] == 'bpe' and untrained.file == ''
+    assert not (tmp_path / 'cache' / 'tokenizers').exists()  # nothing trained to tell
+    load_corpus(bpe_a)
+    trained = tokenizer_identity(bpe_a)
+    assert trained.file and trained.name == f'the BPE {trained.file}'
+    as_file = data_config(tmp_path, source='text', path=b, tokenizer=trained.file)
+    assert tokenizer_identity(as_file).key == trained.key  # other text, the run's BPE
+    bpe_b = data_config(tmp_path, source='text', path=b, tokenizer='bpe', bpe_vocab_size=600)
+    assert tokenizer_identity(bpe_b).key != trained.key  # a BPE of other text: other ids
+    eos = data_config(tmp_path, source='text', path=b, tokenizer=trained.file, eos_token='<pad>')
+    assert tokenizer_identity(eos).key != trained.key
+    byte = tokenizer_identity(data_config(tmp_path, source='text', path=b))
+    assert byte.key == tokenizer_identity(data_config(tmp_path, source='passkey')).key
+    assert byte.key != tokenizer_identity(data_config(tmp_path, source='mqar')).key
+
+
 def test_train_batches_are_pure_and_hosts_disjoint():
     tokens = np.arange(10_000, dtype=np.uint16)
     kw = dict(seed=3, batch_size=8, seq_len=16)

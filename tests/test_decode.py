@@ -369,6 +369,7 @@ def test_a_sampling_option_alone_keeps_the_other_defaults():
         ('top_p=0.5,temperature=0', 'temperature=0 is greedy decoding, which ignores top_p;'),
         ('greedy,top_k=3', "'greedy' takes no other options"),
         ('top_k=3,top_k=4', 'sets top_k twice'),
+        ('', "sampling '': expected 'greedy' or name=value options"),  # not silently greedy
     ],
 )
 def test_sampling_specs_that_cancel_are_refused(spec, message):

@@ -8,7 +8,10 @@ from lm import public_face
 __all__, __getattr__, __dir__ = public_face(
     __name__,
     {
-        'corpus': ('Corpus', 'cache_dir', 'load_corpus', 'load_tokenizer'),
+        'corpus': (
+            *('Corpus', 'cache_dir', 'check_same_tokenizer', 'load_corpus', 'load_tokenizer'),
+            'tokenizer_identity',
+        ),
         'files': ('stdlib_files',),
         'tokenizer': ('Tokenizer', 'train_bpe'),
         'windows': ('call_batch', 'eval_batches', 'eval_windows', 'train_batch'),

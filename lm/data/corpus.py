@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import ml_collections
 import numpy as np
@@ -32,7 +33,7 @@ from lm.data.cache import SPLITS, Piece, exclusive, load_or_build
 from lm.data.checks import check_data_config
 from lm.data.files import stdlib_source, text_paths, text_source
 from lm.data.parts import split_corpus
-from lm.data.recall import LABEL_FLAG, TASKS, RecallTask
+from lm.data.recall import LABEL_FLAG, MQAR_SOURCES, TASKS, RecallTask
 from lm.data.tokenizer import (
     ByteTokenizer,
     HFTokenizer,
@@ -166,9 +167,7 @@ def _tokenizer(data: ml_collections.ConfigDict, source: Source | None) -> Tokeni
     if data.tokenizer == 'byte':
         return ByteTokenizer()
     if data.tokenizer == 'bpe':
-        path = os.path.join(
-            cache_dir(data), 'tokenizers', f'bpe-{source.fingerprint}-{data.bpe_vocab_size}.json'
-        )
+        path = _bpe_path(data, source)
         if not os.path.isfile(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with exclusive(path + '.lock', f'the tokenizer {path}'):
@@ -203,6 +202,90 @@ def load_tokenizer(data: ml_collections.ConfigDict) -> Tokenizer:
     return _tokenizer(data, _source(data))
 
 
+def _bpe_path(data: ml_collections.ConfigDict, source: Source) -> str:
+    """Where the BPE of `data` trained on `source` is cached."""
+    name = f'bpe-{source.fingerprint}-{data.bpe_vocab_size}.json'
+    return os.path.join(cache_dir(data), 'tokenizers', name)
+
+
+def _file_digest(path: str) -> str:
+    with open(path, 'rb') as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+class TokenizerIdentity(NamedTuple):
+    """What decides a tokenizer's ids (`key`), its name for messages, and its tokenizer.json
+    (`file`, '' if none)."""
+
+    key: tuple
+    name: str
+    file: str = ''
+
+
+def tokenizer_identity(data: ml_collections.ConfigDict) -> TokenizerIdentity:
+    """The identity of `data`'s tokenizer, without training one: the byte tokenizer (a passkey
+    task's too); an MQAR task's symbols; a tokenizer.json's bytes and EOS token; a BPE by its
+    cached file (as a tokenizer.json naming that file would be) or, not yet trained, by its
+    training text and size: a BPE trained on other text gives other ids."""
+    if data.source in MQAR_SOURCES:
+        return TokenizerIdentity(('symbols', data.recall_vocab), f'the {data.source} symbols')
+    if data.source in TASKS or data.tokenizer == 'byte':  # passkey writes bytes
+        return TokenizerIdentity(('byte',), "config.data.tokenizer='byte'")
+    if data.tokenizer != 'bpe':
+        key = ('json', _file_digest(data.tokenizer), data.eos_token)
+        return TokenizerIdentity(key, f'config.data.tokenizer={data.tokenizer!r}', data.tokenizer)
+    source = _source(data)
+    if os.path.isfile(path := _bpe_path(data, source)):
+        return TokenizerIdentity(('json', _file_digest(path), ''), f'the BPE {path}', path)
+    where = f'config.data.source={data.source!r}' + (f', path={data.path!r}' if data.path else '')
+    key = ('bpe', source.fingerprint, data.bpe_vocab_size)
+    return TokenizerIdentity(key, f'a BPE to be trained on {where}')
+
+
+def check_same_tokenizer(
+    run_data: ml_collections.ConfigDict, data: ml_collections.ConfigDict, flag: str
+) -> None:
+    """Other data for a trained run (`flag`'s) must be tokenised as the run's was (`run_data`:
+    its checkpoint embeds its tokenizer's ids): the same byte or tokenizer.json tokenizer, or
+    the run's own BPE (trained on its text, named by its cached file), never a BPE trained on
+    other text."""
+    try:
+        run = tokenizer_identity(run_data)
+    except (OSError, ValueError) as e:  # a BPE's training text that is not here
+        raise ValueError(
+            f"{flag}: cannot tell the run's tokenizer, a BPE trained on its text "
+            f'({type(e).__name__}: {e}): give that tokenizer.json as --config.data.tokenizer'
+        ) from None
+    given = tokenizer_identity(data)
+    if given.key != run.key:
+        hint = f': give --config.data.tokenizer={run.file}' if run.file else ''
+        raise ValueError(
+            f"{flag}: the data would be tokenised by {given.name}, not by the run's "
+            f'({run.name}), whose token ids the checkpoint embeds{hint}'
+        )
+
+
+def check_vocab_fits(data: ml_collections.ConfigDict, vocab_size: int) -> None:
+    """Refuses, before any text is read or a BPE trained, a text tokenizer with more tokens than
+    a given `vocab_size` (config.model.vocab_size; 0 = the tokenizer's) can embed: a BPE is
+    trained to config.data.bpe_vocab_size tokens (at most), a byte or tokenizer.json one has
+    its own size. A recall task's tokenizer is checked once it is built."""
+    if not vocab_size or data.source in TASKS:
+        return
+    if data.tokenizer == 'bpe':
+        if data.bpe_vocab_size > vocab_size:
+            raise ValueError(
+                f'config.model.vocab_size={vocab_size} is smaller than config.data.bpe_vocab_size'
+                f'={data.bpe_vocab_size}, the vocabulary the BPE is trained to (the model must '
+                'embed every token of its tokenizer)'
+            )
+    elif (size := load_tokenizer(data).vocab_size) > vocab_size:
+        raise ValueError(
+            f'config.model.vocab_size={vocab_size} is smaller than the tokenizer vocabulary '
+            f'({size}, config.data.tokenizer={data.tokenizer!r})'
+        )
+
+
 def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
     """Tokenised train and validation splits, built once (by one process) and cached by
     fingerprint (`lm.data.cache`), cut into the parts `config.data.split` names
@@ -231,25 +314,30 @@ def load_corpus(data: ml_collections.ConfigDict) -> Corpus:
     return split_corpus(Corpus(tokens, meta['num_bytes'], tok, fingerprint), data)
 
 
-def check_corpus_size(corpus: Corpus, batch_size: int, seq_len: int) -> None:
-    """The training split must hold one batch of windows; the validation split more than one
-    window's targets (its evaluation windows are cut from what it has, the last one partial,
-    `lm.data.windows`; the standard error is over windows, as for config.eval_tokens). A
-    recall task generates its batches, and its example sets are scored in padded batches."""
+def check_corpus_size(corpus: Corpus, batch_size: int | None, seq_len: int) -> None:
+    """A run that trains (`batch_size` given) needs one batch of windows in the training split;
+    every split evaluated needs more than one window's targets (its evaluation windows are cut
+    from what it has, the last one partial, `lm.data.windows`; the standard error is over
+    windows, as for config.eval_tokens): the validation split always, the training split when
+    nothing trains on it. A recall task generates its batches, and its example sets are
+    scored in padded batches."""
     if corpus.task is not None:
         return
     size = len(corpus.tokens['train'])
-    if size < batch_size * seq_len + 1:
+    if batch_size is not None and size < batch_size * seq_len + 1:
         raise ValueError(
             f'the train split has {size} tokens, fewer than one batch '
             f'(config.train.batch_size={batch_size} x config.data.seq_len={seq_len} + 1)'
         )
-    if (size := len(corpus.tokens['validation'])) < seq_len + 2:
-        raise ValueError(
-            f'the validation split has {size} tokens, fewer than the {seq_len + 2} of two '
-            f'evaluation windows of config.data.seq_len={seq_len} targets (the standard error is '
-            'over windows): raise config.data.val_fraction or give more text'
-        )
+    for split in ('validation',) if batch_size is not None else ('validation', 'train'):
+        if (size := len(corpus.tokens[split])) < seq_len + 2:
+            raise ValueError(
+                f'the {split} split has {size} tokens, fewer than the {seq_len + 2} of two '
+                f'evaluation windows of config.data.seq_len={seq_len} targets (the standard error '
+                'is over windows): give more text'
+                + (', a larger config.data.val_fraction' if split == 'validation' else '')
+                + ' or a smaller config.data.seq_len'
+            )
 
 
 def _recall_corpus(data: ml_collections.ConfigDict) -> Corpus:

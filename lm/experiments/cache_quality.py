@@ -13,6 +13,7 @@ from collections.abc import Callable
 import ml_collections
 from flax import nnx
 
+from lm.data.corpus import check_same_tokenizer
 from lm.data.files import split_paths
 from lm.experiments.runner import arm_and_seed, read_result
 from lm.infer.cached_eval import make_cached_eval_step
@@ -254,6 +255,8 @@ def heldout_rows(
     names = [os.path.basename(workdir) for _, workdir in runs]
     trained = {n: c.data.to_dict() for n, c in zip(names, configs, strict=True)}
     check_one_task(trained, data.to_dict(), overridden)
+    for name, config in zip(names, configs, strict=True):
+        check_same_tokenizer(config.data, data, f'--config (run {name})')
     out = []
     for ((arm, seed), workdir), config, step in zip(runs, configs, steps, strict=True):
         config.data = data

@@ -149,8 +149,10 @@ def _points_of(module: types.ModuleType) -> list[dict]:
         points = module.get_points()
     except Exception as e:  # noqa: BLE001  (the sweep file's own code: said in one line)
         raise ValueError(f'{where} failed: {type(e).__name__}: {e}') from None
-    if not isinstance(points, list | tuple) or not points:
+    if not isinstance(points, list | tuple):
         raise ValueError(f'{where} returned {type(points).__name__}, not a list of points')
+    if not points:
+        raise ValueError(f'{where} returned no points: list at least one (a dict of settings)')
     for i, point in enumerate(points):
         if not isinstance(point, dict) or not all(isinstance(k, str) for k in point):
             raise ValueError(

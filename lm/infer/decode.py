@@ -76,8 +76,10 @@ def parse_sampling(spec: str) -> Sampling:
     """'greedy', or comma-separated options such as 'temperature=0.8,top_k=40,top_p=0.95'.
     An option left out keeps its default (temperature 1.0: 'top_p=0.9' samples); options that
     cancel each other (top_k or top_p with temperature=0, which is greedy) are refused."""
-    if spec.strip() in ('', 'greedy'):
+    if spec.strip() == 'greedy':
         return GREEDY
+    if not spec.strip():  # an empty flag is more likely a lost value than a wish for greedy
+        raise ValueError("sampling '': expected 'greedy' or name=value options (temperature=0.8)")
     options: dict[str, float | int] = {}
     for item in spec.split(','):
         if item.strip() == 'greedy':

@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 from lm.config import check_value_types, default_values
 from lm.config_migration import upgrade_config
 from lm.data.checks import check_data_config, check_idle_data
-from lm.data.corpus import Corpus, check_corpus_size, load_corpus
+from lm.data.corpus import Corpus, check_corpus_size, check_vocab_fits, load_corpus
 from lm.data.recall import TASKS
 from lm.model.config import ModelConfig, check_idle_rope_knobs
 from lm.model.transformer import check_model_config, model_config
@@ -249,7 +249,8 @@ def assemble(
     try:
         if state == 'resume':  # before the data is read (and a tokenizer trained) for nothing
             _check_resume_config(config, workdir, allow_config_change)
-        corpus, cfg = _data_and_model(config, data, check, check_size=not saved)
+        trains = state in ('init', 'resume')
+        corpus, cfg = _data_and_model(config, data, check, not saved, trains)
         eos = corpus.tokenizer.eos_id if corpus and config.data.document_mask else None
         ctx = step_context(config, cfg, mesh, rules, eos)
         with jax.set_mesh(mesh):
@@ -285,14 +286,22 @@ def _source_config(
 
 
 def _data_and_model(
-    config: ml_collections.ConfigDict, data: bool, check: Callable | None, check_size: bool
+    config: ml_collections.ConfigDict,
+    data: bool,
+    check: Callable | None,
+    check_size: bool,
+    trains: bool,
 ) -> tuple[Corpus | None, ModelConfig]:
-    """(the corpus or None, the model config); `config.model.vocab_size` is resolved."""
+    """(the corpus or None, the model config); `config.model.vocab_size` is resolved. With
+    `check_size`, the splits must hold what the run reads: a batch to train on if it `trains`,
+    two evaluation windows of each split evaluated."""
     corpus = None
     if data:
+        check_vocab_fits(config.data, config.model.vocab_size)  # before a BPE is trained
         corpus = load_corpus(config.data)
-        if check_size:  # a batch of each split, for training and evaluation
-            check_corpus_size(corpus, config.train.batch_size, config.data.seq_len)
+        if check_size:
+            batch = config.train.batch_size if trains else None
+            check_corpus_size(corpus, batch, config.data.seq_len)
     cfg = model_config(config.model, corpus.tokenizer.vocab_size if corpus else None)
     config.model.vocab_size = cfg.vocab_size
     if check is not None:
