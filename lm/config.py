@@ -108,6 +108,12 @@ def parse_value(key: str, raw: str, like: Any, flag: str = 'config') -> Any:
     """`raw` parsed with the type of `like`, the config's current value at `key`."""
     if isinstance(like, ml_collections.ConfigDict):
         raise ValueError(f'{flag}: {key!r} is a section, not a value')
+    if isinstance(like, tuple | list):  # '4,2,2,1' or '(4, 2, 2, 1)': ints, as the CLI reads
+        items = raw.strip().strip('()[]').replace(' ', '')
+        try:
+            return tuple(int(v) for v in items.split(',') if v) if items else ()
+        except ValueError:
+            raise ValueError(f'{flag} {key}: {raw!r} is not a tuple of ints (4,2,2,1)') from None
     try:
         if isinstance(like, bool):
             if raw.lower() not in ('true', 'false', '1', '0'):
@@ -226,6 +232,11 @@ def check_config_file(spec: str, flag: str = '--config') -> ml_collections.Confi
         raise ValueError(
             f'{where}: get_config() returned {type(config).__name__}, '
             'not an ml_collections.ConfigDict'
+        )
+    if isinstance(config, ml_collections.FrozenConfigDict):  # overrides could not be set
+        raise ValueError(
+            f'{where}: get_config() returned a FrozenConfigDict; return an '
+            'ml_collections.ConfigDict (the command line and sweeps set values on it)'
         )
     return config
 

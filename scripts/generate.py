@@ -87,7 +87,7 @@ def read_prompts() -> list[str]:
     prompts = list(_PROMPTS.value or [])
     if _PROMPTS_FILE.value is not None:
         try:
-            with open(_PROMPTS_FILE.value, encoding='utf-8') as f:
+            with open(_PROMPTS_FILE.value, encoding='utf-8-sig') as f:  # a BOM is no text
                 prompts += [line.rstrip('\r\n') for line in f if line.strip()]
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f'--prompts_file={_PROMPTS_FILE.value!r}: {e}') from None

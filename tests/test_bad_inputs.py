@@ -84,6 +84,10 @@ def ctx(tmp_path_factory):
     (root / 'syntax.py').write_text('def get_config(:\n')
     (root / 'no_get.py').write_text('x = 1\n')
     (root / 'not_config.py').write_text('def get_config():\n    return 3\n')
+    (root / 'frozen.py').write_text(
+        f'import ml_collections\nfrom lm.config import load_config_file\n\n\ndef get_config():\n'
+        f'    return ml_collections.FrozenConfigDict(load_config_file({str(c.good_cfg)!r}))\n'
+    )
     (root / 'partial.py').write_text(
         'import ml_collections\n\n\ndef get_config():\n'
         "    return ml_collections.ConfigDict({'seed': 0})\n"
@@ -213,6 +217,12 @@ ROWS = [
         TRAIN,
         lambda c: [f'--config={c.root}/not_config.py'],
         r'--config=.*returned int, not an ml_collections\.ConfigDict',
+    ),
+    (
+        'config_frozen',  # not "a --config.* override does not fit" with no override given
+        TRAIN,
+        lambda c: [f'--config={c.root}/frozen.py'],
+        r'--config=.*frozen\.py: get_config\(\) returned a FrozenConfigDict; return an ml_',
     ),
     (
         'config_lacks_keys',
@@ -955,6 +965,18 @@ EARLY = [
         lambda c: [f'--sweep_dir={c.cla_sweep}', f'--out={c.root}'],
         r'--out=.* is a directory; give a CSV file path',
     ),
+    *[
+        (  # a data file or a README is never replaced by a table
+            f'{os.path.basename(script)[:-3]}_out_not_a_csv',
+            script,
+            lambda c, extra=extra: [f'--sweep_dir={c.cla_sweep}', *extra(c), f'--out={c.text}'],
+            r'--out=.*small\.txt: expected a file name ending in \.csv$',
+        )
+        for script, extra in (
+            (CACHE_Q, lambda c: []),
+            (EVAL_SWEEP, lambda c: [f'--config={c.good_cfg}']),
+        )
+    ],
     (
         'cache_quality_cla_run_before_evaluating',
         CACHE_Q,

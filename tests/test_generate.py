@@ -131,6 +131,8 @@ def test_generate_refuses_what_does_not_fit_the_context_before_any_work(tiny_run
     long_prompt = 'the ' * 10  # 40 tokens (the fixture's tokens are letters and pairs)
     prompts = tmp_path / 'prompts.txt'
     prompts.write_text(f'a cat\n\n{long_prompt}\n', encoding='utf-8')
+    with_bom = tmp_path / 'bom.txt'  # as some editors save UTF-8: the BOM is not the prompt's
+    with_bom.write_bytes(b'\xef\xbb\xbf' + long_prompt.encode() + b'\r\n')
     cases = [
         (
             [f'--prompt={long_prompt}'],
@@ -145,6 +147,11 @@ def test_generate_refuses_what_does_not_fit_the_context_before_any_work(tiny_run
         (
             ['--prompt=the', f'--prompts_file={prompts}'],
             "error: prompt 3 ('the the the the the the the th...') is 40 tokens, longer than "
+            "the model's context of 32 positions: no new token fits",
+        ),
+        (
+            ['--prompt=the', f'--prompts_file={with_bom}'],
+            "error: prompt 2 ('the the the the the the the th...') is 40 tokens, longer than "
             "the model's context of 32 positions: no new token fits",
         ),
         (

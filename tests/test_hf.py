@@ -210,6 +210,11 @@ def test_export_shards_and_sharded_import(tmp_path):
     assert not (tmp_path / 'hf' / 'model.safetensors').exists()
     import_hf(str(tmp_path / 'hf'), str(tmp_path / 'back'), base_config())
     assert_bitwise_equal(flat_params(tmp_path / 'run'), flat_params(tmp_path / 'back'))
+    # a single file beside the index is another checkpoint (transformers would load it)
+    shutil.copy(FIXTURES / 'llama_gqa' / 'model.safetensors', tmp_path / 'hf')
+    with pytest.raises(ValueError, match=r'holds both model\.safetensors and model\.safetensors\.'):
+        import_hf(str(tmp_path / 'hf'), str(tmp_path / 'again'), base_config())
+    assert not (tmp_path / 'again').exists()
 
 
 def test_bf16_checkpoint_stays_bf16(tmp_path):

@@ -38,6 +38,15 @@ def test_export_into_a_non_empty_dir_is_refused(tmp_path):
         hf_io.export_hf(str(tmp_path / 'run'), str(out))
     assert '\n' not in str(e.value)
     assert contents(out) == {'notes.txt': b'mine'}
+    # overwrite replaces an earlier export, never a folder of one's own (a mistyped path)
+    with pytest.raises(ValueError, match=r'out_dir=.* does not look like a Hugging Face export '
+                       r'\(no config\.json and safetensors weights\): overwrite=True'):  # fmt: skip
+        hf_io.export_hf(str(tmp_path / 'run'), str(out), overwrite=True)
+    hf_io.export_hf(str(tmp_path / 'run'), str(tmp_path / 'project'))
+    (tmp_path / 'project' / '.git').mkdir()  # an export inside a git checkout of one's own
+    with pytest.raises(ValueError, match=r'export \(the folder \.git\): overwrite=True replaces'):
+        hf_io.export_hf(str(tmp_path / 'run'), str(tmp_path / 'project'), overwrite=True)
+    assert contents(out) == {'notes.txt': b'mine'}
 
 
 @pytest.mark.slow

@@ -239,6 +239,13 @@ def test_grid_product_and_names(tmp_path, small_text):
         {'data.passkey_lengths': '64,128'},
         {'data.passkey_lengths': '256'},
     ]
+    # a tuple setting: one tuple per ';'-separated value, named by its items
+    grid = parse_grid(config, ['model.kv_heads_per_layer=(2,1);2,2'])
+    assert grid == [
+        {'model.kv_heads_per_layer': (2, 1)},
+        {'model.kv_heads_per_layer': (2, 2)},
+    ]
+    assert run_name(grid[0], point_config(config, grid[0])).endswith('_kv_heads_per_layer2-1')
     with pytest.raises(ValueError, match=r"'1.5' is not an int"):
         parse_grid(config, ['model.num_heads=1.5'])
     with pytest.raises(ValueError, match=r'--grid: model.num_heads is given twice'):

@@ -96,6 +96,11 @@ class SafetensorsReader:
         single = os.path.join(directory, 'model.safetensors')
         if os.path.isfile(index):
             weight_map = _read_index(index)
+            if os.path.isfile(single) and 'model.safetensors' not in weight_map.values():
+                raise ValueError(  # transformers would load the single file, lm the shards
+                    f'{directory} holds both model.safetensors and model.safetensors.index.json '
+                    'naming other shards: two checkpoints; keep the one that is the model'
+                )
             self.files = {n: os.path.join(directory, p) for n, p in weight_map.items()}
         elif os.path.isfile(single):
             check_safetensors(single)

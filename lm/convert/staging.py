@@ -39,8 +39,25 @@ def check_export_dir(
     check_apart(out_dir, setting, workdir, "the run's workdir")
     if overwrite:
         check_replaceable(out_dir, setting, option)
+        _check_an_export(out_dir, setting, option)
     else:
         _check_empty(out_dir, setting, option)
+
+
+def _check_an_export(path: str, setting: str, option: str) -> None:
+    """`option` replaces an earlier export whole: a non-empty `path` must look like one (a
+    config.json and safetensors weights, files only), never a project, a git checkout or a
+    folder of data that a mistyped path named."""
+    if not os.path.isdir(path) or not (held := os.listdir(path)):
+        return
+    weights = {'model.safetensors', 'model.safetensors.index.json'} & set(held)
+    folders = sorted(n for n in held if os.path.isdir(os.path.join(path, n)))
+    if 'config.json' not in held or not weights or folders:
+        why = f'the folder {folders[0]}' if folders else 'no config.json and safetensors weights'
+        raise ValueError(
+            f'{setting}={path!r} does not look like a Hugging Face export ({why}): {option} '
+            'replaces only an earlier export; give a new or empty directory'
+        )
 
 
 def check_import_dir(

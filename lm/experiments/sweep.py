@@ -98,8 +98,12 @@ def run_name(point: dict[str, Any], config: ml_collections.ConfigDict) -> str:
 def value_parts(values: dict[str, Any]) -> list[str]:
     """A run name's parts for these values: {'train.lr': 0.001} -> ['lr0.001'], with any
     character a directory or CSV name should not hold as '-' ('128,256' -> '128-256')."""
+
+    def text(value: Any) -> str:
+        return '-'.join(map(str, value)) if isinstance(value, tuple | list) else str(value)
+
     return [
-        SHORT.get(key, key.split('.')[-1]) + re.sub(r'[^A-Za-z0-9.+-]', '-', str(value))
+        SHORT.get(key, key.split('.')[-1]) + re.sub(r'[^A-Za-z0-9.+-]', '-', text(value))
         for key, value in values.items()
     ]
 
