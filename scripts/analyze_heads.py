@@ -47,6 +47,7 @@ from lm.train import (
     A_RUN,
     StopRequest,
     check_logdir_owner,
+    check_not_in_checkpoints,
     claim_logdir,
     directory_kind,
     run_logdir,
@@ -125,6 +126,7 @@ def check_out(out: str) -> None:
     """One-line error for an --out whose files an analysis would replace but no analysis wrote:
     a training run or sweep directory, or a directory holding one of the names `write` makes
     without an earlier analysis's heads.csv."""
+    check_not_in_checkpoints(out, '--out')
     if kind := directory_kind(out):  # its summary.md and figures are not ours to replace
         inside = os.path.join(out, 'heads')
         raise ValueError(

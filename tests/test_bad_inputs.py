@@ -716,6 +716,19 @@ ROWS = [
             ('a_run', lambda c: c.sweep / 'mha_s0', 'a training run'),
         )
     ],
+    (  # it would be taken for an unreadable checkpoint, or deleted with one
+        'analyze_heads_out_inside_a_runs_checkpoints',
+        'scripts/analyze_heads.py',
+        lambda c: [f'--workdir={c.run}', f'--out={c.run}/checkpoints/4', '--max_batches=1'],
+        r"--out='.*/run/checkpoints/4' is inside the run .*/run's checkpoints/, where it would be "
+        r'taken for a checkpoint or deleted with one',
+    ),
+    (
+        'train_tb_dir_a_runs_checkpoints',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', f'--tb_dir={c.run}/checkpoints'],
+        r"--tb_dir='.*/run/checkpoints/new_train_tb_dir_a_runs_checkpoints' is inside the run ",
+    ),
     (
         'eval_sweep_out_is_the_sweeps_own_file',
         'scripts/eval_sweep.py',

@@ -137,6 +137,17 @@ def test_hf_source_from_local_files(tmp_path):
     # val_fraction 0.1 with no hf_eval_split: every 10th document is held out, the rest trains.
     assert numbers['validation'] == list(range(9, 200, 10))
     assert numbers['train'] == [i for i in range(200) if i % 10 != 9]
+    # the cache is keyed by the files' bytes: a changed file is read again, not the old tokens
+    with open(path, 'w', encoding='utf-8') as f:
+        f.write('\n'.join(lines[:100]))
+    assert len(load_corpus(data).tokens['train']) < 0.6 * len(corpus.tokens['train'])
+    copy = write(tmp_path, 'copy.txt', '\n'.join(lines[:100]))
+    with pytest.raises(ValueError, match=r"'.*copy\.txt' holds the same bytes as '.*docs\.txt'"):
+        load_corpus(data_config(tmp_path, source='hf', hf_name='text', path=f'{path},{copy}'))
+    with pytest.raises(ValueError, match=r"^config\.data\.hf_eval_split='train' is hf_split: "):
+        load_corpus(
+            data_config(tmp_path, source='hf', hf_name='text', path=path, hf_eval_split='train')
+        )
 
 
 def test_hf_text_groups_paragraphs_into_documents_and_logs_sizes(tmp_path, caplog):

@@ -305,6 +305,20 @@ def test_members_spread_over_two_devices_and_a_split_member_evaluates(tmp_path, 
     assert sorted(os.listdir(tmp_path / 'members')) == [f'seed_{s}' for s in range(4)]
     refused = run_entry('eval.py', f'--workdir={tmp_path / "two"}')
     assert refused.returncode != 0 and 'scripts/split_ensemble.py' in refused.stderr
+    refused = run_entry(  # before the first run is analysed, not after
+        'scripts/analyze_heads.py',
+        f'--workdir={tmp_path / "members" / "seed_0"}',
+        f'--compare={tmp_path / "two"}',
+        f'--out={tmp_path / "heads"}',
+    )
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f'error: --compare={tmp_path / "two"}: {tmp_path / "two"} is an ensemble of 4 members'
+        )
+    )
+    assert not (tmp_path / 'heads').exists()
     out = run_entry('eval.py', f'--workdir={tmp_path / "members" / "seed_1"}', check=True)
     member = json.loads((tmp_path / 'two' / 'results.json').read_text())['members'][1]
     loss = json.loads(out.stdout.strip().splitlines()[-1])['loss']

@@ -21,7 +21,7 @@ from lm.data.windows import eval_windows, window_targets
 from lm.model import attention
 from lm.train.checkpoint import saved_steps
 from lm.train.run import assemble
-from lm.train.stored import check_step
+from lm.train.stored import check_step, stored_config
 
 SCORES = ('previous_token', 'induction', 'duplicate_token', 'sink', 'entropy')
 CSV_COLUMNS = ('run', 'layer', 'head', *SCORES)
@@ -72,8 +72,9 @@ def run_label(workdir: str, step: int) -> str:
 
 def check_runs(specs: list[tuple[str, int | None, str]]) -> None:
     """Refuses, before any work, a (workdir, step, flag) whose workdir holds no checkpoint or no
-    checkpoint at `step` (the error names the steps it holds), and a run given twice (or two
-    whose labels, <workdir name>@<step>, would clash in the outputs)."""
+    checkpoint at `step` (the error names the steps it holds), a seed ensemble (split a member
+    out first), and a run given twice (or two whose labels, <workdir name>@<step>, would clash
+    in the outputs)."""
     seen: dict[str, str] = {}
     for workdir, step, flag in specs:
         steps = saved_steps(workdir)
@@ -81,6 +82,11 @@ def check_runs(specs: list[tuple[str, int | None, str]]) -> None:
         if step is not None and step not in steps:
             held = ', '.join(map(str, steps))
             raise ValueError(f'{flag}: {workdir} has no checkpoint at step {step} (steps: {held})')
+        if members := stored_config(workdir, step=step).train.ensemble:  # before any analysis
+            raise ValueError(
+                f'{flag}: {workdir} is an ensemble of {members} members (config.train.ensemble);'
+                ' split one out first: scripts/split_ensemble.py'
+            )
         label = run_label(workdir, steps[-1] if step is None else step)
         if label in seen:
             raise ValueError(

@@ -84,6 +84,11 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
         _check_distinct_files(text_paths(data))
     if data.source == 'hf' and not data.hf_name:
         raise ValueError("config.data.hf_name must be set for source='hf'")
+    if data.source == 'hf' and data.hf_eval_split == data.hf_split:
+        raise ValueError(
+            f'config.data.hf_eval_split={data.hf_eval_split!r} is hf_split: validation would be '
+            "the training documents; name another split, or '' to hold out every 10th document"
+        )
     if data.source == 'stdlib' and data.path:
         raise ValueError(
             f"config.data.path={data.path!r} does nothing for source='stdlib', which reads this "

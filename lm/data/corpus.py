@@ -31,7 +31,7 @@ from absl import logging
 
 from lm.data.cache import SPLITS, Piece, exclusive, load_or_build
 from lm.data.checks import check_data_config
-from lm.data.files import stdlib_source, text_paths, text_source
+from lm.data.files import file_digests, stdlib_source, text_paths, text_source
 from lm.data.parts import split_corpus
 from lm.data.recall import LABEL_FLAG, MQAR_SOURCES, TASKS, RecallTask
 from lm.data.tokenizer import (
@@ -98,7 +98,7 @@ def _source(data: ml_collections.ConfigDict) -> Source:
             data.hf_config,
             data.hf_split,
             data.hf_eval_split,
-            data.path,
+            file_digests(text_paths(data)),  # local data files: their bytes, not their names
             data.hf_text_column,
             data.hf_max_docs,
         ]

@@ -131,6 +131,29 @@ def stdlib_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Call
     return key, pieces, size
 
 
+def file_digests(paths: list[str]) -> list[str]:
+    """The sha256 of each file's bytes, read a few MB at a time; two files of the same bytes are
+    refused (their text would be read twice, and could then be in both splits)."""
+    digests: list[str] = []
+    for path in paths:
+        digest = hashlib.sha256()
+        with open(path, 'rb') as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+        _check_new_digest(digest.hexdigest(), digests, paths, path)
+    return digests
+
+
+def _check_new_digest(h: str, digests: list[str], paths: list[str], path: str) -> None:
+    """Appends `path`'s digest `h` to `digests`, refusing one already there."""
+    if h in digests:
+        raise ValueError(
+            f'config.data.path: {path!r} holds the same bytes as {paths[digests.index(h)]!r}: '
+            'its text would be read twice, and could then be in both splits; list it once'
+        )
+    digests.append(h)
+
+
 def text_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Callable]:
     """The files are hashed and checked for UTF-8 in one streaming pass before anything is
     tokenised (two files of the same bytes are refused); the last `val_fraction` of their
@@ -140,12 +163,7 @@ def text_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Callab
     for p in paths:
         digest = hashlib.sha256()
         chars += sum(len(text) for text in _decoded(p, data.decode_errors, digest))
-        if (h := digest.hexdigest()) in key:
-            raise ValueError(
-                f'config.data.path: {p!r} holds the same bytes as {paths[key.index(h)]!r}: its '
-                'text would be read twice, and could then be in both splits; list it once'
-            )
-        key.append(h)
+        _check_new_digest(digest.hexdigest(), key, paths, p)
     cut = int(chars * (1 - data.val_fraction))
     total = sum(os.path.getsize(p) for p in paths)
 

@@ -43,6 +43,7 @@ __all__, __getattr__, __dir__ = public_face(
             'WorkdirLock',
             'check_new_run_dir',
             'check_replaceable',
+            'check_not_in_checkpoints',
             'check_not_inside_a_run',
             'check_train_workdir',
             'directory_kind',

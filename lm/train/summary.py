@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from lm.train import hparams as hparams_tab
-from lm.train.workdir import read_json_object, remembered_tb_dir
+from lm.train.workdir import check_not_in_checkpoints, read_json_object, remembered_tb_dir
 
 
 def run_logdir(workdir: str, tb_dir: str = '') -> str:
@@ -34,11 +34,13 @@ OWNER_FILE = 'workdir.json'  # in a shared tb_dir's run: the workdir whose run i
 def check_logdir_owner(workdir: str, tb_dir: str, flag: str) -> None:
     """One-line error when `workdir`'s run in a shared TensorBoard directory (`tb_dir`, or the
     one it remembers) is another workdir's, one that still exists: two runs of one name there
-    would mix their curves. A run in its own `<workdir>/tb` cannot clash."""
+    would mix their curves. A run in its own `<workdir>/tb` cannot clash; one inside another
+    run's checkpoints/ would be taken for a checkpoint (`check_not_in_checkpoints`)."""
     tb_dir = tb_dir or remembered_tb_dir(workdir)
     if not tb_dir:
         return
     logdir = run_logdir(workdir, tb_dir)
+    check_not_in_checkpoints(logdir, flag)
     path = os.path.join(logdir, OWNER_FILE)
     if not os.path.exists(path):
         return

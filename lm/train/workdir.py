@@ -135,24 +135,44 @@ def check_new_run_dir(path: str, setting: str = '--workdir') -> None:
         )
 
 
+def _run_above(path: str) -> str | None:
+    """The training run that directory `path` lies inside (at any depth), or None."""
+    parent = os.path.dirname(os.path.realpath(path))
+    while parent != os.path.dirname(parent):
+        if directory_kind(parent) == A_RUN:
+            return parent
+        parent = os.path.dirname(parent)
+    return None
+
+
 def check_not_inside_a_run(path: str, setting: str) -> None:
     """One-line ValueError when directory `path`, where new runs would be made (a run, a sweep
     or an ablation), lies inside a training run: its checkpoints/ or anywhere else in it."""
-    mine = os.path.realpath(path)
-    parent = os.path.dirname(mine)
-    while parent != os.path.dirname(parent):
-        if directory_kind(parent) == A_RUN:  # its checkpoints, TensorBoard files or any subdir
-            checkpoints = os.path.join(parent, 'checkpoints')
-            where = (
-                ('is' if mine == checkpoints else 'is inside') + ' the checkpoints directory of'
-                if os.path.commonpath([mine, checkpoints]) == checkpoints
-                else 'is inside'
-            )
-            raise ValueError(
-                f'{setting}={path!r} {where} the run {parent}; give the new run a directory of '
-                'its own, outside it'
-            )
-        parent = os.path.dirname(parent)
+    if (run := _run_above(path)) is None:
+        return
+    mine, checkpoints = os.path.realpath(path), os.path.join(run, 'checkpoints')
+    where = (
+        ('is' if mine == checkpoints else 'is inside') + ' the checkpoints directory of'
+        if os.path.commonpath([mine, checkpoints]) == checkpoints
+        else 'is inside'
+    )
+    raise ValueError(
+        f'{setting}={path!r} {where} the run {run}; give the new run a directory of its own, '
+        'outside it'
+    )
+
+
+def check_not_in_checkpoints(path: str, setting: str) -> None:
+    """One-line ValueError for an output directory below a run's checkpoints/: it would be taken
+    for an unreadable checkpoint, or deleted with one (config.keep_checkpoints)."""
+    if '://' in path or (run := _run_above(path)) is None:
+        return
+    mine, checkpoints = os.path.realpath(path), os.path.join(run, 'checkpoints')
+    if mine != checkpoints and os.path.commonpath([mine, checkpoints]) == checkpoints:
+        raise ValueError(
+            f"{setting}={path!r} is inside the run {run}'s checkpoints/, where it would be taken "
+            'for a checkpoint or deleted with one; give a path outside it'
+        )
 
 
 def _with_tokenizer(saved: dict, tokenizer: str) -> dict:
