@@ -3,8 +3,10 @@ maximum position, over-long requests are refused before any work, one prompt str
 stops within seconds, non-finite parameters are refused, and peak memory follows the parameter
 bytes (no optimizer state is read)."""
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +32,7 @@ GENERATE = 'scripts/generate.py'
 DIVIDER = '-' * 40
 
 
-def write_run(workdir, d_model, seq_len, nan_in=None):
+def write_run(workdir, d_model, seq_len, nan_in=None, tokenizer=TOKENIZER):
     """A step-0 run (GQA, 4 layers, the fixture's word-level tokenizer) saved with its optimizer
     state, as training saves; `nan_in`: a parameter path given one NaN element."""
     config = tiny_config(
@@ -41,7 +43,7 @@ def write_run(workdir, d_model, seq_len, nan_in=None):
         num_heads=8,
         mlp_dim=3 * d_model,
     )
-    config.data.update(tokenizer=str(TOKENIZER), eos_token='</s>', seq_len=seq_len)
+    config.data.update(tokenizer=str(tokenizer), eos_token='</s>', seq_len=seq_len)
     run = assemble(config, state='init')
     state = run.state
     if nan_in is not None:
@@ -62,6 +64,28 @@ def tiny_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp('gen') / 'tiny'
     write_run(workdir, d_model=64, seq_len=32)
     return workdir
+
+
+def test_a_tokenizer_file_edited_after_training_is_refused(tmp_path):
+    """The checkpoint records its tokenizer.json's sha256: generation, evaluation, export and
+    resuming refuse the file once its bytes change (it would give other ids silently)."""
+    from lm.train.stored import stored_config
+
+    tokenizer = tmp_path / 'tokenizer.json'
+    shutil.copy(TOKENIZER, tokenizer)
+    write_run(tmp_path / 'run', d_model=32, seq_len=16, tokenizer=tokenizer)
+    assert stored_config(str(tmp_path / 'run')).data.tokenizer == str(tokenizer)
+    vocab = json.loads(tokenizer.read_text())
+    words = vocab['model']['vocab']
+    a, b = list(words)[5:7]
+    words[a], words[b] = words[b], words[a]  # two ids swapped
+    tokenizer.write_text(json.dumps(vocab))
+    with pytest.raises(
+        ValueError,
+        match=rf"^--workdir={tmp_path / 'run'}: config\.data\.tokenizer='{tokenizer}' changed "
+        r'since the run trained with it \(sha256 \w{12}, recorded \w{12}\); the checkpoint',
+    ):
+        stored_config(str(tmp_path / 'run'))
 
 
 def greedy_reference(workdir, prompt_ids, n):

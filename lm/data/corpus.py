@@ -242,6 +242,26 @@ def tokenizer_identity(data: ml_collections.ConfigDict) -> TokenizerIdentity:
     return TokenizerIdentity(key, f'a BPE to be trained on {where}')
 
 
+def tokenizer_file_digest(data: ml_collections.ConfigDict) -> str:
+    """The sha256 of `data`'s tokenizer.json; '' for the byte tokenizer, a BPE trained here, a
+    recall task's, or a file that is not there."""
+    if data.source in TASKS or data.tokenizer in ('byte', 'bpe'):
+        return ''
+    return _file_digest(data.tokenizer) if os.path.isfile(data.tokenizer) else ''
+
+
+def check_tokenizer_file(data: ml_collections.ConfigDict, recorded: str, where: str) -> None:
+    """One-line ValueError when the tokenizer.json `data` names is no longer the file a run
+    trained with (`recorded`: its sha256 in the checkpoint; '' = not recorded): the checkpoint
+    embeds that tokenizer's ids, so an edited file would encode and decode others silently."""
+    if recorded and (now := tokenizer_file_digest(data)) and now != recorded:
+        raise ValueError(
+            f'{where}: config.data.tokenizer={data.tokenizer!r} changed since the run trained '
+            f'with it (sha256 {now[:12]}, recorded {recorded[:12]}); the checkpoint embeds that '
+            "file's token ids: restore it"
+        )
+
+
 def check_same_tokenizer(
     run_data: ml_collections.ConfigDict, data: ml_collections.ConfigDict, flag: str
 ) -> None:

@@ -12,6 +12,7 @@ import jax
 import ml_collections
 
 from lm.config_migration import upgrade_config
+from lm.data.corpus import check_tokenizer_file, tokenizer_file_digest
 from lm.train.checkpoint import (
     Checkpointer,
     check_same_shapes,
@@ -72,12 +73,15 @@ def checkpoint_meta(
     workdir: str | None = None,
 ) -> dict:
     """The JSON side-car of a checkpoint: resolved config (and its `config_fingerprint`), data
-    position, parameter shapes. With `workdir` (where the run is, or will be once moved in), a
+    position, parameter shapes, a tokenizer.json's sha256 (`stored_config` refuses the file
+    once edited). With `workdir` (where the run is, or will be once moved in), a
     tokenizer inside the run is saved relative to it (`run_relative`)."""
     saved = json.loads(config.to_json())
     if workdir is not None:
         saved = run_relative(saved, workdir)
+    digest = tokenizer_file_digest(config.data)  # a tokenizer.json edited later is refused
     return {
+        **({'tokenizer_sha256': digest} if digest else {}),
         'config': saved,
         'config_fingerprint': config_fingerprint(ml_collections.ConfigDict(saved)),
         'data_fingerprint': data_fingerprint,
@@ -134,8 +138,11 @@ def stored_config(
     directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
     steps = saved_steps(workdir)
     check_step(steps, step, directory, flag)
-    meta = read_sound_meta(workdir, steps[-1] if step is None else step, flag)
-    return upgrade_config(run_resolved(meta['config'], workdir))
+    step = steps[-1] if step is None else step
+    meta = read_sound_meta(workdir, step, flag)
+    config = upgrade_config(run_resolved(meta['config'], workdir))
+    check_tokenizer_file(config.data, meta.get('tokenizer_sha256', ''), f'{flag}={workdir}')
+    return config
 
 
 def results_step(workdir: str) -> int | None:
