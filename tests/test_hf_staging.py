@@ -121,6 +121,10 @@ def test_import_into_a_non_empty_workdir_is_refused_unless_overwrite(tmp_path):
         hf_io.import_hf(str(FIXTURES / 'llama_mha'), str(workdir), base_config())
     assert '\n' not in str(e.value)
     assert contents(workdir / 'hf') == {'other.txt': b'keep'}
+    (workdir / 'notes.md').write_text('mine')  # a name no run writes: never replaced
+    with pytest.raises(ValueError, match=r'workdir=.* holds notes\.md, which no run or import '):
+        hf_io.import_hf(str(FIXTURES / 'llama_mha'), str(workdir), base_config(), overwrite=True)
+    (workdir / 'notes.md').unlink()
     hf_io.import_hf(str(FIXTURES / 'llama_mha'), str(workdir), base_config(), overwrite=True)
     assert not (workdir / 'hf' / 'other.txt').exists() and saved_steps(str(workdir)) == [0]
     shutil.copytree(FIXTURES / 'llama_mha', tmp_path / 'holder' / 'model')

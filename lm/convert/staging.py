@@ -10,7 +10,14 @@ import shutil
 from collections.abc import Iterator
 
 from lm.train.checkpoint import checkpoint_entries
-from lm.train.workdir import check_apart, check_replaceable, check_train_workdir, safe_name
+from lm.train.workdir import (
+    BEFORE_FIRST_CHECKPOINT,
+    RUN_FILES,
+    check_apart,
+    check_replaceable,
+    check_train_workdir,
+    safe_name,
+)
 
 
 def _check_empty(path: str, setting: str, option: str, ignore: tuple[str, ...] = ()) -> None:
@@ -82,9 +89,25 @@ def check_import_dir(
         raise FileExistsError(f'{setting}: {workdir} already holds checkpoints; choose a new one')
     if overwrite:
         check_replaceable(workdir, setting, option)
+        _check_a_run_dir(workdir, setting, option)
     else:
         _check_empty(workdir, setting, option, ignore=('checkpoints',))  # unfinished saves only
     check_train_workdir(workdir, setting)  # not inside another run
+
+
+# What an import's (or a run's) directory may hold without a checkpoint: `option` replaces it.
+RUN_NAMES = ('checkpoints', RUN_FILES, 'results.json', *BEFORE_FIRST_CHECKPOINT)
+
+
+def _check_a_run_dir(path: str, setting: str, option: str) -> None:
+    """`option` replaces a run's directory whole: a non-empty `path` holding a name no run or
+    import writes (a project, a folder of one's own data) is refused, naming it."""
+    names = os.listdir(path) if os.path.isdir(path) else []
+    if held := sorted(n for n in set(names) - set(RUN_NAMES) if not n.startswith('.')):
+        raise ValueError(
+            f'{setting}={path!r} holds {held[0]}, which no run or import writes: {option} '
+            "replaces only an earlier import's directory; give a new or empty one"
+        )
 
 
 def new_dir(parent: str, prefix: str) -> str:
