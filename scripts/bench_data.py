@@ -200,7 +200,13 @@ def loader_rows(text_path: str, directory: str) -> list[dict]:
 
 def main() -> None:
     from lm.cli import check_writable_dir
+    from lm.experiments import check_output_path
 
+    if not _TEXT.value and _MAKE_MB.value < 1:
+        raise ValueError(f'--make_mb must be >= 1 (MB of text to make), got {_MAKE_MB.value}')
+    if _JSON.value:
+        check_output_path(_JSON.value, '--json', '.json')
+        check_writable_dir(os.path.dirname(os.path.abspath(_JSON.value)), '--json')
     if _WORKDIR.value:
         check_writable_dir(_WORKDIR.value, '--workdir')
     directory = _WORKDIR.value or tempfile.mkdtemp(prefix='bench_data-')

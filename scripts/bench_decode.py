@@ -48,6 +48,7 @@ from absl import flags
 
 from lm.cli import check_writable_dir, run_app
 from lm.config import load_config_file
+from lm.experiments import check_output_path
 from lm.infer import Decoder, cache_capacity, init_caches
 from lm.model import (
     DECODE_KERNELS,
@@ -348,9 +349,10 @@ def check_flags() -> tuple[list[int], list[int]]:
     for name in ('new_tokens', 'repeats'):
         if flags.FLAGS[name].value < 1:
             raise ValueError(f'--{name} must be >= 1, got {flags.FLAGS[name].value}')
+    if not _BW_GIB.value > 0:
+        raise ValueError(f'--bandwidth_gib must be > 0 (GiB copied and read), got {_BW_GIB.value}')
     if _JSON.value:
-        if os.path.isdir(_JSON.value):
-            raise ValueError(f'--json={_JSON.value} is a directory; give a file path')
+        check_output_path(_JSON.value, '--json', '.json')
         check_writable_dir(os.path.dirname(os.path.abspath(_JSON.value)), '--json')
     for variant in _VARIANTS.value:
         try:

@@ -26,6 +26,7 @@ one line.
 """
 
 import json
+import os
 import time
 
 import jax
@@ -33,8 +34,9 @@ import numpy as np
 from absl import flags
 from baselines import torch_nanogpt
 
-from lm.cli import RecipeFlags, bootstrap, run_app
+from lm.cli import RecipeFlags, bootstrap, check_writable_dir, run_app
 from lm.data import call_batch
+from lm.experiments import check_output_path
 from lm.model import flops_per_token, param_counts
 from lm.train import (
     assemble,
@@ -211,6 +213,11 @@ def torch_status() -> tuple[bool, str]:
 
 
 def run() -> int:
+    if _STEPS.value < 1:
+        raise ValueError(f'--steps must be >= 1 (timed steps), got {_STEPS.value}')
+    if _JSON.value:
+        check_output_path(_JSON.value, '--json', '.json')
+        check_writable_dir(os.path.dirname(os.path.abspath(_JSON.value)), '--json')
     bootstrap(RECIPE.config(_VARIANTS.value[0]), compilation_cache=False)
     peak_total, source = peak_flops(_PEAK.value)
     with_torch, why_not = torch_status()

@@ -20,7 +20,7 @@ import os
 from absl import flags
 
 from lm.cli import check_writable_dir, run_app
-from lm.experiments import check_output_csv, pareto_rows, quantized_rows, write_csv
+from lm.experiments import check_output_path, pareto_rows, quantized_rows, write_csv
 from lm.train import StopRequest
 
 _SWEEP_DIR = flags.DEFINE_string('sweep_dir', None, 'A finished sweep.', required=True)
@@ -41,7 +41,7 @@ def check_flags() -> None:
     outputs = (('--out', _OUT.value), ('--sweep_out', _SWEEP_OUT.value))
     named = [(flag, path) for flag, path in (*outputs, ('--pareto_table', _PARETO.value)) if path]
     for flag, path in named:
-        check_output_csv(path, flag, _SWEEP_DIR.value)
+        check_output_path(path, flag, '.csv', _SWEEP_DIR.value)
         check_writable_dir(os.path.dirname(os.path.abspath(path)), flag)
     for i, (flag, path) in enumerate(named):
         for other, other_path in named[:i]:

@@ -22,7 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from lm.cli import bootstrap, check_data_overrides, check_writable_dir, run_app
-from lm.experiments import check_output_csv, finished_runs, heldout_rows, write_csv
+from lm.experiments import check_output_path, finished_runs, heldout_rows, write_csv
 from lm.train import StopRequest, stored_config
 
 _SWEEP_DIR = flags.DEFINE_string('sweep_dir', None, 'A sweep with finished runs.', required=True)
@@ -40,7 +40,7 @@ def run() -> int:
     if _CONFIG.value is None:
         raise ValueError('--config is required: the data to evaluate on')
     check_data_overrides('eval_sweep.py')
-    check_output_csv(_OUT.value, '--out', _SWEEP_DIR.value)
+    check_output_path(_OUT.value, '--out', '.csv', _SWEEP_DIR.value)
     check_writable_dir(os.path.dirname(os.path.abspath(_OUT.value)), '--out')
     if not os.path.isdir(_SWEEP_DIR.value):
         raise FileNotFoundError(f'--sweep_dir={_SWEEP_DIR.value} does not exist')

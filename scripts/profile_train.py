@@ -29,6 +29,8 @@ _TRACE = flags.DEFINE_string('trace_dir', '/tmp/lm_profile', 'Where the trace is
 
 
 def run() -> int:
+    if _STEPS.value < 1:
+        raise ValueError(f'--steps must be >= 1 (profiled steps), got {_STEPS.value}')
     check_writable_dir(_TRACE.value, '--trace_dir')
     config = RECIPE.config(_VARIANT.value)
     bootstrap(config, compilation_cache=False)

@@ -942,6 +942,32 @@ EARLY = [
         lambda c: [f'--json={c.root}'],
         r'--json=.* is a directory; give a file path',
     ),
+    (  # a benchmark's rows never replace a run's result.json (a sweep then read a list)
+        'bench_decode_json_a_runs_record',
+        BENCH,
+        lambda c: [f'--json={c.run}/results.json'],
+        r"--json=.*/run/results\.json would replace the run .*'s own results\.json",
+    ),
+    (
+        'bench_decode_bandwidth_negative',
+        BENCH,
+        lambda c: ['--bandwidth_gib=-1'],
+        r'--bandwidth_gib',
+    ),
+    *[
+        (f'{script[8:-3]}_{flag}_zero', script, lambda c, flag=flag: [f'--{flag}=0'], rf'--{flag} ')
+        for script, flag in (
+            ('scripts/bench_train.py', 'steps'),
+            ('scripts/profile_train.py', 'steps'),
+            ('scripts/bench_data.py', 'make_mb'),
+        )
+    ],
+    (
+        'bench_train_json_not_json',
+        'scripts/bench_train.py',
+        lambda c: [f'--json={c.text}'],
+        r'--json=.*small\.txt: expected a file name ending in \.json$',
+    ),
     (
         'bench_decode_json_unwritable',
         BENCH,
@@ -976,7 +1002,7 @@ EARLY = [
         'cache_quality_out_is_a_directory',
         CACHE_Q,
         lambda c: [f'--sweep_dir={c.cla_sweep}', f'--out={c.root}'],
-        r'--out=.* is a directory; give a CSV file path',
+        r'--out=.* is a directory; give a file path ending in \.csv',
     ),
     *[
         (  # a data file or a README is never replaced by a table
@@ -1042,6 +1068,15 @@ EARLY = [
             rf'--{flag}: expected >= 1, got 0',
         )
         for flag in ('seeds', 'steps')
+    ],
+    *[
+        (  # the ablation sets these in every run: the --set was replaced silently
+            f'uptrain_ablation_set_{key}',
+            ABLATION,
+            lambda c, key=key, value=value: [f'--set={key}={value}', f'--out_dir={c.root}/abl'],
+            rf"--set '{re.escape(key)}={value}': the ablation sets {re.escape(key)} itself, from ",
+        )
+        for key, value in (('seed', 7), ('data.path', 'x.txt'), ('train.steps', 3))
     ],
     *[
         (  # its runs would be made inside a run, or beside a sweep's
@@ -1122,7 +1157,7 @@ EARLY = [
         'eval_sweep_out_is_a_directory',
         EVAL_SWEEP,
         lambda c: [f'--sweep_dir={c.cla_sweep}', f'--config={c.good_cfg}', f'--out={c.root}'],
-        r'--out=.* is a directory; give a CSV file path',
+        r'--out=.* is a directory; give a file path ending in \.csv',
     ),
     (
         'sweep_grid_lr_nan',

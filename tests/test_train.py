@@ -29,7 +29,7 @@ from conftest import run_entry as run_cli
 from tensorboard.backend.event_processing import event_accumulator
 
 from lm.config import with_values
-from lm.train.checkpoint import Checkpointer
+from lm.train.checkpoint import Checkpointer, saved_steps
 from lm.train.loop import call_sizes, train
 from lm.train.run import assemble, check_config
 from lm.train.step import init_state, make_train_step
@@ -422,6 +422,13 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
     assert "warning: the run's data as read here" in out.stderr
     assert 'logged as other data' in out.stderr
     assert read_scalars(logdir, 'eval/loss') == tb
+    # training on from it would mix two texts in one run: refused unless asked for
+    out = run_cli('train.py', f'--workdir={tmp_path / "run"}', '--config.train.steps=12')
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith(
+        f'error: --workdir: {tmp_path / "run"} trained to step 8 on other data than it reads '
+        'here (fingerprint '
+    ), out.stderr[-2000:]
+    assert saved_steps(str(tmp_path / 'run'))[-1] == 8
 
 
 @pytest.mark.slow

@@ -64,6 +64,12 @@ class Ablation:
             raise ValueError('--mla_rope_heads: expected one or more counts of RoPE keys (1 = one)')
         if len(set(self.mla_rope_heads)) < len(self.mla_rope_heads):
             raise ValueError(f'--mla_rope_heads: a count is repeated in {self.mla_rope_heads}')
+        for item in self.overrides:  # the ablation sets these itself: the --set would do nothing
+            if (key := item.partition('=')[0].strip()) in ABLATION_SETS:
+                raise ValueError(
+                    f'--set {item!r}: the ablation sets {key} itself, from {ABLATION_SETS[key]}; '
+                    'leave it out'
+                )
 
     def settings(self) -> dict:
         """Every setting that changes a run's result beyond its name (arm, alpha, seed) and its
@@ -98,6 +104,20 @@ def method_label(method: str, schedule: str) -> str:
     """A conversion's name in the tables: its method, prefixed by its schedule if not
     'continue' (e.g. 'rewarm-aligned')."""
     return method if schedule == 'continue' else f'{schedule}-{method}'
+
+
+# The config keys `base_config` and the arms set in every run, and from what: a --set of one
+# would be replaced silently.
+ABLATION_SETS = {
+    'seed': '--seeds',
+    'data.path': '--data_path',
+    'data.split': 'the part of the corpus each arm trains on',
+    'train.steps': '--steps and --fractions',
+    'eval_tokens': '--eval_tokens',
+    'eval_every': 'the run length (each run is evaluated at its end)',
+    'checkpoint_every': 'the run length (each run is checkpointed at its end)',
+    'model.attention': 'the arms (--targets, --mla_ranks, --cla)',
+}
 
 
 def base_config(ab: Ablation, seed: int, steps: int, lr: float | None = None):

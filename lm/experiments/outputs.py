@@ -40,14 +40,15 @@ def check_output_file(path: str, flag: str, suffix: str = '') -> None:
     check_not_record_file(path, flag)
 
 
-def check_output_csv(path: str, flag: str, sweep_dir: str = '') -> None:
-    """One-line error unless `path` names a .csv file that is none of a run's or a sweep's own
-    files (`check_not_record_file`): a CSV output never replaces a README, a data file or a
-    directory. Its directory is checked (and made) by the caller."""
+def check_output_path(path: str, flag: str, suffix: str, sweep_dir: str = '') -> None:
+    """One-line error unless `path` names a file ending in `suffix` (.csv, .json) that is none
+    of a run's or a sweep's own files (`check_not_record_file`): a table or a benchmark's rows
+    never replace a README, a data file, a run's result.json or a directory. Its directory is
+    checked (and made) by the caller."""
     if os.path.isdir(path):
-        raise ValueError(f'{flag}={path} is a directory; give a CSV file path')
-    if not path.endswith('.csv'):
-        raise ValueError(f'{flag}={path}: expected a file name ending in .csv')
+        raise ValueError(f'{flag}={path} is a directory; give a file path ending in {suffix}')
+    if not path.endswith(suffix):
+        raise ValueError(f'{flag}={path}: expected a file name ending in {suffix}')
     check_not_record_file(path, flag, sweep_dir)
 
 

@@ -255,7 +255,9 @@ def assemble(
         ctx = step_context(config, cfg, mesh, rules, eos)
         with jax.set_mesh(mesh):
             if state == 'resume':
-                ckpt, (start, restored, meta) = _resume(config, cfg, ctx, corpus, workdir)
+                ckpt, (start, restored, meta) = _resume(
+                    config, cfg, ctx, corpus, workdir, allow_config_change
+                )
             else:
                 ckpt = None
                 start, restored, meta = _state(state, cfg, ctx, config.seed, workdir, step, flag)
@@ -344,9 +346,12 @@ def _resume(
     ctx: StepContext,
     corpus: Corpus | None,
     workdir: str,
+    allow_other_data: bool = False,
 ) -> tuple[Checkpointer, tuple[int, dict, dict | None]]:
     """(the run's checkpointer, open; (step, state, side-car)) of training in `workdir`: its
-    latest checkpoint restored, else a fresh state (`assemble` has checked its config)."""
+    latest checkpoint restored, else a fresh state (`assemble` has checked its config). Data
+    other than the checkpoint recorded (a file changed since, a relative data.path read from
+    another directory) is refused unless `allow_other_data` (--allow_config_change)."""
     os.makedirs(workdir, exist_ok=True)
     ckpt = Checkpointer(workdir, config.keep_checkpoints, config.async_checkpointing)
     try:
@@ -356,14 +361,22 @@ def _resume(
     except BaseException:
         ckpt.close()
         raise
-    # A warning, not a refusal (data may move); none where the checkpoint's fingerprint is
-    # inherited: an imported or converted run goes on training on its own corpus by design.
+    # None where the checkpoint's fingerprint is inherited: an imported or converted run goes
+    # on training on its own corpus by design.
     recorded = meta['data_fingerprint']
     if (
         corpus is not None
         and recorded != corpus.fingerprint
         and not inherited_data(config, step, recorded)
     ):
+        if not allow_other_data:
+            ckpt.close()
+            raise RunError(
+                f'--workdir: {workdir} trained to step {step} on other data than it reads here '
+                f'(fingerprint {recorded[:12]}, here {corpus.fingerprint[:12]}: '
+                f'config.data.path={config.data.path!r} from {os.getcwd()}): give the data it '
+                'trained on, or --allow_config_change to go on with this data'
+            )
         logging.warning(
             'resuming on other data than the checkpoint recorded (fingerprint %s -> %s)',
             meta['data_fingerprint'],
