@@ -330,6 +330,13 @@ def test_a_one_seed_summary_counts_its_comparisons_alike(tmp_path):
     from lm.experiments.summary import comparisons
 
     assert [comparisons(m) for m in (0, 1, 2)] == ['0 comparisons', '1 comparison', '2 comparisons']
+    # a planned run without a result (it failed) is named first, never left out silently
+    failed, _ = fake_run(tmp_path, 'mqa', 1, 1.3, 'mqa')
+    summarise(
+        str(tmp_path), [s for s, _ in runs] + [failed], {s.name: r for s, r in runs}, 'params'
+    )
+    md = (tmp_path / 'summary.md').read_text()
+    assert md.startswith('**Incomplete: 1 of 3 planned runs have no result (mqa_s1).** The ')
 
 
 def test_finished_runs_refuses_a_directory_of_ablation_runs(tmp_path):

@@ -30,8 +30,10 @@ def summarise(
     Loss (and accuracy) per point: mean, sample std (ddof 1) and 95% t-interval over seeds;
     between points: the paired difference over the seeds both ran (same seed = same data order),
     resolved when its Holm-corrected p (over every pair of points, one family per metric) is
-    below 0.05. `match` is the fairness the sweep used (`lm.experiments.fairness`).
+    below 0.05. `match` is the fairness the sweep used (`lm.experiments.fairness`). A planned
+    run without a result (failed, or not yet run) is named at the top of summary.md.
     """
+    missing = [s.name for s in specs if s.name not in found]
     specs = [s for s in specs if s.name in found]
     losses = summary.by_arm(specs, found, summary.loss)
     recall = all('recall_accuracy' in found[s.name]['eval'] for s in specs)
@@ -71,6 +73,15 @@ def summarise(
         seeds = [{**a, **b} for a, b in zip(seeds, by_seed, strict=True)]
     summary.write_csv(os.path.join(sweep_dir, 'summary_seeds.csv'), seeds)
     with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
+        if missing:
+            shown = ', '.join(missing[:5]) + (
+                f' and {len(missing) - 5} more' if len(missing) > 5 else ''
+            )
+            f.write(
+                f'**Incomplete: {len(missing)} of {len(missing) + len(specs)} planned runs have no '
+                f'result ({shown}).** The tables below cover the others; re-run the sweep to '
+                'complete them.\n\n'
+            )
         f.write(_markdown(rows, pairs, losses, match))
         if recall:
             f.write(_recall_markdown(rows, recall_pairs, accuracy))
@@ -86,7 +97,7 @@ def _accuracy(result: dict) -> float:
 def _point_model(workdir: str) -> dict:
     """A point's model columns, from its run's saved config: size, what its KV cache holds and
     its bf16 KV-cache bytes per token of a training-length sequence (local layers hold W)."""
-    config = stored_config(workdir)
+    config = stored_config(workdir, f'the sweep run {os.path.basename(workdir)}')
     cfg = model_config(config.model)
     return {
         'attention': cfg.attention,
