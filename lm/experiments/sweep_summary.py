@@ -21,11 +21,10 @@ from lm.train.stored import stored_config
 def summarise(
     sweep_dir: str, specs: list[Spec], found: dict[str, dict], match: str = 'width'
 ) -> list[dict]:
-    """Writes summary.csv, summary_pairs.csv, summary_seeds.csv (each run's loss),
-    summary.md and summary.png from the finished runs (`found`: {name: result},
-    lm.experiments.runner.results); returns the rows. Where every run is a recall run, the same
-    for its held-out recall accuracy beside the loss, with its pairs in
-    summary_pairs_recall.csv.
+    """Writes summary.csv, summary_pairs.csv, summary_seeds.csv (each run's loss), summary.md
+    and summary.png from the finished runs (`found`: {name: result}, runner.results); returns
+    the rows. Where every run is a recall run, the same for its held-out recall accuracy beside
+    the loss, with its pairs in summary_pairs_recall.csv.
 
     Loss (and accuracy) per point: mean, sample std (ddof 1) and 95% t-interval over seeds;
     between points: the paired difference over the seeds both ran (same seed = same data order),
@@ -73,20 +72,23 @@ def summarise(
         seeds = [{**a, **b} for a, b in zip(seeds, by_seed, strict=True)]
     summary.write_csv(os.path.join(sweep_dir, 'summary_seeds.csv'), seeds)
     with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
-        if missing:
-            shown = ', '.join(missing[:5]) + (
-                f' and {len(missing) - 5} more' if len(missing) > 5 else ''
-            )
-            f.write(
-                f'**Incomplete: {len(missing)} of {len(missing) + len(specs)} planned runs have no '
-                f'result ({shown}).** The tables below cover the others; re-run the sweep to '
-                'complete them.\n\n'
-            )
+        f.write(_incomplete_note(missing, len(missing) + len(specs)))
         f.write(_markdown(rows, pairs, losses, match))
         if recall:
             f.write(_recall_markdown(rows, recall_pairs, accuracy))
     _plot(rows, os.path.join(sweep_dir, 'summary.png'))
     return rows
+
+
+def _incomplete_note(missing: list[str], planned: int) -> str:
+    """summary.md's first line when planned runs have no result ('' when none is missing)."""
+    if not missing:
+        return ''
+    shown = ', '.join(missing[:5]) + (f' and {len(missing) - 5} more' if len(missing) > 5 else '')
+    return (
+        f'**Incomplete: {len(missing)} of {planned} planned runs have no result ({shown}).** '
+        'The tables below cover the others; re-run the sweep to complete them.\n\n'
+    )
 
 
 def _accuracy(result: dict) -> float:
