@@ -316,6 +316,19 @@ def fake_run(tmp_path, point, seed, loss, attention='mha', accuracy=None, **mode
     return Spec(name, {}, lambda w: result, arm=point, seed=seed), result
 
 
+def test_a_failed_run_says_why_in_the_sweeps_own_output(tmp_path):
+    """A run's train.py that refuses (a copied sweep whose TensorBoard runs belong to the
+    original, say) is reported with its one-line error, not only 'see train.log'."""
+    import sys
+
+    from lm.experiments.sweep import _trainer
+
+    refuses = [sys.executable, '-c', "import sys; print('error: the reason', file=sys.stderr); 1/0"]
+    run = _trainer(tiny_config(), refuses, str(tmp_path / 'tb'))
+    with pytest.raises(runner.RunFailed, match=r'^exit 1: error: the reason; see .*train\.log$'):
+        run(str(tmp_path))
+
+
 def test_a_one_seed_summary_counts_its_comparisons_alike(tmp_path):
     """One seed: no pair has a p-value, so Holm counts none, and both the family note and the
     orderings say that no paired test is possible (they once said 0 and 1); one comparison is
@@ -441,7 +454,7 @@ def test_a_run_echoes_its_evaluations_while_it_trains(tmp_path, capsys):
     script = f'import sys; print({chr(10).join(lines)!r}); sys.exit(3)'
     workdir = tmp_path / 'gqa_h4_kv1'
     workdir.mkdir()
-    assert _train_logged([sys.executable, '-c', script], str(workdir)) == 3
+    assert _train_logged([sys.executable, '-c', script], str(workdir)) == (3, '')
     assert capsys.readouterr().out.splitlines() == [
         'gqa_h4_kv1: eval at step 4: loss 3.2100 ± 0.0100',
         'gqa_h4_kv1: resumed from /x/checkpoints at step 4',
@@ -494,6 +507,25 @@ def test_status_says_where_each_run_stands_from_its_files(tmp_path):
         f'7 runs in {tmp_path}: 1 finished, 1 to resume, 2 with other settings, 2 started, '
         '1 not started',
     ]
+
+
+def test_a_run_past_the_plans_steps_is_refused_before_its_result_is_set_aside(tmp_path):
+    """A re-run with fewer train.steps than a run's checkpoint: --status says a re-run refuses
+    it, and the runner refuses it up front (train.py would, after its result was set aside)."""
+    config = tiny_config()
+    config.train.steps = 300
+    (spec,) = plan(config, [{'name': 'mha', 'model.attention': 'mha'}], str(tmp_path), ['t.py'])
+    wd = tmp_path / spec.name
+    (wd / 'checkpoints' / '400').mkdir(parents=True)
+    longer = {**runner.fingerprint(spec), 'train.steps': 400}
+    (wd / 'result.json').write_text(json.dumps({'step': 400, 'fingerprint': longer}))
+    assert progress([spec], str(tmp_path))[0] == (
+        "mha: finished at step 400, past the plan's train.steps; a re-run refuses it"
+    )
+    with pytest.raises(ValueError, match=r"^--sweep_dir: .*mha holds a checkpoint at step 400, "
+                       r"past the plan's train\.steps=300: give at least 400 steps"):  # fmt: skip
+        runner.check([spec], str(tmp_path), '--sweep_dir')
+    assert (wd / 'result.json').exists()
 
 
 def test_named_points_times_a_grid_keep_distinct_run_names(tmp_path, small_text):

@@ -27,6 +27,7 @@ from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from lm.train.checkpoint import saved_steps
 from lm.train.interrupt import StopRequest
 from lm.train.workdir import STARTED, read_json_object, safe_name
 
@@ -204,6 +205,22 @@ def check(specs: list[Spec], out_dir: str, flag: str = '--out_dir') -> None:
             f'{flag}: {workdir(out_dir, spec)}{more} was made with other settings: '
             f'{"; ".join(diff)}; use another {flag}, or delete those runs to redo them'
         )
+    _check_not_past(specs, out_dir, flag)
+
+
+def _check_not_past(specs: list[Spec], out_dir: str, flag: str) -> None:
+    """Refuses a run whose checkpoint is past the plan's train.steps (a re-run with fewer
+    steps): its train.py would refuse it after the runner set its result aside."""
+    for spec in specs:
+        if (steps := spec.fingerprint.get('train.steps')) is None:
+            continue
+        saved = saved_steps(workdir(out_dir, spec))
+        if saved and saved[-1] > steps:
+            raise ValueError(
+                f'{flag}: {workdir(out_dir, spec)} holds a checkpoint at step {saved[-1]}, past '
+                f"the plan's train.steps={steps}: give at least {saved[-1]} steps, or use another "
+                f'{flag}'
+            )
 
 
 def cached(spec: Spec, run_dir: str) -> dict | None:

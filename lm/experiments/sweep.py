@@ -331,19 +331,22 @@ def plan(
 PROGRESS = ('] eval at step ', '] resumed from ')  # train.log lines a sweep echoes
 
 
-def _train_logged(argv: list[str], workdir: str) -> int:
+def _train_logged(argv: list[str], workdir: str) -> tuple[int, str]:
     """Runs `argv` (`runner.call`: a stop signal is passed on to it), appending its output to
     <workdir>/train.log and echoing its evaluation lines (`<run>: eval at step N: ...`) as they
-    come; returns its exit code."""
+    come; returns its exit code and its last one-line `error: ...` ('' if none)."""
     name = os.path.basename(os.path.normpath(workdir))
+    errors = ['']
 
     def echo(line: str) -> None:
+        if line.startswith('error: '):
+            errors.append(line.strip())
         for marker in PROGRESS:
             if marker in line:
                 print(f'{name}: {marker[2:]}{line.split(marker, 1)[1]}', end='', flush=True)
 
     with open(os.path.join(workdir, RUN_LOG), 'a') as log:
-        return call(argv, log, echo)
+        return call(argv, log, echo), errors[-1]
 
 
 def _trainer(config: ml_collections.ConfigDict, command: list[str], tb_dir: str):
@@ -353,7 +356,7 @@ def _trainer(config: ml_collections.ConfigDict, command: list[str], tb_dir: str)
     def run(workdir: str) -> dict:
         cfg_file = write_config_file(config, os.path.join(workdir, SWEEP_CONFIG))
         args = [f'--config={cfg_file}', f'--workdir={workdir}', f'--tb_dir={tb_dir}']
-        code = _train_logged([*command, *args], workdir)
+        code, error = _train_logged([*command, *args], workdir)
         if name := stopped_by(code):
             steps = saved_steps(workdir)
             kept = (
@@ -364,7 +367,8 @@ def _trainer(config: ml_collections.ConfigDict, command: list[str], tb_dir: str)
             raise RunStopped(f'{os.path.basename(workdir)} stopped by {name}: {kept}')
         results = os.path.join(workdir, 'results.json')
         if code != 0 or not os.path.exists(results):
-            raise RunFailed(f'exit {code}; see {workdir}/train.log')
+            said = f': {error}' if error else ''
+            raise RunFailed(f'exit {code}{said}; see {workdir}/train.log')
         return read_json_object(results)
 
     return run

@@ -56,6 +56,9 @@ def _finished_otherwise(spec: Spec, result: dict) -> tuple[str, str]:
         return 'with other settings', line
     moved = '; '.join(runner.changes(result['fingerprint'], spec, resumable=True))
     step = result['step']
+    if step > spec.fingerprint.get('train.steps', step):  # `runner.check` refuses it
+        line = f"{spec.name}: finished at step {step}, past the plan's train.steps; a re-run "
+        return 'with other settings', line + 'refuses it'
     return 'to resume', f'{spec.name}: finished at step {step}; a re-run resumes it ({moved})'
 
 
