@@ -31,7 +31,7 @@ from absl import logging
 
 from lm.data.cache import SPLITS, Piece, exclusive, load_or_build
 from lm.data.checks import check_data_config
-from lm.data.files import file_digests, stdlib_source, text_paths, text_source
+from lm.data.files import file_digests, file_sha256, stdlib_source, text_paths, text_source
 from lm.data.parts import split_corpus
 from lm.data.recall import LABEL_FLAG, MQAR_SOURCES, TASKS, RecallTask
 from lm.data.tokenizer import (
@@ -208,11 +208,6 @@ def _bpe_path(data: ml_collections.ConfigDict, source: Source) -> str:
     return os.path.join(cache_dir(data), 'tokenizers', name)
 
 
-def _file_digest(path: str) -> str:
-    with open(path, 'rb') as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 class TokenizerIdentity(NamedTuple):
     """What decides a tokenizer's ids (`key`), its name for messages, and its tokenizer.json
     (`file`, '' if none)."""
@@ -232,11 +227,11 @@ def tokenizer_identity(data: ml_collections.ConfigDict) -> TokenizerIdentity:
     if data.source in TASKS or data.tokenizer == 'byte':  # passkey writes bytes
         return TokenizerIdentity(('byte',), "config.data.tokenizer='byte'")
     if data.tokenizer != 'bpe':
-        key = ('json', _file_digest(data.tokenizer), data.eos_token)
+        key = ('json', file_sha256(data.tokenizer), data.eos_token)
         return TokenizerIdentity(key, f'config.data.tokenizer={data.tokenizer!r}', data.tokenizer)
     source = _source(data)
     if os.path.isfile(path := _bpe_path(data, source)):
-        return TokenizerIdentity(('json', _file_digest(path), ''), f'the BPE {path}', path)
+        return TokenizerIdentity(('json', file_sha256(path), ''), f'the BPE {path}', path)
     where = f'config.data.source={data.source!r}' + (f', path={data.path!r}' if data.path else '')
     key = ('bpe', source.fingerprint, data.bpe_vocab_size)
     return TokenizerIdentity(key, f'a BPE to be trained on {where}')
@@ -247,7 +242,7 @@ def tokenizer_file_digest(data: ml_collections.ConfigDict) -> str:
     recall task's, or a file that is not there."""
     if data.source in TASKS or data.tokenizer in ('byte', 'bpe'):
         return ''
-    return _file_digest(data.tokenizer) if os.path.isfile(data.tokenizer) else ''
+    return file_sha256(data.tokenizer) if os.path.isfile(data.tokenizer) else ''
 
 
 def check_tokenizer_file(data: ml_collections.ConfigDict, recorded: str, where: str) -> None:

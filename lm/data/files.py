@@ -131,16 +131,21 @@ def stdlib_source(data: ml_collections.ConfigDict) -> tuple[list, Callable, Call
     return key, pieces, size
 
 
+def file_sha256(path: str) -> str:
+    """The sha256 of a file's bytes, read a few MB at a time."""
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def file_digests(paths: list[str]) -> list[str]:
-    """The sha256 of each file's bytes, read a few MB at a time; two files of the same bytes are
-    refused (their text would be read twice, and could then be in both splits)."""
+    """`file_sha256` of each file; two files of the same bytes are refused (their text would be
+    read twice, and could then be in both splits)."""
     digests: list[str] = []
     for path in paths:
-        digest = hashlib.sha256()
-        with open(path, 'rb') as f:
-            while block := f.read(1 << 22):
-                digest.update(block)
-        _check_new_digest(digest.hexdigest(), digests, paths, path)
+        _check_new_digest(file_sha256(path), digests, paths, path)
     return digests
 
 
