@@ -1241,6 +1241,22 @@ EARLY = [
     ),
     *[
         (
+            f'train_{key}_nothing_reads',  # a setting the split or tokenizer would not read
+            TRAIN,
+            lambda c, key=key, value=value: [
+                f'--config={c.good_cfg}',
+                f'--workdir={c.root}/idle_{key}',
+                f'--config.data.{key}={value}',
+            ],
+            rf'^error: config\.data\.{key}={value!r} does nothing with {why}',
+        )
+        for key, value, why in (
+            ('bpe_vocab_size', 8192, "tokenizer='byte'"),
+            ('uptrain_fraction', 0.2, "split=''"),
+        )
+    ],
+    *[
+        (
             f'generate_seed_{name}',
             GENERATE,
             lambda c, seed=seed: [f'--workdir={c.mqar}', '--prompt=1 5', f'--seed={seed}'],

@@ -9,7 +9,12 @@ from conftest import stdlib_text, tiny_config
 
 from lm.config import default_values
 from lm.config_migration import upgrade_config
-from lm.data.checks import check_data_config, check_idle_data
+from lm.data.checks import (
+    check_data_config,
+    check_idle_data,
+    idle_data_settings,
+    reset_idle_data,
+)
 from lm.data.corpus import (
     check_corpus_size,
     eval_batches,
@@ -343,6 +348,40 @@ def test_a_setting_the_source_never_reads_is_refused(tmp_path, source, key, valu
     with pytest.raises(ValueError, match=rf'^config.data.{key}={value!r} does nothing for source'):
         check_idle_data(data_config(tmp_path, source=source, **{key: value}), base)
     check_idle_data(data_config(tmp_path, source='hf', hf_name='someone/data'), base)  # read
+
+
+@pytest.mark.parametrize(
+    'settings,key,why,reads',
+    [
+        ({'uptrain_fraction': 0.2}, 'uptrain_fraction', "split=''", {'split': 'uptrain'}),
+        ({'heldout_fraction': 0.3}, 'heldout_fraction', "split=''", {'split': 'pretrain'}),
+        ({'split_layout': 'interleaved'}, 'split_layout', "split=''", {'split': 'pretrain'}),
+        (
+            {'split': 'pretrain', 'split_block': 64},
+            'split_block',
+            "split_layout='contiguous'",
+            {'split_layout': 'interleaved'},
+        ),
+        ({'bpe_vocab_size': 8192}, 'bpe_vocab_size', "tokenizer='byte'", {'tokenizer': 'bpe'}),
+        ({'eos_token': '</s>'}, 'eos_token', "tokenizer='byte'", {'tokenizer': 'x.json'}),
+    ],
+)
+def test_a_setting_the_part_or_tokenizer_never_reads_is_refused(
+    tmp_path, settings, key, why, reads
+):
+    """The parts' settings without data.split, the interleaved layout's block with the
+    contiguous one, a BPE size or an EOS token with the byte tokenizer do nothing: refused in
+    one line; `reset_idle_data` sets them back; with what reads them, they pass."""
+    base = default_values('data')
+    data = data_config(tmp_path, source='text', **settings)
+    assert list(idle_data_settings(data, base)) == [key]
+    with pytest.raises(
+        ValueError, match=rf'^config.data.{key}=.* does nothing with {re.escape(why)}'
+    ):
+        check_idle_data(data, base)
+    assert reset_idle_data(data, base) == [f'{key}={settings[key]!r}']
+    assert data[key] == base[key][0] and not idle_data_settings(data, base)
+    assert not idle_data_settings(data_config(tmp_path, **{**settings, **reads}), base)
 
 
 def test_empty_file_and_too_small_source(tmp_path):

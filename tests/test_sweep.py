@@ -187,6 +187,41 @@ def test_a_grid_value_no_point_can_run_with_is_refused_a_combination_skipped(
     plan(config, grid, str(tmp_path), ['train.py'])  # a sweep file's points: skipped
 
 
+def test_a_data_setting_a_point_never_reads_skips_it_or_is_reset_or_refused(
+    tmp_path, small_text, capsys
+):
+    """A data setting a point's run would not read (check_idle_data): given by the point (the
+    grid), the point is skipped like values that do not fit together; given by the base config,
+    it is reset to configs/base.py's in the points that do not read it, with a note, and refused
+    when no point reads it. train.py then accepts every run's config."""
+    from lm.config import default_values
+    from lm.data.checks import check_idle_data
+
+    config = tiny_train_config(tmp_path, small_text)
+    grid = parse_grid(config, ['data.split=,pretrain', 'data.uptrain_fraction=0.1,0.2'])
+    specs = plan(config, grid, str(tmp_path), ['train.py'], grid_keys=list(grid[0]))
+    assert [s.name for s in specs] == [
+        'gqa_h4_kv2_split_uptrain_fraction0.1',
+        'gqa_h4_kv2_splitpretrain_uptrain_fraction0.1',
+        'gqa_h4_kv2_splitpretrain_uptrain_fraction0.2',
+    ], [s.name for s in specs]
+    assert "does nothing with split=''" in capsys.readouterr().out
+    config.data.uptrain_fraction = 0.3  # the base's: the '' point reads none of it
+    specs = plan(config, parse_grid(config, ['data.split=,pretrain']), str(tmp_path), ['x'])
+    assert "data.uptrain_fraction=0.3 does nothing in gqa_h4_kv2_split (with split=''" in (
+        capsys.readouterr().out
+    )
+    fractions = [s.fingerprint['data.uptrain_fraction'] for s in specs]
+    assert fractions == [0.1, 0.3], fractions
+    for spec in specs:
+        data = tiny_config().data
+        data.update({k[5:]: v for k, v in spec.fingerprint.items() if k.startswith('data.')})
+        check_idle_data(data, default_values('data'))
+    config.data.bpe_vocab_size = 8192  # no point reads it: the byte tokenizer
+    with pytest.raises(ValueError, match=r'^config\.data\.bpe_vocab_size=8192 does nothing in any'):
+        plan(config, parse_grid(config, ['data.split=,pretrain']), str(tmp_path), ['x'])
+
+
 def test_with_ensemble_what_the_sweep_sets_is_refused_wherever_it_is_given():
     """--ensemble sets train.ensemble and train.ensemble_loop in every run (from --seeds,
     --ensemble_groups and --ensemble_program): an override, a grid key or a point setting either

@@ -26,6 +26,7 @@ from test_train import read_hparams
 import lm.convert.uptrain as uptrain
 import lm.data.corpus
 import lm.train.loop
+from lm.config import default_values
 from lm.convert.hf_io import import_hf
 from lm.convert.pool_checkpoint import convert_opt_state, convert_params, with_schedule_count
 from lm.convert.pooling import merge_kv_heads
@@ -37,6 +38,7 @@ from lm.convert.uptrain import (
     optimizer_state_summary,
     uptrain_config,
 )
+from lm.data.checks import check_idle_data
 from lm.data.corpus import load_corpus, train_batch
 from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
 from lm.model.transformer import build_model, model_config
@@ -231,6 +233,26 @@ def test_a_source_without_optimizer_state_is_said_to_have_none(tmp_path, monkeyp
         convert_checkpoint(str(tmp_path / 'w'), one_step, str(tmp_path / 'up1'))
     assert not (tmp_path / 'up1').exists()
     assert optimizer_state_summary(config) == 'a fresh optimizer state (the source has none)'
+
+
+def test_uptraining_on_another_part_drops_the_settings_it_does_not_read(tmp_path):
+    """A source trained on data.split='pretrain' with its own uptrain_fraction, uptrained on
+    the whole corpus (data_split=''): the parts' settings it no longer reads are set back to
+    configs/base.py's, so its config passes train.py's check_idle_data."""
+    config = base_config()
+    config.data.update(split='pretrain', uptrain_fraction=0.2, heldout_fraction=0.3)
+    import_hf(str(FIXTURES / 'llama_mha'), str(tmp_path / 'w'), config)
+    options = ConversionOptions(num_kv_heads=1, steps=2, data_split='')
+    up = convert_checkpoint(str(tmp_path / 'w'), options, str(tmp_path / 'up'))
+    assert (up.data.split, up.data.uptrain_fraction, up.data.heldout_fraction) == ('', 0.1, 0.5)
+    check_idle_data(up.data, default_values('data'))
+    kept = ConversionOptions(num_kv_heads=1, steps=2, data_split='uptrain')
+    up = convert_checkpoint(str(tmp_path / 'w'), kept, str(tmp_path / 'up2'))
+    assert (up.data.split, up.data.uptrain_fraction, up.data.heldout_fraction) == (
+        'uptrain',
+        0.2,
+        0.3,
+    )
 
 
 def test_uptrain_config_sets_schedule_and_provenance():

@@ -35,6 +35,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
+from lm.config import default_values
 from lm.convert import cla, head_merging, mla, per_layer, pooling
 from lm.convert import methods as conversion
 from lm.convert.hf_files import copy_run_files, lent_tokenizer
@@ -52,6 +53,7 @@ from lm.convert.pool_checkpoint import (
     convert_params,
     with_schedule_count,
 )
+from lm.data.checks import reset_idle_data
 from lm.data.corpus import load_corpus
 from lm.model import attention
 from lm.model.config import ModelConfig
@@ -291,8 +293,9 @@ def _converted_config(
     src_config.uptrain.update(schedule=options.schedule, optimizer_state=options.optimizer_state)
     if options.warmup_steps is not None:
         src_config.uptrain.warmup_steps = options.warmup_steps
-    if options.data_split is not None:
+    if options.data_split is not None:  # the parts' settings are dropped if it reads none
         src_config.data.split = options.data_split
+        reset_idle_data(src_config.data, default_values('data'))
     if options.lr is not None:
         train = src_config.train
         train.update(lr=options.lr, min_lr=train.min_lr * options.lr / train.lr)

@@ -157,22 +157,56 @@ def _check_values(data: ml_collections.ConfigDict) -> None:
     check_split_config(data)
 
 
+# config.data keys only a corpus cut into parts (data.split) reads.
+SPLIT_KEYS = ('uptrain_fraction', 'heldout_fraction', 'split_layout', 'split_block')
+
+
+def idle_data_settings(data: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> dict:
+    """{key: why it does nothing} for each `config.data` setting away from its defaults
+    (`defaults`: configs/base.py's value and an upgraded old config's,
+    `lm.config.default_values`) that the run never reads: for a recall source every text setting
+    (RECALL_IGNORES), for the others the recall tasks' (RECALL_KEYS), the Hugging Face
+    dataset's (HF_KEYS) but for 'hf', the parts' (SPLIT_KEYS) with no data.split, split_block
+    but for the interleaved layout, bpe_vocab_size but for 'bpe' and eos_token but for a
+    tokenizer.json."""
+    if data.source in TASKS:
+        why = f'for source={data.source!r} (its rows are generated)'
+        idle = dict.fromkeys(RECALL_IGNORES, why)
+    else:
+        read_by_others = RECALL_KEYS + (HF_KEYS if data.source != 'hf' else ())
+        idle = dict.fromkeys(read_by_others, f'for source={data.source!r}')
+        if not data.split:
+            idle.update(dict.fromkeys(SPLIT_KEYS, "with split='' (no parts are cut)"))
+        elif data.split_layout != 'interleaved':
+            idle['split_block'] = f'with split_layout={data.split_layout!r}'
+        if data.tokenizer != 'bpe':
+            idle['bpe_vocab_size'] = f'with tokenizer={data.tokenizer!r} (no BPE is trained)'
+        if not data.tokenizer.endswith('.json'):
+            idle['eos_token'] = f'with tokenizer={data.tokenizer!r} (not a tokenizer.json)'
+    return {k: why for k, why in idle.items() if data[k] not in defaults[k]}
+
+
+def reset_idle_data(data: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> list[str]:
+    """Sets each of `idle_data_settings` back to its configs/base.py value (in place), so the
+    config says what the run uses; the keys reset, each as 'key=old value'."""
+    reset = []
+    for key in idle_data_settings(data, defaults):
+        reset.append(f'{key}={data[key]!r}')
+        data[key] = defaults[key][0]
+    return reset
+
+
 def check_idle_data(data: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> None:
-    """A setting the source never reads, away from its defaults (`defaults`: configs/base.py's
-    config.data value and an upgraded old config's, `lm.config.default_values`), is refused in
-    one line (it would do nothing): for a recall source every text setting (RECALL_IGNORES;
-    this machine's own, RECALL_IGNORES_LOCAL, which a user may give every run, are warned
-    about instead), for the others the recall tasks' (RECALL_KEYS) and, but for 'hf', the
-    Hugging Face dataset's (HF_KEYS)."""
+    """A setting the run never reads (`idle_data_settings`) is refused in one line (it would
+    do nothing); this machine's own settings (RECALL_IGNORES_LOCAL), which a user may give
+    every run, are only warned about for a recall source."""
+    if idle := idle_data_settings(data, defaults):
+        key, why = next(iter(idle.items()))
+        raise ValueError(
+            f'config.data.{key}={data[key]!r} does nothing {why}: '
+            f"leave it at configs/base.py's {defaults[key][0]!r}"
+        )
     recall = data.source in TASKS
-    ignored = RECALL_IGNORES if recall else RECALL_KEYS + (HF_KEYS if data.source != 'hf' else ())
-    why = ' (its rows are generated)' if recall else ''
-    for key in ignored:
-        if data[key] not in defaults[key]:
-            raise ValueError(
-                f'config.data.{key}={data[key]!r} does nothing for source={data.source!r}{why}: '
-                f"leave it at configs/base.py's {defaults[key][0]!r}"
-            )
     local = [f'{k}={data[k]!r}' for k in RECALL_IGNORES_LOCAL if data[k] not in defaults[k]]
     if recall and local:
         logging.log_first_n(

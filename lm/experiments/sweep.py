@@ -21,8 +21,8 @@ from typing import Any
 
 import ml_collections
 
-from lm.config import parse_assignment, with_values, write_config_file
-from lm.data.checks import check_data_config
+from lm.config import default_values, parse_assignment, with_values, write_config_file
+from lm.data.checks import check_data_config, idle_data_settings, reset_idle_data
 from lm.experiments.fairness import MATCHES, match_parameters, reference_config
 from lm.experiments.pareto import TB_RUN
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
@@ -69,13 +69,34 @@ def point_config(
     return with_values(base, {k: v for k, v in point.items() if k != 'seeds'})
 
 
-def invalid_reason(config: ml_collections.ConfigDict) -> str | None:
-    """Why a point's model config cannot be built, or None if it can."""
+def invalid_reason(config: ml_collections.ConfigDict, point: dict | None = None) -> str | None:
+    """Why a point's model config cannot be built, or a data setting the `point` itself gives
+    does nothing in its run (`data.bpe_vocab_size` with the byte tokenizer); None if neither."""
     try:
         check_model_config(config.model)
     except ValueError as e:
         return str(e)
+    for key, why in idle_data_settings(config.data, default_values('data')).items():
+        if f'data.{key}' in (point or {}):
+            return f'config.data.{key}={config.data[key]!r} does nothing {why}'
     return None
+
+
+def _reset_idle(valid: list[tuple]) -> None:
+    """Sets the data settings of the base config (or --config) that a point's run never reads
+    back to configs/base.py's (`reset_idle_data`), so its config says what it uses, with a
+    one-line note per setting; a setting no point reads is refused (it would do nothing)."""
+    defaults, idle = default_values('data'), {}
+    for name, _, config in valid:
+        for key, why in idle_data_settings(config.data, defaults).items():
+            idle.setdefault(f'data.{key}={config.data[key]!r}', (why, []))[1].append(name)
+        reset_idle_data(config.data, defaults)
+    for setting, (why, names) in idle.items():
+        if len(names) == len(valid):
+            raise ValueError(
+                f'config.{setting} does nothing in any sweep point ({why}); leave it out'
+            )
+        print(f'{setting} does nothing in {", ".join(names)} ({why}): left at its default there')
 
 
 # Keys the kind-and-heads part of a run's name already says.
@@ -245,7 +266,7 @@ def _valid_points(
             config = point_config(base, point)
         except (TypeError, ValueError) as e:  # a key the config lacks, a value of another type
             raise ValueError(f'sweep point {named.get("name") or point}: {e}') from None
-        if reason := invalid_reason(config):
+        if reason := invalid_reason(config, point):
             if chosen:
                 raise ValueError(f'--points: {named.get("name") or point} cannot run: {reason}')
             print(f'skipping {named.get("name") or point}: {reason}')
@@ -271,6 +292,7 @@ def _valid_points(
             raise ValueError(f'--grid {key}={value!r}: no point can run with it ({reason})')
     if not valid:
         raise ValueError('the sweep has no valid point')
+    _reset_idle(valid)
     return valid
 
 
