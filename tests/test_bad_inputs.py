@@ -1300,6 +1300,19 @@ EARLY = [
         r'^error: --ensemble_groups applies to --ensemble sweeps only; add --ensemble$',
     ),
     (
+        'sweep_more_ensemble_groups_than_seeds',  # it used to be lowered to the seeds silently
+        SWEEP,
+        lambda c: [
+            f'--config={c.good_cfg}',
+            f'--sweep_dir={c.root}/sw',
+            '--seeds=2',
+            '--ensemble',
+            '--ensemble_groups=3',
+        ],
+        r'^error: --ensemble_groups=3 is more than the 2 seeds of any point: each group is an '
+        r'ensemble of at least one seed \(at most 2\)$',
+    ),
+    (
         'sweep_override_of_what_ensemble_sets',  # --ensemble_program sets it: silently replaced
         SWEEP,
         lambda c: [

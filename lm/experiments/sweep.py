@@ -337,6 +337,12 @@ def plan(
             f'two sweep points share the run name {repeated[0]!r}: give each its own name or '
             'values (several seeds: --seeds=K, with --grid seed=FIRST)'
         )
+    most = max(point.get('seeds', seeds) for _, point, _ in valid)
+    if ensemble and ensemble_groups > most:
+        raise ValueError(
+            f'--ensemble_groups={ensemble_groups} is more than the {most} seeds of any point: '
+            f'each group is an ensemble of at least one seed (at most {most})'
+        )
     tb_dir = tb_dir or os.path.join(sweep_dir, 'tb')
     specs = []
     for name, point, config in valid:
