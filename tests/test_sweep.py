@@ -581,6 +581,12 @@ def test_named_points_times_a_grid_keep_distinct_run_names(tmp_path, small_text)
     # values a directory or CSV name should not hold become '-'
     lengths = combine([{'name': 'mha'}], [{'data.passkey_lengths': '128,256'}])
     assert lengths[0]['name'] == 'mha_passkey_lengths128-256'
+    # a grid key a point sets itself: the grid would replace the point's value silently
+    gate = {'name': 'gate', 'seed': 8}
+    with pytest.raises(ValueError, match=r'^--grid seed: sweep point gate sets seed=8 itself'):
+        combine([{'name': 'mha'}, gate], [{'seed': 5}])
+    with pytest.raises(ValueError, match=r'^--grid model\.attention: sweep point mha sets'):
+        combine([mha], [{'model.attention': 'gqa'}])
     with pytest.raises(ValueError, match="two sweep points share the run name 'mha': give each"):
         plan(config, [mha, {**mha, 'train.lr': 0.01}], str(tmp_path), ['train.py'])
 

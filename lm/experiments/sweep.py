@@ -132,9 +132,16 @@ def value_parts(values: dict[str, Any]) -> list[str]:
 def combine(points: list[dict], grid: list[dict]) -> list[dict]:
     """Each sweep-file point with each grid point. A named point's name gains the grid's values
     other than `seed` (a run's name ends with the seed it trains with), so `--points=mha
-    --grid model.mlp_dim=256,512` gives `mha_mlp_dim256` and `mha_mlp_dim512`."""
+    --grid model.mlp_dim=256,512` gives `mha_mlp_dim256` and `mha_mlp_dim512`. A grid key that
+    a point sets itself is refused (the grid would replace the point's value)."""
     combined = []
     for point in points:
+        if shared := [k for k in grid[0] if k in point]:
+            raise ValueError(
+                f'--grid {shared[0]}: sweep point {point.get("name") or point} sets {shared[0]}='
+                f"{point[shared[0]]!r} itself, and the grid's values would replace it; leave the "
+                'point out (--points) or give the key in one place'
+            )
         for values in grid:
             both = {**point, **values}
             if point.get('name'):
