@@ -61,7 +61,7 @@ from lm.model import (
     param_counts,
     parse_variant,
 )
-from lm.train import load_profile, print_profile, spec_bandwidth
+from lm.train import device_memory, load_profile, print_profile, spec_bandwidth
 
 _CONTEXTS = flags.DEFINE_list('contexts', ['256', '1024', '4096', '8192'], 'Cache fill lengths.')
 _VARIANTS = flags.DEFINE_list(
@@ -359,7 +359,31 @@ def check_flags() -> tuple[list[int], list[int]]:
             check_storage(model_for(variant), _KV_DTYPE.value)
         except ValueError as e:
             raise ValueError(f'--variants: {variant}: {e}') from None
+    check_memory(max(batches), max(contexts))
     return batches, contexts
+
+
+def check_memory(B: int, context: int) -> None:
+    """Refuses, before any row runs, a largest row whose cache alone (B rows of the context
+    plus --new_tokens) exceeds a device's memory, and a bandwidth measurement whose copy (its
+    array twice) does; they would fail allocating, in a traceback."""
+    limit = device_memory()
+    if limit is None:
+        return
+    if 2 * _BW_GIB.value * 2**30 > limit:
+        raise ValueError(
+            f'--bandwidth_gib={_BW_GIB.value}: its copy holds {2 * _BW_GIB.value:.1f} GiB, more '
+            f'than the {limit / 2**30:.1f} GiB a device has'
+        )
+    S = cache_capacity(context + _NEW.value)
+    for variant in _VARIANTS.value:
+        need = B * kv_cache_bytes(model_for(variant), S, _DTYPE.value, _KV_DTYPE.value)
+        if need > limit:
+            raise ValueError(
+                f"--batch={B} --contexts={context}: {variant}'s cache of {S} slots per row "
+                f'holds {need / 2**30:.1f} GiB, more than the {limit / 2**30:.1f} GiB a device '
+                'has: a smaller --batch, --contexts or --d_model'
+            )
 
 
 def run() -> int:

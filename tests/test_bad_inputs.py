@@ -954,6 +954,19 @@ EARLY = [
         lambda c: ['--bandwidth_gib=-1'],
         r'--bandwidth_gib',
     ),
+    (
+        'bench_decode_cache_beyond_memory',  # it failed allocating, in a traceback
+        BENCH,
+        lambda c: ['--batch=4096', '--contexts=65536', '--variants=mha'],
+        r"^error: --batch=4096 --contexts=65536: mha's cache of 65664 slots per row holds "
+        r'4104\.0 GiB, more than the [\d.]+ GiB a device has',
+    ),
+    (
+        'bench_decode_bandwidth_beyond_memory',
+        BENCH,
+        lambda c: ['--bandwidth_gib=100000'],
+        r'^error: --bandwidth_gib=100000\.0: its copy holds 200000\.0 GiB, more than the',
+    ),
     *[
         (f'{script[8:-3]}_{flag}_zero', script, lambda c, flag=flag: [f'--{flag}=0'], rf'--{flag} ')
         for script, flag in (

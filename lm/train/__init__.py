@@ -19,7 +19,13 @@ __all__, __getattr__, __dir__ = public_face(
         ),
         'stored': ('finished_step', 'inherited_data', 'stored_config'),
         'loop': ('train',),
-        'ensemble': ('ensemble_loop_default', 'member_config', 'member_seeds', 'state_bytes'),
+        'ensemble': (
+            'device_memory',
+            'ensemble_loop_default',
+            'member_config',
+            'member_seeds',
+            'state_bytes',
+        ),
         'ensemble_run': (
             'member_logdir',
             'split_member',
