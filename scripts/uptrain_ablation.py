@@ -64,6 +64,7 @@ from lm.experiments import (
     ablation_report,
     base_config,
     check_ablation,
+    check_comparable,
     check_output_file,
     chosen_runs,
     compare_table,
@@ -242,6 +243,8 @@ def run() -> int:
     t0 = time.time()
     specs = plan_ablation(ab, _OUT.value)
     check_ablation(ab)
+    if _COMPARE.value:
+        check_comparable(specs, _COMPARE.value)
     only = None if _ONLY_SEED.value is None else f'seed{_ONLY_SEED.value}'
     with StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
         try:

@@ -260,3 +260,20 @@ def test_every_run_config_is_checked_before_any_run(tmp_path):
         check_configs(ablation(**good, eval_tokens=-1))
     with pytest.raises(ValueError, match='config.train.lr must be > 0'):
         check_configs(ablation(**{**good, 'lrs': (), 'overrides': (*one, 'train.lr=-1')}))
+
+
+def test_compare_with_an_out_dir_of_other_runs_says_so(tmp_path):
+    """--compare_with an out_dir holding none of this ablation's conversion runs is refused
+    before any run; one whose runs lack a seed gives a sentence, not an empty table."""
+    from lm.experiments.ablation_tables import check_comparable, compare_table
+
+    ab = ablation()
+    specs = plan(ab, str(tmp_path / 'out'))
+    with pytest.raises(ValueError, match=r'^--compare_with=.*: it holds no result of this abl'):
+        check_comparable(specs, str(tmp_path))
+    values = {('MQA', 'mean', 0.5): {0: 1.5, 1: 1.6}}
+    text = compare_table(ab, specs, {}, values, str(tmp_path / 'out'), str(tmp_path))
+    assert text == (
+        f'No paired difference with {tmp_path}: no conversion arm has held-out results for all '
+        'of its seeds in both out_dirs.'
+    )

@@ -1116,6 +1116,13 @@ EARLY = [
         r"--sweep_dir='.*/run/sw' is inside the run .*/run; give the new run a directory",
     ),
     (
+        'uptrain_ablation_compare_with_no_such_runs',  # its table came out empty, at the end
+        ABLATION,
+        lambda c: [f'--compare_with={c.sweep}', f'--out_dir={c.root}/abl'],
+        r"^error: --compare_with=.*: it holds no result of this ablation's conversion runs "
+        r'\([\w.-]+, \.\.\.\): give an earlier --out_dir of the same arms$',
+    ),
+    (
         'uptrain_ablation_report_in_a_missing_directory',
         ABLATION,
         lambda c: [f'--report={c.root}/nodir/report.md', f'--out_dir={c.root}/abl'],

@@ -38,6 +38,7 @@ __all__, __getattr__, __dir__ = public_face(
         ),
         'ablation_tables': (
             'PLOTTED',
+            'check_comparable',
             'chosen_runs',
             'compare_table',
             'lr_grid_rows',

@@ -170,6 +170,17 @@ def _method_comparisons(pairs: dict[tuple, tuple]) -> list[str]:
     return header + lines if lines else []
 
 
+def check_comparable(specs: list[Spec], other: str) -> None:
+    """Refuses, before any run, a --compare_with out_dir that holds the result of none of this
+    ablation's conversion runs (by name): its table would be empty."""
+    names = [s.name for s in specs if s.arm[1] != 'scratch']
+    if not any(read_result(os.path.join(other, name)) for name in names):
+        raise ValueError(
+            f"--compare_with={other}: it holds no result of this ablation's conversion runs "
+            f'({names[0]}, ...): give an earlier --out_dir of the same arms'
+        )
+
+
 def compare_table(
     ab: Ablation,
     specs: list[Spec],
@@ -198,6 +209,11 @@ def compare_table(
         f'| {label} | {method} | {alpha:g} | {summary.diff_cell(d, p_holm, flip_holm=f)} | {d.n} |'
         for (label, method, alpha), (d, _, p_holm), f in done
     ]
+    if not rows:
+        return (
+            f'No paired difference with {other}: no conversion arm has held-out results for '
+            'all of its seeds in both out_dirs.'
+        )
     now = ab.settings()
     changed = ', '.join(
         f'{k} {settings[k]} there' for k in now if settings and settings.get(k) != now[k]
