@@ -739,5 +739,30 @@ def test_a_shared_tb_dir_run_belongs_to_one_workdir(tmp_path):
     a.rename(tmp_path / 'a' / 'gone')  # the owner moved away: its name is free
     claim_logdir(str(b), tb)
     assert json.loads((tmp_path / 'tb' / 'mha' / 'workdir.json').read_text()) == {
-        'workdir': str(b.resolve())
+        'workdir': str(b.resolve()),
+        'logdir': str((tmp_path / 'tb' / 'mha').resolve()),
     }
+
+
+def test_a_copied_sweep_claims_its_copied_tb_dir(tmp_path):
+    """A sweep copied with its tb_dir (sweep/mha and sweep/tb/mha): the copy's run may log to
+    the copy's tb_dir, whose owner file names the original, which still exists; logging to the
+    original's tb_dir is still refused. An owner file from before the logdir was recorded keeps
+    the old rule."""
+    import shutil
+
+    from lm.train.summary import check_logdir_owner, claim_logdir
+
+    a = tmp_path / 'a'
+    (a / 'mha').mkdir(parents=True)
+    claim_logdir(str(a / 'mha'), str(a / 'tb'))
+    b = tmp_path / 'b'
+    shutil.copytree(a, b)
+    claim_logdir(str(b / 'mha'), str(b / 'tb'))  # the copy's own
+    with pytest.raises(ValueError, match=r'is the TensorBoard run of .*/a/mha;'):
+        check_logdir_owner(str(b / 'mha'), str(a / 'tb'), '--tb_dir')
+    c = tmp_path / 'c'
+    shutil.copytree(a, c)
+    (c / 'tb' / 'mha' / 'workdir.json').write_text(json.dumps({'workdir': str(a / 'mha')}))
+    with pytest.raises(ValueError, match=r'is the TensorBoard run of .*/a/mha;'):
+        check_logdir_owner(str(c / 'mha'), str(c / 'tb'), '--tb_dir')

@@ -35,7 +35,9 @@ def check_logdir_owner(workdir: str, tb_dir: str, flag: str) -> None:
     """One-line error when `workdir`'s run in a shared TensorBoard directory (`tb_dir`, or the
     one it remembers) is another workdir's, one that still exists: two runs of one name there
     would mix their curves. A run in its own `<workdir>/tb` cannot clash; one inside another
-    run's checkpoints/ would be taken for a checkpoint (`check_not_in_checkpoints`)."""
+    run's checkpoints/ would be taken for a checkpoint (`check_not_in_checkpoints`). A logdir
+    copied elsewhere with its tb_dir (the owner file names the logdir it was written in) is
+    the copy's: its owner logs to the original."""
     tb_dir = tb_dir or remembered_tb_dir(workdir)
     if not tb_dir:
         return
@@ -44,7 +46,10 @@ def check_logdir_owner(workdir: str, tb_dir: str, flag: str) -> None:
     path = os.path.join(logdir, OWNER_FILE)
     if not os.path.exists(path):
         return
-    owner = read_json_object(path)['workdir']
+    record = read_json_object(path)
+    owner = record['workdir']
+    if record.get('logdir', os.path.realpath(logdir)) != os.path.realpath(logdir):
+        return  # copied with its tb_dir (a copied sweep): the owner logs to the original
     if owner != os.path.realpath(workdir) and os.path.isdir(owner):  # not moved away
         raise ValueError(
             f'{flag}: {logdir} is the TensorBoard run of {owner}; a run of the same name '
@@ -62,7 +67,7 @@ def claim_logdir(workdir: str, tb_dir: str, flag: str = '--tb_dir') -> None:
         os.makedirs(logdir, exist_ok=True)
         path = os.path.join(logdir, OWNER_FILE)
         with open(path + '.tmp', 'w') as f:
-            json.dump({'workdir': os.path.realpath(workdir)}, f)
+            json.dump({'workdir': os.path.realpath(workdir), 'logdir': os.path.realpath(logdir)}, f)
         os.replace(path + '.tmp', path)
 
 
