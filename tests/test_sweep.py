@@ -627,3 +627,13 @@ def test_a_sweep_file_with_an_argument_loads_its_points():
     assert [p['name'] for p in module.get_points()] == ['mha', 'gqa2', 'mqa', 'mla']
     config = module.get_config('256')
     assert config.model.d_model == 256 and config.model.mla.qk_rope_head_dim == 32
+
+
+def test_a_one_point_sweep_has_no_orderings_table():
+    """With one point there is no pair: one line says so, not an empty table's header."""
+    from lm.experiments.sweep_summary import _orderings
+
+    assert _orderings([], 'loss', 'eval loss') == [
+        '',
+        'Orderings (eval loss): none, one point has no other to be compared with.',
+    ]

@@ -177,8 +177,11 @@ def _recall_markdown(rows: list[dict], pairs: list[dict], accuracy: dict) -> str
 
 def _orderings(pairs: list[dict], value: str, label: str) -> list[str]:
     """The lines of an orderings table: every pair's paired difference of `value`; the count
-    is Holm's, as the family note's (pairs without a p-value, e.g. on one seed, not counted)."""
-    m = pairs[0]['comparisons'] if pairs else 0
+    is Holm's, as the family note's (pairs without a p-value, e.g. on one seed, not counted);
+    one line with no pair (one point)."""
+    if not pairs:
+        return ['', f'Orderings ({label}): none, one point has no other to be compared with.']
+    m = pairs[0]['comparisons']
     over = 'this comparison' if m == 1 else f'these {summary.comparisons(m)}'
     resolved = (
         f'resolved when the Holm-corrected p over {over} is below 0.05'
