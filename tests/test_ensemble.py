@@ -474,6 +474,32 @@ def test_an_ensemble_whose_members_finished_under_other_groups_is_not_trained(tm
     assert not after[0].served(str(tmp_path))
 
 
+def test_seeds_added_to_a_point_keep_its_ensemble_and_train_the_rest(tmp_path, small_text):
+    """A sweep of 2 seeds as one ensemble, re-run with 5: the finished ensemble is planned as
+    it was (finished: nothing redone, no refusal for its member count) and seeds 2-4 train as
+    an ensemble of their own, ensembles/mha_seeds2-4 (or its groups); runs keep their names."""
+    from lm.experiments.runner import check, fingerprint
+
+    config = tiny_train_config(tmp_path, small_text)
+    points = [{'name': 'mha', 'model.attention': 'mha', 'model.num_kv_heads': 0}]
+    before = plan_sweep(config, points, str(tmp_path), [], 2, ensemble=True)
+    for spec in before:
+        (tmp_path / spec.name).mkdir(parents=True)
+        result = {'step': 8, 'eval': {'loss': 3.0}, 'fingerprint': fingerprint(spec)}
+        (tmp_path / spec.name / 'result.json').write_text(json.dumps(result))
+    after = plan_sweep(config, points, str(tmp_path), [], 5, ensemble=True)
+    check(after, str(tmp_path))  # the earlier ensemble is not "made with other settings"
+    assert [(s.name, s.fingerprint.get('train.ensemble')) for s in after] == [
+        ('ensembles/mha', 2), ('mha_s0', 0), ('mha_s1', 0),
+        ('ensembles/mha_seeds2-4', 3), ('mha_s2', 0), ('mha_s3', 0), ('mha_s4', 0),
+    ]  # fmt: skip
+    grouped = plan_sweep(config, points, str(tmp_path), [], 5, ensemble=True, ensemble_groups=2)
+    assert [s.name for s in grouped if s.name.startswith('ensembles/')] == [
+        'ensembles/mha_g0',
+        'ensembles/mha_g1',
+    ]  # groups asked for: as before (the finished members serve their ensemble)
+
+
 def test_after_an_extended_sweep_one_split_serves_every_later_member(tmp_path):
     """A sweep extended to more steps: the first member's split also takes each later member
     whose result is of the old step (not one process per member); a member already finished at

@@ -183,15 +183,22 @@ def _check_plan(specs: list[Spec]) -> None:
         seen[spec.name] = spec.lane_name
 
 
+def recorded_run(run_dir: str, resume: bool = True) -> dict | None:
+    """What `run_dir`'s run recorded (its 'fingerprint'): its result if it finished, else, for a
+    run that may `resume`, what it recorded when it started; None if neither."""
+    saved = read_result(run_dir)
+    if saved is None and resume:
+        saved = _read(os.path.join(run_dir, STARTED))
+    return saved
+
+
 def check(specs: list[Spec], out_dir: str, flag: str = '--out_dir') -> None:
     """Refuses, in one line naming the first such run and the keys, an out_dir holding runs made
     with other settings (finished, or started and resumable); deletes nothing."""
     _check_plan(specs)
     stale = []
     for spec in specs:
-        saved = read_result(workdir(out_dir, spec))
-        if saved is None and spec.resume:
-            saved = _read(os.path.join(workdir(out_dir, spec), STARTED))
+        saved = recorded_run(workdir(out_dir, spec), spec.resume)
         if saved is None:
             continue
         if 'fingerprint' not in saved:  # made before runs recorded one

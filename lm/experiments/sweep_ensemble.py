@@ -23,6 +23,7 @@ from lm.experiments.runner import (
     cached,
     call,
     read_result,
+    recorded_run,
     stopped_by,
 )
 from lm.experiments.runner import workdir as run_dir
@@ -90,15 +91,24 @@ class PointSpecs:
     ) -> list[Spec]:
         """The `n` seeds as `groups` ensembles (train.ensemble_loop = `loop`) of consecutive
         seeds, each a train.py run in a lane of its own (so `groups` can train at once), then
-        each seed's run split out of its ensemble (in that lane, after it)."""
-        groups = min(groups, n)
-        sizes = [n // groups + (j < n % groups) for j in range(groups)]
-        specs, first = [], 0
+        each seed's run split out of its ensemble (in that lane, after it). Seeds added to a
+        point whose one ensemble (of fewer) was made earlier: that ensemble as it was, and the
+        added seeds as ensembles of their own (<point>_seeds<first>-<last>, then _g<j>)."""
+        specs, first, name = [], 0, f'{ENSEMBLES}/{self.name}'
+        if groups == 1 and 0 < (had := self._members_of(name)) < n:  # seeds added since
+            specs, first = self._group(config, name, 0, had, n, loop), had
+            name = f'{name}_seeds{config.seed + had}-{config.seed + n - 1}'
+        groups = min(groups, n - first)
+        sizes = [(n - first) // groups + (j < (n - first) % groups) for j in range(groups)]
         for j, k in enumerate(sizes):
-            name = f'{ENSEMBLES}/{self.name}' + (f'_g{j}' if groups > 1 else '')
-            specs += self._group(config, name, first, k, n, loop)
+            specs += self._group(config, name + (f'_g{j}' if groups > 1 else ''), first, k, n, loop)
             first += k
         return specs
+
+    def _members_of(self, name: str) -> int:
+        """The members of the ensemble `name` as its run recorded them (0: none recorded)."""
+        saved = recorded_run(os.path.join(self.sweep_dir, name)) or {}
+        return saved.get('fingerprint', {}).get('train.ensemble', 0)
 
     def _group(
         self, config: ml_collections.ConfigDict, name: str, first: int, k: int, n: int, loop: bool
