@@ -107,7 +107,7 @@ def source_lines(readme: pathlib.Path, kinds: list[str]) -> list[str]:
             results = readme.parent / 'results'
             generated = tables.render(page, str(results))
             for match in tables.MARKER.finditer(generated):
-                out += match[4].split('\n')
+                out += match['body'].split('\n')
             for path in sorted(results.glob('*.csv')):
                 with open(path, newline='') as f:
                     out += [' '.join(row) for row in csv.reader(f)]

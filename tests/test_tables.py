@@ -102,6 +102,32 @@ def damaged_study(tmp_path, doc: str, csv: str | bytes = SEEDS_CSV):
     return docs, results, docs / 'x.md', path
 
 
+def test_a_marker_with_a_seed_range_tables_those_seeds_alone(tmp_path):
+    """`<!-- table: KIND NAME seeds A-B -->` makes the table of the rows of seeds A..B: the
+    same as a CSV of those rows; a CSV with no seed column, or no row in the range, is named."""
+    results = tmp_path / 'results'
+    results.mkdir()
+    rows = 'arm,seed,loss\n' + ''.join(
+        f'{arm},{k},{1 + 0.1 * k + (0.05 if arm == "b" else 0) + 0.01 * (k % 3)}\n'
+        for arm in 'ab'
+        for k in range(6)
+    )
+    (results / 'x.csv').write_text(rows)
+    lines = rows.splitlines()
+    kept = [lines[0], *(r for r in lines[1:] if int(r.split(',')[1]) >= 2)]
+    (results / 'y.csv').write_text('\n'.join(kept) + '\n')
+    some = tables.render('<!-- table: seeds x seeds 2-5 -->\n<!-- /table -->\n', str(results))
+    whole = tables.render('<!-- table: seeds y -->\n<!-- /table -->\n', str(results))
+    assert some.split('\n', 1)[1] == whole.split('\n', 1)[1] and '| 4 |' in some
+    (results / 'r.csv').write_text('arm,loss\na,1\n')
+    for marker, message in [
+        ('seeds r seeds 0-1', r'r\.csv: a table of seeds 0-1 needs a seed column'),
+        ('seeds x seeds 7-9', r'x\.csv: no row of seeds 7-9'),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            tables.render(f'<!-- table: {marker} -->\n<!-- /table -->\n', str(results))
+
+
 @pytest.mark.parametrize(
     'doc, line, message',
     [

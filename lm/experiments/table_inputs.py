@@ -10,7 +10,7 @@ import math
 import os
 import re
 
-OPENER = re.compile(r'<!-- table: \w+ [\w.-]+ -->\n')
+OPENER = re.compile(r'<!-- table: \w+ [\w.-]+(?: seeds \d+-\d+)? -->\n')
 CLOSER = '<!-- /table -->'
 ANY_MARKER = re.compile(r'<!--\s*/?\s*table\b')
 # The columns that say which measurement a row is (the rest are its values): no two rows of a

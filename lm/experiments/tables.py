@@ -5,7 +5,8 @@ table in a study can disagree with its data: `scripts/make_tables.py` rewrites e
     ...generated...
     <!-- /table -->
 
-of a study's README.md with the table of kind KIND made from its results/NAME.csv. Kinds:
+of a study's README.md with the table of kind KIND made from its results/NAME.csv
+(`<!-- table: KIND NAME seeds A-B -->`: from the rows of seeds A to B alone). Kinds:
 - 'seeds': per-seed values (columns arm, seed, value): per arm mean ± std and 95% t-interval,
   then every pair's paired difference with its exact sign-flip p beside the t-test's. A sweep's
   summary_seeds.csv (point, seed, then its values) gives one such table per value, and every
@@ -78,7 +79,10 @@ from lm.experiments import (
 from lm.experiments.runner import arm_and_seed
 from lm.experiments.table_inputs import check_markers, read_csv, read_text
 
-MARKER = re.compile(r'(<!-- table: (\w+) ([\w.-]+) -->\n)(.*?)(<!-- /table -->)', re.S)
+MARKER = re.compile(
+    r'(<!-- table: (\w+) ([\w.-]+)(?: seeds (\d+)-(\d+))? -->\n)(?P<body>.*?)(<!-- /table -->)',
+    re.S,
+)
 
 
 def intervals_table(rows: list[dict]) -> str:
@@ -226,6 +230,17 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
 }
 
 
+def seed_rows_between(rows: list[dict], first: int, last: int, path: str) -> list[dict]:
+    """The rows of seeds first..last of a CSV with a 'seed' column (one line naming `path`
+    otherwise, or when no row is left)."""
+    if 'seed' not in rows[0]:
+        raise ValueError(f'{path}: a table of seeds {first}-{last} needs a seed column')
+    kept = [r for r in rows if first <= int(r['seed']) <= last]
+    if not kept:
+        raise ValueError(f'{path}: no row of seeds {first}-{last}')
+    return kept
+
+
 def render(text: str, results_dir: str) -> str:
     """`text` (a doc) with every marked region replaced by its generated table."""
 
@@ -234,7 +249,10 @@ def render(text: str, results_dir: str) -> str:
         if kind not in KINDS:
             raise ValueError(f'table marker {match[1].strip()}: kind must be one of {list(KINDS)}')
         path = os.path.join(results_dir, f'{name}.csv')
-        return f'{match[1]}{KINDS[kind](read_csv(path))}\n{match[5]}'
+        rows = read_csv(path)
+        if match[4] is not None:  # `seeds A-B`: the rows of those seeds alone
+            rows = seed_rows_between(rows, int(match[4]), int(match[5]), path)
+        return f'{match[1]}{KINDS[kind](rows)}\n{match[7]}'
 
     return MARKER.sub(table, text)
 
