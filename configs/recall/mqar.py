@@ -1,5 +1,5 @@
-"""Multi-query associative recall (Zoology's MQAR, lm/data/recall.py) for a 2-layer model; the
-loss and `eval/recall_accuracy` count the answer tokens only:
+"""Leaky multi-query associative recall (after Zoology's MQAR, lm/data/recall.py) for a 2-layer
+model; the loss and `eval/recall_accuracy` count the answer tokens only:
 
   python train.py --config=configs/recall/mqar.py:mha --workdir=runs/mqar_mha
 

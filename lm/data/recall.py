@@ -1,7 +1,8 @@
 """Recall tasks: synthetic sources whose answers need the KV cache, scored only where an answer is
 due (`config.data.source`):
 
-- 'mqar': multi-query associative recall (Arora et al. 2023, "Zoology", `multiquery_ar`). A row
+- 'mqar': leaky multi-query associative recall, after Arora et al. 2023 ("Zoology",
+  `multiquery_ar`; 'mqar_zoology', `zoology_rows`, is MQAR as Zoology builds it). A row
   opens with `recall_pairs` key-value pairs (keys from [1, V/2), values from [V/2, V), V =
   `recall_vocab`, each key and each value once), then each key once more as a query at a slot
   drawn by Zoology's power law (`recall_power_a`); the token after a query is its value, the
