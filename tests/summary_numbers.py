@@ -4,9 +4,11 @@ A study page (docs/studies/<study>/README.md) opens with an answer table; above 
 the sources its numbers are checked against:
 
     <!-- summary sources: csv -->          its results/*.csv and the tables generated from them
+                                           (on any of the study's pages)
                                            (rendered here by scripts/make_tables.py's code)
-    <!-- summary sources: page -->         the page below the answer table: its dated record of
-                                           single runs, where the log or output was not committed
+    <!-- summary sources: page -->         the page below the answer table and its chronology.md:
+                                           the dated record of single runs, where the log or
+                                           output was not committed
     <!-- summary sources: page, x.json --> also files of the study folder, read as text
     <!-- summary sources for "Decode speed": page -->  the rows whose question starts so
 
@@ -103,11 +105,12 @@ def source_lines(readme: pathlib.Path, kinds: list[str]) -> list[str]:
     page = readme.read_text()
     out: list[str] = []
     for kind in kinds:
-        if kind == 'csv':
+        if kind == 'csv':  # the tables generated on the study's pages (README, chronology)
             results = readme.parent / 'results'
-            generated = tables.render(page, str(results))
-            for match in tables.MARKER.finditer(generated):
-                out += match['body'].split('\n')
+            for doc in sorted(readme.parent.glob('*.md')):
+                generated = tables.render(doc.read_text(), str(results))
+                for match in tables.MARKER.finditer(generated):
+                    out += match['body'].split('\n')
             for path in sorted(results.glob('*.csv')):
                 with open(path, newline='') as f:
                     out += [' '.join(row) for row in csv.reader(f)]
@@ -115,6 +118,9 @@ def source_lines(readme: pathlib.Path, kinds: list[str]) -> list[str]:
             body = page[page.index(ANSWER_HEADER) :].split('\n')
             body = body[2 + len(answer_rows(page)) :]
             out += body
+            record = readme.parent / 'chronology.md'  # a study's record, split from its page
+            if record.exists():
+                out += record.read_text().split('\n')
         else:
             out += (readme.parent / kind).read_text().split('\n')
     return out
