@@ -22,7 +22,7 @@ commands.
 Reference pages (README.md and docs/*.md) are one chain (`REFERENCE`, in that order): their
 commands run in one scratch directory, each once (a command repeated on a later page runs once),
 so later ones read what earlier ones wrote (train, then eval, uptrain, analysis, export).
-Studies (docs/studies/**/README.md) are only flag-checked, whatever their comments say: each
+Studies (docs/studies/*/*.md: reports, records, statements) are only flag-checked, whatever their comments say: each
 `python` invocation parses its flags, and the repository files each command names exist.
 Data: `data/tinyshakespeare.txt` and `prompts.txt` are texts the tests write (no network).
 """
@@ -39,7 +39,7 @@ from conftest import ENV, ROOT, stdlib_text
 from fork_server import ForkServer
 
 REFERENCE = ['README.md'] + sorted(f'docs/{p.name}' for p in (ROOT / 'docs').glob('*.md'))
-STUDIES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / 'docs' / 'studies').glob('*/README.md'))
+STUDIES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / 'docs' / 'studies').glob('*/*.md'))
 ANSWER_HEADER = '| question | result | date | reproduce |'  # a study's answer table
 TINY = (
     '--config.model.d_model=32 --config.model.num_layers=1 --config.data.seq_len=16 '
