@@ -22,8 +22,9 @@ commands.
 Reference pages (README.md and docs/*.md) are one chain (`REFERENCE`, in that order): their
 commands run in one scratch directory, each once (a command repeated on a later page runs once),
 so later ones read what earlier ones wrote (train, then eval, uptrain, analysis, export).
-Studies (docs/studies/*/*.md: reports, records, statements) are only flag-checked, whatever their comments say: each
-`python` invocation parses its flags, and the repository files each command names exist.
+Studies (docs/studies/*/*.md: reports, records, statements) are only flag-checked, whatever
+their comments say: each `python` invocation parses its flags, and the repository files each
+command names exist.
 Data: `data/tinyshakespeare.txt` and `prompts.txt` are texts the tests write (no network).
 """
 

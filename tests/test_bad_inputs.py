@@ -1132,7 +1132,7 @@ EARLY = [
         'plot_pareto_out_is_a_directory',
         PARETO,
         lambda c: [f'--table={c.root}/pareto.csv', f'--out={c.root}'],
-        r'--out=.* is a directory; expected a file path',
+        r'--out=.* is a directory; give a file path',
     ),
     (
         'plot_pareto_out_not_png',

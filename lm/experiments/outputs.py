@@ -24,30 +24,27 @@ SWEEP_FILES = (
 RUN_RECORDS = ('results.json', RESULT, STARTED, TB_FILE)
 
 
-def check_output_file(path: str, flag: str, suffix: str = '') -> None:
+def check_output_file(path: str, flag: str, suffix: str = '', sweep_dir: str = '') -> None:
     """One-line error unless `path` names a file (ending in `suffix` when given) that can be
     written: not a directory, in an existing writable directory, and none of a run's or a
-    sweep's own files (`check_not_record_file`). Writes nothing."""
-    if os.path.isdir(path):
-        raise ValueError(f'{flag}={path} is a directory; expected a file path')
-    if suffix and not path.endswith(suffix):
-        raise ValueError(f'{flag}={path}: expected a file name ending in {suffix}')
+    sweep's own files (`check_output_path`). Writes nothing."""
+    check_output_path(path, flag, suffix, sweep_dir)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ValueError(f'{flag}={path}: its directory {parent} does not exist')
     if not os.access(parent, os.W_OK):
         raise ValueError(f'{flag}={path}: its directory {parent} is not writable')
-    check_not_record_file(path, flag)
 
 
-def check_output_path(path: str, flag: str, suffix: str, sweep_dir: str = '') -> None:
-    """One-line error unless `path` names a file ending in `suffix` (.csv, .json) that is none
-    of a run's or a sweep's own files (`check_not_record_file`): a table or a benchmark's rows
-    never replace a README, a data file, a run's result.json or a directory. Its directory is
-    checked (and made) by the caller."""
+def check_output_path(path: str, flag: str, suffix: str = '', sweep_dir: str = '') -> None:
+    """One-line error unless `path` names a file ending in `suffix` (.csv, .json; any when '')
+    that is none of a run's or a sweep's own files (`check_not_record_file`): a table or a
+    benchmark's rows never replace a README, a data file, a run's result.json or a directory.
+    Its directory is checked (and made) by the caller (`check_output_file` checks it)."""
+    ending = f' ending in {suffix}' if suffix else ''
     if os.path.isdir(path):
-        raise ValueError(f'{flag}={path} is a directory; give a file path ending in {suffix}')
-    if not path.endswith(suffix):
+        raise ValueError(f'{flag}={path} is a directory; give a file path{ending}')
+    if suffix and not path.endswith(suffix):
         raise ValueError(f'{flag}={path}: expected a file name ending in {suffix}')
     check_not_record_file(path, flag, sweep_dir)
 
