@@ -141,6 +141,13 @@ _OPT_STATE = flags.DEFINE_string(
     "'convert': the source's AdamW state, K/V moments pooled like the weights (MLA: the kept "
     "parameters' moments, zero for the new factors); 'fresh': new.",
 )
+_DATA_SPLIT = flags.DEFINE_string(
+    'data_split',
+    None,
+    "Corpus part the converted run trains on (config.data.split): '' (the whole training split), "
+    "'pretrain', 'uptrain' or 'pretrain+uptrain'; default: the source's. A source trained on "
+    "'pretrain' uptrains on the part set aside for it with 'uptrain'.",
+)
 _TB_DIR = flags.DEFINE_string(
     'tb_dir', '', "Shared TensorBoard directory of the new run; '' = the source's."
 )
@@ -190,6 +197,7 @@ def options() -> ConversionOptions:
         lr=_LR.value,
         seed=_SEED.value,
         kv_budget=_BUDGET.value,
+        data_split=_DATA_SPLIT.value,
     )
 
 
@@ -221,7 +229,9 @@ def run() -> int:
             f'wrote {dst}: {config.model.attention} with {cache_summary(config)} by '
             f'{config.uptrain.method} ({config.uptrain.grouping} grouping) at step '
             f'{config.uptrain.source_step} ({_SCHEDULE.value} schedule, '
-            f'{optimizer_state_summary(config)}, to step {config.train.steps}); next: '
+            f'{optimizer_state_summary(config)}, to step {config.train.steps}, on '
+            f'{f"data.split={config.data.split!r}" if config.data.split else "all the data"}); '
+            'next: '
             f'python train.py --workdir={dst}' + (f' --tb_dir={tb_dir}' if tb_dir else '')
         )
     if stop.signum:  # it arrived while writing, which is let finish

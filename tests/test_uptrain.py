@@ -450,6 +450,7 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert 'gqa with 2 KV heads' in out.stdout and ', convert optimizer state,' in out.stdout
+    assert ', on all the data); next:' in out.stdout  # the source's part: the whole split
     # the converted run logs where its source did: said in the next command, and remembered
     assert out.stdout.strip().endswith(
         f'next: python train.py --workdir={tmp_path / "gqa"} --tb_dir={tmp_path / "tb"}'
@@ -468,6 +469,16 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     assert out.returncode == 0, out.stderr[-3000:]
     assert max(read_scalars(tmp_path / 'tb' / 'gqa', 'train/loss')) == 52
     assert stored_config(str(tmp_path / 'gqa')).train.steps == 52
+    # --data_split: the part the converted run trains on (here the corpus's uptrain part)
+    part = [f'--src={tmp_path / "mha"}', '--num_kv_heads=2', '--data_split=uptrain']
+    out = run_entry('scripts/uptrain.py', *part, f'--dst={tmp_path / "gqa_up"}')
+    assert out.returncode == 0 and ", on data.split='uptrain'); next:" in out.stdout, out.stderr
+    assert stored_config(str(tmp_path / 'gqa_up')).data.split == 'uptrain'
+    part[-1] = '--data_split=heldout'  # held-out text is never trained on
+    out = run_entry('scripts/uptrain.py', *part, f'--dst={tmp_path / "gqa_h"}')
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith(
+        'error: --data_split must be one of'
+    ), out.stderr[-2000:]
     # Errors are one line: an existing destination, a workdir with no checkpoint.
     again = run_entry(
         'scripts/uptrain.py',
