@@ -364,9 +364,9 @@ def check_flags() -> tuple[list[int], list[int]]:
 
 
 def check_memory(B: int, context: int) -> None:
-    """Refuses, before any row runs, a largest row whose cache alone (B rows of the context
-    plus --new_tokens) exceeds a device's memory, and a bandwidth measurement whose copy (its
-    array twice) does; they would fail allocating, in a traceback."""
+    """Refuses, before any row runs, a largest row whose cache (B rows of the context plus
+    --new_tokens) and weights exceed a device's memory, and a bandwidth measurement whose copy
+    (its array twice) does; they would fail allocating, in a traceback."""
     limit = device_memory()
     if limit is None:
         return
@@ -377,12 +377,14 @@ def check_memory(B: int, context: int) -> None:
         )
     S = cache_capacity(context + _NEW.value)
     for variant in _VARIANTS.value:
-        need = B * kv_cache_bytes(model_for(variant), S, _DTYPE.value, _KV_DTYPE.value)
-        if need > limit:
+        cfg = model_for(variant)
+        cache = B * kv_cache_bytes(cfg, S, _DTYPE.value, _KV_DTYPE.value)
+        weights = param_counts(cfg)['total'] * np.dtype(cfg.param_dtype).itemsize
+        if cache + weights > limit:
             raise ValueError(
                 f"--batch={B} --contexts={context}: {variant}'s cache of {S} slots per row "
-                f'holds {need / 2**30:.1f} GiB, more than the {limit / 2**30:.1f} GiB a device '
-                'has: a smaller --batch, --contexts or --d_model'
+                f'({cache / 2**30:.1f} GiB) and weights ({weights / 2**30:.1f} GiB) exceed the '
+                f'{limit / 2**30:.1f} GiB a device has: a smaller --batch, --contexts or --d_model'
             )
 
 

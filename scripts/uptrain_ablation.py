@@ -217,6 +217,8 @@ def check_flags(seeds: int) -> None:
     if _ONLY_SEED.value is not None and _ONLY_SEED.value not in range(seeds):
         raise ValueError(f'--only_seed: expected one of 0..{seeds - 1} (--seeds)')
     for flag in (_REUSE, _COMPARE):
+        if flag.value and os.path.realpath(flag.value) == os.path.realpath(_OUT.value):
+            raise ValueError(f'--{flag.name}={flag.value} is --out_dir itself; name an earlier one')
         if flag.value and not os.path.isdir(flag.value):
             raise ValueError(
                 f'--{flag.name}: {flag.value} is not a directory (an earlier --out_dir)'

@@ -358,6 +358,12 @@ ROWS = [
         r'config\.data\.seq_len=\d+ targets',
     ),
     (
+        'eval_tb_dir_inside_another_run',  # its logs landed among that run's files
+        EVAL,
+        lambda c: [f'--workdir={c.run}', f'--tb_dir={c.sweep}/mha_s0'],
+        r'^error: --tb_dir: .*/mha_s0/run would be inside the run .*/mha_s0, among its files',
+    ),
+    (
         'eval_text_by_another_tokenizer',  # its ids are not the ones the checkpoint embeds
         EVAL,
         lambda c: [f'--config={c.good_cfg}', '--config.data.tokenizer=bpe'],
@@ -958,8 +964,14 @@ EARLY = [
         'bench_decode_cache_beyond_memory',  # it failed allocating, in a traceback
         BENCH,
         lambda c: ['--batch=4096', '--contexts=65536', '--variants=mha'],
-        r"^error: --batch=4096 --contexts=65536: mha's cache of 65664 slots per row holds "
-        r'4104\.0 GiB, more than the [\d.]+ GiB a device has',
+        r"^error: --batch=4096 --contexts=65536: mha's cache of 65664 slots per row \(4104\.0 "
+        r'GiB\) and weights \(0\.0 GiB\) exceed the [\d.]+ GiB a device has',
+    ),
+    (
+        'bench_decode_weights_beyond_memory',  # a small cache of a huge model: it failed too
+        BENCH,
+        lambda c: ['--d_model=65536', '--num_layers=1', '--contexts=16', '--variants=mqa'],
+        r"^error: --batch=4 --contexts=16: mqa's cache of .* and weights \(\d+\.\d GiB\) exceed",
     ),
     (
         'bench_decode_bandwidth_beyond_memory',
@@ -1114,6 +1126,12 @@ EARLY = [
         SWEEP,
         lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.run}/sw'],
         r"--sweep_dir='.*/run/sw' is inside the run .*/run; give the new run a directory",
+    ),
+    (
+        'uptrain_ablation_compare_with_itself',  # it printed +0.0000 as a result
+        ABLATION,
+        lambda c: [f'--compare_with={c.root}/abl', f'--out_dir={c.root}/abl'],
+        r'^error: --compare_with=.*/abl is --out_dir itself; name an earlier one$',
     ),
     (
         'uptrain_ablation_compare_with_no_such_runs',  # its table came out empty, at the end

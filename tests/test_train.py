@@ -766,3 +766,28 @@ def test_a_copied_sweep_claims_its_copied_tb_dir(tmp_path):
     (c / 'tb' / 'mha' / 'workdir.json').write_text(json.dumps({'workdir': str(a / 'mha')}))
     with pytest.raises(ValueError, match=r'is the TensorBoard run of .*/a/mha;'):
         check_logdir_owner(str(c / 'mha'), str(c / 'tb'), '--tb_dir')
+
+
+def test_a_run_saved_with_a_data_setting_it_never_read_reads_back_as_used(
+    tmp_path, small_text, monkeypatch
+):
+    """A run made before such settings were refused (data.uptrain_fraction=0.2 with no
+    data.split) reads back with configs/base.py's value: eval, uptraining and generation take
+    its config, and resuming it (without --config, or with the setting left out) is no config
+    change."""
+    import lm.train.run as run_module
+    from lm.train.checkpoint import read_latest_meta
+    from lm.train.identity import config_changes
+
+    config = tiny_train_config(tmp_path, small_text, **{'data.uptrain_fraction': 0.2})
+    monkeypatch.setattr(run_module, 'check_idle_data', lambda *a: None)  # as before the check
+    train(config, str(tmp_path / 'old'))
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r'uptrain_fraction=0\.2 does nothing'):
+        check_config(config)  # a new run with it: refused
+    stored = stored_config(str(tmp_path / 'old'))
+    assert stored.data.uptrain_fraction == 0.1
+    checked = check_config(stored)
+    assert config_changes(read_latest_meta(str(tmp_path / 'old'))['config'], checked) == []
+    more = with_values(stored, {'train.steps': 10})
+    assert train(more, str(tmp_path / 'old'))['step'] == 10  # resumed

@@ -89,9 +89,9 @@ def _reset_idle(valid: list[tuple]) -> None:
     defaults, idle = default_values('data'), {}
     for name, _, config in valid:
         for key, why in idle_data_settings(config.data, defaults).items():
-            idle.setdefault(f'data.{key}={config.data[key]!r}', (why, []))[1].append(name)
+            idle.setdefault((f'data.{key}={config.data[key]!r}', why), []).append(name)
         reset_idle_data(config.data, defaults)
-    for setting, (why, names) in idle.items():
+    for (setting, why), names in idle.items():
         if len(names) == len(valid):
             raise ValueError(
                 f'config.{setting} does nothing in any sweep point ({why}); leave it out'

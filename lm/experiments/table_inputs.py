@@ -44,7 +44,8 @@ def check_markers(text: str, path: str) -> None:
             shown = text[at:].split('\n', 1)[0]
             raise ValueError(
                 f'{path} line {line}: {shown!r} is not a table marker: '
-                f'<!-- table: KIND NAME --> on a line of its own, or {CLOSER}'
+                f'<!-- table: KIND NAME --> (or <!-- table: KIND NAME seeds A-B -->) on a '
+                f'line of its own, or {CLOSER}'
             )
     if opened is not None:
         raise ValueError(f'{path} line {opened}: its table has no {CLOSER}')

@@ -235,6 +235,9 @@ def seed_rows_between(rows: list[dict], first: int, last: int, path: str) -> lis
     otherwise, or when no row is left)."""
     if 'seed' not in rows[0]:
         raise ValueError(f'{path}: a table of seeds {first}-{last} needs a seed column')
+    for line, r in enumerate(rows, 2):
+        if not r['seed'].isdigit():
+            raise ValueError(f'{path} line {line}: seed {r["seed"]!r} is not a whole number')
     kept = [r for r in rows if first <= int(r['seed']) <= last]
     if not kept:
         raise ValueError(f'{path}: no row of seeds {first}-{last}')

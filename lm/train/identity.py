@@ -12,7 +12,9 @@ from typing import Any
 
 import ml_collections
 
+from lm.config import default_values
 from lm.config_migration import upgrade_config
+from lm.data.checks import reset_idle_data
 from lm.data.files import split_paths
 
 # Config keys (or whole sections, ending in '.') that may change when a run resumes: they set
@@ -69,12 +71,21 @@ def config_fingerprint(config: ml_collections.ConfigDict) -> str:
     return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def as_used(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config`, read back from a run, with the data settings the run never read set back to
+    configs/base.py's (`lm.data.checks.reset_idle_data`; in place, and returned): a run made
+    before such a setting was refused reads back as what it used, not as a config new runs
+    refuse."""
+    reset_idle_data(config.data, default_values('data'))
+    return config
+
+
 def config_changes(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
     """['train.lr: 0.001 -> 0.003', ...]: the settings outside RESUMABLE_KEYS in which `config`
-    differs from `saved` (a checkpoint's config, upgraded to today's keys first). A
+    differs from `saved` (a checkpoint's config, upgraded to today's keys, `as_used`). A
     `model.vocab_size` of 0 ("from the tokenizer") matches any saved size, and a `data.path`
     that names the same files (absolute or relative) matches."""
-    old, new = flat_config(upgrade_config(saved)), flat_config(config)
+    old, new = flat_config(as_used(upgrade_config(saved))), flat_config(config)
     changes = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, '(absent)'), new.get(key, '(absent)')

@@ -21,7 +21,7 @@ from lm.train.checkpoint import (
     read_step_meta,
     saved_steps,
 )
-from lm.train.identity import config_changes, config_fingerprint
+from lm.train.identity import as_used, config_changes, config_fingerprint
 from lm.train.step import StepContext
 from lm.train.workdir import (
     A_RUN,
@@ -134,13 +134,13 @@ def stored_config(
     workdir: str, flag: str = '--workdir', step: int | None = None
 ) -> ml_collections.ConfigDict:
     """The config saved with `workdir`'s checkpoint `step` (default: the latest), e.g. to resume
-    without --config, read without starting a JAX backend."""
+    without --config, read without starting a JAX backend; as the run used it (`as_used`)."""
     directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
     steps = saved_steps(workdir)
     check_step(steps, step, directory, flag)
     step = steps[-1] if step is None else step
     meta = read_sound_meta(workdir, step, flag)
-    config = upgrade_config(run_resolved(meta['config'], workdir))
+    config = as_used(upgrade_config(run_resolved(meta['config'], workdir)))
     check_tokenizer_file(config.data, meta.get('tokenizer_sha256', ''), f'{flag}={workdir}')
     return config
 

@@ -15,7 +15,12 @@ import jax
 import numpy as np
 
 from lm.train import hparams as hparams_tab
-from lm.train.workdir import check_not_in_checkpoints, read_json_object, remembered_tb_dir
+from lm.train.workdir import (
+    check_not_in_checkpoints,
+    read_json_object,
+    remembered_tb_dir,
+    run_above,
+)
 
 
 def run_logdir(workdir: str, tb_dir: str = '') -> str:
@@ -43,6 +48,11 @@ def check_logdir_owner(workdir: str, tb_dir: str, flag: str) -> None:
         return
     logdir = run_logdir(workdir, tb_dir)
     check_not_in_checkpoints(logdir, flag)
+    if (run := run_above(logdir)) and run != os.path.realpath(workdir):
+        raise ValueError(
+            f'{flag}: {logdir} would be inside the run {run}, among its files; give TensorBoard '
+            'a directory outside other runs'
+        )
     path = os.path.join(logdir, OWNER_FILE)
     if not os.path.exists(path):
         return

@@ -135,7 +135,7 @@ def check_new_run_dir(path: str, setting: str = '--workdir') -> None:
         )
 
 
-def _run_above(path: str) -> str | None:
+def run_above(path: str) -> str | None:
     """The training run that directory `path` lies inside (at any depth), or None."""
     parent = os.path.dirname(os.path.realpath(path))
     while parent != os.path.dirname(parent):
@@ -148,7 +148,7 @@ def _run_above(path: str) -> str | None:
 def check_not_inside_a_run(path: str, setting: str) -> None:
     """One-line ValueError when directory `path`, where new runs would be made (a run, a sweep
     or an ablation), lies inside a training run: its checkpoints/ or anywhere else in it."""
-    if (run := _run_above(path)) is None:
+    if (run := run_above(path)) is None:
         return
     mine, checkpoints = os.path.realpath(path), os.path.join(run, 'checkpoints')
     where = (
@@ -165,7 +165,7 @@ def check_not_inside_a_run(path: str, setting: str) -> None:
 def check_not_in_checkpoints(path: str, setting: str) -> None:
     """One-line ValueError for an output directory below a run's checkpoints/: it would be taken
     for an unreadable checkpoint, or deleted with one (config.keep_checkpoints)."""
-    if '://' in path or (run := _run_above(path)) is None:
+    if '://' in path or (run := run_above(path)) is None:
         return
     mine, checkpoints = os.path.realpath(path), os.path.join(run, 'checkpoints')
     if mine != checkpoints and os.path.commonpath([mine, checkpoints]) == checkpoints:
