@@ -67,6 +67,7 @@ from lm.experiments import (
 )
 from lm.train import (
     A_RUN,
+    AN_ABLATION,
     WorkdirLock,
     check_not_inside_a_run,
     directory_kind,
@@ -143,8 +144,8 @@ def check_flags() -> None:
     sweep_dir = _SWEEP_DIR.value
     if not _STATUS.value:  # --status only reads: a read-only copy of a sweep is fine
         check_writable_dir(sweep_dir, '--sweep_dir')
-        if directory_kind(sweep_dir) == A_RUN:
-            raise ValueError(f'--sweep_dir: {sweep_dir} is {A_RUN}, not a sweep directory')
+        if (kind := directory_kind(sweep_dir)) in (A_RUN, AN_ABLATION):
+            raise ValueError(f'--sweep_dir: {sweep_dir} is {kind}, not a sweep directory')
         check_not_inside_a_run(sweep_dir, '--sweep_dir')
         if _TB_DIR.value:
             check_writable_dir(_TB_DIR.value, '--tb_dir')

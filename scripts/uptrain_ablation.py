@@ -66,16 +66,18 @@ from lm.experiments import (
     check_ablation,
     check_comparable,
     check_output_file,
+    check_output_path,
     chosen_runs,
     compare_table,
     lr_grid_rows,
+    mark_ablation,
     plan_ablation,
     run_specs,
     seed_rows,
     summarise_pareto,
     write_csv,
 )
-from lm.train import check_not_inside_a_run, directory_kind
+from lm.train import AN_ABLATION, check_not_inside_a_run, directory_kind
 
 _DATA = flags.DEFINE_string('data_path', 'data/tinyshakespeare.txt', 'Text file.')
 _OUT = flags.DEFINE_string('out_dir', 'runs/uptrain_ablation', 'Workdirs and TensorBoard.')
@@ -210,8 +212,10 @@ def check_flags(seeds: int) -> None:
     in an existing writable directory, or in --out_dir (which the runs make)."""
     report = _REPORT.value
     in_out_dir = os.path.dirname(os.path.abspath(report)) == os.path.abspath(_OUT.value)
-    if report and not (in_out_dir and not os.path.isdir(report)):
-        check_output_file(report, '--report')
+    if report and in_out_dir:  # the directory is made with the runs; the ablation's own files
+        check_output_path(report, '--report', '.md', _OUT.value)
+    elif report:
+        check_output_file(report, '--report', '.md')
     if _PARALLEL.value < 1:
         raise ValueError(f'--parallel: expected >= 1, got {_PARALLEL.value}')
     if _ONLY_SEED.value is not None and _ONLY_SEED.value not in range(seeds):
@@ -233,7 +237,7 @@ def relaunch(lane: str) -> list[str]:
 
 def run() -> int:
     check_writable_dir(_OUT.value, '--out_dir')
-    if kind := directory_kind(_OUT.value):
+    if (kind := directory_kind(_OUT.value)) and kind != AN_ABLATION:
         raise ValueError(
             f'--out_dir={_OUT.value!r} is {kind}; the ablation makes its runs in a directory of '
             'its own'
@@ -247,6 +251,7 @@ def run() -> int:
     check_ablation(ab)
     if _COMPARE.value:
         check_comparable(specs, _COMPARE.value)
+    mark_ablation(_OUT.value, ab.settings())  # its files are then refused as others' outputs
     only = None if _ONLY_SEED.value is None else f'seed{_ONLY_SEED.value}'
     with StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
         try:

@@ -900,6 +900,8 @@ def early(ctx):
     ablation_run.mkdir(parents=True)
     result = {'fingerprint': {'steps': 10, 'split': 'uptrain'}}
     (ablation_run / 'result.json').write_text(json.dumps(result))
+    (root / 'ablation' / 'ablation.json').write_text('{"settings": {}}')  # its out_dir's mark
+    (root / 'ablation' / 'seeds.csv').write_text('model,conversion,alpha_or_steps,seed,x\n')
     (root / 'pareto.csv').write_text(
         'panel,family,label,kv_cache_bytes_per_token,metric,seed,value\n'
         'p,float,mha,2048,eval/loss,0,3.0\n'
@@ -1190,6 +1192,29 @@ EARLY = [
         'scripts/analyze_heads.py',
         lambda c: [f'--workdir={c.run}', f'--compare={c.run}', f'--out={c.root}/heads'],
         r'--compare=.*: run run@4 is also --workdir; give each run',
+    ),
+    (
+        'eval_sweep_out_over_an_ablations_seeds_csv',  # it replaced the ablation's own table
+        EVAL_SWEEP,
+        lambda c: [
+            f'--sweep_dir={c.cla_sweep}',
+            f'--config={c.good_cfg}',
+            f'--out={c.root}/ablation/seeds.csv',
+        ],
+        r"--out=.*/ablation/seeds\.csv would replace the uptraining ablation .*/ablation's own "
+        r'seeds\.csv; give a path outside it',
+    ),
+    (
+        'uptrain_ablation_report_over_its_own_seeds_csv',  # the report replaced seeds.csv
+        ABLATION,
+        lambda c: [f'--out_dir={c.root}/ablation', f'--report={c.root}/ablation/seeds.csv'],
+        r'^error: --report=.*/ablation/seeds\.csv: expected a file name ending in \.md$',
+    ),
+    (
+        'sweep_dir_is_an_ablation_out_dir',
+        SWEEP,
+        lambda c: [f'--config={c.good_cfg}', f'--sweep_dir={c.root}/ablation'],
+        r'^error: --sweep_dir: .*/ablation is an uptrain_ablation out_dir, not a sweep directory$',
     ),
     (
         'eval_sweep_out_is_a_directory',

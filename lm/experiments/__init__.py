@@ -30,7 +30,12 @@ __all__, __getattr__, __dir__ = public_face(
         'sweep_ensemble': ('check_ensembles_divide', 'seed_runs'),
         'fairness': ('MATCHES',),
         'sweep_summary': ('summarise as summarise_sweep',),
-        'outputs': ('check_not_record_file', 'check_output_path', 'check_output_file'),
+        'outputs': (
+            'check_not_record_file',
+            'check_output_path',
+            'check_output_file',
+            'mark_ablation',
+        ),
         'ablation_arms': ('Ablation', 'base_config'),
         'ablation': (
             'check_configs as check_ablation',

@@ -1,14 +1,23 @@
 """Output files the scripts write (CSV tables, figures, reports), checked before any work: a
-writable file path that replaces nothing a run or a sweep wrote (`check_output_file`,
-`check_not_record_file`)."""
+writable file path that replaces nothing a run, a sweep or an uptraining ablation wrote
+(`check_output_file`, `check_not_record_file`)."""
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 
 from lm.experiments.runner import RESULT, STARTED
-from lm.train.workdir import A_RUN, A_SWEEP, SWEEP_MARK, TB_FILE, directory_kind
+from lm.train.workdir import (
+    A_RUN,
+    A_SWEEP,
+    ABLATION_MARK,
+    AN_ABLATION,
+    SWEEP_MARK,
+    TB_FILE,
+    directory_kind,
+)
 
 # The files a sweep's summary leaves in the sweep directory (lm.experiments.sweep_summary).
 SWEEP_FILES = (
@@ -22,6 +31,18 @@ SWEEP_FILES = (
 # The record files a run keeps at the top of its directory, beside checkpoints/ and its
 # side files (lm.train.workdir.RUN_FILES, a subdirectory: refused as one).
 RUN_RECORDS = ('results.json', RESULT, STARTED, TB_FILE)
+# What scripts/uptrain_ablation.py writes at the top of its out_dir, beside its runs and tb/.
+ABLATION_FILES = ('seeds.csv', 'lr_grid.csv', ABLATION_MARK, 'pareto_*.png', 'seed*.log')
+
+
+def mark_ablation(out_dir: str, settings: dict) -> None:
+    """Marks `out_dir` as an uptraining ablation's (`ABLATION_MARK`, holding its settings), so
+    its files are refused as other tools' outputs (`check_not_record_file`)."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, ABLATION_MARK)
+    with open(path + '.tmp', 'w') as f:
+        json.dump({'settings': settings}, f, indent=1, sort_keys=True)
+    os.replace(path + '.tmp', path)
 
 
 def check_output_file(path: str, flag: str, suffix: str = '', sweep_dir: str = '') -> None:
@@ -62,6 +83,8 @@ def check_not_record_file(path: str, flag: str, sweep_dir: str = '') -> None:
         kind = directory_kind(top)
         if kind == A_SWEEP:
             check_not_sweep_file(path, top, flag)
+        elif kind == AN_ABLATION:
+            check_not_ablation_file(path, top, flag)
         elif kind == A_RUN:
             check_not_run_file(path, top, flag)
         if top == os.path.dirname(top):
@@ -88,6 +111,18 @@ def check_not_sweep_file(path: str, sweep_dir: str, flag: str) -> None:
         raise ValueError(
             f"{flag}={path} is the sweep's own {name} (scripts/sweep.py writes it in "
             f'{sweep_dir}); give another file'
+        )
+
+
+def check_not_ablation_file(path: str, out_dir: str, flag: str) -> None:
+    """One-line ValueError when output file `path` is one of the uptraining ablation's own
+    files in `out_dir` (`ABLATION_FILES`) or inside its subdirectories (its runs, tb/); a report
+    or another file beside them is the user's."""
+    name = os.path.relpath(os.path.realpath(path), os.path.realpath(out_dir))
+    if os.sep in name or any(fnmatch.fnmatch(name, f) for f in ABLATION_FILES):
+        raise ValueError(
+            f"{flag}={path} would replace the uptraining ablation {out_dir}'s own "
+            f'{name.split(os.sep)[0]}; give a path outside it'
         )
 
 

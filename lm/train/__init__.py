@@ -45,6 +45,7 @@ __all__, __getattr__, __dir__ = public_face(
         'workdir': (
             'A_RUN',
             'A_SWEEP',
+            'AN_ABLATION',
             'RunError',
             'WorkdirLock',
             'check_new_run_dir',

@@ -23,7 +23,9 @@ RUN_FILES = 'hf'  # <workdir>/hf: the side files a run keeps (an import's tokeni
 RUN_TOKENIZER = os.path.join(RUN_FILES, 'tokenizer.json')  # the run's own tokenizer, if any
 TB_FILE = 'tensorboard.json'  # the shared TensorBoard directory the run was trained with
 SWEEP_MARK = 'match'  # the file scripts/sweep.py marks a sweep directory with (its fairness)
-A_RUN, A_SWEEP = 'a training run', 'a sweep directory'  # the kinds `directory_kind` tells
+ABLATION_MARK = 'ablation.json'  # scripts/uptrain_ablation.py's out_dir mark (its settings)
+# the kinds `directory_kind` tells
+A_RUN, A_SWEEP, AN_ABLATION = 'a training run', 'a sweep directory', 'an uptrain_ablation out_dir'
 STARTED = 'run.json'  # a sweep's or an ablation's run: its fingerprint, written before it starts
 RUN_LOG = 'train.log'  # a sweep's run: what its train.py printed
 SWEEP_CONFIG = 'sweep_config.py'  # a sweep's run: the config file its train.py reads
@@ -64,10 +66,13 @@ def check_apart(path: str, setting: str, other: str, other_name: str) -> None:
 
 def directory_kind(path: str) -> str:
     """What directory `path` is: `A_RUN` (it holds checkpoints/), `A_SWEEP` (it holds
-    `SWEEP_MARK`, written when scripts/sweep.py starts), else ''."""
+    `SWEEP_MARK`, written when scripts/sweep.py starts), `AN_ABLATION` (`ABLATION_MARK`, written
+    when scripts/uptrain_ablation.py starts), else ''."""
     if os.path.isdir(os.path.join(path, 'checkpoints')):
         return A_RUN
-    return A_SWEEP if os.path.isfile(os.path.join(path, SWEEP_MARK)) else ''
+    if os.path.isfile(os.path.join(path, SWEEP_MARK)):
+        return A_SWEEP
+    return AN_ABLATION if os.path.isfile(os.path.join(path, ABLATION_MARK)) else ''
 
 
 def held_directories(path: str) -> list[tuple[str, str]]:
