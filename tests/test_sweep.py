@@ -187,13 +187,14 @@ def test_a_grid_value_no_point_can_run_with_is_refused_a_combination_skipped(
     plan(config, grid, str(tmp_path), ['train.py'])  # a sweep file's points: skipped
 
 
-def test_a_data_setting_a_point_never_reads_skips_it_or_is_reset_or_refused(
+def test_a_data_setting_a_point_never_reads_is_dropped_reset_or_refused(
     tmp_path, small_text, capsys
 ):
     """A data setting a point's run would not read (check_idle_data): given by the point (the
-    grid), the point is skipped like values that do not fit together; given by the base config,
-    it is reset to configs/base.py's in the points that do not read it, with a note, and refused
-    when no point reads it. train.py then accepts every run's config."""
+    grid), it is dropped from the point, whose run another point may then be (left out, with a
+    note); a grid key dropped from every point is refused. Given by the base config, it is reset
+    to configs/base.py's in the points that do not read it, with a note, and refused when no
+    point reads it. train.py then accepts every run's config."""
     from lm.config import default_values
     from lm.data.checks import check_idle_data
 
@@ -201,11 +202,23 @@ def test_a_data_setting_a_point_never_reads_skips_it_or_is_reset_or_refused(
     grid = parse_grid(config, ['data.split=,pretrain', 'data.uptrain_fraction=0.1,0.2'])
     specs = plan(config, grid, str(tmp_path), ['train.py'], grid_keys=list(grid[0]))
     assert [s.name for s in specs] == [
-        'gqa_h4_kv2_split_uptrain_fraction0.1',
+        'gqa_h4_kv2_split',
         'gqa_h4_kv2_splitpretrain_uptrain_fraction0.1',
         'gqa_h4_kv2_splitpretrain_uptrain_fraction0.2',
     ], [s.name for s in specs]
-    assert "does nothing with split=''" in capsys.readouterr().out
+    assert 'the run of gqa_h4_kv2_split (data.uptrain_fraction would do nothing)' in (
+        capsys.readouterr().out
+    )
+    grid = parse_grid(config, ['data.tokenizer=byte,bpe', 'data.bpe_vocab_size=512,1024'])
+    names = [s.name for s in plan(config, grid, str(tmp_path), ['x'], grid_keys=list(grid[0]))]
+    assert names == [
+        'gqa_h4_kv2_tokenizerbyte',
+        'gqa_h4_kv2_tokenizerbpe_bpe_vocab_size512',
+        'gqa_h4_kv2_tokenizerbpe_bpe_vocab_size1024',
+    ], names
+    grid = parse_grid(config, ['data.bpe_vocab_size=512,1024'])  # the byte tokenizer everywhere
+    with pytest.raises(ValueError, match=r'^--grid data\.bpe_vocab_size: does nothing in any '):
+        plan(config, grid, str(tmp_path), ['x'], grid_keys=list(grid[0]))
     config.data.uptrain_fraction = 0.3  # the base's: the '' point reads none of it
     specs = plan(config, parse_grid(config, ['data.split=,pretrain']), str(tmp_path), ['x'])
     assert "data.uptrain_fraction=0.3 does nothing in gqa_h4_kv2_split (with split=''" in (

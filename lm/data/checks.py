@@ -161,29 +161,32 @@ def _check_values(data: ml_collections.ConfigDict) -> None:
 SPLIT_KEYS = ('uptrain_fraction', 'heldout_fraction', 'split_layout', 'split_block')
 
 
-def idle_data_settings(data: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> dict:
-    """{key: why it does nothing} for each `config.data` setting away from its defaults
-    (`defaults`: configs/base.py's value and an upgraded old config's,
-    `lm.config.default_values`) that the run never reads: for a recall source every text setting
-    (RECALL_IGNORES), for the others the recall tasks' (RECALL_KEYS), the Hugging Face
-    dataset's (HF_KEYS) but for 'hf', the parts' (SPLIT_KEYS) with no data.split, split_block
-    but for the interleaved layout, bpe_vocab_size but for 'bpe' and eos_token but for a
-    tokenizer.json."""
+def unread_data_keys(data: ml_collections.ConfigDict) -> dict[str, str]:
+    """{key: why} of the `config.data` keys a run of these settings never reads, whatever their
+    values: for a recall source every text setting (RECALL_IGNORES), for the others the recall
+    tasks' (RECALL_KEYS), the Hugging Face dataset's (HF_KEYS) but for 'hf', the parts'
+    (SPLIT_KEYS) with no data.split, split_block but for the interleaved layout, bpe_vocab_size
+    but for 'bpe' and eos_token but for a tokenizer.json."""
     if data.source in TASKS:
-        why = f'for source={data.source!r} (its rows are generated)'
-        idle = dict.fromkeys(RECALL_IGNORES, why)
-    else:
-        read_by_others = RECALL_KEYS + (HF_KEYS if data.source != 'hf' else ())
-        idle = dict.fromkeys(read_by_others, f'for source={data.source!r}')
-        if not data.split:
-            idle.update(dict.fromkeys(SPLIT_KEYS, "with split='' (no parts are cut)"))
-        elif data.split_layout != 'interleaved':
-            idle['split_block'] = f'with split_layout={data.split_layout!r}'
-        if data.tokenizer != 'bpe':
-            idle['bpe_vocab_size'] = f'with tokenizer={data.tokenizer!r} (no BPE is trained)'
-        if not data.tokenizer.endswith('.json'):
-            idle['eos_token'] = f'with tokenizer={data.tokenizer!r} (not a tokenizer.json)'
-    return {k: why for k, why in idle.items() if data[k] not in defaults[k]}
+        return dict.fromkeys(RECALL_IGNORES, f'for source={data.source!r} (its rows are generated)')
+    read_by_others = RECALL_KEYS + (HF_KEYS if data.source != 'hf' else ())
+    unread = dict.fromkeys(read_by_others, f'for source={data.source!r}')
+    if not data.split:
+        unread.update(dict.fromkeys(SPLIT_KEYS, "with split='' (no parts are cut)"))
+    elif data.split_layout != 'interleaved':
+        unread['split_block'] = f'with split_layout={data.split_layout!r}'
+    if data.tokenizer != 'bpe':
+        unread['bpe_vocab_size'] = f'with tokenizer={data.tokenizer!r} (no BPE is trained)'
+    if not data.tokenizer.endswith('.json'):
+        unread['eos_token'] = f'with tokenizer={data.tokenizer!r} (not a tokenizer.json)'
+    return unread
+
+
+def idle_data_settings(data: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> dict:
+    """{key: why it does nothing} for each `unread_data_keys` setting away from its defaults
+    (`defaults`: configs/base.py's value and an upgraded old config's,
+    `lm.config.default_values`)."""
+    return {k: why for k, why in unread_data_keys(data).items() if data[k] not in defaults[k]}
 
 
 def reset_idle_data(data: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> list[str]:

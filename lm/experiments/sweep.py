@@ -22,7 +22,12 @@ from typing import Any
 import ml_collections
 
 from lm.config import default_values, parse_assignment, with_values, write_config_file
-from lm.data.checks import check_data_config, idle_data_settings, reset_idle_data
+from lm.data.checks import (
+    check_data_config,
+    idle_data_settings,
+    reset_idle_data,
+    unread_data_keys,
+)
 from lm.experiments.fairness import MATCHES, match_parameters, reference_config
 from lm.experiments.pareto import TB_RUN
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
@@ -30,6 +35,7 @@ from lm.experiments.sweep_ensemble import PointSpecs
 from lm.model import attention
 from lm.model.transformer import check_model_config
 from lm.train.checkpoint import saved_steps
+from lm.train.identity import flat_config
 from lm.train.optimizer import check_train_config
 from lm.train.run import check_loop_config
 from lm.train.workdir import RUN_LOG, SWEEP_CONFIG, SWEEP_MARK, read_json_object, safe_name
@@ -69,17 +75,28 @@ def point_config(
     return with_values(base, {k: v for k, v in point.items() if k != 'seeds'})
 
 
-def invalid_reason(config: ml_collections.ConfigDict, point: dict | None = None) -> str | None:
-    """Why a point's model config cannot be built, or a data setting the `point` itself gives
-    does nothing in its run (`data.bpe_vocab_size` with the byte tokenizer); None if neither."""
+def invalid_reason(config: ml_collections.ConfigDict) -> str | None:
+    """Why a point's model config cannot be built, or None if it can."""
     try:
         check_model_config(config.model)
     except ValueError as e:
         return str(e)
-    for key, why in idle_data_settings(config.data, default_values('data')).items():
-        if f'data.{key}' in (point or {}):
-            return f'config.data.{key}={config.data[key]!r} does nothing {why}'
     return None
+
+
+def _without_idle(named: dict, config: ml_collections.ConfigDict) -> tuple[dict, dict]:
+    """`named` (a point) without the data settings it gives that its run would not read
+    (`data.bpe_vocab_size` with the byte tokenizer), its name without their values and its
+    `config` reset to configs/base.py's for them (in place); and {key: why} of those dropped."""
+    defaults = default_values('data')
+    unread = unread_data_keys(config.data)
+    dropped = {f'data.{k}': why for k, why in unread.items() if f'data.{k}' in named}
+    kept = {k: v for k, v in named.items() if k not in dropped}
+    for key in dropped:
+        config.data[key[5:]] = defaults[key[5:]][0]
+        if kept.get('name'):  # a sweep-file point's name carries the grid's values
+            kept['name'] = kept['name'].replace('_' + value_parts({key: named[key]})[0], '')
+    return kept, dropped
 
 
 def _reset_idle(valid: list[tuple]) -> None:
@@ -265,42 +282,65 @@ def _valid_points(
     """[(name, point, config)] of the points whose model can be built; a one-line note for each
     skipped one, or, when the points were `chosen` by name (--points), a one-line error. A value
     of a `grid_keys` key that no point can run with (a typo: `model.attention=gqa,weird`) is
-    refused: skipping is for combinations of values that do not fit together."""
-    valid, skipped = [], {}
+    refused: skipping is for combinations of values that do not fit together. A data setting a
+    point gives that its run would not read is dropped from it (`_without_idle`), and a point
+    that is then another's run is left out; a grid key dropped from every point is refused."""
+    valid, skipped, dropped = [], {}, {}
     for named in points:
-        point = {k: v for k, v in named.items() if k != 'name'}
         try:
-            config = point_config(base, point)
+            config = point_config(base, {k: v for k, v in named.items() if k != 'name'})
         except (TypeError, ValueError) as e:  # a key the config lacks, a value of another type
-            raise ValueError(f'sweep point {named.get("name") or point}: {e}') from None
-        if reason := invalid_reason(config, point):
+            raise ValueError(f'sweep point {named.get("name") or named}: {e}') from None
+        given, (named, idle) = named, _without_idle(named, config)
+        dropped.update(idle)
+        point = {k: v for k, v in named.items() if k != 'name'}
+        if reason := invalid_reason(config):
             if chosen:
                 raise ValueError(f'--points: {named.get("name") or point} cannot run: {reason}')
             print(f'skipping {named.get("name") or point}: {reason}')
-            for key in grid_keys:
+            for key in (k for k in grid_keys if k in point):
                 skipped.setdefault((key, repr(point[key])), (point[key], reason))
             continue
         name = safe_name(named.get('name') or run_name(point, config), 'sweep point')
-        if name == TB_RUN:
-            raise ValueError(
-                f"sweep point {name}: '{TB_RUN}' is the TensorBoard run of the sweep's Pareto "
-                'figures; give the point another name'
-            )
-        try:  # a setting no run of the point can train with: refused now, not in each run
-            check_train_config(config.train)
-            check_loop_config(config)
-            check_data_config(config.data)
-        except ValueError as e:
-            raise ValueError(f'sweep point {name}: {e}') from None
+        same = idle and next((n for n, _, c in valid if flat_config(c) == flat_config(config)), '')
+        if same:
+            shown = given.get('name') or {k: v for k, v in given.items() if k != 'name'}
+            print(f'leaving out {shown}: the run of {same} ({", ".join(idle)} would do nothing)')
+            continue
+        _check_point(name, config)
         valid.append((name, point, config))
-    ran = {(key, repr(point[key])) for _, point, _ in valid for key in grid_keys}
+    _check_grid_values(valid, skipped, dropped, grid_keys)
+    _reset_idle(valid)
+    return valid
+
+
+def _check_point(name: str, config: ml_collections.ConfigDict) -> None:
+    """Refuses now, not in each of its runs, a setting no run of the point can train with."""
+    if name == TB_RUN:
+        raise ValueError(
+            f"sweep point {name}: '{TB_RUN}' is the TensorBoard run of the sweep's Pareto "
+            'figures; give the point another name'
+        )
+    try:
+        check_train_config(config.train)
+        check_loop_config(config)
+        check_data_config(config.data)
+    except ValueError as e:
+        raise ValueError(f'sweep point {name}: {e}') from None
+
+
+def _check_grid_values(valid: list, skipped: dict, dropped: dict, grid_keys) -> None:
+    """Refuses a grid value that no valid point runs with, a grid key dropped from every
+    point as a setting its runs would not read, and a sweep with no valid point."""
+    ran = {(k, repr(p[k])) for _, p, _ in valid for k in grid_keys if k in p}
     for (key, _), (value, reason) in skipped.items():
         if (key, repr(value)) not in ran:
             raise ValueError(f'--grid {key}={value!r}: no point can run with it ({reason})')
+    for key in grid_keys:
+        if key in dropped and not any(key in p for _, p, _ in valid):
+            raise ValueError(f'--grid {key}: does nothing in any point ({dropped[key]})')
     if not valid:
         raise ValueError('the sweep has no valid point')
-    _reset_idle(valid)
-    return valid
 
 
 def plan(
