@@ -493,6 +493,20 @@ def test_seeds_added_to_a_point_keep_its_ensemble_and_train_the_rest(tmp_path, s
         ('ensembles/mha', 2), ('mha_s0', 0), ('mha_s1', 0),
         ('ensembles/mha_seeds2-4', 3), ('mha_s2', 0), ('mha_s3', 0), ('mha_s4', 0),
     ]  # fmt: skip
+    for spec in after[3:]:  # seeds 2-4 trained: then seeds 5-6 added follow on from them
+        (tmp_path / spec.name).mkdir(parents=True)
+        result = {'step': 8, 'eval': {'loss': 3.0}, 'fingerprint': fingerprint(spec)}
+        (tmp_path / spec.name / 'result.json').write_text(json.dumps(result))
+    seven = plan_sweep(config, points, str(tmp_path), [], 7, ensemble=True)
+    check(seven, str(tmp_path))
+    assert [s.name for s in seven if s.name.startswith('ensembles/')] == [
+        'ensembles/mha',
+        'ensembles/mha_seeds2-4',
+        'ensembles/mha_seeds5-6',
+    ]
+    assert [s.name for s in seven if not s.name.startswith('ensembles/')] == [
+        f'mha_s{k}' for k in range(7)
+    ]
     grouped = plan_sweep(config, points, str(tmp_path), [], 5, ensemble=True, ensemble_groups=2)
     assert [s.name for s in grouped if s.name.startswith('ensembles/')] == [
         'ensembles/mha_g0',

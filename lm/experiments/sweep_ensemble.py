@@ -92,18 +92,44 @@ class PointSpecs:
         """The `n` seeds as `groups` ensembles (train.ensemble_loop = `loop`) of consecutive
         seeds, each a train.py run in a lane of its own (so `groups` can train at once), then
         each seed's run split out of its ensemble (in that lane, after it). Seeds added to a
-        point whose one ensemble (of fewer) was made earlier: that ensemble as it was, and the
-        added seeds as ensembles of their own (<point>_seeds<first>-<last>, then _g<j>)."""
+        point whose ensembles (of fewer) were made earlier (`_made_before`): those as they were,
+        and the added seeds as ensembles of their own (<point>_seeds<first>-<last>, then _g<j>)."""
         specs, first, name = [], 0, f'{ENSEMBLES}/{self.name}'
-        if groups == 1 and 0 < (had := self._members_of(name)) < n:  # seeds added since
-            specs, first = self._group(config, name, 0, had, n, loop), had
-            name = f'{name}_seeds{config.seed + had}-{config.seed + n - 1}'
+        for made, k in self._made_before(config.seed, n) if groups == 1 else ():
+            specs += self._group(config, made, first, k, n, loop)
+            first += k
+        if first == n:
+            return specs
+        if first:  # seeds added since
+            name = f'{name}_seeds{config.seed + first}-{config.seed + n - 1}'
         groups = min(groups, n - first)
         sizes = [(n - first) // groups + (j < (n - first) % groups) for j in range(groups)]
         for j, k in enumerate(sizes):
             specs += self._group(config, name + (f'_g{j}' if groups > 1 else ''), first, k, n, loop)
             first += k
         return specs
+
+    def _made_before(self, seed: int, n: int) -> list[tuple[str, int]]:
+        """[(ensemble, members)] the point's seeds seed ... seed + n - 1 were trained as by
+        earlier runs of the sweep with fewer seeds: its ensemble of the first ones, then each
+        one of added seeds that follows on ([] when its ensemble holds n seeds, or none)."""
+        name = f'{ENSEMBLES}/{self.name}'
+        if not 0 < (had := self._members_of(name)) < n:
+            return []
+        chain, folder = [(name, had)], os.path.join(self.sweep_dir, ENSEMBLES)
+        while had < n:
+            prefix = f'{self.name}_seeds{seed + had}-'
+            found = [
+                (f'{ENSEMBLES}/{d}', k)
+                for d in (sorted(os.listdir(folder)) if os.path.isdir(folder) else [])
+                if d.startswith(prefix)
+                and 0 < (k := self._members_of(f'{ENSEMBLES}/{d}')) <= n - had
+            ]
+            if not found:
+                break
+            chain.append(found[0])
+            had += found[0][1]
+        return chain
 
     def _members_of(self, name: str) -> int:
         """The members of the ensemble `name` as its run recorded them (0: none recorded)."""
