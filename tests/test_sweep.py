@@ -648,5 +648,29 @@ def test_a_one_point_sweep_has_no_orderings_table():
 
     assert _orderings([], 'loss', 'eval loss') == [
         '',
-        'Orderings (eval loss): none, one point has no other to be compared with.',
+        'Orderings (eval loss): none, no two points to compare.',
     ]
+
+
+def test_points_scored_on_different_text_are_not_paired(tmp_path, small_text):
+    """Another val_fraction, or a part (its held-out text cut from validation), scores other
+    text: those points' losses are not paired by seed, and summary.md says which settings
+    differ. Parts that train on other text but score the same are paired."""
+    from lm.data.checks import eval_text_settings
+    from lm.experiments.sweep_summary import _same_text_pairs, _text_note
+
+    config = tiny_train_config(tmp_path, small_text)
+    grid = parse_grid(config, ['data.val_fraction=0.1,0.3', 'data.split=,pretrain,uptrain'])
+    specs = plan(config, grid, str(tmp_path), ['x'], grid_keys=list(grid[0]))
+    texts = {s.arm: eval_text_settings(dict(s.fingerprint)) for s in specs}
+    pairs = _same_text_pairs(texts)(list(texts))
+    assert pairs == [
+        ('gqa_h4_kv2_val_fraction0.1_splitpretrain', 'gqa_h4_kv2_val_fraction0.1_splituptrain'),
+        ('gqa_h4_kv2_val_fraction0.3_splitpretrain', 'gqa_h4_kv2_val_fraction0.3_splituptrain'),
+    ], pairs
+    assert _text_note(texts).startswith(
+        '**Points differ in what their evaluation scores (data.heldout_fraction, data.split, '
+        'data.val_fraction): only points scored on the same text are compared below.**'
+    )
+    same = {s.arm: eval_text_settings(dict(s.fingerprint)) for s in specs[:1]}
+    assert _text_note(same) == ''

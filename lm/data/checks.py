@@ -182,6 +182,38 @@ def unread_data_keys(data: ml_collections.ConfigDict) -> dict[str, str]:
     return unread
 
 
+# config.data keys the scored text (validation, held-out, recall examples) and its tokens
+# depend on, beside data.split's part cuts (`eval_text_settings`).
+EVAL_TEXT_KEYS = (
+    'source',
+    'path',
+    'decode_errors',
+    'val_fraction',
+    *(k for k in HF_KEYS if k != 'hf_streaming'),
+    'tokenizer',
+    'eos_token',
+    'bpe_vocab_size',
+    'seq_len',
+    *(k for k in RECALL_KEYS if k != 'recall_train_pairs'),
+)
+
+
+def eval_text_settings(flat: dict) -> dict:
+    """The settings of a run's flat config (`lm.train.identity.flat_config`) that the text its
+    evaluation scores depends on: two runs that differ in one are scored on different text, so
+    their losses are not paired by seed. A part (data.split) cuts the held-out text from
+    validation whichever part it trains on; its interleaved blocks depend on every share."""
+    out = {f'data.{k}': flat.get(f'data.{k}') for k in EVAL_TEXT_KEYS}
+    out['eval_tokens'] = flat.get('eval_tokens')
+    if flat.get('data.split'):
+        out['data.split'] = 'a part'
+        out['data.heldout_fraction'] = flat.get('data.heldout_fraction')
+        if flat.get('data.split_layout') == 'interleaved':
+            for k in ('split_layout', 'split_block', 'uptrain_fraction'):
+                out[f'data.{k}'] = flat.get(f'data.{k}')
+    return out
+
+
 def idle_data_settings(data: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> dict:
     """{key: why it does nothing} for each `unread_data_keys` setting away from its defaults
     (`defaults`: configs/base.py's value and an upgraded old config's,

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from lm.data.checks import eval_text_settings
 from lm.experiments import stats, summary
 from lm.experiments.fairness import DESCRIPTIONS
 from lm.experiments.runner import Spec
@@ -60,24 +61,50 @@ def summarise(
         )
         if recall:
             rows[-1].update(summary.estimate_columns('eval_recall_accuracy', accuracy[point]))
-    pairs = summary.all_pairs(losses)
+    texts = {s.arm: eval_text_settings(dict(s.fingerprint)) for s in specs}
+    same_text = _same_text_pairs(texts)
+    pairs = summary.all_pairs(losses, pairs=same_text)
     summary.write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
     summary.write_csv(os.path.join(sweep_dir, 'summary_pairs.csv'), pairs)
     seeds = summary.seed_rows(losses, ('point',), 'eval_loss')
     recall_pairs = []
     if recall:
-        recall_pairs = summary.all_pairs(accuracy, 'accuracy')
+        recall_pairs = summary.all_pairs(accuracy, 'accuracy', same_text)
         summary.write_csv(os.path.join(sweep_dir, 'summary_pairs_recall.csv'), recall_pairs)
         by_seed = summary.seed_rows(accuracy, ('point',), 'eval_recall_accuracy')
         seeds = [{**a, **b} for a, b in zip(seeds, by_seed, strict=True)]
     summary.write_csv(os.path.join(sweep_dir, 'summary_seeds.csv'), seeds)
     with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
         f.write(_incomplete_note(missing, len(missing) + len(specs)))
+        f.write(_text_note(texts))
         f.write(_markdown(rows, pairs, losses, match))
         if recall:
             f.write(_recall_markdown(rows, recall_pairs, accuracy))
     _plot(rows, os.path.join(sweep_dir, 'summary.png'))
     return rows
+
+
+def _same_text_pairs(texts: dict) -> summary.PairPicker:
+    """The pairs of points scored on the same text (`eval_text_settings`): only those are
+    paired by seed; a point trained on another val_fraction or part is scored elsewhere."""
+
+    def pick(names: list[str]) -> list[tuple[str, str]]:
+        return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :] if texts[a] == texts[b]]
+
+    return pick
+
+
+def _text_note(texts: dict) -> str:
+    """summary.md's line when points are scored on different text ('' when all share one):
+    which settings differ; their pairs are not compared."""
+    first = next(iter(texts.values()))
+    differ = sorted({k for t in texts.values() for k in t | first if t.get(k) != first.get(k)})
+    if not differ:
+        return ''
+    return (
+        f'**Points differ in what their evaluation scores ({", ".join(differ)}): only points '
+        'scored on the same text are compared below.**\n\n'
+    )
 
 
 def _incomplete_note(missing: list[str], planned: int) -> str:
@@ -141,8 +168,13 @@ def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> 
     for r in rows:
         point = r['point']
         diff = stats.paired_difference(losses[point], losses[ref['point']])
+        pair = frozenset((point, ref['point']))
         delta = (
-            '—' if r is ref else summary.diff_cell(diff, p_holm[frozenset((point, ref['point']))])
+            '—'
+            if r is ref
+            else summary.diff_cell(diff, p_holm[pair])
+            if pair in p_holm
+            else 'other text'
         )
         lines.append(
             f'| {point} | {r["attention"]} | {r["num_heads"]} | {r["kv_heads"]} | '
@@ -180,7 +212,7 @@ def _orderings(pairs: list[dict], value: str, label: str) -> list[str]:
     is Holm's, as the family note's (pairs without a p-value, e.g. on one seed, not counted);
     one line with no pair (one point)."""
     if not pairs:
-        return ['', f'Orderings ({label}): none, one point has no other to be compared with.']
+        return ['', f'Orderings ({label}): none, no two points to compare.']
     m = pairs[0]['comparisons']
     over = 'this comparison' if m == 1 else f'these {summary.comparisons(m)}'
     resolved = (
