@@ -9,6 +9,7 @@ import pytest
 from lm.experiments import lr_grid
 from lm.experiments.ablation import check_configs, plan
 from lm.experiments.ablation_arms import Ablation, arms, base_config
+from lm.experiments.ablation_tables import compare_table
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'configs', 'shakespeare_char.py')
 
@@ -277,3 +278,34 @@ def test_compare_with_an_out_dir_of_other_runs_says_so(tmp_path):
         f'No paired difference with {tmp_path}: no conversion arm has held-out results for all '
         'of its seeds in both out_dirs.'
     )
+
+
+def test_compare_with_runs_scoring_other_held_out_text_is_not_paired(tmp_path, monkeypatch):
+    """--compare_with an out_dir whose runs cut the held-out part otherwise (the interleaved
+    layout, another heldout_fraction): the losses are of other text, so no paired difference,
+    and the sentence names the settings."""
+    from lm.experiments import ablation_tables
+
+    ab = ablation()
+    specs = plan(ab, str(tmp_path / 'out'))
+    here = base_config(ab, 0, 8)
+    here.data.split = 'uptrain'
+    there = base_config(ab, 0, 8)
+    there.data.update(split='uptrain', split_layout='interleaved', heldout_fraction=0.3)
+    configs = {str(tmp_path / 'out'): here, str(tmp_path / 'other'): there}
+    saved = {'heldout': {'loss': 1.0}, 'fingerprint': ab.settings()}
+    monkeypatch.setattr(ablation_tables, 'read_result', lambda d: saved)
+    monkeypatch.setattr(
+        ablation_tables,
+        'stored_config',
+        lambda d: configs[os.path.dirname(d)].copy_and_resolve_references(),
+    )
+    arm = ('MQA', 'mean', 0.1)
+    values, chosen = {arm: {0: 1.5, 1: 1.6}}, {arm: 1e-3}
+    monkeypatch.setattr(ablation_tables, 'heldout_loss', lambda saved: 1.4)
+    text = compare_table(ab, specs, chosen, values, str(tmp_path / 'out'), str(tmp_path / 'other'))
+    assert text == (
+        f'No paired difference with {tmp_path / "other"}: its runs score other held-out text '
+        '(data.heldout_fraction, data.split_block, data.split_layout, data.uptrain_fraction '
+        'differ), so their losses are not paired by seed.'
+    ), text

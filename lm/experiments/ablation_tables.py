@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 
+from lm.data.checks import eval_text_settings
 from lm.experiments import lr_grid, pareto, stats, summary
 from lm.experiments.ablation import kv_bytes
 from lm.experiments.ablation_arms import SOURCE, Ablation, arms
 from lm.experiments.runner import Spec, read_result, workdir
+from lm.train.identity import flat_config
+from lm.train.stored import stored_config
 
 PLOTTED = ('heldout/loss',)  # the Pareto figure's metric: the loss the tables report
 
@@ -181,6 +184,17 @@ def check_comparable(specs: list[Spec], other: str) -> None:
         )
 
 
+def _other_text(specs: list[Spec], out_dir: str, other: str) -> list[str]:
+    """The settings in which the first run of `specs` held by both out_dirs scores other text
+    in `other` than here (`eval_text_settings`); [] when none differs."""
+    for spec in specs:
+        here, there = workdir(out_dir, spec), os.path.join(other, spec.name)
+        if read_result(here) is not None and read_result(there) is not None:
+            a, b = (eval_text_settings(flat_config(stored_config(d))) for d in (here, there))
+            return sorted(k for k in a | b if a.get(k) != b.get(k))
+    return []
+
+
 def compare_table(
     ab: Ablation,
     specs: list[Spec],
@@ -213,6 +227,11 @@ def compare_table(
         return (
             f'No paired difference with {other}: no conversion arm has held-out results for '
             'all of its seeds in both out_dirs.'
+        )
+    if differ := _other_text(specs, out_dir, other):
+        return (
+            f'No paired difference with {other}: its runs score other held-out text '
+            f'({", ".join(differ)} differ), so their losses are not paired by seed.'
         )
     now = ab.settings()
     changed = ', '.join(
