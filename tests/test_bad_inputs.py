@@ -1138,7 +1138,7 @@ EARLY = [
     (
         'uptrain_ablation_compare_with_no_such_runs',  # its table came out empty, at the end
         ABLATION,
-        lambda c: [f'--compare_with={c.sweep}', f'--out_dir={c.root}/abl'],
+        lambda c: [f'--compare_with={c.sweep}', f'--out_dir={c.root}/abl', f'--data_path={c.text}'],
         r"^error: --compare_with=.*: it holds no result of this ablation's conversion runs "
         r'\([\w.-]+, \.\.\.\): give an earlier --out_dir of the same arms$',
     ),

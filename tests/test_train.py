@@ -413,7 +413,7 @@ def test_eval_py_matches_training_eval_and_logs_to_the_run(tmp_path, small_text)
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}', f'--tb_dir={tmp_path / "tb2"}')
     assert out.returncode == 0, out.stderr[-2000:]  # another shared tb_dir: its run claimed there
     owner = json.loads((tmp_path / 'tb2' / 'run' / 'workdir.json').read_text())
-    assert owner == {'workdir': str((tmp_path / 'run').resolve())}
+    assert owner['workdir'] == str((tmp_path / 'run').resolve())
     text.write_text(small_text.read_text()[::-1])  # the run's data config, another text
     out = run_cli('eval.py', f'--workdir={tmp_path / "run"}')
     assert out.returncode == 0, out.stderr[-2000:]

@@ -38,6 +38,35 @@ def summarise(
     losses = summary.by_arm(specs, found, summary.loss)
     recall = all('recall_accuracy' in found[s.name]['eval'] for s in specs)
     accuracy = summary.by_arm(specs, found, _accuracy) if recall else {}
+    rows = _rows(sweep_dir, specs, found, losses)
+    for row in rows if recall else ():
+        row.update(summary.estimate_columns('eval_recall_accuracy', accuracy[row['point']]))
+    texts = {s.arm: eval_text_settings(dict(s.fingerprint)) for s in specs}
+    same_text = _same_text_pairs(texts)
+    pairs = summary.all_pairs(losses, pairs=same_text)
+    summary.write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
+    summary.write_csv(os.path.join(sweep_dir, 'summary_pairs.csv'), pairs)
+    seeds = summary.seed_rows(losses, ('point',), 'eval_loss')
+    recall_pairs = []
+    if recall:
+        recall_pairs = summary.all_pairs(accuracy, 'accuracy', same_text)
+        summary.write_csv(os.path.join(sweep_dir, 'summary_pairs_recall.csv'), recall_pairs)
+        by_seed = summary.seed_rows(accuracy, ('point',), 'eval_recall_accuracy')
+        seeds = [{**a, **b} for a, b in zip(seeds, by_seed, strict=True)]
+    summary.write_csv(os.path.join(sweep_dir, 'summary_seeds.csv'), seeds)
+    with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
+        f.write(_incomplete_note(missing, len(missing) + len(specs)))
+        f.write(_text_note(texts))
+        f.write(_markdown(rows, pairs, losses, match))
+        if recall:
+            f.write(_recall_markdown(rows, recall_pairs, accuracy))
+    _plot(rows, os.path.join(sweep_dir, 'summary.png'))
+    return rows
+
+
+def _rows(sweep_dir: str, specs: list[Spec], found: dict, losses: dict) -> list[dict]:
+    """summary.csv's row of each point: its model, train tokens/s, eval loss and perplexity
+    over seeds."""
     ppl = summary.by_arm(specs, found, lambda r: r['eval']['perplexity'])
     rows = []
     for point, values in losses.items():
@@ -59,28 +88,6 @@ def summarise(
                 'seeds': len(values),
             }
         )
-        if recall:
-            rows[-1].update(summary.estimate_columns('eval_recall_accuracy', accuracy[point]))
-    texts = {s.arm: eval_text_settings(dict(s.fingerprint)) for s in specs}
-    same_text = _same_text_pairs(texts)
-    pairs = summary.all_pairs(losses, pairs=same_text)
-    summary.write_csv(os.path.join(sweep_dir, 'summary.csv'), rows)
-    summary.write_csv(os.path.join(sweep_dir, 'summary_pairs.csv'), pairs)
-    seeds = summary.seed_rows(losses, ('point',), 'eval_loss')
-    recall_pairs = []
-    if recall:
-        recall_pairs = summary.all_pairs(accuracy, 'accuracy', same_text)
-        summary.write_csv(os.path.join(sweep_dir, 'summary_pairs_recall.csv'), recall_pairs)
-        by_seed = summary.seed_rows(accuracy, ('point',), 'eval_recall_accuracy')
-        seeds = [{**a, **b} for a, b in zip(seeds, by_seed, strict=True)]
-    summary.write_csv(os.path.join(sweep_dir, 'summary_seeds.csv'), seeds)
-    with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
-        f.write(_incomplete_note(missing, len(missing) + len(specs)))
-        f.write(_text_note(texts))
-        f.write(_markdown(rows, pairs, losses, match))
-        if recall:
-            f.write(_recall_markdown(rows, recall_pairs, accuracy))
-    _plot(rows, os.path.join(sweep_dir, 'summary.png'))
     return rows
 
 
