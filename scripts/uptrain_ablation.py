@@ -251,7 +251,8 @@ def run() -> int:
     check_ablation(ab)
     if _COMPARE.value:
         check_comparable(specs, _COMPARE.value)
-    mark_ablation(_OUT.value, ab.settings())  # its files are then refused as others' outputs
+    if _ONLY_SEED.value is None:  # the lanes' processes: their parent has marked it
+        mark_ablation(_OUT.value, ab.settings())  # its files then refused as others' outputs
     only = None if _ONLY_SEED.value is None else f'seed{_ONLY_SEED.value}'
     with StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
         try:

@@ -362,6 +362,12 @@ def test_a_setting_the_source_never_reads_is_refused(tmp_path, source, key, valu
             "split_layout='contiguous'",
             {'split_layout': 'interleaved'},
         ),
+        (
+            {'split': 'pretrain+uptrain', 'uptrain_fraction': 0.3},
+            'uptrain_fraction',
+            "split='pretrain+uptrain' and split_layout='contiguous'",
+            {'split_layout': 'interleaved'},
+        ),
         ({'bpe_vocab_size': 8192}, 'bpe_vocab_size', "tokenizer='byte'", {'tokenizer': 'bpe'}),
         ({'eos_token': '</s>'}, 'eos_token', "tokenizer='byte'", {'tokenizer': 'x.json'}),
     ],

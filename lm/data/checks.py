@@ -165,8 +165,9 @@ def unread_data_keys(data: ml_collections.ConfigDict) -> dict[str, str]:
     """{key: why} of the `config.data` keys a run of these settings never reads, whatever their
     values: for a recall source every text setting (RECALL_IGNORES), for the others the recall
     tasks' (RECALL_KEYS), the Hugging Face dataset's (HF_KEYS) but for 'hf', the parts'
-    (SPLIT_KEYS) with no data.split, split_block but for the interleaved layout, bpe_vocab_size
-    but for 'bpe' and eos_token but for a tokenizer.json."""
+    (SPLIT_KEYS) with no data.split, split_block but for the interleaved layout (and
+    uptrain_fraction with it when 'pretrain+uptrain' is the whole training split),
+    bpe_vocab_size but for 'bpe' and eos_token but for a tokenizer.json."""
     if data.source in TASKS:
         return dict.fromkeys(RECALL_IGNORES, f'for source={data.source!r} (its rows are generated)')
     read_by_others = RECALL_KEYS + (HF_KEYS if data.source != 'hf' else ())
@@ -175,6 +176,11 @@ def unread_data_keys(data: ml_collections.ConfigDict) -> dict[str, str]:
         unread.update(dict.fromkeys(SPLIT_KEYS, "with split='' (no parts are cut)"))
     elif data.split_layout != 'interleaved':
         unread['split_block'] = f'with split_layout={data.split_layout!r}'
+        if data.split == 'pretrain+uptrain':  # the whole training split, wherever it is cut
+            unread['uptrain_fraction'] = (
+                f"with split='pretrain+uptrain' and split_layout={data.split_layout!r} (the whole "
+                'training split)'
+            )
     if data.tokenizer != 'bpe':
         unread['bpe_vocab_size'] = f'with tokenizer={data.tokenizer!r} (no BPE is trained)'
     if not data.tokenizer.endswith('.json'):

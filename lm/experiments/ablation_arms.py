@@ -10,9 +10,10 @@ import itertools
 import os
 from collections.abc import Callable
 
-from lm.config import load_config_file, with_overrides
+from lm.config import default_values, load_config_file, with_overrides
 from lm.convert.options import SCHEDULES
 from lm.convert.uptrain import ConversionOptions
+from lm.data.checks import reset_idle_data
 from lm.model import attention
 from lm.model.transformer import check_model_config
 
@@ -136,17 +137,19 @@ def base_config(ab: Ablation, seed: int, steps: int, lr: float | None = None):
 
 
 def mha_config(ab: Ablation, seed: int, steps: int, lr=None):
-    """The source config (MHA) trained from scratch on both training parts."""
+    """The source config (MHA) trained from scratch on both training parts, without the part
+    settings that run does not read (`reset_idle_data`: the contiguous layout's
+    uptrain_fraction)."""
     config = base_config(ab, seed, steps, lr)
     config.data.split = SCRATCH_PART
+    reset_idle_data(config.data, default_values('data'))
     return config
 
 
 def pooled_config(ab: Ablation, num_kv_heads: int, seed: int, steps: int, lr=None):
     """The source config with its K/V heads pooled to `num_kv_heads`, trained from scratch on
     both training parts."""
-    config = base_config(ab, seed, steps, lr)
-    config.data.split = SCRATCH_PART
+    config = mha_config(ab, seed, steps, lr)
     config.model.update(attention.VARIANTS[config.model.attention].pooled(num_kv_heads))
     return config
 
@@ -191,8 +194,7 @@ def cla_config(ab: Ablation, g: int, n: int, seed: int, steps: int, lr=None):
     if g:
         config = pooled_config(ab, g, seed, steps, lr)
     else:
-        config = base_config(ab, seed, steps, lr)
-        config.data.split = SCRATCH_PART
+        config = mha_config(ab, seed, steps, lr)
     config.model.kv_share_every = n
     return config
 
@@ -206,8 +208,7 @@ def latent_config(ab: Ablation, rank: int, seed: int, steps: int, lr=None, rope_
     """The source config as the MLA that conversion to latent rank `rank` with `rope_heads` RoPE
     keys builds (its RoPE base left as the source's), trained from scratch on both training
     parts."""
-    config = base_config(ab, seed, steps, lr)
-    config.data.split = SCRATCH_PART
+    config = mha_config(ab, seed, steps, lr)
     D, P = check_model_config(config.model).head_dim, ab.mla_rope_dim
     target = latent_variant()
     config.model.update(attention=target, num_kv_heads=0)

@@ -40,9 +40,9 @@ def mark_ablation(out_dir: str, settings: dict) -> None:
     its files are refused as other tools' outputs (`check_not_record_file`)."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, ABLATION_MARK)
-    with open(path + '.tmp', 'w') as f:
+    with open(f'{path}.{os.getpid()}.tmp', 'w') as f:
         json.dump({'settings': settings}, f, indent=1, sort_keys=True)
-    os.replace(path + '.tmp', path)
+    os.replace(f'{path}.{os.getpid()}.tmp', path)
 
 
 def check_output_file(path: str, flag: str, suffix: str = '', sweep_dir: str = '') -> None:
