@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/studies/performance/README.md, in parts that each fit a 10-minute slot:
+# The GPU measurements of docs/studies/performance/ (its chronology.md), in parts that each fit a 10-minute slot:
 #
 #   bash scripts/bench_gpu.sh train OUT_DIR   # environment, 125M train step, decode at 8k context
 #   bash scripts/bench_gpu.sh rest OUT_DIR    # cuDNN attention: train step, tests, profile; fast tier
@@ -40,7 +40,7 @@
 #
 # Each step writes its log (and JSON) into OUT_DIR and a failing step does not stop the others.
 # Needs data/tinyshakespeare.txt (python scripts/get_data.py tinyshakespeare). First run on an
-# H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/studies/performance/README.md.
+# H100, 2026-11-23; parts of it on an H200, 2026-11-26: results in docs/studies/performance/chronology.md.
 set -u
 usage='usage: bench_gpu.sh train|rest|decode|flash|batch64|cublas|logits|roofline|next|next2|next3|studies|mqar|mqar2 OUT_DIR'
 part=${1:?$usage}
