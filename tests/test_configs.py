@@ -7,7 +7,7 @@ from conftest import ROOT
 
 from lm.config import load_config_file
 from lm.data.checks import check_data_config
-from lm.experiments.sweep import invalid_reason, point_config
+from lm.experiments.sweep_points import invalid_reason, point_config
 from lm.model.transformer import model_config
 
 

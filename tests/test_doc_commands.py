@@ -91,7 +91,7 @@ def test_readme_names_sweep_runs_and_hparams_as_the_code_does():
     METRICS[0], and the columns the README says differ between the named runs do."""
     from conftest import tiny_config
 
-    from lm.experiments.sweep import point_config, run_name
+    from lm.experiments.sweep_points import point_config, run_name
     from lm.model.accounting import param_counts
     from lm.model.transformer import model_config
     from lm.train.hparams import METRICS, hparam_values

@@ -213,7 +213,7 @@ def test_kv_layouts_sweep_points_are_valid_and_smaller_than_mha():
 
     from conftest import ROOT
 
-    from lm.experiments.sweep import invalid_reason, point_config
+    from lm.experiments.sweep_points import invalid_reason, point_config
 
     path = ROOT / 'configs' / 'sweeps' / 'kv_layouts.py'
     spec = importlib.util.spec_from_file_location('kv_layouts', path)

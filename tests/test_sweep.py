@@ -17,11 +17,9 @@ from lm.experiments.sweep import (
     combine,
     file_points,
     load_sweep_file,
-    parse_grid,
     plan,
-    point_config,
-    run_name,
 )
+from lm.experiments.sweep_points import parse_grid, point_config, run_name
 from lm.experiments.sweep_status import progress
 from lm.experiments.sweep_summary import summarise
 from lm.model.accounting import param_counts

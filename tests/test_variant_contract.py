@@ -21,7 +21,7 @@ from jax.extend import core as jax_core
 from lm.analysis import scores as analysis
 from lm.convert import hf
 from lm.convert.uptrain import ConversionOptions, check_conversion
-from lm.experiments import sweep, sweep_summary
+from lm.experiments import sweep_points, sweep_summary
 from lm.experiments.runner import Spec
 from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
 from lm.model import accounting, attention
@@ -328,7 +328,10 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
     bad = tiny_train_config(
         tmp_path, small_text, **{'model.attention': 'toy_shared_kv', 'model.num_kv_heads': 3}
     )
-    assert sweep.invalid_reason(bad) == 'config.model.num_kv_heads=3 must divide num_heads=4 (toy)'
+    assert (
+        sweep_points.invalid_reason(bad)
+        == 'config.model.num_kv_heads=3 must divide num_heads=4 (toy)'
+    )
 
     config = tiny_train_config(
         tmp_path,
@@ -336,8 +339,10 @@ def test_training_sweep_summary_and_plot(toy, tmp_path, small_text):
         **{'model.attention': 'toy_shared_kv', 'model.num_kv_heads': 2, 'train.steps': 2},
         **{'eval_every': 2, 'checkpoint_every': 2, 'log_every': 1, 'eval_tokens': 64},
     )
-    assert sweep.invalid_reason(config) is None
-    assert sweep.run_name({}, config) == 'toy_shared_kv_h4_kv2'  # its name leaves KV heads free
+    assert sweep_points.invalid_reason(config) is None
+    assert (
+        sweep_points.run_name({}, config) == 'toy_shared_kv_h4_kv2'
+    )  # its name leaves KV heads free
     train(config, str(tmp_path / 'toy'))
     result = json.loads((tmp_path / 'toy' / 'results.json').read_text())
     spec = Spec('toy', {}, lambda workdir: result, arm='toy')
