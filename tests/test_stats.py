@@ -136,9 +136,9 @@ def _brute_force_sign_flip(diffs: list[float]) -> float:
 
 
 def test_sign_flip_p_against_brute_force_enumeration():
-    """The doubling enumeration gives the brute-force p on random float64 differences (n = 1-10,
-    exact fractions of 2^n, so compared exactly), and the floor 2 / 2^n when every difference has
-    one sign: 0.0625 at 5 seeds, above 0.05."""
+    """The meet-in-the-middle enumeration gives the brute-force p on random float64 differences
+    (n = 1-10, exact fractions of 2^n, so compared exactly; 22 and 24 against every pattern's
+    sum), and the floor 2 / 2^n when every difference has one sign: 0.0625 at 5 seeds."""
     rng = np.random.default_rng(1)
     for n in range(1, 11):
         for _ in range(5):
@@ -147,8 +147,17 @@ def test_sign_flip_p_against_brute_force_enumeration():
     assert stats.sign_flip_p([0.1, 0.2, 0.3, 0.4, 0.5]) == stats.sign_flip_floor(5) == 0.0625
     assert stats.sign_flip_p([1.0, -1.0]) == 1.0 and math.isnan(stats.sign_flip_p([]))
     assert stats.paired_sign_flip_p({0: 2.0, 1: 3.0, 2: 9.0}, {0: 1.0, 1: 1.0, 5: 0.0}) == 0.5
+    # meet in the middle agrees with every pattern's sum written out, at 22 and 24 values
+    for n in (22, 24):
+        diffs = rng.normal(0.4, 1.0, n)
+        whole = np.zeros(1)
+        for v in diffs:
+            whole = np.concatenate([whole + v, whole - v])
+        want = np.count_nonzero(np.abs(whole) >= abs(diffs.sum()) * (1 - 1e-9)) / whole.size
+        assert stats.sign_flip_p(diffs.tolist()) == want, n
+    assert stats.sign_flip_p([0.01] * 24) == stats.sign_flip_floor(24)
     # above EXACT_SIGN_FLIP_N the patterns are sampled: one sign throughout is never drawn
-    # (exact p 2^-20), so p = 1 / (draws + 1); a balanced pair keeps p = 1
+    # (exact p 2^-40), so p = 1 / (draws + 1); a balanced pair keeps p = 1
     many = [0.01 * (i + 1) for i in range(stats.EXACT_SIGN_FLIP_N + 1)]
     assert stats.sign_flip_p(many) == 1 / (stats.SIGN_FLIP_DRAWS + 1)
     assert stats.sign_flip_p(many + [-x for x in many]) == 1.0

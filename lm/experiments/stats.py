@@ -114,30 +114,40 @@ def p_value(diff: Estimate) -> float:
 
 
 # Above this many paired values the sign-flip distribution (2^n sums) is sampled, not enumerated
-EXACT_SIGN_FLIP_N = 20
+EXACT_SIGN_FLIP_N = 40  # enumerated exactly up to this many values (two halves of 2^20 sums)
 SIGN_FLIP_DRAWS = 1 << 20  # sign patterns drawn above EXACT_SIGN_FLIP_N (seeded: reproducible)
+
+
+def _pattern_sums(d: np.ndarray) -> np.ndarray:
+    """The sum of every sign pattern of `d` (2^len(d) of them), doubling once per value."""
+    sums = np.zeros(1)
+    for v in d:
+        sums = np.concatenate([sums + v, sums - v])
+    return sums
 
 
 def sign_flip_p(diffs: Sequence[float]) -> float:
     """Two-sided p of the sign-flip (permutation) test that paired differences are symmetric about
     0: the fraction of the 2^n sign patterns whose |sum| is at least the observed |sum| (ties
-    within a relative 1e-9 count as at least). Exact up to EXACT_SIGN_FLIP_N values (float64
-    sums, enumerated); above it, SIGN_FLIP_DRAWS seeded random patterns, (hits + 1) / (draws + 1).
+    within a relative 1e-9 count as at least). Exact up to EXACT_SIGN_FLIP_N values: the sums of
+    each half's patterns are enumerated and every pair of them counted by a sorted search (meet
+    in the middle); above it, SIGN_FLIP_DRAWS seeded random patterns, (hits + 1) / (draws + 1).
     nan for no values."""
     d = np.asarray(diffs, dtype=np.float64)
     if d.size == 0:
         return math.nan
-    seen = abs(math.fsum(d.tolist()))
+    seen = abs(math.fsum(d.tolist())) * (1 - 1e-9)
+    if seen == 0:
+        return 1.0  # every pattern's |sum| is at least 0
     if d.size <= EXACT_SIGN_FLIP_N:
-        sums = np.zeros(1)
-        for v in d:  # every sign pattern's sum, doubling once per value
-            sums = np.concatenate([sums + v, sums - v])
-        hits, total = np.count_nonzero(np.abs(sums) >= seen * (1 - 1e-9)), sums.size
-        return float(hits / total)
+        first, second = _pattern_sums(d[: d.size // 2]), np.sort(_pattern_sums(d[d.size // 2 :]))
+        at_least = second.size - np.searchsorted(second, seen - first, 'left')
+        at_most = np.searchsorted(second, -seen - first, 'right')
+        return float((at_least.sum() + at_most.sum()) / (first.size * second.size))
     rng, hits, chunk = np.random.default_rng(0), 0, 1 << 14
     for _ in range(SIGN_FLIP_DRAWS // chunk):
         signs = rng.choice([-1.0, 1.0], size=(chunk, d.size))
-        hits += np.count_nonzero(np.abs(signs @ d) >= seen * (1 - 1e-9))
+        hits += np.count_nonzero(np.abs(signs @ d) >= seen)
     return float((hits + 1) / (SIGN_FLIP_DRAWS + 1))
 
 
