@@ -236,23 +236,27 @@ def test_a_source_without_optimizer_state_is_said_to_have_none(tmp_path, monkeyp
 
 
 def test_uptraining_on_another_part_drops_the_settings_it_does_not_read(tmp_path):
-    """A source trained on data.split='pretrain' with its own uptrain_fraction, uptrained on
-    the whole corpus (data_split=''): the parts' settings it no longer reads are set back to
-    configs/base.py's, so its config passes train.py's check_idle_data."""
+    """A source trained on data.split='pretrain' with its own fractions: uptrained on 'uptrain'
+    it keeps them; on 'pretrain+uptrain' (contiguous: the whole training split) the
+    uptrain_fraction it no longer reads is set back to configs/base.py's, so train.py's
+    check_idle_data passes; on the whole corpus ('') it would score other text than the source
+    (no held-out cut), so it is refused before anything is written."""
     config = base_config()
     config.data.update(split='pretrain', uptrain_fraction=0.2, heldout_fraction=0.3)
     import_hf(str(FIXTURES / 'llama_mha'), str(tmp_path / 'w'), config)
-    options = ConversionOptions(num_kv_heads=1, steps=2, data_split='')
-    up = convert_checkpoint(str(tmp_path / 'w'), options, str(tmp_path / 'up'))
-    assert (up.data.split, up.data.uptrain_fraction, up.data.heldout_fraction) == ('', 0.1, 0.5)
-    check_idle_data(up.data, default_values('data'))
-    kept = ConversionOptions(num_kv_heads=1, steps=2, data_split='uptrain')
-    up = convert_checkpoint(str(tmp_path / 'w'), kept, str(tmp_path / 'up2'))
-    assert (up.data.split, up.data.uptrain_fraction, up.data.heldout_fraction) == (
-        'uptrain',
-        0.2,
-        0.3,
-    )
+
+    def up(part, dst):
+        options = ConversionOptions(num_kv_heads=1, steps=2, data_split=part)
+        return convert_checkpoint(str(tmp_path / 'w'), options, str(tmp_path / dst)).data
+
+    data = up('uptrain', 'up')
+    assert (data.split, data.uptrain_fraction, data.heldout_fraction) == ('uptrain', 0.2, 0.3)
+    data = up('pretrain+uptrain', 'both')
+    assert (data.uptrain_fraction, data.heldout_fraction) == (0.1, 0.3)
+    check_idle_data(data, default_values('data'))
+    with pytest.raises(ValueError, match=r"^config\.data\.split='': the source trained with da"):
+        up('', 'all')
+    assert not (tmp_path / 'all').exists()
 
 
 def test_uptrain_config_sets_schedule_and_provenance():
@@ -469,11 +473,13 @@ def test_uptrain_end_to_end(tmp_path, small_text):
     assert out.returncode == 0, out.stderr[-3000:]
     assert max(read_scalars(tmp_path / 'tb' / 'gqa', 'train/loss')) == 52
     assert stored_config(str(tmp_path / 'gqa')).train.steps == 52
-    # --data_split: the part the converted run trains on (here the corpus's uptrain part)
+    # --data_split: a part from a source trained on the whole corpus would score other text
     part = [f'--src={tmp_path / "mha"}', '--num_kv_heads=2', '--data_split=uptrain']
     out = run_entry('scripts/uptrain.py', *part, f'--dst={tmp_path / "gqa_up"}')
-    assert out.returncode == 0 and ", on data.split='uptrain'); next:" in out.stdout, out.stderr
-    assert stored_config(str(tmp_path / 'gqa_up')).data.split == 'uptrain'
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith(
+        "error: --data_split='uptrain': the source trained with data.split='', so its evaluation"
+    ), out.stderr[-2000:]
+    assert not (tmp_path / 'gqa_up').exists()
     part[-1] = '--data_split=heldout'  # held-out text is never trained on
     out = run_entry('scripts/uptrain.py', *part, f'--dst={tmp_path / "gqa_h"}')
     assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith(

@@ -53,7 +53,7 @@ from lm.convert.pool_checkpoint import (
     convert_params,
     with_schedule_count,
 )
-from lm.data.checks import reset_idle_data
+from lm.data.checks import eval_text_settings, reset_idle_data
 from lm.data.corpus import load_corpus
 from lm.model import attention
 from lm.model.config import ModelConfig
@@ -67,6 +67,7 @@ from lm.train.checkpoint import (
     read_step_meta,
 )
 from lm.train.ensemble_run import member_run
+from lm.train.identity import flat_config
 from lm.train.interrupt import StopRequest
 from lm.train.optimizer import check_train_config
 from lm.train.run import assemble, check_loop_config, step_context
@@ -277,6 +278,22 @@ def _per_layer_params(params: dict, cfg: ModelConfig, options, inputs: list, rec
     return params, per_layer.PerLayerRecipe(counts, groups), settings, record
 
 
+def _check_same_evaluation(src_config: ml_collections.ConfigDict, part: str) -> None:
+    """Refuses a corpus part whose run would score other text than the source did (a part
+    cuts the held-out text from validation; none scores all of it): the converted run's curve
+    continues the source's, so both must evaluate the same text."""
+    before = eval_text_settings(flat_config(src_config))
+    after = copy.deepcopy(src_config)
+    after.data.split = part
+    if eval_text_settings(flat_config(after)) != before:
+        raise ValueError(
+            f'config.data.split={part!r}: the source trained with '
+            f'data.split={src_config.data.split!r}, so its evaluation scored other text than a '
+            'run on this part would (a part cuts the held-out text from validation); train the '
+            "source on a part ('pretrain') to uptrain on another"
+        )
+
+
 def _converted_config(
     src: str,
     src_config: ml_collections.ConfigDict,
@@ -294,6 +311,7 @@ def _converted_config(
     if options.warmup_steps is not None:
         src_config.uptrain.warmup_steps = options.warmup_steps
     if options.data_split is not None:  # the parts' settings are dropped if it reads none
+        _check_same_evaluation(src_config, options.data_split)
         src_config.data.split = options.data_split
         reset_idle_data(src_config.data, default_values('data'))
     if options.lr is not None:
