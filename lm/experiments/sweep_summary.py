@@ -153,6 +153,14 @@ def _reference(rows: list[dict]) -> dict:
     return next((r for r in rows if r['attention'] == mha), rows[0])
 
 
+def _family_note(pairs: list[dict], points: int) -> str:
+    """The p-values' note (`summary.family_note`); with several points and no pair, none of
+    them scores the same text as another (`_same_text_pairs`)."""
+    if not pairs and points > 1:
+        return 'p: none here: no two points score the same text.'
+    return summary.family_note(pairs[0]['comparisons'] if pairs else 0)
+
+
 def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> str:
     ref = _reference(rows)
     spread = max(abs(r['params'] - ref['params']) / ref['params'] for r in rows)
@@ -164,7 +172,7 @@ def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> 
         '95% '
         f't-interval; Δ vs {ref["point"]}: paired difference over seeds (same seed = same data '
         'order) with its 95% interval. '
-        + summary.family_note(pairs[0]['comparisons'] if pairs else 0),
+        + _family_note(pairs, len(rows)),
         '',
         '| run | attention | H | KV heads | mlp_dim | params | KV cache B/token (bf16) | '
         'train tok/s | eval loss | 95% CI | eval perplexity | seeds | '
@@ -201,7 +209,7 @@ def _recall_markdown(rows: list[dict], pairs: list[dict], accuracy: dict) -> str
         '',
         'Recall accuracy on the held-out examples (answers whose argmax is right): mean ± sample '
         'std over seeds, with its 95% t-interval. '
-        + summary.family_note(pairs[0]['comparisons'] if pairs else 0),
+        + _family_note(pairs, len(rows)),
         '',
         '| run | KV cache B/token (bf16) | recall accuracy | 95% CI | seeds |',
         '|---|---|---|---|---|',
