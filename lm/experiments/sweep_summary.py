@@ -171,8 +171,7 @@ def _markdown(rows: list[dict], pairs: list[dict], losses: dict, match: str) -> 
         'scored once (lm.train.evaluation). Loss: mean ± sample std (ddof 1) over seeds, with its '
         '95% '
         f't-interval; Δ vs {ref["point"]}: paired difference over seeds (same seed = same data '
-        'order) with its 95% interval. '
-        + _family_note(pairs, len(rows)),
+        'order) with its 95% interval. ' + _family_note(pairs, len(rows)),
         '',
         '| run | attention | H | KV heads | mlp_dim | params | KV cache B/token (bf16) | '
         'train tok/s | eval loss | 95% CI | eval perplexity | seeds | '
@@ -208,8 +207,7 @@ def _recall_markdown(rows: list[dict], pairs: list[dict], accuracy: dict) -> str
     lines = [
         '',
         'Recall accuracy on the held-out examples (answers whose argmax is right): mean ± sample '
-        'std over seeds, with its 95% t-interval. '
-        + _family_note(pairs, len(rows)),
+        'std over seeds, with its 95% t-interval. ' + _family_note(pairs, len(rows)),
         '',
         '| run | KV cache B/token (bf16) | recall accuracy | 95% CI | seeds |',
         '|---|---|---|---|---|',
