@@ -791,3 +791,16 @@ def test_a_run_saved_with_a_data_setting_it_never_read_reads_back_as_used(
     assert config_changes(read_latest_meta(str(tmp_path / 'old'))['config'], checked) == []
     more = with_values(stored, {'train.steps': 10})
     assert train(more, str(tmp_path / 'old'))['step'] == 10  # resumed
+
+
+def test_a_run_on_a_part_records_its_held_out_score_in_results_json(tmp_path, small_text):
+    """A run trained on a corpus part (data.split) is scored on the held-out part at its last
+    step, the score lm.data.parts calls the reported one: results.json keeps it beside eval."""
+    config = tiny_train_config(tmp_path, small_text, **{'data.split': 'pretrain'})
+    out = train(config, str(tmp_path / 'run'))
+    saved = json.loads((tmp_path / 'run' / 'results.json').read_text())
+    assert saved['heldout'] == out['heldout'] and saved['heldout']['loss'] > 0
+    assert saved['eval'] == out['eval']
+    plain = tiny_train_config(tmp_path, small_text)
+    train(plain, str(tmp_path / 'plain'))
+    assert 'heldout' not in json.loads((tmp_path / 'plain' / 'results.json').read_text())

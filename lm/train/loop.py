@@ -182,7 +182,8 @@ class _Training:
 
     def _write_results(self, step: int) -> None:
         c = self.run.config
-        write_results(self.workdir, step, self.last_eval, self.meter.median_tokens_per_sec(), c)
+        tokens_per_sec = self.meter.median_tokens_per_sec()
+        write_results(self.workdir, step, self.last_eval, tokens_per_sec, c, heldout=self.heldout)
 
     def train(self) -> dict:
         c = self.run.config

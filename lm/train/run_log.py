@@ -191,13 +191,16 @@ def write_results(
     tokens_per_sec: float | None,
     config: ml_collections.ConfigDict,
     key: str = 'eval',
+    heldout: dict | None = None,
 ) -> None:
     """`<workdir>/results.json` of a finished run: its last step, final eval metrics under `key`
-    (an ensemble: 'members', a list of {seed, eval}), median training throughput and config
+    (an ensemble: 'members', a list of {seed, eval}), a run on a part's final held-out metrics
+    (`heldout`, lm.data.parts: its reported score), median training throughput and config
     fingerprint (sweeps read it, and skip runs that have one); written atomically."""
     results = {
         'step': step,
         key: last_eval,
+        **({'heldout': heldout} if heldout else {}),
         'tokens_per_sec': tokens_per_sec,
         'config_fingerprint': config_fingerprint(config),
     }
