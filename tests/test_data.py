@@ -385,7 +385,7 @@ def test_a_setting_the_part_or_tokenizer_never_reads_is_refused(
         ValueError, match=rf'^config.data.{key}=.* does nothing with {re.escape(why)}'
     ):
         check_idle_data(data, base)
-    assert reset_idle_data(data, base) == [f'{key}={settings[key]!r}']
+    assert list(reset_idle_data(data, base)) == [f'{key}={settings[key]!r}']
     assert data[key] == base[key][0] and not idle_data_settings(data, base)
     assert not idle_data_settings(data_config(tmp_path, **{**settings, **reads}), base)
 

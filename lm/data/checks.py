@@ -89,12 +89,6 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
             f'config.data.hf_eval_split={data.hf_eval_split!r} is hf_split: validation would be '
             "the training documents; name another split, or '' to hold out every 10th document"
         )
-    if data.source == 'stdlib' and data.path:
-        raise ValueError(
-            f"config.data.path={data.path!r} does nothing for source='stdlib', which reads this "
-            "Python's own .py files: set config.data.source='text' to train on it, or leave "
-            'data.path empty'
-        )
 
 
 def _check_distinct_files(paths: list[str]) -> None:
@@ -164,14 +158,19 @@ SPLIT_KEYS = ('uptrain_fraction', 'heldout_fraction', 'split_layout', 'split_blo
 def unread_data_keys(data: ml_collections.ConfigDict) -> dict[str, str]:
     """{key: why} of the `config.data` keys a run of these settings never reads, whatever their
     values: for a recall source every text setting (RECALL_IGNORES), for the others the recall
-    tasks' (RECALL_KEYS), the Hugging Face dataset's (HF_KEYS) but for 'hf', the parts'
-    (SPLIT_KEYS) with no data.split, split_block but for the interleaved layout (and
-    uptrain_fraction with it when 'pretrain+uptrain' is the whole training split),
+    tasks' (RECALL_KEYS), the Hugging Face dataset's (HF_KEYS) but for 'hf', the path for
+    'stdlib', the parts' (SPLIT_KEYS) with no data.split, split_block but for the interleaved
+    layout (and uptrain_fraction with it when 'pretrain+uptrain' is the whole training split),
     bpe_vocab_size but for 'bpe' and eos_token but for a tokenizer.json."""
     if data.source in TASKS:
         return dict.fromkeys(RECALL_IGNORES, f'for source={data.source!r} (its rows are generated)')
     read_by_others = RECALL_KEYS + (HF_KEYS if data.source != 'hf' else ())
     unread = dict.fromkeys(read_by_others, f'for source={data.source!r}')
+    if data.source == 'stdlib':
+        unread['path'] = (
+            "for source='stdlib', which reads this Python's own .py files (to train on the "
+            "file, set config.data.source='text')"
+        )
     if not data.split:
         unread.update(dict.fromkeys(SPLIT_KEYS, "with split='' (no parts are cut)"))
     elif data.split_layout != 'interleaved':
@@ -227,12 +226,12 @@ def idle_data_settings(data: ml_collections.ConfigDict, defaults: dict[str, tupl
     return {k: why for k, why in unread_data_keys(data).items() if data[k] not in defaults[k]}
 
 
-def reset_idle_data(data: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> list[str]:
+def reset_idle_data(data: ml_collections.ConfigDict, defaults: dict[str, tuple]) -> dict:
     """Sets each of `idle_data_settings` back to its configs/base.py value (in place), so the
-    config says what the run uses; the keys reset, each as 'key=old value'."""
-    reset = []
-    for key in idle_data_settings(data, defaults):
-        reset.append(f'{key}={data[key]!r}')
+    config says what the run uses; {'key=old value': why it did nothing} of those reset."""
+    reset = {}
+    for key, why in idle_data_settings(data, defaults).items():
+        reset[f'{key}={data[key]!r}'] = why
         data[key] = defaults[key][0]
     return reset
 

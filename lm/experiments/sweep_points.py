@@ -17,7 +17,6 @@ import ml_collections
 from lm.config import default_values, parse_assignment, with_values
 from lm.data.checks import (
     check_data_config,
-    idle_data_settings,
     reset_idle_data,
     unread_data_keys,
 )
@@ -94,9 +93,8 @@ def _reset_idle(valid: list[tuple]) -> None:
     one-line note per setting; a setting no point reads is refused (it would do nothing)."""
     defaults, idle = default_values('data'), {}
     for name, _, config in valid:
-        for key, why in idle_data_settings(config.data, defaults).items():
-            idle.setdefault((f'data.{key}={config.data[key]!r}', why), []).append(name)
-        reset_idle_data(config.data, defaults)
+        for setting, why in reset_idle_data(config.data, defaults).items():
+            idle.setdefault((f'data.{setting}', why), []).append(name)
     for (setting, why), names in idle.items():
         if len(names) == len(valid):
             raise ValueError(
