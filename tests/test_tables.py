@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import scipy.stats
 from conftest import ROOT, run_entry
@@ -123,6 +124,42 @@ def test_a_marker_with_a_seed_range_tables_those_seeds_alone(tmp_path):
     for marker, message in [
         ('seeds r seeds 0-1', r'r\.csv: a table of seeds 0-1 needs a seed column'),
         ('seeds x seeds 7-9', r'x\.csv: no row of seeds 7-9'),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            tables.render(f'<!-- table: {marker} -->\n<!-- /table -->\n', str(results))
+
+
+def test_a_marker_with_pairs_tests_those_pairs_alone_in_their_direction(tmp_path):
+    """`... pairs c:a,b:c -->` tests c − a and b − c alone, Holm over those 2 (a hand Holm of
+    scipy's paired t-tests); a pair not written a:b, an arm the CSV lacks, or pairs on a kind
+    other than 'seeds' is refused in one line."""
+    rng = np.random.default_rng(3)
+    data = {
+        arm: list(1 + shift + rng.normal(0, 0.02, 6))
+        for arm, shift in zip('abc', (0, 0.03, 0.05), strict=True)
+    }
+    results = tmp_path / 'results'
+    results.mkdir()
+    rows = seed_rows(data, 'loss')
+    (results / 'x.csv').write_text(
+        'arm,seed,loss\n' + ''.join(f'{r["arm"]},{r["seed"]},{r["loss"]}\n' for r in rows)
+    )
+    text = tables.render('<!-- table: seeds x pairs c:a,b:c -->\n<!-- /table -->\n', str(results))
+    assert 'Holm-corrected over the 2 comparisons' in text
+    cells = [line.strip('| ').split(' | ') for line in text.splitlines()]
+    compared = [c[:2] for c in cells if len(c) == 4 and c[1] in 'abc' and c[2][0] in '+-']
+    assert compared == [['c', 'a'], ['b', 'c']]
+    p = [scipy.stats.ttest_rel(data[x], data[y]).pvalue for x, y in ('ca', 'bc')]
+    low, high = sorted(p)
+    holm = {low: min(1.0, 2 * low), high: min(1.0, max(2 * low, high))}
+    for (x, y), pg in zip(('ca', 'bc'), p, strict=True):
+        row = next(c for c in cells if c[:2] == [x, y])
+        diff = np.mean(np.array(data[x]) - np.array(data[y]))
+        assert row[2].startswith(f'{diff:+.4f}') and f'p={holm[pg]:.3g}' in row[2], row
+    for marker, message in [
+        ('seeds x pairs a:b,c', r"x\.csv: pairs \['c'\] must each be written a:b"),
+        ('seeds x pairs a:d', r"x\.csv: pairs name arm\(s\) \['d'\] it lacks"),
+        ('within x pairs a:b', 'pairs work with the seeds kind only'),
     ]:
         with pytest.raises(ValueError, match=message):
             tables.render(f'<!-- table: {marker} -->\n<!-- /table -->\n', str(results))

@@ -58,3 +58,21 @@ def test_seeds_needed_is_the_noncentral_t_power_threshold():
     z = (scipy_stats.norm.ppf(0.975) + scipy_stats.norm.ppf(0.8)) / (0.0175 / 0.0143)
     assert n == 8 and z**2 < n <= z**2 + 3
     assert trend.seeds_needed(0.0175 * 2 / 3, 0.0143, 0.025) == 17
+
+
+def test_t_test_power_matches_simulated_t_tests():
+    # Independent reference: 40,000 simulated paired t-tests at n = 10, effect 0.8 sd, alpha
+    # 0.05/3; the simulated rejection rate's sd is under 0.0025, so 0.01 is 4 of them.
+    rng = np.random.default_rng(0)
+    x = rng.normal(0.8, 1.0, size=(40_000, 10))
+    t = x.mean(1) / (x.std(1, ddof=1) / np.sqrt(10))
+    rate = np.mean(np.abs(t) > scipy_stats.t.ppf(1 - 0.05 / 6, 9))
+    assert abs(trend.t_test_power(0.8, 1.0, 0.05 / 3, 10) - rate) < 0.01
+    n = trend.seeds_needed(0.8, 1.0, 0.05 / 3)
+    assert (
+        trend.t_test_power(0.8, 1.0, 0.05 / 3, n)
+        >= 0.8
+        > trend.t_test_power(0.8, 1.0, 0.05 / 3, n - 1)
+    )
+    # Far past 80%: a finite power near 1 (scipy's lower-tail cdf gave nan at this nc)
+    assert 0.9999 < trend.t_test_power(0.0296, 0.0177, 0.05 / 3, 32) <= 1

@@ -52,7 +52,12 @@ __all__, __getattr__, __dir__ = public_face(
         ),
         'summary': ('seed_rows', 'write_csv'),
         'stats': ('estimate',),
-        'trend': ('contrasts as trend_contrasts', 'per_seed_contrasts', 'seeds_needed'),
+        'trend': (
+            'contrasts as trend_contrasts',
+            'per_seed_contrasts',
+            'seeds_needed',
+            't_test_power',
+        ),
         'pareto': (
             'METRICS',
             'Point',

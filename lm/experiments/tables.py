@@ -6,7 +6,8 @@ table in a study can disagree with its data: `scripts/make_tables.py` rewrites e
     <!-- /table -->
 
 of a study's README.md with the table of kind KIND made from its results/NAME.csv
-(`<!-- table: KIND NAME seeds A-B -->`: from the rows of seeds A to B alone). Kinds:
+(`<!-- table: KIND NAME seeds A-B -->`: from the rows of seeds A to B alone; `... pairs a:b,c:d
+-->` after it, for the 'seeds' kind: only the stated pairs a − b, c − d, Holm over them). Kinds:
 - 'seeds': per-seed values (columns arm, seed, value): per arm mean ± std and 95% t-interval,
   then every pair's paired difference with its exact sign-flip p beside the t-test's. A sweep's
   summary_seeds.csv (point, seed, then its values) gives one such table per value, and every
@@ -80,7 +81,8 @@ from lm.experiments.runner import arm_and_seed
 from lm.experiments.table_inputs import check_markers, read_csv, read_text
 
 MARKER = re.compile(
-    r'(<!-- table: (\w+) ([\w.-]+)(?: seeds (\d+)-(\d+))? -->\n)(?P<body>.*?)(<!-- /table -->)',
+    r'(<!-- table: (\w+) ([\w.-]+)(?: seeds (\d+)-(\d+))?(?: pairs ([\w.:,-]+))? -->\n)'
+    r'(?P<body>.*?)(?P<close><!-- /table -->)',
     re.S,
 )
 
@@ -244,6 +246,23 @@ def seed_rows_between(rows: list[dict], first: int, last: int, path: str) -> lis
     return kept
 
 
+def stated_pairs(spec: str, path: str) -> summary.PairPicker:
+    """'a:b,c:d' -> the picker of those pairs (a − b, c − d), refusing in one line naming
+    `path` a pair not written a:b or an arm the CSV lacks."""
+    pairs = [tuple(p.split(':')) for p in spec.split(',')]
+    bad = [':'.join(p) for p in pairs if len(p) != 2 or not all(p)]
+    if bad:
+        raise ValueError(f'{path}: pairs {bad} must each be written a:b (two arm names)')
+
+    def pick(names: list[str]) -> list[tuple[str, str]]:
+        missing = sorted({arm for p in pairs for arm in p} - set(names))
+        if missing:
+            raise ValueError(f'{path}: pairs name arm(s) {missing} it lacks; arms: {names}')
+        return pairs
+
+    return pick
+
+
 def render(text: str, results_dir: str) -> str:
     """`text` (a doc) with every marked region replaced by its generated table."""
 
@@ -255,7 +274,14 @@ def render(text: str, results_dir: str) -> str:
         rows = read_csv(path)
         if match[4] is not None:  # `seeds A-B`: the rows of those seeds alone
             rows = seed_rows_between(rows, int(match[4]), int(match[5]), path)
-        return f'{match[1]}{KINDS[kind](rows)}\n{match[7]}'
+        if match[6] is None:
+            return f'{match[1]}{KINDS[kind](rows)}\n{match["close"]}'
+        if kind != 'seeds':
+            raise ValueError(
+                f'table marker {match[1].strip()}: pairs work with the seeds kind only'
+            )
+        made = summary.seeds_table(rows, stated_pairs(match[6], path))
+        return f'{match[1]}{made}\n{match["close"]}'
 
     return MARKER.sub(table, text)
 

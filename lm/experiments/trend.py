@@ -69,15 +69,21 @@ def trend_table(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
-def seeds_needed(effect: float, sd: float, alpha: float, power: float = 0.8) -> int:
-    """The fewest paired seeds at which a two-sided one-sample t-test of per-seed values with
-    mean `effect` and sd `sd` reaches `power` at level `alpha` (noncentral t)."""
+def t_test_power(effect: float, sd: float, alpha: float, n: int) -> float:
+    """The power of a two-sided one-sample t-test at level `alpha` over `n` paired seeds whose
+    per-seed values have mean `effect` and sd `sd` (noncentral t)."""
     from scipy import stats as scipy_stats  # ~1 s to import: only for power analyses
 
+    df, nc = n - 1, effect / sd * math.sqrt(n)
+    t = scipy_stats.t.ppf(1 - alpha / 2, df)
+    # P(T > t) + P(T < -t), the second as P(T' > t) for T' with noncentrality -nc: scipy's
+    # lower-tail cdf returns nan for some large nc where this is finite
+    return float(scipy_stats.nct.sf(t, df, nc) + scipy_stats.nct.sf(t, df, -nc))
+
+
+def seeds_needed(effect: float, sd: float, alpha: float, power: float = 0.8) -> int:
+    """The fewest paired seeds at which that t-test reaches `power` (`t_test_power`)."""
     for n in range(3, 1000):
-        df, nc = n - 1, effect / sd * math.sqrt(n)
-        t = scipy_stats.t.ppf(1 - alpha / 2, df)
-        got = 1 - scipy_stats.nct.cdf(t, df, nc) + scipy_stats.nct.cdf(-t, df, nc)
-        if got >= power:
+        if t_test_power(effect, sd, alpha, n) >= power:
             return n
     raise ValueError(f'power {power} needs over 1,000 seeds (effect {effect}, sd {sd})')
