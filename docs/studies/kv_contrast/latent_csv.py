@@ -12,21 +12,18 @@ results/latent_contrast_seeds.csv (arm, seed, eval_loss), joins by seed MHA's an
 5-19 (results/kv_contrast_seeds.csv) and 20 on (`--gqa4_sweep`), and MLA-128's (`--mla128_sweep`).
 """
 
-import csv
-import os
-
 import numpy as np
 from absl import flags
+from study_rows import committed, swept, write_seeds
 
 from lm.cli import run_app
-from lm.experiments import seeds_needed, t_test_power, write_csv
+from lm.experiments import seeds_needed, t_test_power
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 ARMS = ('mha', 'mla64', 'mla128', 'gqa4')
 CONTRASTS = (('mla128', 'mha'), ('mla64', 'mla128'), ('mla128', 'gqa4'))
 ALPHA = 0.05 / len(CONTRASTS)  # Holm's first step
 SMALLEST = 0.01  # nats: the smallest difference worth resolving here
-SD_FLOOR = 0.0155  # the smallest per-seed sd of the first MLA question's contrasts (24 seeds)
+SD_FLOOR = 0.0155  # the smaller per-seed sd of the first MLA question's two MLA contrasts
 CAP = 32  # seeds per arm, by CPU time
 FIRST = 5  # seeds 0-4 are the pilot's
 
@@ -37,32 +34,11 @@ _MORE = flags.DEFINE_string('more_sweep', '', "MHA's and MLA-64's seeds 29 on (N
 _POWER_ONLY = flags.DEFINE_bool('power_only', False, 'Print the power analysis only.')
 
 
-def read(path: str) -> list[dict]:
-    with open(path, newline='') as f:
-        return list(csv.DictReader(f))
-
-
-def results(name: str, rename: dict[str, str], seeds: range) -> dict[tuple[str, int], str]:
-    """{(arm, seed): eval_loss} of a committed CSV's arms in `rename` (CSV arm -> ours)."""
-    rows = read(os.path.join(HERE, name))
-    return {
-        (rename[r['arm']], int(r['seed'])): r['eval_loss']
-        for r in rows
-        if r['arm'] in rename and int(r['seed']) in seeds
-    }
-
-
-def sweep(path: str, rename: dict[str, str]) -> dict[tuple[str, int], str]:
-    """{(arm, seed): eval_loss} of a sweep's summary_seeds.csv, points renamed."""
-    rows = read(os.path.join(path, 'summary_seeds.csv'))
-    return {(rename[r['point']], int(r['seed'])): r['eval_loss'] for r in rows}
-
-
 def power_analysis() -> int:
     """Print each contrast's pilot estimate and need; return the seeds per arm."""
-    pilot = results('results/kv_contrast_seeds.csv', {'mha': 'mha', 'gqa4': 'gqa4'}, range(5))
-    pilot |= results('../kv_layouts/results/kv_layouts_seeds.csv', {'mla': 'mla64'}, range(5))
-    pilot |= sweep(_PILOT.value, {'mla': 'mla128'})
+    pilot = committed('results/kv_contrast_seeds.csv', {'mha': 'mha', 'gqa4': 'gqa4'}, range(5))
+    pilot |= committed('../kv_layouts/results/kv_layouts_seeds.csv', {'mla': 'mla64'}, range(5))
+    pilot |= swept(_PILOT.value, {'mla': 'mla128'})
     needs = []
     for a, b in CONTRASTS:
         diff = np.array([float(pilot[a, s]) - float(pilot[b, s]) for s in range(5)])
@@ -84,18 +60,12 @@ def run() -> int:
     if _POWER_ONLY.value:
         return 0
     seeds = range(FIRST, FIRST + n)
-    found = results('results/mla_contrast_seeds.csv', {'mha': 'mha', 'mla': 'mla64'}, seeds)
-    found |= results('results/kv_contrast_seeds.csv', {'gqa4': 'gqa4'}, seeds)
-    found |= sweep(_GQA4.value, {'gqa4': 'gqa4'})
-    found |= sweep(_MLA128.value, {'mla': 'mla128'})
+    found = committed('results/mla_contrast_seeds.csv', {'mha': 'mha', 'mla': 'mla64'}, seeds)
+    found |= committed('results/kv_contrast_seeds.csv', {'gqa4': 'gqa4'}, seeds)
+    found |= swept(_GQA4.value) | swept(_MLA128.value, {'mla': 'mla128'})
     if _MORE.value:
-        found |= sweep(_MORE.value, {'mha': 'mha', 'mla': 'mla64'})
-    missing = [f'{a} seed {s}' for a in ARMS for s in seeds if (a, s) not in found]
-    if missing:
-        raise SystemExit(f'incomplete: no run for {", ".join(missing)}')
-    rows = [{'arm': a, 'seed': s, 'eval_loss': found[a, s]} for a in ARMS for s in seeds]
-    write_csv(os.path.join(HERE, 'results', 'latent_contrast_seeds.csv'), rows)
-    print(f'{len(rows)} rows: {len(ARMS)} arms x seeds {seeds.start}-{seeds.stop - 1}')
+        found |= swept(_MORE.value, {'mla': 'mla64'})
+    write_seeds('latent_contrast_seeds', found, ARMS, seeds)
     return 0
 
 

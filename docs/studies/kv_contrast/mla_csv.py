@@ -11,16 +11,13 @@ results/kv_contrast_seeds.csv (the kv_contrast sweep's runs of the same config) 
 20-28 (`--more_sweep`), for the page's 'seeds' table.
 """
 
-import csv
-import os
-
 import numpy as np
 from absl import flags
+from study_rows import committed, read, swept, write_seeds
 
 from lm.cli import run_app
-from lm.experiments import seeds_needed, write_csv
+from lm.experiments import seeds_needed
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 ARMS = ('mha', 'mla', 'mqa')
 SEEDS = range(5, 29)  # seeds 0-4 sized the study
 REUSED = range(5, 20)  # MHA's and MQA's from the kv_contrast sweep
@@ -32,15 +29,10 @@ _MORE = flags.DEFINE_string(
 _POWER_ONLY = flags.DEFINE_bool('power_only', False, 'Print the power analysis only.')
 
 
-def read(path: str) -> list[dict]:
-    with open(path, newline='') as f:
-        return list(csv.DictReader(f))
-
-
 def power_analysis() -> None:
     """The statement's seed count: Holm over the 3 pairs (first step at 0.05 / 3), 80% power
     for 2/3 of each 5-seed estimate (a winner's-curse margin)."""
-    rows = read(os.path.join(HERE, '..', 'kv_layouts', 'results', 'kv_layouts_seeds.csv'))
+    rows = read('../kv_layouts/results/kv_layouts_seeds.csv')
     loss = {(r['arm'], int(r['seed'])): float(r['eval_loss']) for r in rows}
     for a, b in (('mla', 'mha'), ('mla', 'mqa'), ('mha', 'mqa')):
         diff = np.array([loss[a, s] - loss[b, s] for s in range(5)])
@@ -52,22 +44,13 @@ def power_analysis() -> None:
         )
 
 
-def losses(sweep: str) -> dict[tuple[str, int], str]:
-    rows = read(os.path.join(sweep, 'summary_seeds.csv'))
-    return {(r['point'], int(r['seed'])): r['eval_loss'] for r in rows}
-
-
 def run() -> int:
     power_analysis()
     if _POWER_ONLY.value:
         return 0
-    old = read(os.path.join(HERE, 'results', 'kv_contrast_seeds.csv'))
-    found = {(r['arm'], int(r['seed'])): r['eval_loss'] for r in old if int(r['seed']) in REUSED}
-    found.update(losses(_MLA.value))
-    found.update(losses(_MORE.value))
-    rows = [{'arm': a, 'seed': s, 'eval_loss': found[a, s]} for a in ARMS for s in SEEDS]
-    write_csv(os.path.join(HERE, 'results', 'mla_contrast_seeds.csv'), rows)
-    print(f'{len(rows)} rows: {len(ARMS)} arms x seeds {SEEDS.start}-{SEEDS.stop - 1}')
+    found = committed('results/kv_contrast_seeds.csv', {'mha': 'mha', 'mqa': 'mqa'}, REUSED)
+    found |= swept(_MLA.value) | swept(_MORE.value)
+    write_seeds('mla_contrast_seeds', found, ARMS, SEEDS)
     return 0
 
 
