@@ -30,7 +30,7 @@ from lm.train import (
     check_new_run_dir,
     check_train_workdir,
     finished_step,
-    read_latest_meta,
+    latest_sound_step,
     run_logdir,
     stored_config,
     train,
@@ -74,8 +74,9 @@ def run() -> int:
     if _CONFIG.value is not None:
         config = _CONFIG.value
         check_config_keys(config)
-    elif read_latest_meta(_WORKDIR.value) is not None:
-        config = with_overrides(stored_config(_WORKDIR.value), _SAVED_OVERRIDES, '--config.*')
+    elif (step := latest_sound_step(_WORKDIR.value)) is not None:  # a damaged newer one: moved
+        saved = stored_config(_WORKDIR.value, step=step)  # aside by the resume, as with --config
+        config = with_overrides(saved, _SAVED_OVERRIDES, '--config.*')
     else:
         given = ' (--config.* overrides apply to a saved config)' if _SAVED_OVERRIDES else ''
         raise ValueError(

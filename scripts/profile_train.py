@@ -19,7 +19,13 @@ from absl import flags
 from lm.cli import RecipeFlags, bootstrap, check_writable_dir, run_app
 from lm.data import train_batch
 from lm.sharding import global_batch
-from lm.train import assemble, load_profile, make_train_step, print_profile
+from lm.train import (
+    assemble,
+    check_not_in_checkpoints,
+    load_profile,
+    make_train_step,
+    print_profile,
+)
 
 RECIPE = RecipeFlags(__name__)
 _VARIANT = flags.DEFINE_string('variant', 'mha', 'Attention variant.')
@@ -32,6 +38,7 @@ def run() -> int:
     if _STEPS.value < 1:
         raise ValueError(f'--steps must be >= 1 (profiled steps), got {_STEPS.value}')
     check_writable_dir(_TRACE.value, '--trace_dir')
+    check_not_in_checkpoints(_TRACE.value, '--trace_dir')
     config = RECIPE.config(_VARIANT.value)
     bootstrap(config, compilation_cache=False)
     exp = assemble(config, state='init', data=True)

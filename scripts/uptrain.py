@@ -205,7 +205,7 @@ def run() -> int:
     try:
         conversion = options()
         check_writable_dir(_DST.value, '--dst')
-        source = stored_config(_SRC.value, '--src')
+        source = stored_config(_SRC.value, '--src', conversion.source_step)
         bootstrap(source)
         tb_dir = _TB_DIR.value or remembered_tb_dir(_SRC.value)
         if _TB_DIR.value:

@@ -908,6 +908,10 @@ def early(ctx):
     )
     for name, text in ROOFLINE_JSON.items():
         (root / f'roofline_{name}.json').write_text(text)
+    ctx.hf_like = root / 'hf_like'  # an HF model folder with a file of the user's own
+    ctx.hf_like.mkdir()
+    for name in ('config.json', 'model.safetensors', 'NOTES.md'):
+        (ctx.hf_like / name).write_text('{}')
     base = (root / 'good.py').read_text()
     for name, body in GET_POINTS.items():
         (root / f'{name}.py').write_text(f'{base}\n\ndef get_points():\n    {body}\n')
@@ -915,6 +919,25 @@ def early(ctx):
 
 
 EARLY = [
+    (  # another run's checkpoints/ would hold a step that is not a checkpoint
+        'export_into_another_runs_checkpoints',
+        CONVERT,
+        lambda c: ['export', f'--workdir={c.run}', f'--hf_dir={c.sweep}/mha_s0/checkpoints/7'],
+        r"--hf_dir=.*mha_s0/checkpoints/7' is inside the run .*mha_s0's checkpoints/",
+    ),
+    (
+        'profile_trace_into_a_runs_checkpoints',
+        'scripts/profile_train.py',
+        lambda c: [f'--trace_dir={c.run}/checkpoints/9', '--steps=1'],
+        r"--trace_dir=.*/checkpoints/9' is inside the run .*run's checkpoints/",
+    ),
+    (  # --overwrite replaces only what an export writes, never the user's own files
+        'export_overwrite_of_a_folder_with_other_files',
+        CONVERT,
+        lambda c: ['export', f'--workdir={c.run}', f'--hf_dir={c.hf_like}', '--overwrite'],
+        r"--hf_dir=.*hf_like' does not look like a Hugging Face export \(NOTES\.md, which an "
+        r'export does not write\)',
+    ),
     (
         'eval_tokens_of_a_recall_run',  # it scores its examples: the flag would do nothing
         EVAL,

@@ -579,3 +579,23 @@ def test_a_split_request_is_checked_in_one_line(tmp_path):
     ):
         with pytest.raises(ValueError, match=message):
             split_request(run, out, [], seeds, name)
+    # Nothing a split would write over or into: a directory of the user's own files (its
+    # results.json replaced), another run (a member inside it), another run's checkpoints/.
+    other = tmp_path / 'other'
+    (other / 'checkpoints' / '4').mkdir(parents=True)
+    notes = tmp_path / 'notes0'
+    notes.mkdir()
+    (notes / 'results.json').write_text('{"mine": 1}')
+    for out_dir, name, message in (
+        (
+            str(tmp_path),
+            'notes{member}',
+            r"^member 0's directory='.*notes0' is not a run \(no "
+            r'checkpoints/\) but holds results\.json',
+        ),
+        (str(other), 'seed_{seed}', r"^member 0's directory='.*other/seed_5' is inside the run "),
+        (f'{other}/checkpoints', '9{seed}', r'is inside the checkpoints directory of the run '),
+    ):
+        with pytest.raises(ValueError, match=message):
+            split_request(run, out_dir, ['0'], seeds, name)
+    assert (notes / 'results.json').read_text() == '{"mine": 1}'

@@ -591,6 +591,32 @@ def test_a_changed_side_car_is_refused_naming_its_file_and_the_step_that_works(t
     assert Checkpointer(str(work), read_only=True).restore(state)[0] == 4
 
 
+@pytest.mark.slow
+def test_a_resume_without_config_passes_over_a_damaged_latest_side_car(tmp_path, text):
+    """train.py --workdir alone, whose newest checkpoint's side-car is gone, reads the config of
+    the newest sound one and resumes from it, moving the damaged one aside as a resume with
+    --config does (it used to stop on the raw file error); uptrain.py --step=8 on such a source
+    converts step 8 (it used to read the newest and name --step=8 as the cure)."""
+    config = tiny_train_config(tmp_path, text)
+    train(config, str(tmp_path / 'run'))
+    ckpts = tmp_path / 'run' / 'checkpoints'
+    (ckpts / '8' / 'meta' / 'metadata').unlink()
+    out = run_entry('train.py', f'--workdir={tmp_path / "run"}', '--config.train.steps=12')
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert sorted(p.name for p in ckpts.iterdir()) == ['12', '4', '8', '8.unreadable']
+    (ckpts / '12' / 'meta' / 'metadata').unlink()
+    up = run_entry(
+        'scripts/uptrain.py',
+        f'--src={tmp_path / "run"}',
+        f'--dst={tmp_path / "up"}',
+        '--num_kv_heads=1',
+        '--step=8',
+        '--steps=1',
+    )
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / 'up' / 'checkpoints').iterdir()) == ['8']
+
+
 def jax_leaves(tree):
     import jax
 

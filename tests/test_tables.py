@@ -158,8 +158,29 @@ def test_a_marker_with_pairs_tests_those_pairs_alone_in_their_direction(tmp_path
         assert row[2].startswith(f'{diff:+.4f}') and f'p={holm[pg]:.3g}' in row[2], row
     for marker, message in [
         ('seeds x pairs a:b,c', r"x\.csv: pairs \['c'\] must each be written a:b"),
+        ('seeds x pairs a:a', r"x\.csv: pairs \['a:a'\] must each be written a:b \(two different"),
+        ('seeds x pairs a:b,b:a', r'x\.csv: pairs a:b,b:a compare two arms twice'),
         ('seeds x pairs a:d', r"x\.csv: pairs name arm\(s\) \['d'\] it lacks"),
         ('within x pairs a:b', 'pairs work with the seeds kind only'),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            tables.render(f'<!-- table: {marker} -->\n<!-- /table -->\n', str(results))
+
+
+def test_a_csv_a_kind_cannot_table_is_refused_in_one_line_naming_it(tmp_path):
+    """A column the kind needs that the CSV lacks (it was a KeyError traceback), a seed that is
+    not a whole number (named with its line), and two arms with no seed in common (it tabled a
+    'nan' difference)."""
+    results = tmp_path / 'results'
+    results.mkdir()
+    (results / 'z.csv').write_text('arm,loss\na,1.0\nb,2.0\n')
+    (results / 's.csv').write_text('arm,seed,loss\na,0,1.0\na,x,1.1\n')
+    (results / 'y.csv').write_text('arm,seed,loss\na,0,1.0\na,1,1.1\nb,2,1.2\nb,3,1.3\n')
+    for marker, message in [
+        ('seeds z', r"z\.csv: lacks the column 'seed' that a 'seeds' table needs$"),
+        ('trend z', r"z\.csv: lacks the column '.*' that a 'trend' table needs$"),
+        ('seeds s', r"s\.csv line 3: seed 'x' is not a whole number$"),
+        ('seeds y', r'y\.csv: two arms it compares share no seed'),
     ]:
         with pytest.raises(ValueError, match=message):
             tables.render(f'<!-- table: {marker} -->\n<!-- /table -->\n', str(results))

@@ -9,11 +9,13 @@ import secrets
 import shutil
 from collections.abc import Iterator
 
+from lm.convert.hf_files import CARRIED, CARRIED_DIRS
 from lm.train.checkpoint import checkpoint_entries
 from lm.train.workdir import (
     BEFORE_FIRST_CHECKPOINT,
     RUN_FILES,
     check_apart,
+    check_not_in_checkpoints,
     check_replaceable,
     check_train_workdir,
     safe_name,
@@ -44,6 +46,7 @@ def check_export_dir(
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f'{setting}={out_dir!r} is a file, not a directory')
     check_apart(out_dir, setting, workdir, "the run's workdir")
+    check_not_in_checkpoints(out_dir, setting)
     if overwrite:
         check_replaceable(out_dir, setting, option)
         _check_an_export(out_dir, setting, option)
@@ -58,13 +61,29 @@ def _check_an_export(path: str, setting: str, option: str) -> None:
     if not os.path.isdir(path) or not (held := os.listdir(path)):
         return
     weights = {'model.safetensors', 'model.safetensors.index.json'} & set(held)
-    folders = sorted(n for n in held if os.path.isdir(os.path.join(path, n)))
-    if 'config.json' not in held or not weights or folders:
-        why = f'the folder {folders[0]}' if folders else 'no config.json and safetensors weights'
+    folders = sorted(
+        n for n in held if os.path.isdir(os.path.join(path, n)) and n not in CARRIED_DIRS
+    )
+    others = sorted(n for n in held if not _exported(n) and n not in folders)
+    if 'config.json' not in held or not weights or folders or others:
+        why = (
+            f'the folder {folders[0]}'
+            if folders
+            else f'{others[0]}, which an export does not write'
+            if others and 'config.json' in held and weights
+            else 'no config.json and safetensors weights'
+        )
         raise ValueError(
             f'{setting}={path!r} does not look like a Hugging Face export ({why}): {option} '
             'replaces only an earlier export; give a new or empty directory'
         )
+
+
+def _exported(name: str) -> bool:
+    """Whether an export writes files of this name: its config, weights and carried files."""
+    return name in ('config.json', 'model.safetensors.index.json', *CARRIED, *CARRIED_DIRS) or (
+        name.endswith('.safetensors')
+    )
 
 
 def check_import_dir(

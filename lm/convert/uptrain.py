@@ -182,8 +182,8 @@ def _check_steps_first(source_workdir: str, options: ConversionOptions, need_ste
     """`convert_checkpoint`'s checks of the uptraining steps and schedule, before the conversion's
     work: the step counts, some uptraining step when `need_steps`, and the training settings
     of the run it would write (a rate that is 0 at every step, say)."""
-    latest = read_latest_meta(source_workdir)
     step = options.source_step
+    latest = read_latest_meta(source_workdir, SOURCE) if step is None else None
     source_step = step if step is not None else latest and latest['data_step']
     check_steps(source_step, options.steps)
     if source_step is None:  # no checkpoint: the conversion says so

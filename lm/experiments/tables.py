@@ -232,14 +232,18 @@ KINDS: dict[str, Callable[[list[dict]], str]] = {
 }
 
 
+def check_seeds(rows: list[dict], path: str) -> None:
+    """One line naming `path` and the line of a seed that is not a whole number."""
+    for line, r in enumerate(rows, 2):
+        if 'seed' in r and not r['seed'].isdigit():
+            raise ValueError(f'{path} line {line}: seed {r["seed"]!r} is not a whole number')
+
+
 def seed_rows_between(rows: list[dict], first: int, last: int, path: str) -> list[dict]:
     """The rows of seeds first..last of a CSV with a 'seed' column (one line naming `path`
     otherwise, or when no row is left)."""
     if 'seed' not in rows[0]:
         raise ValueError(f'{path}: a table of seeds {first}-{last} needs a seed column')
-    for line, r in enumerate(rows, 2):
-        if not r['seed'].isdigit():
-            raise ValueError(f'{path} line {line}: seed {r["seed"]!r} is not a whole number')
     kept = [r for r in rows if first <= int(r['seed']) <= last]
     if not kept:
         raise ValueError(f'{path}: no row of seeds {first}-{last}')
@@ -250,9 +254,11 @@ def stated_pairs(spec: str, path: str) -> summary.PairPicker:
     """'a:b,c:d' -> the picker of those pairs (a − b, c − d), refusing in one line naming
     `path` a pair not written a:b or an arm the CSV lacks."""
     pairs = [tuple(p.split(':')) for p in spec.split(',')]
-    bad = [':'.join(p) for p in pairs if len(p) != 2 or not all(p)]
+    bad = [':'.join(p) for p in pairs if len(p) != 2 or not all(p) or p[0] == p[1]]
     if bad:
-        raise ValueError(f'{path}: pairs {bad} must each be written a:b (two arm names)')
+        raise ValueError(f'{path}: pairs {bad} must each be written a:b (two different arms)')
+    if len({frozenset(p) for p in pairs}) < len(pairs):
+        raise ValueError(f'{path}: pairs {spec} compare two arms twice (each pair once)')
 
     def pick(names: list[str]) -> list[tuple[str, str]]:
         missing = sorted({arm for p in pairs for arm in p} - set(names))
@@ -272,18 +278,32 @@ def render(text: str, results_dir: str) -> str:
             raise ValueError(f'table marker {match[1].strip()}: kind must be one of {list(KINDS)}')
         path = os.path.join(results_dir, f'{name}.csv')
         rows = read_csv(path)
+        check_seeds(rows, path)
         if match[4] is not None:  # `seeds A-B`: the rows of those seeds alone
             rows = seed_rows_between(rows, int(match[4]), int(match[5]), path)
-        if match[6] is None:
-            return f'{match[1]}{KINDS[kind](rows)}\n{match["close"]}'
-        if kind != 'seeds':
+        if match[6] is not None and kind != 'seeds':
             raise ValueError(
                 f'table marker {match[1].strip()}: pairs work with the seeds kind only'
             )
-        made = summary.seeds_table(rows, stated_pairs(match[6], path))
-        return f'{match[1]}{made}\n{match["close"]}'
+        return f'{match[1]}{made_table(kind, rows, path, match[6])}\n{match["close"]}'
 
     return MARKER.sub(table, text)
+
+
+def made_table(kind: str, rows: list[dict], path: str, pairs: str | None) -> str:
+    """The table of `kind` from the CSV `path`'s rows (the 'seeds' kind over the stated `pairs`
+    alone when given); one line naming `path` for a column the kind needs that the CSV lacks,
+    or two arms compared that share no seed."""
+    try:
+        if pairs is None:
+            made = KINDS[kind](rows)
+        else:
+            made = summary.seeds_table(rows, stated_pairs(pairs, path))
+    except KeyError as e:
+        raise ValueError(f'{path}: lacks the column {e} that a {kind!r} table needs') from None
+    if '(0 seeds)' in made:
+        raise ValueError(f'{path}: two arms it compares share no seed (pairs are matched by seed)')
+    return made
 
 
 def rendered_docs(docs_dir: str, results_dir: str) -> dict[str, str]:

@@ -58,7 +58,7 @@ __all__, __getattr__, __dir__ = public_face(
             'remembered_tb_dir',
             'safe_name',
         ),
-        'checkpoint': ('check_finite', 'read_latest_meta'),
+        'checkpoint': ('check_finite', 'latest_sound_step', 'read_latest_meta'),
         'perf': (
             'PEAK_FLOPS',
             'cpu_model',

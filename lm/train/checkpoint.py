@@ -368,11 +368,23 @@ def _damaged_meta_error(workdir: str, step: int, error: Exception, flag: str) ->
     return ValueError(f'the checkpoint at step {step}{where} is unreadable ({cause}); {hint}')
 
 
-def read_latest_meta(workdir: str) -> dict | None:
-    """The JSON side-car of `workdir`'s newest checkpoint (checked), or None, read without
-    starting a JAX backend (so device settings from the saved config can still be applied)."""
+def latest_sound_step(workdir: str, flag: str = '--workdir') -> int | None:
+    """The newest checkpoint step of `workdir` whose side-car is sound, or None when it has no
+    checkpoint. A damaged newer one is passed over, as a resume passes over it (and moves it
+    aside); with no sound one, the newest is refused in one line."""
     steps = saved_steps(workdir)
-    return read_step_meta(workdir, steps[-1]) if steps else None
+    sound = next((s for s in reversed(steps) if _sound_meta(workdir, s)), None)
+    if steps and sound is None:
+        read_sound_meta(workdir, steps[-1], flag)  # raises, naming the directory
+    return sound
+
+
+def read_latest_meta(workdir: str, flag: str = '--workdir') -> dict | None:
+    """The JSON side-car of `workdir`'s newest sound checkpoint (`latest_sound_step`; checked),
+    or None, read without starting a JAX backend (so device settings from the saved config can
+    still be applied)."""
+    step = latest_sound_step(workdir, flag)
+    return None if step is None else read_step_meta(workdir, step)
 
 
 def param_shapes(abstract_params: dict) -> dict[str, list[int]]:

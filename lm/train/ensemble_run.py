@@ -26,7 +26,14 @@ from lm.train.run import Run, assemble
 from lm.train.run_log import Meter, log_model, write_results
 from lm.train.stored import checkpoint_meta, stored_config
 from lm.train.summary import Summary
-from lm.train.workdir import RunError, check_apart, read_json_object, safe_name
+from lm.train.workdir import (
+    RunError,
+    check_apart,
+    check_new_run_dir,
+    check_train_workdir,
+    read_json_object,
+    safe_name,
+)
 
 
 def member_logdir(logdir: str, seed: int) -> str:
@@ -221,6 +228,8 @@ def split_request(
     outs = {m: os.path.join(out_dir, names[m]) for m in ([int(m) for m in given] or range(k))}
     for m, out in outs.items():
         check_apart(out, f'--out_dir: member {m}', workdir, 'the ensemble --workdir')
+        check_train_workdir(out, f"member {m}'s directory")  # not in a run, a sweep, ...
+        check_new_run_dir(out, f"member {m}'s directory")  # nor over files not a run's
     return outs
 
 
