@@ -88,6 +88,8 @@ class RecipeFlags:
         try:  # a one-line error naming the file (a config that takes no variant, say)
             config = check_config_file(f'{self._file.value}:{variant}')
         except ValueError as e:
+            if 'takes no argument' not in str(e):  # the variant itself is refused: say only that
+                raise
             raise ValueError(
                 f'{e} (the script builds the variant {variant!r} it times as get_config('
                 f'{variant!r}): give a --config whose get_config takes a variant name, as '

@@ -215,6 +215,14 @@ def torch_status() -> tuple[bool, str]:
 def run() -> int:
     if _STEPS.value < 1:
         raise ValueError(f'--steps must be >= 1 (timed steps), got {_STEPS.value}')
+    if _ROUNDS.value < 1 or _WARMUP.value < 0:
+        raise ValueError(
+            f'--rounds must be >= 1 and --warmup >= 0, got {_ROUNDS.value} and {_WARMUP.value}'
+        )
+    if not _VARIANTS.value:
+        raise ValueError('--variants is empty: name the attention variants to time (mha,mqa)')
+    for variant in _VARIANTS.value:  # every variant's config, before any is timed
+        RECIPE.config(variant)
     if _JSON.value:
         check_output_path(_JSON.value, '--json', '.json')
         check_writable_dir(os.path.dirname(os.path.abspath(_JSON.value)), '--json')

@@ -69,6 +69,13 @@ def run(argv: list[str]) -> int:
             'export writes the run as it trained (its saved config): --config and --config.* '
             'apply to import only'
         )
+    only = {
+        '--step': ('export', _STEP.value is not None),
+        '--tokenizer': ('import', _TOKENIZER.value),
+    }
+    for flag, (command, given) in only.items():
+        if given and argv[1] != command:
+            raise ValueError(f'{flag} applies to {command} only, not {argv[1]}')
     if argv[1] == 'import':
         check_writable_dir(_WORKDIR.value, '--workdir')
         check_import_dir(

@@ -142,10 +142,10 @@ def check_flags() -> None:
         if flags.FLAGS[name].present and not _ENSEMBLE.value:
             raise ValueError(f'--{name} applies to --ensemble sweeps only; add --ensemble')
     sweep_dir = _SWEEP_DIR.value
+    if (kind := directory_kind(sweep_dir)) in (A_RUN, AN_ABLATION):  # --status too: no such runs
+        raise ValueError(f'--sweep_dir: {sweep_dir} is {kind}, not a sweep directory')
     if not _STATUS.value:  # --status only reads: a read-only copy of a sweep is fine
         check_writable_dir(sweep_dir, '--sweep_dir')
-        if (kind := directory_kind(sweep_dir)) in (A_RUN, AN_ABLATION):
-            raise ValueError(f'--sweep_dir: {sweep_dir} is {kind}, not a sweep directory')
         check_not_inside_a_run(sweep_dir, '--sweep_dir')
         if _TB_DIR.value:
             check_writable_dir(_TB_DIR.value, '--tb_dir')

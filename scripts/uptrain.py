@@ -178,6 +178,19 @@ def with_flags(message: str) -> str:
 
 
 def options() -> ConversionOptions:
+    """The conversion the flags ask for; one line for a flag that would do nothing."""
+    made = _options()
+    if _CALIBRATION.value is not None and not made.needs_calibration:
+        raise ValueError(
+            '--calibration_tokens does nothing here: only similarity grouping, aligned merging, '
+            'a KV budget or a latent target read the source text; leave it unset'
+        )
+    if flags.FLAGS['seed'].present and made.method != 'random':
+        raise ValueError(f"--seed draws --method=random's K/V only; --method={made.method}")
+    return made
+
+
+def _options() -> ConversionOptions:
     return ConversionOptions(
         target=_TARGET.value,
         num_kv_heads=_KV.value,

@@ -919,6 +919,60 @@ def early(ctx):
 
 
 EARLY = [
+    *[
+        (
+            f'uptrain_{name}',
+            'scripts/uptrain.py',
+            lambda c, extra=extra: [f'--src={c.run}', f'--dst={c.root}/up_refused', *extra],
+            pattern,
+        )
+        for name, extra, pattern in (
+            (
+                'calibration_tokens_unread',
+                ['--num_kv_heads=2', '--calibration_tokens=100'],
+                r'--calibration_tokens does nothing here: only similarity grouping',
+            ),
+            (
+                'seed_without_random',
+                ['--num_kv_heads=2', '--seed=5'],
+                r"--seed draws --method=random's K/V only; --method=mean",
+            ),
+            (
+                'steps_and_fraction',
+                ['--num_kv_heads=2', '--steps=3', '--fraction=0.25'],
+                r'--steps and --fraction both set the uptraining steps: give one',
+            ),
+            (
+                'kv_budget_with_mla',
+                ['--target=mla', '--kv_lora_rank=8', '--qk_rope_head_dim=2', '--kv_budget=2'],
+                r'--kv_budget does not apply to --target=mla',
+            ),
+        )
+    ],  # fmt: skip
+    (  # every variant's config before the first is timed (it came after mha's whole row)
+        'bench_train_unknown_variant_after_a_good_one',
+        'scripts/bench_train.py',
+        lambda c: ['--variants=mha,bogus'],
+        r"unknown variant 'bogus'; expected 'mha'.*\)$",
+    ),
+    (
+        'bench_train_no_variants',
+        'scripts/bench_train.py',
+        lambda c: ['--variants='],
+        r'--variants is empty',
+    ),  # fmt: skip
+    (
+        'convert_import_with_the_export_step',
+        CONVERT,
+        lambda c: ['import', f'--hf_dir={HF_MODEL}', f'--workdir={c.root}/imp_x', '--step=3'],
+        r'--step applies to export only, not import',
+    ),
+    (  # --status read it as a sweep of one unstarted run
+        'sweep_status_of_a_training_run',
+        'scripts/sweep.py',
+        lambda c: ['--config=configs/shakespeare_char.py', f'--sweep_dir={c.run}', '--status'],
+        r'--sweep_dir: .* is a training run, not a sweep directory',
+    ),
     (  # another run's checkpoints/ would hold a step that is not a checkpoint
         'export_into_another_runs_checkpoints',
         CONVERT,

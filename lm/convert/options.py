@@ -149,6 +149,8 @@ def _check_run(opts: ConversionOptions) -> None:
         raise ValueError(f'{_k.seed} must be in [0, 2**32), got {opts.seed}')
     if opts.calibration_tokens is not None and opts.calibration_tokens < 1:
         raise ValueError(f'{_k.calibration_tokens} must be >= 1, got {opts.calibration_tokens}')
+    if opts.steps is not None and opts.fraction is not None:
+        raise ValueError(f'{_k.steps} and {_k.fraction} both set the uptraining steps: give one')
     if opts.data_split is not None:
         _one_of(opts, 'data_split', ('', *PARTS))
     if opts.lr is not None and not (math.isfinite(opts.lr) and opts.lr > 0):
@@ -169,6 +171,8 @@ def _check_latent(opts: ConversionOptions) -> None:
     t = f'{_k.target}={opts.target}'
     if opts.method not in LATENT_METHODS:
         raise ValueError(f'{_k.method}={opts.method} does not apply to {t}: use {LATENT_METHODS}')
+    if opts.kv_budget:  # before grouping, which a budget sets to 'similarity' by default
+        raise ValueError(f'{_k.kv_budget} does not apply to {t} (per-layer KV heads); leave it 0')
     if opts.grouping != 'contiguous':
         raise ValueError(
             f'{_k.grouping}={opts.grouping} does not apply to {t} (no heads are merged)'
