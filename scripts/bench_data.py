@@ -198,12 +198,29 @@ def loader_rows(text_path: str, directory: str) -> list[dict]:
     return rows
 
 
+def check_flags() -> None:
+    """One line for a flag the run would fail on after its tokenising (minutes for 1 GB)."""
+    from lm.train import PEAK_FLOPS
+
+    if _DEVICE.value not in PEAK_FLOPS:
+        raise ValueError(f'--device={_DEVICE.value!r}: expected one of {sorted(PEAK_FLOPS)}')
+    if not 0 < _MFU.value <= 1:
+        raise ValueError(f'--mfu must be in (0, 1] (a fraction of the peak), got {_MFU.value}')
+    for flag in (_REPEATS, _BATCHES, _BPE_VOCAB):
+        if flag.value < 1:
+            raise ValueError(f'--{flag.name} must be >= 1, got {flag.value}')
+    bad = [n for n in _NUM_PROC.value if not n.isdigit() or int(n) < 1]
+    if bad or not _NUM_PROC.value:
+        raise ValueError(f'--num_proc: expected process counts >= 1 (1,2), got {_NUM_PROC.value}')
+
+
 def main() -> None:
     from lm.cli import check_writable_dir
     from lm.experiments import check_output_path
 
     if not _TEXT.value and _MAKE_MB.value < 1:
         raise ValueError(f'--make_mb must be >= 1 (MB of text to make), got {_MAKE_MB.value}')
+    check_flags()
     if _JSON.value:
         check_output_path(_JSON.value, '--json', '.json')
         check_writable_dir(os.path.dirname(os.path.abspath(_JSON.value)), '--json')

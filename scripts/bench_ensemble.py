@@ -200,6 +200,9 @@ def rows(config) -> list:
 
 
 def run() -> int:
+    for flag, least in ((_STEPS, 1), (_ROUNDS, 1), (_WARMUP, 0), (_PROCESSES, 0)):
+        if flag.value is not None and flag.value < least:
+            raise ValueError(f'--{flag.name} must be >= {least}, got {flag.value}')
     config = _CONFIG.value
     bootstrap(config)
     if _WORKER.value:

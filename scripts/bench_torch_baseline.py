@@ -77,8 +77,19 @@ def time_to_loss() -> int:
 
 
 def run() -> int:
+    if _STEPS.value < 1 or _WARMUP.value < 0:
+        raise ValueError(
+            f'--steps must be >= 1 and --warmup >= 0, got {_STEPS.value}, {_WARMUP.value}'
+        )
     if _TARGET.value > 0:
         return time_to_loss()
+    given = [f'--{n}' for n in ('config', 'set', 'data_path') if flags.FLAGS[n].present]
+    if given:
+        raise ValueError(
+            f'{", ".join(given)} {"apply" if len(given) > 1 else "applies"} to --target_loss '
+            "only: the timing runs nanoGPT's fixed shape (scripts/bench_train.py times the "
+            "baseline at a config's shape)"
+        )
     shape = torch_nanogpt.Shape()
     stepper = torch_nanogpt.make_stepper(shape, threads=_THREADS.value)
     torch_nanogpt.time_steps(stepper, _WARMUP.value)

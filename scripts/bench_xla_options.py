@@ -137,6 +137,9 @@ def arm_configs(config: ml_collections.ConfigDict, names: set[str]) -> dict:
 
 
 def run() -> int:
+    for flag in (_ROUNDS, _CALLS):
+        if flag.value < 1:
+            raise ValueError(f'--{flag.name} must be >= 1, got {flag.value}')
     option_sets = {'base': {}}
     for spec in filter(None, _OPTIONS.value):
         name, options = parse_option(spec)

@@ -920,6 +920,41 @@ def early(ctx):
 
 EARLY = [
     *[
+        (f'bench_{name}', f'scripts/bench_{script}.py', lambda c, extra=extra: extra(c), pattern)
+        for name, script, extra, pattern in (
+            (
+                'data_unknown_device',
+                'data',
+                lambda c: [f'--text={c.text}', '--device=bogus'],
+                r"--device='bogus': expected one of \[",
+            ),
+            (
+                'data_mfu_zero',
+                'data',
+                lambda c: [f'--text={c.text}', '--mfu=0'],
+                r'--mfu must be in \(0, 1\]',
+            ),
+            (
+                'ensemble_rounds_zero',
+                'ensemble',
+                lambda c: ['--rounds=0'],
+                r'--rounds must be >= 1, got 0',
+            ),
+            (
+                'xla_options_calls_zero',
+                'xla_options',
+                lambda c: ['--calls=0'],
+                r'--calls must be >= 1, got 0',
+            ),
+            (
+                'torch_baseline_set_without_target',
+                'torch_baseline',
+                lambda c: ['--set=model.d_model=32'],
+                r'--set applies to --target_loss only',
+            ),
+        )
+    ],  # fmt: skip
+    *[
         (
             f'uptrain_{name}',
             'scripts/uptrain.py',
