@@ -72,6 +72,16 @@ def _evaluate(restored: Run) -> dict[str, float]:
         return evaluate_run(restored, _SPLIT.value, stop, _CACHE.value)
 
 
+def check_own_tokens(tokens: int, data: ml_collections.ConfigDict) -> None:
+    """The run's own config.eval_tokens must still keep two windows of --config's data."""
+    if data.source not in TASKS and 0 < tokens <= data.seq_len:
+        raise ValueError(
+            f"the run's config.eval_tokens={tokens} is one window or less of --config's "
+            f'data.seq_len={data.seq_len}: pass --eval_tokens (0 = the whole split, or more '
+            f'than {data.seq_len})'
+        )
+
+
 def check_eval_tokens(tokens: int | None, data: ml_collections.ConfigDict) -> None:
     """--eval_tokens must keep two windows or more of the data evaluated (the loss's standard
     error is over windows); a recall task scores its examples instead, so it takes none."""
@@ -126,6 +136,8 @@ def run() -> int:
     check_logdir_owner(_WORKDIR.value, _TB_DIR.value, tb_flag)
     config = stored_config(_WORKDIR.value, step=_STEP.value)
     check_eval_tokens(_TOKENS.value, config.data if _CONFIG.value is None else _CONFIG.value.data)
+    if _CONFIG.value is not None and _TOKENS.value is None:
+        check_own_tokens(config.eval_tokens, _CONFIG.value.data)
     if _CONFIG.value is not None:
         check_same_tokenizer(config.data, _CONFIG.value.data, '--config')
     bootstrap(config)

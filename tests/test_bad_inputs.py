@@ -908,6 +908,8 @@ def early(ctx):
     )
     for name, text in ROOFLINE_JSON.items():
         (root / f'roofline_{name}.json').write_text(text)
+    ctx.eval64 = root / 'eval64'  # a step-0 text run scored on 64 tokens
+    save_step0(with_values(ctx.config, {'eval_tokens': 64, 'model.vocab_size': 258}), ctx.eval64)
     ctx.hf_like = root / 'hf_like'  # an HF model folder with a file of the user's own
     ctx.hf_like.mkdir()
     for name in ('config.json', 'model.safetensors', 'NOTES.md'):
@@ -919,6 +921,13 @@ def early(ctx):
 
 
 EARLY = [
+    (  # the run's own eval_tokens under another config's windows: it blamed settings not given
+        'eval_config_whose_windows_swallow_the_runs_eval_tokens',
+        EVAL,
+        lambda c: [f'--workdir={c.eval64}', '--config=configs/shakespeare_char.py'],
+        r"the run's config\.eval_tokens=64 is one window or less of --config's "
+        r'data\.seq_len=64: pass --eval_tokens',
+    ),
     *[
         (f'bench_{name}', f'scripts/bench_{script}.py', lambda c, extra=extra: extra(c), pattern)
         for name, script, extra, pattern in (

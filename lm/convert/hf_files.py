@@ -83,7 +83,8 @@ def read_tokenizer(directory: str, tokenizer: str, vocab_size: int) -> str:
         return BYTE
     path = tokenizer or own
     if tokenizer and not os.path.isfile(path):
-        raise FileNotFoundError(f'--tokenizer={path} does not exist; give a tokenizer.json file')
+        what = 'is a directory' if os.path.isdir(path) else 'does not exist'
+        raise FileNotFoundError(f'--tokenizer={path} {what}; give a tokenizer.json file')
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f'{path} does not exist (a sentencepiece tokenizer.model only?): pass '
