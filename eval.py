@@ -64,10 +64,20 @@ _TB_DIR = flags.DEFINE_string(
 )
 
 
+def check_cache_dtype(model: ml_collections.ConfigDict, data: ml_collections.ConfigDict) -> None:
+    """--kv_cache_dtype scores text windows, and kivi4 needs a window longer than its group."""
+    if _CACHE.value and data.source in TASKS:
+        raise ValueError('--kv_cache_dtype evaluates text windows; this run is a recall task')
+    if _CACHE.value == 'kivi4' and data.seq_len < model.kv_quant_group:
+        raise ValueError(
+            f'--kv_cache_dtype=kivi4 would quantise nothing: a window of config.data.seq_len='
+            f'{data.seq_len} tokens never completes a group of config.model.kv_quant_group='
+            f'{model.kv_quant_group} (the residual stays in float)'
+        )
+
+
 def _evaluate(restored: Run) -> dict[str, float]:
     """The checkpoint's metrics on --split, by the training forward or through a KV cache."""
-    if _CACHE.value and restored.corpus.task is not None:
-        raise ValueError('--kv_cache_dtype evaluates text windows; this run is a recall task')
     with StopRequest() as stop:  # SIGTERM: stop between batches, write nothing
         return evaluate_run(restored, _SPLIT.value, stop, _CACHE.value)
 
@@ -140,6 +150,7 @@ def run() -> int:
         check_own_tokens(config.eval_tokens, _CONFIG.value.data)
     if _CONFIG.value is not None:
         check_same_tokenizer(config.data, _CONFIG.value.data, '--config')
+    check_cache_dtype(config.model, config.data if _CONFIG.value is None else _CONFIG.value.data)
     bootstrap(config)
     own_data, own_protocol = _CONFIG.value is None, protocol(config.data)
     if not own_data:

@@ -921,6 +921,18 @@ def early(ctx):
 
 
 EARLY = [
+    (  # refused before the checkpoint and data load (it came after both)
+        'eval_cache_dtype_of_a_recall_run',
+        EVAL,
+        lambda c: [f'--workdir={c.mqar}', '--kv_cache_dtype=int8'],
+        r'--kv_cache_dtype evaluates text windows; this run is a recall task',
+    ),
+    (  # its loss was the float cache's, tagged eval_cache_kivi4
+        'eval_kivi4_windows_shorter_than_its_group',
+        EVAL,
+        lambda c: [f'--workdir={c.eval64}', '--kv_cache_dtype=kivi4'],
+        r'--kv_cache_dtype=kivi4 would quantise nothing: a window of config\.data\.seq_len=16 ',
+    ),
     (  # the run's own eval_tokens under another config's windows: it blamed settings not given
         'eval_config_whose_windows_swallow_the_runs_eval_tokens',
         EVAL,
