@@ -32,7 +32,7 @@ from lm.train.ensemble import check_ensemble_config, check_members_divide_over
 from lm.train.identity import flat_config, resumable_key
 from lm.train.run import check_loop_config
 from lm.train.stored import stored_config
-from lm.train.workdir import RunError, read_json_object
+from lm.train.workdir import SPLIT_LOG, RunError, read_json_object
 
 ENSEMBLES = 'ensembles'  # <sweep_dir>/ensembles/<point>: a point's seeds trained as one program
 
@@ -260,7 +260,7 @@ def _split_process(
         f'--name={name}',
         f'--members={",".join(map(str, members))}',
     ]
-    with open(os.path.join(log_dir, 'split.log'), 'a') as log:
+    with open(os.path.join(log_dir, SPLIT_LOG), 'a') as log:
         code = call(argv, log)
     if signal_name := stopped_by(code):
         raise RunStopped(f'splitting {ensemble_dir} stopped by {signal_name}')

@@ -29,10 +29,11 @@ A_RUN, A_SWEEP, AN_ABLATION = 'a training run', 'a sweep directory', 'an uptrain
 STARTED = 'run.json'  # a sweep's or an ablation's run: its fingerprint, written before it starts
 RUN_LOG = 'train.log'  # a sweep's run: what its train.py printed
 SWEEP_CONFIG = 'sweep_config.py'  # a sweep's run: the config file its train.py reads
+SPLIT_LOG = 'split.log'  # a sweep's ensemble member: what its split printed
 # What a directory may hold when a new run starts in it (no checkpoints/ yet), besides hidden
 # names (locks, staging): what a run writes before its first checkpoint, and what a sweep writes
 # for the run it starts. Anything else is the user's or another tool's (an export, an analysis).
-BEFORE_FIRST_CHECKPOINT = ('tb', TB_FILE, STARTED, RUN_LOG, SWEEP_CONFIG)
+BEFORE_FIRST_CHECKPOINT = ('tb', TB_FILE, STARTED, RUN_LOG, SWEEP_CONFIG, SPLIT_LOG)
 
 _UNSAFE = re.compile(r'[/\\\x00-\x1f\x7f]')  # separators and control characters
 
