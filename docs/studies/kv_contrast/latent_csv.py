@@ -4,13 +4,16 @@ r"""The full-rank-latent question's power analysis and per-seed CSV (latent_stat
   python docs/studies/kv_contrast/latent_csv.py --pilot_sweep=runs/latent_pilot \
       --mla128_sweep=runs/latent_mla128 --gqa4_sweep=runs/latent_gqa4
 
-The power analysis reads MLA-128's pilot (seeds 0-4, `--pilot_sweep`) beside MHA's and GQA-4's
+The power analysis reads MLA-128's pilot (seeds 0-4, `--pilot_sweep`, whose losses it copies to
+results/latent_pilot_seeds.csv; without the sweep, that copy) beside MHA's and GQA-4's
 seeds 0-4 (results/kv_contrast_seeds.csv) and MLA-64's (../kv_layouts/results/
 kv_layouts_seeds.csv), and fixes the seed count by the statement's rule. The CSV,
 results/latent_contrast_seeds.csv (arm, seed, eval_loss), joins by seed MHA's and MLA-64's runs
 (results/mla_contrast_seeds.csv, seeds 5-28; `--more_sweep` for seeds 29 on), GQA-4's seeds
 5-19 (results/kv_contrast_seeds.csv) and 20 on (`--gqa4_sweep`), and MLA-128's (`--mla128_sweep`).
 """
+
+import os
 
 import numpy as np
 from absl import flags
@@ -26,6 +29,7 @@ SMALLEST = 0.01  # nats: the smallest difference worth resolving here
 SD_FLOOR = 0.0155  # the smaller per-seed sd of the first MLA question's two MLA contrasts
 CAP = 32  # seeds per arm, by CPU time
 FIRST = 5  # seeds 0-4 are the pilot's
+PILOT = range(FIRST)
 
 _PILOT = flags.DEFINE_string('pilot_sweep', 'runs/latent_pilot', "MLA-128's pilot (seeds 0-4).")
 _MLA128 = flags.DEFINE_string('mla128_sweep', 'runs/latent_mla128', "MLA-128's tested seeds.")
@@ -36,12 +40,16 @@ _POWER_ONLY = flags.DEFINE_bool('power_only', False, 'Print the power analysis o
 
 def power_analysis() -> int:
     """Print each contrast's pilot estimate and need; return the seeds per arm."""
-    pilot = committed('results/kv_contrast_seeds.csv', {'mha': 'mha', 'gqa4': 'gqa4'}, range(5))
-    pilot |= committed('../kv_layouts/results/kv_layouts_seeds.csv', {'mla': 'mla64'}, range(5))
-    pilot |= swept(_PILOT.value, {'mla': 'mla128'})
+    pilot = committed('results/kv_contrast_seeds.csv', {'mha': 'mha', 'gqa4': 'gqa4'}, PILOT)
+    pilot |= committed('../kv_layouts/results/kv_layouts_seeds.csv', {'mla': 'mla64'}, PILOT)
+    if os.path.isdir(_PILOT.value):  # else the committed copy of its losses
+        write_seeds(
+            'latent_pilot_seeds', swept(_PILOT.value, {'mla': 'mla128'}), ('mla128',), PILOT
+        )
+    pilot |= committed('results/latent_pilot_seeds.csv', {'mla128': 'mla128'}, PILOT)
     needs = []
     for a, b in CONTRASTS:
-        diff = np.array([float(pilot[a, s]) - float(pilot[b, s]) for s in range(5)])
+        diff = np.array([float(pilot[a, s]) - float(pilot[b, s]) for s in PILOT])
         d, s = diff.mean(), diff.std(ddof=1)
         effect, sd = max(abs(d) * 2 / 3, SMALLEST), max(s, SD_FLOOR)
         needs.append(seeds_needed(effect, sd, ALPHA))
