@@ -560,6 +560,8 @@ def test_a_split_request_is_checked_in_one_line(tmp_path):
     # beside the ensemble, as a sweep splits its members: <sweep_dir>/<point>_s<seed>
     beside = split_request(run, str(tmp_path), ['1'], seeds, 'ens_s{seed}')
     assert beside == {1: f'{tmp_path}/ens_s6'}
+    # one member asked for: a fixed name is its own (it was refused as naming two)
+    assert split_request(run, out, ['1'], seeds, 'mine') == {1: f'{out}/mine'}
     for given, message in (
         (['a'], r"--members: \['a'\] are not member indices 0..2"),
         (['3'], r"--members: \['3'\] are not member indices"),

@@ -224,8 +224,9 @@ def split_request(
         raise ValueError(f'--members: {bad} are not member indices 0..{k - 1}')
     if len({int(m) for m in given}) < len(given):
         raise ValueError(f'--members: {",".join(given)} names a member twice')
-    names = member_names(name, seeds)
-    outs = {m: os.path.join(out_dir, names[m]) for m in ([int(m) for m in given] or range(k))}
+    asked = [int(m) for m in given] or list(range(k))
+    names = member_names(name, seeds, asked)
+    outs = {m: os.path.join(out_dir, names[m]) for m in asked}
     for m, out in outs.items():
         check_apart(out, f'--out_dir: member {m}', workdir, 'the ensemble --workdir')
         check_train_workdir(out, f"member {m}'s directory")  # not in a run, a sweep, ...
@@ -233,10 +234,12 @@ def split_request(
     return outs
 
 
-def member_names(template: str, seeds: list[int], flag: str = '--name') -> list[str]:
+def member_names(
+    template: str, seeds: list[int], asked: list[int], flag: str = '--name'
+) -> list[str]:
     """Each member's directory name: `template` with {seed} (its seed) and {member} (its index)
     filled in; one-line errors for a template that names no field, names another, or makes a
-    name unfit for a directory (`safe_name`) or two members' names the same."""
+    name unfit for a directory (`safe_name`) or two `asked` members' names the same."""
     try:
         names = [template.format(seed=s, member=m) for m, s in enumerate(seeds)]
     except (KeyError, IndexError, ValueError) as e:
@@ -245,7 +248,7 @@ def member_names(template: str, seeds: list[int], flag: str = '--name') -> list[
         ) from None
     for name in names:
         safe_name(name, flag)
-    if len(set(names)) < len(names):
+    if len({names[m] for m in asked}) < len(asked):
         raise ValueError(
             f'{flag}: {template!r} gives two members one name: use {{seed}} or {{member}}'
         )
