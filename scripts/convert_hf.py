@@ -32,6 +32,7 @@ from lm.cli import (
     run_reporting_errors,
 )
 from lm.convert import check_export_dir, check_import_dir, export_hf, import_hf
+from lm.data import TASKS
 from lm.train import StopRequest, stored_config
 
 _HF_DIR = flags.DEFINE_string(
@@ -76,6 +77,12 @@ def run(argv: list[str]) -> int:
     for flag, (command, given) in only.items():
         if given and argv[1] != command:
             raise ValueError(f'{flag} applies to {command} only, not {argv[1]}')
+    if argv[1] == 'import' and _CONFIG.value.data.source in TASKS:
+        raise ValueError(
+            f"--config's data.source={_CONFIG.value.data.source!r} generates its own symbols: an "
+            "imported model's tokenizer would do nothing there; import with a text config and "
+            'train a recall task from scratch'
+        )
     if argv[1] == 'import':
         check_writable_dir(_WORKDIR.value, '--workdir')
         check_import_dir(

@@ -921,6 +921,17 @@ def early(ctx):
 
 
 EARLY = [
+    (  # it named the import's staging tokenizer path and a setting never given
+        'convert_import_with_a_recall_config',
+        CONVERT,
+        lambda c: [
+            'import',
+            f'--hf_dir={HF_MODEL}',
+            f'--workdir={c.root}/imp_recall',
+            '--config=configs/recall/mqar.py',
+        ],
+        r"--config's data\.source='mqar' generates its own symbols",
+    ),
     (  # refused before the checkpoint and data load (it came after both)
         'eval_cache_dtype_of_a_recall_run',
         EVAL,
