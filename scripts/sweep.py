@@ -55,6 +55,7 @@ from lm.experiments import (
     combine,
     file_points,
     load_sweep_file,
+    one_seed_runs_left,
     parse_grid,
     plan_sweep,
     progress,
@@ -210,6 +211,8 @@ def run() -> int:
         check_same_fairness(sweep_dir, match)  # the more specific refusal first
         check_specs(specs, sweep_dir, '--sweep_dir')
         print(f'{len(specs)} runs in {sweep_dir}')
+        for note in one_seed_runs_left(specs, sweep_dir):
+            print(note)
         with StopRuns() as stop:  # SIGTERM: the run in progress saves; no new run starts
             try:
                 found = run_specs(specs, sweep_dir, _PARALLEL.value, flag='--sweep_dir', stop=stop)

@@ -672,3 +672,20 @@ def test_points_scored_on_different_text_are_not_paired(tmp_path, small_text):
     )
     same = {s.arm: eval_text_settings(dict(s.fingerprint)) for s in specs[:1]}
     assert _text_note(same) == ''
+
+
+def test_a_one_seed_run_left_by_an_earlier_sweep_is_named_when_its_point_goes_to_several(tmp_path):
+    """--seeds=1 names a point's run <point>; --seeds=3 later names them <point>_s<seed>, so
+    the first run's seed trains again: the sweep says so, for that point only."""
+    from lm.experiments import one_seed_runs_left
+    from lm.experiments.runner import Spec
+
+    (tmp_path / 'mha' / 'checkpoints' / '10').mkdir(parents=True)  # mha's one-seed run
+    (tmp_path / 'gqa').mkdir()  # started, no checkpoint yet: nothing to reuse
+    specs = [
+        Spec(name=f'{arm}_s{k}', fingerprint={}, run=dict, arm=arm, seed=k)
+        for arm in ('mha', 'gqa')
+        for k in range(3)
+    ] + [Spec(name='mqa', fingerprint={}, run=dict, arm='mqa')]
+    (note,) = one_seed_runs_left(specs, str(tmp_path))
+    assert note.startswith('note: mha (this point') and 'mha_s<seed>' in note

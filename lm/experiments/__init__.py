@@ -27,7 +27,7 @@ __all__, __getattr__, __dir__ = public_face(
         ),
         'sweep_points': ('parse_grid',),
         'sweep_status': ('progress',),
-        'sweep_ensemble': ('check_ensembles_divide', 'seed_runs'),
+        'sweep_ensemble': ('check_ensembles_divide', 'one_seed_runs_left', 'seed_runs'),
         'fairness': ('MATCHES',),
         'sweep_summary': ('summarise as summarise_sweep',),
         'outputs': (

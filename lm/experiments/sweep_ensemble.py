@@ -42,6 +42,18 @@ def seed_runs(specs: list[Spec]) -> list[Spec]:
     return [s for s in specs if not s.name.startswith(f'{ENSEMBLES}/')]
 
 
+def one_seed_runs_left(specs: list[Spec], out_dir: str) -> list[str]:
+    """A note per point now run on several seeds (<point>_s<seed>) whose one-seed run <point>
+    from an earlier sweep is in `out_dir`: that run is not reused, and its seed trains again."""
+    arms = sorted({s.arm for s in seed_runs(specs) if s.name != s.arm and isinstance(s.arm, str)})
+    return [
+        f"note: {arm} (this point's one-seed run) is not reused: on several seeds its runs are "
+        f'{arm}_s<seed>, so its seed trains again'
+        for arm in arms
+        if saved_steps(os.path.join(out_dir, arm))
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class PointSpecs:
     """The Specs of one sweep point: its seeds trained separately, or as one ensemble.
