@@ -34,7 +34,9 @@ from lm.train import (
     Summary,
     assemble,
     check_logdir_owner,
+    check_scores_fit,
     claim_logdir,
+    eval_batch_size,
     inherited_data,
     run_logdir,
     stored_config,
@@ -158,6 +160,7 @@ def run() -> int:
     own_tokens = config.eval_tokens
     if _TOKENS.value is not None:
         config.eval_tokens = _TOKENS.value
+    check_scores_fit(config, eval_batch_size(config), 'eval.py')  # before the restore
     restored = assemble(config, state='params', workdir=_WORKDIR.value, step=_STEP.value, data=True)
     metrics = _evaluate(restored)
     if not math.isfinite(metrics['loss']):

@@ -137,6 +137,12 @@ CONVERT, HF_MODEL = 'scripts/convert_hf.py', str(ROOT / 'tests' / 'fixtures' / '
 # (id, entry point, args(ctx), regex the last stderr line must match after 'error: ')
 ROWS = [
     (
+        'train_windows_whose_attention_scores_cannot_fit',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.data.seq_len=100000'],
+        r"config\.train\.batch_size=\d+: one layer's attention scores alone need [\d.]+ GiB",
+    ),
+    (
         'generate_pallas_kernel_without_a_gpu',  # refused before the restore and the prompt
         GENERATE,
         lambda c: ['--prompt=ROMEO', '--decode_kernel=pallas'],
@@ -921,6 +927,17 @@ def early(ctx):
 
 
 EARLY = [
+    (  # it ran out of memory (25 GB) allocating them, a traceback after compiling
+        'eval_windows_whose_attention_scores_cannot_fit',
+        EVAL,
+        lambda c: [
+            f'--workdir={c.eval64}',
+            '--config=configs/shakespeare_char.py',
+            '--config.data.seq_len=100000',
+            '--eval_tokens=0',
+        ],
+        r"^error: eval\.py: one layer's attention scores alone need [\d.]+ GiB per device ",
+    ),
     (  # it named the import's staging tokenizer path and a setting never given
         'convert_import_with_a_recall_config',
         CONVERT,

@@ -20,6 +20,7 @@ __all__, __getattr__, __dir__ = public_face(
         'stored': ('finished_step', 'inherited_data', 'stored_config'),
         'loop': ('train',),
         'ensemble': (
+            'check_scores_fit',
             'device_memory',
             'ensemble_loop_default',
             'member_config',

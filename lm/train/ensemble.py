@@ -280,6 +280,25 @@ def check_size_estimate(config: ml_collections.ConfigDict) -> None:
         )
 
 
+def check_scores_fit(config: ml_collections.ConfigDict, batch: int, what: str) -> None:
+    """Refuses, before compiling, calls of `batch` windows whose attention scores alone exceed a
+    device's memory: one layer's float32 [batch, heads, T, T], each device its share of `batch`
+    over every device (a lower bound); cuDNN's fused attention makes none."""
+    limit = device_memory()
+    if limit is None or config.model.attention_impl == 'cudnn':
+        return
+    T, H = config.data.seq_len, config.model.num_heads
+    per_device = -(-batch // jax.device_count())
+    need = per_device * H * T * T * 4
+    if need > limit:
+        raise ValueError(
+            f"{what}: one layer's attention scores alone need {need / 2**30:.2f} GiB per device "
+            f'({per_device} windows x {H} heads x {T}^2 float32), more than the '
+            f'{limit / 2**30:.2f} GiB a device has: fewer windows per call or a shorter '
+            'config.data.seq_len'
+        )
+
+
 def check_members_fit(ctx: StepContext) -> None:
     """Refuses, before compiling, a run (an ensemble: its members) whose train state and
     gradients alone exceed a device's memory (activations come on top), naming the bytes (and

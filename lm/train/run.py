@@ -37,10 +37,11 @@ from lm.train.ensemble import (
     as_ensemble,
     check_ensemble_config,
     check_members_divide,
+    check_scores_fit,
     check_size_estimate,
     step_rules,
 )
-from lm.train.evaluation import check_eval_config
+from lm.train.evaluation import check_eval_config, eval_batch_size
 from lm.train.identity import check_config_change
 from lm.train.optimizer import (
     check_train_config,
@@ -157,6 +158,8 @@ def check_parallel(config: ml_collections.ConfigDict, mesh: Mesh, rules: dict) -
             f'{jax.process_count()} processes'
         )
     check_eval_config(config, dp)
+    check_scores_fit(config, per_micro, f'config.train.batch_size={config.train.batch_size}')
+    check_scores_fit(config, eval_batch_size(config), 'the evaluation (config.eval_batch_size)')
 
 
 def check_config(
