@@ -147,12 +147,13 @@ def run() -> int:
     check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), tb_flag)  # outputs first
     check_logdir_owner(_WORKDIR.value, _TB_DIR.value, tb_flag)
     config = stored_config(_WORKDIR.value, step=_STEP.value)
-    check_eval_tokens(_TOKENS.value, config.data if _CONFIG.value is None else _CONFIG.value.data)
-    if _CONFIG.value is not None and _TOKENS.value is None:
-        check_own_tokens(config.eval_tokens, _CONFIG.value.data)
+    data = config.data if _CONFIG.value is None else _CONFIG.value.data  # the data scored
+    check_eval_tokens(_TOKENS.value, data)
     if _CONFIG.value is not None:
-        check_same_tokenizer(config.data, _CONFIG.value.data, '--config')
-    check_cache_dtype(config.model, config.data if _CONFIG.value is None else _CONFIG.value.data)
+        if _TOKENS.value is None:
+            check_own_tokens(config.eval_tokens, data)
+        check_same_tokenizer(config.data, data, '--config')
+    check_cache_dtype(config.model, data)
     bootstrap(config)
     own_data, own_protocol = _CONFIG.value is None, protocol(config.data)
     if not own_data:
@@ -160,7 +161,8 @@ def run() -> int:
     own_tokens = config.eval_tokens
     if _TOKENS.value is not None:
         config.eval_tokens = _TOKENS.value
-    check_scores_fit(config, eval_batch_size(config), 'eval.py')  # before the restore
+    if not _CACHE.value:  # a cached eval scores one position at a time: no [T, T] scores
+        check_scores_fit(config, eval_batch_size(config), 'eval.py')  # before the restore
     restored = assemble(config, state='params', workdir=_WORKDIR.value, step=_STEP.value, data=True)
     metrics = _evaluate(restored)
     if not math.isfinite(metrics['loss']):

@@ -27,8 +27,7 @@ from lm.distributed import define_distributed_flags
 from lm.train import (
     check_logdir_owner,
     check_loop_config,
-    check_new_run_dir,
-    check_train_workdir,
+    check_run_dir,
     finished_step,
     latest_sound_step,
     run_logdir,
@@ -65,8 +64,7 @@ define_distributed_flags()
 def run() -> int:
     tb_flag = '--tb_dir' if _TB_DIR.value else '--workdir'
     check_writable_dir(_WORKDIR.value, '--workdir')
-    check_train_workdir(_WORKDIR.value)
-    check_new_run_dir(_WORKDIR.value)
+    check_run_dir(_WORKDIR.value)
     # what the run writes into, before any work: its checkpoints and its TensorBoard directory
     check_writable_dir(os.path.join(_WORKDIR.value, 'checkpoints'), '--workdir')
     check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), tb_flag)

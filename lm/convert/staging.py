@@ -65,14 +65,14 @@ def _check_an_export(path: str, setting: str, option: str) -> None:
         n for n in held if os.path.isdir(os.path.join(path, n)) and n not in CARRIED_DIRS
     )
     others = sorted(n for n in held if not _exported(n) and n not in folders)
-    if 'config.json' not in held or not weights or folders or others:
-        why = (
-            f'the folder {folders[0]}'
-            if folders
-            else f'{others[0]}, which an export does not write'
-            if others and 'config.json' in held and weights
-            else 'no config.json and safetensors weights'
-        )
+    why = ''
+    if folders:
+        why = f'the folder {folders[0]}'
+    elif 'config.json' not in held or not weights:
+        why = 'no config.json and safetensors weights'
+    elif others:
+        why = f'{others[0]}, which an export does not write'
+    if why:
         raise ValueError(
             f'{setting}={path!r} does not look like a Hugging Face export ({why}): {option} '
             'replaces only an earlier export; give a new or empty directory'

@@ -72,7 +72,7 @@ from lm.train.interrupt import StopRequest
 from lm.train.optimizer import check_train_config
 from lm.train.run import assemble, check_loop_config, step_context
 from lm.train.stored import checkpoint_meta, stored_config
-from lm.train.workdir import WorkdirLock, check_apart, check_new_run_dir, check_train_workdir
+from lm.train.workdir import WorkdirLock, check_apart, check_run_dir
 
 METHODS = POOL_METHODS  # for K/V pooling: 'mean', 'first', 'random', 'aligned'
 PARTIAL = '.uptrain-partial-'  # a conversion is written here, inside its workdir, then moved in
@@ -137,14 +137,12 @@ def convert_checkpoint(
     failure leaves `workdir` as it was. A signal `stop` sees during the conversion raises
     `Interrupted` at once (nothing is written yet); the writing, brief, is let finish. A
     `workdir` that is the source's, lies inside it or holds it is refused first, as is one that
-    cannot be a run's own directory (`check_train_workdir`) or holds what is not a run's
-    (`check_new_run_dir`). `need_steps`
+    cannot be a run's own directory or holds what is not a run's (`check_run_dir`). `need_steps`
     (scripts/uptrain.py, whose run is to be uptrained): no uptraining step is refused too
     (`alpha` 0 of the ablation converts only)."""
     stop = stop or StopRequest()  # never entered: records nothing, stops nothing
     check_apart(workdir, WORKDIR, source_workdir, SOURCE)
-    check_train_workdir(workdir, WORKDIR)
-    check_new_run_dir(workdir, WORKDIR)
+    check_run_dir(workdir, WORKDIR)
     _check_steps_first(source_workdir, options, need_steps)
     with WorkdirLock(workdir, WORKDIR):
         dst_ckpts = os.path.join(workdir, 'checkpoints')

@@ -25,6 +25,9 @@ from scipy import special  # t and beta quantiles (scipy.stats itself takes ~1 s
 CONFIDENCE = 0.95
 
 
+UNPAIRED = 'n/a (0 seeds)'  # the interval of a difference between arms that share no seed
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     """Mean of n values with their sample std (ddof 1) and a t confidence interval."""
@@ -44,7 +47,9 @@ class Estimate:
         return self.n >= 2 and (self.lo > 0 or self.hi < 0)
 
     def interval(self, digits: int = 4) -> str:
-        """'[lo, hi]' or 'n/a (1 seed)'."""
+        """'[lo, hi]', 'n/a (1 seed)' or UNPAIRED."""
+        if self.n == 0:
+            return UNPAIRED
         if self.n < 2:
             return f'n/a ({self.n} seed{"s" if self.n != 1 else ""})'
         return f'[{self.lo:.{digits}f}, {self.hi:.{digits}f}]'

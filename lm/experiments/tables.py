@@ -301,7 +301,7 @@ def made_table(kind: str, rows: list[dict], path: str, pairs: str | None) -> str
             made = summary.seeds_table(rows, stated_pairs(pairs, path))
     except KeyError as e:
         raise ValueError(f'{path}: lacks the column {e} that a {kind!r} table needs') from None
-    if '(0 seeds)' in made:
+    if stats.UNPAIRED in made:
         raise ValueError(f'{path}: two arms it compares share no seed (pairs are matched by seed)')
     return made
 

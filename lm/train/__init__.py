@@ -50,6 +50,7 @@ __all__, __getattr__, __dir__ = public_face(
             'RunError',
             'WorkdirLock',
             'check_new_run_dir',
+            'check_run_dir',
             'check_replaceable',
             'check_not_in_checkpoints',
             'check_not_inside_a_run',

@@ -335,12 +335,13 @@ def read_step_meta(workdir: str, step: int) -> dict:
     return verified_meta(meta, os.path.join(directory, str(step), META_FILE))
 
 
-def _sound_meta(workdir: str, step: int) -> bool:
+def _meta_or_none(workdir: str, step: int) -> dict | None:
+    """Checkpoint `step`'s side-car (`read_step_meta`), or None where it cannot be read or
+    verified."""
     try:
-        read_step_meta(workdir, step)
+        return read_step_meta(workdir, step)
     except Exception:  # noqa: BLE001 - any unreadable side-car
-        return False
-    return True
+        return None
 
 
 def read_sound_meta(workdir: str, step: int, flag: str = '--workdir') -> dict:
@@ -356,7 +357,7 @@ def _damaged_meta_error(workdir: str, step: int, error: Exception, flag: str) ->
     """The refusal of checkpoint `step` of `workdir`, whose side-car could not be read or
     verified (`error`), naming the newest other step whose side-car is sound."""
     others = (s for s in saved_steps(workdir)[::-1] if s != step)
-    sound = next((s for s in others if _sound_meta(workdir, s)), None)
+    sound = next((s for s in others if _meta_or_none(workdir, s) is not None), None)
     directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
     cause = str(error).splitlines()[0] if str(error) else type(error).__name__
     where = '' if directory in cause else f' in {directory}'
@@ -368,23 +369,32 @@ def _damaged_meta_error(workdir: str, step: int, error: Exception, flag: str) ->
     return ValueError(f'the checkpoint at step {step}{where} is unreadable ({cause}); {hint}')
 
 
+def _latest_sound(workdir: str, flag: str) -> tuple[int, dict] | None:
+    """(step, side-car) of `workdir`'s newest checkpoint whose side-car is sound, or None when
+    it has no checkpoint; with no sound one, the newest is refused in one line."""
+    steps = saved_steps(workdir)
+    for step in reversed(steps):
+        if (meta := _meta_or_none(workdir, step)) is not None:
+            return step, meta
+    if steps:
+        read_sound_meta(workdir, steps[-1], flag)  # raises, naming the directory
+    return None
+
+
 def latest_sound_step(workdir: str, flag: str = '--workdir') -> int | None:
     """The newest checkpoint step of `workdir` whose side-car is sound, or None when it has no
     checkpoint. A damaged newer one is passed over, as a resume passes over it (and moves it
     aside); with no sound one, the newest is refused in one line."""
-    steps = saved_steps(workdir)
-    sound = next((s for s in reversed(steps) if _sound_meta(workdir, s)), None)
-    if steps and sound is None:
-        read_sound_meta(workdir, steps[-1], flag)  # raises, naming the directory
-    return sound
+    found = _latest_sound(workdir, flag)
+    return None if found is None else found[0]
 
 
 def read_latest_meta(workdir: str, flag: str = '--workdir') -> dict | None:
     """The JSON side-car of `workdir`'s newest sound checkpoint (`latest_sound_step`; checked),
     or None, read without starting a JAX backend (so device settings from the saved config can
     still be applied)."""
-    step = latest_sound_step(workdir, flag)
-    return None if step is None else read_step_meta(workdir, step)
+    found = _latest_sound(workdir, flag)
+    return None if found is None else found[1]
 
 
 def param_shapes(abstract_params: dict) -> dict[str, list[int]]:

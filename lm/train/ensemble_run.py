@@ -29,8 +29,7 @@ from lm.train.summary import Summary
 from lm.train.workdir import (
     RunError,
     check_apart,
-    check_new_run_dir,
-    check_train_workdir,
+    check_run_dir,
     read_json_object,
     safe_name,
 )
@@ -229,8 +228,7 @@ def split_request(
     outs = {m: os.path.join(out_dir, names[m]) for m in asked}
     for m, out in outs.items():
         check_apart(out, f'--out_dir: member {m}', workdir, 'the ensemble --workdir')
-        check_train_workdir(out, f"member {m}'s directory")  # not in a run, a sweep, ...
-        check_new_run_dir(out, f"member {m}'s directory")  # nor over files not a run's
+        check_run_dir(out, f"member {m}'s directory")
     return outs
 
 

@@ -141,6 +141,13 @@ def check_new_run_dir(path: str, setting: str = '--workdir') -> None:
         )
 
 
+def check_run_dir(path: str, setting: str = '--workdir') -> None:
+    """Both checks of a directory a run is made in: it can be a run's own
+    (`check_train_workdir`), and a new run there writes over nothing (`check_new_run_dir`)."""
+    check_train_workdir(path, setting)
+    check_new_run_dir(path, setting)
+
+
 def run_above(path: str) -> str | None:
     """The training run that directory `path` lies inside (at any depth), or None."""
     parent = os.path.dirname(os.path.realpath(path))
