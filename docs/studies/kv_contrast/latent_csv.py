@@ -15,16 +15,14 @@ results/latent_contrast_seeds.csv (arm, seed, eval_loss), joins by seed MHA's an
 
 import os
 
-import numpy as np
 from absl import flags
 from study_rows import committed, swept, write_seeds
+from study_rows import power_analysis as study_power
 
 from lm.cli import run_app
-from lm.experiments import seeds_needed, t_test_power
 
 ARMS = ('mha', 'mla64', 'mla128', 'gqa4')
 CONTRASTS = (('mla128', 'mha'), ('mla64', 'mla128'), ('mla128', 'gqa4'))
-ALPHA = 0.05 / len(CONTRASTS)  # Holm's first step
 SMALLEST = 0.01  # nats: the smallest difference worth resolving here
 SD_FLOOR = 0.0155  # the smaller per-seed sd of the first MLA question's two MLA contrasts
 CAP = 32  # seeds per arm, by CPU time
@@ -47,20 +45,7 @@ def power_analysis() -> int:
             'latent_pilot_seeds', swept(_PILOT.value, {'mla': 'mla128'}), ('mla128',), PILOT
         )
     pilot |= committed('results/latent_pilot_seeds.csv', {'mla128': 'mla128'}, PILOT)
-    needs = []
-    for a, b in CONTRASTS:
-        diff = np.array([float(pilot[a, s]) - float(pilot[b, s]) for s in PILOT])
-        d, s = diff.mean(), diff.std(ddof=1)
-        effect, sd = max(abs(d) * 2 / 3, SMALLEST), max(s, SD_FLOOR)
-        needs.append(seeds_needed(effect, sd, ALPHA))
-        print(
-            f'{a} - {b}: pilot {d:+.4f}, sd {s:.4f}; sized for {effect:.4f} at sd {sd:.4f}: '
-            f'{needs[-1]} seeds (power at {CAP}: {t_test_power(effect, sd, ALPHA, CAP):.2f})'
-        )
-    n = min(max(needs), CAP)
-    capped = '; the cap binds' if n < max(needs) else ''
-    print(f'seeds per arm: {n} (seeds {FIRST}-{FIRST + n - 1}){capped}')
-    return n
+    return study_power(pilot, CONTRASTS, PILOT, SMALLEST, SD_FLOOR, CAP)
 
 
 def run() -> int:

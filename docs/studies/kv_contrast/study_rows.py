@@ -3,7 +3,9 @@
 import csv
 import os
 
-from lm.experiments import write_csv
+import numpy as np
+
+from lm.experiments import seeds_needed, t_test_power, write_csv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,3 +42,33 @@ def write_seeds(name: str, found: dict[tuple[str, int], str], arms: tuple, seeds
     rows = [{'arm': a, 'seed': s, 'eval_loss': found[a, s]} for a in arms for s in seeds]
     write_csv(os.path.join(HERE, 'results', f'{name}.csv'), rows)
     print(f'{len(rows)} rows: {len(arms)} arms x seeds {seeds.start}-{seeds.stop - 1}')
+
+
+def power_analysis(
+    pilot: dict[tuple[str, int], str],
+    contrasts: tuple,
+    seeds: range,
+    smallest: float,
+    sd_floor: float,
+    cap: int,
+) -> int:
+    """Print each contrast's pilot estimate and need; return the seeds per arm.
+
+    The statements' rule: each paired contrast (a, b) is sized for max(2/3 of its pilot mean
+    |d|, `smallest`) at sd max(pilot sd, `sd_floor`), 80% power, alpha = 0.05 / contrasts
+    (Holm's first step); seeds per arm are the largest need, capped at `cap`."""
+    alpha = 0.05 / len(contrasts)
+    needs = []
+    for a, b in contrasts:
+        diff = np.array([float(pilot[a, s]) - float(pilot[b, s]) for s in seeds])
+        d, s = diff.mean(), diff.std(ddof=1)
+        effect, sd = max(abs(d) * 2 / 3, smallest), max(s, sd_floor)
+        needs.append(seeds_needed(effect, sd, alpha))
+        print(
+            f'{a} - {b}: pilot {d:+.4f}, sd {s:.4f}; sized for {effect:.4f} at sd {sd:.4f}: '
+            f'{needs[-1]} seeds (power at {cap}: {t_test_power(effect, sd, alpha, cap):.2f})'
+        )
+    n = min(max(needs), cap)
+    capped = '; the cap binds' if n < max(needs) else ''
+    print(f'seeds per arm: {n} (seeds {seeds.stop}-{seeds.stop + n - 1}){capped}')
+    return n
