@@ -12,9 +12,9 @@ transformers.AutoModelForCausalLM and AutoTokenizer.from_pretrained load. A non-
 (export: --hf_dir; import: --workdir) is refused unless --overwrite (then replaced whole); an
 import's --workdir holding checkpoints is refused always, and --overwrite never replaces a
 training run or sweep directory, nor a directory holding one, nor on export a directory that is
-not an earlier export (config.json and safetensors, no sub-folder), nor on import one holding a
-name no run or import writes. Both build their output
-beside its place and move it in when complete: a failure or SIGTERM / SIGINT (exit 128 + signal)
+not an earlier lm export (config.json with its lm_model field, safetensors, no sub-folder), nor
+on import one holding a name no run or import writes. Both build their output beside its place
+and move it in when complete: a failure or SIGTERM / SIGINT (exit 128 + signal)
 leaves the old contents as they were.
 """
 

@@ -3,6 +3,7 @@ is refused unless overwrite (then replaced whole), the run's own workdir is refu
 or SIGTERM leaves the old contents, and an import killed during its save does not block the
 next one."""
 
+import json
 import os
 import shutil
 import stat
@@ -13,7 +14,7 @@ import pytest
 from conftest import run_entry, sigterm_while_training
 from test_hf import FIXTURES, base_config, write_run
 
-from lm.convert import hf_io
+from lm.convert import hf, hf_io
 from lm.convert.staging import replace_dir, staged
 from lm.train.checkpoint import saved_steps
 from lm.train.stored import stored_config
@@ -47,6 +48,27 @@ def test_export_into_a_non_empty_dir_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r'export \(the folder \.git\): overwrite=True replaces'):
         hf_io.export_hf(str(tmp_path / 'run'), str(tmp_path / 'project'), overwrite=True)
     assert contents(out) == {'notes.txt': b'mine'}
+
+
+@pytest.mark.slow
+def test_overwrite_never_replaces_a_model_lm_did_not_write(tmp_path):
+    """An HF model folder of lm's file names whose config.json lacks lm's field (a download, an
+    import's source) is refused by overwrite, naming the field, and left as it was."""
+    write_run(tmp_path / 'run', attention='gqa', num_kv_heads=2)
+    out = tmp_path / 'out'
+    hf_io.export_hf(str(tmp_path / 'run'), str(out))
+    config = json.loads((out / 'config.json').read_text())
+    del config[hf.LM_FIELD]
+    (out / 'config.json').write_text(json.dumps(config))
+    before = contents(out)
+    with pytest.raises(ValueError, match=r'out_dir=.* does not look like a Hugging Face export '
+                       r'\(its config\.json has no "lm_model" field, which every lm export '
+                       r'writes\): overwrite=True replaces only an earlier export'):  # fmt: skip
+        hf_io.export_hf(str(tmp_path / 'run'), str(out), overwrite=True)
+    assert contents(out) == before
+    (out / 'config.json').write_text('not json')
+    with pytest.raises(ValueError, match=r'has no "lm_model" field'):
+        hf_io.export_hf(str(tmp_path / 'run'), str(out), overwrite=True)
 
 
 @pytest.mark.slow

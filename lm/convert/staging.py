@@ -4,11 +4,13 @@ stop signal leaves the old contents or the new, never a mix (HF import and expor
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
 from collections.abc import Iterator
 
+from lm.convert.hf import LM_FIELD
 from lm.convert.hf_files import CARRIED, CARRIED_DIRS
 from lm.train.checkpoint import checkpoint_entries
 from lm.train.workdir import (
@@ -56,8 +58,9 @@ def check_export_dir(
 
 def _check_an_export(path: str, setting: str, option: str) -> None:
     """`option` replaces an earlier export whole: a non-empty `path` must look like one (a
-    config.json and safetensors weights, files only), never a project, a git checkout or a
-    folder of data that a mistyped path named."""
+    config.json with lm's own field and safetensors weights, files only), never a project, a
+    git checkout, a folder of data that a mistyped path named or a Hugging Face model that lm
+    did not write (a download, the source of an import)."""
     if not os.path.isdir(path) or not (held := os.listdir(path)):
         return
     weights = {'model.safetensors', 'model.safetensors.index.json'} & set(held)
@@ -72,11 +75,23 @@ def _check_an_export(path: str, setting: str, option: str) -> None:
         why = 'no config.json and safetensors weights'
     elif others:
         why = f'{others[0]}, which an export does not write'
+    elif not _has_lm_field(os.path.join(path, 'config.json')):
+        why = f'its config.json has no "{LM_FIELD}" field, which every lm export writes'
     if why:
         raise ValueError(
             f'{setting}={path!r} does not look like a Hugging Face export ({why}): {option} '
             'replaces only an earlier export; give a new or empty directory'
         )
+
+
+def _has_lm_field(config_json: str) -> bool:
+    """Whether `config_json` is a JSON object holding the field an lm export writes."""
+    try:
+        with open(config_json) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and LM_FIELD in config
 
 
 def _exported(name: str) -> bool:
