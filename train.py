@@ -28,6 +28,7 @@ from lm.train import (
     check_logdir_owner,
     check_loop_config,
     check_run_dir,
+    check_tb_dir_kept,
     finished_step,
     latest_sound_step,
     run_logdir,
@@ -65,6 +66,7 @@ def run() -> int:
     tb_flag = '--tb_dir' if _TB_DIR.value else '--workdir'
     check_writable_dir(_WORKDIR.value, '--workdir')
     check_run_dir(_WORKDIR.value)
+    check_tb_dir_kept(_WORKDIR.value, _TB_DIR.value)
     # what the run writes into, before any work: its checkpoints and its TensorBoard directory
     check_writable_dir(os.path.join(_WORKDIR.value, 'checkpoints'), '--workdir')
     check_writable_dir(run_logdir(_WORKDIR.value, _TB_DIR.value), tb_flag)

@@ -622,6 +622,14 @@ ROWS = [
         ],  # fmt: skip
         r'--tb_dir: .*tb/run is the TensorBoard run of .*/run; a run of the same name would mix',
     ),
+    (  # a resumed run's curves would be split between two TensorBoard runs
+        'resume_with_another_tb_dir',
+        TRAIN,
+        lambda c: ['--workdir=COPY', f'--tb_dir={c.root}/other_tb'],
+        r"--tb_dir='.*/other_tb': the run in .*run_resume_with_another_tb_dir has logged to "
+        r'.*run_resume_with_another_tb_dir/tb so far; resume it with the --tb_dir it was trained '
+        r'with \(none\)',
+    ),
     (
         'sweep_dir_is_a_file',
         SWEEP,

@@ -744,6 +744,35 @@ def test_a_shared_tb_dir_run_belongs_to_one_workdir(tmp_path):
     }
 
 
+def test_a_resumed_run_keeps_its_tb_dir(tmp_path):
+    """A resumed run given another --tb_dir is refused while the directory it logged to holds
+    its curves (the same one, or none, is taken); once that directory is gone, the new one is."""
+    from lm.train.summary import check_tb_dir_kept
+    from lm.train.workdir import remember_tb_dir
+
+    run, shared = tmp_path / 'run', tmp_path / 'shared'
+    run.mkdir()
+    check_tb_dir_kept(str(run), str(shared))  # a run that has not started: any directory
+    remember_tb_dir(str(run), '')
+    (run / 'tb').mkdir()
+    check_tb_dir_kept(str(run), str(shared))  # nothing logged yet
+    (run / 'tb' / 'events.out').write_text('curves')
+    refused = rf"^--tb_dir='{shared}': the run in {run} has logged to {run}/tb so far; "
+    with pytest.raises(ValueError, match=refused + r'.* \(none\) so its curves stay in one run$'):
+        check_tb_dir_kept(str(run), str(shared))
+    check_tb_dir_kept(str(run), '')  # the remembered one
+    remember_tb_dir(str(run), str(shared))
+    (shared / 'run').mkdir(parents=True)
+    (shared / 'run' / 'events.out').write_text('curves')
+    check_tb_dir_kept(str(run), str(shared))  # the same one
+    with pytest.raises(
+        ValueError, match=rf'with the --tb_dir it was trained with \(--tb_dir={shared}\)'
+    ):
+        check_tb_dir_kept(str(run), str(tmp_path / 'other'))
+    shutil.rmtree(shared)  # moved away or deleted: the new directory is taken
+    check_tb_dir_kept(str(run), str(tmp_path / 'other'))
+
+
 def test_a_copied_sweep_claims_its_copied_tb_dir(tmp_path):
     """A sweep copied with its tb_dir (sweep/mha and sweep/tb/mha): the copy's run may log to
     the copy's tb_dir, whose owner file names the original, which still exists; logging to the

@@ -41,7 +41,13 @@ __all__, __getattr__, __dir__ = public_face(
             'parse_xla_options',
         ),
         'evaluation': ('eval_batch_size', 'evaluate_recall'),
-        'summary': ('Summary', 'check_logdir_owner', 'claim_logdir', 'run_logdir'),
+        'summary': (
+            'Summary',
+            'check_logdir_owner',
+            'check_tb_dir_kept',
+            'claim_logdir',
+            'run_logdir',
+        ),
         'interrupt': ('EntryPointStop', 'Interrupted', 'StopRequest'),
         'workdir': (
             'A_RUN',

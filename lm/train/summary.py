@@ -16,6 +16,7 @@ import numpy as np
 
 from lm.train import hparams as hparams_tab
 from lm.train.workdir import (
+    TB_FILE,
     check_not_in_checkpoints,
     read_json_object,
     remembered_tb_dir,
@@ -64,6 +65,21 @@ def check_logdir_owner(workdir: str, tb_dir: str, flag: str) -> None:
         raise ValueError(
             f'{flag}: {logdir} is the TensorBoard run of {owner}; a run of the same name '
             f'would mix its curves with it: give {workdir} another name, or use another --tb_dir'
+        )
+
+
+def check_tb_dir_kept(workdir: str, tb_dir: str) -> None:
+    """One-line error when the run in `workdir`, resumed, is given a `--tb_dir` other than the
+    one it has logged to so far: its curves would be split between two TensorBoard runs. Its
+    first directory gone (moved or deleted), the new one is taken."""
+    if not tb_dir or not os.path.exists(os.path.join(workdir, TB_FILE)):
+        return  # the remembered directory, or a run that has not started
+    old, new = run_logdir(workdir), run_logdir(workdir, tb_dir)
+    if os.path.realpath(old) != os.path.realpath(new) and os.path.isdir(old) and os.listdir(old):
+        kept = f'--tb_dir={remembered_tb_dir(workdir)}' if remembered_tb_dir(workdir) else 'none'
+        raise ValueError(
+            f'--tb_dir={tb_dir!r}: the run in {workdir} has logged to {old} so far; resume it '
+            f'with the --tb_dir it was trained with ({kept}) so its curves stay in one run'
         )
 
 
