@@ -151,7 +151,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_every = 200  # Evaluate on the held-out split every N steps (and at the end).
     config.eval_at_start = True  # Evaluate a new run at step 0 too (eval_init/*); False skips it.
     config.eval_tokens = 0  # Held-out tokens per evaluation, windows spread evenly; 0 = all.
-    config.eval_batch_size = 0  # Eval windows per call; 0 = train.batch_size / grad_accum_steps.
+    config.eval_batch_size = 0  # Eval windows per call, at most the split's; 0 = train micro-batch.
     config.log_every = 50  # Print a log line every N steps (TensorBoard gets every step).
     config.checkpoint_every = 500  # Save a checkpoint every N steps (and at the end).
     config.keep_checkpoints = 3  # Keep the last K checkpoints.

@@ -349,6 +349,8 @@ def test_schedule_and_optimizer_settings_out_of_range_are_refused(overrides, mes
         ({'train.steps': 900, 'train.warmup_steps': 100, 'train.decay_steps': 50}, 'cut to one'),
         ({'train.steps': 100, 'train.warmup_steps': 100}, None),  # peak at the last step
         ({'train.steps': 0, 'train.warmup_steps': 100}, None),  # evaluate only
+        # no warmup: the cosine from schedule_start starts at lr (was a ZeroDivisionError)
+        ({'train.steps': 2, 'train.warmup_steps': 0, 'train.schedule_start': 5}, None),
     ],
 )
 def test_a_schedule_whose_warmup_outlasts_the_run_is_warned_about(overrides, warned, caplog):

@@ -11,7 +11,7 @@ from conftest import ROOT, read_scalars, tiny_train_config
 
 from lm.config_migration import upgrade_config
 from lm.data.corpus import eval_windows, window_targets
-from lm.train.evaluation import eval_batch_size, evaluate, ratio_stderr
+from lm.train.evaluation import batch_for_windows, eval_batch_size, evaluate, ratio_stderr
 from lm.train.loop import train
 from lm.train.run import assemble
 from lm.train.step import init_state, make_eval_step, token_losses
@@ -66,6 +66,42 @@ def test_evaluate_matches_an_unpadded_per_window_reference(tmp_path, words_text)
     stderr = math.sqrt(w / (w - 1) * (resid**2).sum()) / counts.sum()
     np.testing.assert_allclose(got['loss_stderr'], stderr, rtol=1e-4)
     assert got['loss_stderr'] < np.std(means, ddof=1)  # a standard error, not the spread
+    with jax.set_mesh(exp.ctx.mesh):  # a batch far past the windows: one batch of them all
+        big = evaluate(
+            make_eval_step(exp.ctx),
+            params,
+            exp.corpus,
+            'validation',
+            batch_size=2**20,  # 2**20 padded rows would take about 17 GB of logits
+            seq_len=16,
+            eval_tokens=0,
+            batch_sharding=exp.ctx.batch_sharding,
+        )
+    np.testing.assert_allclose(big['loss'], got['loss'], rtol=1e-6)
+    assert big['tokens'] == got['tokens']
+
+
+class _Sharded:
+    """A batch sharding over `shards` data-parallel shards (its `shard_shape` alone)."""
+
+    def __init__(self, shards: int):
+        self.shards = shards
+
+    def shard_shape(self, shape):
+        return (shape[0] // self.shards, *shape[1:])
+
+
+@pytest.mark.parametrize(
+    ('batch', 'windows', 'shards', 'expected'),
+    [
+        (2**20, 37, 1, 37),  # the windows alone
+        (2**20, 37, 4, 40),  # rounded up to divide over the shards
+        (8, 37, 4, 8),  # fewer rows than windows: unchanged
+        (40, 40, 8, 40),
+    ],
+)
+def test_an_eval_batch_past_the_windows_is_cut_to_them(batch, windows, shards, expected):
+    assert batch_for_windows(batch, windows, _Sharded(shards), 16) == expected
 
 
 def test_ratio_stderr_is_the_plain_stderr_for_equal_windows():

@@ -58,6 +58,17 @@ def check_eval_config(config: ml_collections.ConfigDict, data_parallel: int) -> 
         )
 
 
+def batch_for_windows(
+    batch_size: int, windows: int, batch_sharding: jax.sharding.NamedSharding, seq_len: int
+) -> int:
+    """`batch_size`, or fewer when the split has fewer `windows`: the fewest rows that hold them
+    all and still divide over the batch's shards and the processes (more would only be padding,
+    and an eval_batch_size far past the windows ran out of memory)."""
+    rows_per_shard = batch_sharding.shard_shape((batch_size, seq_len))[0]
+    multiple = math.lcm(batch_size // rows_per_shard, jax.process_count())
+    return min(batch_size, -(-windows // multiple) * multiple)
+
+
 def ratio_stderr(sums: np.ndarray, counts: np.ndarray) -> float:
     """Standard error of sum(sums) / sum(counts) over windows (the ratio estimator's, which is
     std(window means, ddof 1) / sqrt(W) when every window has the same count); nan if W < 2."""
@@ -212,6 +223,7 @@ def _split_sums(
     tokens = corpus.tokens[split]
     starts = eval_windows(len(tokens), seq_len, eval_tokens)
     counts = window_targets(len(tokens), starts, seq_len).astype(np.float64)
+    batch_size = batch_for_windows(batch_size, len(starts), batch_sharding, seq_len)
     logging.info(
         'evaluating the %s split: %d windows of %d tokens in batches of %d',
         split,

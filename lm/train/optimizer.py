@@ -120,7 +120,7 @@ def warn_schedule(train: ml_collections.ConfigDict) -> None:
     of lr), or a decay that ends before the warmup."""
     last = train.steps - 1  # the step whose rate the run's last update uses
     peak_at = train.schedule_start + train.warmup_steps
-    if 0 < train.steps < peak_at:
+    if train.warmup_steps and 0 < train.steps < peak_at:
         logging.warning(
             'config.train.warmup_steps=%d (from step %d) ends after the last step %d: the rate '
             'rises only to %.3g of lr=%g, at the last update (step %d)',
