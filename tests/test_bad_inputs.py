@@ -622,6 +622,17 @@ ROWS = [
         ],  # fmt: skip
         r'--tb_dir: .*tb/run is the TensorBoard run of .*/run; a run of the same name would mix',
     ),
+    (  # allowed, a changed param_dtype made every checkpoint read as damaged
+        'resume_with_another_param_dtype',
+        TRAIN,
+        lambda c: [
+            '--workdir=COPY',
+            '--allow_config_change',
+            '--config.model.param_dtype=bfloat16',
+        ],
+        r"config\.model\.param_dtype='bfloat16': the checkpoint in .*checkpoints holds float32 "
+        r"parameters, and a run resumes in the dtype it saved; resume with param_dtype='float32'",
+    ),
     (  # a resumed run's curves would be split between two TensorBoard runs
         'resume_with_another_tb_dir',
         TRAIN,

@@ -405,6 +405,12 @@ def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow:
     saved = meta and run_resolved(meta['config'], workdir)
     if changes := check_config_change(saved, config, where, allow):
         logging.warning('resuming under a changed config: %s', '; '.join(changes))
+    if saved and (was := upgrade_config(saved).model.param_dtype) != config.model.param_dtype:
+        raise RunError(  # else every checkpoint read as damaged (checksums of the cast arrays)
+            f'config.model.param_dtype={config.model.param_dtype!r}: {where} holds {was} '
+            f'parameters, and a run resumes in the dtype it saved; resume with '
+            f'param_dtype={was!r}, or train a new run'
+        )
 
     if saved and (
         moved := schedule_moved(upgrade_config(saved).train, config.train, meta['data_step'])
