@@ -318,6 +318,20 @@ def test_schedule_and_optimizer_settings_out_of_range_are_refused(overrides, mes
         check_ensemble_config(config)
 
 
+def test_an_eps_that_rounds_to_zero_in_the_parameters_dtype_is_refused():
+    """float16 parameters keep AdamW's state in float16, where eps=1e-8 is 0 and updates turn
+    NaN (they did at step 2): refused before any work; 1e-4 and bfloat16's range are fine."""
+    from lm.config import with_values
+    from lm.train.run import check_config
+
+    half = {'model.attention': 'mha', 'model.dtype': 'float16', 'model.param_dtype': 'float16'}
+    refused = r'^config.train.eps=1e-08 is below 6.1e-05, the smallest normal float16 \(config'
+    with pytest.raises(ValueError, match=refused + r'.model.param_dtype, .* use eps >= 6.1e-05'):
+        check_config(with_values(tiny_config(), half))
+    check_config(with_values(tiny_config(), {**half, 'train.eps': 1e-4}))
+    check_config(with_values(tiny_config(attention='mha'), {'model.param_dtype': 'bfloat16'}))
+
+
 @pytest.mark.parametrize(
     'overrides,warned',
     [

@@ -86,6 +86,19 @@ def schedule_moved(
     return f'resuming at step {step} moves the learning rate there {moved}{why}'
 
 
+def check_eps_in(train: ml_collections.ConfigDict, param_dtype: str) -> None:
+    """One-line error when AdamW's eps is below the smallest normal number of the dtype its
+    state is kept in (the parameters'): float16's 6.1e-05 turns eps=1e-8 into 0, and an
+    update whose second moment underflows divides by zero (NaN from the first steps)."""
+    tiny = float(jnp.finfo(param_dtype).tiny)
+    if train.eps < tiny:
+        raise ValueError(
+            f'config.train.eps={train.eps:g} is below {tiny:.2g}, the smallest normal '
+            f'{param_dtype} (config.model.param_dtype, the dtype of AdamW\'s state): it rounds '
+            f'to 0 there and updates turn NaN; use eps >= {tiny:.2g}, e.g. 1e-4'
+        )
+
+
 def check_train_config(train: ml_collections.ConfigDict) -> None:
     """One-line errors for bad optimizer / schedule settings."""
     for name in ('lr', 'min_lr', 'b1', 'b2', 'eps', 'weight_decay', 'grad_clip', 'peak_flops'):

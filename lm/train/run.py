@@ -44,6 +44,7 @@ from lm.train.ensemble import (
 from lm.train.evaluation import check_eval_config, eval_batch_size
 from lm.train.identity import check_config_change
 from lm.train.optimizer import (
+    check_eps_in,
     check_train_config,
     lr_schedule,
     make_optimizer,
@@ -189,6 +190,7 @@ def check_config(
     check_data_config(config.data)
     check_idle_data(config.data, default_values('data'))
     check_model_config(config.model)  # model errors before reading any data
+    check_eps_in(config.train, config.model.param_dtype)
     check_idle_rope_knobs(config.model, default_values('model'))
     check_cpu_devices(config.mesh)
     if config.model.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
