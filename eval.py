@@ -14,6 +14,7 @@ import json
 import math
 import sys
 
+import jax
 import ml_collections
 from absl import flags
 from ml_collections import config_flags
@@ -27,7 +28,7 @@ from lm.cli import (
 from lm.data import TASKS, check_same_tokenizer
 from lm.distributed import define_distributed_flags
 from lm.experiments import evaluate_run
-from lm.model import KV_CACHE_DTYPES
+from lm.model import DECODE_KERNELS, KV_CACHE_DTYPES, check_decode_backend
 from lm.train import (
     Run,
     StopRequest,
@@ -60,6 +61,13 @@ _CACHE = flags.DEFINE_string(
     f'stored as this ({", ".join(KV_CACHE_DTYPES)}; lm/infer/cached_eval.py), logged as '
     'eval_cache_<dtype>.',
 )
+_KERNEL = flags.DEFINE_enum(
+    'decode_kernel',
+    None,
+    list(DECODE_KERNELS),
+    "A cached eval's decode-step attention (config.model.decode_kernel; 'pallas' needs a GPU); "
+    "default: the run's.",
+)
 define_distributed_flags()
 _TB_DIR = flags.DEFINE_string(
     'tb_dir', '', "Shared TensorBoard directory to log to; '' = the one the run was trained with."
@@ -76,6 +84,24 @@ def check_cache_dtype(model: ml_collections.ConfigDict, data: ml_collections.Con
             f'{data.seq_len} tokens never completes a group of config.model.kv_quant_group='
             f'{model.kv_quant_group} (the residual stays in float)'
         )
+
+
+def check_kernel(model: ml_collections.ConfigDict) -> dict[str, str]:
+    """--decode_kernel as `assemble`'s model override ({} = the run's), read by a cached eval
+    alone; 'pallas' (given, or the run's) needs a GPU, refused before any data is read."""
+    if _KERNEL.value is not None and not _CACHE.value:
+        raise ValueError('--decode_kernel is read only by a cached eval: pass --kv_cache_dtype too')
+    if _CACHE.value and _KERNEL.value == 'pallas':
+        check_decode_backend('--decode_kernel')
+    if _CACHE.value and _KERNEL.value is None and model.decode_kernel == 'pallas':
+        try:
+            check_decode_backend()
+        except ValueError:
+            raise ValueError(
+                f"the run's config.model.decode_kernel='pallas' needs a GPU; this backend is "
+                f'{jax.default_backend()!r}: pass --decode_kernel=xla (or pallas_interpret)'
+            ) from None
+    return {} if _KERNEL.value is None else {'decode_kernel': _KERNEL.value}
 
 
 def _evaluate(restored: Run) -> dict[str, float]:
@@ -155,6 +181,7 @@ def run() -> int:
         check_same_tokenizer(config.data, data, '--config')
     check_cache_dtype(config.model, data)
     bootstrap(config)
+    kernel = check_kernel(config.model)
     own_data, own_protocol = _CONFIG.value is None, protocol(config.data)
     if not own_data:
         config.data = _CONFIG.value.data
@@ -163,7 +190,14 @@ def run() -> int:
         config.eval_tokens = _TOKENS.value
     if not _CACHE.value:  # a cached eval scores one position at a time: no [T, T] scores
         check_scores_fit(config, eval_batch_size(config), 'eval.py')  # before the restore
-    restored = assemble(config, state='params', workdir=_WORKDIR.value, step=_STEP.value, data=True)
+    restored = assemble(
+        config,
+        state='params',
+        workdir=_WORKDIR.value,
+        step=_STEP.value,
+        data=True,
+        model_overrides=kernel,
+    )
     metrics = _evaluate(restored)
     if not math.isfinite(metrics['loss']):
         raise FloatingPointError(

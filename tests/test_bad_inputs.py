@@ -935,6 +935,11 @@ def early(ctx):
         (root / f'roofline_{name}.json').write_text(text)
     ctx.eval64 = root / 'eval64'  # a step-0 text run scored on 64 tokens
     save_step0(with_values(ctx.config, {'eval_tokens': 64, 'model.vocab_size': 258}), ctx.eval64)
+    ctx.pallas = root / 'pallas'  # a step-0 run whose decode steps ask for the GPU kernel
+    save_step0(
+        with_values(ctx.config, {'model.decode_kernel': 'pallas', 'model.vocab_size': 258}),
+        ctx.pallas,
+    )
     ctx.hf_like = root / 'hf_like'  # an HF model folder with a file of the user's own
     ctx.hf_like.mkdir()
     for name in ('config.json', 'model.safetensors', 'NOTES.md'):
@@ -973,6 +978,25 @@ EARLY = [
         EVAL,
         lambda c: [f'--workdir={c.mqar}', '--kv_cache_dtype=int8'],
         r'--kv_cache_dtype evaluates text windows; this run is a recall task',
+    ),
+    (  # a flag nothing reads
+        'eval_decode_kernel_without_a_cache',
+        EVAL,
+        lambda c: [f'--workdir={c.eval64}', '--decode_kernel=xla'],
+        r'--decode_kernel is read only by a cached eval: pass --kv_cache_dtype too$',
+    ),
+    (
+        'eval_pallas_kernel_without_a_gpu',
+        EVAL,
+        lambda c: [f'--workdir={c.eval64}', '--kv_cache_dtype=float', '--decode_kernel=pallas'],
+        r"^error: --decode_kernel='pallas' needs a GPU \(Triton kernels\); this backend is 'cpu'",
+    ),
+    (  # it failed after the data was read, advising a setting eval.py cannot change
+        'eval_a_pallas_run_through_a_cache_without_a_gpu',
+        EVAL,
+        lambda c: [f'--workdir={c.pallas}', '--kv_cache_dtype=float'],
+        r"the run's config\.model\.decode_kernel='pallas' needs a GPU; this backend is 'cpu': "
+        r'pass --decode_kernel=xla \(or pallas_interpret\)$',
     ),
     (  # its loss was the float cache's, tagged eval_cache_kivi4
         'eval_kivi4_windows_shorter_than_its_group',

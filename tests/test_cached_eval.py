@@ -137,6 +137,14 @@ def _eval_py_through_the_cache(workdir) -> None:
         assert results[dtype]['tag'] == f'eval_cache_{dtype}'
         assert results[dtype]['tokens'] == plain['tokens']
     assert abs(results['float']['loss'] - plain['loss']) < 1e-4
+    kernel = run_entry(
+        'eval.py',
+        f'--workdir={workdir}',
+        '--kv_cache_dtype=float',
+        '--decode_kernel=xla',
+        check=True,
+    )
+    assert json.loads(kernel.stdout)['loss'] == pytest.approx(results['float']['loss'], rel=1e-6)
     assert 0 < abs(results['int8']['loss'] - plain['loss']) < 0.02
     tb = workdir.parent / 'tb' / workdir.name
     assert read_scalars(tb, 'eval_cache_int8/loss') == {6: pytest.approx(results['int8']['loss'])}

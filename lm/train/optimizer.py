@@ -94,7 +94,7 @@ def check_eps_in(train: ml_collections.ConfigDict, param_dtype: str) -> None:
     if train.eps < tiny:
         raise ValueError(
             f'config.train.eps={train.eps:g} is below {tiny:.2g}, the smallest normal '
-            f'{param_dtype} (config.model.param_dtype, the dtype of AdamW\'s state): it rounds '
+            f"{param_dtype} (config.model.param_dtype, the dtype of AdamW's state): it rounds "
             f'to 0 there and updates turn NaN; use eps >= {tiny:.2g}, e.g. 1e-4'
         )
 
