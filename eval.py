@@ -28,7 +28,13 @@ from lm.cli import (
 from lm.data import TASKS, check_same_tokenizer
 from lm.distributed import define_distributed_flags
 from lm.experiments import evaluate_run
-from lm.model import DECODE_KERNELS, KV_CACHE_DTYPES, check_decode_backend
+from lm.model import (
+    DECODE_KERNELS,
+    KV_CACHE_DTYPES,
+    check_decode_backend,
+    check_model_config,
+    check_storage,
+)
 from lm.train import (
     Run,
     StopRequest,
@@ -75,9 +81,12 @@ _TB_DIR = flags.DEFINE_string(
 
 
 def check_cache_dtype(model: ml_collections.ConfigDict, data: ml_collections.ConfigDict) -> None:
-    """--kv_cache_dtype scores text windows, and kivi4 needs a window longer than its group."""
+    """--kv_cache_dtype scores text windows, in caches the model can decode with
+    (`check_storage`), and kivi4 needs a window longer than its group."""
     if _CACHE.value and data.source in TASKS:
         raise ValueError('--kv_cache_dtype evaluates text windows; this run is a recall task')
+    if _CACHE.value:  # before the data is read (it came after)
+        check_storage(check_model_config(model), _CACHE.value)
     if _CACHE.value == 'kivi4' and data.seq_len < model.kv_quant_group:
         raise ValueError(
             f'--kv_cache_dtype=kivi4 would quantise nothing: a window of config.data.seq_len='

@@ -979,6 +979,13 @@ EARLY = [
         lambda c: [f'--workdir={c.mqar}', '--kv_cache_dtype=int8'],
         r'--kv_cache_dtype evaluates text windows; this run is a recall task',
     ),
+    (  # refused after the data was read and tokenised
+        'eval_int8_cache_of_a_cla_run',
+        EVAL,
+        lambda c: [f'--workdir={c.cla_sweep}/cla2_s0', '--kv_cache_dtype=int8'],
+        r"config\.model\.kv_share_every=2 with kv_cache_dtype='int8': CLA decodes from float "
+        r'caches only$',
+    ),
     (  # a flag nothing reads
         'eval_decode_kernel_without_a_cache',
         EVAL,
