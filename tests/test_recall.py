@@ -226,6 +226,14 @@ def test_bad_recall_settings_name_their_key(tmp_path):
         ('data.recall_vocab', 8, 'config.data.recall_vocab=8'),
         ('data.passkey_lengths', '300', "config.data.passkey_lengths='300'"),
         ('data.passkey_depths', '1.5', "config.data.passkey_depths='1.5'"),
+        # was "each length must be in [102, 65]": what seq_len passkey needs, said
+        (
+            'data.seq_len',
+            64,
+            'config.data.seq_len=64 is too short for passkey: its shortest '
+            'example (the needle, the question and the key) is 102 tokens, so seq_len must be >= '
+            '101',
+        ),  # fmt: skip
         ('data.passkey_lengths', '128,,256', "passkey_lengths='128,,256' must be comma-separated"),
         ('data.passkey_depths', '0,x', "config.data.passkey_depths='0,x' must be comma-separated"),
         (
@@ -236,7 +244,7 @@ def test_bad_recall_settings_name_their_key(tmp_path):
         ('data.recall_seed', -1, 'config.data.recall_seed must be >= 0, got -1'),
         ('data.document_mask', True, 'config.data.document_mask=True does not apply'),
     ]:
-        source = 'passkey' if 'passkey' in key else 'mqar'
+        source = 'passkey' if 'passkey' in key + words else 'mqar'
         with pytest.raises(ValueError, match=re.escape(words)):
             load_corpus(recall_config(tmp_path, source, **{key: value}).data)
 

@@ -125,6 +125,12 @@ def check_recall_config(data: ml_collections.ConfigDict) -> None:
             )
         lengths, depths = _numbers(data, 'passkey_lengths', int), _numbers(data, 'passkey_depths')
         shortest = len(QUESTION) + len(NEEDLE.format(key='0' * DIGITS)) + DIGITS
+        if T + 1 < shortest:  # no length fits: say what seq_len needs, not an empty range
+            raise ValueError(
+                f'config.data.seq_len={T} is too short for passkey: its shortest example '
+                f'(the needle, the question and the key) is {shortest} tokens, so seq_len must '
+                f'be >= {shortest - 1}'
+            )
         if not lengths or min(lengths) < shortest or max(lengths) > T + 1:
             raise ValueError(
                 f'config.data.passkey_lengths={data.passkey_lengths!r}: each length must be in '
