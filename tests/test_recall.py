@@ -230,10 +230,9 @@ def test_bad_recall_settings_name_their_key(tmp_path):
         (
             'data.seq_len',
             64,
-            'config.data.seq_len=64 is too short for passkey: its shortest '
-            'example (the needle, the question and the key) is 102 tokens, so seq_len must be >= '
-            '101',
-        ),  # fmt: skip
+            'config.data.seq_len=64 is too short for passkey: its shortest example (the needle, '
+            'the question and the key) is 102 tokens, so seq_len must be >= 101',
+        ),
         ('data.passkey_lengths', '128,,256', "passkey_lengths='128,,256' must be comma-separated"),
         ('data.passkey_depths', '0,x', "config.data.passkey_depths='0,x' must be comma-separated"),
         (
