@@ -130,6 +130,8 @@ def test_bad_member_counts_are_refused_in_one_line(tmp_path, small_text, monkeyp
         with pytest.raises(ValueError, match=r'^config.train.ensemble_min_lr=.*(must be|needs)'):
             check_config(with_values(config, {'train.ensemble': k, 'train.ensemble_min_lr': lrs}))
     check_config(with_values(config, {'train.ensemble': 2, 'train.ensemble_min_lr': '0,1e-3'}))
+    own = {'train.ensemble': 2, 'train.ensemble_lr': '1e-5,1e-5', 'train.ensemble_min_lr': '0,0'}
+    check_config(with_values(config, {**own, 'train.lr': 1e-5}))  # lr and min_lr unread
     with pytest.raises(ValueError, match=r'^config.train.ensemble_loop=True needs an ensemble'):
         check_config(with_values(config, {'train.ensemble_loop': True}))  # would loop nothing
     check_config(with_values(config, {'train.ensemble': 2, 'train.ensemble_loop': True}))

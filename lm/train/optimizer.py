@@ -186,7 +186,8 @@ def _check_rate_not_zero(train: ml_collections.ConfigDict) -> None:
 
 def _check_schedule(train: ml_collections.ConfigDict) -> None:
     """One-line errors for settings the schedule and AdamW would take silently but wrongly."""
-    if train.min_lr > train.lr:
+    own_rates = train.ensemble_lr and train.ensemble_min_lr  # each member's: lr, min_lr unread
+    if train.min_lr > train.lr and not own_rates:
         raise ValueError(
             f'config.train.min_lr={train.min_lr} must be <= lr={train.lr} (the cosine decays '
             'from lr to it; min_lr = lr holds the rate constant)'
