@@ -27,10 +27,12 @@ from lm.distributed import define_distributed_flags
 from lm.train import (
     check_logdir_owner,
     check_loop_config,
+    check_not_past,
     check_run_dir,
     check_tb_dir_kept,
     finished_step,
     latest_sound_step,
+    read_latest_meta,
     run_logdir,
     stored_config,
     train,
@@ -82,6 +84,7 @@ def run() -> int:
         raise ValueError(
             f'--config is required: {_WORKDIR.value} holds no checkpoint to resume{given}'
         )
+    check_not_past(read_latest_meta(_WORKDIR.value), config, _WORKDIR.value)  # before the rest
     check_loop_config(config)  # the intervals too, which a finished run below would not read
     check_uptrain_config(config.uptrain)
     check_writable_dir(cache_dir(config.data), 'config.data.cache_dir')

@@ -633,6 +633,13 @@ ROWS = [
         r"config\.model\.param_dtype='bfloat16': the checkpoint in .*checkpoints holds float32 "
         r"parameters, and a run resumes in the dtype it saved; resume with param_dtype='float32'",
     ),
+    (  # it blamed the warmup (the rate would be 0 at every step of a 1-step run)
+        'resume_with_fewer_steps_than_saved',
+        TRAIN,
+        lambda c: ['--workdir=COPY', '--config.train.steps=1'],
+        r'--workdir: .*run_resume_with_fewer_steps_than_saved holds a checkpoint at step \d+, '
+        r'past config\.train\.steps=1: raise train\.steps',
+    ),
     (  # a resumed run's curves would be split between two TensorBoard runs
         'resume_with_another_tb_dir',
         TRAIN,

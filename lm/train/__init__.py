@@ -15,6 +15,7 @@ __all__, __getattr__, __dir__ = public_face(
             'check_config',
             'check_devices',
             'check_loop_config',
+            'check_not_past',
             'check_seed',
         ),
         'stored': ('finished_step', 'inherited_data', 'stored_config'),

@@ -391,6 +391,17 @@ def _resume(
     return ckpt, (step, state, meta)
 
 
+def check_not_past(meta: dict | None, config: ml_collections.ConfigDict, workdir: str) -> None:
+    """One-line RunError when `workdir`'s newest checkpoint (its side-car `meta`; None: none)
+    is past config.train.steps: a resume would train nothing, silently."""
+    if meta and meta['data_step'] > config.train.steps:
+        raise RunError(
+            f'--workdir: {workdir} holds a checkpoint at step {meta["data_step"]}, past '
+            f'config.train.steps={config.train.steps}: raise train.steps to go on from it, or '
+            'use another workdir'
+        )
+
+
 def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow: bool) -> None:
     """Refuses (or, when allowed, logs) a resume under a changed config."""
     try:
@@ -398,12 +409,7 @@ def _check_resume_config(config: ml_collections.ConfigDict, workdir: str, allow:
     except Exception:  # noqa: BLE001 - an unreadable latest checkpoint: restore falls back
         meta = None
     where = f'the checkpoint in {os.path.join(workdir, "checkpoints")}'
-    if meta and meta['data_step'] > config.train.steps:  # it would train nothing, silently
-        raise RunError(
-            f'--workdir: {workdir} holds a checkpoint at step {meta["data_step"]}, past '
-            f'config.train.steps={config.train.steps}: raise train.steps to go on from it, or '
-            'use another workdir'
-        )
+    check_not_past(meta, config, workdir)
     saved = meta and run_resolved(meta['config'], workdir)
     if changes := check_config_change(saved, config, where, allow):
         logging.warning('resuming under a changed config: %s', '; '.join(changes))
