@@ -340,6 +340,10 @@ def test_bad_data_settings(tmp_path, overrides, error, message):
         ('text', 'hf_name', 'someone/data'),
         ('stdlib', 'hf_max_docs', 10),
         ('hf', 'recall_vocab', 64),
+        # one task's own keys on another (each was taken and entered the eval's fingerprint)
+        ('mqar', 'passkey_lengths', '64'),
+        ('mqar_zoology', 'recall_power_a', 0.5),
+        ('passkey', 'recall_power_a', 0.5),
     ],
 )
 def test_a_setting_the_source_never_reads_is_refused(tmp_path, source, key, value):

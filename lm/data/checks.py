@@ -55,6 +55,14 @@ RECALL_KEYS = (
     'passkey_depths',
 )
 HF_KEYS = tuple(k for k in RECALL_IGNORES if k.startswith('hf_'))
+# The recall keys a task does not read: passkey's grid, MQAR's query law (Zoology's slots are
+# uniform). (recall_pairs and recall_vocab, which configs/recall/passkey.py inherits from
+# MQAR's file, are left to its checks.)
+TASK_IGNORES = {
+    'mqar': ('passkey_lengths', 'passkey_depths'),
+    'mqar_zoology': ('recall_power_a', 'passkey_lengths', 'passkey_depths'),
+    'passkey': ('recall_power_a',),
+}
 
 
 def check_data_config(data: ml_collections.ConfigDict) -> None:
@@ -157,13 +165,17 @@ SPLIT_KEYS = ('uptrain_fraction', 'heldout_fraction', 'split_layout', 'split_blo
 
 def unread_data_keys(data: ml_collections.ConfigDict) -> dict[str, str]:
     """{key: why} of the `config.data` keys a run of these settings never reads, whatever their
-    values: for a recall source every text setting (RECALL_IGNORES), for the others the recall
-    tasks' (RECALL_KEYS), the Hugging Face dataset's (HF_KEYS) but for 'hf', the path for
-    'stdlib', the parts' (SPLIT_KEYS) with no data.split, split_block but for the interleaved
-    layout (and uptrain_fraction with it when 'pretrain+uptrain' is the whole training split),
-    bpe_vocab_size but for 'bpe' and eos_token but for a tokenizer.json."""
+    values: for a recall source every text setting (RECALL_IGNORES) and the other tasks' own
+    (TASK_IGNORES), for the others the recall tasks' (RECALL_KEYS), the Hugging Face dataset's
+    (HF_KEYS) but for 'hf', the path for 'stdlib', the parts' (SPLIT_KEYS) with no data.split,
+    split_block but for the interleaved layout (and uptrain_fraction with it when
+    'pretrain+uptrain' is the whole training split), bpe_vocab_size but for 'bpe' and eos_token
+    but for a tokenizer.json."""
     if data.source in TASKS:
-        return dict.fromkeys(RECALL_IGNORES, f'for source={data.source!r} (its rows are generated)')
+        unread = dict.fromkeys(
+            RECALL_IGNORES, f'for source={data.source!r} (its rows are generated)'
+        )
+        return unread | dict.fromkeys(TASK_IGNORES[data.source], f'for source={data.source!r}')
     read_by_others = RECALL_KEYS + (HF_KEYS if data.source != 'hf' else ())
     unread = dict.fromkeys(read_by_others, f'for source={data.source!r}')
     if data.source == 'stdlib':
