@@ -13,10 +13,8 @@ results/latent_contrast_seeds.csv (arm, seed, eval_loss), joins by seed MHA's an
 5-19 (results/kv_contrast_seeds.csv) and 20 on (`--gqa4_sweep`), and MLA-128's (`--mla128_sweep`).
 """
 
-import os
-
 from absl import flags
-from study_rows import committed, swept, write_seeds
+from study_rows import baseline_pilot, committed, pilot_losses, swept, write_seeds
 from study_rows import power_analysis as study_power
 
 from lm.cli import run_app
@@ -38,13 +36,9 @@ _POWER_ONLY = flags.DEFINE_bool('power_only', False, 'Print the power analysis o
 
 def power_analysis() -> int:
     """Print each contrast's pilot estimate and need; return the seeds per arm."""
-    pilot = committed('results/kv_contrast_seeds.csv', {'mha': 'mha', 'gqa4': 'gqa4'}, PILOT)
-    pilot |= committed('../kv_layouts/results/kv_layouts_seeds.csv', {'mla': 'mla64'}, PILOT)
-    if os.path.isdir(_PILOT.value):  # else the committed copy of its losses
-        write_seeds(
-            'latent_pilot_seeds', swept(_PILOT.value, {'mla': 'mla128'}), ('mla128',), PILOT
-        )
-    pilot |= committed('results/latent_pilot_seeds.csv', {'mla128': 'mla128'}, PILOT)
+    pilot = baseline_pilot(PILOT) | pilot_losses(
+        _PILOT.value, 'mla128', 'latent_pilot_seeds', PILOT
+    )
     return study_power(pilot, CONTRASTS, PILOT, SMALLEST, SD_FLOOR, CAP)
 
 

@@ -14,10 +14,8 @@ CSV, results/rope_contrast_seeds.csv (arm, seed, eval_loss), joins by seed MHA's
 GQA-4's runs (results/latent_contrast_seeds.csv) with MLA-64-R8's (`--r8_sweep`).
 """
 
-import os
-
 from absl import flags
-from study_rows import committed, swept, write_seeds
+from study_rows import baseline_pilot, committed, pilot_losses, reuse_check, swept, write_seeds
 from study_rows import power_analysis as study_power
 
 from lm.cli import run_app
@@ -40,35 +38,15 @@ _POWER_ONLY = flags.DEFINE_bool('power_only', False, 'The power analysis and reu
 
 def power_analysis() -> int:
     """Print each contrast's pilot estimate and need; return the seeds per arm."""
-    pilot = committed('results/kv_contrast_seeds.csv', {'mha': 'mha', 'gqa4': 'gqa4'}, PILOT)
-    pilot |= committed('../kv_layouts/results/kv_layouts_seeds.csv', {'mla': 'mla64'}, PILOT)
-    if os.path.isdir(_PILOT.value):  # else the committed copy of its losses
-        write_seeds(
-            'rope_pilot_seeds', swept(_PILOT.value, {'mla': 'mla64r8'}), ('mla64r8',), PILOT
-        )
-    pilot |= committed('results/rope_pilot_seeds.csv', {'mla64r8': 'mla64r8'}, PILOT)
+    pilot = baseline_pilot(PILOT) | pilot_losses(_PILOT.value, 'mla64r8', 'rope_pilot_seeds', PILOT)
     return study_power(pilot, CONTRASTS, PILOT, SMALLEST, SD_FLOOR, CAP)
-
-
-def reuse_check() -> None:
-    """Print how far MHA's retrained seeds lie from the reused runs; stop past the tolerance."""
-    reused = committed('results/latent_contrast_seeds.csv', {'mha': 'mha'}, CHECK)
-    now = swept(_CHECK.value)
-    for s in CHECK:
-        gap = abs(float(now['mha', s]) - float(reused['mha', s]))
-        print(
-            f'reuse check, MHA seed {s}: {now["mha", s]} now, {reused["mha", s]} reused, '
-            f'|gap| {gap:.2e}'
-        )
-        if gap > CHECK_TOLERANCE:
-            raise SystemExit(
-                f'reuse check failed: MHA seed {s} moved {gap:.2e} > {CHECK_TOLERANCE}'
-            )
 
 
 def run() -> int:
     n = power_analysis()
-    reuse_check()
+    reuse_check(
+        swept(_CHECK.value), 'results/latent_contrast_seeds.csv', 'mha', CHECK, CHECK_TOLERANCE
+    )
     if _POWER_ONLY.value:
         return 0
     seeds = range(FIRST, FIRST + n)

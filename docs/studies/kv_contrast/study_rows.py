@@ -72,3 +72,37 @@ def power_analysis(
     capped = '; the cap binds' if n < max(needs) else ''
     print(f'seeds per arm: {n} (seeds {seeds.stop}-{seeds.stop + n - 1}){capped}')
     return n
+
+
+def pilot_losses(sweep: str, arm: str, name: str, seeds: range) -> dict[tuple[str, int], str]:
+    """{(arm, seed): eval_loss} of a pilot: its sweep's point 'mla' or other single point,
+    copied to results/<name>.csv when the sweep is here, else read from that committed copy."""
+    if os.path.isdir(sweep):
+        rows = {(arm, s): loss for (_, s), loss in swept(sweep).items()}
+        write_seeds(name, rows, (arm,), seeds)
+    return committed(f'results/{name}.csv', {arm: arm}, seeds)
+
+
+def baseline_pilot(seeds: range) -> dict[tuple[str, int], str]:
+    """{(arm, seed): eval_loss} of MHA's, GQA-4's and MLA-64's first seeds at this config and
+    1,000 steps (the first study's and the kv_layouts study's runs)."""
+    pilot = committed('results/kv_contrast_seeds.csv', {'mha': 'mha', 'gqa4': 'gqa4'}, seeds)
+    return pilot | committed('../kv_layouts/results/kv_layouts_seeds.csv', {'mla': 'mla64'}, seeds)
+
+
+def reuse_check(
+    now: dict[tuple[str, int], str], reused_csv: str, arm: str, seeds: range, tolerance: float
+) -> None:
+    """Print how far `arm`'s seeds retrained now ({(arm, seed): eval_loss}) lie from the reused
+    runs' losses in `reused_csv`; stop past `tolerance` nats."""
+    reused = committed(reused_csv, {arm: arm}, seeds)
+    for s in seeds:
+        gap = abs(float(now[arm, s]) - float(reused[arm, s]))
+        print(
+            f'reuse check, {arm.upper()} seed {s}: {now[arm, s]} now, {reused[arm, s]} reused, '
+            f'|gap| {gap:.2e}'
+        )
+        if gap > tolerance:
+            raise SystemExit(
+                f'reuse check failed: {arm.upper()} seed {s} moved {gap:.2e} > {tolerance}'
+            )
