@@ -161,6 +161,12 @@ def runs_devices() -> tuple[str, int]:
 def check_data_overrides(entry: str, flag: str = 'config') -> None:
     """One-line error if --config overrides anything outside config.data, for an entry point that
     takes only the data from --config (the model, training and mesh are the checkpoint's)."""
+    path, _, arg = config_flags.get_config_filename(flags.FLAGS[flag]).partition(':')
+    if arg:  # every config file's argument picks a model (a variant, a width)
+        raise ValueError(
+            f"{entry} takes only the data from --{flag}; the argument ':{arg}' of {path} picks "
+            "a model, which is the checkpoint's: give the file alone"
+        )
     overrides = config_flags.get_override_values(flags.FLAGS[flag])
     if ignored := sorted(k for k in overrides if not k.startswith('data.')):
         raise ValueError(

@@ -1018,6 +1018,14 @@ EARLY = [
         lambda c: [f'--workdir={c.eval64}', '--kv_cache_dtype=kivi4'],
         r'--kv_cache_dtype=kivi4 would quantise nothing: a window of config\.data\.seq_len=16 ',
     ),
+    (  # the variant picked a model the checkpoint replaces: silently ignored
+        'eval_config_with_a_variant',
+        EVAL,
+        lambda c: [f'--workdir={c.eval64}', '--config=configs/shakespeare_char.py:mqa'],
+        r"eval\.py takes only the data from --config; the argument ':mqa' of "
+        r"configs/shakespeare_char\.py picks a model, which is the checkpoint's: give the file "
+        r'alone$',
+    ),
     (  # the run's own eval_tokens under another config's windows: it blamed settings not given
         'eval_config_whose_windows_swallow_the_runs_eval_tokens',
         EVAL,
