@@ -744,6 +744,26 @@ def test_a_shared_tb_dir_run_belongs_to_one_workdir(tmp_path):
     }
 
 
+def test_event_files_of_one_second_never_overwrite_each_other(tmp_path, monkeypatch):
+    """tensorboardX names an event file by the second and the host: a second writer of that
+    second (eval.py right after another eval.py on one run) truncated the first's file, and its
+    scalars were gone (a test saw it now and then). Each keeps its own file now."""
+    import time
+
+    from lm.train.summary import Summary
+
+    monkeypatch.setattr(time, 'time', lambda: 1_764_576_000.5)  # one second for every file
+    for tag in ('eval_cache_int8/loss', 'eval_cache_float/loss', 'eval/loss'):
+        tb = Summary(str(tmp_path))
+        tb.scalars(6, {tag: 1.0})
+        tb.close()
+        tb.scalars(7, {tag: 2.0})  # a second file of this writer, also in that second
+        tb.close()
+    monkeypatch.undo()
+    for tag in ('eval_cache_int8/loss', 'eval_cache_float/loss', 'eval/loss'):
+        assert read_scalars(tmp_path, tag) == {6: 1.0, 7: 2.0}
+
+
 def test_a_resumed_run_keeps_its_tb_dir(tmp_path):
     """A resumed run given another --tb_dir is refused while the directory it logged to holds
     its curves (the same one, or none, is taken); once that directory is gone, the new one is."""

@@ -97,18 +97,26 @@ def claim_logdir(workdir: str, tb_dir: str, flag: str = '--tb_dir') -> None:
         os.replace(path + '.tmp', path)
 
 
+def _file_suffix() -> str:
+    """An event file's name suffix: tensorboardX names a file by the second and the host alone,
+    so a second file of that second (this process's next, or another process's, e.g. eval.py
+    right after another) would truncate the first. Nanoseconds keep the names apart and in the
+    order they were made, which is the order TensorBoard reads them in."""
+    return f'.{time.time_ns()}'
+
+
 class Summary:
     """A run's TensorBoard writer. `start`: the step a training session starts logging at;
     TensorBoard then drops this run's events at that step and later that an earlier session
     wrote (a session killed past its last checkpoint logged steps its resumption logs again)."""
 
     def __init__(self, logdir: str, start: int | None = None):
-        self.writer, self.files, self.logdir = None, 0, logdir
+        self.writer, self.logdir = None, logdir
         if jax.process_index() == 0:
             hparams_tab.import_tensorboardx()
             from tensorboardX import SummaryWriter
 
-            self.writer = SummaryWriter(logdir, flush_secs=30)
+            self.writer = SummaryWriter(logdir, flush_secs=30, filename_suffix=_file_suffix())
             if start is not None:
                 self._session_start(start)
 
@@ -156,11 +164,9 @@ class Summary:
         (which drains that queue); the next event starts a new event file of the same run."""
         if self.writer:
             self.writer.close()
-            self.files += 1  # a new event file never reuses the name of one made this second
-            self.writer._filename_suffix = f'.{self.files}'
+            self.writer._filename_suffix = _file_suffix()  # the next event file's
 
     def close(self) -> None:
         if self.writer:
             self.writer.close()
-            self.files += 1  # a new event file never reuses the name of one made this second
-            self.writer._filename_suffix = f'.{self.files}'
+            self.writer._filename_suffix = _file_suffix()  # the next event file's
