@@ -14,7 +14,6 @@ import json
 import math
 import sys
 
-import jax
 import ml_collections
 from absl import flags
 from ml_collections import config_flags
@@ -100,14 +99,12 @@ def check_kernel(model: ml_collections.ConfigDict) -> dict[str, str]:
     alone; 'pallas' (given, or the run's) needs a GPU, refused before any data is read."""
     if _KERNEL.value is not None and not _CACHE.value:
         raise ValueError('--decode_kernel is read only by a cached eval: pass --kv_cache_dtype too')
-    if _CACHE.value and _KERNEL.value == 'pallas':
-        check_decode_backend('--decode_kernel')
-    if _CACHE.value and _KERNEL.value is None and model.decode_kernel == 'pallas':
-        if jax.default_backend() != 'gpu':
-            raise ValueError(
-                f"the run's config.model.decode_kernel='pallas' needs a GPU; this backend is "
-                f'{jax.default_backend()!r}: pass --decode_kernel=xla (or pallas_interpret)'
-            )
+    if _CACHE.value and (_KERNEL.value or model.decode_kernel) == 'pallas':
+        if _KERNEL.value:
+            check_decode_backend('--decode_kernel')
+        else:
+            fix = 'pass --decode_kernel=xla (or pallas_interpret)'
+            check_decode_backend("the run's config.model.decode_kernel", fix)
     return {} if _KERNEL.value is None else {'decode_kernel': _KERNEL.value}
 
 

@@ -1009,7 +1009,8 @@ EARLY = [
         'eval_a_pallas_run_through_a_cache_without_a_gpu',
         EVAL,
         lambda c: [f'--workdir={c.pallas}', '--kv_cache_dtype=float'],
-        r"the run's config\.model\.decode_kernel='pallas' needs a GPU; this backend is 'cpu': "
+        r"the run's config\.model\.decode_kernel='pallas' needs a GPU \(Triton kernels\); this "
+        r"backend is 'cpu': "
         r'pass --decode_kernel=xla \(or pallas_interpret\)$',
     ),
     (  # its loss was the float cache's, tagged eval_cache_kivi4

@@ -52,12 +52,16 @@ def pieces(offset: int, width: int) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def check_backend(setting: str = 'config.model.decode_kernel') -> None:
-    """One-line ValueError naming `setting` when 'pallas' is asked of a backend without GPUs."""
+def check_backend(
+    setting: str = 'config.model.decode_kernel',
+    fix: str = "use 'xla', or 'pallas_interpret' to check the kernel",
+) -> None:
+    """One-line ValueError naming `setting` (and what to do: `fix`) when 'pallas' is asked of a
+    backend without GPUs."""
     if jax.default_backend() != 'gpu':
         raise ValueError(
             f"{setting}='pallas' needs a GPU (Triton kernels); this backend is "
-            f"{jax.default_backend()!r}: use 'xla', or 'pallas_interpret' to check the kernel"
+            f'{jax.default_backend()!r}: {fix}'
         )
 
 

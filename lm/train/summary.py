@@ -76,7 +76,7 @@ def check_tb_dir_kept(workdir: str, tb_dir: str) -> None:
         return  # the remembered directory, or a run that has not started
     old, new = run_logdir(workdir), run_logdir(workdir, tb_dir)
     if os.path.realpath(old) != os.path.realpath(new) and os.path.isdir(old) and os.listdir(old):
-        kept = f'--tb_dir={remembered_tb_dir(workdir)}' if remembered_tb_dir(workdir) else 'none'
+        kept = f'--tb_dir={was}' if (was := remembered_tb_dir(workdir)) else 'none'
         raise ValueError(
             f'--tb_dir={tb_dir!r}: the run in {workdir} has logged to {old} so far; resume it '
             f'with the --tb_dir it was trained with ({kept}) so its curves stay in one run'
