@@ -19,16 +19,12 @@ reused runs (results/latent_contrast_seeds.csv) where that rate is 1e-3, else it
 """
 
 from absl import flags
-from rate_sweep import ARMS, RATES, point_name
+from rate_sweep import ARMS, RECIPE, choose, point_name
 from study_rows import committed, read, reuse_check, swept, write_seeds
 from study_rows import power_analysis as study_power
 
 from lm.cli import run_app
-from lm.experiments import lr_grid
 
-GRID = (5e-4, 1e-3, 2e-3, 4e-3)  # the rates every arm runs; RATES holds the edge extensions
-RECIPE = 1e-3  # the rate of every reused run
-EXTENSIONS = 2  # at most this many rates past each edge of GRID
 SMALLEST = 0.01  # nats: the smallest difference worth resolving here
 SD_FLOOR = 0.0117  # the smallest per-seed sd of the earlier MLA questions' seven contrasts
 CAP = 24  # seeds per arm: this session's CPU time for two fresh arms
@@ -60,33 +56,9 @@ def pilot_losses() -> dict[tuple[str, int], str]:
     return found | {(r['arm'], int(r['seed'])): r['eval_loss'] for r in rows}
 
 
-def choose(arm: str, pilot: dict[tuple[str, int], str]) -> tuple[float, str | None]:
-    """`arm`'s rate by lr_grid.choose over its rates run, and the point to train next when the
-    choice lies at an edge with an extension left (else None)."""
-    by_lr = {
-        lr: {s: float(pilot[point_name(arm, lr), s]) for s in PILOT}
-        for lr in RATES
-        if all((point_name(arm, lr), s) in pilot for s in PILOT)
-    }
-    missing = [lr for lr in GRID if lr not in by_lr]
-    if missing:
-        raise SystemExit(f'incomplete: {arm} has no seeds 0-4 at {missing}')
-    lr = lr_grid.choose(by_lr)
-    means = ', '.join(f'{r:g}: {sum(v.values()) / len(v):.4f}' for r, v in sorted(by_lr.items()))
-    print(f'{arm}: mean loss of seeds 0-4 by rate {means}; chosen {lr:g}')
-    rates, ran = sorted(RATES), sorted(by_lr)
-    if lr == ran[-1] and sum(r > GRID[-1] for r in ran) < EXTENSIONS:
-        nxt = rates[rates.index(lr) + 1]
-    elif lr == ran[0] and sum(r < GRID[0] for r in ran) < EXTENSIONS:
-        nxt = rates[rates.index(lr) - 1]
-    else:
-        return lr, None
-    return lr, point_name(arm, nxt)
-
-
 def run() -> int:
     pilot = pilot_losses()
-    choices = {arm: choose(arm, pilot) for arm in ARMS}
+    choices = {arm: choose(arm, pilot, PILOT) for arm in ARMS}
     edges = [nxt for _, nxt in choices.values() if nxt]
     if edges:
         raise SystemExit(f'chosen at an edge: train {",".join(edges)} (seeds 0-4) and rerun')
