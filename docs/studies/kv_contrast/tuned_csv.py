@@ -24,7 +24,7 @@ from lm.cli import run_app
 
 MHA_RATE = 2e-3  # the per-arm-rate question's choice for MHA
 SMALLEST = 0.01  # nats: the smallest difference worth resolving here
-SD_FLOOR = 0.0117  # the smallest per-seed sd of the earlier MLA questions' seven contrasts
+SD_FLOOR = 0.0269  # the per-arm-rate question's tested per-seed sd at 2e-3 (amendment 1)
 FLOOR = 4  # seeds per arm at least: MHA's seeds 5-8 at 2e-3 exist
 CAP = 24  # seeds per arm at most: this session's CPU time
 FIRST = 5  # seeds 0-4 are the pilot's
