@@ -76,7 +76,8 @@ def run() -> int:
         if chosen[arm] == RECIPE:
             found |= committed(reused, {arm: arm}, seeds)
         else:
-            found |= {(arm, s): loss for (_, s), loss in swept(sweep).items()}
+            want = point_name(arm, chosen[arm])
+            found |= {(arm, s): loss for (p, s), loss in swept(sweep).items() if p == want}
     write_seeds('rate_contrast_seeds', found, tuple(ARMS), seeds)
     return 0
 

@@ -66,12 +66,15 @@ def run() -> int:
         return 0
     seeds = range(FIRST, FIRST + n)
     found = committed('results/rate_contrast_seeds.csv', {'mha': 'mha'}, MHA_TESTED)
+    mha = point_name('mha', MHA_RATE)
     if seeds.stop > MHA_TESTED.stop:
-        found |= {('mha', s): loss for (_, s), loss in swept(_MHA.value).items()}
+        more = swept(_MHA.value).items()
+        found |= {('mha', s): v for (p, s), v in more if p == mha and s >= MHA_TESTED.stop}
     if lr == RECIPE:
         found |= committed('results/rotation_contrast_seeds.csv', {'mla64p16': 'mla64p16'}, seeds)
     else:
-        found |= {('mla64p16', s): loss for (_, s), loss in swept(_P16.value).items()}
+        want = point_name('mla64p16', lr)
+        found |= {('mla64p16', s): v for (p, s), v in swept(_P16.value).items() if p == want}
     write_seeds('tuned_contrast_seeds', found, ('mha', 'mla64p16'), seeds)
     return 0
 
