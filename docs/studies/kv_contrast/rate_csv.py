@@ -20,7 +20,7 @@ reused runs (results/latent_contrast_seeds.csv) where that rate is 1e-3, else it
 
 from absl import flags
 from rate_sweep import ARMS, RECIPE, choose, point_name
-from study_rows import committed, read, reuse_check, swept, write_seeds
+from study_rows import committed, grid_losses, reuse_check, swept, write_seeds
 from study_rows import power_analysis as study_power
 
 from lm.cli import run_app
@@ -47,13 +47,7 @@ def pilot_losses() -> dict[tuple[str, int], str]:
     found |= committed(
         '../kv_layouts/results/kv_layouts_seeds.csv', {'mla': point_name('mla64', RECIPE)}, PILOT
     )
-    sweeps = [s for s in _GRID.value if s]
-    if sweeps:
-        grid = {k: v for sweep in sweeps for k, v in swept(sweep).items()}
-        points = tuple(sorted({p for p, _ in grid}))
-        write_seeds('rate_pilot_seeds', grid, points, PILOT)
-    rows = read('results/rate_pilot_seeds.csv')
-    return found | {(r['arm'], int(r['seed'])): r['eval_loss'] for r in rows}
+    return found | grid_losses(_GRID.value, 'rate_pilot_seeds', PILOT)
 
 
 def run() -> int:

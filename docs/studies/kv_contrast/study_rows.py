@@ -106,3 +106,13 @@ def reuse_check(
             raise SystemExit(
                 f'reuse check failed: {arm.upper()} seed {s} moved {gap:.2e} > {tolerance}'
             )
+
+
+def grid_losses(sweeps: list[str], name: str, seeds: range) -> dict[tuple[str, int], str]:
+    """{(point, seed): eval_loss} of a rate grid: its sweeps' points at `seeds`, copied to
+    results/<name>.csv when sweeps are given, else read from that committed copy."""
+    sweeps = [s for s in sweeps if s]
+    if sweeps:
+        grid = {k: v for sweep in sweeps for k, v in swept(sweep).items()}
+        write_seeds(name, grid, tuple(sorted({p for p, _ in grid})), seeds)
+    return {(r['arm'], int(r['seed'])): r['eval_loss'] for r in read(f'results/{name}.csv')}

@@ -17,7 +17,7 @@ from `--mha_sweep`) and MLA-64-P16 at its rate (results/rotation_contrast_seeds.
 
 from absl import flags
 from rate_sweep import RECIPE, choose, point_name
-from study_rows import committed, read, swept, write_seeds
+from study_rows import committed, grid_losses, swept, write_seeds
 from study_rows import power_analysis as study_power
 
 from lm.cli import run_app
@@ -45,12 +45,7 @@ def pilot_losses() -> dict[tuple[str, int], str]:
     )
     mha = point_name('mha', MHA_RATE)
     found |= committed('results/rate_pilot_seeds.csv', {mha: mha}, PILOT)
-    sweeps = [s for s in _GRID.value if s]
-    if sweeps:
-        grid = {k: v for sweep in sweeps for k, v in swept(sweep).items()}
-        write_seeds('tuned_pilot_seeds', grid, tuple(sorted({p for p, _ in grid})), PILOT)
-    rows = read('results/tuned_pilot_seeds.csv')
-    return found | {(r['arm'], int(r['seed'])): r['eval_loss'] for r in rows}
+    return found | grid_losses(_GRID.value, 'tuned_pilot_seeds', PILOT)
 
 
 def run() -> int:
