@@ -66,10 +66,11 @@ def choose(arm: str, pilot: dict[tuple[str, int], str], seeds: range) -> tuple[f
 
 
 def get_config():
-    here = os.path.dirname(os.path.abspath(__file__))
-    kinds = os.path.join(here, '..', '..', '..', 'configs', 'sweeps', 'attention_kinds.py')
-    config = load_config_file(kinds)
-    config.data.path = os.path.join(here, '..', '..', '..', 'data', 'tinyshakespeare.txt')
+    """configs/sweeps/attention_kinds.py's config, its data path spelled from this folder (the
+    repository's data/, as every run of these questions recorded it)."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), *[os.pardir] * 3)
+    config = load_config_file(os.path.join(root, 'configs', 'sweeps', 'attention_kinds.py'))
+    config.data.path = os.path.join(root, 'data', 'tinyshakespeare.txt')
     return config
 
 
