@@ -20,7 +20,7 @@ reused runs (results/latent_contrast_seeds.csv) where that rate is 1e-3, else it
 
 from absl import flags
 from rate_sweep import ARMS, RECIPE, choose, point_name
-from study_rows import committed, grid_losses, reuse_check, swept, write_seeds
+from study_rows import committed, grid_losses, point_losses, reuse_check, write_seeds
 from study_rows import power_analysis as study_power
 
 from lm.cli import run_app
@@ -60,7 +60,7 @@ def run() -> int:
     renamed = {(arm, s): pilot[point_name(arm, lr), s] for arm, lr in chosen.items() for s in PILOT}
     n = study_power(renamed, CONTRASTS, PILOT, SMALLEST, SD_FLOOR, CAP)
     reused = 'results/latent_contrast_seeds.csv'
-    check = {('mha', s): loss for (_, s), loss in swept(_CHECK.value).items()}
+    check = point_losses(_CHECK.value, 'mha', 'mha')
     reuse_check(check, reused, 'mha', CHECK, CHECK_TOLERANCE)
     if _POWER_ONLY.value:
         return 0
@@ -70,8 +70,7 @@ def run() -> int:
         if chosen[arm] == RECIPE:
             found |= committed(reused, {arm: arm}, seeds)
         else:
-            want = point_name(arm, chosen[arm])
-            found |= {(arm, s): loss for (p, s), loss in swept(sweep).items() if p == want}
+            found |= point_losses(sweep, point_name(arm, chosen[arm]), arm)
     write_seeds('rate_contrast_seeds', found, tuple(ARMS), seeds)
     return 0
 

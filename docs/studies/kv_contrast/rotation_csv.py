@@ -19,7 +19,14 @@ MLA-64-N24's (`--n24_sweep`).
 """
 
 from absl import flags
-from study_rows import baseline_pilot, committed, pilot_losses, reuse_check, swept, write_seeds
+from study_rows import (
+    baseline_pilot,
+    committed,
+    pilot_losses,
+    point_losses,
+    reuse_check,
+    write_seeds,
+)
 from study_rows import power_analysis as study_power
 
 from lm.cli import run_app
@@ -52,7 +59,7 @@ def run() -> int:
     pilot |= pilot_losses(_PILOT.value, 'mla64n24', 'rotation_pilot_seeds', PILOT)
     n = study_power(pilot, CONTRASTS, PILOT, SMALLEST, SD_FLOOR, CAP)
     width = 'results/width_contrast_seeds.csv'
-    check = {('mla64p16', s): loss for (_, s), loss in swept(_CHECK.value).items()}
+    check = point_losses(_CHECK.value, 'mla', 'mla64p16')
     reuse_check(check, width, 'mla64p16', CHECK, CHECK_TOLERANCE)
     if _POWER_ONLY.value:
         return 0
@@ -60,8 +67,8 @@ def run() -> int:
     found = committed('results/latent_contrast_seeds.csv', {'mha': 'mha', 'mla64': 'mla64'}, seeds)
     found |= committed(width, {'mla64p16': 'mla64p16'}, seeds)
     if seeds.stop > P16_RUNS.stop:
-        found |= {('mla64p16', s): loss for (_, s), loss in swept(_P16.value).items()}
-    found |= {('mla64n24', s): loss for (_, s), loss in swept(_N24.value).items()}
+        found |= point_losses(_P16.value, 'mla', 'mla64p16')
+    found |= point_losses(_N24.value, 'mla', 'mla64n24')
     write_seeds('rotation_contrast_seeds', found, ARMS, seeds)
     return 0
 

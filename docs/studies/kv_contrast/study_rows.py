@@ -33,6 +33,11 @@ def swept(sweep: str, rename: dict[str, str] | None = None) -> dict[tuple[str, i
     }
 
 
+def point_losses(sweep: str, point: str, arm: str) -> dict[tuple[str, int], str]:
+    """{(arm, seed): eval_loss} of one point of a sweep, named `arm`."""
+    return {(arm, s): loss for (p, s), loss in swept(sweep).items() if p == point}
+
+
 def write_seeds(name: str, found: dict[tuple[str, int], str], arms: tuple, seeds: range) -> None:
     """results/<name>.csv (arm, seed, eval_loss) of every arm at every seed, or one line naming
     the runs missing."""

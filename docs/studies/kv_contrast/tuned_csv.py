@@ -17,7 +17,7 @@ from `--mha_sweep`) and MLA-64-P16 at its rate (results/rotation_contrast_seeds.
 
 from absl import flags
 from rate_sweep import RECIPE, choose, point_name
-from study_rows import committed, grid_losses, swept, write_seeds
+from study_rows import committed, grid_losses, point_losses, write_seeds
 from study_rows import power_analysis as study_power
 
 from lm.cli import run_app
@@ -63,13 +63,12 @@ def run() -> int:
     found = committed('results/rate_contrast_seeds.csv', {'mha': 'mha'}, MHA_TESTED)
     mha = point_name('mha', MHA_RATE)
     if seeds.stop > MHA_TESTED.stop:
-        more = swept(_MHA.value).items()
-        found |= {('mha', s): v for (p, s), v in more if p == mha and s >= MHA_TESTED.stop}
+        more = point_losses(_MHA.value, mha, 'mha').items()
+        found |= {(a, s): v for (a, s), v in more if s >= MHA_TESTED.stop}
     if lr == RECIPE:
         found |= committed('results/rotation_contrast_seeds.csv', {'mla64p16': 'mla64p16'}, seeds)
     else:
-        want = point_name('mla64p16', lr)
-        found |= {('mla64p16', s): v for (p, s), v in swept(_P16.value).items() if p == want}
+        found |= point_losses(_P16.value, point_name('mla64p16', lr), 'mla64p16')
     write_seeds('tuned_contrast_seeds', found, ('mha', 'mla64p16'), seeds)
     return 0
 

@@ -15,7 +15,14 @@ results/width_contrast_seeds.csv (arm, seed, eval_loss), joins by seed MHA's and
 """
 
 from absl import flags
-from study_rows import baseline_pilot, committed, pilot_losses, reuse_check, swept, write_seeds
+from study_rows import (
+    baseline_pilot,
+    committed,
+    pilot_losses,
+    point_losses,
+    reuse_check,
+    write_seeds,
+)
 from study_rows import power_analysis as study_power
 
 from lm.cli import run_app
@@ -42,13 +49,13 @@ def run() -> int:
     )
     n = study_power(pilot, CONTRASTS, PILOT, SMALLEST, SD_FLOOR, CAP)
     reused = 'results/latent_contrast_seeds.csv'
-    check = {('mla64', s): loss for (_, s), loss in swept(_CHECK.value).items()}
+    check = point_losses(_CHECK.value, 'mla', 'mla64')
     reuse_check(check, reused, 'mla64', CHECK, CHECK_TOLERANCE)
     if _POWER_ONLY.value:
         return 0
     seeds = range(FIRST, FIRST + n)
     found = committed(reused, {'mha': 'mha', 'mla64': 'mla64'}, seeds)
-    found |= {('mla64p16', s): loss for (_, s), loss in swept(_P16.value).items()}
+    found |= point_losses(_P16.value, 'mla', 'mla64p16')
     write_seeds('width_contrast_seeds', found, ARMS, seeds)
     return 0
 
