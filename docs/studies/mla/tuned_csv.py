@@ -1,8 +1,8 @@
 r"""The tuned-MLA-64-P16 question's rate choice, power analysis and per-seed CSV
 (tuned_statement.md).
 
-  python docs/studies/kv_contrast/tuned_csv.py --power_only --grid_sweeps=runs/tuned_grid
-  python docs/studies/kv_contrast/tuned_csv.py --grid_sweeps=runs/tuned_grid \
+  python docs/studies/mla/tuned_csv.py --power_only --grid_sweeps=runs/tuned_grid
+  python docs/studies/mla/tuned_csv.py --grid_sweeps=runs/tuned_grid \
       --p16_sweep=runs/tuned_p16 --mha_sweep=runs/tuned_mha
 
 The choice reads MLA-64-P16's seeds 0-4 at every rate run: at 1e-3 the wider-RoPE question's

@@ -1,21 +1,21 @@
 r"""The per-arm-rate question's rate choice, power analysis, reuse check and per-seed CSV
 (rate_statement.md).
 
-  python docs/studies/kv_contrast/rate_csv.py --power_only --grid_sweeps=runs/rate_grid \
+  python docs/studies/mla/rate_csv.py --power_only --grid_sweeps=runs/rate_grid \
       --check_sweep=runs/rate_check
-  python docs/studies/kv_contrast/rate_csv.py --grid_sweeps=runs/rate_grid \
+  python docs/studies/mla/rate_csv.py --grid_sweeps=runs/rate_grid \
       --check_sweep=runs/rate_check --mha_sweep=runs/rate_mha --mla64_sweep=runs/rate_mla64
 
 The choice reads each arm's seeds 0-4 at every rate run: at 1e-3 the committed runs (MHA's in
-results/kv_contrast_seeds.csv, MLA-64's in ../kv_layouts/results/kv_layouts_seeds.csv), at the
-other rates the grid's sweeps (`--grid_sweeps`, whose losses it copies to
-results/rate_pilot_seeds.csv; without them, that copy). Each arm's rate is
-lm.experiments.lr_grid.choose over them; a rate chosen at the edge of the rates run names the
-next rate to train, as the statement's rule says, and stops. The power analysis sizes the one
-contrast from the chosen rates' pilot runs. The reuse check compares MHA's seeds 31-32
-retrained now (`--check_sweep`) with results/latent_contrast_seeds.csv. The CSV,
-results/rate_contrast_seeds.csv (arm, seed, eval_loss), holds each arm at its chosen rate: the
-reused runs (results/latent_contrast_seeds.csv) where that rate is 1e-3, else its tested sweep.
+../kv_contrast/results/kv_contrast_seeds.csv, MLA-64's in
+../kv_layouts/results/kv_layouts_seeds.csv), at the other rates the grid's sweeps (`--grid_sweeps`,
+whose losses it copies to results/rate_pilot_seeds.csv; without them, that copy). Each arm's rate is
+lm.experiments.lr_grid.choose over them; a rate chosen at the edge of the rates run names the next
+rate to train, as the statement's rule says, and stops. The power analysis sizes the one contrast
+from the chosen rates' pilot runs. The reuse check compares MHA's seeds 31-32 retrained now
+(`--check_sweep`) with results/latent_contrast_seeds.csv. The CSV, results/rate_contrast_seeds.csv
+(arm, seed, eval_loss), holds each arm at its chosen rate: the reused runs
+(results/latent_contrast_seeds.csv) where that rate is 1e-3, else its tested sweep.
 """
 
 from absl import flags
@@ -43,7 +43,9 @@ _POWER_ONLY = flags.DEFINE_bool('power_only', False, 'The choice, power and reus
 
 def pilot_losses() -> dict[tuple[str, int], str]:
     """{(point, seed): eval_loss} of every arm's seeds 0-4 at every rate run."""
-    found = committed('results/kv_contrast_seeds.csv', {'mha': point_name('mha', RECIPE)}, PILOT)
+    found = committed(
+        '../kv_contrast/results/kv_contrast_seeds.csv', {'mha': point_name('mha', RECIPE)}, PILOT
+    )
     found |= committed(
         '../kv_layouts/results/kv_layouts_seeds.csv', {'mla': point_name('mla64', RECIPE)}, PILOT
     )

@@ -1,17 +1,18 @@
 r"""The wider-RoPE question's power analysis, reuse check and per-seed CSV (width_statement.md).
 
-  python docs/studies/kv_contrast/width_csv.py --power_only --pilot_sweep=runs/width_pilot \
+  python docs/studies/mla/width_csv.py --power_only --pilot_sweep=runs/width_pilot \
       --check_sweep=runs/width_check
-  python docs/studies/kv_contrast/width_csv.py --pilot_sweep=runs/width_pilot \
+  python docs/studies/mla/width_csv.py --pilot_sweep=runs/width_pilot \
       --check_sweep=runs/width_check --p16_sweep=runs/width_mla64p16
 
-The power analysis reads MLA-64-P16's pilot (seeds 0-4, `--pilot_sweep`, whose losses it
-copies to results/width_pilot_seeds.csv; without the sweep, that copy) beside MHA's seeds 0-4
-(results/kv_contrast_seeds.csv) and MLA-64's (../kv_layouts/results/kv_layouts_seeds.csv), and
-fixes the seed count by the statement's rule. The reuse check compares MLA-64's seeds 29-30
-retrained now (`--check_sweep`) with their losses in results/latent_contrast_seeds.csv. The CSV,
-results/width_contrast_seeds.csv (arm, seed, eval_loss), joins by seed MHA's and MLA-64's runs
-(results/latent_contrast_seeds.csv) with MLA-64-P16's (`--p16_sweep`).
+The power analysis reads MLA-64-P16's pilot (seeds 0-4, `--pilot_sweep`, whose losses it copies to
+results/width_pilot_seeds.csv; without the sweep, that copy) beside MHA's seeds 0-4
+(../kv_contrast/results/kv_contrast_seeds.csv) and MLA-64's
+(../kv_layouts/results/kv_layouts_seeds.csv), and fixes the seed count by the statement's rule. The
+reuse check compares MLA-64's seeds 29-30 retrained now (`--check_sweep`) with their losses in
+results/latent_contrast_seeds.csv. The CSV, results/width_contrast_seeds.csv (arm, seed, eval_loss),
+joins by seed MHA's and MLA-64's runs (results/latent_contrast_seeds.csv) with MLA-64-P16's
+(`--p16_sweep`).
 """
 
 from absl import flags

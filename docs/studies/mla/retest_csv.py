@@ -1,7 +1,7 @@
 r"""The fresh-seeds question's power analysis and per-seed CSV (retest_statement.md).
 
-  python docs/studies/kv_contrast/retest_csv.py --power_only
-  python docs/studies/kv_contrast/retest_csv.py --mla64_sweep=runs/retest_mla64 \
+  python docs/studies/mla/retest_csv.py --power_only
+  python docs/studies/mla/retest_csv.py --mla64_sweep=runs/retest_mla64 \
       --mha_sweep=runs/retest_mha
 
 The pilot is both arms' seeds 0-8 at 2e-3 (results/rate_pilot_seeds.csv, 0-4;

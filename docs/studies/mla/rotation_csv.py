@@ -1,21 +1,21 @@
 r"""The rotation-or-width question's power analysis, reuse check and per-seed CSV
 (rotation_statement.md).
 
-  python docs/studies/kv_contrast/rotation_csv.py --power_only --pilot_sweep=runs/rotation_pilot \
+  python docs/studies/mla/rotation_csv.py --power_only --pilot_sweep=runs/rotation_pilot \
       --check_sweep=runs/rotation_check
-  python docs/studies/kv_contrast/rotation_csv.py --pilot_sweep=runs/rotation_pilot \
+  python docs/studies/mla/rotation_csv.py --pilot_sweep=runs/rotation_pilot \
       --check_sweep=runs/rotation_check --n24_sweep=runs/rotation_mla64n24 \
       --p16_sweep=runs/rotation_mla64p16
 
-The power analysis reads MLA-64-N24's pilot (seeds 0-4, `--pilot_sweep`, whose losses it copies
-to results/rotation_pilot_seeds.csv; without the sweep, that copy) beside MHA's seeds 0-4
-(results/kv_contrast_seeds.csv), MLA-64's (../kv_layouts/results/kv_layouts_seeds.csv) and
-MLA-64-P16's (results/width_pilot_seeds.csv), and fixes the seed count by the statement's rule.
-The reuse check compares MLA-64-P16's seeds 26-27 retrained now (`--check_sweep`) with their
-losses in results/width_contrast_seeds.csv. The CSV, results/rotation_contrast_seeds.csv (arm,
-seed, eval_loss), joins by seed MHA's and MLA-64's runs (results/latent_contrast_seeds.csv),
-MLA-64-P16's (results/width_contrast_seeds.csv, seeds 5-27; past 27, `--p16_sweep`) and
-MLA-64-N24's (`--n24_sweep`).
+The power analysis reads MLA-64-N24's pilot (seeds 0-4, `--pilot_sweep`, whose losses it copies to
+results/rotation_pilot_seeds.csv; without the sweep, that copy) beside MHA's seeds 0-4
+(../kv_contrast/results/kv_contrast_seeds.csv), MLA-64's
+(../kv_layouts/results/kv_layouts_seeds.csv) and MLA-64-P16's (results/width_pilot_seeds.csv), and
+fixes the seed count by the statement's rule. The reuse check compares MLA-64-P16's seeds 26-27
+retrained now (`--check_sweep`) with their losses in results/width_contrast_seeds.csv. The CSV,
+results/rotation_contrast_seeds.csv (arm, seed, eval_loss), joins by seed MHA's and MLA-64's runs
+(results/latent_contrast_seeds.csv), MLA-64-P16's (results/width_contrast_seeds.csv, seeds 5-27;
+past 27, `--p16_sweep`) and MLA-64-N24's (`--n24_sweep`).
 """
 
 from absl import flags

@@ -1,4 +1,4 @@
-"""The kv_contrast study scripts' shared reading and writing of per-seed losses."""
+"""The MLA study scripts' shared reading and writing of per-seed losses."""
 
 import csv
 import os
@@ -91,7 +91,9 @@ def pilot_losses(sweep: str, arm: str, name: str, seeds: range) -> dict[tuple[st
 def baseline_pilot(seeds: range) -> dict[tuple[str, int], str]:
     """{(arm, seed): eval_loss} of MHA's, GQA-4's and MLA-64's first seeds at this config and
     1,000 steps (the first study's and the kv_layouts study's runs)."""
-    pilot = committed('results/kv_contrast_seeds.csv', {'mha': 'mha', 'gqa4': 'gqa4'}, seeds)
+    pilot = committed(
+        '../kv_contrast/results/kv_contrast_seeds.csv', {'mha': 'mha', 'gqa4': 'gqa4'}, seeds
+    )
     return pilot | committed('../kv_layouts/results/kv_layouts_seeds.csv', {'mla': 'mla64'}, seeds)
 
 

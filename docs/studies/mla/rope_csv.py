@@ -1,17 +1,18 @@
 r"""The per-head-RoPE question's power analysis, reuse check and per-seed CSV (rope_statement.md).
 
-  python docs/studies/kv_contrast/rope_csv.py --power_only --pilot_sweep=runs/rope_pilot \
+  python docs/studies/mla/rope_csv.py --power_only --pilot_sweep=runs/rope_pilot \
       --check_sweep=runs/rope_check
-  python docs/studies/kv_contrast/rope_csv.py --pilot_sweep=runs/rope_pilot \
+  python docs/studies/mla/rope_csv.py --pilot_sweep=runs/rope_pilot \
       --check_sweep=runs/rope_check --r8_sweep=runs/rope_mla64r8
 
-The power analysis reads MLA-64-R8's pilot (seeds 0-4, `--pilot_sweep`, whose losses it copies
-to results/rope_pilot_seeds.csv; without the sweep, that copy) beside MHA's and GQA-4's seeds
-0-4 (results/kv_contrast_seeds.csv) and MLA-64's (../kv_layouts/results/kv_layouts_seeds.csv),
-and fixes the seed count by the statement's rule. The reuse check compares MHA's seeds 29-30
-retrained now (`--check_sweep`) with their losses in results/latent_contrast_seeds.csv. The
-CSV, results/rope_contrast_seeds.csv (arm, seed, eval_loss), joins by seed MHA's, MLA-64's and
-GQA-4's runs (results/latent_contrast_seeds.csv) with MLA-64-R8's (`--r8_sweep`).
+The power analysis reads MLA-64-R8's pilot (seeds 0-4, `--pilot_sweep`, whose losses it copies to
+results/rope_pilot_seeds.csv; without the sweep, that copy) beside MHA's and GQA-4's seeds 0-4
+(../kv_contrast/results/kv_contrast_seeds.csv) and MLA-64's
+(../kv_layouts/results/kv_layouts_seeds.csv), and fixes the seed count by the statement's rule. The
+reuse check compares MHA's seeds 29-30 retrained now (`--check_sweep`) with their losses in
+results/latent_contrast_seeds.csv. The CSV, results/rope_contrast_seeds.csv (arm, seed, eval_loss),
+joins by seed MHA's, MLA-64's and GQA-4's runs (results/latent_contrast_seeds.csv) with MLA-64-R8's
+(`--r8_sweep`).
 """
 
 from absl import flags

@@ -1,14 +1,14 @@
 r"""The MLA contrast's power analysis and per-seed CSV (mla_statement.md).
 
-  python docs/studies/kv_contrast/mla_csv.py --power_only
-  python docs/studies/kv_contrast/mla_csv.py --mla_sweep=runs/mla_contrast \
+  python docs/studies/mla/mla_csv.py --power_only
+  python docs/studies/mla/mla_csv.py --mla_sweep=runs/mla_contrast \
       --more_sweep=runs/mla_contrast_more
 
-The power analysis reads ../kv_layouts/results/kv_layouts_seeds.csv (the same model at 1,000
-steps, seeds 0-4). The CSV, results/mla_contrast_seeds.csv (arm, seed, eval_loss), joins by seed
-MLA's runs (`--mla_sweep`, seeds 5-28), MHA's and MQA's seeds 5-19 from
-results/kv_contrast_seeds.csv (the kv_contrast sweep's runs of the same config) and their seeds
-20-28 (`--more_sweep`), for the page's 'seeds' table.
+The power analysis reads ../kv_layouts/results/kv_layouts_seeds.csv (the same model at 1,000 steps,
+seeds 0-4). The CSV, results/mla_contrast_seeds.csv (arm, seed, eval_loss), joins by seed MLA's runs
+(`--mla_sweep`, seeds 5-28), MHA's and MQA's seeds 5-19 from
+../kv_contrast/results/kv_contrast_seeds.csv (the kv_contrast sweep's runs of the same config) and
+their seeds 20-28 (`--more_sweep`), for the page's 'seeds' table.
 """
 
 import numpy as np
@@ -48,7 +48,9 @@ def run() -> int:
     power_analysis()
     if _POWER_ONLY.value:
         return 0
-    found = committed('results/kv_contrast_seeds.csv', {'mha': 'mha', 'mqa': 'mqa'}, REUSED)
+    found = committed(
+        '../kv_contrast/results/kv_contrast_seeds.csv', {'mha': 'mha', 'mqa': 'mqa'}, REUSED
+    )
     found |= swept(_MLA.value) | swept(_MORE.value)
     write_seeds('mla_contrast_seeds', found, ARMS, SEEDS)
     return 0

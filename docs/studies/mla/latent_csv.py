@@ -1,16 +1,17 @@
 r"""The full-rank-latent question's power analysis and per-seed CSV (latent_statement.md).
 
-  python docs/studies/kv_contrast/latent_csv.py --power_only --pilot_sweep=runs/latent_pilot
-  python docs/studies/kv_contrast/latent_csv.py --pilot_sweep=runs/latent_pilot \
+  python docs/studies/mla/latent_csv.py --power_only --pilot_sweep=runs/latent_pilot
+  python docs/studies/mla/latent_csv.py --pilot_sweep=runs/latent_pilot \
       --mla128_sweep=runs/latent_mla128 --gqa4_sweep=runs/latent_gqa4
 
 The power analysis reads MLA-128's pilot (seeds 0-4, `--pilot_sweep`, whose losses it copies to
-results/latent_pilot_seeds.csv; without the sweep, that copy) beside MHA's and GQA-4's
-seeds 0-4 (results/kv_contrast_seeds.csv) and MLA-64's (../kv_layouts/results/
+results/latent_pilot_seeds.csv; without the sweep, that copy) beside MHA's and GQA-4's seeds 0-4
+(../kv_contrast/results/kv_contrast_seeds.csv) and MLA-64's (../kv_layouts/results/
 kv_layouts_seeds.csv), and fixes the seed count by the statement's rule. The CSV,
 results/latent_contrast_seeds.csv (arm, seed, eval_loss), joins by seed MHA's and MLA-64's runs
-(results/mla_contrast_seeds.csv, seeds 5-28; `--more_sweep` for seeds 29 on), GQA-4's seeds
-5-19 (results/kv_contrast_seeds.csv) and 20 on (`--gqa4_sweep`), and MLA-128's (`--mla128_sweep`).
+(results/mla_contrast_seeds.csv, seeds 5-28; `--more_sweep` for seeds 29 on), GQA-4's seeds 5-19
+(../kv_contrast/results/kv_contrast_seeds.csv) and 20 on (`--gqa4_sweep`), and MLA-128's
+(`--mla128_sweep`).
 """
 
 from absl import flags
@@ -48,7 +49,7 @@ def run() -> int:
         return 0
     seeds = range(FIRST, FIRST + n)
     found = committed('results/mla_contrast_seeds.csv', {'mha': 'mha', 'mla': 'mla64'}, seeds)
-    found |= committed('results/kv_contrast_seeds.csv', {'gqa4': 'gqa4'}, seeds)
+    found |= committed('../kv_contrast/results/kv_contrast_seeds.csv', {'gqa4': 'gqa4'}, seeds)
     found |= swept(_GQA4.value) | swept(_MLA128.value, {'mla': 'mla128'})
     if _MORE.value:
         found |= swept(_MORE.value, {'mla': 'mla64'})

@@ -3,7 +3,7 @@ and MLA-64-P16 of configs/sweeps/attention_kinds.py at each rate of the grid and
 extensions, the floor scaled with the peak (min_lr = lr / 10, the recipe's ratio). Points are
 named <arm>_lr<rate>; `choose` is the statements' rate rule.
 
-  python scripts/sweep.py --config=docs/studies/kv_contrast/rate_sweep.py \
+  python scripts/sweep.py --config=docs/studies/mla/rate_sweep.py \
       --sweep_dir=runs/rate_grid --points=mha_lr0.0005,mla64_lr0.0005 --seeds=5 --ensemble
 """
 
