@@ -274,6 +274,17 @@ def _take_saved_overrides(argv: list[str], name: str) -> list[str]:
     return kept
 
 
+def _check_given_once(argv: list[str], name: str) -> None:
+    """A config-file flag given more than once (absl would keep the last file and then fail on
+    its overrides as flags 'defined twice'): a one-line error naming the files."""
+    values = _argv_values(argv, name)
+    if len(values) > 1:
+        raise ValueError(
+            f'--{name} is given {len(values)} times ({", ".join(values)}): give one config file '
+            f'and change its keys with --{name}.KEY=VALUE'
+        )
+
+
 def _check_overrides_have_a_file(argv: list[str], name: str) -> None:
     """A `--<name>.key=value` override without `--<name>=FILE` when the flag has no default
     file (absl would call it an unknown flag): a one-line error saying what it needs."""
@@ -318,6 +329,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     try:
         for name in list(flags.FLAGS):
             if isinstance(flags.FLAGS[name].parser, ConfigFileFlagParser):
+                _check_given_once(argv, name)
                 for value in _argv_values(argv, name)[-1:]:
                     _check_override_keys(check_config_file(value, f'--{name}'), name, argv)
                 if name in _SAVED_CONFIG_OVERRIDES and not _argv_values(argv, name):

@@ -180,6 +180,12 @@ ROWS = [
         r'does not exist',
     ),
     (
+        'config_given_twice',  # absl would keep the last and fail on its overrides
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', f'--config={c.good_cfg}', '--config.train.steps=1'],
+        r'^error: --config is given 2 times \(.*\): give one config file and change its keys',
+    ),
+    (
         'config_syntax',
         TRAIN,
         lambda c: [f'--config={c.root}/syntax.py'],
