@@ -592,6 +592,23 @@ def test_lr_screen_table_bolds_the_rate_chosen_by_accuracy_and_stacks_per_seed_c
     )
 
 
+def test_a_choice_at_the_edge_of_the_rates_run_names_the_next_rate_until_extensions_run_out():
+    """lr_grid.next_rate: a choice at the largest (smallest) rate run names the next rung up
+    (down) while fewer than `past` rates lie beyond the grid that way; an inner choice, a choice
+    with the extensions used up or at the ladder's end names none."""
+    from lm.experiments import lr_grid
+
+    ladder, grid = [1.25e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2], [5e-4, 1e-3, 2e-3, 4e-3]
+    assert lr_grid.next_rate(2e-3, grid, ladder, grid, 2) is None
+    assert lr_grid.next_rate(4e-3, grid, ladder, grid, 2) == 8e-3
+    assert lr_grid.next_rate(8e-3, [*grid, 8e-3], ladder, grid, 2) == 1.6e-2
+    assert lr_grid.next_rate(1.6e-2, [*grid, 8e-3, 1.6e-2], ladder, grid, 2) is None
+    assert lr_grid.next_rate(1.6e-2, [*grid, 8e-3, 1.6e-2], ladder, grid, 3) is None  # ladder end
+    assert lr_grid.next_rate(5e-4, grid, ladder, grid, 2) == 2.5e-4
+    assert lr_grid.next_rate(2.5e-4, [2.5e-4, *grid], ladder, grid, 1) is None
+    assert lr_grid.next_rate(4e-3, [*grid, 8e-3], ladder, grid, 2) is None  # 8e-3 was worse
+
+
 def test_a_screens_seeds_are_checked_for_the_rows_that_are_used():
     """lr_grid.check_seeds / at_chosen_rates: stacking every rate needs every seed of every
     point; picking each point's chosen rate needs them at that rate only."""

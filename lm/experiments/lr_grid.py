@@ -6,7 +6,7 @@ so the choice does not flatter the reported score.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 
 from lm.experiments import stats
 
@@ -27,6 +27,21 @@ def choose(by_lr: Mapping[float, Values]) -> float:
         return (m if math.isfinite(m) else math.inf, lr)
 
     return min(complete, key=rank)
+
+
+def next_rate(
+    lr: float, ran: Sequence[float], ladder: Sequence[float], grid: Sequence[float], past: int
+) -> float | None:
+    """The rate to train next when `lr`, chosen among the rates `ran`, is the largest or the
+    smallest of them (the best may lie beyond): the next rung of `ladder` that way, while fewer
+    than `past` rates run lie beyond that edge of `grid`; else None (an inner choice, or the
+    extensions used up)."""
+    rungs, ran = sorted(ladder), sorted(ran)
+    if lr == ran[-1] and sum(r > max(grid) for r in ran) < past and lr < rungs[-1]:
+        return rungs[rungs.index(lr) + 1]
+    if lr == ran[0] and sum(r < min(grid) for r in ran) < past and lr > rungs[0]:
+        return rungs[rungs.index(lr) - 1]
+    return None
 
 
 def choose_by_accuracy(

@@ -55,14 +55,8 @@ def choose(arm: str, pilot: dict[tuple[str, int], str], seeds: range) -> tuple[f
     lr = lr_grid.choose(by_lr)
     means = ', '.join(f'{r:g}: {sum(v.values()) / len(v):.4f}' for r, v in sorted(by_lr.items()))
     print(f'{arm}: mean loss of {span} by rate {means}; chosen {lr:g}')
-    rates, ran = sorted(RATES), sorted(by_lr)
-    if lr == ran[-1] and sum(r > GRID[-1] for r in ran) < EXTENSIONS:
-        nxt = rates[rates.index(lr) + 1]
-    elif lr == ran[0] and sum(r < GRID[0] for r in ran) < EXTENSIONS:
-        nxt = rates[rates.index(lr) - 1]
-    else:
-        return lr, None
-    return lr, point_name(arm, nxt)
+    nxt = lr_grid.next_rate(lr, list(by_lr), list(RATES), GRID, EXTENSIONS)
+    return lr, point_name(arm, nxt) if nxt else None
 
 
 def get_config():
