@@ -1,0 +1,157 @@
+r"""The MQA-rate question's rate choice, power analysis and per-seed CSV (mqa_rate_statement.md).
+
+  python docs/studies/kv_contrast/mqa_rate_csv.py --power_only --grid_sweep=runs/mqa_rate_grid
+  python docs/studies/kv_contrast/mqa_rate_csv.py --grid_sweep=runs/mqa_rate_grid \
+      --mqa_sweep=runs/mqa_rate_mqa
+
+The choice reads MQA's seeds 0-4 at every rate run: at 1e-3 this study's runs
+(results/kv_contrast_seeds.csv), at the others the grid's sweep (`--grid_sweep`, whose losses it
+copies to results/mqa_rate_pilot_seeds.csv; without it, that copy), by lm.experiments.lr_grid
+(choose, then next_rate: a choice at an edge names the rate to train and stops). MHA's rate is
+2e-3, the MLA study's per-arm-rate choice; its runs there at 2e-3 (seeds 0-29) pair with MQA's.
+The CSV, results/mqa_rate_contrast_seeds.csv (arm, seed, eval_loss), holds both over the tested
+seeds: MQA's from `--mqa_sweep`, or at 1e-3 this study's and the MLA study's runs.
+"""
+
+import csv
+import os
+
+import numpy as np
+from absl import flags
+from mqa_rate_sweep import RATES, point_name
+
+from lm.cli import run_app
+from lm.experiments import lr_grid, seeds_needed, t_test_power, write_csv
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MLA = os.path.join(HERE, os.pardir, 'mla', 'results')
+GRID = (5e-4, 1e-3, 2e-3, 4e-3)  # the rates MQA runs; RATES holds the edge extensions
+RECIPE = 1e-3  # the recipe's rate: that of this study's runs
+PAST = 2  # at most this many rates past each edge of GRID
+SMALLEST = 0.01  # nats: the smallest difference worth resolving here
+SD_FLOOR = 0.0134  # MQA - MHA's tested per-seed sd at 1e-3 over seeds 0-19 (this study)
+FLOOR, CAP = 4, 25  # seeds per arm: at least, and at most (MHA's seeds 5-29 at 2e-3 exist)
+PILOT = range(5)
+MHA_AT_2E3 = (  # MHA's runs at 2e-3 in the MLA study: (CSV, its arm name, seeds)
+    ('rate_pilot_seeds.csv', 'mha_lr0.002', range(0, 5)),
+    ('rate_contrast_seeds.csv', 'mha', range(5, 9)),
+    ('tuned_contrast_seeds.csv', 'mha', range(9, 29)),
+    ('retest_contrast_seeds.csv', 'mha', range(29, 30)),
+)
+MQA_AT_1E3 = (  # MQA's runs at 1e-3: this study's seeds 0-19, the MLA study's 20-28
+    (os.path.join(HERE, 'results', 'kv_contrast_seeds.csv'), range(0, 20)),
+    (os.path.join(MLA, 'mla_contrast_seeds.csv'), range(20, 29)),
+)
+
+_GRID = flags.DEFINE_string('grid_sweep', 'runs/mqa_rate_grid', "MQA's rate grid (seeds 0-4).")
+_MQA = flags.DEFINE_string('mqa_sweep', 'runs/mqa_rate_mqa', "MQA's tested seeds at its rate.")
+_POWER_ONLY = flags.DEFINE_bool('power_only', False, 'The choice and power analysis only.')
+
+
+def read(path: str, arm: str, seeds: range, name: str) -> dict[tuple[str, int], str]:
+    """{(name, seed): eval_loss} of `arm`'s rows at `seeds` in a per-seed CSV (its arm or point
+    column)."""
+    with open(path, newline='') as f:
+        rows = list(csv.DictReader(f))
+    return {
+        (name, int(r['seed'])): r['eval_loss']
+        for r in rows
+        if r.get('arm', r.get('point')) == arm and int(r['seed']) in seeds
+    }
+
+
+def grid_losses() -> dict[tuple[str, int], str]:
+    """{(point, seed): eval_loss} of MQA's grid at seeds 0-4, copied from `--grid_sweep` to
+    results/mqa_rate_pilot_seeds.csv when that is here, else read from the copy."""
+    copy = os.path.join(HERE, 'results', 'mqa_rate_pilot_seeds.csv')
+    if os.path.isdir(_GRID.value):
+        with open(os.path.join(_GRID.value, 'summary_seeds.csv'), newline='') as f:
+            rows = [r for r in csv.DictReader(f) if int(r['seed']) in PILOT]
+        keep = ('point', 'seed', 'eval_loss')
+        write_csv(
+            copy,
+            [
+                {k: r[k] for k in keep}
+                for r in sorted(rows, key=lambda r: (r['point'], int(r['seed'])))
+            ],
+        )
+    with open(copy, newline='') as f:
+        return {(r['point'], int(r['seed'])): r['eval_loss'] for r in csv.DictReader(f)}
+
+
+def choose(losses: dict[tuple[str, int], str]) -> float:
+    """MQA's rate by lr_grid.choose over every rate run on seeds 0-4 ({(point, seed): loss});
+    a choice at an edge with a rate left past it stops, naming the point to train."""
+    by_lr = {
+        lr: {s: float(losses[point_name(lr), s]) for s in PILOT}
+        for lr in RATES
+        if all((point_name(lr), s) in losses for s in PILOT)
+    }
+    missing = [lr for lr in GRID if lr not in by_lr]
+    if missing:
+        raise SystemExit(f'incomplete: MQA has no seeds 0-4 at {missing}')
+    lr = lr_grid.choose(by_lr)
+    means = ', '.join(f'{r:g}: {np.mean(list(v.values())):.4f}' for r, v in sorted(by_lr.items()))
+    print(f'mqa: mean loss of seeds 0-4 by rate {means}; chosen {lr:g}')
+    nxt = lr_grid.next_rate(lr, list(by_lr), list(RATES), GRID, PAST)
+    if nxt:
+        raise SystemExit(f'chosen at an edge: train {point_name(nxt)} (seeds 0-4) and rerun')
+    return lr
+
+
+def mha(seeds: range) -> dict[tuple[str, int], str]:
+    """{('mha', seed): eval_loss} of MHA's runs at 2e-3 (the MLA study's) at `seeds`."""
+    found = {}
+    for name, arm, have in MHA_AT_2E3:
+        found |= read(
+            os.path.join(MLA, name),
+            arm,
+            range(max(have.start, seeds.start), min(have.stop, seeds.stop)),
+            'mha',
+        )
+    return found
+
+
+def seeds_per_arm(pilot: dict[tuple[str, int], str]) -> int:
+    """The statement's rule: sized for max(2/3 |d|, SMALLEST) at sd max(s, SD_FLOOR) of the
+    pilot's paired differences, 80% power, alpha 0.05; at least FLOOR, at most CAP."""
+    diff = np.array([float(pilot['mqa', s]) - float(pilot['mha', s]) for s in PILOT])
+    d, s = diff.mean(), diff.std(ddof=1)
+    effect, sd = max(abs(d) * 2 / 3, SMALLEST), max(s, SD_FLOOR)
+    need = seeds_needed(effect, sd, 0.05)
+    n = min(max(need, FLOOR), CAP)
+    print(
+        f'mqa - mha: pilot {d:+.4f}, sd {s:.4f}; sized for {effect:.4f} at sd {sd:.4f}: {need} '
+        f'seeds; seeds per arm {n} (power {t_test_power(effect, sd, 0.05, n):.2f}; '
+        f'for {SMALLEST} nats {t_test_power(SMALLEST, sd, 0.05, n):.2f})'
+    )
+    return n
+
+
+def run() -> int:
+    losses = grid_losses() | read(MQA_AT_1E3[0][0], 'mqa', PILOT, point_name(RECIPE))
+    lr = choose(losses)
+    pilot = {('mqa', s): losses[point_name(lr), s] for s in PILOT} | mha(PILOT)
+    n = seeds_per_arm(pilot)
+    if _POWER_ONLY.value:
+        return 0
+    seeds = range(PILOT.stop, PILOT.stop + n)
+    found = {}
+    if lr == RECIPE:  # this study's and the MLA study's runs; a sweep for seeds past them
+        found = {
+            k: v for path, have in MQA_AT_1E3 for k, v in read(path, 'mqa', have, 'mqa').items()
+        }
+    if os.path.isdir(_MQA.value):
+        found |= read(os.path.join(_MQA.value, 'summary_seeds.csv'), point_name(lr), seeds, 'mqa')
+    found |= mha(seeds)
+    missing = [f'{a} seed {s}' for a in ('mha', 'mqa') for s in seeds if (a, s) not in found]
+    if missing:
+        raise SystemExit(f'incomplete: no run for {", ".join(missing)}')
+    rows = [{'arm': a, 'seed': s, 'eval_loss': found[a, s]} for a in ('mha', 'mqa') for s in seeds]
+    write_csv(os.path.join(HERE, 'results', 'mqa_rate_contrast_seeds.csv'), rows)
+    print(f'{len(rows)} rows: 2 arms x seeds {seeds.start}-{seeds.stop - 1}')
+    return 0
+
+
+if __name__ == '__main__':
+    run_app(run)
