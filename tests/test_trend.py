@@ -60,6 +60,19 @@ def test_seeds_needed_is_the_noncentral_t_power_threshold():
     assert trend.seeds_needed(0.0175 * 2 / 3, 0.0143, 0.025) == 17
 
 
+def test_sd_upper_bound_covers_the_true_sd_as_often_as_its_confidence():
+    # Independent reference: 40,000 simulated samples of 9 normal values (sd 1); the bound of
+    # each sample's sd lies at or above 1 in 90% of them (binomial sd 0.0015; 0.006 is 4).
+    rng = np.random.default_rng(0)
+    sds = rng.normal(0.0, 1.0, size=(40_000, 9)).std(1, ddof=1)
+    bounds = np.array([trend.sd_upper_bound(s, 9) for s in sds[:2000]])
+    assert abs(np.mean(bounds >= 1) - 0.9) < 0.02  # the function itself, on 2,000
+    factor = trend.sd_upper_bound(1.0, 9)  # it scales the sd by one factor
+    assert abs(np.mean(sds * factor >= 1) - 0.9) < 0.006
+    assert trend.sd_upper_bound(0.0206, 9) == pytest.approx(0.0312, abs=5e-5)  # the MLA retest's
+    assert trend.sd_upper_bound(1.0, 9, 0.95) > factor > 1
+
+
 def test_t_test_power_matches_simulated_t_tests():
     # Independent reference: 40,000 simulated paired t-tests at n = 10, effect 0.8 sd, alpha
     # 0.05/3; the simulated rejection rate's sd is under 0.0025, so 0.01 is 4 of them.

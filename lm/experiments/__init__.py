@@ -55,6 +55,7 @@ __all__, __getattr__, __dir__ = public_face(
         'trend': (
             'contrasts as trend_contrasts',
             'per_seed_contrasts',
+            'sd_upper_bound',
             'seeds_needed',
             't_test_power',
         ),

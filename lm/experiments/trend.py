@@ -87,3 +87,12 @@ def seeds_needed(effect: float, sd: float, alpha: float, power: float = 0.8) -> 
         if t_test_power(effect, sd, alpha, n) >= power:
             return n
     raise ValueError(f'power {power} needs over 1,000 seeds (effect {effect}, sd {sd})')
+
+
+def sd_upper_bound(sd: float, n: int, confidence: float = 0.9) -> float:
+    """The one-sided `confidence` upper bound on a normal population's sd from the sample sd
+    `sd` of `n` values: sd·sqrt((n - 1) / chi2_(1 - confidence), n - 1) (a seed count sized
+    with it is not undersized by a pilot sd that came out low)."""
+    from scipy import stats as scipy_stats  # ~1 s to import: only for power analyses
+
+    return sd * math.sqrt((n - 1) / scipy_stats.chi2.ppf(1 - confidence, n - 1))

@@ -22,7 +22,7 @@ from study_rows import committed, point_losses, write_seeds
 from study_rows import power_analysis as study_power
 
 from lm.cli import run_app
-from lm.experiments import t_test_power
+from lm.experiments import sd_upper_bound, t_test_power
 
 RATE = 2e-3  # both arms' rate, chosen by the per-arm-rate question's rule
 SMALLEST = 0.01  # nats: the smallest difference worth resolving here
@@ -48,12 +48,10 @@ def pilot_losses() -> dict[tuple[str, int], str]:
 
 def sd_bound(pilot: dict[tuple[str, int], str]) -> float:
     """The one-sided BOUND upper confidence bound on the pilot's per-seed sd of MLA-64 − MHA."""
-    from scipy import stats as scipy_stats  # ~1 s to import: only for the power analysis
-
     diff = [float(pilot['mla64', s]) - float(pilot['mha', s]) for s in PILOT]
-    df = len(diff) - 1
-    bound = float(np.std(diff, ddof=1)) * math.sqrt(df / scipy_stats.chi2.ppf(1 - BOUND, df))
-    print(f'pilot sd {np.std(diff, ddof=1):.4f} over seeds 0-8; its {BOUND:.0%} bound {bound:.4f}')
+    sd = float(np.std(diff, ddof=1))
+    bound = sd_upper_bound(sd, len(diff), BOUND)
+    print(f'pilot sd {sd:.4f} over seeds 0-8; its {BOUND:.0%} bound {bound:.4f}')
     return bound
 
 
