@@ -10,7 +10,8 @@ copies to results/mqa_rate_pilot_seeds.csv; without it, that copy), by lm.experi
 (choose, then next_rate: a choice at an edge names the rate to train and stops). MHA's rate is
 2e-3, the MLA study's per-arm-rate choice; its runs there at 2e-3 (seeds 0-29) pair with MQA's.
 The CSV, results/mqa_rate_contrast_seeds.csv (arm, seed, eval_loss), holds both over the tested
-seeds: MQA's from `--mqa_sweep`, or at 1e-3 this study's and the MLA study's runs.
+seeds: MQA's from `--mqa_sweep`, or at 1e-3 this study's and the MLA study's runs. Then it
+describes, untested, the gap beside the same seeds' at 1e-3 (added after the tested runs began).
 """
 
 import csv
@@ -19,12 +20,11 @@ import os
 import numpy as np
 from absl import flags
 from mqa_rate_sweep import RATES, point_name
+from rate_rows import HERE, MQA_AT_1E3, mha, read
 
 from lm.cli import run_app
 from lm.experiments import lr_grid, seeds_needed, t_test_power, write_csv
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MLA = os.path.join(HERE, os.pardir, 'mla', 'results')
 GRID = (5e-4, 1e-3, 2e-3, 4e-3)  # the rates MQA runs; RATES holds the edge extensions
 RECIPE = 1e-3  # the recipe's rate: that of this study's runs
 PAST = 2  # at most this many rates past each edge of GRID
@@ -32,32 +32,10 @@ SMALLEST = 0.01  # nats: the smallest difference worth resolving here
 SD_FLOOR = 0.0134  # MQA - MHA's tested per-seed sd at 1e-3 over seeds 0-19 (this study)
 FLOOR, CAP = 4, 25  # seeds per arm: at least, and at most (MHA's seeds 5-29 at 2e-3 exist)
 PILOT = range(5)
-MHA_AT_2E3 = (  # MHA's runs at 2e-3 in the MLA study: (CSV, its arm name, seeds)
-    ('rate_pilot_seeds.csv', 'mha_lr0.002', range(0, 5)),
-    ('rate_contrast_seeds.csv', 'mha', range(5, 9)),
-    ('tuned_contrast_seeds.csv', 'mha', range(9, 29)),
-    ('retest_contrast_seeds.csv', 'mha', range(29, 30)),
-)
-MQA_AT_1E3 = (  # MQA's runs at 1e-3: this study's seeds 0-19, the MLA study's 20-28
-    (os.path.join(HERE, 'results', 'kv_contrast_seeds.csv'), range(0, 20)),
-    (os.path.join(MLA, 'mla_contrast_seeds.csv'), range(20, 29)),
-)
 
 _GRID = flags.DEFINE_string('grid_sweep', 'runs/mqa_rate_grid', "MQA's rate grid (seeds 0-4).")
 _MQA = flags.DEFINE_string('mqa_sweep', 'runs/mqa_rate_mqa', "MQA's tested seeds at its rate.")
 _POWER_ONLY = flags.DEFINE_bool('power_only', False, 'The choice and power analysis only.')
-
-
-def read(path: str, arm: str, seeds: range, name: str) -> dict[tuple[str, int], str]:
-    """{(name, seed): eval_loss} of `arm`'s rows at `seeds` in a per-seed CSV (its arm or point
-    column)."""
-    with open(path, newline='') as f:
-        rows = list(csv.DictReader(f))
-    return {
-        (name, int(r['seed'])): r['eval_loss']
-        for r in rows
-        if r.get('arm', r.get('point')) == arm and int(r['seed']) in seeds
-    }
 
 
 def grid_losses() -> dict[tuple[str, int], str]:
@@ -99,19 +77,6 @@ def choose(losses: dict[tuple[str, int], str]) -> float:
     return lr
 
 
-def mha(seeds: range) -> dict[tuple[str, int], str]:
-    """{('mha', seed): eval_loss} of MHA's runs at 2e-3 (the MLA study's) at `seeds`."""
-    found = {}
-    for name, arm, have in MHA_AT_2E3:
-        found |= read(
-            os.path.join(MLA, name),
-            arm,
-            range(max(have.start, seeds.start), min(have.stop, seeds.stop)),
-            'mha',
-        )
-    return found
-
-
 def seeds_per_arm(pilot: dict[tuple[str, int], str]) -> int:
     """The statement's rule: sized for max(2/3 |d|, SMALLEST) at sd max(s, SD_FLOOR) of the
     pilot's paired differences, 80% power, alpha 0.05; at least FLOOR, at most CAP."""
@@ -150,7 +115,32 @@ def run() -> int:
     rows = [{'arm': a, 'seed': s, 'eval_loss': found[a, s]} for a in ('mha', 'mqa') for s in seeds]
     write_csv(os.path.join(HERE, 'results', 'mqa_rate_contrast_seeds.csv'), rows)
     print(f'{len(rows)} rows: 2 arms x seeds {seeds.start}-{seeds.stop - 1}')
+    describe(found, seeds)
     return 0
+
+
+def describe(found: dict[tuple[str, int], str], seeds: range) -> None:
+    """MQA - MHA at 2e-3 beside the same seeds at 1e-3 (this study's runs), its change paired
+    by seed with a 95% t-interval, and each arm's means: described, not tested."""
+    from scipy import stats as scipy_stats
+
+    path = MQA_AT_1E3[0][0]
+    at_1e3 = read(path, 'mqa', seeds, 'mqa') | read(path, 'mha', seeds, 'mha')
+    gap = {
+        rate: np.array([float(losses['mqa', s]) - float(losses['mha', s]) for s in seeds])
+        for rate, losses in (('1e-3', at_1e3), ('2e-3', found))
+    }
+    change = gap['2e-3'] - gap['1e-3']
+    half = scipy_stats.t.ppf(0.975, len(seeds) - 1) * change.std(ddof=1) / np.sqrt(len(seeds))
+    span = f'seeds {seeds.start}-{seeds.stop - 1}'
+    print(
+        f'described, {span}: MQA - MHA {gap["1e-3"].mean():+.4f} at 1e-3, '
+        f'{gap["2e-3"].mean():+.4f} at 2e-3; change {change.mean():+.4f} '
+        f'[{change.mean() - half:+.4f}, {change.mean() + half:+.4f}]'
+    )
+    for arm in ('mqa', 'mha'):
+        means = [np.mean([float(losses[arm, s]) for s in seeds]) for losses in (at_1e3, found)]
+        print(f'described, {span}: {arm} {means[0]:.4f} at 1e-3, {means[1]:.4f} at 2e-3')
 
 
 if __name__ == '__main__':
