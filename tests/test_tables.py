@@ -606,6 +606,7 @@ def test_a_choice_at_the_edge_of_the_rates_run_names_the_next_rate_until_extensi
     assert lr_grid.next_rate(1.6e-2, [*grid, 8e-3, 1.6e-2], ladder, grid, 3) is None  # ladder end
     assert lr_grid.next_rate(5e-4, grid, ladder, grid, 2) == 2.5e-4
     assert lr_grid.next_rate(2.5e-4, [2.5e-4, *grid], ladder, grid, 1) is None
+    assert lr_grid.next_rate(1.25e-4, [1.25e-4, 2.5e-4, *grid], ladder, grid, 3) is None  # end
     assert lr_grid.next_rate(4e-3, [*grid, 8e-3], ladder, grid, 2) is None  # 8e-3 was worse
 
 

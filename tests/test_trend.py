@@ -71,6 +71,8 @@ def test_sd_upper_bound_covers_the_true_sd_as_often_as_its_confidence():
     assert abs(np.mean(sds * factor >= 1) - 0.9) < 0.006
     assert trend.sd_upper_bound(0.0206, 9) == pytest.approx(0.0312, abs=5e-5)  # the MLA retest's
     assert trend.sd_upper_bound(1.0, 9, 0.95) > factor > 1
+    with pytest.raises(ValueError, match='at least 2 values, got 1'):
+        trend.sd_upper_bound(1.0, 1)
 
 
 def test_t_test_power_matches_simulated_t_tests():

@@ -91,8 +91,12 @@ def seeds_needed(effect: float, sd: float, alpha: float, power: float = 0.8) -> 
 
 def sd_upper_bound(sd: float, n: int, confidence: float = 0.9) -> float:
     """The one-sided `confidence` upper bound on a normal population's sd from the sample sd
-    `sd` of `n` values: sd·sqrt((n - 1) / chi2_(1 - confidence), n - 1) (a seed count sized
-    with it is not undersized by a pilot sd that came out low)."""
+    `sd` of `n` values: sd·sqrt((n - 1) / q), q the (1 - confidence) quantile of chi-square
+    with n - 1 degrees of freedom (a seed count sized with it is not undersized by a pilot sd
+    that came out low)."""
     from scipy import stats as scipy_stats  # ~1 s to import: only for power analyses
+
+    if n < 2:
+        raise ValueError(f'an sd bound needs at least 2 values, got {n}')
 
     return sd * math.sqrt((n - 1) / scipy_stats.chi2.ppf(1 - confidence, n - 1))

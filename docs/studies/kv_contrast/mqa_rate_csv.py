@@ -11,7 +11,8 @@ copies to results/mqa_rate_pilot_seeds.csv; without it, that copy), by lm.experi
 2e-3, the MLA study's per-arm-rate choice; its runs there at 2e-3 (seeds 0-29) pair with MQA's.
 The CSV, results/mqa_rate_contrast_seeds.csv (arm, seed, eval_loss), holds both over the tested
 seeds: MQA's from `--mqa_sweep`, or at 1e-3 this study's and the MLA study's runs. Then it
-describes, untested, the gap beside the same seeds' at 1e-3 (added after the tested runs began).
+describes, untested, the gap beside the same seeds' at 1e-3 (added after the tested runs began);
+without the tested sweep it describes from the committed CSV.
 """
 
 import csv
@@ -101,6 +102,10 @@ def run() -> int:
     if _POWER_ONLY.value:
         return 0
     seeds = range(PILOT.stop, PILOT.stop + n)
+    copy = os.path.join(HERE, 'results', 'mqa_rate_contrast_seeds.csv')
+    if lr != RECIPE and not os.path.isdir(_MQA.value):  # the record, without the runs
+        describe(read(copy, 'mqa', seeds, 'mqa') | read(copy, 'mha', seeds, 'mha'), seeds)
+        return 0
     found = {}
     if lr == RECIPE:  # this study's and the MLA study's runs; a sweep for seeds past them
         found = {

@@ -10,10 +10,11 @@ sd's one-sided 90% upper confidence bound. The CSV, results/retest_contrast_seed
 seed, eval_loss), holds MHA at 2e-3 (seeds 9-28 from results/tuned_contrast_seeds.csv, later
 ones from `--mha_sweep`) and MLA-64 at 2e-3 (`--mla64_sweep`) over the tested seeds. Then it
 describes, untested, the gap beside the one at 1e-3 (results/mla_contrast_seeds.csv; added after
-the runs).
+the runs); without the tested sweeps it describes from the committed CSV.
 """
 
 import math
+import os
 
 import numpy as np
 from absl import flags
@@ -66,6 +67,10 @@ def run() -> int:
     if _POWER_ONLY.value:
         return 0
     seeds = range(PILOT.stop, PILOT.stop + n)
+    if not os.path.isdir(_MLA.value):  # the record, without the runs
+        arms = {'mha': 'mha', 'mla64': 'mla64'}
+        describe(committed('results/retest_contrast_seeds.csv', arms, seeds), seeds)
+        return 0
     found = committed('results/tuned_contrast_seeds.csv', {'mha': 'mha'}, MHA_REUSED)
     if seeds.stop > MHA_REUSED.stop:
         more = point_losses(_MHA.value, point_name('mha', RATE), 'mha').items()
