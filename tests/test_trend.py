@@ -75,6 +75,27 @@ def test_sd_upper_bound_covers_the_true_sd_as_often_as_its_confidence():
         trend.sd_upper_bound(1.0, 1)
 
 
+def test_gap_change_describes_two_settings_paired_by_seed():
+    # Independent reference: numpy and scipy's t on random losses; seeds missing from either
+    # setting or arm are left out.
+    rng = np.random.default_rng(1)
+    before = {(arm, s): float(v) for arm in 'ab' for s, v in enumerate(rng.normal(1.8, 0.01, 12))}
+    after = {(arm, s): float(v) for arm in 'ab' for s, v in enumerate(rng.normal(1.7, 0.01, 12))}
+    del before['b', 0], after['a', 11]
+    seeds = range(1, 11)
+    g0 = np.array([before['a', s] - before['b', s] for s in seeds])
+    g1 = np.array([after['a', s] - after['b', s] for s in seeds])
+    c = g1 - g0
+    half = scipy_stats.t.ppf(0.975, 9) * c.std(ddof=1) / np.sqrt(10)
+    lines = trend.gap_change(before, after, 'a', 'b', ('1e-3', '2e-3'))
+    assert lines[0] == (
+        f'seeds 1-10: a - b {g0.mean():+.4f} at 1e-3, {g1.mean():+.4f} at 2e-3; change '
+        f'{c.mean():+.4f} [{c.mean() - half:+.4f}, {c.mean() + half:+.4f}]'
+    )
+    mean_b = np.mean([before['b', s] for s in seeds]), np.mean([after['b', s] for s in seeds])
+    assert lines[2] == f'seeds 1-10: b {mean_b[0]:.4f} at 1e-3, {mean_b[1]:.4f} at 2e-3'
+
+
 def test_t_test_power_matches_simulated_t_tests():
     # Independent reference: 40,000 simulated paired t-tests at n = 10, effect 0.8 sd, alpha
     # 0.05/3; the simulated rejection rate's sd is under 0.0025, so 0.01 is 4 of them.

@@ -54,6 +54,7 @@ __all__, __getattr__, __dir__ = public_face(
         'stats': ('estimate',),
         'trend': (
             'contrasts as trend_contrasts',
+            'gap_change',
             'per_seed_contrasts',
             'sd_upper_bound',
             'seeds_needed',

@@ -9,6 +9,7 @@ seed and one value column; a seed counts only where every arm has it (the slope 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -100,3 +101,32 @@ def sd_upper_bound(sd: float, n: int, confidence: float = 0.9) -> float:
         raise ValueError(f'an sd bound needs at least 2 values, got {n}')
 
     return sd * math.sqrt((n - 1) / scipy_stats.chi2.ppf(1 - confidence, n - 1))
+
+
+def gap_change(
+    before: Mapping[tuple[str, int], float | str],
+    after: Mapping[tuple[str, int], float | str],
+    a: str,
+    b: str,
+    labels: tuple[str, str],
+) -> list[str]:
+    """Lines describing a - b under two settings ({(arm, seed): value} each, e.g. two learning
+    rates) over the seeds both hold: the gap under each, its change (after - before) paired by
+    seed with a 95% t-interval, and each arm's means. A description, not a test."""
+    seeds = sorted(
+        s
+        for arm, s in after
+        if arm == a and all((x, s) in v for x in (a, b) for v in (before, after))
+    )
+    gap = [{s: float(v[a, s]) - float(v[b, s]) for s in seeds} for v in (before, after)]
+    change = stats.paired_difference(gap[1], gap[0])
+    span = f'seeds {seeds[0]}-{seeds[-1]}'
+    lines = [
+        f'{span}: {a} - {b} {stats.mean(list(gap[0].values())):+.4f} at {labels[0]}, '
+        f'{stats.mean(list(gap[1].values())):+.4f} at {labels[1]}; change {change.mean:+.4f} '
+        f'[{change.lo:+.4f}, {change.hi:+.4f}]'
+    ]
+    for arm in (a, b):
+        means = [stats.mean([float(v[arm, s]) for s in seeds]) for v in (before, after)]
+        lines.append(f'{span}: {arm} {means[0]:.4f} at {labels[0]}, {means[1]:.4f} at {labels[1]}')
+    return lines

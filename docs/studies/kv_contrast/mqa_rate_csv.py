@@ -24,7 +24,7 @@ from mqa_rate_sweep import RATES, point_name
 from rate_rows import HERE, MQA_AT_1E3, mha, read
 
 from lm.cli import run_app
-from lm.experiments import lr_grid, seeds_needed, t_test_power, write_csv
+from lm.experiments import gap_change, lr_grid, seeds_needed, t_test_power, write_csv
 
 GRID = (5e-4, 1e-3, 2e-3, 4e-3)  # the rates MQA runs; RATES holds the edge extensions
 RECIPE = 1e-3  # the recipe's rate: that of this study's runs
@@ -126,26 +126,11 @@ def run() -> int:
 
 def describe(found: dict[tuple[str, int], str], seeds: range) -> None:
     """MQA - MHA at 2e-3 beside the same seeds at 1e-3 (this study's runs), its change paired
-    by seed with a 95% t-interval, and each arm's means: described, not tested."""
-    from scipy import stats as scipy_stats
-
+    by seed and each arm's means: described, not tested."""
     path = MQA_AT_1E3[0][0]
     at_1e3 = read(path, 'mqa', seeds, 'mqa') | read(path, 'mha', seeds, 'mha')
-    gap = {
-        rate: np.array([float(losses['mqa', s]) - float(losses['mha', s]) for s in seeds])
-        for rate, losses in (('1e-3', at_1e3), ('2e-3', found))
-    }
-    change = gap['2e-3'] - gap['1e-3']
-    half = scipy_stats.t.ppf(0.975, len(seeds) - 1) * change.std(ddof=1) / np.sqrt(len(seeds))
-    span = f'seeds {seeds.start}-{seeds.stop - 1}'
-    print(
-        f'described, {span}: MQA - MHA {gap["1e-3"].mean():+.4f} at 1e-3, '
-        f'{gap["2e-3"].mean():+.4f} at 2e-3; change {change.mean():+.4f} '
-        f'[{change.mean() - half:+.4f}, {change.mean() + half:+.4f}]'
-    )
-    for arm in ('mqa', 'mha'):
-        means = [np.mean([float(losses[arm, s]) for s in seeds]) for losses in (at_1e3, found)]
-        print(f'described, {span}: {arm} {means[0]:.4f} at 1e-3, {means[1]:.4f} at 2e-3')
+    for line in gap_change(at_1e3, found, 'mqa', 'mha', ('1e-3', '2e-3')):
+        print(f'described, {line}')
 
 
 if __name__ == '__main__':
