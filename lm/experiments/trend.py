@@ -95,10 +95,9 @@ def sd_upper_bound(sd: float, n: int, confidence: float = 0.9) -> float:
     `sd` of `n` values: sd·sqrt((n - 1) / q), q the (1 - confidence) quantile of chi-square
     with n - 1 degrees of freedom (a seed count sized with it is not undersized by a pilot sd
     that came out low)."""
-    from scipy import stats as scipy_stats  # ~1 s to import: only for power analyses
-
     if n < 2:
         raise ValueError(f'an sd bound needs at least 2 values, got {n}')
+    from scipy import stats as scipy_stats  # ~1 s to import: only for power analyses
 
     return sd * math.sqrt((n - 1) / scipy_stats.chi2.ppf(1 - confidence, n - 1))
 

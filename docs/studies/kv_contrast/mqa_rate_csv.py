@@ -21,7 +21,7 @@ import os
 import numpy as np
 from absl import flags
 from mqa_rate_sweep import RATES, point_name
-from rate_rows import HERE, MQA_AT_1E3, mha, read
+from rate_rows import HERE, MQA_AT_1E3, committed_contrast, mha, read, write_contrast
 
 from lm.cli import run_app
 from lm.experiments import gap_change, lr_grid, seeds_needed, t_test_power, write_csv
@@ -102,9 +102,8 @@ def run() -> int:
     if _POWER_ONLY.value:
         return 0
     seeds = range(PILOT.stop, PILOT.stop + n)
-    copy = os.path.join(HERE, 'results', 'mqa_rate_contrast_seeds.csv')
     if lr != RECIPE and not os.path.isdir(_MQA.value):  # the record, without the runs
-        describe(read(copy, 'mqa', seeds, 'mqa') | read(copy, 'mha', seeds, 'mha'), seeds)
+        describe(committed_contrast('mqa_rate_contrast_seeds', seeds), seeds)
         return 0
     found = {}
     if lr == RECIPE:  # this study's and the MLA study's runs; a sweep for seeds past them
@@ -114,12 +113,7 @@ def run() -> int:
     if os.path.isdir(_MQA.value):
         found |= read(os.path.join(_MQA.value, 'summary_seeds.csv'), point_name(lr), seeds, 'mqa')
     found |= mha(seeds)
-    missing = [f'{a} seed {s}' for a in ('mha', 'mqa') for s in seeds if (a, s) not in found]
-    if missing:
-        raise SystemExit(f'incomplete: no run for {", ".join(missing)}')
-    rows = [{'arm': a, 'seed': s, 'eval_loss': found[a, s]} for a in ('mha', 'mqa') for s in seeds]
-    write_csv(os.path.join(HERE, 'results', 'mqa_rate_contrast_seeds.csv'), rows)
-    print(f'{len(rows)} rows: 2 arms x seeds {seeds.start}-{seeds.stop - 1}')
+    write_contrast('mqa_rate_contrast_seeds', found, seeds)
     describe(found, seeds)
     return 0
 

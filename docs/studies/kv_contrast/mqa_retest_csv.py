@@ -17,10 +17,10 @@ import os
 
 import numpy as np
 from absl import flags
-from rate_rows import HERE, MQA_AT_1E3, mha, read
+from rate_rows import HERE, MQA_AT_1E3, committed_contrast, mha, read, write_contrast
 
 from lm.cli import run_app
-from lm.experiments import gap_change, sd_upper_bound, seeds_needed, stats, t_test_power, write_csv
+from lm.experiments import gap_change, sd_upper_bound, seeds_needed, stats, t_test_power
 
 SMALLEST = 0.01  # nats: the smallest difference worth resolving here
 BOUND = 0.90  # the one-sided confidence of the sd's upper bound
@@ -68,10 +68,7 @@ def describe(found: dict[tuple[str, int], str], seeds: range) -> None:
         at_1e3 |= read(path, 'mqa', have, 'mqa') | read(path, 'mha', have, 'mha')
     for line in gap_change(at_1e3, found, 'mqa', 'mha', ('1e-3', '2e-3')):
         print(f'described, {line}')
-    first = os.path.join(HERE, 'results', 'mqa_rate_contrast_seeds.csv')
-    tested = (
-        found | read(first, 'mqa', range(5, 14), 'mqa') | read(first, 'mha', range(5, 14), 'mha')
-    )
+    tested = found | committed_contrast('mqa_rate_contrast_seeds', range(5, 14))
     pooled = stats.paired_difference(
         {s: float(v) for (a, s), v in tested.items() if a == 'mqa'},
         {s: float(v) for (a, s), v in tested.items() if a == 'mha'},
@@ -87,21 +84,15 @@ def run() -> int:
     if _POWER_ONLY.value:
         return 0
     seeds = range(PILOT.stop, PILOT.stop + n)
-    copy = os.path.join(HERE, 'results', 'mqa_retest_contrast_seeds.csv')
     if not os.path.isdir(_MQA.value):  # the record, without the runs
-        describe(read(copy, 'mqa', seeds, 'mqa') | read(copy, 'mha', seeds, 'mha'), seeds)
+        describe(committed_contrast('mqa_retest_contrast_seeds', seeds), seeds)
         return 0
     found = read(os.path.join(_MQA.value, 'summary_seeds.csv'), POINT, seeds, 'mqa')
     found |= mha(seeds)
     if seeds.stop > MHA_REUSED.stop:
         more = range(MHA_REUSED.stop, seeds.stop)
         found |= read(os.path.join(_MHA.value, 'summary_seeds.csv'), 'mha_lr0.002', more, 'mha')
-    missing = [f'{a} seed {s}' for a in ('mha', 'mqa') for s in seeds if (a, s) not in found]
-    if missing:
-        raise SystemExit(f'incomplete: no run for {", ".join(missing)}')
-    rows = [{'arm': a, 'seed': s, 'eval_loss': found[a, s]} for a in ('mha', 'mqa') for s in seeds]
-    write_csv(os.path.join(HERE, 'results', 'mqa_retest_contrast_seeds.csv'), rows)
-    print(f'{len(rows)} rows: 2 arms x seeds {seeds.start}-{seeds.stop - 1}')
+    write_contrast('mqa_retest_contrast_seeds', found, seeds)
     describe(found, seeds)
     return 0
 

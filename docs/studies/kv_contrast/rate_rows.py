@@ -4,6 +4,8 @@ MLA study's) and MQA's at 1e-3 (this study's and the MLA study's), read from the
 import csv
 import os
 
+from lm.experiments import write_csv
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MLA = os.path.join(HERE, os.pardir, 'mla', 'results')
 MHA_AT_2E3 = (  # MHA's runs at 2e-3 in the MLA study: (CSV, its arm name, seeds)
@@ -41,3 +43,21 @@ def mha(seeds: range) -> dict[tuple[str, int], str]:
             'mha',
         )
     return found
+
+
+def committed_contrast(name: str, seeds: range) -> dict[tuple[str, int], str]:
+    """{(arm, seed): eval_loss} of MQA and MHA in the committed results/<name>.csv: the record,
+    for a script run without the sweeps."""
+    path = os.path.join(HERE, 'results', f'{name}.csv')
+    return read(path, 'mqa', seeds, 'mqa') | read(path, 'mha', seeds, 'mha')
+
+
+def write_contrast(name: str, found: dict[tuple[str, int], str], seeds: range) -> None:
+    """results/<name>.csv (arm, seed, eval_loss) of MHA and MQA at every seed, or one line
+    naming the runs missing."""
+    missing = [f'{a} seed {s}' for a in ('mha', 'mqa') for s in seeds if (a, s) not in found]
+    if missing:
+        raise SystemExit(f'incomplete: no run for {", ".join(missing)}')
+    rows = [{'arm': a, 'seed': s, 'eval_loss': found[a, s]} for a in ('mha', 'mqa') for s in seeds]
+    write_csv(os.path.join(HERE, 'results', f'{name}.csv'), rows)
+    print(f'{len(rows)} rows: 2 arms x seeds {seeds.start}-{seeds.stop - 1}')
