@@ -15,16 +15,23 @@ describes, untested, the gap beside the same seeds' at 1e-3 (added after the tes
 without the tested sweep it describes from the committed CSV.
 """
 
-import csv
 import os
 
 import numpy as np
 from absl import flags
 from mqa_rate_sweep import RATES, point_name
-from rate_rows import HERE, MQA_AT_1E3, committed_contrast, mha, read, write_contrast
+from rate_rows import (
+    MQA_AT_1E3,
+    choose_rate,
+    committed_contrast,
+    mha,
+    pilot_losses,
+    read,
+    write_contrast,
+)
 
 from lm.cli import run_app
-from lm.experiments import gap_change, lr_grid, seeds_needed, t_test_power, write_csv
+from lm.experiments import gap_change, seeds_needed, t_test_power
 
 GRID = (5e-4, 1e-3, 2e-3, 4e-3)  # the rates MQA runs; RATES holds the edge extensions
 RECIPE = 1e-3  # the recipe's rate: that of this study's runs
@@ -39,25 +46,6 @@ _MQA = flags.DEFINE_string('mqa_sweep', 'runs/mqa_rate_mqa', "MQA's tested seeds
 _POWER_ONLY = flags.DEFINE_bool('power_only', False, 'The choice and power analysis only.')
 
 
-def grid_losses() -> dict[tuple[str, int], str]:
-    """{(point, seed): eval_loss} of MQA's grid at seeds 0-4, copied from `--grid_sweep` to
-    results/mqa_rate_pilot_seeds.csv when that is here, else read from the copy."""
-    copy = os.path.join(HERE, 'results', 'mqa_rate_pilot_seeds.csv')
-    if os.path.isdir(_GRID.value):
-        with open(os.path.join(_GRID.value, 'summary_seeds.csv'), newline='') as f:
-            rows = [r for r in csv.DictReader(f) if int(r['seed']) in PILOT]
-        keep = ('point', 'seed', 'eval_loss')
-        write_csv(
-            copy,
-            [
-                {k: r[k] for k in keep}
-                for r in sorted(rows, key=lambda r: (r['point'], int(r['seed'])))
-            ],
-        )
-    with open(copy, newline='') as f:
-        return {(r['point'], int(r['seed'])): r['eval_loss'] for r in csv.DictReader(f)}
-
-
 def choose(losses: dict[tuple[str, int], str]) -> float:
     """MQA's rate by lr_grid.choose over every rate run on seeds 0-4 ({(point, seed): loss});
     a choice at an edge with a rate left past it stops, naming the point to train."""
@@ -66,13 +54,7 @@ def choose(losses: dict[tuple[str, int], str]) -> float:
         for lr in RATES
         if all((point_name(lr), s) in losses for s in PILOT)
     }
-    missing = [lr for lr in GRID if lr not in by_lr]
-    if missing:
-        raise SystemExit(f'incomplete: MQA has no seeds 0-4 at {missing}')
-    lr = lr_grid.choose(by_lr)
-    means = ', '.join(f'{r:g}: {np.mean(list(v.values())):.4f}' for r, v in sorted(by_lr.items()))
-    print(f'mqa: mean loss of seeds 0-4 by rate {means}; chosen {lr:g}')
-    nxt = lr_grid.next_rate(lr, list(by_lr), list(RATES), GRID, PAST)
+    lr, nxt = choose_rate('mqa', by_lr, GRID, list(RATES), PAST)
     if nxt:
         raise SystemExit(f'chosen at an edge: train {point_name(nxt)} (seeds 0-4) and rerun')
     return lr
@@ -95,7 +77,9 @@ def seeds_per_arm(pilot: dict[tuple[str, int], str]) -> int:
 
 
 def run() -> int:
-    losses = grid_losses() | read(MQA_AT_1E3[0][0], 'mqa', PILOT, point_name(RECIPE))
+    losses = pilot_losses(_GRID.value, 'mqa_rate_pilot_seeds', PILOT) | read(
+        MQA_AT_1E3[0][0], 'mqa', PILOT, point_name(RECIPE)
+    )
     lr = choose(losses)
     pilot = {('mqa', s): losses[point_name(lr), s] for s in PILOT} | mha(PILOT)
     n = seeds_per_arm(pilot)
