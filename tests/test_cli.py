@@ -224,10 +224,10 @@ def test_overrides_of_a_saved_config_are_taken_out_of_argv(monkeypatch):
     """An entry point that reads a run's saved config when no --config is given gets its
     --config.KEY=VALUE items as 'KEY=VALUE' (after `--`, arguments are left alone); one without
     a value is a one-line error."""
-    import lm.cli
+    import lm.cli_flags
 
     taken = []
-    monkeypatch.setitem(lm.cli._SAVED_CONFIG_OVERRIDES, 'config', taken)
+    monkeypatch.setitem(lm.cli_flags._SAVED_CONFIG_OVERRIDES, 'config', taken)
     argv = [
         'train.py',
         '--workdir=w',
@@ -236,7 +236,7 @@ def test_overrides_of_a_saved_config_are_taken_out_of_argv(monkeypatch):
         '--',
         '--config.x=1',
     ]
-    assert lm.cli._take_saved_overrides(argv, 'config') == [
+    assert lm.cli_flags._take_saved_overrides(argv, 'config') == [
         'train.py',
         '--workdir=w',
         '--',
@@ -244,4 +244,4 @@ def test_overrides_of_a_saved_config_are_taken_out_of_argv(monkeypatch):
     ]
     assert taken == ['train.steps=52', 'data.path=']
     with pytest.raises(ValueError, match=r'^--config\.train\.steps: give the value as --config'):
-        lm.cli._take_saved_overrides(['train.py', '--config.train.steps', '52'], 'config')
+        lm.cli_flags._take_saved_overrides(['train.py', '--config.train.steps', '52'], 'config')

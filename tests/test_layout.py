@@ -26,6 +26,7 @@ RANKS = {
     'convert': 5,
     'experiments': 6,
     'distributed': 7,
+    'cli_flags': 7,
     'cli': 8,
 }
 WINGS = sorted(p.name for p in LM.iterdir() if (p / '__init__.py').exists())

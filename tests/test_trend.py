@@ -96,6 +96,13 @@ def test_gap_change_describes_two_settings_paired_by_seed():
     assert lines[2] == f'seeds 1-10: b {mean_b[0]:.4f} at 1e-3, {mean_b[1]:.4f} at 2e-3'
 
 
+def test_gap_change_refuses_settings_with_no_shared_seed():
+    before = {('a', 0): 1.0, ('b', 0): 1.1}
+    after = {('a', 1): 1.0, ('b', 1): 1.1}
+    with pytest.raises(ValueError, match='a and b share no seed at both 1e-3 and 2e-3'):
+        trend.gap_change(before, after, 'a', 'b', ('1e-3', '2e-3'))
+
+
 def test_t_test_power_matches_simulated_t_tests():
     # Independent reference: 40,000 simulated paired t-tests at n = 10, effect 0.8 sd, alpha
     # 0.05/3; the simulated rejection rate's sd is under 0.0025, so 0.01 is 4 of them.

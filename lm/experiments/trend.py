@@ -111,12 +111,15 @@ def gap_change(
 ) -> list[str]:
     """Lines describing a - b under two settings ({(arm, seed): value} each, e.g. two learning
     rates) over the seeds both hold: the gap under each, its change (after - before) paired by
-    seed with a 95% t-interval, and each arm's means. A description, not a test."""
+    seed with a 95% t-interval, and each arm's means. A description, not a test. Raises a
+    one-line ValueError when no seed has both arms under both settings."""
     seeds = sorted(
         s
         for arm, s in after
         if arm == a and all((x, s) in v for x in (a, b) for v in (before, after))
     )
+    if not seeds:
+        raise ValueError(f'{a} and {b} share no seed at both {labels[0]} and {labels[1]}')
     gap = [{s: float(v[a, s]) - float(v[b, s]) for s in seeds} for v in (before, after)]
     change = stats.paired_difference(gap[1], gap[0])
     span = f'seeds {seeds[0]}-{seeds[-1]}'
