@@ -46,9 +46,11 @@ def default_values(section: str) -> dict[str, tuple]:
 
 def load_config_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
     """Runs `get_config([arg])` from a config file, as `--config=path[:arg]` does on the CLI."""
-    spec = importlib.util.spec_from_file_location('_lm_config_file', path)
-    if spec is None or not os.path.isfile(path):
+    if not os.path.isfile(path):
         raise FileNotFoundError(f'config file {path!r} does not exist')
+    spec = importlib.util.spec_from_file_location('_lm_config_file', path)
+    if spec is None:  # Python's loader takes only .py
+        raise ValueError(f'{path} is not a Python config file (a .py with get_config())')
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(arg) if arg is not None else module.get_config()
@@ -201,6 +203,8 @@ def check_config_file(spec: str, flag: str = '--config') -> ml_collections.Confi
         raise ValueError(f'{where}: {path!r} is a directory, not a config file')
     if not os.path.isfile(path):
         raise ValueError(f'{where}: config file {path!r} does not exist')
+    if not path.endswith('.py'):  # Python's loader takes only .py (a run's config.json, say)
+        raise ValueError(f'{where}: {path} is not a Python config file (a .py with get_config())')
     try:
         with open(path, 'rb') as f:
             compile(f.read(), path, 'exec')

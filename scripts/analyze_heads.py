@@ -12,12 +12,14 @@ entropy), OUT/kv_similarity.csv (run, layer, kind, head_a, head_b, value), OUT/s
 heatmaps (layer x head per score, one panel per run), one example attention map per layer and
 run, KV-head similarity and loss by position (what an earlier analysis wrote in OUT is removed
 first; other files there are kept; an OUT that is a training run or sweep directory, or holds
-those names without an earlier analysis's heads.csv, is refused);
+those names without an earlier analysis's heads.csv, is refused, and so is one holding an
+analysis of other runs unless --overwrite);
 each run's scores and images also go to its TensorBoard directory at its checkpoint step. A run
 is WORKDIR or WORKDIR@STEP (--step applies to --workdir). Scores are defined in
 lm/analysis/scores.py.
 """
 
+import csv
 import os
 import re
 import signal
@@ -62,6 +64,9 @@ _COMPARE = flags.DEFINE_multi_string(
 _OUT = flags.DEFINE_string(
     'out', None, 'Directory for heads.csv, summary.md and PNGs.', required=True
 )
+_OVERWRITE = flags.DEFINE_bool(
+    'overwrite', False, 'Replace an earlier analysis in --out of runs other than these.'
+)
 _TB_DIR = flags.DEFINE_string(
     'tb_dir', '', "Shared TensorBoard directory to log to; '' = the one each run was trained with."
 )
@@ -82,12 +87,11 @@ def run() -> int:
     if _MAX_BATCHES.value < 0:
         raise ValueError(f'--max_batches must be >= 0 (0 = all), got {_MAX_BATCHES.value}')
     check_writable_dir(_OUT.value, '--out')
-    check_out(_OUT.value)
     if _TB_DIR.value:
         check_writable_dir(_TB_DIR.value, '--tb_dir')
     specs = [(_WORKDIR.value, _STEP.value, '--workdir')]
     specs += [(*parse_run(c), f'--compare={c}') for c in _COMPARE.value]
-    check_runs(specs)
+    check_out(_OUT.value, check_runs(specs))
     for workdir, _, flag in specs:  # its images go to its TensorBoard run
         check_logdir_owner(workdir, _TB_DIR.value, flag)
     bootstrap(stored_config(_WORKDIR.value, step=_STEP.value))
@@ -122,10 +126,11 @@ OUTPUTS = re.compile(
 )
 
 
-def check_out(out: str) -> None:
-    """One-line error for an --out whose files an analysis would replace but no analysis wrote:
-    a training run or sweep directory, or a directory holding one of the names `write` makes
-    without an earlier analysis's heads.csv."""
+def check_out(out: str, labels: list[str]) -> None:
+    """One-line error for an --out whose files an analysis would replace but no analysis wrote
+    (a training run or sweep directory, or a directory holding one of the names `write` makes
+    without an earlier analysis's heads.csv), or an earlier analysis of runs other than
+    `labels` (without --overwrite)."""
     check_not_in_checkpoints(out, '--out')
     if kind := directory_kind(out):  # its summary.md and figures are not ours to replace
         inside = os.path.join(out, 'heads')
@@ -134,20 +139,30 @@ def check_out(out: str) -> None:
             + (f' (e.g. {inside})' if kind == A_RUN else '')
         )
     ours = sorted(n for n in os.listdir(out) if OUTPUTS.fullmatch(n)) if os.path.isdir(out) else []
-    if ours and not _earlier_analysis(out):
+    earlier = _earlier_analysis(out)
+    if ours and earlier is None:
         raise ValueError(
             f'--out={out!r} holds {ours[0]}, which an analysis would replace, but no earlier '
             "analysis's heads.csv: give a new directory or an earlier analysis's"
         )
+    if (others := sorted(set(earlier or ()) - set(labels))) and not _OVERWRITE.value:
+        raise ValueError(
+            f'--out={out!r} holds an analysis of {", ".join(others)}, not analysed now: give '
+            'another --out, or --overwrite to replace it'
+        )
 
 
-def _earlier_analysis(out: str) -> bool:
-    """Whether `out` holds the heads.csv an analysis writes (its header)."""
+def _earlier_analysis(out: str) -> list[str] | None:
+    """The runs of the analysis whose heads.csv `out` holds (its run column), or None if it
+    holds none (no such file, or not an analysis's header)."""
     try:
-        with open(os.path.join(out, 'heads.csv')) as f:
-            return f.readline().startswith('run,layer,head,')
-    except (OSError, UnicodeDecodeError):
-        return False
+        with open(os.path.join(out, 'heads.csv'), newline='') as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    if not rows or rows[0][:3] != ['run', 'layer', 'head']:
+        return None
+    return [r[0] for r in rows[1:] if r]
 
 
 def remove_old_outputs(out: str) -> None:

@@ -312,14 +312,14 @@ def test_analyze_heads_cli(tmp_path):
     (out / 'heads.csv').write_text('run,layer,head,previous_token\nold,0,0,0.5\n')
     (out / 'attention_old_step9_L0.png').write_bytes(b'old')
     (out / 'notes.txt').write_text('mine')
-    res = cli(
-        f'--workdir={workdir}',
-        f'--compare={workdir}@4',
-        f'--out={out}',
-        '--batch=4',
-        '--max_batches=2',
-        '--num_random=4',
+    args = (f'--workdir={workdir}', f'--compare={workdir}@4', f'--out={out}', '--batch=4')
+    kept = cli(*args)  # an analysis of other runs is not replaced unasked
+    assert kept.returncode == 1 and kept.stderr.strip().splitlines()[-1] == (
+        f"error: --out='{out}' holds an analysis of old, not analysed now: give another --out, "
+        'or --overwrite to replace it'
     )
+    assert (out / 'attention_old_step9_L0.png').read_bytes() == b'old'
+    res = cli(*args, '--max_batches=2', '--num_random=4', '--overwrite')
     assert res.returncode == 0, res.stderr[-3000:]
     assert not (out / 'attention_old_step9_L0.png').exists()
     assert (out / 'notes.txt').read_text() == 'mine'

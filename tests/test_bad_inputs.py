@@ -186,6 +186,12 @@ ROWS = [
         r'^error: --config is given 2 times \(.*\): give one config file and change its keys',
     ),
     (
+        'config_not_python',  # a run's results.json or config.json: the loader takes .py only
+        TRAIN,
+        lambda c: [f'--config={c.notes}/results.json'],
+        r'--config=.*results\.json: .*results\.json is not a Python config file',
+    ),
+    (
         'config_syntax',
         TRAIN,
         lambda c: [f'--config={c.root}/syntax.py'],

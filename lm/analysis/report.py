@@ -70,11 +70,11 @@ def run_label(workdir: str, step: int) -> str:
     return f'{os.path.basename(os.path.normpath(workdir))}@{step}'
 
 
-def check_runs(specs: list[tuple[str, int | None, str]]) -> None:
-    """Refuses, before any work, a (workdir, step, flag) whose workdir holds no checkpoint or no
-    checkpoint at `step` (the error names the steps it holds), a seed ensemble (split a member
-    out first), and a run given twice (or two whose labels, <workdir name>@<step>, would clash
-    in the outputs)."""
+def check_runs(specs: list[tuple[str, int | None, str]]) -> list[str]:
+    """The runs' labels in the outputs (<workdir name>@<step>); refuses, before any work, a
+    (workdir, step, flag) whose workdir holds no checkpoint or no checkpoint at `step` (the error
+    names the steps it holds), a seed ensemble (split a member out first), and a run given twice
+    (or two whose labels would clash in the outputs)."""
     seen: dict[str, str] = {}
     for workdir, step, flag in specs:
         steps = saved_steps(workdir)
@@ -94,6 +94,7 @@ def check_runs(specs: list[tuple[str, int | None, str]]) -> None:
                 'step) once'
             )
         seen[label] = flag
+    return list(seen)
 
 
 @nnx.jit
