@@ -85,13 +85,8 @@ def check_cache_dtype(model: ml_collections.ConfigDict, data: ml_collections.Con
     if _CACHE.value and data.source in TASKS:
         raise ValueError('--kv_cache_dtype evaluates text windows; this run is a recall task')
     if _CACHE.value:  # before the data is read (it came after)
-        check_storage(check_model_config(model), _CACHE.value)
-    if _CACHE.value == 'kivi4' and data.seq_len < model.kv_quant_group:
-        raise ValueError(
-            f'--kv_cache_dtype=kivi4 would quantise nothing: a window of config.data.seq_len='
-            f'{data.seq_len} tokens never completes a group of config.model.kv_quant_group='
-            f'{model.kv_quant_group} (the residual stays in float)'
-        )
+        cfg, window = check_model_config(model), 'a window of config.data.seq_len'
+        check_storage(cfg, _CACHE.value, data.seq_len, window)
 
 
 def check_kernel(model: ml_collections.ConfigDict) -> dict[str, str]:

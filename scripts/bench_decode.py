@@ -354,13 +354,30 @@ def check_flags() -> tuple[list[int], list[int]]:
     if _JSON.value:
         check_output_path(_JSON.value, '--json', '.json')
         check_writable_dir(os.path.dirname(os.path.abspath(_JSON.value)), '--json')
+    shortest = min(contexts) + _NEW.value  # the fewest tokens a row's cache holds
     for variant in _VARIANTS.value:
         try:
-            check_storage(model_for(variant), _KV_DTYPE.value)
+            check_storage(model_for(variant), _KV_DTYPE.value, shortest, 'the shortest row')
         except ValueError as e:
             raise ValueError(f'--variants: {variant}: {e}') from None
+    check_unused_flags()
     check_memory(max(batches), max(contexts))
     return batches, contexts
+
+
+def check_unused_flags() -> None:
+    """One-line refusals of flags given that no row reads: --window and --layer_pattern without
+    a '<variant>_local' variant, --kv_quant_group without --kv_cache_dtype=kivi4."""
+    local = any(v.endswith('_local') for v in _VARIANTS.value)
+    for flag in (_WINDOW, _PATTERN):
+        if flags.FLAGS[flag.name].present and not local:
+            raise ValueError(
+                f"--{flag.name} shapes '<variant>_local' variants only; --variants has none"
+            )
+    if flags.FLAGS[_GROUP.name].present and _KV_DTYPE.value != 'kivi4':
+        raise ValueError(
+            f'--kv_quant_group groups a kivi4 cache only; --kv_cache_dtype is {_KV_DTYPE.value}'
+        )
 
 
 def check_memory(B: int, context: int) -> None:

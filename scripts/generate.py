@@ -24,7 +24,13 @@ from lm.cli import bootstrap, run_app
 from lm.convert import max_position
 from lm.data import Tokenizer, load_tokenizer
 from lm.infer import Decoder, parse_sampling
-from lm.model import DECODE_KERNELS, KV_CACHE_DTYPES, check_decode_backend
+from lm.model import (
+    DECODE_KERNELS,
+    KV_CACHE_DTYPES,
+    check_decode_backend,
+    check_storage,
+    model_config,
+)
 from lm.train import StopRequest, assemble, check_finite, check_seed, stored_config
 
 DEFAULT_NEW = 200  # --max_new_tokens when not given: at most this many (what the context leaves)
@@ -191,6 +197,10 @@ def run() -> int:
     context = max_position(_WORKDIR.value, config)
     max_new = _MAX_NEW.value or max(1, min(DEFAULT_NEW, context - max(map(len, rows))))
     check_lengths(prompts, rows, max_new, context)
+    longest = max(map(len, rows)) + max_new
+    check_storage(
+        model_config(config.model), _KV_DTYPE.value, longest, 'the longest prompt + reply'
+    )
     bootstrap(config)
     if (_KERNEL.value or config.model.decode_kernel) == 'pallas':  # before the restore
         check_decode_backend('--decode_kernel' if _KERNEL.value else 'config.model.decode_kernel')

@@ -519,6 +519,13 @@ ROWS = [
         lambda c: [b'--prompt=caf\xe9'],
         r'--prompt \(number 1\) is not valid UTF-8: byte 0xe9 at offset 3',
     ),
+    (  # its caches would hold 5 tokens of a group of 32: all float, labelled kivi4
+        'generate_kivi4_shorter_than_its_group',
+        GENERATE,
+        lambda c: ['--prompt=A', '--max_new_tokens=4', '--kv_cache_dtype=kivi4'],
+        r"kv_cache_dtype='kivi4' would quantise nothing: the longest prompt \+ reply "
+        r'\(\d+ tokens\) never completes a group of config\.model\.kv_quant_group=32',
+    ),
     (
         'max_new_tokens_zero',
         GENERATE,
@@ -1029,7 +1036,8 @@ EARLY = [
         'eval_kivi4_windows_shorter_than_its_group',
         EVAL,
         lambda c: [f'--workdir={c.eval64}', '--kv_cache_dtype=kivi4'],
-        r'--kv_cache_dtype=kivi4 would quantise nothing: a window of config\.data\.seq_len=16 ',
+        r"kv_cache_dtype='kivi4' would quantise nothing: a window of config\.data\.seq_len \(16 "
+        r'tokens\) never completes a group',
     ),
     (  # the variant picked a model the checkpoint replaces: silently ignored
         'eval_config_with_a_variant',

@@ -108,6 +108,17 @@ def test_eval_py_and_cache_quality_through_quantized_caches(tmp_path, small_text
     assert bad.stderr.strip().splitlines()[-1] == (
         "error: --points: ['mla'] not among the sweep's points ['gqa', 'narrow']"
     )
+    bad = run_entry('scripts/cache_quality.py', f'--sweep_dir={sweep_dir}', '--points=gqa',
+                    '--kv_cache_dtypes=kivi4', f'--out={out}')  # fmt: skip
+    assert (
+        bad.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: --points: gqa ({sweep_dir / 'gqa_s0'}): kv_cache_dtype='kivi4' would quantise "
+            'nothing: a window of config.data.seq_len (16 tokens) never completes a group'
+        )
+    )
+    assert not out.exists()
     pareto = tmp_path / 'pareto.csv'
     args = ['--points=gqa', '--kv_cache_dtypes=int8', f'--out={out}', f'--pareto_table={pareto}']
     done = run_entry('scripts/cache_quality.py', f'--sweep_dir={sweep_dir}', *args, check=True)

@@ -117,15 +117,16 @@ def point_runs(sweep_dir: str, point: str) -> dict[int, str]:
 
 
 def check_request(rows: list[dict], points: list[str], dtypes: list[str]) -> None:
-    """One-line errors for points the sweep lacks and cache dtypes that do not exist."""
-    known = sorted({r['arm'] for r in rows})
-    if unknown := [p for p in points if p not in known]:
-        raise ValueError(f"--points: {unknown} not among the sweep's points {known}")
+    """One-line errors for cache dtypes that do not exist and points the sweep lacks (the dtypes
+    first: --points has a default)."""
     if bad := [d for d in dtypes if d not in KV_CACHE_DTYPES or d == 'float']:
         raise ValueError(
             f'--kv_cache_dtypes: {bad} is not a quantized cache; choose from '
             f'{[d for d in KV_CACHE_DTYPES if d != "float"]}'
         )
+    known = sorted({r['arm'] for r in rows})
+    if unknown := [p for p in points if p not in known]:
+        raise ValueError(f"--points: {unknown} not among the sweep's points {known}")
 
 
 def quantized_rows(
@@ -161,10 +162,11 @@ def _requested_runs(
         for seed in sorted({r['seed'] for r in rows if r['arm'] == point}):
             if seed not in runs:
                 raise FileNotFoundError(f'--sweep_dir: no finished run of {point} seed {seed}')
-            cfg = model_config(stored_config(runs[seed], step=result_step(runs[seed])).model)
+            config = stored_config(runs[seed], step=result_step(runs[seed]))
+            cfg, window = model_config(config.model), 'a window of config.data.seq_len'
             for dtype in dtypes:
                 try:
-                    check_storage(cfg, dtype)
+                    check_storage(cfg, dtype, config.data.seq_len, window)
                 except ValueError as e:
                     raise ValueError(f'--points: {point} ({runs[seed]}): {e}') from None
             todo.append((point, seed, runs[seed]))

@@ -22,10 +22,13 @@ from lm.model.config import ModelConfig
 KV_CACHE_DTYPES = ('float', 'int8', 'kivi4')  # how cache arrays are stored (`KVCache.configured`)
 
 
-def check_storage(cfg: ModelConfig, kv_cache_dtype: str) -> None:
+def check_storage(
+    cfg: ModelConfig, kv_cache_dtype: str, tokens: int | None = None, holds: str = ''
+) -> None:
     """One-line ValueError unless a model of `cfg` can decode with caches stored as
     `kv_cache_dtype`: a known one; cross-layer attention reads float caches only; KIVI's grouped
-    storage is for full caches, not a local layer's ring."""
+    storage is for full caches, not a local layer's ring, and with the longest sequence a cache
+    will hold (`tokens`, described by `holds`) shorter than a group it would quantise nothing."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f'kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}')
     if kv_cache_dtype != 'float' and cfg.kv_share_every > 1:
@@ -37,6 +40,12 @@ def check_storage(cfg: ModelConfig, kv_cache_dtype: str) -> None:
         raise ValueError(
             f'config.model.sliding_window={cfg.sliding_window} with '
             "kv_cache_dtype='kivi4': local layers' ring caches are stored as float or int8 only"
+        )
+    if kv_cache_dtype == 'kivi4' and tokens is not None and tokens < cfg.kv_quant_group:
+        raise ValueError(
+            f"kv_cache_dtype='kivi4' would quantise nothing: {holds} ({tokens} tokens) never "
+            f'completes a group of config.model.kv_quant_group={cfg.kv_quant_group} (the '
+            'residual stays in float)'
         )
 
 
