@@ -16,6 +16,7 @@ from ml_collections import config_flags
 
 from lm.cli import (
     bootstrap,
+    check_inactive_overrides,
     check_writable_dir,
     run_app,
     saved_config_overrides,
@@ -84,6 +85,8 @@ def run() -> int:
         raise ValueError(
             f'--config is required: {_WORKDIR.value} holds no checkpoint to resume{given}'
         )
+    given = config_flags.get_override_values(flags.FLAGS['config']) if _CONFIG.value else {}
+    check_inactive_overrides(config, [*given, *(o.partition('=')[0] for o in _SAVED_OVERRIDES)])
     check_not_past(read_latest_meta(_WORKDIR.value), config, _WORKDIR.value)  # before the rest
     check_loop_config(config)  # the intervals too, which a finished run below would not read
     check_uptrain_config(config.uptrain)

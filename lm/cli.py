@@ -28,6 +28,7 @@ from lm.cli_flags import (
     saved_config_overrides,
 )
 from lm.distributed import initialize_distributed
+from lm.model import inactive_sections
 from lm.sharding import check_same_config, set_cpu_devices
 from lm.train import EntryPointStop, Interrupted, RunError, StopRequest
 
@@ -37,6 +38,7 @@ __all__ = [  # REPO_ROOT, RecipeFlags and the config-file flags are lm.cli_flags
     'RecipeFlags',
     'bootstrap',
     'check_data_overrides',
+    'check_inactive_overrides',
     'check_writable_dir',
     'define_config_file',
     'parse_flags',
@@ -143,6 +145,27 @@ def check_data_overrides(entry: str, flag: str = 'config') -> None:
             f'{entry} takes only --{flag}.data.* from --{flag}; --{flag}.{ignored[0]} would be '
             "ignored (the model, training and mesh settings are the checkpoint's)"
         )
+
+
+# Keys of a section another variant owns that an MHA / GQA run still reads: the MHA -> MLA
+# conversion takes the source's latent_norm_eps (lm/convert/methods.py).
+READ_BY_CONVERSIONS = ('model.mla.latent_norm_eps',)
+
+
+def check_inactive_overrides(config: ml_collections.ConfigDict, keys: list[str]) -> None:
+    """One-line error for a `--config.KEY` override (`keys`: the KEYs given) in a `config.model`
+    section the run's attention does not read, e.g. `--config.model.mla.kv_lora_rank` with
+    attention='mha': it would do nothing (most likely --config.model.attention was left out).
+    Config files may set such sections for every point of a sweep; only overrides are refused."""
+    inactive = inactive_sections(config.model.attention)
+    for key in keys:
+        section = key.split('.')[1] if key.startswith('model.') and key.count('.') > 1 else ''
+        if section in inactive and key not in READ_BY_CONVERSIONS:
+            raise ValueError(
+                f'--config.{key} does nothing: config.model.attention='
+                f'{config.model.attention!r} reads no config.model.{section} (give '
+                f'--config.model.attention too if that was meant)'
+            )
 
 
 def check_writable_dir(path: str, setting: str) -> None:

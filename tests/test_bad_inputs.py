@@ -255,6 +255,13 @@ ROWS = [
         lambda c: [f'--config={c.good_cfg}', '--config.train.stpes=10'],
         r"--config\.\*: unknown config key 'train\.stpes' \(did you mean 'train\.steps'\?\)$",
     ),
+    (  # MLA's settings with attention='gqa': trained, and the override did nothing
+        'override_of_a_section_the_attention_does_not_read',
+        TRAIN,
+        lambda c: [f'--config={c.good_cfg}', '--config.model.mla.kv_lora_rank=8'],
+        r"--config\.model\.mla\.kv_lora_rank does nothing: config\.model\.attention='gqa' reads no "
+        r'config\.model\.mla',
+    ),
     (
         'config_key_moved_to_a_section',
         TRAIN,

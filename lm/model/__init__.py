@@ -16,7 +16,13 @@ __all__, __getattr__, __dir__ = public_face(
     {
         'config': ('DECODE_KERNELS', 'DTYPES', 'ModelConfig'),
         'transformer': ('Transformer', 'build_model', 'check_model_config', 'model_config'),
-        'attention': ('AttentionVariant', 'parse_variant', 'register', 'variant as variant_class'),
+        'attention': (
+            'AttentionVariant',
+            'inactive_sections',
+            'parse_variant',
+            'register',
+            'variant as variant_class',
+        ),
         'kv_cache': ('KVCache', 'KV_CACHE_DTYPES', 'check_storage'),
         'accounting': (
             'flops_per_token',
