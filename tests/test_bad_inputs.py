@@ -558,6 +558,12 @@ ROWS = [
             ('holds_src', lambda c: c.root, 'holds'),
         )
     ],
+    (  # the path read as '<file>/checkpoints'
+        'uptrain_src_is_a_file',
+        UPTRAIN,
+        lambda c: [f'--src={c.good_cfg}', f'--dst={c.root}/v_file', '--num_kv_heads=2'],
+        r'--src: .*/good\.py is a file, not a run directory$',
+    ),
     (
         'uptrain_dst_inside_another_run',  # a run inside a run: never a directory of its own
         UPTRAIN,

@@ -83,6 +83,8 @@ def interleave_columns(width: int, rope_dim: int) -> np.ndarray:
 def _llama_from_hf(hf: dict) -> tuple[dict, bool]:
     H = hf['num_attention_heads']
     G = hf.get('num_key_value_heads') or H
+    if H % G:
+        raise refuse('num_key_value_heads', G, f'must divide num_attention_heads={H}')
     bias = bool(hf.get('attention_bias', False))
     settings = {
         'attention': 'mha' if G == H else ('mqa' if G == 1 else 'gqa'),

@@ -45,12 +45,14 @@ def check_step(steps: list[int], step: int | None, directory: str, flag: str) ->
 
 
 def _no_checkpoint(directory: str, flag: str) -> str:
-    """Why <workdir>/checkpoints (`directory`) holds nothing: no such workdir, a sweep directory
-    or a folder of runs given for a run, a path inside a run (its checkpoints, or a step of
-    them) given for the run, or an empty run."""
+    """Why <workdir>/checkpoints (`directory`) holds nothing: no such workdir, a file, a sweep
+    directory or a folder of runs given for a run, a path inside a run (its checkpoints, or a
+    step of them) given for the run, or an empty run."""
     workdir = os.path.dirname(directory)
     if not os.path.exists(workdir):
         return f'{flag}: {workdir} does not exist'
+    if not os.path.isdir(workdir):
+        return f'{flag}: {workdir} is a file, not a run directory'
     runs = [name for name, kind in held_directories(workdir) if kind == A_RUN]
     if runs or directory_kind(workdir) == A_SWEEP:
         what = A_SWEEP if directory_kind(workdir) == A_SWEEP else 'a folder of runs'
