@@ -164,7 +164,8 @@ def check_inactive_overrides(config: ml_collections.ConfigDict, keys: list[str])
             raise ValueError(
                 f'--config.{key} does nothing: config.model.attention='
                 f'{config.model.attention!r} reads no config.model.{section} (give '
-                f'--config.model.attention too if that was meant)'
+                '--config.model.attention too if that was meant; a run that saved it resumes '
+                'with --workdir alone)'
             )
 
 

@@ -147,8 +147,8 @@ def check_out(out: str, labels: list[str]) -> None:
         )
     if (others := sorted(set(earlier or ()) - set(labels))) and not _OVERWRITE.value:
         raise ValueError(
-            f'--out={out!r} holds an analysis of {", ".join(others)}, not analysed now: give '
-            'another --out, or --overwrite to replace it'
+            f'--out={out!r} holds an analysis of {", ".join(others)}, not analysed now (a run '
+            'at another step counts as another): give another --out, or --overwrite to replace it'
         )
 
 

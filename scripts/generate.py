@@ -197,10 +197,8 @@ def run() -> int:
     context = max_position(_WORKDIR.value, config)
     max_new = _MAX_NEW.value or max(1, min(DEFAULT_NEW, context - max(map(len, rows))))
     check_lengths(prompts, rows, max_new, context)
-    longest = max(map(len, rows)) + max_new
-    check_storage(
-        model_config(config.model), _KV_DTYPE.value, longest, 'the longest prompt + reply'
-    )
+    read = max(map(len, rows)) + max_new - 1  # the most cached tokens a sampled token reads
+    check_storage(model_config(config.model), _KV_DTYPE.value, read, 'the longest prompt + reply')
     bootstrap(config)
     if (_KERNEL.value or config.model.decode_kernel) == 'pallas':  # before the restore
         check_decode_backend('--decode_kernel' if _KERNEL.value else 'config.model.decode_kernel')

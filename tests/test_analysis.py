@@ -315,8 +315,8 @@ def test_analyze_heads_cli(tmp_path):
     args = (f'--workdir={workdir}', f'--compare={workdir}@4', f'--out={out}', '--batch=4')
     kept = cli(*args)  # an analysis of other runs is not replaced unasked
     assert kept.returncode == 1 and kept.stderr.strip().splitlines()[-1] == (
-        f"error: --out='{out}' holds an analysis of old, not analysed now: give another --out, "
-        'or --overwrite to replace it'
+        f"error: --out='{out}' holds an analysis of old, not analysed now (a run at another step "
+        'counts as another): give another --out, or --overwrite to replace it'
     )
     assert (out / 'attention_old_step9_L0.png').read_bytes() == b'old'
     res = cli(*args, '--max_batches=2', '--num_random=4', '--overwrite')

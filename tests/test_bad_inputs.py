@@ -526,12 +526,12 @@ ROWS = [
         lambda c: [b'--prompt=caf\xe9'],
         r'--prompt \(number 1\) is not valid UTF-8: byte 0xe9 at offset 3',
     ),
-    (  # its caches would hold 5 tokens of a group of 32: all float, labelled kivi4
+    (  # a sampled token reads at most 1 + 4 - 1 cached tokens of a group of 32: all float
         'generate_kivi4_shorter_than_its_group',
         GENERATE,
         lambda c: ['--prompt=A', '--max_new_tokens=4', '--kv_cache_dtype=kivi4'],
         r"kv_cache_dtype='kivi4' would quantise nothing: the longest prompt \+ reply "
-        r'\(\d+ tokens\) never completes a group of config\.model\.kv_quant_group=32',
+        r'\(4 tokens\) never completes a group of config\.model\.kv_quant_group=32',
     ),
     (
         'max_new_tokens_zero',
@@ -1216,6 +1216,22 @@ EARLY = [
         lambda c: [f'--json={c.run}/results.json'],
         r"--json=.*/run/results\.json would replace the run .*'s own results\.json",
     ),
+    *[  # flags no row reads: the rows ran, and the flag did nothing
+        (f'bench_decode_{name}', BENCH, lambda c, args=args: ['--variants=mha', *args], pattern)
+        for name, args, pattern in (
+            ('window_without_local', ['--window=100'], r"--window shapes '<variant>_local'"),
+            (
+                'layer_pattern_without_local',
+                ['--layer_pattern=LG'],
+                r"--layer_pattern shapes '<variant>_local' variants only; --variants has none$",
+            ),
+            (
+                'kv_quant_group_without_kivi4',
+                ['--kv_quant_group=8', '--kv_cache_dtype=int8'],
+                r'--kv_quant_group groups a kivi4 cache only; --kv_cache_dtype is int8$',
+            ),
+        )
+    ],
     (
         'bench_decode_bandwidth_negative',
         BENCH,
@@ -1312,7 +1328,8 @@ EARLY = [
             '--kv_cache_dtypes=int8',
             f'--out={c.root}/new_dir/q.csv',
         ],
-        r'--points: cla2 \(.*cla2_s0\): config\.model\.kv_share_every=2 with kv_cache_dtype=',
+        r'--points: cla2 \(.*cla2_s0\) with --kv_cache_dtypes=int8: '
+        r'config\.model\.kv_share_every=2 with kv_cache_dtype=',
     ),
     (
         'cache_quality_out_and_sweep_out_the_same_file',

@@ -110,14 +110,12 @@ def test_eval_py_and_cache_quality_through_quantized_caches(tmp_path, small_text
     )
     bad = run_entry('scripts/cache_quality.py', f'--sweep_dir={sweep_dir}', '--points=gqa',
                     '--kv_cache_dtypes=kivi4', f'--out={out}')  # fmt: skip
-    assert (
-        bad.stderr.strip()
-        .splitlines()[-1]
-        .startswith(
-            f"error: --points: gqa ({sweep_dir / 'gqa_s0'}): kv_cache_dtype='kivi4' would quantise "
-            'nothing: a window of config.data.seq_len (16 tokens) never completes a group'
-        )
+    want = (
+        f'error: --points: gqa ({sweep_dir / "gqa_s0"}) with --kv_cache_dtypes=kivi4: '
+        "kv_cache_dtype='kivi4' would quantise nothing: a window of config.data.seq_len (16 "
+        'tokens) never completes a group'
     )
+    assert bad.stderr.strip().splitlines()[-1].startswith(want)
     assert not out.exists()
     pareto = tmp_path / 'pareto.csv'
     args = ['--points=gqa', '--kv_cache_dtypes=int8', f'--out={out}', f'--pareto_table={pareto}']

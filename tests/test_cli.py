@@ -245,3 +245,20 @@ def test_overrides_of_a_saved_config_are_taken_out_of_argv(monkeypatch):
     assert taken == ['train.steps=52', 'data.path=']
     with pytest.raises(ValueError, match=r'^--config\.train\.steps: give the value as --config'):
         lm.cli_flags._take_saved_overrides(['train.py', '--config.train.steps', '52'], 'config')
+
+
+def test_overrides_of_a_section_the_attention_does_not_read_are_refused():
+    """`--config.model.mla.*` with attention='gqa' would do nothing: refused (the keys of a
+    config file's overrides or of a resume's saved-config overrides alike); the active section,
+    other keys, and MLA's latent_norm_eps (an MHA -> MLA conversion reads it) pass."""
+    import ml_collections
+
+    from lm.cli import check_inactive_overrides
+
+    config = ml_collections.ConfigDict({'model': {'attention': 'gqa', 'mla': {'kv_lora_rank': 4}}})
+    for ok in (['model.num_heads', 'train.lr'], ['model.mla.latent_norm_eps']):
+        check_inactive_overrides(config, ok)
+    with pytest.raises(ValueError, match=r'^--config\.model\.mla\.kv_lora_rank does nothing: '):
+        check_inactive_overrides(config, ['train.lr', 'model.mla.kv_lora_rank'])
+    config.model.attention = 'mla'
+    check_inactive_overrides(config, ['model.mla.kv_lora_rank'])

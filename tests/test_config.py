@@ -448,3 +448,14 @@ def test_the_schedule_warning_is_for_runs_that_train_after_every_check(caplog):
     with caplog.at_level('WARNING'), pytest.raises(ValueError, match='must be divisible'):
         assemble(with_values(config, {'model.num_heads': 3}), state='init')
     assert 'ends after' not in caplog.text
+
+
+def test_load_config_file_refuses_a_file_that_is_not_python(tmp_path):
+    """A library caller's load_config_file of a non-.py file (a run's config.json) is a one-line
+    ValueError naming it, not importlib's AttributeError; a missing file is FileNotFoundError."""
+    saved = tmp_path / 'config.json'
+    saved.write_text('{"model": {}}')
+    with pytest.raises(ValueError, match=r'config\.json is not a Python config file'):
+        load_config_file(str(saved))
+    with pytest.raises(FileNotFoundError, match='does not exist'):
+        load_config_file(str(tmp_path / 'none.py'))

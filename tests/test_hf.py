@@ -347,6 +347,8 @@ REFUSED = {
     ),
     'missing_field': (llama_json, {'intermediate_size': None}, 'intermediate_size'),
     'kv_heads_not_dividing': (llama_json, {'num_key_value_heads': 3}, 'num_key_value_heads=3'),
+    'kv_heads_a_string': (llama_json, {'num_key_value_heads': '2'}, "num_key_value_heads='2'"),
+    'no_heads': (llama_json, {'num_attention_heads': 0}, 'num_attention_heads=0'),
     'deepseek_moe': (deepseek_json, {'first_k_dense_replace': 1}, 'first_k_dense_replace'),
     'deepseek_bias': (deepseek_json, {'attention_bias': True}, 'attention_bias'),
     'deepseek_yarn': (

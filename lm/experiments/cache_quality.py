@@ -168,7 +168,8 @@ def _requested_runs(
                 try:
                     check_storage(cfg, dtype, config.data.seq_len, window)
                 except ValueError as e:
-                    raise ValueError(f'--points: {point} ({runs[seed]}): {e}') from None
+                    where = f'--points: {point} ({runs[seed]}) with --kv_cache_dtypes={dtype}'
+                    raise ValueError(f'{where}: {e}') from None
             todo.append((point, seed, runs[seed]))
     return todo
 

@@ -82,9 +82,11 @@ def interleave_columns(width: int, rope_dim: int) -> np.ndarray:
 
 def _llama_from_hf(hf: dict) -> tuple[dict, bool]:
     H = hf['num_attention_heads']
+    if not isinstance(H, int) or H < 1:
+        raise refuse('num_attention_heads', H, 'expected a positive integer')
     G = hf.get('num_key_value_heads') or H
-    if H % G:
-        raise refuse('num_key_value_heads', G, f'must divide num_attention_heads={H}')
+    if not isinstance(G, int) or G < 1 or H % G:
+        raise refuse('num_key_value_heads', G, f'expected a divisor of num_attention_heads={H}')
     bias = bool(hf.get('attention_bias', False))
     settings = {
         'attention': 'mha' if G == H else ('mqa' if G == 1 else 'gqa'),
