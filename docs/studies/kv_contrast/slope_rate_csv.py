@@ -25,7 +25,14 @@ from rate_rows import HERE, choose_rate, mha, pilot_losses, read
 from slope_rate_sweep import ARMS, LADDER, point_name
 
 from lm.cli import run_app
-from lm.experiments import per_seed_contrasts, sd_upper_bound, seeds_needed, t_test_power, write_csv
+from lm.experiments import (
+    per_seed_contrasts,
+    sd_upper_bound,
+    seeds_needed,
+    t_test_power,
+    trend_contrasts,
+    write_csv,
+)
 
 GRID = (5e-4, 1e-3, 2e-3, 4e-3)  # the rates GQA-4 and GQA-2 run; LADDER holds the extensions
 RECIPE = 1e-3  # the recipe's rate: that of this study's runs
@@ -120,18 +127,44 @@ def run() -> int:
     if _POWER_ONLY.value:
         print(f'tested {",".join(points)} {n}')
         return 0
-    path = os.path.join(_TESTED.value, 'summary_seeds.csv')
-    with open(path, newline='') as f:
-        rows = [r for r in csv.DictReader(f) if int(r['seed']) in seeds]
-    found = {
-        (a, int(r['seed'])): r['eval_loss']
-        for a, p in zip(ARMS, points, strict=True)
-        for r in rows
-        if r['point'] == p
-    }
-    write_csv(os.path.join(HERE, 'results', 'slope_rate_seeds.csv'), trend_rows(found, seeds))
-    print(f'{4 * n} rows: 4 arms x seeds {seeds.start}-{seeds.stop - 1}')
+    out = os.path.join(HERE, 'results', 'slope_rate_seeds.csv')
+    if os.path.isdir(_TESTED.value):
+        with open(os.path.join(_TESTED.value, 'summary_seeds.csv'), newline='') as f:
+            rows = [r for r in csv.DictReader(f) if int(r['seed']) in seeds]
+        found = {
+            (a, int(r['seed'])): r['eval_loss']
+            for a, p in zip(ARMS, points, strict=True)
+            for r in rows
+            if r['point'] == p
+        }
+        write_csv(out, trend_rows(found, seeds))
+        print(f'{4 * n} rows: 4 arms x seeds {seeds.start}-{seeds.stop - 1}')
+    else:
+        print(f'no {_TESTED.value}: reading the committed {os.path.relpath(out)}')
+    with open(out, newline='') as f:
+        describe(list(csv.DictReader(f)))
     return 0
+
+
+def describe(rows: list[dict]) -> None:
+    """The stated contrasts (lm.experiments.trend), each seed's slope sign, and each arm's mean
+    beside this study's at 1e-3 (other seeds: described, not tested)."""
+    for name, est, p, flip in trend_contrasts(rows):
+        print(
+            f'{name}: {est.mean:+.4f} [{est.lo:+.4f}, {est.hi:+.4f}], sd {est.std:.4f}, '
+            f'p (Holm) {p:.3g}, sign-flip {flip:.3g}, {est.n} seeds'
+        )
+    _, slopes, ends = per_seed_contrasts(rows)
+    print(
+        f'slope > 0 in {sum(v > 0 for v in slopes.values())} of {len(slopes)} seeds; '
+        f'mqa - mha > 0 in {sum(v > 0 for v in ends.values())}'
+    )
+    with open(KV, newline='') as f:
+        at_1e3 = list(csv.DictReader(f))
+    for arm in ARMS:
+        here = np.mean([float(r['eval_loss']) for r in rows if r['arm'] == arm])
+        there = np.mean([float(r['eval_loss']) for r in at_1e3 if r['arm'] == arm])
+        print(f'described: {arm} mean {here:.4f} at 2e-3 (seeds 44+), {there:.4f} at 1e-3 (0-19)')
 
 
 if __name__ == '__main__':
