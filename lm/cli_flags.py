@@ -52,13 +52,14 @@ class RecipeFlags:
         """The config file, relative to the repository."""
         return os.path.relpath(self._file.value, REPO_ROOT)
 
-    def config(self, variant: str) -> ml_collections.ConfigDict:
-        """`get_config(variant)` with config.data.path set (source 'text'), then --set."""
+    def config(self, variant: str, flag: str = '--variant') -> ml_collections.ConfigDict:
+        """`get_config(variant)` with config.data.path set (source 'text'), then --set; `flag`
+        is the script's flag that named the variant, for a variant the file refuses."""
         try:  # a one-line error naming the file (a config that takes no variant, say)
             config = check_config_file(f'{self._file.value}:{variant}')
         except ValueError as e:
-            if 'takes no argument' not in str(e):  # the variant itself is refused: say only that
-                raise
+            if 'takes no argument' not in str(e):  # the variant itself is refused: name its flag
+                raise ValueError(f'{flag}={variant}: {e}') from None
             raise ValueError(
                 f'{e} (the script builds the variant {variant!r} it times as get_config('
                 f'{variant!r}): give a --config whose get_config takes a variant name, as '

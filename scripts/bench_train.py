@@ -133,7 +133,7 @@ def timed_rounds(compiled, state, batch, k: int, calls: int, steppers: dict) -> 
 
 
 def bench(variant: str, peak_total: float, with_torch: bool) -> dict:
-    exp = assemble(RECIPE.config(variant), state='init', data=True)
+    exp = assemble(RECIPE.config(variant, '--variants'), state='init', data=True)
     c, ctx = exp.config, exp.ctx
     k = c.train.steps_per_call
     vocab = exp.model_cfg.vocab_size
@@ -222,11 +222,11 @@ def run() -> int:
     if not _VARIANTS.value:
         raise ValueError('--variants is empty: name the attention variants to time (mha,mqa)')
     for variant in _VARIANTS.value:  # every variant's config, before any is timed
-        RECIPE.config(variant)
+        RECIPE.config(variant, '--variants')
     if _JSON.value:
         check_output_path(_JSON.value, '--json', '.json')
         check_writable_dir(os.path.dirname(os.path.abspath(_JSON.value)), '--json')
-    bootstrap(RECIPE.config(_VARIANTS.value[0]), compilation_cache=False)
+    bootstrap(RECIPE.config(_VARIANTS.value[0], '--variants'), compilation_cache=False)
     peak_total, source = peak_flops(_PEAK.value)
     with_torch, why_not = torch_status()
     print(

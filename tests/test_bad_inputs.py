@@ -1132,11 +1132,18 @@ EARLY = [
             ),
         )
     ],  # fmt: skip
+    (  # the error named --config=FILE:bogus, a flag the user did not give
+        'profile_train_unknown_variant',
+        'scripts/profile_train.py',
+        lambda c: ['--variant=bogus', '--steps=1'],
+        r"^error: --variant=bogus: --config=.*:bogus: .*unknown variant 'bogus'",
+    ),
     (  # every variant's config before the first is timed (it came after mha's whole row)
         'bench_train_unknown_variant_after_a_good_one',
         'scripts/bench_train.py',
         lambda c: ['--variants=mha,bogus'],
-        r"unknown variant 'bogus'; expected 'mha'.*\)$",
+        r"^error: --variants=bogus: --config=.*:bogus: .*unknown variant 'bogus'; expected "
+        r"'mha'.*\)$",
     ),
     (
         'bench_train_no_variants',
