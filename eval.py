@@ -85,8 +85,8 @@ def check_cache_dtype(model: ml_collections.ConfigDict, data: ml_collections.Con
     if _CACHE.value and data.source in TASKS:
         raise ValueError('--kv_cache_dtype evaluates text windows; this run is a recall task')
     if _CACHE.value:  # before the data is read (it came after)
-        cfg, window = check_model_config(model), 'a window of config.data.seq_len'
-        check_storage(cfg, _CACHE.value, data.seq_len, window)
+        window = 'a window of config.data.seq_len'
+        check_storage(check_model_config(model), _CACHE.value, data.seq_len, window)
 
 
 def check_kernel(model: ml_collections.ConfigDict) -> dict[str, str]:

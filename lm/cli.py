@@ -156,8 +156,8 @@ def check_inactive_overrides(config: ml_collections.ConfigDict, keys: list[str])
     """One-line error for a `--config.KEY` override (`keys`: the KEYs given) in a `config.model`
     section the run's attention does not read, e.g. `--config.model.mla.kv_lora_rank` with a
     variant that has no latent: it would do nothing (most likely --config.model.attention was
-    left out).
-    Config files may set such sections for every point of a sweep; only overrides are refused."""
+    left out). Config files may set such sections for every point of a sweep; only overrides
+    are refused."""
     inactive = inactive_sections(config.model.attention)
     for key in keys:
         section = key.split('.')[1] if key.startswith('model.') and key.count('.') > 1 else ''
