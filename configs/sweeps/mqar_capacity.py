@@ -31,6 +31,14 @@ layer, seeds 0-7, paired with the first round's 8-pair cells: GQA-2 (2 KV heads 
   python scripts/sweep.py --config=configs/sweeps/mqar_capacity.py --sweep_dir=runs/mqc/r2 \
       --points=mha_p8_gate,gqa2_p8,mqa_hd32_p8 --seeds=8 --ensemble --ensemble_program=looped \
       --config.mesh.cpu_devices=1
+
+The third round (docs/studies/mqar_capacity/own_rate_statement.md): GQA-2 and MQA at 8 pairs,
+each at the rates of OWN_RATES on seeds 0-1, points '<arm>_p8_lr<rate>' (e.g. gqa2_p8_lr0.002);
+then each arm at the rate its grid chose on seeds 8-15 (MHA's gate seeds):
+
+  python scripts/sweep.py --config=configs/sweeps/mqar_capacity.py --sweep_dir=runs/mqc/r3_grid \
+      --points=gqa2_p8_lr0.001,gqa2_p8_lr0.002 --seeds=2 --ensemble --ensemble_program=looped \
+      --config.mesh.cpu_devices=1
 """
 
 import os
@@ -42,6 +50,7 @@ VARIANTS = ('mha', 'mqa')
 PAIRS = (4, 8)
 # The rate of each variant's cells, chosen on the grid (the study's amendment records it).
 LR = {'mha': 3e-3, 'mqa': 3e-3}
+OWN_RATES = (1e-3, 2e-3, 3e-3, 5e-3)  # the third round's grid for GQA-2 and MQA at 8 pairs
 
 
 def get_config():
@@ -70,4 +79,14 @@ def get_points():
         {**cell['mha_p8'], **variant_points(['gqa2'])[0], 'name': 'gqa2_p8'},
         {**cell['mqa_p8'], 'name': 'mqa_hd32_p8', 'model.head_dim': 32},
     ]
-    return grid + cells + second
+    own = [
+        {**arm, 'name': own_rate_point(arm['name'], lr), 'train.lr': lr, 'train.min_lr': lr}
+        for arm in (second[1], cell['mqa_p8'])
+        for lr in OWN_RATES
+    ]
+    return grid + cells + second + own
+
+
+def own_rate_point(arm: str, lr: float) -> str:
+    """The third round's point of `arm` ('gqa2_p8' or 'mqa_p8') at rate `lr`: 'gqa2_p8_lr0.002'."""
+    return f'{arm}_lr{lr:g}'

@@ -71,7 +71,7 @@ __all__, __getattr__, __dir__ = public_face(
             'runs_of',
         ),
         'pareto_plot': ('figure as pareto_figure', 'log_images', 'summarise as summarise_pareto'),
-        'lr_grid': ('at_chosen_rates', 'check_seeds', 'stack'),
+        'lr_grid': ('at_chosen_rates', 'check_seeds', 'screen_choices', 'stack'),
         'cache_quality': (
             'evaluate_run',
             'finished_runs',
