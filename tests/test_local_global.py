@@ -15,6 +15,7 @@ from lm.infer.decode import Decoder, init_caches
 from lm.model import accounting
 from lm.model.attention import window_mask
 from lm.model.transformer import build_model, model_config
+from lm.train.run import check_config
 
 PROMPTS = [[5, 9, 2, 7, 1, 3, 8, 4, 2], [4, 4, 10], [11, 2, 6, 6, 1]]  # left-padded; 9 > W
 
@@ -282,3 +283,22 @@ def test_bytes_per_context_token_count_a_local_layer_at_its_window():
     full = model_config(tiny_config(num_kv_heads=2).model)
     assert accounting.kv_cache_bytes_per_context_token(full, 16) == 2 * slot
     assert accounting.kv_cache_bytes_per_token(full) == 2 * slot
+
+
+def test_a_window_as_long_as_the_row_is_warned(caplog):
+    """sliding_window >= data.seq_len windows nothing in training (q - k < W for every pair of
+    a row): the run's config check warns once, naming both settings; a shorter window and no
+    window are silent."""
+    seq_len = tiny_config().data.seq_len
+    for window, warned in ((seq_len + 7, True), (seq_len, True), (seq_len - 1, False), (0, False)):
+        local = {'sliding_window': window, 'layer_pattern': 'LG'} if window else {}
+        caplog.clear()
+        with caplog.at_level('WARNING'):
+            check_config(tiny_config(attention='gqa', num_kv_heads=2, **local))
+        lines = [r.getMessage() for r in caplog.records if 'sliding_window' in r.getMessage()]
+        expected = (
+            f'config.model.sliding_window={window} >= config.data.seq_len={seq_len}: the local '
+            'layers see the whole row in training and evaluation (as global ones); only decoding '
+            f'past {window} tokens is windowed'
+        )
+        assert lines == ([expected] if warned else []), window

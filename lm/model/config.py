@@ -10,6 +10,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import ml_collections
+from absl import logging
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 ATTENTION_IMPLS = ('einsum', 'dot_product', 'cudnn')
@@ -48,6 +49,23 @@ def check_idle_rope_knobs(model: ml_collections.ConfigDict, defaults: dict[str, 
                 f"RoPE): set config.model.rope_scaling='llama3', or leave it at "
                 f'{defaults[name][0]}'
             )
+
+
+def warn_idle_window(model: ml_collections.ConfigDict, seq_len: int) -> None:
+    """A warning when config.model.sliding_window >= seq_len: a query at most seq_len - 1 tokens
+    past its first key sees every key (window: q - k < W), so local layers act as global ones in
+    training and evaluation; only decoding past W tokens windows them. Not an error: a model
+    imported with a long window and fine-tuned on short rows keeps its window for decoding."""
+    W = model.sliding_window
+    if W and W >= seq_len:
+        logging.warning(
+            'config.model.sliding_window=%d >= config.data.seq_len=%d: the local layers see the '
+            'whole row in training and evaluation (as global ones); only decoding past %d tokens '
+            'is windowed',
+            W,
+            seq_len,
+            W,
+        )
 
 
 @dataclasses.dataclass(frozen=True)

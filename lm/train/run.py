@@ -20,7 +20,7 @@ from lm.config_migration import upgrade_config
 from lm.data.checks import check_data_config, check_idle_data
 from lm.data.corpus import Corpus, check_corpus_size, check_vocab_fits, load_corpus
 from lm.data.recall import TASKS
-from lm.model.config import ModelConfig, check_idle_rope_knobs
+from lm.model.config import ModelConfig, check_idle_rope_knobs, warn_idle_window
 from lm.model.transformer import check_model_config, model_config
 from lm.sharding import (
     check_cpu_devices,
@@ -192,6 +192,7 @@ def check_config(
     check_model_config(config.model)  # model errors before reading any data
     check_eps_in(config.train, config.model.param_dtype)
     check_idle_rope_knobs(config.model, default_values('model'))
+    warn_idle_window(config.model, config.data.seq_len)
     check_cpu_devices(config.mesh)
     if config.model.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
         raise ValueError(
