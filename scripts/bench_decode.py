@@ -22,10 +22,10 @@ read), so its time is at least (bytes read per step) / (bandwidth). The referenc
 measured in the same run the way the best decoders reach it: a device-to-device copy (bytes read
 + written) and a streaming read (a jitted sum), each at --bandwidth_gib / 4, / 2 and x 1 (median
 of 7 repeats), before the rows and after them, the best of all; the vendor's figure for the
-device kind (lm/train/perf.py) is printed beside it. A row that reads faster than the reference
-raises it to its own rate, said in the header line, so no row prints more than 100%. Each row
-reports the bytes a step reads (weights + the cache filled to L + half the new tokens), the
-achieved GB/s, its % of the reference, its speedup over MHA (same batch and context), the
+device kind is printed beside it (both in lm/train/perf.py). A row that reads faster than the
+reference raises it to its own rate, said in the header line, so no row prints more than 100%.
+Each row reports the bytes a step reads (weights + the cache filled to L + half the new tokens),
+the achieved GB/s, its % of the reference, its speedup over MHA (same batch and context), the
 speedup the bytes predict (MHA's bytes per step / the variant's), and the share of that
 prediction reached.
 
@@ -61,7 +61,14 @@ from lm.model import (
     param_counts,
     parse_variant,
 )
-from lm.train import device_memory, load_profile, print_profile, spec_bandwidth
+from lm.train import (
+    add_roofline,
+    device_memory,
+    load_profile,
+    memory_reference,
+    print_profile,
+    reference_text,
+)
 
 _CONTEXTS = flags.DEFINE_list('contexts', ['256', '1024', '4096', '8192'], 'Cache fill lengths.')
 _VARIANTS = flags.DEFINE_list(
@@ -134,31 +141,6 @@ def model_for(variant: str):
     if local:  # local (sliding-window) layers by --layer_pattern
         config.model.update(sliding_window=_WINDOW.value, layer_pattern=_PATTERN.value)
     return model_config(config.model)
-
-
-def timed(fn, x: jax.Array, repeats: int) -> float:
-    """Median seconds of a jitted `fn(x)` after one warm-up call."""
-    jax.block_until_ready(fn(x))
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
-
-
-def memory_reference(gib: float, repeats: int = 7) -> dict:
-    """The device's memory bandwidth as the best decoders reach it, bytes/s: a device-to-device
-    copy (bytes read + written) and a streaming read (a jitted sum), each the median of
-    `repeats` at sizes gib / 4, gib / 2 and gib, the best of all; with the vendor's figure."""
-    copy, read = jax.jit(lambda x: x.copy()), jax.jit(jnp.sum)
-    best = {'copy': 0.0, 'read': 0.0}
-    for size in (gib / 4, gib / 2, gib):
-        x = jnp.ones((max(1, int(size * 2**30) // 4),), jnp.float32)
-        best['copy'] = max(best['copy'], 2 * x.nbytes / timed(copy, x, repeats))
-        best['read'] = max(best['read'], x.nbytes / timed(read, x, repeats))
-        del x
-    return {**best, 'reference': max(best.values()), 'spec': spec_bandwidth()}
 
 
 def random_like(key: jax.Array, a: jax.Array) -> jax.Array:
@@ -252,48 +234,6 @@ def profile_loop(decoder: Decoder, args: list, caches: list, label: str) -> None
     p = load_profile(trace_dir, hlo, _NEW.value)
     print(f'\nprofile of {label}: {p.busy:.3f} ms of op time per decode step')
     print_profile(p, _PROFILE.value)
-
-
-def add_roofline(rows: list[dict], reference: dict) -> dict:
-    """Adds achieved GB/s, its fraction of the reference bandwidth, and the measured and
-    predicted (bytes ratio) speedups over MHA at the same batch and context (None without an
-    MHA row). A row that read faster than the measured reference raises it to that row's rate
-    (`raised_by`), so no fraction exceeds 1. Returns the reference used."""
-    for r in rows:
-        r['achieved_GBps'] = r['bytes_per_step'] / (r['ms_per_step'] / 1e3) / 1e9
-    fastest = max(rows, key=lambda r: r['achieved_GBps'])
-    reference = dict(reference, raised_by=None)
-    if fastest['achieved_GBps'] * 1e9 > reference['reference']:
-        reference['reference'] = fastest['achieved_GBps'] * 1e9
-        reference['raised_by'] = (fastest['variant'], fastest['context'], fastest['batch'])
-    mha = {(r['batch'], r['context']): r for r in rows if r['variant'] == 'mha'}
-    for r in rows:
-        r['bandwidth_GBps'] = reference['reference'] / 1e9
-        r['copy_GBps'], r['read_GBps'] = reference['copy'] / 1e9, reference['read'] / 1e9
-        r['fraction_of_bandwidth'] = r['achieved_GBps'] * 1e9 / reference['reference']
-        ref = mha.get((r['batch'], r['context']))
-        r['speedup_vs_mha'] = ref and ref['ms_per_step'] / r['ms_per_step']
-        r['predicted_speedup'] = ref and ref['bytes_per_step'] / r['bytes_per_step']
-        r['fraction_of_predicted'] = ref and r['speedup_vs_mha'] / r['predicted_speedup']
-    return reference
-
-
-def reference_text(reference: dict) -> str:
-    """One line: the reference bandwidth, how it was measured, and the vendor's figure."""
-    gbps = {k: reference[k] / 1e9 for k in ('copy', 'read', 'reference')}
-    spec = reference['spec']
-    text = (
-        f'reference bandwidth {gbps["reference"]:,.0f} GB/s (best of a device-to-device copy, '
-        f'{gbps["copy"]:,.0f} GB/s read + written, and a streaming read, {gbps["read"]:,.0f} '
-        f'GB/s; vendor figure {f"{spec / 1e9:,.0f} GB/s" if spec else "not listed"})'
-    )
-    if reference['raised_by']:
-        variant, context, batch = reference['raised_by']
-        text += (
-            f'; raised to the {variant} row at context {context}, batch {batch}, which read '
-            'faster than both'
-        )
-    return text
 
 
 def ratio(x: float | None) -> str:
@@ -410,7 +350,7 @@ def run() -> int:
     rows = [bench(v, c, B) for B in batches for v in _VARIANTS.value for c in contexts]
     references.append(memory_reference(_BW_GIB.value))  # the machine may be shared: the best
     reference = max(references, key=lambda r: r['reference'])
-    reference = add_roofline(rows, reference)
+    reference = add_roofline(rows, reference, baseline='mha')
     print(reference_text(reference))
     for B in batches:
         print_table([r for r in rows if r['batch'] == B], B)

@@ -1,6 +1,7 @@
 """The train wing: run assembly (`run`), the jitted train/eval steps, the loop, optimizer,
 checkpoints, the run directory, evaluation, TensorBoard and the run log; performance accounting
-(`perf`) and profiler traces (`profile`). Imports neither `convert` nor `analysis`.
+(`perf`: MFU and the decode roofline) and profiler traces (`profile`). Imports neither `convert`
+nor `analysis`.
 """
 
 from lm import public_face
@@ -70,10 +71,13 @@ __all__, __getattr__, __dir__ = public_face(
         'checkpoint': ('check_finite', 'latest_sound_step', 'read_latest_meta'),
         'perf': (
             'PEAK_FLOPS',
+            'add_roofline',
             'cpu_model',
             'device_description',
+            'memory_reference',
             'mfu',
             'peak_flops',
+            'reference_text',
             'spec_bandwidth',
         ),
         'profile': ('Profile', 'load_profile', 'print_profile'),

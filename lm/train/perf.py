@@ -1,11 +1,16 @@
-"""Stated peak FLOP/s per device and model FLOP utilisation (MFU), as in PaLM App. B."""
+"""Stated peak FLOP/s per device and model FLOP utilisation (MFU), as in PaLM App. B; the memory
+bandwidth a decode benchmark is held against (measured in the run, the vendor's figure beside it)
+and each decode row's place on that roofline (scripts/bench_decode.py)."""
 
 from __future__ import annotations
 
 import os
 import platform
+import time
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 # Dense bf16 peak FLOP/s per device from vendor data sheets (no sparsity).
 PEAK_FLOPS = {
@@ -108,3 +113,70 @@ def mfu(tokens_per_sec: float, flops_per_token: float, peak_flops_total: float) 
         return None
     utilisation = tokens_per_sec * flops_per_token / peak_flops_total
     return utilisation if utilisation <= 1 else None
+
+
+def timed(fn, x: jax.Array, repeats: int) -> float:
+    """Median seconds of a jitted `fn(x)` after one warm-up call."""
+    jax.block_until_ready(fn(x))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(x))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def memory_reference(gib: float, repeats: int = 7) -> dict:
+    """The device's memory bandwidth as the best decoders reach it, bytes/s: a device-to-device
+    copy (bytes read + written) and a streaming read (a jitted sum), each the median of
+    `repeats` at sizes gib / 4, gib / 2 and gib, the best of all; with the vendor's figure."""
+    copy, read = jax.jit(lambda x: x.copy()), jax.jit(jnp.sum)
+    best = {'copy': 0.0, 'read': 0.0}
+    for size in (gib / 4, gib / 2, gib):
+        x = jnp.ones((max(1, int(size * 2**30) // 4),), jnp.float32)
+        best['copy'] = max(best['copy'], 2 * x.nbytes / timed(copy, x, repeats))
+        best['read'] = max(best['read'], x.nbytes / timed(read, x, repeats))
+        del x
+    return {**best, 'reference': max(best.values()), 'spec': spec_bandwidth()}
+
+
+def add_roofline(rows: list[dict], reference: dict, baseline: str) -> dict:
+    """Adds achieved GB/s, its fraction of the reference bandwidth, and the measured and
+    predicted (bytes ratio) speedups over the `baseline` variant's row at the same batch and
+    context (None without one). A row that read faster than the measured reference raises it to
+    that row's rate (`raised_by`), so no fraction exceeds 1. Returns the reference used."""
+    for r in rows:
+        r['achieved_GBps'] = r['bytes_per_step'] / (r['ms_per_step'] / 1e3) / 1e9
+    fastest = max(rows, key=lambda r: r['achieved_GBps'])
+    reference = dict(reference, raised_by=None)
+    if fastest['achieved_GBps'] * 1e9 > reference['reference']:
+        reference['reference'] = fastest['achieved_GBps'] * 1e9
+        reference['raised_by'] = (fastest['variant'], fastest['context'], fastest['batch'])
+    base = {(r['batch'], r['context']): r for r in rows if r['variant'] == baseline}
+    for r in rows:
+        r['bandwidth_GBps'] = reference['reference'] / 1e9
+        r['copy_GBps'], r['read_GBps'] = reference['copy'] / 1e9, reference['read'] / 1e9
+        r['fraction_of_bandwidth'] = r['achieved_GBps'] * 1e9 / reference['reference']
+        ref = base.get((r['batch'], r['context']))
+        r['speedup_vs_mha'] = ref and ref['ms_per_step'] / r['ms_per_step']
+        r['predicted_speedup'] = ref and ref['bytes_per_step'] / r['bytes_per_step']
+        r['fraction_of_predicted'] = ref and r['speedup_vs_mha'] / r['predicted_speedup']
+    return reference
+
+
+def reference_text(reference: dict) -> str:
+    """One line: the reference bandwidth, how it was measured, and the vendor's figure."""
+    gbps = {k: reference[k] / 1e9 for k in ('copy', 'read', 'reference')}
+    spec = reference['spec']
+    text = (
+        f'reference bandwidth {gbps["reference"]:,.0f} GB/s (best of a device-to-device copy, '
+        f'{gbps["copy"]:,.0f} GB/s read + written, and a streaming read, {gbps["read"]:,.0f} '
+        f'GB/s; vendor figure {f"{spec / 1e9:,.0f} GB/s" if spec else "not listed"})'
+    )
+    if reference['raised_by']:
+        variant, context, batch = reference['raised_by']
+        text += (
+            f'; raised to the {variant} row at context {context}, batch {batch}, which read '
+            'faster than both'
+        )
+    return text
