@@ -566,6 +566,38 @@ def test_mfu_is_against_a_stated_peak_and_never_over_100_percent(monkeypatch):
     assert perf.peak_flops() == (8 * 989e12, 'table: NVIDIA H100 80GB HBM3 x 8')
 
 
+def test_the_decode_roofline_never_passes_its_reference():
+    """add_roofline by hand: GB/s = bytes / time; a row faster than the measured reference raises
+    it to that row's rate (so the fastest reads at 100%, none above); speedups and bytes ratios
+    against the baseline row of the same batch and context, None where there is none."""
+    from lm.train import perf
+
+    def row(variant, context, ms, read):
+        return {
+            'variant': variant,
+            'context': context,
+            'batch': 1,
+            'ms_per_step': ms,
+            'bytes_per_step': read,
+        }
+
+    reference = {'copy': 2e9, 'read': 1e9, 'reference': 2e9, 'spec': None}
+    rows = [row('base', 8, 4.0, 4e6), row('small', 8, 2.5, 1e6), row('small', 16, 1.0, 3e6)]
+    used = perf.add_roofline(rows, reference, baseline='base')
+    assert [r['achieved_GBps'] for r in rows] == pytest.approx([1.0, 0.4, 3.0])
+    assert used['reference'] == pytest.approx(3e9) and used['raised_by'] == ('small', 16, 1)
+    assert [r['fraction_of_bandwidth'] for r in rows] == pytest.approx([1 / 3, 0.4 / 3, 1.0])
+    assert rows[1]['speedup_vs_mha'] == pytest.approx(1.6)  # 4.0 / 2.5 ms
+    assert rows[1]['predicted_speedup'] == pytest.approx(4.0)  # 4e6 / 1e6 bytes
+    assert rows[1]['fraction_of_predicted'] == pytest.approx(0.4)
+    assert rows[2]['speedup_vs_mha'] is None  # no baseline row at context 16
+    assert 'raised to the small row at context 16, batch 1' in perf.reference_text(used)
+    slow = [row('base', 8, 40.0, 4e6)]  # 0.1 GB/s: the measured reference stands
+    used = perf.add_roofline(slow, reference, baseline='base')
+    assert used['raised_by'] is None and slow[0]['fraction_of_bandwidth'] == pytest.approx(0.05)
+    assert 'raised' not in perf.reference_text(used)
+
+
 @pytest.mark.slow
 def test_an_eval_at_a_checkpoint_is_on_disk_before_the_checkpoint(
     tmp_path, small_text, monkeypatch
