@@ -143,8 +143,9 @@ def memory_reference(gib: float, repeats: int = 7) -> dict:
 def add_roofline(rows: list[dict], reference: dict, baseline: str) -> dict:
     """Adds achieved GB/s, its fraction of the reference bandwidth, and the measured and
     predicted (bytes ratio) speedups over the `baseline` variant's row at the same batch and
-    context (None without one). A row that read faster than the measured reference raises it to
-    that row's rate (`raised_by`), so no fraction exceeds 1. Returns the reference used."""
+    context (None without one; the key keeps bench_decode's JSON name, `speedup_vs_mha`). A row
+    that read faster than the measured reference raises it to that row's rate (`raised_by`), so no
+    fraction exceeds 1. Returns the reference used."""
     for r in rows:
         r['achieved_GBps'] = r['bytes_per_step'] / (r['ms_per_step'] / 1e3) / 1e9
     fastest = max(rows, key=lambda r: r['achieved_GBps'])

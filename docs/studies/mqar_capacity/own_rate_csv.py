@@ -10,6 +10,7 @@ The last line printed is `tested POINTS`: the tested sweep's points (each arm at
 """
 
 import csv
+import importlib.util
 import os
 import statistics
 
@@ -25,6 +26,16 @@ TESTED = 8  # seeds per arm in the tested sweep (8-15)
 ALPHA = 0.025  # Holm's first step over the family of two
 EFFECTS = (10.0, 20.0, 40.0)  # points of accuracy
 EARLIER = os.path.join(HERE, 'results', 'round2_seeds.csv')  # both arms' 3e-3 runs at 8 pairs
+SWEEP = os.path.join(HERE, *[os.pardir] * 3, 'configs', 'sweeps', 'mqar_capacity.py')
+
+
+def own_rates() -> tuple[float, ...]:
+    """The grid's rates: OWN_RATES of configs/sweeps/mqar_capacity.py."""
+    spec = importlib.util.spec_from_file_location('_mqar_capacity', SWEEP)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.OWN_RATES
+
 
 _GRID = flags.DEFINE_string('grid_sweep', 'runs/mqc/r3_grid', 'The grid sweep (seeds 0-1).')
 _OUT = flags.DEFINE_string(
@@ -57,11 +68,10 @@ def grid_rows(summary: list[dict]) -> list[dict]:
                 }
             )
     for arm in ARMS:
-        have = {(r['lr'], r['seed']) for r in rows if r['point'] == arm}
-        rates = {lr for lr, _ in have}
-        missing = [f'{lr} seed {s}' for lr in sorted(rates) for s in SEEDS if (lr, s) not in have]
-        if not rates or missing:
-            raise SystemExit(f'{arm}: grid incomplete ({", ".join(missing) or "no runs"})')
+        have = {(float(r['lr']), r['seed']) for r in rows if r['point'] == arm}
+        missing = [f'{lr:g} seed {s}' for lr in own_rates() for s in SEEDS if (lr, s) not in have]
+        if missing:
+            raise SystemExit(f'{arm}: grid incomplete (no run for {", ".join(missing)})')
     return sorted(rows, key=lambda r: (r['point'], float(r['lr']), r['seed']))
 
 
