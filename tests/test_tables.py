@@ -377,6 +377,12 @@ def test_seed_curve_table_averages_each_arm_over_its_seeds():
     # mha at 100: mean 0.3, sample std 0.1414; gqa2 has one seed there and none at 200
     assert '| 100 | 0.300 ± 0.141 | 0.500 (n = 1) | 0.250 (n = 1) |' in text
     assert '| 200 | 0.850 ± 0.071 |  |  |' in text
+    # a second metric in the CSV gets a table of its own (it once overwrote the first's cells)
+    loss = [{**r, 'metric': 'loss', 'value': str(10 * float(r['value']))} for r in rows]
+    both = tables.seed_curve_table(rows + loss)
+    first, second = both.split('\n\nloss by step (mean ± std over seeds):\n\n')
+    assert first == text
+    assert '| 100 | 3.000 ± 1.414 | 5.000 (n = 1) | 2.500 (n = 1) |' in second
 
 
 def test_intervals_table_recovers_p_and_applies_holm():

@@ -196,8 +196,15 @@ def last_step_table(rows: list[dict]) -> str:
 
 
 def seed_curve_table(rows: list[dict]) -> str:
-    """A sweep's learning curves (runs named <arm>_s<seed>, or <arm> for one seed): steps down,
-    arms across, each cell the arm's mean ± sample std over its seeds at that step."""
+    """A sweep's learning curves (runs named <arm>_s<seed>, or <arm> for one seed): per metric
+    of the CSV, steps down, arms across, each cell the arm's mean ± sample std over its seeds at
+    that step."""
+    metrics = list(dict.fromkeys(r['metric'] for r in rows))
+    return '\n\n'.join(_seed_curve([r for r in rows if r['metric'] == m]) for m in metrics)
+
+
+def _seed_curve(rows: list[dict]) -> str:
+    """`seed_curve_table` of one metric's rows."""
     at: dict[tuple[str, int], dict[int, float]] = {}
     for r in rows:
         arm, seed = arm_and_seed(r['run'])
