@@ -37,16 +37,17 @@ jax.config.update('jax_default_matmul_precision', 'highest')
 os.environ['XLA_FLAGS'] = (
     os.environ.get('XLA_FLAGS', '') + ' --xla_gpu_deterministic_ops=true'
 ).strip()
-# What a user's process has (runs the tests start "as users' runs are" take it: the README's
-# quickstart, the fresh-clone commands).
-USER_XLA_FLAGS = os.environ['XLA_FLAGS']
 # On the CPU, XLA's loop emitters instead of its fusion emitters: this process and the runs it
 # starts compile each program in about half the time (a tiny train.py run's compiles 4.0 s ->
 # 2.2 s; test_model.py and an eager decoding test, most of whose time is compiling one small
 # program per operation, 46 s -> 27 s), and the tests check maths, not the emitted code's speed.
 # Ignored by a GPU's compiles.
 CPU_TEST_XLA_FLAG = '--xla_cpu_use_fusion_emitters=false'
-os.environ['XLA_FLAGS'] += ' ' + CPU_TEST_XLA_FLAG
+# What a user's process has (runs the tests start "as users' runs are" take it: the README's
+# quickstart, the fresh-clone commands, the golden runs). Without the test flag: a pytest-xdist
+# worker inherits the controller's XLA_FLAGS, which already hold it.
+USER_XLA_FLAGS = ' '.join(w for w in os.environ['XLA_FLAGS'].split() if w != CPU_TEST_XLA_FLAG)
+os.environ['XLA_FLAGS'] = f'{USER_XLA_FLAGS} {CPU_TEST_XLA_FLAG}'
 # On the CPU, this process compiles with JAX's `jax_disable_most_optimizations` (XLA's LLVM at
 # -O0): its tests check maths at tiny sizes, where compiling is most of the time (the fast tier:
 # 115 s instead of 193-221 s on the 2-core CI machine, 2026-11-28). It is this process's setting,

@@ -69,6 +69,14 @@ __all__, __getattr__, __dir__ = public_face(
             'safe_name',
         ),
         'checkpoint': ('check_finite', 'latest_sound_step', 'read_latest_meta'),
+        'golden': (
+            'TOOLCHAIN_RTOL',
+            'compare as compare_golden',
+            'first_difference',
+            'golden_run',
+            'relative_difference',
+            'toolchain as golden_toolchain',
+        ),
         'perf': (
             'PEAK_FLOPS',
             'add_roofline',

@@ -1,0 +1,156 @@
+r"""Does this checkout train as the recorded one did? Trains each golden case (below) for a few
+steps from its initialisation on the CPU (`lm.train.golden_run`) and compares each step's loss,
+bit for bit, and the parameters reached with the record, tests/fixtures/golden_runs.json.
+
+  python scripts/golden_run.py            # compare; exit 1 if any case differs
+  python scripts/golden_run.py --write    # record this checkout (after a change you mean)
+
+Under the record's toolchain (JAX, jaxlib, backend, CPU model, XLA's optimisation and the
+CPU-side XLA_FLAGS) a golden run must match exactly; under another one its losses must agree to
+lm.train.golden's TOOLCHAIN_RTOL (last bits may move, the computation may not). A change that is
+meant (a rewritten backward pass, say) is recorded with --write and a line in docs/train.md's
+golden-run log, so that a study's reruns can be told apart from its runs.
+"""
+
+import datetime
+import json
+import os
+import re
+import subprocess
+
+import jax
+from absl import flags
+
+from lm.cli import run_app
+from lm.config import load_config_file, with_values
+from lm.sharding import set_cpu_devices
+from lm.train import TOOLCHAIN_RTOL, compare_golden, golden_run, golden_toolchain
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# name: (config spec, overrides). Each covers a path the studies train through: the MQAR study's
+# looped ensemble of GQA, MLA's latent attention, and gradient accumulation with several steps
+# per call; recall data is generated from seeds, so no file is needed.
+CASES = {
+    'mqar_gqa2_ensemble': (
+        'configs/recall/mqar_zoology.py:gqa2',
+        {'train.ensemble': 2, 'train.ensemble_loop': True},
+    ),
+    'mqar_mla': ('configs/recall/mqar_zoology.py:mla', {}),
+    'mqar_mqa_accumulated': (
+        'configs/recall/mqar.py:mqa',
+        {'train.grad_accum_steps': 2, 'train.steps_per_call': 4},
+    ),
+}
+STEPS = 8  # optimizer steps per case
+COMMON = {'mesh.cpu_devices': 1}  # one CPU device: no cross-device reduction order to vary
+
+_RECORD = flags.DEFINE_string(
+    'record', os.path.join(ROOT, 'tests', 'fixtures', 'golden_runs.json'), 'The record (JSON).'
+)
+_WRITE = flags.DEFINE_bool('write', False, "Write this checkout's golden runs as the record.")
+
+
+def case_config(spec: str, overrides: dict):
+    path, _, arg = spec.partition(':')
+    config = load_config_file(os.path.join(ROOT, path), arg or None)
+    return with_values(config, {**overrides, **COMMON})
+
+
+def definitions() -> dict:
+    return {name: {'config': s, 'overrides': o, 'steps': STEPS} for name, (s, o) in CASES.items()}
+
+
+def toolchain() -> dict:
+    """`lm.train.golden_toolchain` and the XLA_FLAGS that can change the CPU's numerics (all but
+    the GPU's and the simulated device count, which one device's cases do not use)."""
+    skip = ('--xla_gpu_', '--xla_force_host_platform_device_count')
+    words = os.environ.get('XLA_FLAGS', '').split()
+    return {
+        **golden_toolchain(),
+        'xla_flags': ' '.join(sorted(w for w in words if not w.startswith(skip))),
+    }
+
+
+def commit() -> str:
+    """HEAD's commit, '+' if the work tree has changes; '' outside a git checkout."""
+    git = ['git', '-C', ROOT]
+    head = subprocess.run([*git, 'rev-parse', 'HEAD'], capture_output=True, text=True)
+    if head.returncode:
+        return ''
+    dirty = subprocess.run([*git, 'status', '--porcelain'], capture_output=True, text=True)
+    return head.stdout.strip() + ('+' if dirty.stdout.strip() else '')
+
+
+def read_record(path: str) -> dict:
+    try:
+        with open(path, encoding='utf-8') as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f'--record={path}: no such file (write one with --write)') from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f'--record={path}: not JSON ({e})') from None
+    if not isinstance(record, dict) or not {'toolchain', 'taken', 'cases'} <= set(record):
+        raise ValueError(f'--record={path}: expected keys toolchain, taken and cases')
+    defined = {
+        n: {k: v for k, v in c.items() if k in ('config', 'overrides', 'steps')}
+        for n, c in record['cases'].items()
+    }
+    if defined != definitions():
+        raise ValueError(
+            f'--record={path}: its cases differ from scripts/golden_run.py CASES: '
+            're-record with --write'
+        )
+    return record
+
+
+def record_text(record: dict) -> str:
+    """The record as indented JSON with each step's losses on one line."""
+    text = json.dumps(record, indent=1)
+    row = re.compile(r'\[\s+("[^"\]]*"(?:,\s+"[^"\]]*")*)\s+\]')
+    return row.sub(lambda m: '[' + re.sub(r',\s+', ', ', m.group(1)) + ']', text) + '\n'
+
+
+def write(path: str, runs: dict) -> None:
+    taken = {
+        'date': datetime.date.today().isoformat(),
+        'commit': commit(),
+    }
+    cases = {n: {**definitions()[n], **r} for n, r in runs.items()}
+    with open(path, 'w', encoding='utf-8') as f:
+        f.write(record_text({'toolchain': toolchain(), 'taken': taken, 'cases': cases}))
+    print(f'wrote {len(cases)} golden runs to {path}')
+
+
+def report(record: dict, runs: dict) -> int:
+    ours, theirs, taken = toolchain(), record['toolchain'], record['taken']
+    exact = ours == theirs
+    print(f'record: {taken["commit"] or "no commit"}, {taken["date"]}, {theirs}')
+    print(f'this:   {commit() or "no commit"}, {ours}')
+    if not exact:
+        print(f"another toolchain than the record's: losses compared to {TOOLCHAIN_RTOL:g}")
+    results = [compare_golden(n, runs[n], record['cases'][n], exact) for n in CASES]
+    for _, line in results:
+        print(line)
+    if all(ok for ok, _ in results):
+        return 0
+    print(
+        'training numerics differ from the record: if the change is meant, run '
+        "`python scripts/golden_run.py --write` and add a line to docs/train.md's golden-run log"
+    )
+    return 1
+
+
+def run() -> int:
+    record = None if _WRITE.value else read_record(_RECORD.value)  # before any training
+    configs = {n: case_config(s, o) for n, (s, o) in CASES.items()}
+    jax.config.update('jax_platforms', 'cpu')
+    set_cpu_devices(configs[next(iter(CASES))].mesh)  # before JAX starts; every case's is 1
+    runs = {n: golden_run(config, STEPS) for n, config in configs.items()}
+    if _WRITE.value:
+        write(_RECORD.value, runs)
+        return 0
+    return report(record, runs)
+
+
+if __name__ == '__main__':
+    run_app(run)

@@ -1,0 +1,138 @@
+"""Golden runs (lm/train/golden.py, scripts/golden_run.py): this checkout trains the recorded cases
+bit for bit as tests/fixtures/golden_runs.json says (under its toolchain; within TOOLCHAIN_RTOL
+under another), the golden run is what train.py logs, and a changed bit is reported."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, USER_XLA_FLAGS, read_scalars, run_entry
+
+from lm.train.golden import (
+    TOOLCHAIN_RTOL,
+    compare,
+    first_difference,
+    params_digest,
+    relative_difference,
+    toolchain,
+)
+
+RECORD = ROOT / 'tests' / 'fixtures' / 'golden_runs.json'
+# As a user's shell runs it: compiled at XLA's default optimisation (not the tests' -O0 and loop
+# emitters, which give other numerics), one fresh Python.
+USER_ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': USER_XLA_FLAGS}
+
+
+def exact_here(record: dict) -> bool:
+    """Whether a user's process here (XLA optimising, USER_XLA_FLAGS: GPU flags only) has the
+    record's toolchain, so that its golden runs must be bitwise equal."""
+    cpu_flags = [w for w in USER_XLA_FLAGS.split() if not w.startswith('--xla_gpu_')]
+    ours = {**toolchain(), 'optimized': True, 'xla_flags': ''}  # this process compiles at -O0
+    return record['toolchain'] == ours and not cpu_flags
+
+
+def hexes(values):
+    return [[float(np.float32(v)).hex() for v in row] for row in values]
+
+
+def next_float32(x: float) -> float:
+    return float(np.nextafter(np.float32(x), np.float32(np.inf)))
+
+
+def test_one_changed_bit_is_a_difference_and_a_toolchain_allows_last_bits():
+    want = {'loss': hexes([[6.0, 5.0], [4.5, 4.25], [4.0, 3.5]]), 'params_sha256': 'a'}
+    got = {'loss': [row[:] for row in want['loss']], 'params_sha256': 'a'}
+    assert compare('c', got, want, exact=True) == (
+        True,
+        'c: bitwise equal (3 steps and the parameters)',
+    )
+    got['loss'][1][1] = float(next_float32(4.25)).hex()  # one ulp, step 2, second member
+    assert first_difference(got['loss'], want['loss']) == 2
+    assert relative_difference(got['loss'], want['loss']) == pytest.approx(2**-21 / 4.25, rel=1e-6)
+    ok, line = compare('c', got, want, exact=True)
+    assert not ok and line.startswith('c: differs from step 2;') and 'beyond' in line
+    ok, line = compare('c', got, want, exact=False)  # another toolchain: last bits may move
+    assert ok and 'within' in line
+    got['loss'][2][0] = float(4.0 * (1 + 3 * TOOLCHAIN_RTOL)).hex()
+    assert not compare('c', got, want, exact=False)[0]  # beyond the tolerance
+    same = {'loss': want['loss'], 'params_sha256': 'b'}
+    assert compare('c', same, want, exact=True) == (
+        False,
+        'c: every loss equal, the parameters differ',
+    )
+    assert first_difference(want['loss'][:2], want['loss']) == 3
+    assert not compare('c', {'loss': want['loss'][:2], 'params_sha256': 'a'}, want, False)[0]
+
+
+def test_params_digest_sees_one_bit_and_each_name():
+    rng = np.random.default_rng(0)
+    params = {'a': {'w': rng.normal(size=(3, 4)).astype(np.float32)}, 'b': np.zeros(2, np.float32)}
+    digest = params_digest(params)
+    assert digest == params_digest({k: v for k, v in reversed(params.items())})  # order-free
+    flipped = params['a']['w'].copy()
+    flipped.view(np.uint32)[1, 2] ^= 1  # the lowest mantissa bit of one entry
+    assert params_digest({**params, 'a': {'w': flipped}}) != digest
+    assert params_digest({'a': {'v': params['a']['w']}, 'b': params['b']}) != digest
+    assert params_digest({**params, 'b': params['b'].astype(np.float64)}) != digest
+
+
+def test_a_missing_record_is_one_line_before_training(tmp_path):
+    out = run_entry('scripts/golden_run.py', f'--record={tmp_path / "none.json"}')
+    assert out.returncode == 1
+    assert f'--record={tmp_path / "none.json"}: no such file (write one with --write)' in out.stderr
+    (tmp_path / 'other.json').write_text(json.dumps({'toolchain': {}, 'taken': {}, 'cases': {}}))
+    out = run_entry('scripts/golden_run.py', f'--record={tmp_path / "other.json"}')
+    assert out.returncode == 1 and 'its cases differ from scripts/golden_run.py CASES' in out.stderr
+
+
+@pytest.mark.slow
+def test_this_checkout_trains_the_recorded_golden_runs():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / 'scripts' / 'golden_run.py')],
+        cwd=ROOT,
+        env=USER_ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    record = json.loads(RECORD.read_text())
+    word = 'bitwise equal' if exact_here(record) else 'within'
+    lines = out.stdout.splitlines()
+    for name in record['cases']:
+        assert any(line.startswith(f'{name}: {word}') for line in lines), out.stdout
+
+
+@pytest.mark.slow
+def test_the_golden_run_is_what_train_py_logs(tmp_path):
+    case = json.loads(RECORD.read_text())['cases']['mqar_mla']
+    assert case['overrides'] == {}
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / 'train.py'),
+            f'--config={ROOT / case["config"]}',
+            f'--workdir={tmp_path / "run"}',
+            f'--config.train.steps={case["steps"]}',
+            '--config.log_every=1',
+            f'--config.eval_every={case["steps"]}',
+            f'--config.checkpoint_every={case["steps"]}',
+            '--config.eval_at_start=False',
+            '--config.mesh.cpu_devices=1',
+        ],
+        cwd=ROOT,
+        env=USER_ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    logged = read_scalars(tmp_path / 'run' / 'tb', 'train/loss')
+    got = hexes([[logged[s]] for s in range(1, case['steps'] + 1)])
+    if exact_here(json.loads(RECORD.read_text())):
+        assert got == case['loss']
+    else:
+        assert relative_difference(got, case['loss']) <= TOOLCHAIN_RTOL
