@@ -16,7 +16,6 @@ import datetime
 import json
 import os
 import re
-import subprocess
 
 import jax
 from absl import flags
@@ -24,7 +23,7 @@ from absl import flags
 from lm.cli import run_app
 from lm.config import load_config_file, with_values
 from lm.sharding import set_cpu_devices
-from lm.train import TOOLCHAIN_RTOL, compare_golden, golden_run, golden_toolchain
+from lm.train import TOOLCHAIN_RTOL, compare_golden, golden_run, source_commit, toolchain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name: (config spec, overrides). Each covers a path the studies train through: the MQAR study's
@@ -60,27 +59,6 @@ def definitions() -> dict:
     return {name: {'config': s, 'overrides': o, 'steps': STEPS} for name, (s, o) in CASES.items()}
 
 
-def toolchain() -> dict:
-    """`lm.train.golden_toolchain` and the XLA_FLAGS that can change the CPU's numerics (all but
-    the GPU's and the simulated device count, which one device's cases do not use)."""
-    skip = ('--xla_gpu_', '--xla_force_host_platform_device_count')
-    words = os.environ.get('XLA_FLAGS', '').split()
-    return {
-        **golden_toolchain(),
-        'xla_flags': ' '.join(sorted(w for w in words if not w.startswith(skip))),
-    }
-
-
-def commit() -> str:
-    """HEAD's commit, '+' if the work tree has changes; '' outside a git checkout."""
-    git = ['git', '-C', ROOT]
-    head = subprocess.run([*git, 'rev-parse', 'HEAD'], capture_output=True, text=True)
-    if head.returncode:
-        return ''
-    dirty = subprocess.run([*git, 'status', '--porcelain'], capture_output=True, text=True)
-    return head.stdout.strip() + ('+' if dirty.stdout.strip() else '')
-
-
 def read_record(path: str) -> dict:
     try:
         with open(path, encoding='utf-8') as f:
@@ -113,7 +91,7 @@ def record_text(record: dict) -> str:
 def write(path: str, runs: dict) -> None:
     taken = {
         'date': datetime.date.today().isoformat(),
-        'commit': commit(),
+        'commit': source_commit(),
     }
     cases = {n: {**definitions()[n], **r} for n, r in runs.items()}
     with open(path, 'w', encoding='utf-8') as f:
@@ -125,7 +103,7 @@ def report(record: dict, runs: dict) -> int:
     ours, theirs, taken = toolchain(), record['toolchain'], record['taken']
     exact = ours == theirs
     print(f'record: {taken["commit"] or "no commit"}, {taken["date"]}, {theirs}')
-    print(f'this:   {commit() or "no commit"}, {ours}')
+    print(f'this:   {source_commit() or "no commit"}, {ours}')
     if not exact:
         print(f"another toolchain than the record's: losses compared to {TOOLCHAIN_RTOL:g}")
     results = [compare_golden(n, runs[n], record['cases'][n], exact) for n in CASES]

@@ -181,6 +181,9 @@ def test_an_ensemble_trains_its_members_single_runs(tmp_path, small_text, caplog
         with assemble(out, state='restore') as split:
             assert split.config.train.ensemble == 0 and split.config.seed == 3 + i
             assert_equal_trees(split.state, member_tree(result['state'], i))
+        # what trained the member is what trained the ensemble
+        split_results = json.loads((tmp_path / f'split{i}' / 'results.json').read_text())
+        assert split_results['trained_by'] == results['trained_by']
     # several members at once from an earlier checkpoint (the ensemble restored once)
     outs = {0: str(tmp_path / 'early0'), 2: str(tmp_path / 'early2')}
     assert split_members(str(tmp_path / 'ens'), outs, step=4) == list(outs.values())

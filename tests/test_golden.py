@@ -4,6 +4,7 @@ under another), the golden run is what train.py logs, and a changed bit is repor
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,8 +18,8 @@ from lm.train.golden import (
     first_difference,
     params_digest,
     relative_difference,
-    toolchain,
 )
+from lm.train.provenance import source_commit, toolchain
 
 RECORD = ROOT / 'tests' / 'fixtures' / 'golden_runs.json'
 # As a user's shell runs it: compiled at XLA's default optimisation (not the tests' -O0 and loop
@@ -136,3 +137,29 @@ def test_the_golden_run_is_what_train_py_logs(tmp_path):
         assert got == case['loss']
     else:
         assert relative_difference(got, case['loss']) <= TOOLCHAIN_RTOL
+
+
+def test_toolchain_keeps_the_xla_flags_that_can_change_cpu_numerics(monkeypatch):
+    flags = '--xla_gpu_deterministic_ops=true --xla_force_host_platform_device_count=8'
+    monkeypatch.setenv('XLA_FLAGS', f'{flags} --xla_cpu_use_thunk_runtime=false')
+    assert toolchain()['xla_flags'] == '--xla_cpu_use_thunk_runtime=false'
+    monkeypatch.setenv('XLA_FLAGS', flags)
+    assert toolchain()['xla_flags'] == ''
+
+
+def test_source_commit_is_the_checkouts_and_empty_outside_one(tmp_path):
+    head = subprocess.run(['git', '-C', str(ROOT), 'rev-parse', 'HEAD'], capture_output=True)
+    if head.returncode:
+        pytest.skip('this copy of lm is not a git checkout')
+    assert source_commit().rstrip('+') == head.stdout.decode().strip()
+    copy = tmp_path / 'lm_copy'
+    shutil.copytree(ROOT / 'lm', copy / 'lm', ignore=shutil.ignore_patterns('__pycache__'))
+    code = 'from lm.train.provenance import source_commit; print(repr(source_commit()))'
+    out = subprocess.run(
+        [sys.executable, '-c', code],
+        cwd=copy,
+        env={**os.environ, 'PYTHONPATH': str(copy)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "''", out.stderr[-2000:]

@@ -75,8 +75,8 @@ __all__, __getattr__, __dir__ = public_face(
             'first_difference',
             'golden_run',
             'relative_difference',
-            'toolchain as golden_toolchain',
         ),
+        'provenance': ('source_commit', 'toolchain', 'trained_by'),
         'perf': (
             'PEAK_FLOPS',
             'add_roofline',

@@ -287,4 +287,5 @@ def _split_results(workdir: str, member: int, out: str, step: int, config) -> No
     if results.get('step') != step:
         return
     entry = results['members'][member]
-    write_results(out, step, entry['eval'], results['tokens_per_sec'], config)
+    by = results.get('trained_by', {})  # the ensemble's, not this process's; older: unknown
+    write_results(out, step, entry['eval'], results['tokens_per_sec'], config, trained_by=by)

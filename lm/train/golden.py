@@ -9,36 +9,18 @@ changes, so a study's reruns can be told apart from its runs.
 from __future__ import annotations
 
 import hashlib
-import platform
 
 import jax
 import ml_collections
 import numpy as np
 
 from lm.train.loop import call_batch, call_sizes
-from lm.train.perf import cpu_model
 from lm.train.run import assemble
 from lm.train.step import device_call_batch, make_train_step
 
-# Two golden runs taken under different toolchains (`toolchain`: versions or CPU) may differ in
+# Two golden runs taken under different toolchains (`lm.train.provenance.toolchain`) may differ in
 # their losses' last bits; they agree to this relative tolerance unless the computation changed.
 TOOLCHAIN_RTOL = 1e-4
-
-
-def toolchain() -> dict[str, str]:
-    """What a golden run is exact under: the JAX and jaxlib versions, the backend, the CPU (XLA's
-    CPU code is built for the host's instruction set and threads: one commit trained the MQAR
-    study's runs differently on a 2-core AMD EPYC and a 2-core Intel Xeon) and whether XLA
-    optimises (`jax_disable_most_optimizations`, which the test suite sets, gives other bits)."""
-    import jaxlib
-
-    return {
-        'jax': jax.__version__,
-        'jaxlib': jaxlib.__version__,
-        'backend': jax.default_backend(),
-        'cpu': f'{cpu_model()}, {platform.machine()}',
-        'optimized': not jax.config.read('jax_disable_most_optimizations'),  # the test suite's -O0
-    }
 
 
 def params_digest(params: dict) -> str:

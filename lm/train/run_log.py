@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from lm.data.windows import num_windows
 from lm.model import accounting, attention
-from lm.train import perf
+from lm.train import perf, provenance
 from lm.train.hparams import hparam_values
 from lm.train.identity import config_fingerprint
 from lm.train.loss_spike import LossSpikeGuard
@@ -172,6 +172,14 @@ def log_model(run: Run, tb: Summary, tb_root: str, start: int, log: bool = True)
         ' x '.join(f'{name}={size}' for name, size in run.mesh.shape.items()),
         f'peak {peak_total:.3g} FLOP/s ({peak_source})' if peak_total else peak_source,
     )
+    tools = provenance.toolchain()
+    logging.info(
+        'code: %s; JAX %s, jaxlib %s%s',
+        provenance.source_commit() or 'not a git checkout',
+        tools['jax'],
+        tools['jaxlib'],
+        f'; XLA_FLAGS {tools["xla_flags"]}' if tools['xla_flags'] else '',
+    )
 
 
 def shown_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -192,11 +200,14 @@ def write_results(
     config: ml_collections.ConfigDict,
     key: str = 'eval',
     heldout: dict | None = None,
+    trained_by: dict | None = None,
 ) -> None:
     """`<workdir>/results.json` of a finished run: its last step, final eval metrics under `key`
     (an ensemble: 'members', a list of {seed, eval}), a run on a part's final held-out metrics
-    (`heldout`, lm.data.parts: its reported score), median training throughput and config
-    fingerprint (sweeps read it, and skip runs that have one); written atomically."""
+    (`heldout`, lm.data.parts: its reported score), median training throughput, config
+    fingerprint (sweeps read it, and skip runs that have one) and what trained it (`trained_by`:
+    by default this process's `lm.train.provenance.trained_by`; {} leaves it out as unknown);
+    written atomically."""
     results = {
         'step': step,
         key: last_eval,
@@ -204,6 +215,9 @@ def write_results(
         'tokens_per_sec': tokens_per_sec,
         'config_fingerprint': config_fingerprint(config),
     }
+    by = provenance.trained_by() if trained_by is None else trained_by
+    if by:  # {}: not known (a member split from an ensemble's results written before it)
+        results['trained_by'] = by
     path = os.path.join(workdir, 'results.json')
     with open(path + '.tmp', 'w') as f:
         json.dump(results, f, indent=1)
