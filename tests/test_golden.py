@@ -2,6 +2,7 @@
 bit for bit as tests/fixtures/golden_runs.json says (under its toolchain; within TOOLCHAIN_RTOL
 under another), the golden run is what train.py logs, and a changed bit is reported."""
 
+import csv
 import json
 import os
 import shutil
@@ -163,3 +164,22 @@ def test_source_commit_is_the_checkouts_and_empty_outside_one(tmp_path):
         text=True,
     )
     assert out.returncode == 0 and out.stdout.strip() == "''", out.stderr[-2000:]
+
+
+def test_the_machine_paragraphs_accuracies_are_the_csvs():
+    results = ROOT / 'docs' / 'studies' / 'mqar_capacity' / 'results'
+
+    def accuracies(name: str) -> list[str]:
+        with open(results / name, encoding='utf-8') as f:
+            rows = [r for r in csv.DictReader(f) if r['point'] == 'gqa2_p8']
+        rows = [r for r in rows if float(r['lr']) == 3e-3]
+        return [
+            f'{100 * float(r["eval_recall_accuracy"]):g}%'
+            for r in sorted(rows, key=lambda r: r['seed'])
+        ]
+
+    epyc, xeon = accuracies('own_rate_grid.csv'), accuracies('machine_rerun.csv')
+    text = ' '.join((ROOT / 'docs' / 'train.md').read_text().split())
+    assert (
+        f'accuracy {epyc[0]} and {epyc[1]} on the EPYC, {xeon[0]} and {xeon[1]} on the Xeon' in text
+    )

@@ -5,6 +5,7 @@ at its end (summary.md, summary.csv, summary_pairs*.csv, summary_seeds.csv, summ
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -57,6 +58,7 @@ def summarise(
     with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
         f.write(_incomplete_note(missing, len(missing) + len(specs)))
         f.write(_text_note(texts))
+        f.write(_provenance_note(found))
         f.write(_markdown(rows, pairs, losses, match))
         if recall:
             f.write(_recall_markdown(rows, recall_pairs, accuracy))
@@ -111,6 +113,32 @@ def _text_note(texts: dict) -> str:
     return (
         f'**Points differ in what their evaluation scores ({", ".join(differ)}): only points '
         'scored on the same text are compared below.**\n\n'
+    )
+
+
+def _provenance_note(found: dict[str, dict]) -> str:
+    """summary.md's line when the runs were trained by more than one commit or toolchain
+    (results.json's 'trained_by', `lm.train.provenance`; '' when all agree): a pair of seeds
+    across them may differ in last bits as well as by seed (docs/train.md, golden runs)."""
+    groups: dict[str, list[str]] = {}
+    for name, result in sorted(found.items()):
+        by = {k: v for k, v in result.get('trained_by', {}).items() if k != 'devices'}
+        groups.setdefault(json.dumps(by, sort_keys=True), []).append(name)
+    if len(groups) < 2:
+        return ''
+
+    def described(key: str) -> str:
+        by = json.loads(key)
+        if not by:
+            return 'not recorded (older runs)'
+        commit = by['commit'][:7] + ('+' if by['commit'].endswith('+') else '') or 'no commit'
+        return f'{commit}, JAX {by["jax"]} on {by["backend"]} ({by["cpu"]})'
+
+    shown = '; '.join(f'{len(v)} by {described(k)} (e.g. {v[0]})' for k, v in groups.items())
+    return (
+        f'**Runs trained by {len(groups)} different commits or toolchains: {shown}. Seeds paired '
+        'across them may differ in their last bits as well as by seed (docs/train.md, golden '
+        'runs).**\n\n'
     )
 
 
