@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import re
+import tempfile
 
 import jax
 from absl import flags
@@ -26,10 +27,20 @@ from lm.sharding import set_cpu_devices
 from lm.train import TOOLCHAIN_RTOL, compare_golden, golden_run, source_commit, toolchain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# name: (config spec, overrides). Each covers a path the studies train through: the MQAR study's
-# looped ensemble of GQA, MLA's latent attention, and gradient accumulation with several steps
-# per call; recall data is generated from seeds, so no file is needed.
+# name: (config spec, overrides). Each covers a path the studies train through: the KV-sharing
+# studies' character-level text in a looped ensemble (on GOLDEN_TEXT, written to a scratch
+# directory: '{scratch}'), the MQAR study's looped ensemble of GQA, MLA's latent attention, and
+# gradient accumulation with several steps per call (recall data is generated from seeds).
 CASES = {
+    'text_mqa_ensemble': (
+        'configs/shakespeare_char.py:mqa',
+        {
+            'data.path': '{scratch}/golden.txt',
+            'data.cache_dir': '{scratch}/cache',
+            'train.ensemble': 2,
+            'train.ensemble_loop': True,
+        },
+    ),
     'mqar_gqa2_ensemble': (
         'configs/recall/mqar_zoology.py:gqa2',
         {'train.ensemble': 2, 'train.ensemble_loop': True},
@@ -49,10 +60,23 @@ _RECORD = flags.DEFINE_string(
 _WRITE = flags.DEFINE_bool('write', False, "Write this checkout's golden runs as the record.")
 
 
-def case_config(spec: str, overrides: dict):
+def golden_text(words: int = 12_000) -> str:
+    """The text case's corpus: made by a formula, not drawn, so every checkout has it to the byte
+    (about 50,000 characters of line-broken words)."""
+    vocab = 'the king shall speak of love and night my lord to be or not what is in a name'.split()
+    return ''.join(
+        vocab[(i * 7 + i // 13) % len(vocab)] + ('.\n' if i % 17 == 16 else ' ')
+        for i in range(words)
+    )
+
+
+def case_config(spec: str, overrides: dict, scratch: str):
     path, _, arg = spec.partition(':')
     config = load_config_file(os.path.join(ROOT, path), arg or None)
-    return with_values(config, {**overrides, **COMMON})
+    values = {
+        k: v.format(scratch=scratch) if isinstance(v, str) else v for k, v in overrides.items()
+    }
+    return with_values(config, {**values, **COMMON})
 
 
 def definitions() -> dict:
@@ -120,10 +144,13 @@ def report(record: dict, runs: dict) -> int:
 
 def run() -> int:
     record = None if _WRITE.value else read_record(_RECORD.value)  # before any training
-    configs = {n: case_config(s, o) for n, (s, o) in CASES.items()}
-    jax.config.update('jax_platforms', 'cpu')
-    set_cpu_devices(configs[next(iter(CASES))].mesh)  # before JAX starts; every case's is 1
-    runs = {n: golden_run(config, STEPS) for n, config in configs.items()}
+    with tempfile.TemporaryDirectory() as scratch:
+        with open(os.path.join(scratch, 'golden.txt'), 'w', encoding='utf-8') as f:
+            f.write(golden_text())
+        configs = {n: case_config(s, o, scratch) for n, (s, o) in CASES.items()}
+        jax.config.update('jax_platforms', 'cpu')
+        set_cpu_devices(configs[next(iter(CASES))].mesh)  # before JAX starts; every case's is 1
+        runs = {n: golden_run(config, STEPS) for n, config in configs.items()}
     if _WRITE.value:
         write(_RECORD.value, runs)
         return 0
