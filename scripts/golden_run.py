@@ -23,12 +23,13 @@ from absl import flags
 
 from lm.cli import run_app
 from lm.config import load_config_file, with_values
+from lm.experiments import check_output_file
 from lm.sharding import set_cpu_devices
 from lm.train import TOOLCHAIN_RTOL, compare_golden, golden_run, source_commit, toolchain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name: (config spec, overrides). Each covers a path the studies train through: the KV-sharing
-# studies' character-level text in a looped ensemble (on GOLDEN_TEXT, written to a scratch
+# studies' character-level text in a looped ensemble (on `golden_text()`, written to a scratch
 # directory: '{scratch}'), the MQAR study's looped ensemble of GQA, MLA's latent attention, and
 # gradient accumulation with several steps per call (recall data is generated from seeds).
 CASES = {
@@ -143,7 +144,9 @@ def report(record: dict, runs: dict) -> int:
 
 
 def run() -> int:
-    record = None if _WRITE.value else read_record(_RECORD.value)  # before any training
+    if _WRITE.value:  # before any training
+        check_output_file(_RECORD.value, '--record', '.json')
+    record = None if _WRITE.value else read_record(_RECORD.value)
     with tempfile.TemporaryDirectory() as scratch:
         with open(os.path.join(scratch, 'golden.txt'), 'w', encoding='utf-8') as f:
             f.write(golden_text())

@@ -81,13 +81,16 @@ def test_params_digest_sees_one_bit_and_each_name():
     assert params_digest({**params, 'b': params['b'].astype(np.float64)}) != digest
 
 
-def test_a_missing_record_is_one_line_before_training(tmp_path):
+def test_a_missing_damaged_or_unwritable_record_is_one_line_before_training(tmp_path):
     out = run_entry('scripts/golden_run.py', f'--record={tmp_path / "none.json"}')
     assert out.returncode == 1
     assert f'--record={tmp_path / "none.json"}: no such file (write one with --write)' in out.stderr
     (tmp_path / 'other.json').write_text(json.dumps({'toolchain': {}, 'taken': {}, 'cases': {}}))
     out = run_entry('scripts/golden_run.py', f'--record={tmp_path / "other.json"}')
     assert out.returncode == 1 and 'its cases differ from scripts/golden_run.py CASES' in out.stderr
+    out = run_entry('scripts/golden_run.py', '--write', f'--record={tmp_path}')  # a directory
+    assert out.returncode == 1
+    assert f'--record={tmp_path} is a directory; give a file path ending in .json' in out.stderr
 
 
 @pytest.mark.slow
