@@ -29,11 +29,15 @@ USER_ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': USER_XLA_FLAGS}
 
 
 def exact_here(record: dict) -> bool:
-    """Whether a user's process here (XLA optimising, USER_XLA_FLAGS: GPU flags only) has the
+    """Whether a user's process here (XLA optimising, XLA_FLAGS = USER_XLA_FLAGS) has the
     record's toolchain, so that its golden runs must be bitwise equal."""
-    cpu_flags = [w for w in USER_XLA_FLAGS.split() if not w.startswith('--xla_gpu_')]
-    ours = {**toolchain(), 'optimized': True, 'xla_flags': ''}  # this process compiles at -O0
-    return record['toolchain'] == ours and not cpu_flags
+    saved = os.environ['XLA_FLAGS']
+    os.environ['XLA_FLAGS'] = USER_XLA_FLAGS
+    try:
+        ours = {**toolchain(), 'optimized': True}  # this process compiles at -O0
+    finally:
+        os.environ['XLA_FLAGS'] = saved
+    return record['toolchain'] == ours
 
 
 def hexes(values):
@@ -45,8 +49,9 @@ def next_float32(x: float) -> float:
 
 
 def test_one_changed_bit_is_a_difference_and_a_toolchain_allows_last_bits():
-    want = {'loss': hexes([[6.0, 5.0], [4.5, 4.25], [4.0, 3.5]]), 'params_sha256': 'a'}
-    got = {'loss': [row[:] for row in want['loss']], 'params_sha256': 'a'}
+    rows = hexes([[6.0, 5.0], [4.5, 4.25], [4.0, 3.5]])
+    want = {'loss': rows, 'grad_norm': hexes([[1.0, 2.0]] * 3), 'params_sha256': 'a'}
+    got = json.loads(json.dumps(want))
     assert compare('c', got, want, exact=True) == (
         True,
         'c: bitwise equal (3 steps and the parameters)',
@@ -60,13 +65,19 @@ def test_one_changed_bit_is_a_difference_and_a_toolchain_allows_last_bits():
     assert ok and 'within' in line
     got['loss'][2][0] = float(4.0 * (1 + 3 * TOOLCHAIN_RTOL)).hex()
     assert not compare('c', got, want, exact=False)[0]  # beyond the tolerance
-    same = {'loss': want['loss'], 'params_sha256': 'b'}
+    norm = json.loads(json.dumps(want))  # the losses equal, one gradient norm one ulp off
+    norm['grad_norm'][2][1] = float(next_float32(2.0)).hex()
+    ok, line = compare('c', norm, want, exact=True)
+    assert not ok and line.startswith('c: differs from step 3;')
+    same = {**want, 'params_sha256': 'b'}
     assert compare('c', same, want, exact=True) == (
         False,
-        'c: every loss equal, the parameters differ',
+        'c: every loss and gradient norm equal, the parameters differ',
     )
+    assert compare('c', same, want, exact=False)[0]
     assert first_difference(want['loss'][:2], want['loss']) == 3
-    assert not compare('c', {'loss': want['loss'][:2], 'params_sha256': 'a'}, want, False)[0]
+    short = {'loss': rows[:2], 'grad_norm': want['grad_norm'][:2], 'params_sha256': 'a'}
+    assert compare('c', short, want, False) == (False, 'c: 2 steps, the record has 3')
 
 
 def test_params_digest_sees_one_bit_and_each_name():
@@ -112,21 +123,26 @@ def test_this_checkout_trains_the_recorded_golden_runs():
 
 
 @pytest.mark.slow
-def test_the_golden_run_is_what_train_py_logs(tmp_path):
-    case = json.loads(RECORD.read_text())['cases']['mqar_mla']
-    assert case['overrides'] == {}
+@pytest.mark.parametrize('name', ['mqar_mla', 'mqar_gqa2_ensemble'])
+def test_the_golden_run_is_what_train_py_logs(tmp_path, name):
+    """train.py, logging every step (1-step calls, where the golden run's calls are of 2), logs
+    the recorded losses: a single run's, and each member's of an ensemble."""
+    record = json.loads(RECORD.read_text())
+    case = record['cases'][name]
+    overrides = [f'--config.{k}={v}' for k, v in case['overrides'].items()]
+    steps = case['steps']
     out = subprocess.run(
         [
             sys.executable,
             str(ROOT / 'train.py'),
             f'--config={ROOT / case["config"]}',
             f'--workdir={tmp_path / "run"}',
-            f'--config.train.steps={case["steps"]}',
+            *overrides,
+            f'--config.train.steps={steps}',
             '--config.log_every=1',
-            f'--config.eval_every={case["steps"]}',
-            f'--config.checkpoint_every={case["steps"]}',
+            f'--config.eval_every={steps}',
+            f'--config.checkpoint_every={steps}',
             '--config.eval_at_start=False',
-            '--config.mesh.cpu_devices=1',
         ],
         cwd=ROOT,
         env=USER_ENV,
@@ -135,9 +151,11 @@ def test_the_golden_run_is_what_train_py_logs(tmp_path):
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    logged = read_scalars(tmp_path / 'run' / 'tb', 'train/loss')
-    got = hexes([[logged[s]] for s in range(1, case['steps'] + 1)])
-    if exact_here(json.loads(RECORD.read_text())):
+    tb = tmp_path / 'run' / 'tb'
+    logdirs = sorted(tb.glob('seed_*')) if 'ensemble' in name else [tb]
+    logged = [read_scalars(d, 'train/loss') for d in logdirs]
+    got = hexes([[member[s] for member in logged] for s in range(1, steps + 1)])
+    if exact_here(record):
         assert got == case['loss']
     else:
         assert relative_difference(got, case['loss']) <= TOOLCHAIN_RTOL

@@ -58,7 +58,7 @@ def summarise(
     with open(os.path.join(sweep_dir, 'summary.md'), 'w') as f:
         f.write(_incomplete_note(missing, len(missing) + len(specs)))
         f.write(_text_note(texts))
-        f.write(_provenance_note(found))
+        f.write(_provenance_note(found, specs))
         f.write(_markdown(rows, pairs, losses, match))
         if recall:
             f.write(_recall_markdown(rows, recall_pairs, accuracy))
@@ -116,30 +116,47 @@ def _text_note(texts: dict) -> str:
     )
 
 
-def _provenance_note(found: dict[str, dict]) -> str:
-    """summary.md's line when the runs were trained by more than one commit or toolchain
-    (results.json's 'trained_by', `lm.train.provenance`; '' when all agree): a pair of seeds
-    across them may differ in last bits as well as by seed (docs/train.md, golden runs)."""
+def _provenance_note(found: dict[str, dict], specs: list[Spec]) -> str:
+    """summary.md's lines when the runs were trained by more than one commit or toolchain
+    (results.json's 'trained_by', `lm.train.provenance`), or some do not record it ('' when all
+    record one and agree): a paired difference across two of them holds the code's or the
+    toolchain's effect as well as the arms' (docs/train.md, golden runs)."""
+    arm = {s.name: s.arm for s in specs}
     groups: dict[str, list[str]] = {}
+    unknown = []
     for name, result in sorted(found.items()):
         by = {k: v for k, v in result.get('trained_by', {}).items() if k != 'devices'}
-        groups.setdefault(json.dumps(by, sort_keys=True), []).append(name)
-    if len(groups) < 2:
-        return ''
+        if by:
+            groups.setdefault(json.dumps(by, sort_keys=True), []).append(name)
+        else:
+            unknown.append(name)
+    lines = []
+    if len(groups) > 1:
+        told = [json.loads(k) for k in groups]
+        differ = sorted(k for k in set().union(*told) if len({str(t.get(k)) for t in told}) > 1)
 
-    def described(key: str) -> str:
-        by = json.loads(key)
-        if not by:
-            return 'not recorded (older runs)'
-        commit = by['commit'][:7] + ('+' if by['commit'].endswith('+') else '') or 'no commit'
-        return f'{commit}, JAX {by["jax"]} on {by["backend"]} ({by["cpu"]})'
+        def shown_value(key: str, value) -> str:
+            if key == 'commit' and value:
+                return value[:10] + ('+' if value.endswith('+') else '')
+            return str(value)
 
-    shown = '; '.join(f'{len(v)} by {described(k)} (e.g. {v[0]})' for k, v in groups.items())
-    return (
-        f'**Runs trained by {len(groups)} different commits or toolchains: {shown}. Seeds paired '
-        'across them may differ in their last bits as well as by seed (docs/train.md, golden '
-        'runs).**\n\n'
-    )
+        def described(by: dict, names: list[str]) -> str:
+            fields = ', '.join(f'{k} {shown_value(k, by.get(k))}' for k in differ)
+            points = ', '.join(dict.fromkeys(arm.get(n, n) for n in names))
+            return f'{len(names)} by {fields} (points: {points})'
+
+        shown = '; '.join(described(b, n) for b, n in zip(told, groups.values(), strict=True))
+        lines.append(
+            f'**Runs trained by {len(groups)} different commits or toolchains: {shown}. A paired '
+            "difference between runs of two of them holds the code's or the toolchain's effect "
+            "as well as the arms' (docs/train.md, golden runs).**"
+        )
+    if unknown and groups:
+        lines.append(
+            f'**{len(unknown)} of {len(found)} runs do not record what trained them (finished '
+            f'before results.json held it; e.g. {unknown[0]}).**'
+        )
+    return ''.join(line + '\n\n' for line in lines)
 
 
 def _incomplete_note(missing: list[str], planned: int) -> str:

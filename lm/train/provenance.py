@@ -13,47 +13,56 @@ import jax
 
 from lm.train.perf import cpu_model, device_description
 
-# XLA_FLAGS words that leave a CPU's numerics as they are: the GPU's, and the simulated CPU
-# device count (which `config.mesh.cpu_devices` sets anyway).
-_NUMERICS_FREE_FLAGS = ('--xla_gpu_', '--xla_force_host_platform_device_count')
+# XLA_FLAGS words that leave a CPU's numerics as they are: the GPU's (on a CPU backend), and the
+# simulated CPU device count (which `config.mesh.cpu_devices` sets anyway).
+_CPU_NUMERICS_FREE = ('--xla_gpu_', '--xla_force_host_platform_device_count')
 
 
 def toolchain() -> dict[str, str | bool]:
     """What a run's numbers are exact under: the JAX and jaxlib versions, the backend, the CPU
     (XLA's CPU code is built for the host's instruction set and threads: one commit trained the
-    MQAR study's runs differently on a 2-core AMD EPYC and a 2-core Intel Xeon), whether XLA
-    optimises (`jax_disable_most_optimizations`, which the test suite sets, gives other bits) and
-    the XLA_FLAGS that can change the CPU's numerics (read for this record only)."""
+    MQAR study's runs differently on a 2-core AMD EPYC and a 2-core Intel Xeon) or, on an
+    accelerator, its kind, whether XLA optimises (`jax_disable_most_optimizations`, which the
+    test suite sets, gives other bits) and the XLA_FLAGS that can change the numerics (all on an
+    accelerator; read for this record only)."""
     import jaxlib
 
+    backend = jax.default_backend()
     words = os.environ.get('XLA_FLAGS', '').split()
-    return {
+    if backend == 'cpu':
+        words = [w for w in words if not w.startswith(_CPU_NUMERICS_FREE)]
+    out = {
         'jax': jax.__version__,
         'jaxlib': jaxlib.__version__,
-        'backend': jax.default_backend(),
+        'backend': backend,
         'cpu': f'{cpu_model()}, {platform.machine()}',
         'optimized': not jax.config.read('jax_disable_most_optimizations'),
-        'xla_flags': ' '.join(sorted(w for w in words if not w.startswith(_NUMERICS_FREE_FLAGS))),
+        'xla_flags': ' '.join(sorted(words)),
     }
+    if backend != 'cpu':
+        out['accelerator'] = jax.devices()[0].device_kind
+    return out
+
+
+def _git(root: str, *args: str) -> str | None:
+    """`git -C root ARGS`'s output, None when it fails (no git, not a checkout, 10 s)."""
+    try:
+        out = subprocess.run(['git', '-C', root, *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def source_commit() -> str:
-    """The git commit of the checkout `lm` is imported from, with '+' when its tracked files
-    differ from it; '' when `lm` is not in a git checkout (an installed copy)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    git = ['git', '-C', root]
-    try:
-        head = subprocess.run([*git, 'rev-parse', 'HEAD'], capture_output=True, text=True)
-        if head.returncode:
-            return ''
-        changed = subprocess.run(
-            [*git, 'status', '--porcelain', '--untracked-files=no'],
-            capture_output=True,
-            text=True,
-        )
-    except OSError:  # no git
+    """The git commit of the checkout `lm` is imported from, with '+' when `lm/` or `configs/`
+    there differ from it (edited, or files git does not track); '' when `lm` is not the top of
+    a git checkout's `lm/` (an installed copy, a copy inside another repository)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    top, head = _git(root, 'rev-parse', '--show-toplevel'), _git(root, 'rev-parse', 'HEAD')
+    if not top or not head or os.path.realpath(top) != os.path.realpath(root):
         return ''
-    return head.stdout.strip() + ('+' if changed.stdout.strip() else '')
+    changed = _git(root, 'status', '--porcelain', '--', 'lm', 'configs')
+    return head + ('+' if changed else '')
 
 
 def trained_by() -> dict[str, str | bool]:
