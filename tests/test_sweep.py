@@ -692,27 +692,29 @@ def test_a_one_seed_run_left_by_an_earlier_sweep_is_named_when_its_point_goes_to
 
 
 def test_runs_trained_by_other_commits_or_toolchains_are_said_in_the_summary(tmp_path):
-    """A paired difference across two commits (a sweep resumed after a pull) or machines holds
-    their effect too: summary.md names what differs and the points each trained, before the
-    tables; runs that record nothing are counted apart."""
-    by = {'commit': 'a' * 40, 'jax': '0.10.2', 'backend': 'cpu', 'cpu': 'Xeon', 'devices': '1 x'}
+    """A paired difference across two versions of the code (a sweep resumed after a pull) or
+    machines holds their effect too: summary.md names what differs and the points each trained,
+    before the tables; a commit that leaves lm/ and configs/ as they were is no other version;
+    runs that record nothing are counted apart."""
+    by = {'commit': 'a' * 40, 'code': 'c' * 12, 'jax': '0.10.2', 'cpu': 'Xeon', 'devices': '1 x'}
     runs = [fake_run(tmp_path, 'mha', s, 1.1 + s / 10) for s in range(2)]
     runs += [fake_run(tmp_path, 'mqa', s, 1.2 + s / 10, 'mqa') for s in range(2)]
     for _, result in runs:
         result['trained_by'] = dict(by)
     runs[3][1]['trained_by']['devices'] = '2 x'  # the devices alone: not another toolchain
+    runs[2][1]['trained_by']['commit'] = 'e' * 40  # a docs-only commit: the same code
     specs, found = [s for s, _ in runs], {s.name: r for s, r in runs}
     summarise(str(tmp_path), specs, found, 'params')
     assert 'trained them' not in (tmp_path / 'summary.md').read_text()
     for _, result in runs[2:]:  # the MQA arm on another commit and CPU: aligned with an arm
-        result['trained_by'].update(commit='b' * 40 + '+', cpu='EPYC')
+        result['trained_by'].update(commit='b' * 40 + '+', code='d' * 12 + '+', cpu='EPYC')
     del runs[0][1]['trained_by']
     summarise(str(tmp_path), specs, found, 'params')
     md = (tmp_path / 'summary.md').read_text()
     assert md.startswith(
-        '**Runs trained by 2 different commits or toolchains: 1 by commit aaaaaaaaaa, cpu Xeon '
-        '(points: mha); 2 by commit bbbbbbbbbb+, cpu EPYC (points: mqa). A paired difference '
-        "between runs of two of them holds the code's or the toolchain's effect as well as the "
-        "arms' (docs/train.md, golden runs).**\n\n**1 of 4 runs do not record what trained "
-        'them (finished before results.json held it; e.g. mha_s0).**'
+        '**Runs trained by 2 different versions of the code or toolchains: 1 by code cccccccccc, '
+        'cpu Xeon (points: mha); 2 by code dddddddddd+, cpu EPYC (points: mqa). A paired '
+        "difference between runs of two of them holds the code's or the toolchain's effect as "
+        "well as the arms' (docs/train.md, golden runs).**\n\n**1 of 4 runs do not record what "
+        'trained them (finished before results.json held it; e.g. mha_s0).**'
     ), md[:600]

@@ -117,15 +117,20 @@ def _text_note(texts: dict) -> str:
 
 
 def _provenance_note(found: dict[str, dict], specs: list[Spec]) -> str:
-    """summary.md's lines when the runs were trained by more than one commit or toolchain
-    (results.json's 'trained_by', `lm.train.provenance`), or some do not record it ('' when all
-    record one and agree): a paired difference across two of them holds the code's or the
-    toolchain's effect as well as the arms' (docs/train.md, golden runs)."""
+    """summary.md's lines when the runs were trained by more than one version of the code (its
+    `lm/` and `configs/`, else the commit) or toolchain (results.json's 'trained_by',
+    `lm.train.provenance`), or some do not record it ('' when all record one and agree): a
+    paired difference across two of them holds the code's or the toolchain's effect as well as
+    the arms' (docs/train.md, golden runs)."""
     arm = {s.name: s.arm for s in specs}
     groups: dict[str, list[str]] = {}
     unknown = []
     for name, result in sorted(found.items()):
-        by = {k: v for k, v in result.get('trained_by', {}).items() if k != 'devices'}
+        by = result.get('trained_by', {})
+        # what trains: the code's digest where recorded (a docs-only commit is not another),
+        # and the toolchain; the devices apart
+        left_out = ('devices', 'commit') if by.get('code') else ('devices',)
+        by = {k: v for k, v in by.items() if k not in left_out}
         if by:
             groups.setdefault(json.dumps(by, sort_keys=True), []).append(name)
         else:
@@ -136,7 +141,7 @@ def _provenance_note(found: dict[str, dict], specs: list[Spec]) -> str:
         differ = sorted(k for k in set().union(*told) if len({str(t.get(k)) for t in told}) > 1)
 
         def shown_value(key: str, value) -> str:
-            if key == 'commit' and value:
+            if key in ('commit', 'code') and value:
                 return value[:10] + ('+' if value.endswith('+') else '')
             return str(value)
 
@@ -147,9 +152,9 @@ def _provenance_note(found: dict[str, dict], specs: list[Spec]) -> str:
 
         shown = '; '.join(described(b, n) for b, n in zip(told, groups.values(), strict=True))
         lines.append(
-            f'**Runs trained by {len(groups)} different commits or toolchains: {shown}. A paired '
-            "difference between runs of two of them holds the code's or the toolchain's effect "
-            "as well as the arms' (docs/train.md, golden runs).**"
+            f'**Runs trained by {len(groups)} different versions of the code or toolchains: '
+            f"{shown}. A paired difference between runs of two of them holds the code's or the "
+            "toolchain's effect as well as the arms' (docs/train.md, golden runs).**"
         )
     if unknown and groups:
         lines.append(

@@ -5,6 +5,7 @@ another CPU or JAX). Written into each finished run's results.json ('trained_by'
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
@@ -53,18 +54,43 @@ def _git(root: str, *args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def _checkout() -> str | None:
+    """The git checkout whose top holds the `lm` imported here, None otherwise (an installed
+    copy, a copy inside another repository, no git)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    top = _git(root, 'rev-parse', '--show-toplevel')
+    return root if top and os.path.realpath(top) == os.path.realpath(root) else None
+
+
+def _edited(root: str) -> str:
+    """'+' when `lm/` or `configs/` differ from HEAD (edited, or files git does not track)."""
+    return '+' if _git(root, 'status', '--porcelain', '--', 'lm', 'configs') else ''
+
+
 def source_commit() -> str:
     """The git commit of the checkout `lm` is imported from, with '+' when `lm/` or `configs/`
-    there differ from it (edited, or files git does not track); '' when `lm` is not the top of
-    a git checkout's `lm/` (an installed copy, a copy inside another repository)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    top, head = _git(root, 'rev-parse', '--show-toplevel'), _git(root, 'rev-parse', 'HEAD')
-    if not top or not head or os.path.realpath(top) != os.path.realpath(root):
+    there differ from it; '' outside such a checkout (`_checkout`)."""
+    root = _checkout()
+    head = _git(root, 'rev-parse', 'HEAD') if root else None
+    return head + _edited(root) if head else ''
+
+
+def source_code() -> str:
+    """What of the commit trains: a digest of HEAD's `lm/` and `configs/` trees (12 hex digits,
+    '+' when they differ from HEAD), equal across commits that change neither (docs, tests,
+    studies); '' outside a checkout."""
+    root = _checkout()
+    trees = _git(root, 'rev-parse', 'HEAD:lm', 'HEAD:configs') if root else None
+    if not trees:
         return ''
-    changed = _git(root, 'status', '--porcelain', '--', 'lm', 'configs')
-    return head + ('+' if changed else '')
+    return hashlib.sha256(trees.encode()).hexdigest()[:12] + _edited(root)
 
 
 def trained_by() -> dict[str, str | bool]:
-    """A run's provenance: `source_commit`, `toolchain` and the devices it ran on."""
-    return {'commit': source_commit(), **toolchain(), 'devices': device_description()}
+    """A run's provenance: `source_commit`, `source_code`, `toolchain` and its devices."""
+    return {
+        'commit': source_commit(),
+        'code': source_code(),
+        **toolchain(),
+        'devices': device_description(),
+    }
