@@ -29,6 +29,18 @@ RECORD = ROOT / 'tests' / 'fixtures' / 'golden_runs.json'
 USER_ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': USER_XLA_FLAGS}
 
 
+def run_as_user(script: str, *args: str) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS` in a fresh Python from the repository root, as a user's shell does."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=ROOT,
+        env=USER_ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
 def exact_here(record: dict) -> bool:
     """Whether a user's process here (XLA optimising, XLA_FLAGS = USER_XLA_FLAGS) has the
     record's toolchain, so that its golden runs must be bitwise equal."""
@@ -107,14 +119,7 @@ def test_a_missing_damaged_or_unwritable_record_is_one_line_before_training(tmp_
 
 @pytest.mark.slow
 def test_this_checkout_trains_the_recorded_golden_runs():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / 'scripts' / 'golden_run.py')],
-        cwd=ROOT,
-        env=USER_ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out = run_as_user('scripts/golden_run.py')
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     record = json.loads(RECORD.read_text())
     word = 'bitwise equal' if exact_here(record) else 'within'
@@ -132,24 +137,16 @@ def test_the_golden_run_is_what_train_py_logs(tmp_path, name):
     case = record['cases'][name]
     overrides = [f'--config.{k}={v}' for k, v in case['overrides'].items()]
     steps = case['steps']
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / 'train.py'),
-            f'--config={ROOT / case["config"]}',
-            f'--workdir={tmp_path / "run"}',
-            *overrides,
-            f'--config.train.steps={steps}',
-            '--config.log_every=1',
-            f'--config.eval_every={steps}',
-            f'--config.checkpoint_every={steps}',
-            '--config.eval_at_start=False',
-        ],
-        cwd=ROOT,
-        env=USER_ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    out = run_as_user(
+        'train.py',
+        f'--config={ROOT / case["config"]}',
+        f'--workdir={tmp_path / "run"}',
+        *overrides,
+        f'--config.train.steps={steps}',
+        '--config.log_every=1',
+        f'--config.eval_every={steps}',
+        f'--config.checkpoint_every={steps}',
+        '--config.eval_at_start=False',
     )
     assert out.returncode == 0, out.stderr[-3000:]
     tb = tmp_path / 'run' / 'tb'
