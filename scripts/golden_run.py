@@ -26,6 +26,7 @@ from lm.config import load_config_file, with_values
 from lm.experiments import check_output_file
 from lm.sharding import set_cpu_devices
 from lm.train import TOOLCHAIN_RTOL, compare_golden, golden_run, source_commit, toolchain
+from lm.train.provenance import differences
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name: (config spec, overrides). Each covers a path the studies train through: the KV-sharing
@@ -143,8 +144,7 @@ def report(record: dict, runs: dict) -> int:
     print(f'record: {taken["commit"] or "no commit"}, {taken["date"]}, {theirs}')
     print(f'this:   {source_commit() or "no commit"}')
     if not exact:
-        differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
-        shown = '; '.join(f'{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here' for k in differ)
+        shown = differences(theirs, ours)
         print(f"another toolchain than the record's ({shown}): compared to {TOOLCHAIN_RTOL:g}")
     results = [compare_golden(n, runs[n], record['cases'][n], exact) for n in CASES]
     for _, line in results:

@@ -44,9 +44,11 @@ from lm.experiments import plan_sweep, progress, run_specs, seed_runs, summarise
 from lm.experiments import sweep as experiments_sweep
 from lm.experiments.sweep_ensemble import to_split
 from lm.train import Interrupted, ensemble
+from lm.train.checkpoint import read_step_meta
 from lm.train.ensemble import check_members_divide, member_config, member_tree, state_bytes
 from lm.train.ensemble_run import split_member, split_members, split_request
 from lm.train.loop import call_batch, train
+from lm.train.provenance import SESSIONS
 from lm.train.run import assemble, check_config
 from lm.train.step import device_call_batch, make_train_step
 from lm.train.stored import finished_step
@@ -184,6 +186,9 @@ def test_an_ensemble_trains_its_members_single_runs(tmp_path, small_text, caplog
         # what trained the member is what trained the ensemble
         split_results = json.loads((tmp_path / f'split{i}' / 'results.json').read_text())
         assert split_results['trained_by'] == results['trained_by']
+        sessions = read_step_meta(out, 8)[SESSIONS]
+        assert sessions == read_step_meta(str(tmp_path / 'ens'), 8)[SESSIONS]
+        assert sessions == [{'steps': [0, 8], **results['trained_by']}]
     # several members at once from an earlier checkpoint (the ensemble restored once)
     outs = {0: str(tmp_path / 'early0'), 2: str(tmp_path / 'early2')}
     assert split_members(str(tmp_path / 'ens'), outs, step=4) == list(outs.values())

@@ -718,3 +718,15 @@ def test_runs_trained_by_other_commits_or_toolchains_are_said_in_the_summary(tmp
         "well as the arms' (docs/train.md, golden runs).**\n\n**1 of 4 runs do not record what "
         'trained them (finished before results.json held it; e.g. mha_s0).**'
     ), md[:600]
+    # a run resumed under another JAX: its steps by version, apart from the groups
+    runs[1][1]['trained_by_sessions'] = [
+        {'steps': [0, 4], **by},
+        {'steps': [4, 8], **by, 'jax': '0.10.3'},
+    ]
+    summarise(str(tmp_path), specs, found, 'params')
+    md = (tmp_path / 'summary.md').read_text()
+    assert md.startswith(
+        '**1 of 4 runs were resumed under another version of the code or '
+        'toolchain than trained their first steps (e.g. mha_s1: steps 0-4 by jax 0.10.2; '
+        'steps 4-8 by jax 0.10.3; its results.json lists them as trained_by_sessions).**'
+    ), md[:600]

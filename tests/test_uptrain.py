@@ -42,8 +42,9 @@ from lm.data.checks import check_idle_data
 from lm.data.corpus import load_corpus, train_batch
 from lm.infer.decode import Decoder, cache_elements_per_token, init_caches
 from lm.model.transformer import build_model, model_config
-from lm.train.checkpoint import Checkpointer
+from lm.train.checkpoint import Checkpointer, read_step_meta
 from lm.train.optimizer import lr_schedule, make_optimizer
+from lm.train.provenance import SESSIONS, trained_by
 from lm.train.run import assemble
 from lm.train.stored import stored_config
 
@@ -422,6 +423,11 @@ def test_uptraining_continues_the_source_run(tmp_path, small_text, monkeypatch):
         'uptrain.grouping': 'contiguous',
     }
     assert json.loads((dst / 'results.json').read_text())['step'] == 12
+    # what trained it: the source's steps carried into the conversion, then this session's
+    # (one version trained both here: one entry)
+    by = [{'steps': [0, 8], **trained_by()}]
+    assert read_step_meta(str(dst), 8)[SESSIONS] == read_step_meta(str(src), 8)[SESSIONS] == by
+    assert read_step_meta(str(dst), 12)[SESSIONS] == [{**by[0], 'steps': [0, 12]}]
 
 
 @pytest.mark.slow

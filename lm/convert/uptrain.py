@@ -70,6 +70,7 @@ from lm.train.ensemble_run import member_run
 from lm.train.identity import flat_config
 from lm.train.interrupt import StopRequest
 from lm.train.optimizer import check_train_config
+from lm.train.provenance import SESSIONS
 from lm.train.run import assemble, check_loop_config, step_context
 from lm.train.stored import checkpoint_meta, stored_config
 from lm.train.workdir import WorkdirLock, check_apart, check_run_dir
@@ -406,4 +407,6 @@ def _convert(
         ctx.abstract_state['params'],
         workdir,
     )
+    if SESSIONS in source.meta:  # the steps up to the conversion: the source run's
+        meta[SESSIONS] = source.meta[SESSIONS]
     return config, new_state, meta

@@ -17,6 +17,7 @@ from lm.experiments.fairness import DESCRIPTIONS
 from lm.experiments.runner import Spec
 from lm.model import accounting, attention
 from lm.model.transformer import model_config
+from lm.train.provenance import SESSIONS, version
 from lm.train.stored import stored_config
 
 
@@ -119,36 +120,30 @@ def _text_note(texts: dict) -> str:
 def _provenance_note(found: dict[str, dict], specs: list[Spec]) -> str:
     """summary.md's lines when the runs were trained by more than one version of the code (its
     `lm/` and `configs/`, else the commit) or toolchain (results.json's 'trained_by',
-    `lm.train.provenance`), or some do not record it ('' when all record one and agree): a
+    `lm.train.provenance.version`), when a run was resumed under another version than trained
+    its first steps, or when some do not record it ('' when all record one and agree): a
     paired difference across two of them holds the code's or the toolchain's effect as well as
     the arms' (docs/train.md, golden runs)."""
     arm = {s.name: s.arm for s in specs}
     groups: dict[str, list[str]] = {}
-    unknown = []
+    unknown, mixed = [], {}
     for name, result in sorted(found.items()):
-        by = result.get('trained_by', {})
-        # what trains: the code's digest where recorded (a docs-only commit is not another),
-        # and the toolchain; the devices apart
-        left_out = ('devices', 'commit') if by.get('code') else ('devices',)
-        by = {k: v for k, v in by.items() if k not in left_out}
-        if by:
+        # a run resumed under another version: its steps by version (recorded parts only)
+        parts = [(e['steps'], version(e)) for e in result.get(SESSIONS, []) if version(e)]
+        if len({json.dumps(v, sort_keys=True) for _, v in parts}) > 1:
+            mixed[name] = parts
+        elif by := version(result.get('trained_by', {})):
             groups.setdefault(json.dumps(by, sort_keys=True), []).append(name)
         else:
             unknown.append(name)
     lines = []
     if len(groups) > 1:
         told = [json.loads(k) for k in groups]
-        differ = sorted(k for k in set().union(*told) if len({str(t.get(k)) for t in told}) > 1)
-
-        def shown_value(key: str, value) -> str:
-            if key in ('commit', 'code') and value:
-                return value[:10] + ('+' if value.endswith('+') else '')
-            return str(value)
+        fields = _differing_fields(told)
 
         def described(by: dict, names: list[str]) -> str:
-            fields = ', '.join(f'{k} {shown_value(k, by.get(k))}' for k in differ)
             points = ', '.join(dict.fromkeys(arm.get(n, n) for n in names))
-            return f'{len(names)} by {fields} (points: {points})'
+            return f'{len(names)} by {fields(by)} (points: {points})'
 
         shown = '; '.join(described(b, n) for b, n in zip(told, groups.values(), strict=True))
         lines.append(
@@ -156,12 +151,33 @@ def _provenance_note(found: dict[str, dict], specs: list[Spec]) -> str:
             f"{shown}. A paired difference between runs of two of them holds the code's or the "
             "toolchain's effect as well as the arms' (docs/train.md, golden runs).**"
         )
-    if unknown and groups:
+    if mixed:
+        name, parts = next(iter(mixed.items()))
+        fields = _differing_fields([v for _, v in parts])
+        shown = '; '.join(f'steps {a}-{b} by {fields(v)}' for (a, b), v in parts)
+        lines.append(
+            f'**{len(mixed)} of {len(found)} runs were resumed under another version of the code '
+            f'or toolchain than trained their first steps (e.g. {name}: {shown}; its '
+            f'results.json lists them as {SESSIONS}).**'
+        )
+    if unknown and (groups or mixed):
         lines.append(
             f'**{len(unknown)} of {len(found)} runs do not record what trained them (finished '
             f'before results.json held it; e.g. {unknown[0]}).**'
         )
     return ''.join(line + '\n\n' for line in lines)
+
+
+def _differing_fields(versions: list[dict]):
+    """A version's 'key value, ...' on the keys where `versions` differ (digests shortened)."""
+    differ = sorted(k for k in set().union(*versions) if len({str(v.get(k)) for v in versions}) > 1)
+
+    def shown(key: str, value) -> str:
+        if key in ('commit', 'code') and value:
+            return value[:10] + ('+' if value.endswith('+') else '')
+        return str(value)
+
+    return lambda v: ', '.join(f'{k} {shown(k, v.get(k))}' for k in differ)
 
 
 def _incomplete_note(missing: list[str], planned: int) -> str:

@@ -22,6 +22,7 @@ from lm.train.ensemble import member_config, member_seeds, member_tree
 from lm.train.evaluation import eval_batch_size, evaluate_members
 from lm.train.loop import _Training
 from lm.train.loss_spike import LossSpikeGuard
+from lm.train.provenance import SESSIONS
 from lm.train.run import Run, assemble
 from lm.train.run_log import Meter, log_model, write_results
 from lm.train.stored import checkpoint_meta, stored_config
@@ -121,8 +122,18 @@ class EnsembleTraining(_Training):
 
     def _write_results(self, step: int) -> None:
         c = self.run.config
-        write_member_results(
-            self.workdir, step, self.seeds, self.last_eval, self.meter.median_tokens_per_sec(), c
+        tokens_per_sec = self.meter.median_tokens_per_sec()
+        members = self.last_eval or [{}] * len(self.seeds)
+        members = [{'seed': s, 'eval': e} for s, e in zip(self.seeds, members, strict=True)]
+        write_results(
+            self.workdir,
+            step,
+            members,
+            tokens_per_sec,
+            c,
+            key='members',
+            trained_by=self.by,
+            sessions=self._sessions(step),
         )
 
     def _evaluate(self, step: int, prefix: str = 'eval', split: str = 'validation') -> list:
@@ -153,21 +164,6 @@ class EnsembleTraining(_Training):
             per_member[0]['tokens'],
         )
         return per_member
-
-
-def write_member_results(
-    workdir: str,
-    step: int,
-    seeds: list[int],
-    member_evals: list[dict],
-    tokens_per_sec: float | None,
-    config,
-) -> None:
-    """`<workdir>/results.json` of a finished ensemble: `write_results`'s keys with each
-    member's seed and final eval metrics as 'members' in place of 'eval'."""
-    evals = member_evals or [{}] * len(seeds)
-    members = [{'seed': s, 'eval': e} for s, e in zip(seeds, evals, strict=True)]
-    write_results(workdir, step, members, tokens_per_sec, config, key='members')
 
 
 def split_member(workdir: str, member: int, out: str, step: int | None = None) -> str:
@@ -275,6 +271,8 @@ def member_run(run: Run, member: int, workdir: str | None = None) -> Run:
     )
     abstract = single.ctx.abstract_state['params']
     meta = checkpoint_meta(config, run.meta['data_fingerprint'], run.step, abstract, workdir)
+    if SESSIONS in run.meta:  # the ensemble's steps were its members'
+        meta[SESSIONS] = run.meta[SESSIONS]
     return dataclasses.replace(single, step=run.step, state=state, meta=meta)
 
 
@@ -288,4 +286,5 @@ def _split_results(workdir: str, member: int, out: str, step: int, config) -> No
         return
     entry = results['members'][member]
     by = results.get('trained_by', {})  # the ensemble's, not this process's; older: unknown
-    write_results(out, step, entry['eval'], results['tokens_per_sec'], config, trained_by=by)
+    speed, sessions = results['tokens_per_sec'], results.get(SESSIONS)
+    write_results(out, step, entry['eval'], speed, config, trained_by=by, sessions=sessions)

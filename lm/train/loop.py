@@ -15,6 +15,7 @@ import numpy as np
 from absl import logging
 
 from lm.data.parts import HELDOUT
+from lm.train import provenance
 from lm.train.ensemble import member_seeds
 from lm.train.evaluation import eval_batch_size, evaluate
 from lm.train.interrupt import Interrupted, StopRequest
@@ -183,12 +184,29 @@ class _Training:
     def _write_results(self, step: int) -> None:
         c = self.run.config
         tokens_per_sec = self.meter.median_tokens_per_sec()
-        write_results(self.workdir, step, self.last_eval, tokens_per_sec, c, heldout=self.heldout)
+        write_results(
+            self.workdir,
+            step,
+            self.last_eval,
+            tokens_per_sec,
+            c,
+            heldout=self.heldout,
+            trained_by=self.by,
+            sessions=self._sessions(step),
+        )
+
+    def _sessions(self, step: int) -> list[dict]:
+        """Which steps of the run each session trained, at `step` (`sessions_through`)."""
+        return provenance.sessions_through(self.prior, self.start, step, self.by)
 
     def train(self) -> dict:
         c = self.run.config
         self.start, self.state = self.run.step, self.run.state
+        self.by = provenance.trained_by()  # this session's: its steps are saved by it
+        self.prior = (self.run.meta or {}).get(provenance.SESSIONS) if self.start else []
         self.meter = self._start_logs()
+        if note := provenance.resumed_note(self.prior, self.start, self.by):
+            logging.warning('%s', note)
         first = self.start in (0, c.uptrain.source_step)  # a new run, or a converted one
         # A new run's step-0 score (~ the vocabulary size in perplexity) is logged under its
         # own tags, so it does not set the y-range of the eval charts that compare runs; a
@@ -323,6 +341,7 @@ class _Training:
             run.ctx.abstract_state['params'],
             self.workdir,
         )
+        meta[provenance.SESSIONS] = self._sessions(step)
         if eval_cut:
             meta[EVAL_CUT] = True
         # The curve up to a checkpoint survives a kill -9: flushed before the save starts, as

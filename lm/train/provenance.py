@@ -1,6 +1,8 @@
 """What trained a run, for its record: the source commit of this `lm` checkout and the toolchain
 its numbers are exact under (`lm.train.golden`: the same commit can train other last bits on
-another CPU or JAX). Written into each finished run's results.json ('trained_by') and its log.
+another CPU or JAX). Written into each finished run's results.json ('trained_by') and its log;
+a run's checkpoints carry it by steps (`sessions_through`), so a run resumed under another
+version says which steps each trained.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from lm.train.perf import cpu_model, device_description
 # XLA_FLAGS words that leave a CPU's numerics as they are: the GPU's (on a CPU backend), and the
 # simulated CPU device count (which `config.mesh.cpu_devices` sets anyway).
 _CPU_NUMERICS_FREE = ('--xla_gpu_', '--xla_force_host_platform_device_count')
+# A checkpoint side-car's and a results.json's key: which steps each session trained, by what
+# (`sessions_through`).
+SESSIONS = 'trained_by_sessions'
 
 
 def toolchain() -> dict[str, str | bool]:
@@ -94,3 +99,56 @@ def trained_by() -> dict[str, str | bool]:
         **toolchain(),
         'devices': device_description(),
     }
+
+
+def version(by: dict) -> dict:
+    """What of a `trained_by` record decides the numbers: the code (its digest; the commit where
+    none was recorded: a docs-only commit is not another version) and the toolchain; not the
+    devices, nor a session's steps."""
+    left_out = ('devices', 'commit', 'steps') if by.get('code') else ('devices', 'steps')
+    return {k: v for k, v in by.items() if k not in left_out}
+
+
+def differences(there: dict, here: dict) -> str:
+    """The keys on which two records differ, as 'key: THERE there, HERE here; ...'."""
+    keys = sorted(k for k in there.keys() | here.keys() if there.get(k) != here.get(k))
+    return '; '.join(f'{k}: {there.get(k)!r} there, {here.get(k)!r} here' for k in keys)
+
+
+def sessions_through(prior: list[dict] | None, start: int, step: int, by: dict) -> list[dict]:
+    """Which steps of a run each session trained, at `step`: `prior` (the list saved with the
+    checkpoint resumed at `start`, covering steps 0..start; None where that checkpoint records
+    none: then one entry of its steps alone) then this session's steps start..step, trained by
+    `by` (`trained_by`), joined to the last entry when that is the same record. Each entry is
+    {'steps': [first, last], **trained_by} (`first` exclusive: the step the session began at)."""
+    out = [dict(e) for e in prior] if prior is not None else []
+    if prior is None and start:
+        out = [{'steps': [0, start]}]
+    if step > start:
+        last = out[-1] if out else {'steps': [0, -1]}
+        same = {k: v for k, v in last.items() if k != 'steps'} == by
+        if same and last['steps'][1] == start:
+            out[-1] = {**last, 'steps': [last['steps'][0], step]}
+        else:
+            out.append({'steps': [start, step], **by})
+    return out
+
+
+def resumed_note(prior: list[dict] | None, start: int, by: dict) -> str:
+    """The run log's line for a run resumed at `start` whose steps so far were trained by
+    another version of the code or toolchain than this session's (`by`), or are not recorded
+    (`prior` None); '' for a new run or the same version."""
+    if not start:
+        return ''
+    if prior is None:
+        return (
+            f'resuming at step {start}: its checkpoint does not record what trained the steps '
+            'before it (saved before checkpoints held it)'
+        )
+    there, here = version(prior[-1]), version(by)
+    if not there or there == here:
+        return ''
+    return (
+        f'resuming at step {start}, trained so far by another version of the code or toolchain '
+        f'({differences(there, here)}): results.json will list each ({SESSIONS})'
+    )

@@ -201,13 +201,15 @@ def write_results(
     key: str = 'eval',
     heldout: dict | None = None,
     trained_by: dict | None = None,
+    sessions: list[dict] | None = None,
 ) -> None:
     """`<workdir>/results.json` of a finished run: its last step, final eval metrics under `key`
     (an ensemble: 'members', a list of {seed, eval}), a run on a part's final held-out metrics
     (`heldout`, lm.data.parts: its reported score), median training throughput, config
     fingerprint (sweeps read it, and skip runs that have one) and what trained it (`trained_by`:
-    by default this process's `lm.train.provenance.trained_by`; {} leaves it out as unknown);
-    written atomically."""
+    by default this process's `lm.train.provenance.trained_by`; {} leaves it out as unknown),
+    with which steps each session trained (`sessions`, `lm.train.provenance.sessions_through`)
+    unless that one record trained them all; written atomically."""
     results = {
         'step': step,
         key: last_eval,
@@ -218,6 +220,8 @@ def write_results(
     by = provenance.trained_by() if trained_by is None else trained_by
     if by:  # {}: not known (a member split from an ensemble's results written before it)
         results['trained_by'] = by
+    if sessions and sessions != [{'steps': [0, step], **by}]:
+        results[provenance.SESSIONS] = sessions
     path = os.path.join(workdir, 'results.json')
     with open(path + '.tmp', 'w') as f:
         json.dump(results, f, indent=1)

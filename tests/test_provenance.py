@@ -1,0 +1,124 @@
+"""What trained a run (lm/train/provenance.py): the checkout's commit and code, the toolchain,
+and which steps each session trained when a run is resumed under another version."""
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, tiny_train_config
+
+from lm.train import provenance
+from lm.train.checkpoint import read_step_meta
+from lm.train.loop import train
+from lm.train.provenance import (
+    SESSIONS,
+    differences,
+    resumed_note,
+    sessions_through,
+    source_code,
+    source_commit,
+    toolchain,
+    version,
+)
+
+BY = {'commit': 'a' * 40, 'code': 'c' * 12, 'jax': '0.10.2', 'cpu': 'Xeon', 'devices': '1 x'}
+
+
+def test_sessions_join_while_one_version_trains_and_split_when_another_resumes():
+    first = sessions_through([], 0, 4, BY)
+    assert first == [{'steps': [0, 4], **BY}]
+    assert sessions_through(first, 4, 8, BY) == [{'steps': [0, 8], **BY}]  # resumed, same
+    other = {**BY, 'jax': '0.10.3'}
+    assert sessions_through(first, 4, 8, other) == [
+        {'steps': [0, 4], **BY},
+        {'steps': [4, 8], **other},
+    ]
+    assert sessions_through(first, 4, 4, other) == first  # trained no step: not a session
+    # a checkpoint that records none (saved before checkpoints held it): its steps, unknown
+    assert sessions_through(None, 4, 8, BY) == [{'steps': [0, 4]}, {'steps': [4, 8], **BY}]
+    assert first == [{'steps': [0, 4], **BY}]  # the prior list is not changed
+
+
+def test_version_is_the_code_and_toolchain_and_the_note_names_what_differs():
+    assert version({**BY, 'steps': [0, 4]}) == {'code': 'c' * 12, 'jax': '0.10.2', 'cpu': 'Xeon'}
+    no_code = {k: v for k, v in BY.items() if k != 'code'}  # the commit where no code digest
+    assert version(no_code) == {'commit': 'a' * 40, 'jax': '0.10.2', 'cpu': 'Xeon'}
+    assert differences({'a': 1, 'b': 2}, {'a': 1, 'c': 3}) == (
+        'b: 2 there, None here; c: None there, 3 here'
+    )
+    prior = [{'steps': [0, 4], **BY}]
+    assert resumed_note(prior, 0, BY) == ''  # a new run
+    assert resumed_note(prior, 4, {**BY, 'commit': 'e' * 40, 'devices': '2 x'}) == ''  # same code
+    assert resumed_note(prior, 4, {**BY, 'jax': '0.10.3'}) == (
+        'resuming at step 4, trained so far by another version of the code or toolchain (jax: '
+        "'0.10.2' there, '0.10.3' here): results.json will list each (trained_by_sessions)"
+    )
+    assert resumed_note(None, 4, BY).startswith('resuming at step 4: its checkpoint does not')
+    assert resumed_note([{'steps': [0, 4]}], 4, BY) == ''  # unknown before: nothing to compare
+
+
+@pytest.mark.slow
+def test_a_run_resumed_under_another_version_records_which_steps_each_trained(
+    tmp_path, small_text, monkeypatch, caplog
+):
+    """Checkpoints carry which steps each session trained: a resumption under the same version
+    joins the first session's entry (results.json then holds trained_by alone); one under
+    another toolchain is logged and listed in results.json beside the finishing session's."""
+    config = tiny_train_config(tmp_path, small_text, **{'train.steps': 10})
+    run = tmp_path / 'run'
+    train(config, str(run))
+    here = provenance.trained_by()
+    assert read_step_meta(str(run), 8)[SESSIONS] == [{'steps': [0, 8], **here}]
+    shutil.rmtree(run / 'checkpoints' / '10')  # killed after step 10's save began
+    train(config, str(run))  # resumed at 8 by the same version: one entry
+    assert read_step_meta(str(run), 10)[SESSIONS] == [{'steps': [0, 10], **here}]
+    results = json.loads((run / 'results.json').read_text())
+    assert results['trained_by'] == here and SESSIONS not in results
+
+    shutil.rmtree(run / 'checkpoints' / '10')
+    other = {**here, 'jax': '0.0.1'}  # as if JAX were upgraded between the sessions
+    monkeypatch.setattr(provenance, 'trained_by', lambda: other)
+    with caplog.at_level(logging.WARNING):
+        train(config, str(run))
+    assert f"jax: '{here['jax']}' there, '0.0.1' here" in caplog.text
+    results = json.loads((run / 'results.json').read_text())
+    assert results['trained_by'] == other
+    assert results[SESSIONS] == [{'steps': [0, 8], **here}, {'steps': [8, 10], **other}]
+    assert read_step_meta(str(run), 10)[SESSIONS] == results[SESSIONS]
+
+
+def test_toolchain_keeps_the_xla_flags_that_can_change_cpu_numerics(monkeypatch):
+    flags = '--xla_gpu_deterministic_ops=true --xla_force_host_platform_device_count=8'
+    monkeypatch.setenv('XLA_FLAGS', f'{flags} --xla_cpu_use_thunk_runtime=false')
+    assert toolchain()['xla_flags'] == '--xla_cpu_use_thunk_runtime=false'
+    monkeypatch.setenv('XLA_FLAGS', flags)
+    assert toolchain()['xla_flags'] == ''
+
+
+def test_source_commit_and_code_are_the_checkouts_and_empty_outside_one(tmp_path):
+    head = subprocess.run(['git', '-C', str(ROOT), 'rev-parse', 'HEAD'], capture_output=True)
+    if head.returncode:
+        pytest.skip('this copy of lm is not a git checkout')
+    assert source_commit().rstrip('+') == head.stdout.decode().strip()
+    trees = subprocess.run(
+        ['git', '-C', str(ROOT), 'rev-parse', 'HEAD:lm', 'HEAD:configs'], capture_output=True
+    )
+    digest = hashlib.sha256(trees.stdout.decode().strip().encode()).hexdigest()[:12]
+    assert source_code().rstrip('+') == digest
+    assert source_code().endswith('+') == source_commit().endswith('+')
+    copy = tmp_path / 'lm_copy'
+    shutil.copytree(ROOT / 'lm', copy / 'lm', ignore=shutil.ignore_patterns('__pycache__'))
+    code = 'from lm.train.provenance import *; print(repr(source_commit() + source_code()))'
+    out = subprocess.run(
+        [sys.executable, '-c', code],
+        cwd=copy,
+        env={**os.environ, 'PYTHONPATH': str(copy)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "''", out.stderr[-2000:]
