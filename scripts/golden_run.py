@@ -25,8 +25,14 @@ from lm.cli import run_app
 from lm.config import load_config_file, with_values
 from lm.experiments import check_output_file
 from lm.sharding import set_cpu_devices
-from lm.train import TOOLCHAIN_RTOL, compare_golden, golden_run, source_commit, toolchain
-from lm.train.provenance import differences
+from lm.train import (
+    TOOLCHAIN_RTOL,
+    compare_golden,
+    differences,
+    golden_run,
+    source_commit,
+    toolchain,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name: (config spec, overrides). Each covers a path the studies train through: the KV-sharing

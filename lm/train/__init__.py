@@ -76,7 +76,7 @@ __all__, __getattr__, __dir__ = public_face(
             'golden_run',
             'relative_difference',
         ),
-        'provenance': ('source_code', 'source_commit', 'toolchain', 'trained_by'),
+        'provenance': ('differences', 'source_code', 'source_commit', 'toolchain', 'trained_by'),
         'perf': (
             'PEAK_FLOPS',
             'add_roofline',
