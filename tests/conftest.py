@@ -33,10 +33,11 @@ jax.config.update('jax_numpy_rank_promotion', 'raise')
 # (no change on the CPU). tests/test_gpu.py checks the bfloat16/cuDNN path at its own tolerance.
 jax.config.update('jax_default_matmul_precision', 'highest')
 # Bitwise-equal resumes on a GPU need deterministic reductions (scatter-add gradients use
-# atomics otherwise); the flag is read when the GPU backend starts and is ignored on the CPU.
-os.environ['XLA_FLAGS'] = (
-    os.environ.get('XLA_FLAGS', '') + ' --xla_gpu_deterministic_ops=true'
-).strip()
+# atomics otherwise); the flag is read when the GPU backend starts and is ignored on the CPU. Once:
+# a pytest-xdist worker inherits the controller's XLA_FLAGS, which already hold it.
+_words = os.environ.get('XLA_FLAGS', '').split()
+_words += [w for w in ('--xla_gpu_deterministic_ops=true',) if w not in _words]
+os.environ['XLA_FLAGS'] = ' '.join(_words)
 # On the CPU, XLA's loop emitters instead of its fusion emitters: this process and the runs it
 # starts compile each program in about half the time (a tiny train.py run's compiles 4.0 s ->
 # 2.2 s; test_model.py and an eager decoding test, most of whose time is compiling one small

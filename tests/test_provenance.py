@@ -122,3 +122,38 @@ def test_source_commit_and_code_are_the_checkouts_and_empty_outside_one(tmp_path
         text=True,
     )
     assert out.returncode == 0 and out.stdout.strip() == "''", out.stderr[-2000:]
+
+
+def test_an_accelerator_records_its_kind_platform_version_and_plugin_packages(monkeypatch):
+    """Off the CPU the toolchain names the device kind, the PJRT client's platform version (the
+    CUDA a GPU plugin was built for) and the installed plugin and NVIDIA library versions, and
+    keeps every XLA_FLAGS word; the CPU's record has none of them."""
+    import importlib.metadata
+    import types
+
+    import jax
+
+    assert 'accelerator' not in toolchain() and 'packages' not in toolchain()
+    client = types.SimpleNamespace(platform_version='PJRT C API\ncuda 12080\ncudnn 91000')
+    device = types.SimpleNamespace(device_kind='NVIDIA H200', client=client)
+
+    def dist(name, version):
+        return types.SimpleNamespace(metadata={'Name': name}, version=version)
+
+    installed = [
+        dist('jax_cuda12_plugin', '0.10.2'),
+        dist('nvidia-cudnn-cu12', '9.10.0'),
+        dist('jax-cuda12-pjrt', '0.10.2'),
+        dist('numpy', '2.3.0'),
+    ]
+    monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+    monkeypatch.setattr(jax, 'devices', lambda: [device])
+    monkeypatch.setattr(importlib.metadata, 'distributions', lambda: installed)
+    monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_deterministic_ops=true')
+    tools = toolchain()
+    assert (tools['backend'], tools['xla_flags']) == ('gpu', '--xla_gpu_deterministic_ops=true')
+    assert tools['accelerator'] == 'NVIDIA H200'
+    assert tools['platform_version'] == 'PJRT C API cuda 12080 cudnn 91000'
+    assert tools['packages'] == (
+        'jax-cuda12-pjrt 0.10.2, jax-cuda12-plugin 0.10.2, nvidia-cudnn-cu12 9.10.0'
+    )

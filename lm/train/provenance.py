@@ -8,6 +8,7 @@ version says which steps each trained.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -28,9 +29,9 @@ def toolchain() -> dict[str, str | bool]:
     """What a run's numbers are exact under: the JAX and jaxlib versions, the backend, the CPU
     (XLA's CPU code is built for the host's instruction set and threads: one commit trained the
     MQAR study's runs differently on a 2-core AMD EPYC and a 2-core Intel Xeon) or, on an
-    accelerator, its kind, whether XLA optimises (`jax_disable_most_optimizations`, which the
-    test suite sets, gives other bits) and the XLA_FLAGS that can change the numerics (all on an
-    accelerator; read for this record only)."""
+    accelerator, its kind and software stack (`accelerator_stack`), whether XLA optimises
+    (`jax_disable_most_optimizations`, which the test suite sets, gives other bits) and the
+    XLA_FLAGS that can change the numerics (all on an accelerator; read for this record only)."""
     import jaxlib
 
     backend = jax.default_backend()
@@ -46,8 +47,29 @@ def toolchain() -> dict[str, str | bool]:
         'xla_flags': ' '.join(sorted(words)),
     }
     if backend != 'cpu':
-        out['accelerator'] = jax.devices()[0].device_kind
+        out.update(accelerator_stack())
     return out
+
+
+# Installed packages that decide an accelerator's numerics beside jaxlib: JAX's PJRT plugins,
+# the TPU runtime, and the NVIDIA libraries a GPU plugin loads (cuDNN, cuBLAS, the PTX compiler).
+_STACK = ('jax-cuda', 'jax-rocm', 'libtpu', 'nvidia-cudnn', 'nvidia-cublas', 'nvidia-cuda-nvcc')
+
+
+def accelerator_stack() -> dict[str, str]:
+    """Off the CPU: the accelerator's kind, its PJRT client's platform version (a GPU's names
+    the CUDA its plugin was built for) and the installed versions of `_STACK`'s packages."""
+    device = jax.devices()[0]
+    found = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata['Name'] or '').lower().replace('_', '-')
+        if name.startswith(_STACK):
+            found[name] = dist.version
+    return {
+        'accelerator': device.device_kind,
+        'platform_version': ' '.join(str(device.client.platform_version).split()),
+        'packages': ', '.join(f'{k} {v}' for k, v in sorted(found.items())),
+    }
 
 
 def _git(root: str, *args: str) -> str | None:
