@@ -1,6 +1,7 @@
 r"""Does this checkout train as the recorded one did? Trains each golden case (below) for a few
-steps from its initialisation on the CPU (`lm.train.golden_run`) and compares each step's loss,
-bit for bit, and the parameters reached with the record, tests/fixtures/golden_runs.json.
+steps from its initialisation on the CPU (`lm.train.golden_run`) and compares each step's loss
+and gradient norm, bit for bit, the parameters reached and their validation loss with the
+record, tests/fixtures/golden_runs.json.
 
   python scripts/golden_run.py            # compare; exit 1 if any case differs
   python scripts/golden_run.py --write    # record this checkout (after a change you mean)
@@ -121,8 +122,10 @@ def read_record(path: str) -> dict:
             're-record with --write'
         )
     for name, case in cases.items():
-        if not {'loss', 'grad_norm', 'params_sha256'} <= set(case):
-            raise ValueError(f'--record={path}: case {name} lacks loss, grad_norm or params_sha256')
+        if not {'loss', 'grad_norm', 'params_sha256', 'eval_loss'} <= set(case):
+            raise ValueError(
+                f'--record={path}: case {name} lacks loss, grad_norm, params_sha256 or eval_loss'
+            )
     return record
 
 

@@ -61,11 +61,16 @@ def next_float32(x: float) -> float:
 
 def test_one_changed_bit_is_a_difference_and_a_toolchain_allows_last_bits():
     rows = hexes([[6.0, 5.0], [4.5, 4.25], [4.0, 3.5]])
-    want = {'loss': rows, 'grad_norm': hexes([[1.0, 2.0]] * 3), 'params_sha256': 'a'}
+    want = {
+        'loss': rows,
+        'grad_norm': hexes([[1.0, 2.0]] * 3),
+        'params_sha256': 'a',
+        'eval_loss': hexes([[3.5, 3.25]])[0],
+    }
     got = json.loads(json.dumps(want))
     assert compare('c', got, want, exact=True) == (
         True,
-        'c: bitwise equal (3 steps and the parameters)',
+        'c: bitwise equal (3 steps, the parameters, the evaluation)',
     )
     got['loss'][1][1] = float(next_float32(4.25)).hex()  # one ulp, step 2, second member
     assert first_difference(got['loss'], want['loss']) == 2
@@ -83,11 +88,17 @@ def test_one_changed_bit_is_a_difference_and_a_toolchain_allows_last_bits():
     same = {**want, 'params_sha256': 'b'}
     assert compare('c', same, want, exact=True) == (
         False,
-        'c: every loss and gradient norm equal, the parameters differ',
+        'c: every loss, gradient norm and the evaluation equal, the parameters differ',
     )
     assert compare('c', same, want, exact=False)[0]
+    scored = {**want, 'eval_loss': [want['eval_loss'][0], float(next_float32(3.25)).hex()]}
+    ok, line = compare('c', scored, want, exact=True)  # training equal, the evaluation not
+    assert not ok and line.startswith('c: differs in the validation loss;')
+    assert compare('c', scored, want, exact=False)[0]
+    scored['eval_loss'][0] = float(3.5 * (1 + 3 * TOOLCHAIN_RTOL)).hex()
+    assert not compare('c', scored, want, exact=False)[0]
     assert first_difference(want['loss'][:2], want['loss']) == 3
-    short = {'loss': rows[:2], 'grad_norm': want['grad_norm'][:2], 'params_sha256': 'a'}
+    short = {**want, 'loss': rows[:2], 'grad_norm': want['grad_norm'][:2]}
     assert compare('c', short, want, False) == (False, 'c: 2 steps, the record has 3')
 
 
@@ -130,7 +141,8 @@ def test_this_checkout_trains_the_recorded_golden_runs():
 @pytest.mark.parametrize('name', ['mqar_mla', 'mqar_gqa2_ensemble'])
 def test_the_golden_run_is_what_train_py_logs(tmp_path, name):
     """train.py, logging every step (1-step calls, where the golden run's calls are of 2), logs
-    the recorded losses: a single run's, and each member's of an ensemble."""
+    the recorded losses and scores the recorded validation loss: a single run's, and each
+    member's of an ensemble."""
     record = json.loads(RECORD.read_text())
     case = record['cases'][name]
     overrides = [f'--config.{k}={v}' for k, v in case['overrides'].items()]
@@ -151,10 +163,14 @@ def test_the_golden_run_is_what_train_py_logs(tmp_path, name):
     logdirs = sorted(tb.glob('seed_*')) if 'ensemble' in name else [tb]
     logged = [read_scalars(d, 'train/loss') for d in logdirs]
     got = hexes([[member[s] for member in logged] for s in range(1, steps + 1)])
+    results = json.loads((tmp_path / 'run' / 'results.json').read_text())  # the final evaluation
+    evals = [m['eval'] for m in results['members']] if 'ensemble' in name else [results['eval']]
+    scored = [float(e['loss']).hex() for e in evals]
     if exact_here(record):
-        assert got == case['loss']
+        assert got == case['loss'] and scored == case['eval_loss']
     else:
         assert relative_difference(got, case['loss']) <= TOOLCHAIN_RTOL
+        assert relative_difference([scored], [case['eval_loss']]) <= TOOLCHAIN_RTOL
 
 
 def test_the_machine_paragraphs_accuracies_are_the_csvs():

@@ -1,10 +1,11 @@
 """Golden runs: a few steps of a config trained from its initialisation, kept bit for bit (each
-step's loss and gradient norm, and a digest of the parameters reached). Two checkouts, machines
-or toolchains that give a config different golden runs train it differently; a change to the
-bits of the forward, backward, optimizer or data path on the steps it covers changes it (the
-evaluation path and the schedule's later steps it does not cover). `scripts/golden_run.py`
-compares this checkout with the recorded runs (`tests/fixtures/golden_runs.json`); docs/train.md
-keeps the log of their changes, so a study's reruns can be told apart from its runs.
+step's loss and gradient norm, a digest of the parameters reached, and their validation loss).
+Two checkouts, machines or toolchains that give a config different golden runs train or score it
+differently; a change to the bits of the forward, backward, optimizer, data or evaluation path
+on the steps it covers changes it (the schedule's later steps it does not cover).
+`scripts/golden_run.py` compares this checkout with the recorded runs
+(`tests/fixtures/golden_runs.json`); docs/train.md keeps the log of their changes, so a study's
+reruns can be told apart from its runs.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ import jax
 import ml_collections
 import numpy as np
 
+from lm.train.evaluation import eval_batch_size, evaluate, evaluate_members
 from lm.train.loop import call_batch, call_sizes
-from lm.train.run import assemble
-from lm.train.step import device_call_batch, make_train_step
+from lm.train.run import Run, assemble
+from lm.train.step import device_call_batch, make_eval_step, make_train_step
 
 # Two golden runs taken under different toolchains (`lm.train.provenance.toolchain`) may differ in
-# their last bits. They agree to this relative tolerance in every loss and gradient norm unless
-# the computation changed: about 1000 times the differences between the test suite's -O0
-# compiles and optimised ones (6.9e-8 to 1.0e-7 by step 8, 2026-12-01); not yet measured
-# across CPU kinds.
+# their last bits. They agree to this relative tolerance in every loss, gradient norm and
+# validation loss unless the computation changed: about 300 times the differences between the
+# test suite's -O0 compiles and optimised ones (up to 3.1e-7 over the 8 steps, 1.3e-8 in the
+# validation losses, 2026-12-01, a 2-core Intel Xeon); not yet measured across CPU kinds.
 TOOLCHAIN_RTOL = 1e-4
 
 
@@ -40,11 +42,12 @@ def params_digest(params: dict) -> str:
 
 def golden_run(config: ml_collections.ConfigDict, steps: int) -> dict:
     """Trains `config` from its initialisation for `steps` steps in this process, with its data
-    and train step (no logging, eval or checkpoints; calls of up to `train.steps_per_call` steps
-    ending at `steps`, which may group the steps otherwise than a logged run's calls), and
-    returns {'loss', 'grad_norm': one row per step of each member's value as `float.hex` (one
-    value for a single run, K for an ensemble), 'params_sha256': `params_digest` of the
-    parameters reached}. The gradient norm sees a changed backward pass even where the
+    and train step (no logging or checkpoints; calls of up to `train.steps_per_call` steps
+    ending at `steps`, which may group the steps otherwise than a logged run's calls), then
+    scores the parameters reached as a run's evaluation does, and returns {'loss', 'grad_norm':
+    one row per step of each member's value as `float.hex` (one value for a single run, K for
+    an ensemble), 'params_sha256': `params_digest` of the parameters reached, 'eval_loss': each
+    member's validation loss}. The gradient norm sees a changed backward pass even where the
     learning rate is still too small for the loss to show it."""
     if steps < 1:
         raise ValueError(f'a golden run needs steps >= 1, got {steps}')
@@ -64,7 +67,26 @@ def golden_run(config: ml_collections.ConfigDict, steps: int) -> dict:
                 rows += [[float(v).hex() for v in row] for row in value]
             step += n
         digest = params_digest(state['params'])
-    return {**series, 'params_sha256': digest}
+        scored = _validation_losses(run, state['params'])
+    return {**series, 'params_sha256': digest, 'eval_loss': [float(v).hex() for v in scored]}
+
+
+def _validation_losses(run: Run, params: dict) -> list[float]:
+    """Each member's validation loss of `params` (one for a single run), as the run's
+    evaluation scores it (`lm.train.evaluation`: its windows, or a recall task's answers)."""
+    c = run.config
+    score = evaluate_members if run.ctx.members else evaluate
+    metrics = score(
+        make_eval_step(run.ctx),
+        params,
+        run.corpus,
+        'validation',
+        batch_size=eval_batch_size(c),
+        seq_len=c.data.seq_len,
+        eval_tokens=c.eval_tokens,
+        batch_sharding=run.ctx.batch_sharding,
+    )
+    return [m['loss'] for m in (metrics if run.ctx.members else [metrics])]
 
 
 def _steps(run: dict) -> list[list[str]]:
@@ -91,23 +113,25 @@ def relative_difference(got: list[list[str]], want: list[list[str]]) -> float:
 
 def compare(name: str, got: dict, want: dict, exact: bool) -> tuple[bool, str]:
     """(matches, one line) for golden run `name` against its record `want`: bitwise when `exact`
-    (the record's toolchain), else its losses and gradient norms within TOOLCHAIN_RTOL."""
+    (the record's toolchain), else its losses, gradient norms and validation losses within
+    TOOLCHAIN_RTOL (the parameters' digest then aside)."""
     a, b = _steps(got), _steps(want)
-    step = first_difference(a, b)
-    same_params = got['params_sha256'] == want['params_sha256']
-    if step is None and same_params:
-        return True, f'{name}: bitwise equal ({len(a)} steps and the parameters)'
-    if step is None:
+    if len(a) != len(b):
+        return False, f'{name}: {len(a)} steps, the record has {len(b)}'
+    step, scores = first_difference(a, b), ([got['eval_loss']], [want['eval_loss']])
+    if step is None and scores[0] == scores[1]:
+        if got['params_sha256'] == want['params_sha256']:
+            return True, f'{name}: bitwise equal ({len(a)} steps, the parameters, the evaluation)'
         accepted = ' (accepted under another toolchain)' if not exact else ''
         return (
             not exact,
-            f'{name}: every loss and gradient norm equal, the parameters differ{accepted}',
+            f'{name}: every loss, gradient norm and the evaluation equal, the parameters '
+            f'differ{accepted}',
         )
-    if len(a) != len(b):
-        return False, f'{name}: {len(a)} steps, the record has {len(b)}'
-    rel = relative_difference(a, b)
+    where = f'from step {step}' if step else 'in the validation loss'
+    rel = max(relative_difference(a, b), relative_difference(*scores))
     ok = not exact and rel <= TOOLCHAIN_RTOL
     return ok, (
-        f'{name}: differs from step {step}; largest relative difference {rel:.2e} '
+        f'{name}: differs {where}; largest relative difference {rel:.2e} '
         f'({"within" if ok else "beyond"} {TOOLCHAIN_RTOL:g})'
     )
