@@ -39,6 +39,9 @@ then each arm at the rate its grid chose on seeds 8-15 (MHA's gate seeds):
   python scripts/sweep.py --config=configs/sweeps/mqar_capacity.py --sweep_dir=runs/mqc/r3_grid \
       --points=gqa2_p8_lr0.001,gqa2_p8_lr0.002 --seeds=2 --ensemble --ensemble_program=looped \
       --config.mesh.cpu_devices=1
+
+The fifth round (docs/studies/mqar_capacity/above_edge_statement.md): GQA-2 at ABOVE_RATES,
+points 'gqa2_p8_lr0.008' and 'gqa2_p8_lr0.013', on the grid's seeds 0-1.
 """
 
 import os
@@ -51,6 +54,9 @@ PAIRS = (4, 8)
 # The rate of each variant's cells, chosen on the grid (the study's amendment records it).
 LR = {'mha': 3e-3, 'mqa': 3e-3}
 OWN_RATES = (1e-3, 2e-3, 3e-3, 5e-3)  # the third round's grid for GQA-2 and MQA at 8 pairs
+# The fifth round's rates for GQA-2, past its grid choice at the grid's upper edge (5e-3): the
+# grid's steps of about 1.6x continued (docs/studies/mqar_capacity/above_edge_statement.md).
+ABOVE_RATES = (8e-3, 1.3e-2)
 
 
 def get_config():
@@ -84,7 +90,11 @@ def get_points():
         for arm in (second[1], cell['mqa_p8'])
         for lr in OWN_RATES
     ]
-    return grid + cells + second + own
+    above = [
+        {**second[1], 'name': own_rate_point('gqa2_p8', lr), 'train.lr': lr, 'train.min_lr': lr}
+        for lr in ABOVE_RATES
+    ]
+    return grid + cells + second + own + above
 
 
 def own_rate_point(arm: str, lr: float) -> str:
