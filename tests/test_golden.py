@@ -100,6 +100,8 @@ def test_one_changed_bit_is_a_difference_and_a_toolchain_allows_last_bits():
     assert first_difference(want['loss'][:2], want['loss']) == 3
     short = {**want, 'loss': rows[:2], 'grad_norm': want['grad_norm'][:2]}
     assert compare('c', short, want, False) == (False, 'c: 2 steps, the record has 3')
+    one = {**want, 'eval_loss': want['eval_loss'][:1]}
+    assert compare('c', one, want, False) == (False, 'c: 1 validation losses, the record has 2')
 
 
 def test_params_digest_sees_one_bit_and_each_name():

@@ -18,6 +18,7 @@ from lm.train.loop import train
 from lm.train.provenance import (
     SESSIONS,
     differences,
+    results_record,
     resumed_note,
     sessions_through,
     source_code,
@@ -52,14 +53,30 @@ def test_version_is_the_code_and_toolchain_and_the_note_names_what_differs():
         'b: 2 there, None here; c: None there, 3 here'
     )
     prior = [{'steps': [0, 4], **BY}]
-    assert resumed_note(prior, 0, BY) == ''  # a new run
-    assert resumed_note(prior, 4, {**BY, 'commit': 'e' * 40, 'devices': '2 x'}) == ''  # same code
-    assert resumed_note(prior, 4, {**BY, 'jax': '0.10.3'}) == (
-        'resuming at step 4, trained so far by another version of the code or toolchain (jax: '
+    assert resumed_note(prior, 0, 8, BY) == ''  # a new run
+    assert resumed_note(prior, 4, 8, {**BY, 'commit': 'e' * 40, 'devices': '2 x'}) == ''  # same
+    assert resumed_note(prior, 4, 8, {**BY, 'jax': '0.10.3'}) == (
+        'continuing at step 4, trained so far by another version of the code or toolchain (jax: '
         "'0.10.2' there, '0.10.3' here): results.json will list each (trained_by_sessions)"
     )
-    assert resumed_note(None, 4, BY).startswith('resuming at step 4: its checkpoint does not')
-    assert resumed_note([{'steps': [0, 4]}], 4, BY) == ''  # unknown before: nothing to compare
+    assert resumed_note(prior, 4, 4, {**BY, 'jax': '0.10.3'}).startswith(
+        'evaluating step 4, trained by another version'
+    )
+    assert resumed_note(None, 4, 8, BY).startswith('continuing at step 4: its checkpoint (or')
+    assert resumed_note([{'steps': [0, 4]}], 4, 8, BY) == ''  # unknown before: nothing to compare
+
+
+def test_results_name_the_trainer_of_the_last_steps_and_the_evaluator_apart():
+    one = [{'steps': [0, 8], **BY}]
+    assert results_record(one, 8, BY) == {'trained_by': BY}  # one record trained every step
+    other = {**BY, 'jax': '0.10.3'}
+    two = [{'steps': [0, 4], **BY}, {'steps': [4, 8], **other}]
+    assert results_record(two, 8, other) == {'trained_by': other, SESSIONS: two}
+    # a session that only ran the evaluation owed: it trained nothing
+    assert results_record(one, 8, other) == {'trained_by': BY, 'evaluated_by': other}
+    unknown = [{'steps': [0, 4]}, {'steps': [4, 8], **BY}]  # an older checkpoint's steps
+    assert results_record(unknown, 8, BY) == {'trained_by': BY, SESSIONS: unknown}
+    assert results_record([{'steps': [0, 8]}], 8, BY) == {'evaluated_by': BY}  # trainer unknown
 
 
 @pytest.mark.slow
@@ -68,7 +85,8 @@ def test_a_run_resumed_under_another_version_records_which_steps_each_trained(
 ):
     """Checkpoints carry which steps each session trained: a resumption under the same version
     joins the first session's entry (results.json then holds trained_by alone); one under
-    another toolchain is logged and listed in results.json beside the finishing session's."""
+    another toolchain is logged and listed in results.json, trained_by then the last session's;
+    a session that only runs the evaluation owed is named apart (evaluated_by)."""
     config = tiny_train_config(tmp_path, small_text, **{'train.steps': 10})
     run = tmp_path / 'run'
     train(config, str(run))
@@ -90,6 +108,21 @@ def test_a_run_resumed_under_another_version_records_which_steps_each_trained(
     assert results['trained_by'] == other
     assert results[SESSIONS] == [{'steps': [0, 8], **here}, {'steps': [8, 10], **other}]
     assert read_step_meta(str(run), 10)[SESSIONS] == results[SESSIONS]
+
+    # killed before results.json was written: a third version runs the evaluation owed only
+    (run / 'results.json').unlink()
+    third = {**here, 'jax': '0.0.2'}
+    monkeypatch.setattr(provenance, 'trained_by', lambda: third)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train(config, str(run))
+    assert (
+        "evaluating step 10, trained by another version of the code or toolchain (jax: '0.0.1'"
+        in caplog.text
+    )
+    results = json.loads((run / 'results.json').read_text())
+    assert (results['trained_by'], results['evaluated_by']) == (other, third)
+    assert results[SESSIONS] == read_step_meta(str(run), 10)[SESSIONS]  # no step trained
 
 
 def test_toolchain_keeps_the_xla_flags_that_can_change_cpu_numerics(monkeypatch):
@@ -157,3 +190,24 @@ def test_an_accelerator_records_its_kind_platform_version_and_plugin_packages(mo
     assert tools['packages'] == (
         'jax-cuda12-pjrt 0.10.2, jax-cuda12-plugin 0.10.2, nvidia-cudnn-cu12 9.10.0'
     )
+
+
+def test_a_split_member_carries_the_ensembles_provenance(tmp_path):
+    """A member split out of an ensemble trained by two versions and evaluated by a third
+    carries the ensemble's record, not the splitting process's."""
+    from conftest import tiny_config
+
+    from lm.train.ensemble_run import _split_results
+
+    other = {**BY, 'jax': '0.10.3'}
+    sessions = [{'steps': [0, 4], **BY}, {'steps': [4, 8], **other}]
+    origin = {'trained_by': other, 'evaluated_by': {**BY, 'jax': '0.11'}, SESSIONS: sessions}
+    members = [{'seed': s, 'eval': {'loss': 1.0 + s}} for s in (0, 1)]
+    results = {'step': 8, 'members': members, 'tokens_per_sec': 10.0, **origin}
+    (tmp_path / 'ens').mkdir()
+    (tmp_path / 'ens' / 'results.json').write_text(json.dumps(results))
+    (tmp_path / 'out').mkdir()
+    _split_results(str(tmp_path / 'ens'), 1, str(tmp_path / 'out'), 8, tiny_config())
+    split = json.loads((tmp_path / 'out' / 'results.json').read_text())
+    assert split['eval'] == {'loss': 2.0}
+    assert {k: split[k] for k in origin} == origin

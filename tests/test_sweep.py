@@ -712,21 +712,27 @@ def test_runs_trained_by_other_commits_or_toolchains_are_said_in_the_summary(tmp
     summarise(str(tmp_path), specs, found, 'params')
     md = (tmp_path / 'summary.md').read_text()
     assert md.startswith(
-        '**Runs trained by 2 different versions of the code or toolchains: 1 by code cccccccccc, '
-        'cpu Xeon (points: mha); 2 by code dddddddddd+, cpu EPYC (points: mqa). A paired '
-        "difference between runs of two of them holds the code's or the toolchain's effect as "
-        "well as the arms' (docs/train.md, golden runs).**\n\n**1 of 4 runs do not record what "
-        'trained them (finished before results.json held it; e.g. mha_s0).**'
+        '**Runs trained by more than one version of the code or toolchain: 1 by code '
+        'cccccccccc, cpu Xeon (points: mha); 2 by code dddddddddd+, cpu EPYC (points: mqa). A '
+        "paired difference between runs of two of them holds the code's or the toolchain's "
+        "effect as well as the arms' (docs/train.md, golden runs).**\n\n**Runs without a record "
+        'of what trained them (finished before results.json held it): 1 of 4, e.g. mha_s0.**'
     ), md[:600]
-    # a run resumed under another JAX: its steps by version, apart from the groups
+    # a run whose JAX changed part-way: its own group, its steps by version
     runs[1][1]['trained_by_sessions'] = [
         {'steps': [0, 4], **by},
         {'steps': [4, 8], **by, 'jax': '0.10.3'},
     ]
+    runs[1][1]['trained_by']['jax'] = '0.10.3'  # its last session's
     summarise(str(tmp_path), specs, found, 'params')
     md = (tmp_path / 'summary.md').read_text()
     assert md.startswith(
-        '**1 of 4 runs were resumed under another version of the code or '
-        'toolchain than trained their first steps (e.g. mha_s1: steps 0-4 by jax 0.10.2; '
-        'steps 4-8 by jax 0.10.3; its results.json lists them as trained_by_sessions).**'
+        '**Runs trained by more than one version of the code or toolchain: 1 by code '
+        'cccccccccc, cpu Xeon, jax 0.10.2 then code cccccccccc, cpu Xeon, jax 0.10.3 (points: '
+        'mha); 2 by code dddddddddd+, cpu EPYC, jax 0.10.2 (points: mqa).'
     ), md[:600]
+    assert (
+        '**Runs whose code or toolchain changed part-way: 1 of 4 (e.g. mha_s1: steps 1-4 under '
+        'code cccccccccc, cpu Xeon, jax 0.10.2, steps 5-8 under code cccccccccc, cpu Xeon, jax '
+        '0.10.3; its results.json lists them as trained_by_sessions).**'
+    ) in md, md[:900]

@@ -119,53 +119,59 @@ def _text_note(texts: dict) -> str:
 
 def _provenance_note(found: dict[str, dict], specs: list[Spec]) -> str:
     """summary.md's lines when the runs were trained by more than one version of the code (its
-    `lm/` and `configs/`, else the commit) or toolchain (results.json's 'trained_by',
-    `lm.train.provenance.version`), when a run was resumed under another version than trained
-    its first steps, or when some do not record it ('' when all record one and agree): a
-    paired difference across two of them holds the code's or the toolchain's effect as well as
-    the arms' (docs/train.md, golden runs)."""
+    `lm/` and `configs/`, else the commit) or toolchain (results.json's 'trained_by' and
+    'trained_by_sessions', `lm.train.provenance.version`), when a run changed version part-way,
+    or when some do not record it ('' when all record one and agree): a paired difference across
+    two of them holds the code's or the toolchain's effect as well as the arms' (docs/train.md,
+    golden runs)."""
     arm = {s.name: s.arm for s in specs}
-    groups: dict[str, list[str]] = {}
-    unknown, mixed = [], {}
+    groups: dict[str, list[str]] = {}  # the versions a run was trained by, in order: its runs
+    unknown, parts = [], {}
     for name, result in sorted(found.items()):
-        # a run resumed under another version: its steps by version (recorded parts only)
-        parts = [(e['steps'], version(e)) for e in result.get(SESSIONS, []) if version(e)]
-        if len({json.dumps(v, sort_keys=True) for _, v in parts}) > 1:
-            mixed[name] = parts
-        elif by := version(result.get('trained_by', {})):
-            groups.setdefault(json.dumps(by, sort_keys=True), []).append(name)
-        else:
+        steps = _versions_by_steps(result)
+        if not steps:
             unknown.append(name)
+            continue
+        versions = [v for i, (_, v) in enumerate(steps) if i == 0 or v != steps[i - 1][1]]
+        groups.setdefault(json.dumps(versions, sort_keys=True), []).append(name)
+        if len(versions) > 1:
+            parts[name] = steps
+    told = [json.loads(k) for k in groups]
+    fields = _differing_fields([v for versions in told for v in versions])
     lines = []
-    if len(groups) > 1:
-        told = [json.loads(k) for k in groups]
-        fields = _differing_fields(told)
+    if len({json.dumps(v, sort_keys=True) for versions in told for v in versions}) > 1:
 
-        def described(by: dict, names: list[str]) -> str:
+        def described(versions: list[dict], names: list[str]) -> str:
             points = ', '.join(dict.fromkeys(arm.get(n, n) for n in names))
-            return f'{len(names)} by {fields(by)} (points: {points})'
+            return f'{len(names)} by {" then ".join(map(fields, versions))} (points: {points})'
 
-        shown = '; '.join(described(b, n) for b, n in zip(told, groups.values(), strict=True))
+        shown = '; '.join(described(v, n) for v, n in zip(told, groups.values(), strict=True))
         lines.append(
-            f'**Runs trained by {len(groups)} different versions of the code or toolchains: '
-            f"{shown}. A paired difference between runs of two of them holds the code's or the "
-            "toolchain's effect as well as the arms' (docs/train.md, golden runs).**"
+            f'**Runs trained by more than one version of the code or toolchain: {shown}. A '
+            "paired difference between runs of two of them holds the code's or the toolchain's "
+            "effect as well as the arms' (docs/train.md, golden runs).**"
         )
-    if mixed:
-        name, parts = next(iter(mixed.items()))
-        fields = _differing_fields([v for _, v in parts])
-        shown = '; '.join(f'steps {a}-{b} by {fields(v)}' for (a, b), v in parts)
+    if parts:
+        name, steps = next(iter(parts.items()))
+        shown = ', '.join(f'steps {a + 1}-{b} under {fields(v)}' for (a, b), v in steps)
         lines.append(
-            f'**{len(mixed)} of {len(found)} runs were resumed under another version of the code '
-            f'or toolchain than trained their first steps (e.g. {name}: {shown}; its '
-            f'results.json lists them as {SESSIONS}).**'
+            f'**Runs whose code or toolchain changed part-way: {len(parts)} of {len(found)} '
+            f'(e.g. {name}: {shown}; its results.json lists them as {SESSIONS}).**'
         )
-    if unknown and (groups or mixed):
+    if unknown and groups:
         lines.append(
-            f'**{len(unknown)} of {len(found)} runs do not record what trained them (finished '
-            f'before results.json held it; e.g. {unknown[0]}).**'
+            f'**Runs without a record of what trained them (finished before results.json held '
+            f'it): {len(unknown)} of {len(found)}, e.g. {unknown[0]}.**'
         )
     return ''.join(line + '\n\n' for line in lines)
+
+
+def _versions_by_steps(result: dict) -> list[tuple[list[int], dict]]:
+    """A run's ([from, to] steps, `version`) pairs: its recorded sessions, or one pair of its
+    'trained_by' where it lists none; [] where it records neither."""
+    sessions = [(e['steps'], version(e)) for e in result.get(SESSIONS, []) if version(e)]
+    by = version(result.get('trained_by', {}))
+    return sessions or ([([0, result.get('step')], by)] if by else [])
 
 
 def _differing_fields(versions: list[dict]):

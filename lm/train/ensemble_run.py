@@ -132,8 +132,7 @@ class EnsembleTraining(_Training):
             tokens_per_sec,
             c,
             key='members',
-            trained_by=self.by,
-            sessions=self._sessions(step),
+            origin=self._origin(step),
         )
 
     def _evaluate(self, step: int, prefix: str = 'eval', split: str = 'validation') -> list:
@@ -285,6 +284,6 @@ def _split_results(workdir: str, member: int, out: str, step: int, config) -> No
     if results.get('step') != step:
         return
     entry = results['members'][member]
-    by = results.get('trained_by', {})  # the ensemble's, not this process's; older: unknown
-    speed, sessions = results['tokens_per_sec'], results.get(SESSIONS)
-    write_results(out, step, entry['eval'], speed, config, trained_by=by, sessions=sessions)
+    # the ensemble's provenance, not this process's (none in an older ensemble's: unknown)
+    origin = {k: results[k] for k in ('trained_by', 'evaluated_by', SESSIONS) if k in results}
+    write_results(out, step, entry['eval'], results['tokens_per_sec'], config, origin=origin)

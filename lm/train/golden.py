@@ -118,6 +118,9 @@ def compare(name: str, got: dict, want: dict, exact: bool) -> tuple[bool, str]:
     a, b = _steps(got), _steps(want)
     if len(a) != len(b):
         return False, f'{name}: {len(a)} steps, the record has {len(b)}'
+    if len(got['eval_loss']) != len(want['eval_loss']):
+        n, m = len(got['eval_loss']), len(want['eval_loss'])
+        return False, f'{name}: {n} validation losses, the record has {m}'
     step, scores = first_difference(a, b), ([got['eval_loss']], [want['eval_loss']])
     if step is None and scores[0] == scores[1]:
         if got['params_sha256'] == want['params_sha256']:
@@ -128,7 +131,7 @@ def compare(name: str, got: dict, want: dict, exact: bool) -> tuple[bool, str]:
             f'{name}: every loss, gradient norm and the evaluation equal, the parameters '
             f'differ{accepted}',
         )
-    where = f'from step {step}' if step else 'in the validation loss'
+    where = 'in the validation loss' if step is None else f'from step {step}'
     rel = max(relative_difference(a, b), relative_difference(*scores))
     ok = not exact and rel <= TOOLCHAIN_RTOL
     return ok, (

@@ -191,13 +191,16 @@ class _Training:
             tokens_per_sec,
             c,
             heldout=self.heldout,
-            trained_by=self.by,
-            sessions=self._sessions(step),
+            origin=self._origin(step),
         )
 
     def _sessions(self, step: int) -> list[dict]:
         """Which steps of the run each session trained, at `step` (`sessions_through`)."""
         return provenance.sessions_through(self.prior, self.start, step, self.by)
+
+    def _origin(self, step: int) -> dict:
+        """results.json's provenance at `step` (`results_record`)."""
+        return provenance.results_record(self._sessions(step), step, self.by)
 
     def train(self) -> dict:
         c = self.run.config
@@ -205,7 +208,7 @@ class _Training:
         self.by = provenance.trained_by()  # this session's: its steps are saved by it
         self.prior = (self.run.meta or {}).get(provenance.SESSIONS) if self.start else []
         self.meter = self._start_logs()
-        if note := provenance.resumed_note(self.prior, self.start, self.by):
+        if note := provenance.resumed_note(self.prior, self.start, c.train.steps, self.by):
             logging.warning('%s', note)
         first = self.start in (0, c.uptrain.source_step)  # a new run, or a converted one
         # A new run's step-0 score (~ the vocabulary size in perplexity) is logged under its

@@ -52,8 +52,18 @@ def toolchain() -> dict[str, str | bool]:
 
 
 # Installed packages that decide an accelerator's numerics beside jaxlib: JAX's PJRT plugins,
-# the TPU runtime, and the NVIDIA libraries a GPU plugin loads (cuDNN, cuBLAS, the PTX compiler).
-_STACK = ('jax-cuda', 'jax-rocm', 'libtpu', 'nvidia-cudnn', 'nvidia-cublas', 'nvidia-cuda-nvcc')
+# the TPU runtime, and the NVIDIA libraries a GPU plugin loads (cuDNN, cuBLAS, the PTX compiler
+# and JIT linker, NCCL). The driver's version is not a package and is not recorded.
+_STACK = (
+    'jax-cuda',
+    'jax-rocm',
+    'libtpu',
+    'nvidia-cudnn',
+    'nvidia-cublas',
+    'nvidia-cuda-nvcc',
+    'nvidia-nvjitlink',
+    'nvidia-nccl',  # the order of a multi-GPU all-reduce
+)
 
 
 def accelerator_stack() -> dict[str, str]:
@@ -156,21 +166,42 @@ def sessions_through(prior: list[dict] | None, start: int, step: int, by: dict) 
     return out
 
 
-def resumed_note(prior: list[dict] | None, start: int, by: dict) -> str:
-    """The run log's line for a run resumed at `start` whose steps so far were trained by
-    another version of the code or toolchain than this session's (`by`), or are not recorded
-    (`prior` None); '' for a new run or the same version."""
+def resumed_note(prior: list[dict] | None, start: int, end: int, by: dict) -> str:
+    """The run log's line for a run continued at `start` (of `end` steps) whose steps so far
+    were trained by another version of the code or toolchain than this session's (`by`), or are
+    not recorded (`prior` None); '' for a new run or the same version."""
     if not start:
         return ''
     if prior is None:
         return (
-            f'resuming at step {start}: its checkpoint does not record what trained the steps '
-            'before it (saved before checkpoints held it)'
+            f'continuing at step {start}: its checkpoint (or, for a converted run, its '
+            "source's) does not record what trained the steps before it (saved before "
+            'checkpoints held it)'
         )
     there, here = version(prior[-1]), version(by)
     if not there or there == here:
         return ''
+    shown = differences(there, here)
+    if start >= end:  # only the evaluation is owed
+        return (
+            f'evaluating step {start}, trained by another version of the code or toolchain '
+            f"({shown}): results.json names this process's as evaluated_by"
+        )
     return (
-        f'resuming at step {start}, trained so far by another version of the code or toolchain '
-        f'({differences(there, here)}): results.json will list each ({SESSIONS})'
+        f'continuing at step {start}, trained so far by another version of the code or '
+        f'toolchain ({shown}): results.json will list each ({SESSIONS})'
     )
+
+
+def results_record(sessions: list[dict], step: int, by: dict) -> dict:
+    """results.json's provenance of a run finished at `step` by this process (`by`): the record
+    of the session that trained its last steps as 'trained_by' (left out where no session
+    records one), this process's as 'evaluated_by' when another (a session that only ran the
+    evaluation owed), and `sessions` (`sessions_through`) unless one record trained every step."""
+    trained = {k: v for k, v in (sessions or [{}])[-1].items() if k != 'steps'}
+    out = {'trained_by': trained} if trained else {}
+    if trained != by:
+        out['evaluated_by'] = by
+    if sessions and sessions != [{'steps': [0, step], **trained}]:
+        out[SESSIONS] = sessions
+    return out

@@ -200,28 +200,22 @@ def write_results(
     config: ml_collections.ConfigDict,
     key: str = 'eval',
     heldout: dict | None = None,
-    trained_by: dict | None = None,
-    sessions: list[dict] | None = None,
+    origin: dict | None = None,
 ) -> None:
     """`<workdir>/results.json` of a finished run: its last step, final eval metrics under `key`
     (an ensemble: 'members', a list of {seed, eval}), a run on a part's final held-out metrics
     (`heldout`, lm.data.parts: its reported score), median training throughput, config
-    fingerprint (sweeps read it, and skip runs that have one) and what trained it (`trained_by`:
-    by default this process's `lm.train.provenance.trained_by`; {} leaves it out as unknown),
-    with which steps each session trained (`sessions`, `lm.train.provenance.sessions_through`)
-    unless that one record trained them all; written atomically."""
+    fingerprint (sweeps read it, and skip runs that have one) and what trained it (`origin`:
+    `lm.train.provenance.results_record`'s keys; by default this process as 'trained_by'; {}
+    leaves it out as unknown); written atomically."""
     results = {
         'step': step,
         key: last_eval,
         **({'heldout': heldout} if heldout else {}),
         'tokens_per_sec': tokens_per_sec,
         'config_fingerprint': config_fingerprint(config),
+        **({'trained_by': provenance.trained_by()} if origin is None else origin),
     }
-    by = provenance.trained_by() if trained_by is None else trained_by
-    if by:  # {}: not known (a member split from an ensemble's results written before it)
-        results['trained_by'] = by
-    if sessions and sessions != [{'steps': [0, step], **by}]:
-        results[provenance.SESSIONS] = sessions
     path = os.path.join(workdir, 'results.json')
     with open(path + '.tmp', 'w') as f:
         json.dump(results, f, indent=1)
