@@ -89,8 +89,10 @@ def test_a_run_resumed_under_another_version_records_which_steps_each_trained(
     a session that only runs the evaluation owed is named apart (evaluated_by)."""
     config = tiny_train_config(tmp_path, small_text, **{'train.steps': 10})
     run = tmp_path / 'run'
-    train(config, str(run))
+    with caplog.at_level(logging.INFO):
+        train(config, str(run))
     here = provenance.trained_by()
+    assert f'code: {here["commit"] or "not a git checkout"}; JAX {here["jax"]}' in caplog.text
     assert read_step_meta(str(run), 8)[SESSIONS] == [{'steps': [0, 8], **here}]
     shutil.rmtree(run / 'checkpoints' / '10')  # killed after step 10's save began
     train(config, str(run))  # resumed at 8 by the same version: one entry

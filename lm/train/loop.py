@@ -208,6 +208,7 @@ class _Training:
         self.by = provenance.trained_by()  # this session's: its steps are saved by it
         self.prior = (self.run.meta or {}).get(provenance.SESSIONS) if self.start else []
         self.meter = self._start_logs()
+        logging.info('%s', provenance.log_line(self.by))
         if note := provenance.resumed_note(self.prior, self.start, c.train.steps, self.by):
             logging.warning('%s', note)
         first = self.start in (0, c.uptrain.source_step)  # a new run, or a converted one

@@ -133,6 +133,18 @@ def trained_by() -> dict[str, str | bool]:
     }
 
 
+def log_line(by: dict) -> str:
+    """The run log's line of a `trained_by` record: its commit and JAX (and XLA_FLAGS)."""
+    flags = f'; XLA_FLAGS {by["xla_flags"]}' if by['xla_flags'] else ''
+    commit = by['commit'] or 'not a git checkout'
+    return f'code: {commit}; JAX {by["jax"]}, jaxlib {by["jaxlib"]}{flags}'
+
+
+def _record(entry: dict) -> dict:
+    """A session entry's `trained_by` record, without its steps."""
+    return {k: v for k, v in entry.items() if k != 'steps'}
+
+
 def version(by: dict) -> dict:
     """What of a `trained_by` record decides the numbers: the code (its digest; the commit where
     none was recorded: a docs-only commit is not another version) and the toolchain; not the
@@ -158,8 +170,7 @@ def sessions_through(prior: list[dict] | None, start: int, step: int, by: dict) 
         out = [{'steps': [0, start]}]
     if step > start:
         last = out[-1] if out else {'steps': [0, -1]}
-        same = {k: v for k, v in last.items() if k != 'steps'} == by
-        if same and last['steps'][1] == start:
+        if _record(last) == by and last['steps'][1] == start:
             out[-1] = {**last, 'steps': [last['steps'][0], step]}
         else:
             out.append({'steps': [start, step], **by})
@@ -198,7 +209,7 @@ def results_record(sessions: list[dict], step: int, by: dict) -> dict:
     of the session that trained its last steps as 'trained_by' (left out where no session
     records one), this process's as 'evaluated_by' when another (a session that only ran the
     evaluation owed), and `sessions` (`sessions_through`) unless one record trained every step."""
-    trained = {k: v for k, v in (sessions or [{}])[-1].items() if k != 'steps'}
+    trained = _record(sessions[-1]) if sessions else {}
     out = {'trained_by': trained} if trained else {}
     if trained != by:
         out['evaluated_by'] = by

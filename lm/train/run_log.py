@@ -172,14 +172,6 @@ def log_model(run: Run, tb: Summary, tb_root: str, start: int, log: bool = True)
         ' x '.join(f'{name}={size}' for name, size in run.mesh.shape.items()),
         f'peak {peak_total:.3g} FLOP/s ({peak_source})' if peak_total else peak_source,
     )
-    tools = provenance.toolchain()
-    logging.info(
-        'code: %s; JAX %s, jaxlib %s%s',
-        provenance.source_commit() or 'not a git checkout',
-        tools['jax'],
-        tools['jaxlib'],
-        f'; XLA_FLAGS {tools["xla_flags"]}' if tools['xla_flags'] else '',
-    )
 
 
 def shown_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
