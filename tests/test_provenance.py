@@ -63,7 +63,30 @@ def test_version_is_the_code_and_toolchain_and_the_note_names_what_differs():
         'evaluating step 4, trained by another version'
     )
     assert resumed_note(None, 4, 8, BY).startswith('continuing at step 4: its checkpoint (or')
-    assert resumed_note([{'steps': [0, 4]}], 4, 8, BY) == ''  # unknown before: nothing to compare
+    assert resumed_note([{'steps': [0, 4]}], 4, 8, BY).endswith(
+        'does not record what trained steps 1-4 (saved before checkpoints held it, or from a '
+        'list that ends early)'
+    )
+    assert 'trained steps 3-4 ' in resumed_note([{'steps': [0, 2], **BY}], 4, 8, BY)  # ends early
+    assert resumed_note([{'steps': [0, 6], **BY}], 4, 8, BY) == ''  # past 4: read as it stood
+
+
+def test_a_list_read_at_the_step_resumed_from_is_clipped_there_and_its_gaps_are_kept():
+    prior = [{'steps': [0, 2], **BY}, {'steps': [2, 6], **BY, 'jax': '0.10.3'}]
+    # a list that runs past the step resumed from (steps 5-6 were never kept): read at step 4
+    assert sessions_through(prior, 4, 8, BY) == [
+        {'steps': [0, 2], **BY},
+        {'steps': [2, 4], **BY, 'jax': '0.10.3'},
+        {'steps': [4, 8], **BY},
+    ]
+    assert sessions_through(prior, 2, 3, BY) == [{'steps': [0, 3], **BY}]
+    # a list that ends before it: the steps between, unknown, and never joined over
+    assert sessions_through(prior[:1], 4, 8, BY) == [
+        {'steps': [0, 2], **BY},
+        {'steps': [2, 4]},
+        {'steps': [4, 8], **BY},
+    ]
+    assert sessions_through([], 4, 4, BY) == [{'steps': [0, 4]}]
 
 
 def test_results_name_the_trainer_of_the_last_steps_and_the_evaluator_apart():
@@ -139,13 +162,13 @@ def test_source_commit_and_code_are_the_checkouts_and_empty_outside_one(tmp_path
     head = subprocess.run(['git', '-C', str(ROOT), 'rev-parse', 'HEAD'], capture_output=True)
     if head.returncode:
         pytest.skip('this copy of lm is not a git checkout')
-    assert source_commit().rstrip('+') == head.stdout.decode().strip()
+    assert source_commit().partition('+')[0] == head.stdout.decode().strip()
     trees = subprocess.run(
         ['git', '-C', str(ROOT), 'rev-parse', 'HEAD:lm', 'HEAD:configs'], capture_output=True
     )
     digest = hashlib.sha256(trees.stdout.decode().strip().encode()).hexdigest()[:12]
-    assert source_code().rstrip('+') == digest
-    assert source_code().endswith('+') == source_commit().endswith('+')
+    assert source_code().partition('+')[0] == digest
+    assert source_code().partition('+')[2] == source_commit().partition('+')[2]
     copy = tmp_path / 'lm_copy'
     shutil.copytree(ROOT / 'lm', copy / 'lm', ignore=shutil.ignore_patterns('__pycache__'))
     code = 'from lm.train.provenance import *; print(repr(source_commit() + source_code()))'
@@ -157,6 +180,37 @@ def test_source_commit_and_code_are_the_checkouts_and_empty_outside_one(tmp_path
         text=True,
     )
     assert out.returncode == 0 and out.stdout.strip() == "''", out.stderr[-2000:]
+
+
+def test_an_edit_is_named_by_a_digest_of_what_it_changed(tmp_path):
+    def git(*args):
+        subprocess.run(
+            ['git', '-c', 'user.name=t', '-c', 'user.email=t@t', '-C', str(tmp_path), *args],
+            check=True,
+            capture_output=True,
+        )
+
+    for name in ('lm/a.py', 'configs/b.py', 'docs/c.md'):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text('x = 1\n')
+    git('init', '-q')
+    git('add', '.')
+    git('commit', '-qm', 'c')
+    assert provenance._edited(str(tmp_path)) == ''
+    (tmp_path / 'docs/c.md').write_text('y')  # outside lm/ and configs/: not an edit of the code
+    assert provenance._edited(str(tmp_path)) == ''
+    (tmp_path / 'lm/a.py').write_text('x = 2\n')
+    one = provenance._edited(str(tmp_path))
+    assert len(one) == 9 and one.startswith('+')
+    assert provenance._edited(str(tmp_path)) == one  # the same edit: the same name
+    (tmp_path / 'lm/a.py').write_text('x = 3\n')
+    assert provenance._edited(str(tmp_path)) not in ('', one)
+    (tmp_path / 'lm/a.py').write_text('x = 2\n')
+    (tmp_path / 'configs/new.py').write_text('z = 1\n')  # a file git does not track
+    two = provenance._edited(str(tmp_path))
+    assert two not in ('', one)
+    (tmp_path / 'configs/new.py').write_text('z = 2\n')  # its bytes count, not only its name
+    assert provenance._edited(str(tmp_path)) not in ('', one, two)
 
 
 def test_an_accelerator_records_its_kind_platform_version_and_plugin_packages(monkeypatch):

@@ -707,13 +707,16 @@ def test_runs_trained_by_other_commits_or_toolchains_are_said_in_the_summary(tmp
     summarise(str(tmp_path), specs, found, 'params')
     assert 'trained them' not in (tmp_path / 'summary.md').read_text()
     for _, result in runs[2:]:  # the MQA arm on another commit and CPU: aligned with an arm
-        result['trained_by'].update(commit='b' * 40 + '+', code='d' * 12 + '+', cpu='EPYC')
+        result['trained_by'].update(
+            commit='b' * 40 + '+0a1b2c3d', code='d' * 12 + '+0a1b2c3d', cpu='EPYC'
+        )
     del runs[0][1]['trained_by']
     summarise(str(tmp_path), specs, found, 'params')
     md = (tmp_path / 'summary.md').read_text()
     assert md.startswith(
         '**Runs trained by more than one version of the code or toolchain: 1 by code '
-        'cccccccccc, cpu Xeon (points: mha); 2 by code dddddddddd+, cpu EPYC (points: mqa). A '
+        'cccccccccc, cpu Xeon (points: mha); 2 by code dddddddddd+0a1b2c3d, cpu EPYC (points: '
+        'mqa). A '
         "paired difference between runs of two of them holds the code's or the toolchain's "
         "effect as well as the arms' (docs/train.md, golden runs).**\n\n**Runs without a record "
         'of what trained them (finished before results.json held it): 1 of 4, e.g. mha_s0.**'
@@ -729,7 +732,7 @@ def test_runs_trained_by_other_commits_or_toolchains_are_said_in_the_summary(tmp
     assert md.startswith(
         '**Runs trained by more than one version of the code or toolchain: 1 by code '
         'cccccccccc, cpu Xeon, jax 0.10.2 then code cccccccccc, cpu Xeon, jax 0.10.3 (points: '
-        'mha); 2 by code dddddddddd+, cpu EPYC, jax 0.10.2 (points: mqa).'
+        'mha); 2 by code dddddddddd+0a1b2c3d, cpu EPYC, jax 0.10.2 (points: mqa).'
     ), md[:600]
     assert (
         '**Runs whose code or toolchain changed part-way: 1 of 4 (e.g. mha_s1: steps 1-4 under '

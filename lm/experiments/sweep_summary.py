@@ -175,12 +175,14 @@ def _versions_by_steps(result: dict) -> list[tuple[list[int], dict]]:
 
 
 def _differing_fields(versions: list[dict]):
-    """A version's 'key value, ...' on the keys where `versions` differ (digests shortened)."""
+    """A version's 'key value, ...' on the keys where `versions` differ (digests shortened to 10
+    digits, an edit's '+digest' kept)."""
     differ = sorted(k for k in set().union(*versions) if len({str(v.get(k)) for v in versions}) > 1)
 
     def shown(key: str, value) -> str:
         if key in ('commit', 'code') and value:
-            return value[:10] + ('+' if value.endswith('+') else '')
+            digest, plus, edit = value.partition('+')
+            return digest[:10] + plus + edit
         return str(value)
 
     return lambda v: ', '.join(f'{k} {shown(k, v.get(k))}' for k in differ)

@@ -100,22 +100,34 @@ def _checkout() -> str | None:
 
 
 def _edited(root: str) -> str:
-    """'+' when `lm/` or `configs/` differ from HEAD (edited, or files git does not track)."""
-    return '+' if _git(root, 'status', '--porcelain', '--', 'lm', 'configs') else ''
+    """'' when `lm/` and `configs/` equal HEAD; else '+' and a digest (8 hex digits) of how they
+    differ (the diff against HEAD, and the names and bytes of files git does not track): two
+    different edits read apart, the same edit alike."""
+    if not _git(root, 'status', '--porcelain', '--', 'lm', 'configs'):
+        return ''
+    digest = hashlib.sha256(
+        (_git(root, 'diff', 'HEAD', '--binary', '--', 'lm', 'configs') or '').encode()
+    )
+    listed = _git(root, 'ls-files', '--others', '--exclude-standard', '-z', '--', 'lm', 'configs')
+    for name in sorted(filter(None, (listed or '').split('\0'))):
+        digest.update(name.encode() + b'\0')
+        with open(os.path.join(root, name), 'rb') as f:
+            digest.update(f.read())
+    return '+' + digest.hexdigest()[:8]
 
 
 def source_commit() -> str:
-    """The git commit of the checkout `lm` is imported from, with '+' when `lm/` or `configs/`
-    there differ from it; '' outside such a checkout (`_checkout`)."""
+    """The git commit of the checkout `lm` is imported from, with '+' and the edit's digest
+    when `lm/` or `configs/` there differ from it (`_edited`); '' outside such a checkout."""
     root = _checkout()
     head = _git(root, 'rev-parse', 'HEAD') if root else None
     return head + _edited(root) if head else ''
 
 
 def source_code() -> str:
-    """What of the commit trains: a digest of HEAD's `lm/` and `configs/` trees (12 hex digits,
-    '+' when they differ from HEAD), equal across commits that change neither (docs, tests,
-    studies); '' outside a checkout."""
+    """What of the commit trains: a digest of HEAD's `lm/` and `configs/` trees (12 hex digits;
+    '+' and the edit's digest when they differ from HEAD: `_edited`), equal across commits that
+    change neither (docs, tests, studies); '' outside a checkout."""
     root = _checkout()
     trees = _git(root, 'rev-parse', 'HEAD:lm', 'HEAD:configs') if root else None
     if not trees:
@@ -159,19 +171,30 @@ def differences(there: dict, here: dict) -> str:
     return '; '.join(f'{k}: {there.get(k)!r} there, {here.get(k)!r} here' for k in keys)
 
 
+def _through(prior: list[dict] | None, start: int) -> list[dict]:
+    """`prior` (a checkpoint's session list) as it stands at `start`, the step resumed from:
+    entries past `start` clipped, and steps it does not cover up to `start` (a list that ends
+    early; None, a checkpoint saved before checkpoints held one) as one entry without a record."""
+    out = []
+    for entry in prior or []:
+        first, last = entry['steps']
+        if first >= start:
+            break
+        out.append({**entry, 'steps': [first, min(last, start)]})
+    end = out[-1]['steps'][1] if out else 0
+    return out + [{'steps': [end, start]}] if end < start else out
+
+
 def sessions_through(prior: list[dict] | None, start: int, step: int, by: dict) -> list[dict]:
     """Which steps of a run each session trained, at `step`: `prior` (the list saved with the
-    checkpoint resumed at `start`, covering steps 0..start; None where that checkpoint records
-    none: then one entry of its steps alone) then this session's steps start..step, trained by
-    `by` (`trained_by`), joined to the last entry when that is the same record. Each entry is
-    {'steps': [first, last], **trained_by} (`first` exclusive: the step the session began at)."""
-    out = [dict(e) for e in prior] if prior is not None else []
-    if prior is None and start:
-        out = [{'steps': [0, start]}]
+    checkpoint resumed at `start`, read as it stands there: `_through`) then this session's steps
+    start..step, trained by `by` (`trained_by`), joined to the last entry when that is the same
+    record. Each entry is {'steps': [first, last], **trained_by} (`first` exclusive: the step the
+    session began at); steps no record covers are an entry of steps alone."""
+    out = _through(prior, start)
     if step > start:
-        last = out[-1] if out else {'steps': [0, -1]}
-        if _record(last) == by and last['steps'][1] == start:
-            out[-1] = {**last, 'steps': [last['steps'][0], step]}
+        if out and _record(out[-1]) == by:
+            out[-1] = {**out[-1], 'steps': [out[-1]['steps'][0], step]}
         else:
             out.append({'steps': [start, step], **by})
     return out
@@ -180,17 +203,18 @@ def sessions_through(prior: list[dict] | None, start: int, step: int, by: dict) 
 def resumed_note(prior: list[dict] | None, start: int, end: int, by: dict) -> str:
     """The run log's line for a run continued at `start` (of `end` steps) whose steps so far
     were trained by another version of the code or toolchain than this session's (`by`), or are
-    not recorded (`prior` None); '' for a new run or the same version."""
+    not recorded (those just before `start`); '' for a new run or the same version."""
     if not start:
         return ''
-    if prior is None:
+    last = _through(prior, start)[-1]
+    if not _record(last):
         return (
             f'continuing at step {start}: its checkpoint (or, for a converted run, its '
-            "source's) does not record what trained the steps before it (saved before "
-            'checkpoints held it)'
+            f"source's) does not record what trained steps {last['steps'][0] + 1}-{start} (saved "
+            'before checkpoints held it, or from a list that ends early)'
         )
-    there, here = version(prior[-1]), version(by)
-    if not there or there == here:
+    there, here = version(last), version(by)
+    if there == here:
         return ''
     shown = differences(there, here)
     if start >= end:  # only the evaluation is owed
