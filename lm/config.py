@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import os
 import re
+import types
 from typing import Any
 
 import ml_collections
@@ -44,8 +45,9 @@ def default_values(section: str) -> dict[str, tuple]:
     }
 
 
-def load_config_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
-    """Runs `get_config([arg])` from a config file, as `--config=path[:arg]` does on the CLI."""
+def load_module(path: str) -> types.ModuleType:
+    """The Python file at `path` run as a module (a config or sweep file); one line for a file
+    that is missing or not a .py."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f'config file {path!r} does not exist')
     spec = importlib.util.spec_from_file_location('_lm_config_file', path)
@@ -53,6 +55,12 @@ def load_config_file(path: str, arg: str | None = None) -> ml_collections.Config
         raise ValueError(f'{path} is not a Python config file (a .py with get_config())')
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def load_config_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+    """Runs `get_config([arg])` from a config file, as `--config=path[:arg]` does on the CLI."""
+    module = load_module(path)
     return module.get_config(arg) if arg is not None else module.get_config()
 
 
@@ -212,10 +220,8 @@ def check_config_file(spec: str, flag: str = '--config') -> ml_collections.Confi
         raise ValueError(f'{where}: syntax error in {path} line {e.lineno}: {e.msg}') from None
     except ValueError as e:  # null bytes: not a Python file
         raise ValueError(f'{where}: {path} is not a Python config file ({e})') from None
-    spec_ = importlib.util.spec_from_file_location('_lm_checked_config', path)
-    module = importlib.util.module_from_spec(spec_)
     try:
-        spec_.loader.exec_module(module)
+        module = load_module(path)
     except Exception as e:  # noqa: BLE001 - any error in the user's file is reported in one line
         raise ValueError(f'{where}: {path} fails to run ({first_line(e)})') from None
     get_config = getattr(module, 'get_config', None)

@@ -12,7 +12,6 @@ train.steps, ...) may change: the run then resumes from its checkpoint.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import types
 from collections.abc import Collection
@@ -20,7 +19,7 @@ from typing import Any
 
 import ml_collections
 
-from lm.config import write_config_file
+from lm.config import load_module, write_config_file
 from lm.experiments.fairness import MATCHES, match_parameters, reference_config
 from lm.experiments.runner import RunFailed, RunStopped, Spec, call, stopped_by
 from lm.experiments.sweep_ensemble import PointSpecs
@@ -57,10 +56,7 @@ def load_sweep_file(path: str) -> types.ModuleType:
     `path` may end with its get_config's argument, as --config passes it (`recall_width.py:64`)."""
     if not os.path.exists(path) and ':' in path:
         path = path.rsplit(':', 1)[0]
-    spec = importlib.util.spec_from_file_location('_lm_sweep_file', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path)
 
 
 def variant_points(specs: list[str]) -> list[dict[str, Any]]:
