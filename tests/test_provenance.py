@@ -213,10 +213,12 @@ def test_an_edit_is_named_by_a_digest_of_what_it_changed(tmp_path):
     assert provenance._edited(str(tmp_path)) not in ('', one, two)
 
 
-def test_an_accelerator_records_its_kind_platform_version_and_plugin_packages(monkeypatch):
+def test_an_accelerator_records_its_kind_platform_version_and_plugin_packages(
+    monkeypatch, tmp_path
+):
     """Off the CPU the toolchain names the device kind, the PJRT client's platform version (the
-    CUDA a GPU plugin was built for) and the installed plugin and NVIDIA library versions, and
-    keeps every XLA_FLAGS word; the CPU's record has none of them."""
+    CUDA a GPU plugin was built for), the installed plugin and NVIDIA library versions and the
+    NVIDIA driver's, and keeps every XLA_FLAGS word; the CPU's record has none of them."""
     import importlib.metadata
     import types
 
@@ -239,7 +241,16 @@ def test_an_accelerator_records_its_kind_platform_version_and_plugin_packages(mo
     monkeypatch.setattr(jax, 'devices', lambda: [device])
     monkeypatch.setattr(importlib.metadata, 'distributions', lambda: installed)
     monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_deterministic_ops=true')
+    monkeypatch.setattr(provenance, 'NVIDIA_DRIVER', str(tmp_path / 'absent'))
+    assert 'driver' not in toolchain()  # no NVIDIA kernel module: nothing to name
+    driver = tmp_path / 'version'
+    driver.write_text(
+        'NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n'
+        'GCC version:  gcc version 12.2.0\n'
+    )
+    monkeypatch.setattr(provenance, 'NVIDIA_DRIVER', str(driver))
     tools = toolchain()
+    assert tools['driver'] == '550.54.15'
     assert (tools['backend'], tools['xla_flags']) == ('gpu', '--xla_gpu_deterministic_ops=true')
     assert tools['accelerator'] == 'NVIDIA H200'
     assert tools['platform_version'] == 'PJRT C API cuda 12080 cudnn 91000'

@@ -53,7 +53,7 @@ def toolchain() -> dict[str, str | bool]:
 
 # Installed packages that decide an accelerator's numerics beside jaxlib: JAX's PJRT plugins,
 # the TPU runtime, and the NVIDIA libraries a GPU plugin loads (cuDNN, cuBLAS, the PTX compiler
-# and JIT linker, NCCL). The driver's version is not a package and is not recorded.
+# and JIT linker, NCCL). The driver, not a package, is read from its kernel module (`_driver`).
 _STACK = (
     'jax-cuda',
     'jax-rocm',
@@ -66,9 +66,27 @@ _STACK = (
 )
 
 
+# Where NVIDIA's kernel module names its version (the driver's; other accelerators have none)
+NVIDIA_DRIVER = '/proc/driver/nvidia/version'
+
+
+def _driver() -> str:
+    """The NVIDIA driver's version from `NVIDIA_DRIVER` ('' without that file): the version
+    after 'Kernel Module', else the file's first line."""
+    try:
+        with open(NVIDIA_DRIVER) as f:
+            line = f.readline()
+    except OSError:
+        return ''
+    words = line.split()
+    at = next((i for i in range(len(words) - 2) if words[i : i + 2] == ['Kernel', 'Module']), None)
+    return words[at + 2] if at is not None else ' '.join(words)
+
+
 def accelerator_stack() -> dict[str, str]:
     """Off the CPU: the accelerator's kind, its PJRT client's platform version (a GPU's names
-    the CUDA its plugin was built for) and the installed versions of `_STACK`'s packages."""
+    the CUDA its plugin was built for), the installed versions of `_STACK`'s packages and, on an
+    NVIDIA GPU, the driver's (`_driver`)."""
     device = jax.devices()[0]
     found = {}
     for dist in importlib.metadata.distributions():
@@ -79,6 +97,7 @@ def accelerator_stack() -> dict[str, str]:
         'accelerator': device.device_kind,
         'platform_version': ' '.join(str(device.client.platform_version).split()),
         'packages': ', '.join(f'{k} {v}' for k, v in sorted(found.items())),
+        **({'driver': driver} if (driver := _driver()) else {}),
     }
 
 
