@@ -4,7 +4,8 @@ rate every arm chose, on the same seeds?
 
   python docs/studies/kv_contrast/paired_rate_csv.py --power_only
   python docs/studies/kv_contrast/paired_rate_csv.py --recipe_sweep=runs/paired_rate_1e3 \
-      --own_sweep=runs/paired_rate_2e3 --check_sweep=runs/paired_rate_check
+      --own_sweep=runs/paired_rate_2e3 --check_sweep=runs/paired_rate_check \
+      --layout_sweep=runs/paired_rate_layout
 
 Each (arm, seed, rate) loss comes from the run that exists (the sources in LOSSES_AT) or from
 this question's sweeps: all four arms at 1e-3 on seeds 44-58 (`--recipe_sweep`), GQA-4 and
@@ -29,7 +30,6 @@ from lm.cli import run_app
 from lm.experiments import (
     per_seed_contrasts,
     sd_upper_bound,
-    stats,
     t_test_power,
     trend_contrasts,
     write_csv,
@@ -41,7 +41,6 @@ TESTED = (range(5, 20), range(44, 59))  # where every arm has run at one of the 
 ALPHA = 0.025  # Holm's first step over the two contrasts
 EFFECT = 0.0025  # nats per halving: +0.0055 at 1e-3 (seeds 0-19) minus +0.0030 at 2e-3 (44-58)
 GAP_EFFECT = 0.0083  # nats: half of MQA - MHA at 1e-3 (+0.0165), for the second contrast's power
-CHECKS = (('mha', RECIPE), ('gqa4', OWN), ('mha', OWN))  # reused runs re-trained, seed 0
 REUSE_TOLERANCE = 1e-5  # nats: 5x the 2e-6 an ensemble member moved from its single run
 RESULTS = os.path.join(HERE, 'results')
 NEW = os.path.join(RESULTS, 'paired_rate_runs.csv')
@@ -49,6 +48,9 @@ NEW = os.path.join(RESULTS, 'paired_rate_runs.csv')
 _RECIPE = flags.DEFINE_string('recipe_sweep', 'runs/paired_rate_1e3', 'Every arm at 1e-3, 44-58.')
 _OWN = flags.DEFINE_string('own_sweep', 'runs/paired_rate_2e3', 'GQA-4, GQA-2 at 2e-3, 5-19.')
 _CHECK = flags.DEFINE_string('check_sweep', 'runs/paired_rate_check', 'Reused runs re-trained.')
+_LAYOUT = flags.DEFINE_string(
+    'layout_sweep', 'runs/paired_rate_layout', "GQA-4 at 2e-3, seeds 0-4, as the pilot's ensemble."
+)
 _POWER_ONLY = flags.DEFINE_bool('power_only', False, 'The power analysis only.')
 
 
@@ -164,19 +166,62 @@ def new_losses() -> dict[tuple[str, int], str]:
     return found
 
 
+def reruns() -> list[dict]:
+    """Reused runs re-trained here (`--check_sweep`; `--layout_sweep`, GQA-4 at 2e-3 on seeds
+    0-4 as the pilot's looped ensemble), each beside its record: copied to
+    results/paired_rate_reruns.csv when the sweeps are here, else read from it."""
+    out = _csv('paired_rate_reruns')
+    here = [s for s in (_CHECK.value, _LAYOUT.value) if os.path.isdir(s)]
+    if not here:
+        with open(out, newline='') as f:
+            return list(csv.DictReader(f))
+    rows = []
+    for sweep in here:
+        with open(os.path.join(sweep, 'summary_seeds.csv'), newline='') as f:
+            for r in csv.DictReader(f):
+                if any((x['point'], x['seed']) == (r['point'], int(r['seed'])) for x in rows):
+                    continue  # GQA-4's seed 0 is in both sweeps (equal bit for bit): listed once
+                arm, lr = r['point'].split('_lr')
+                seed = int(r['seed'])
+                record = losses(float(lr), range(seed, seed + 1), {})[arm, seed]
+                rows.append(
+                    {
+                        'sweep': os.path.basename(sweep),
+                        'point': r['point'],
+                        'seed': seed,
+                        'recorded': record,
+                        'eval_loss': r['eval_loss'],
+                        'difference': float(r['eval_loss']) - record,
+                    }
+                )
+    write_csv(out, rows)
+    return rows
+
+
 def check() -> None:
-    """How far each re-trained reused run lies from its record (`--check_sweep`)."""
-    if not os.path.isdir(_CHECK.value):
-        print(f'no {_CHECK.value}: the reuse check is in the study page')
-        return
-    with open(os.path.join(_CHECK.value, 'summary_seeds.csv'), newline='') as f:
-        again = {(r['point'], int(r['seed'])): float(r['eval_loss']) for r in csv.DictReader(f)}
-    for arm, lr in CHECKS:
-        record, now = losses(lr, range(1), {})[arm, 0], again[point_name(arm, lr), 0]
-        verdict = 'within' if abs(now - record) <= REUSE_TOLERANCE else 'PAST'
+    """Each re-trained reused run against its record, the stated check's verdict, and the
+    largest difference at each rate."""
+    rows = reruns()
+    for r in rows:
+        verdict = 'within' if abs(float(r['difference'])) <= REUSE_TOLERANCE else 'PAST'
         print(
-            f'reuse check: {point_name(arm, lr)} seed 0 re-trained {now!r}, recorded '
-            f'{record!r}: differs by {abs(now - record):.3g}, {verdict} {REUSE_TOLERANCE:g}'
+            f'rerun ({r["sweep"]}): {r["point"]} seed {r["seed"]} {float(r["eval_loss"]):.6f}, '
+            f'recorded {float(r["recorded"]):.6f}: differs by {float(r["difference"]):+.3g}, '
+            f'{verdict} {REUSE_TOLERANCE:g}'
+        )
+    for lr in (RECIPE, OWN):
+        d = {(r['point'], r['seed']): abs(float(r['difference'])) for r in rows}
+        at = [v for (p, _), v in d.items() if p.endswith(f'_lr{lr:g}')]
+        print(f'reruns at {lr:g}: {len(at)} runs, largest |difference| {max(at):.2g} nats')
+
+
+def contrasts(rows: list[dict], label: str) -> None:
+    """The two contrasts of the change over `rows` (Holm over the two)."""
+    for name, est, p, flip in trend_contrasts(rows):
+        print(
+            f'{label}{name} of the change (1e-3 minus 2e-3): {est.mean:+.4f} [{est.lo:+.4f}, '
+            f'{est.hi:+.4f}], sd {est.std:.4f}, p (Holm) {p:.3g}, sign-flip {flip:.3g}, '
+            f'{est.n} seeds'
         )
 
 
@@ -189,19 +234,9 @@ def run() -> int:
     rows = change_rows(seeds, new_losses())
     write_csv(_csv('paired_rate_seeds'), rows)
     print(f'{len(rows)} rows: 4 arms x {len(seeds)} seeds')
-    for name, est, p, flip in trend_contrasts(rows):
-        print(
-            f'{name} of the change (1e-3 minus 2e-3): {est.mean:+.4f} [{est.lo:+.4f}, '
-            f'{est.hi:+.4f}], sd {est.std:.4f}, p (Holm) {p:.3g}, sign-flip {flip:.3g}, '
-            f'{est.n} seeds'
-        )
-    fresh = [r for r in rows if r['seed'] >= TESTED[1].start]  # 1e-3 side new: described
-    _, _, ends = per_seed_contrasts(fresh)
-    est = stats.estimate(list(ends.values()))
-    print(
-        f'described: mqa - mha of the change on seeds 44-58 alone: {est.mean:+.4f} '
-        f'[{est.lo:+.4f}, {est.hi:+.4f}]'
-    )
+    contrasts(rows, '')
+    # seeds 44-58: the 1e-3 side new, the 2e-3 side from one machine (described)
+    contrasts([r for r in rows if r['seed'] >= TESTED[1].start], 'described, seeds 44-58: ')
     check()
     return 0
 
