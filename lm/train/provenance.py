@@ -130,8 +130,11 @@ def _edited(root: str) -> str:
     listed = _git(root, 'ls-files', '--others', '--exclude-standard', '-z', '--', 'lm', 'configs')
     for name in sorted(filter(None, (listed or '').split('\0'))):
         digest.update(name.encode() + b'\0')
-        with open(os.path.join(root, name), 'rb') as f:
-            digest.update(f.read())
+        try:
+            with open(os.path.join(root, name), 'rb') as f:
+                digest.update(f.read())
+        except OSError:  # not a readable file (a link to a directory, say): its name alone
+            pass
     return '+' + digest.hexdigest()[:8]
 
 
