@@ -5,6 +5,7 @@ record, tests/fixtures/golden_runs.json.
 
   python scripts/golden_run.py            # compare; exit 1 if any case differs
   python scripts/golden_run.py --write    # record this checkout (after a change you mean)
+  python scripts/golden_run.py --cases=mqar_mla   # only these cases (comma-separated)
 
 Under the record's toolchain (JAX, jaxlib, backend, CPU model, XLA's optimisation and the
 CPU-side XLA_FLAGS) a golden run must match exactly; under another one its losses must agree to
@@ -69,6 +70,7 @@ _RECORD = flags.DEFINE_string(
     'record', os.path.join(ROOT, 'tests', 'fixtures', 'golden_runs.json'), 'The record (JSON).'
 )
 _WRITE = flags.DEFINE_bool('write', False, "Write this checkout's golden runs as the record.")
+_CASES = flags.DEFINE_list('cases', None, 'Compare only these cases (default: every case).')
 
 
 def golden_text(words: int = 12_000) -> str:
@@ -147,6 +149,19 @@ def write(path: str, runs: dict) -> None:
     print(f'wrote {len(cases)} golden runs to {path}')
 
 
+def chosen_cases() -> list[str]:
+    """The cases --cases names (every case by default), checked before any training."""
+    if _CASES.value is None:
+        return list(CASES)
+    if _WRITE.value:
+        raise ValueError('--cases: --write records every case; leave --cases out')
+    unknown = [n for n in _CASES.value if n not in CASES]
+    if unknown or not _CASES.value:
+        given = ','.join(_CASES.value)
+        raise ValueError(f'--cases={given}: expected names among {", ".join(CASES)}')
+    return list(dict.fromkeys(_CASES.value))
+
+
 def report(record: dict, runs: dict) -> int:
     ours, theirs, taken = toolchain(), record['toolchain'], record['taken']
     exact = ours == theirs
@@ -155,7 +170,7 @@ def report(record: dict, runs: dict) -> int:
     if not exact:
         shown = differences(theirs, ours)
         print(f"another toolchain than the record's ({shown}): compared to {TOOLCHAIN_RTOL:g}")
-    results = [compare_golden(n, runs[n], record['cases'][n], exact) for n in CASES]
+    results = [compare_golden(n, run, record['cases'][n], exact) for n, run in runs.items()]
     for _, line in results:
         print(line)
     if all(ok for ok, _ in results):
@@ -168,16 +183,19 @@ def report(record: dict, runs: dict) -> int:
 
 
 def run() -> int:
-    if _WRITE.value:  # before any training
+    names = chosen_cases()  # before any training
+    if _WRITE.value:
         check_output_file(_RECORD.value, '--record', '.json')
     record = None if _WRITE.value else read_record(_RECORD.value)
     with tempfile.TemporaryDirectory() as scratch:
         with open(os.path.join(scratch, 'golden.txt'), 'w', encoding='utf-8') as f:
             f.write(golden_text())
-        cases = definitions()
-        configs = {n: case_config(c['config'], c['overrides'], scratch) for n, c in cases.items()}
+        defined = definitions()
+        configs = {
+            n: case_config(defined[n]['config'], defined[n]['overrides'], scratch) for n in names
+        }
         jax.config.update('jax_platforms', 'cpu')
-        set_cpu_devices(configs[next(iter(CASES))].mesh)  # before JAX starts; every case's is 1
+        set_cpu_devices(configs[names[0]].mesh)  # before JAX starts; every case's is 1
         runs = {n: golden_run(config, STEPS) for n, config in configs.items()}
     if _WRITE.value:
         write(_RECORD.value, runs)
