@@ -129,6 +129,29 @@ def test_a_marker_with_a_seed_range_tables_those_seeds_alone(tmp_path):
             tables.render(f'<!-- table: {marker} -->\n<!-- /table -->\n', str(results))
 
 
+def test_a_described_marker_drops_the_marks_of_resolution_and_says_why(tmp_path):
+    """`... described -->` (a result no stated test answers): the same table with no ✓ and its
+    family note's key to ✓ replaced; the p values stay. Also after `seeds A-B`."""
+    results = tmp_path / 'results'
+    results.mkdir()
+    rows = seed_rows({'a': [1.0, 1.1, 1.2, 1.05, 1.15], 'b': [1.5, 1.62, 1.71, 1.55, 1.66]}, 'v')
+    (results / 'x.csv').write_text(
+        'arm,seed,v\n' + ''.join(f'{r["arm"]},{r["seed"]},{r["v"]}\n' for r in rows)
+    )
+    for where in ('', ' seeds 0-4'):
+        stated = tables.render(f'<!-- table: seeds x{where} -->\n<!-- /table -->\n', str(results))
+        shown = tables.render(
+            f'<!-- table: seeds x{where} described -->\n<!-- /table -->\n', str(results)
+        )
+        assert ' ✓ (sign-flip' in stated and tables.RESOLVED_NOTE in stated  # resolved as stated
+        assert tables.DESCRIBED_NOTE in shown and tables.RESOLVED_NOTE not in shown
+        assert shown.count('✓') == tables.DESCRIBED_NOTE.count('✓')
+        body = [line for line in stated.split('\n')[1:] if tables.RESOLVED_NOTE not in line]
+        assert [line.replace(' ✓', '') for line in body] == [
+            line for line in shown.split('\n')[1:] if tables.DESCRIBED_NOTE not in line
+        ]
+
+
 def test_a_marker_with_pairs_tests_those_pairs_alone_in_their_direction(tmp_path):
     """`... pairs c:a,b:c -->` tests c − a and b − c alone, Holm over those 2 (a hand Holm of
     scipy's paired t-tests); a pair not written a:b, an arm the CSV lacks, or pairs on a kind

@@ -10,7 +10,9 @@ import math
 import os
 import re
 
-OPENER = re.compile(r'<!-- table: \w+ [\w.-]+(?: seeds \d+-\d+)?(?: pairs [\w.:,-]+)? -->\n')
+OPENER = re.compile(
+    r'<!-- table: \w+ [\w.-]+(?: seeds \d+-\d+)?(?: pairs [\w.:,-]+)?(?: described)? -->\n'
+)
 CLOSER = '<!-- /table -->'
 ANY_MARKER = re.compile(r'<!--\s*/?\s*table\b')
 # The columns that say which measurement a row is (the rest are its values): no two rows of a
@@ -44,7 +46,8 @@ def check_markers(text: str, path: str) -> None:
             shown = text[at:].split('\n', 1)[0]
             raise ValueError(
                 f'{path} line {line}: {shown!r} is not a table marker: '
-                f'<!-- table: KIND NAME --> (optionally seeds A-B, then pairs a:b,c:d) on a '
+                f'<!-- table: KIND NAME --> (optionally seeds A-B, then pairs a:b,c:d, then '
+                f'described) on a '
                 f'line of its own, or {CLOSER}'
             )
     if opened is not None:

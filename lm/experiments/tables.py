@@ -7,7 +7,8 @@ table in a study can disagree with its data: `scripts/make_tables.py` rewrites e
 
 of a study's README.md with the table of kind KIND made from its results/NAME.csv
 (`<!-- table: KIND NAME seeds A-B -->`: from the rows of seeds A to B alone; `... pairs a:b,c:d
--->` after it, for the 'seeds' kind: only the stated pairs a − b, c − d, Holm over them). Kinds:
+-->` after it, for the 'seeds' kind: only the stated pairs a − b, c − d, Holm over them; a
+final ` described`: a result no stated test answers, shown without ✓ marks). Kinds:
 - 'seeds': per-seed values (columns arm, seed, value): per arm mean ± std and 95% t-interval,
   then every pair's paired difference with its exact sign-flip p beside the t-test's. A sweep's
   summary_seeds.csv (point, seed, then its values) gives one such table per value, and every
@@ -81,10 +82,12 @@ from lm.experiments.runner import arm_and_seed
 from lm.experiments.table_inputs import check_markers, read_csv, read_text
 
 MARKER = re.compile(
-    r'(<!-- table: (\w+) ([\w.-]+)(?: seeds (\d+)-(\d+))?(?: pairs ([\w.:,-]+))? -->\n)'
-    r'(?P<body>.*?)(?P<close><!-- /table -->)',
+    r'(<!-- table: (\w+) ([\w.-]+)(?: seeds (\d+)-(\d+))?(?: pairs ([\w.:,-]+))?'
+    r'(?P<described> described)? -->\n)(?P<body>.*?)(?P<close><!-- /table -->)',
     re.S,
 )
+RESOLVED_NOTE = '✓ = resolved (corrected p < 0.05).'
+DESCRIBED_NOTE = 'described, not a stated test: no ✓ marks, and no p here resolves anything.'
 
 
 def intervals_table(rows: list[dict]) -> str:
@@ -292,9 +295,23 @@ def render(text: str, results_dir: str) -> str:
             raise ValueError(
                 f'table marker {match[1].strip()}: pairs work with the seeds kind only'
             )
-        return f'{match[1]}{made_table(kind, rows, path, match[6])}\n{match["close"]}'
+        made = made_table(kind, rows, path, match[6])
+        if match['described']:
+            made = described(made)
+        return f'{match[1]}{made}\n{match["close"]}'
 
     return MARKER.sub(table, text)
+
+
+def described(table: str) -> str:
+    """A generated table shown as a description (a marker's `described`): its ✓ marks dropped
+    and the family note's key to them replaced by DESCRIBED_NOTE."""
+    return '\n'.join(
+        line.replace(RESOLVED_NOTE, DESCRIBED_NOTE)
+        if RESOLVED_NOTE in line
+        else line.replace(' ✓', '')
+        for line in table.split('\n')
+    )
 
 
 def made_table(kind: str, rows: list[dict], path: str, pairs: str | None) -> str:
