@@ -14,7 +14,7 @@ import pytest
 import scipy.stats
 from conftest import ROOT, run_entry
 
-from lm.experiments import ablation_doc_tables, recall_tables, summary, tables
+from lm.experiments import ablation_doc_tables, recall_tables, stats, summary, tables
 
 
 def seed_rows(values: dict[str, list[float]], column: str, key: str = 'arm', **fixed) -> list[dict]:
@@ -884,3 +884,11 @@ def test_family_note_says_whether_the_sign_flip_test_can_pass_after_holm():
     assert family_note(2, 8).endswith(
         '2/2^8 = 0.00781, 0.0156 after Holm over 2, below 0.05: it can pass.'
     )
+    # above stats.EXACT_SIGN_FLIP_N seeds the test samples sign patterns: its floor is theirs
+    assert 'exact' in family_note(2, 40) and '2/2^40' in family_note(2, 40)
+    many = family_note(2, 41)
+    assert 'exact' not in many and 'over 2^20 seeded random sign patterns' in many
+    assert many.endswith(
+        '1/(2^20 + 1) = 9.54e-07, 1.91e-06 after Holm over 2, below 0.05: it can pass.'
+    )
+    assert stats.sign_flip_floor(41) == 1 / (stats.SIGN_FLIP_DRAWS + 1)

@@ -164,8 +164,9 @@ def paired_sign_flip_p(a: Mapping[int, float], b: Mapping[int, float]) -> float:
 
 def sign_flip_floor(n: int) -> float:
     """The smallest two-sided sign-flip p that n paired values can give: 2 / 2^n (every
-    difference of one sign; the observed pattern and its mirror)."""
-    return 2.0 ** (1 - n)
+    difference of one sign; the observed pattern and its mirror) where `sign_flip_p` is exact,
+    1 / (SIGN_FLIP_DRAWS + 1) above EXACT_SIGN_FLIP_N, where it samples."""
+    return 2.0 ** (1 - n) if n <= EXACT_SIGN_FLIP_N else 1 / (SIGN_FLIP_DRAWS + 1)
 
 
 def p_from_interval(mean: float, lo: float, hi: float, n: int, confidence: float = CONFIDENCE):

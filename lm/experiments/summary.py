@@ -120,10 +120,19 @@ def family_note(
         can = f'and Holm over {m} makes it at least {floor * m:.3g}: no comparison here can pass it'
     else:
         can = f'{floor * m:.3g} after Holm over {m}, below 0.05: it can pass'
+    if seeds <= stats.EXACT_SIGN_FLIP_N:
+        how = 'the exact sign-flip (permutation) test of the same paired differences'
+        smallest = f'2/2^{seeds} = {floor:.3g}'
+    else:
+        draws = stats.SIGN_FLIP_DRAWS.bit_length() - 1
+        how = (
+            f'the sign-flip (permutation) test of the same paired differences, over 2^{draws} '
+            'seeded random sign patterns'
+        )
+        smallest = f'1/(2^{draws} + 1) = {floor:.3g}'
     return (
-        f'{note} Sign-flip: the exact sign-flip (permutation) test of the same paired '
-        f'differences, Holm-corrected alike; at {seeds} paired seeds its smallest p is '
-        f'2/2^{seeds} = {floor:.3g}, {can}.'
+        f'{note} Sign-flip: {how}, Holm-corrected alike; at {seeds} paired seeds its smallest p '
+        f'is {smallest}, {can}.'
     )
 
 
