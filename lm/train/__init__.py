@@ -76,7 +76,15 @@ __all__, __getattr__, __dir__ = public_face(
             'golden_run',
             'relative_difference',
         ),
-        'provenance': ('differences', 'source_code', 'source_commit', 'toolchain', 'trained_by'),
+        'provenance': (
+            'SESSIONS',
+            'differences',
+            'source_code',
+            'source_commit',
+            'toolchain',
+            'trained_by',
+            'version',
+        ),
         'perf': (
             'PEAK_FLOPS',
             'add_roofline',

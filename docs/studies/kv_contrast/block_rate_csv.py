@@ -1,24 +1,28 @@
-r"""The one-machine-per-seed rates question's sizing and per-seed CSVs (block_rate_statement.md):
-on fresh seeds, each seed's eight runs (four KV-head arms at 1e-3 and at 2e-3) trained together
-on one machine, does the cost per halving of the KV heads differ between the two rates?
+r"""The one-version-per-seed rates question's sizing and per-seed CSVs (block_rate_statement.md):
+on fresh seeds, each seed's eight runs (four KV-head arms at 1e-3 and at 2e-3) trained in one
+batch by one version of the code and toolchain, does the cost per halving of the KV heads differ
+between the two rates?
 
   python docs/studies/kv_contrast/block_rate_csv.py --power_only
   python docs/studies/kv_contrast/block_rate_csv.py --sweeps='runs/block_rate_*'
 
-`--power_only` sizes the seed count from the paired rates question's 30 seeds (its per-seed slope
-changes, results/paired_rate_seeds.csv). Otherwise each sweep matching `--sweeps` (a batch of
-seeds, all eight points of BLOCK) has its runs' losses and machines copied to
-results/block_rate_runs.csv (point, seed, cpu, commit, eval_loss), which the script reads
-without the sweeps. A seed counts when its eight runs exist, each trained on one machine, all on
-the same one; until SEEDS of them count, it prints how many do and computes nothing else. Then it
-writes results/block_rate_seeds.csv (arm, x = halvings of the KV heads, seed, machine,
-loss_change = loss at 1e-3 minus loss at 2e-3), whose 'trend' table is the stated test.
+`--power_only` sizes the seed count from the paired rates question's 30 seeds (their per-seed
+slope changes, results/paired_rate_seeds.csv). Otherwise every run of the batches matching
+`--sweeps` (each <point>_s<seed>/results.json there) is copied to results/block_rate_runs.csv
+(sweep, point, seed, version, cpu, eval_loss), which the script reads without the batches; each
+seed is classified (`classify`) and, until the first SEEDS seeds are decided, only the counts
+are printed, never a loss. Then it writes results/block_rate_seeds.csv (arm, x = halvings of the
+KV heads, seed, machine, loss_change = loss at 1e-3 minus loss at 2e-3), whose 'trend' table is
+the stated test, and prints the contrasts and, per CPU, the slope change (described).
 """
 
 import csv
 import glob
+import hashlib
 import json
+import math
 import os
+import re
 
 import numpy as np
 from absl import flags
@@ -30,15 +34,17 @@ from lm.experiments import (
     per_seed_contrasts,
     sd_upper_bound,
     seeds_needed,
+    stats,
     t_test_power,
     trend_contrasts,
     write_csv,
 )
+from lm.train import SESSIONS, version
 
 RATES = (1e-3, 2e-3)  # the recipe's peak rate, and the rate every arm chose by the rate rule
 BLOCK = [point_name(a, lr) for a in ARMS for lr in RATES]  # a seed's eight runs
 FIRST_SEED = 59  # past every seed any kv_contrast or MLA question has trained
-EFFECT = 0.0020  # nats per halving: the 1e-3 headline's own 95% half-width (0.0019-0.0020)
+EFFECT = 0.0020  # nats per halving: the 1e-3 headline's 95% half-width (0.00196), rounded up
 ALPHA = 0.025  # Holm's first step over the two contrasts
 POWER = 0.8
 SEEDS = 41  # seeds_needed(EFFECT, the 30 paired seeds' sd at its 90% bound, ALPHA, POWER)
@@ -64,91 +70,141 @@ def sizing() -> int:
         f'{bound:.4f}; for {EFFECT} nats per halving at alpha {ALPHA}, power {POWER}: '
         f'{needed} seeds ({seeds_needed(EFFECT, sd, ALPHA, POWER)} at the sd itself)'
     )
-    print(
-        f'at {needed} seeds: power {t_test_power(EFFECT, bound, ALPHA, needed):.2f} at the bound, '
-        f'{t_test_power(EFFECT, sd, ALPHA, needed):.2f} at the sd; for 0.0015 nats '
-        f'{t_test_power(0.0015, bound, ALPHA, needed):.2f} and '
-        f'{t_test_power(0.0015, sd, ALPHA, needed):.2f}'
-    )
+    for effect in (EFFECT, 0.00196, 0.0016, 0.0015, 0.0006):
+        print(
+            f'at {needed} seeds, for {effect} nats: power '
+            f'{t_test_power(effect, bound, ALPHA, needed):.2f} at the bound, '
+            f'{t_test_power(effect, sd, ALPHA, needed):.2f} at the sd'
+        )
     return needed
 
 
-def machines(result: dict) -> set[str]:
-    """The CPUs that trained a run (each session's, or its one 'trained_by')."""
-    sessions = result.get('trained_by_sessions') or [result.get('trained_by', {})]
-    return {s.get('cpu', '?') for s in sessions}
+def version_of(result: dict) -> str:
+    """12 hex digits naming what trained and evaluated a run (`lm.train.version` of each session
+    and of 'evaluated_by'); 'unrecorded' where a record lacks the code or the CPU."""
+    records = result.get(SESSIONS) or [result.get('trained_by') or {}]
+    records = [*records, *([result['evaluated_by']] if 'evaluated_by' in result else [])]
+    if not all(r.get('code') and r.get('cpu') for r in records):
+        return 'unrecorded'
+    kept = sorted({json.dumps(version(r), sort_keys=True) for r in records})
+    return hashlib.sha256('\n'.join(kept).encode()).hexdigest()[:12]
 
 
-def sweep_runs(sweep: str) -> list[dict]:
-    """A batch's runs: (point, seed, cpu, commit, eval_loss) from summary_seeds.csv and each
-    run's results.json; a run trained on two machines has cpu 'mixed: ...'."""
-    with open(os.path.join(sweep, 'summary_seeds.csv'), newline='') as f:
-        rows = list(csv.DictReader(f))
+def batch_runs(sweep: str) -> list[dict]:
+    """A batch's finished runs: (sweep, point, seed, version, cpu, eval_loss) from each
+    <point>_s<seed>/results.json."""
     out = []
-    for r in rows:
-        with open(os.path.join(sweep, f'{r["point"]}_s{r["seed"]}', 'results.json')) as f:
+    for path in sorted(glob.glob(os.path.join(sweep, '*_s*', 'results.json'))):
+        point, seed = re.fullmatch(r'(.+)_s(\d+)', os.path.basename(os.path.dirname(path))).groups()
+        if point not in BLOCK:
+            continue
+        with open(path) as f:
             result = json.load(f)
-        cpus = sorted(machines(result))
+        cpus = {r.get('cpu', '?') for r in result.get(SESSIONS) or [result.get('trained_by', {})]}
         out.append(
             {
-                'point': r['point'],
-                'seed': int(r['seed']),
-                'cpu': cpus[0] if len(cpus) == 1 else 'mixed: ' + ' | '.join(cpus),
-                'commit': result.get('trained_by', {}).get('commit', ''),
-                'eval_loss': r['eval_loss'],
+                'sweep': os.path.basename(os.path.normpath(sweep)),
+                'point': point,
+                'seed': int(seed),
+                'version': version_of(result),
+                'cpu': ' | '.join(sorted(cpus)),
+                'eval_loss': result['eval']['loss'],
             }
         )
     return out
 
 
-def all_runs() -> list[dict]:
-    """results/block_rate_runs.csv merged with (and rewritten from) the batches present."""
+def batches() -> list[str]:
+    """The batch directories matching --sweeps, in the order of their first seed."""
+    found = [d for d in glob.glob(_SWEEPS.value) if os.path.isdir(d)]
+    return sorted(found, key=lambda d: int(re.search(r'(\d+)$', os.path.normpath(d))[1]))
+
+
+def all_runs(sweeps: list[str]) -> list[dict]:
+    """results/block_rate_runs.csv merged with (and rewritten from) the batches present; a run in
+    two batches, or recorded twice with another loss or version, is refused in one line."""
     found = {}
     if os.path.isfile(RUNS):
         with open(RUNS, newline='') as f:
-            found = {(r['point'], int(r['seed'])): r for r in csv.DictReader(f)}
-    sweeps = sorted(glob.glob(_SWEEPS.value))
+            found = {
+                (r['point'], int(r['seed'])): {**r, 'seed': int(r['seed'])}
+                for r in csv.DictReader(f)
+            }
     for sweep in sweeps:
-        found |= {(r['point'], r['seed']): r for r in sweep_runs(sweep)}
+        for r in batch_runs(sweep):
+            old = found.get((r['point'], r['seed']))
+            same = ('sweep', 'version', 'eval_loss')
+            if old and any(str(old[k]) != str(r[k]) for k in same):
+                raise SystemExit(
+                    f'{r["point"]} seed {r["seed"]}: in {old["sweep"]} and {r["sweep"]}, or '
+                    f'recorded with another version or loss: a seed is trained in one batch only'
+                )
+            found[r['point'], r['seed']] = r
     if sweeps:
-        write_csv(RUNS, [found[k] for k in sorted(found, key=lambda k: (k[1], BLOCK.index(k[0])))])
+        order = sorted(found, key=lambda k: (k[1], BLOCK.index(k[0])))
+        write_csv(RUNS, [found[k] for k in order])
     return list(found.values())
 
 
-def complete_seeds(runs: list[dict]) -> dict[int, dict]:
-    """{seed: {'machine': cpu, point: loss}} of every seed whose eight runs exist on one machine;
-    prints each seed left out and why."""
-    by_seed: dict[int, dict[str, dict]] = {}
+def classify(runs: list[dict], ended: set[str]) -> dict[int, str]:
+    """Each seed's state: 'counted' (eight finite runs, one batch, one recorded version),
+    'diverged' (eight runs, one not finite) or 'failed' (its batch ended without one of its
+    runs): both keep their place among the first SEEDS; 'out' (two batches or versions, or one
+    unrecorded): replaced by the next seed; 'training' (its batch has not ended)."""
+    by_seed: dict[int, list[dict]] = {}
     for r in runs:
-        by_seed.setdefault(int(r['seed']), {})[r['point']] = r
-    out = {}
+        by_seed.setdefault(int(r['seed']), []).append(r)
+    early = sorted(s for s in by_seed if s < FIRST_SEED)
+    if early:
+        raise SystemExit(f'seeds {early}: this question trains seeds from {FIRST_SEED} on')
+    state = {}
     for seed, block in sorted(by_seed.items()):
-        cpus = {r['cpu'] for r in block.values()}
-        if set(block) != set(BLOCK):
-            print(f'seed {seed}: {len(block)} of its 8 runs')
-        elif len(cpus) > 1 or any(c.startswith('mixed') for c in cpus):
-            print(f'seed {seed}: left out, its runs were trained on {" and ".join(sorted(cpus))}')
+        sweeps, versions = {r['sweep'] for r in block}, {r['version'] for r in block}
+        if len(sweeps) > 1 or len(versions) > 1 or 'unrecorded' in versions:
+            state[seed] = 'out'
+        elif len(block) < len(BLOCK):
+            state[seed] = 'failed' if sweeps <= ended else 'training'
+        elif not all(math.isfinite(float(r['eval_loss'])) for r in block):
+            state[seed] = 'diverged'
         else:
-            out[seed] = {
-                'machine': cpus.pop(),
-                **{p: float(r['eval_loss']) for p, r in block.items()},
-            }
-    return out
+            state[seed] = 'counted'
+    return state
 
 
-def change_rows(seeds: dict[int, dict]) -> list[dict]:
+def change_rows(runs: list[dict], seeds: list[int]) -> list[dict]:
     """Rows (arm, x, seed, machine, loss_change = loss at 1e-3 minus loss at 2e-3)."""
+    at = {(r['point'], int(r['seed'])): r for r in runs}
     return [
         {
             'arm': a,
             'x': x,
             'seed': s,
-            'machine': block['machine'],
-            'loss_change': block[point_name(a, RATES[0])] - block[point_name(a, RATES[1])],
+            'machine': at[point_name(a, RATES[0]), s]['cpu'],
+            'loss_change': float(at[point_name(a, RATES[0]), s]['eval_loss'])
+            - float(at[point_name(a, RATES[1]), s]['eval_loss']),
         }
         for x, a in enumerate(ARMS)
-        for s, block in seeds.items()
+        for s in seeds
     ]
+
+
+def report(rows: list[dict]) -> None:
+    """The two stated contrasts, then the slope change per CPU (described)."""
+    for name, est, p, flip in trend_contrasts(rows):
+        print(
+            f'{name} of the change (1e-3 minus 2e-3): {est.mean:+.4f} [{est.lo:+.4f}, '
+            f'{est.hi:+.4f}], sd {est.std:.4f}, p (Holm) {p:.3g}, sign-flip (Holm) {flip:.3g}, '
+            f'{est.n} seeds'
+        )
+    slopes = per_seed_contrasts(rows)[1]
+    machine = {r['seed']: r['machine'] for r in rows}
+    for cpu in sorted(set(machine.values())):
+        own = [v for s, v in slopes.items() if machine[s] == cpu]
+        est = stats.estimate(own)
+        print(
+            f'described, {cpu}: slope change {est.mean:+.4f} [{est.lo:+.4f}, {est.hi:+.4f}], '
+            f'{len(own)} seeds'
+        )
 
 
 def run() -> int:
@@ -156,20 +212,27 @@ def run() -> int:
         raise SystemExit(f'the sizing gives another seed count than SEEDS = {SEEDS}')
     if _POWER_ONLY.value:
         return 0
-    seeds = complete_seeds(all_runs())
-    print(f'{len(seeds)} of {SEEDS} seeds complete (eight runs, one machine each)')
-    if len(seeds) < SEEDS:
+    sweeps = batches()
+    ended = {
+        os.path.basename(os.path.normpath(s))
+        for s in sweeps
+        if os.path.isfile(os.path.join(s, 'summary.md'))  # written when a sweep ends
+    }
+    runs = all_runs(sweeps)
+    state = classify(runs, ended)
+    places = [s for s, v in state.items() if v in ('counted', 'diverged', 'failed', 'training')]
+    chosen = places[:SEEDS]
+    for s, v in state.items():
+        if v != 'counted':
+            print(f'seed {s}: {v}')
+    done = [s for s in chosen if state[s] != 'training']
+    counted = [s for s in done if state[s] == 'counted']
+    print(f'{len(done)} of {SEEDS} places decided ({len(counted)} counted)')
+    if len(done) < SEEDS:
         return 0  # nothing is computed on part of the seeds
-    chosen = dict(sorted(seeds.items())[:SEEDS])
-    rows = change_rows(chosen)
+    rows = change_rows(runs, counted)
     write_csv(os.path.join(RESULTS, 'block_rate_seeds.csv'), rows)
-    for name, est, p, flip in trend_contrasts(rows):
-        print(
-            f'{name} of the change (1e-3 minus 2e-3): {est.mean:+.4f} [{est.lo:+.4f}, '
-            f'{est.hi:+.4f}], sd {est.std:.4f}, p (Holm) {p:.3g}, sign-flip {flip:.3g}, '
-            f'{est.n} seeds'
-        )
-    print('machines:', ', '.join(sorted({b['machine'] for b in chosen.values()})))
+    report(rows)
     return 0
 
 
