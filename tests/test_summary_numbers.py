@@ -22,7 +22,9 @@ def test_every_answer_number_is_found_in_its_sources(readme):
     cache: dict[tuple, sn.Sources] = {}
     wrong = []
     for question, result, _ in sn.answer_rows(page):
-        kinds = next((k for q, k in overrides.items() if question.startswith(q)), default)
+        # the longest prefix that matches ("X, each at its own" before "X")
+        matching = [q for q in overrides if question.startswith(q)]
+        kinds = overrides[max(matching, key=len)] if matching else default
         if tuple(kinds) not in cache:
             cache[tuple(kinds)] = sn.Sources(sn.source_lines(readme, kinds))
         if missing := sn.unmatched(result, question, cache[tuple(kinds)]):
