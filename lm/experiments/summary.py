@@ -99,6 +99,9 @@ def comparisons(m: int) -> str:
     return f'{m} comparison' + ('' if m == 1 else 's')
 
 
+RESOLVED_NOTE = '✓ = resolved (corrected p < 0.05).'  # the family note's key to ✓
+
+
 def family_note(
     m: int, seeds: int | None = None, test: str = 'paired t-test', family: str = 'this summary'
 ) -> str:
@@ -107,10 +110,7 @@ def family_note(
     sign-flip test's floor at that n."""
     if m == 0:
         return f'p: {test}; none here: a paired test needs two or more seeds of both arms.'
-    note = (
-        f'p: {test}, Holm-corrected over the {comparisons(m)} of {family}; ✓ = '
-        'resolved (corrected p < 0.05).'
-    )
+    note = f'p: {test}, Holm-corrected over the {comparisons(m)} of {family}; {RESOLVED_NOTE}'
     if seeds is None or seeds < 1:
         return note
     floor = stats.sign_flip_floor(seeds)

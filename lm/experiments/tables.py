@@ -86,7 +86,7 @@ MARKER = re.compile(
     r'(?P<described> described)? -->\n)(?P<body>.*?)(?P<close><!-- /table -->)',
     re.S,
 )
-RESOLVED_NOTE = '✓ = resolved (corrected p < 0.05).'
+RESOLVED_NOTE = summary.RESOLVED_NOTE  # replaced by DESCRIBED_NOTE in a described table
 DESCRIBED_NOTE = 'described, not a stated test: no ✓ marks, and no p here resolves anything.'
 
 
