@@ -66,6 +66,7 @@ def tiny_run(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow
 def test_a_tokenizer_file_edited_after_training_is_refused(tmp_path):
     """The checkpoint records its tokenizer.json's sha256: generation, evaluation, export and
     resuming refuse the file once its bytes change (it would give other ids silently)."""

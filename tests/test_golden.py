@@ -116,6 +116,7 @@ def test_params_digest_sees_one_bit_and_each_name():
     assert params_digest({**params, 'b': params['b'].astype(np.float64)}) != digest
 
 
+@pytest.mark.slow
 def test_a_missing_damaged_or_unwritable_record_is_one_line_before_training(tmp_path):
     out = run_entry('scripts/golden_run.py', f'--record={tmp_path / "none.json"}')
     assert out.returncode == 1
@@ -145,13 +146,14 @@ def test_this_checkout_trains_the_recorded_golden_runs():
     assert reported == names, out.stdout
 
 
-TRAINED_BY_TRAIN_PY = ['mqar_mla', 'mqar_gqa2_ensemble']
+TRAINED_BY_TRAIN_PY = ['mqar_mla', 'mqar_gqa2_ensemble', 'mqar_mqa_accumulated']
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('name', TRAINED_BY_TRAIN_PY)
 def test_the_golden_run_is_what_train_py_logs(tmp_path, name):
-    """train.py, logging every step (1-step calls, where the golden run's calls are of 2), logs
+    """train.py, logging every step (1-step calls, where the golden run groups its steps by
+    its case's train.steps_per_call; one case accumulates 2 micro-batches per step), logs
     the recorded losses and scores the recorded validation loss: a single run's, and each
     member's of an ensemble."""
     record = json.loads(RECORD.read_text())

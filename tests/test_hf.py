@@ -558,6 +558,7 @@ def test_uptrain_of_a_step0_import_needs_steps(tmp_path, monkeypatch):
         uptrain.convert_checkpoint(str(tmp_path / 'w'), options, str(tmp_path / 'up'))
 
 
+@pytest.mark.slow
 def test_imported_and_uptrained_runs_can_be_moved_and_name_a_missing_tokenizer(tmp_path):
     """An import keeps its tokenizer inside the run, saved relative to it, and an uptrained run
     copies what its source lent it: both can be moved (or archived and restored) and still

@@ -45,6 +45,7 @@ def test_greedy_gives_heads_to_the_least_similar_layers():
         per_layer.choose_counts(sims, 4, 3)
 
 
+@pytest.mark.slow
 def test_conversion_pools_identical_heads_exactly_and_keeps_distinct_ones():
     cfg = model_config(tiny_config(attention='mha').model)
     params = nnx.to_pure_dict(nnx.state(build_model(cfg, seed=2), nnx.Param))

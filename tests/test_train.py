@@ -856,6 +856,7 @@ def test_a_copied_sweep_claims_its_copied_tb_dir(tmp_path):
         check_logdir_owner(str(c / 'mha'), str(c / 'tb'), '--tb_dir')
 
 
+@pytest.mark.slow
 def test_a_run_saved_with_a_data_setting_it_never_read_reads_back_as_used(
     tmp_path, small_text, monkeypatch
 ):
@@ -881,6 +882,7 @@ def test_a_run_saved_with_a_data_setting_it_never_read_reads_back_as_used(
     assert train(more, str(tmp_path / 'old'))['step'] == 10  # resumed
 
 
+@pytest.mark.slow
 def test_a_run_on_a_part_records_its_held_out_score_in_results_json(tmp_path, small_text):
     """A run trained on a corpus part (data.split) is scored on the held-out part at its last
     step, the score lm.data.parts calls the reported one: results.json keeps it beside eval."""

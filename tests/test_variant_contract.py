@@ -172,6 +172,7 @@ def test_factory_model_and_parsing(toy):
         toy_cfg(num_kv_heads=3)
 
 
+@pytest.mark.slow
 def test_decoding_and_analysis_use_the_one_computation(toy):
     """Greedy decoding follows the full forward; the probe reads the weights the toy sows, equal
     to a float64 reference from its parameters (atol 1e-5), as a module and in the model."""
