@@ -4,16 +4,19 @@ r"""How much of a conversion's gap uptraining closes, per budget (the contiguous
   python docs/studies/uptraining/recovery_csv.py
 
 Per target, method, schedule and budget α, and per seed (the seeds pair the runs: one MHA
-source each), the share of the way from the converted model (α = 0) to its target trained from
-scratch on the same total steps that uptraining covered:
+source each), the fraction of the gap between the converted model (α = 0) and its target
+trained from scratch for 1,000 × (1 + α) steps (1,050 or 1,100) that uptraining closes:
 
-    closed = (L_converted − L_uptrained) / (L_converted − L_scratch(1,000 (1 + α) steps))
+    closed = (L_converted − L_uptrained) / (L_converted − L_scratch)
 
-(held-out loss; 1 = as good as from scratch, above 1 = better). Reads the committed per-seed CSVs
+(held-out loss; 1 = as good as from scratch, above 1 = better). This protocol's `uptrain` part
+lies next to the held-out text (the re-cut, which supersedes it for comparisons with from-scratch
+targets, has no α = 0 arm to measure a share against). Reads the committed per-seed CSVs
 (uptrain1k_a0: α = 0 and scratch at 1,000 steps; uptrain1k_parts: α = 0.05, scratch at 1,050;
 uptrain1k_a01: α = 0.1, scratch at 1,100); a run two CSVs hold must be the same bit for bit.
-Writes results/uptrain1k_recovery.csv: per arm the mean share closed over seeds, its 95%
-t-interval, the mean gap left (nats) and the seeds.
+Writes results/uptrain1k_recovery.csv: per arm the mean gap at conversion, the mean share closed
+over seeds with its 95% t-interval, the mean gap left and the mean difference from the arm's own
+unconverted MHA source (nats), and the seeds.
 """
 
 import csv
@@ -59,13 +62,14 @@ def arm_row(found: dict, arm: tuple[str, str, str, str], alpha: str) -> dict:
     seeds = sorted(s for m, c, a, s in found if (m, c, a) == (target, uptrained, alpha))
     if not seeds:
         raise SystemExit(f'no run of {target} {uptrained} at alpha {alpha}')
-    closed, gap, left = [], [], []
+    closed, gap, left, source = [], [], [], []
     for s in seeds:
         start, end = found[target, method, '0.0', s], found[target, uptrained, alpha, s]
         goal = found[target, 'scratch', scratch, s]
         closed.append((start - end) / (start - goal))
         gap.append(start - goal)
         left.append(end - goal)
+        source.append(end - found['MHA', 'scratch', '0.0', s])
     share = estimate(closed)
     return {
         'target': target,
@@ -77,6 +81,8 @@ def arm_row(found: dict, arm: tuple[str, str, str, str], alpha: str) -> dict:
         'share_closed': f'{share.mean:.1%}',
         'share_95ci': f'[{share.lo:.1%}, {share.hi:.1%}]',
         'gap_left': f'{estimate(left).mean:+.4f}',
+        'vs_source': f'{estimate(source).mean:+.4f}',
+        'seeds_behind_source': sum(v > 0 for v in source),
         'seeds': len(seeds),
     }
 
