@@ -74,7 +74,6 @@ def test_a_stop_signal_cuts_a_cached_batch_short_within_a_token():
     assert not cut[:, 5:].any() and len(asked) == 12
 
 
-@pytest.mark.slow
 def test_kivi4_cache_costs_more_than_int8_and_its_residual_nothing():
     """GQA with groups of 4 tokens: 12 positions decode through 4-bit keys and values once
     their group is complete (the first 3 positions attend the float residual only, exactly)."""

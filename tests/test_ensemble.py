@@ -67,7 +67,7 @@ def assert_equal_trees(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-# Both programs run in the full suite (the fast tier trains an ensemble in
+# Both programs run in the full suite (the fast tier trains an ensemble through train() in
 # test_a_diverging_member_stops_the_ensemble_naming_its_seed).
 @pytest.mark.slow
 @pytest.mark.parametrize('loop', [False, True], ids=['vmapped', 'looped'])
@@ -554,7 +554,6 @@ def test_a_recall_ensemble_scores_each_member_as_its_single_run(tmp_path):
             np.testing.assert_allclose(mine[key], value, rtol=RTOL, atol=1e-6, err_msg=key)
 
 
-@pytest.mark.slow
 def test_a_diverging_member_stops_the_ensemble_naming_its_seed(tmp_path, small_text):
     settings = {'train.ensemble': 2, 'train.lr': 1e30, 'train.grad_clip': 0.0, 'seed': 7}
     config = tiny_train_config(tmp_path, small_text, **settings)

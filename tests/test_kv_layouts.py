@@ -98,10 +98,8 @@ def test_consumers_have_no_kv_projections():
     assert param_counts(cfg)['attention'] == 5 * 2 * E * H * D + 2 * 2 * E * g * D
 
 
-SLOW_REST = [  # the fast tier decodes the first and the last; the rest in the full suite
-    pytest.param(
-        *layout, id=layout[0], marks=[] if i in (0, len(LAYOUTS) - 1) else [pytest.mark.slow]
-    )
+SLOW_REST = [  # the fast tier decodes the last (CLA over per-layer heads); the rest: full suite
+    pytest.param(*layout, id=layout[0], marks=[] if i == len(LAYOUTS) - 1 else [pytest.mark.slow])
     for i, layout in enumerate(LAYOUTS)
 ]
 

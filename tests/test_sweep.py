@@ -7,7 +7,7 @@ import os
 import re
 
 import pytest
-from conftest import ROOT, run_entry, sweep_file, tiny_config, tiny_train_config
+from conftest import ROOT, run_entry, sweep_file, tiered, tiny_config, tiny_train_config
 
 from lm.experiments import runner
 from lm.experiments.fairness import match_parameters, reference_config
@@ -312,8 +312,7 @@ def test_runs_are_named_by_the_seed_they_train_with(tmp_path, small_text):
     ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('d_model,heads', [(32, 4), (128, 8)])
+@pytest.mark.parametrize('d_model,heads', tiered([(32, 4), (128, 8)], fast=[(32, 4)]))
 def test_equal_parameter_mode_lands_within_one_percent(d_model, heads):
     base = tiny_config(attention='gqa', d_model=d_model, num_heads=heads, num_kv_heads=2)
     points = [
