@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -22,8 +23,6 @@ RECORD = {'code': 'digest-a', 'cpu': 'Xeon', 'jax': '0.10.2', 'commit': 'c1', 'd
 def study():
     """The script as a module (its directory on sys.path for its sibling imports), imported once:
     it defines absl flags."""
-    import sys
-
     sys.path.insert(0, str(HERE))
     try:
         spec = importlib.util.spec_from_file_location('block_rate_csv', HERE / 'block_rate_csv.py')
