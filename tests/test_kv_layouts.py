@@ -98,13 +98,9 @@ def test_consumers_have_no_kv_projections():
     assert param_counts(cfg)['attention'] == 5 * 2 * E * H * D + 2 * 2 * E * g * D
 
 
-SLOW_REST = [  # the fast tier decodes the last (CLA over per-layer heads); the rest: full suite
-    pytest.param(*layout, id=layout[0], marks=[] if i == len(LAYOUTS) - 1 else [pytest.mark.slow])
-    for i, layout in enumerate(LAYOUTS)
-]
-
-
-@pytest.mark.parametrize('name,settings', SLOW_REST)
+@pytest.mark.parametrize(
+    'name,settings', tiered(LAYOUTS, fast=[LAYOUTS[-1]]), ids=IDS
+)  # fast: CLA over per-layer heads
 def test_cached_decoding_matches_full_forward(name, settings):
     cfg = layout_config(settings)
     model = build_model(cfg, seed=4)
