@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import functools
 import math
 import pathlib
 import re
@@ -100,20 +101,30 @@ def answer_rows(page: str) -> list[tuple[str, str, str]]:
     return rows
 
 
+@functools.cache
+def csv_lines(study: pathlib.Path) -> tuple[str, ...]:
+    """The tables generated on a study's pages (README, chronology, ...) and its CSVs' rows, as
+    lines: rendered once per study folder, however many of its rows name 'csv' (a 41-seed
+    table's sign-flip samples 2^20 patterns)."""
+    out: list[str] = []
+    results = study / 'results'
+    for doc in sorted(study.glob('*.md')):
+        generated = tables.render(doc.read_text(), str(results))
+        for match in tables.MARKER.finditer(generated):
+            out += match['body'].split('\n')
+    for path in sorted(results.glob('*.csv')):
+        with open(path, newline='') as f:
+            out += [' '.join(row) for row in csv.reader(f)]
+    return tuple(out)
+
+
 def source_lines(readme: pathlib.Path, kinds: list[str]) -> list[str]:
     """The lines numbers may come from, per the page's `summary sources` comment."""
     page = readme.read_text()
     out: list[str] = []
     for kind in kinds:
-        if kind == 'csv':  # the tables generated on the study's pages (README, chronology)
-            results = readme.parent / 'results'
-            for doc in sorted(readme.parent.glob('*.md')):
-                generated = tables.render(doc.read_text(), str(results))
-                for match in tables.MARKER.finditer(generated):
-                    out += match['body'].split('\n')
-            for path in sorted(results.glob('*.csv')):
-                with open(path, newline='') as f:
-                    out += [' '.join(row) for row in csv.reader(f)]
+        if kind == 'csv':
+            out += csv_lines(readme.parent)
         elif kind == 'page':
             body = page[page.index(ANSWER_HEADER) :].split('\n')
             body = body[2 + len(answer_rows(page)) :]
