@@ -141,14 +141,13 @@ def test_nothing_is_computed_before_41_places_then_the_stated_contrasts(
         rows = list(csv.DictReader(f))
     counted = [s for s in range(59, 101) if s not in (80, 81)]
     assert sorted({int(r['seed']) for r in rows}) == counted and len(rows) == 4 * 40
+    arms = ('mha', 'gqa4', 'gqa2', 'mqa')
     for name, lr in (('1e3', '0.001'), ('2e3', '0.002')):  # the losses at each rate, described
         with open(results / f'block_rate_{name}_seeds.csv', newline='') as f:
             got = {(r['arm'], int(r['seed'])): float(r['eval_loss']) for r in csv.DictReader(f)}
-        arms = ('mha', 'gqa4', 'gqa2', 'mqa')
         assert got == {(a, s): losses[s][f'{a}_lr{lr}'] for a in arms for s in counted}
 
     # independent: per seed, np.polyfit's slope of (1e-3 minus 2e-3) over 0..3 halvings
-    arms = ('mha', 'gqa4', 'gqa2', 'mqa')
     change = np.array(
         [[losses[s][f'{a}_lr0.001'] - losses[s][f'{a}_lr0.002'] for a in arms] for s in counted]
     )

@@ -173,23 +173,6 @@ def classify(runs: list[dict], ended: set[str]) -> dict[int, str]:
     return state
 
 
-def change_rows(runs: list[dict], seeds: list[int]) -> list[dict]:
-    """Rows (arm, x, seed, machine, loss_change = loss at 1e-3 minus loss at 2e-3)."""
-    at = {(r['point'], int(r['seed'])): r for r in runs}
-    return [
-        {
-            'arm': a,
-            'x': x,
-            'seed': s,
-            'machine': at[point_name(a, RATES[0]), s]['cpu'],
-            'loss_change': float(at[point_name(a, RATES[0]), s]['eval_loss'])
-            - float(at[point_name(a, RATES[1]), s]['eval_loss']),
-        }
-        for x, a in enumerate(ARMS)
-        for s in seeds
-    ]
-
-
 def level_rows(runs: list[dict], seeds: list[int], rate: float) -> list[dict]:
     """Rows (arm, x, seed, eval_loss) of the runs at one rate: described, not a stated test."""
     at = {(r['point'], int(r['seed'])): float(r['eval_loss']) for r in runs}
@@ -197,6 +180,20 @@ def level_rows(runs: list[dict], seeds: list[int], rate: float) -> list[dict]:
         {'arm': a, 'x': x, 'seed': s, 'eval_loss': at[point_name(a, rate), s]}
         for x, a in enumerate(ARMS)
         for s in seeds
+    ]
+
+
+def change_rows(runs: list[dict], seeds: list[int]) -> list[dict]:
+    """Rows (arm, x, seed, machine, loss_change = loss at 1e-3 minus loss at 2e-3)."""
+    cpu = {(r['point'], int(r['seed'])): r['cpu'] for r in runs}
+    recipe, own = (level_rows(runs, seeds, rate) for rate in RATES)
+    return [
+        {
+            **{k: a[k] for k in ('arm', 'x', 'seed')},
+            'machine': cpu[point_name(a['arm'], RATES[0]), a['seed']],
+            'loss_change': a['eval_loss'] - b['eval_loss'],
+        }
+        for a, b in zip(recipe, own, strict=True)
     ]
 
 
