@@ -19,13 +19,9 @@ rate): the losses themselves, for described tables only (added after the answer;
 """
 
 import csv
-import glob
-import hashlib
-import json
-import math
 import os
-import re
 
+import block_runs
 import numpy as np
 from absl import flags
 from rate_rows import HERE
@@ -41,7 +37,6 @@ from lm.experiments import (
     trend_contrasts,
     write_csv,
 )
-from lm.train import SESSIONS, version
 
 RATES = (1e-3, 2e-3)  # the recipe's peak rate, and the rate every arm chose by the rate rule
 BLOCK = [point_name(a, lr) for a in ARMS for lr in RATES]  # a seed's eight runs
@@ -81,96 +76,14 @@ def sizing() -> int:
     return needed
 
 
-def version_of(result: dict) -> str:
-    """12 hex digits naming what trained and evaluated a run (`lm.train.version` of each session
-    and of 'evaluated_by'); 'unrecorded' where a record lacks the code or the CPU."""
-    records = result.get(SESSIONS) or [result.get('trained_by') or {}]
-    records = [*records, *([result['evaluated_by']] if 'evaluated_by' in result else [])]
-    if not all(r.get('code') and r.get('cpu') for r in records):
-        return 'unrecorded'
-    kept = sorted({json.dumps(version(r), sort_keys=True) for r in records})
-    return hashlib.sha256('\n'.join(kept).encode()).hexdigest()[:12]
-
-
-def batch_runs(sweep: str) -> list[dict]:
-    """A batch's finished runs: (sweep, point, seed, version, cpu, eval_loss) from each
-    <point>_s<seed>/results.json."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(sweep, '*_s*', 'results.json'))):
-        point, seed = re.fullmatch(r'(.+)_s(\d+)', os.path.basename(os.path.dirname(path))).groups()
-        if point not in BLOCK:
-            continue
-        with open(path) as f:
-            result = json.load(f)
-        cpus = {r.get('cpu', '?') for r in result.get(SESSIONS) or [result.get('trained_by', {})]}
-        out.append(
-            {
-                'sweep': os.path.basename(os.path.normpath(sweep)),
-                'point': point,
-                'seed': int(seed),
-                'version': version_of(result),
-                'cpu': ' | '.join(sorted(cpus)),
-                'eval_loss': result['eval']['loss'],
-            }
-        )
-    return out
-
-
-def batches() -> list[str]:
-    """The batch directories matching --sweeps, in the order of their first seed."""
-    found = [d for d in glob.glob(_SWEEPS.value) if os.path.isdir(d)]
-    return sorted(found, key=lambda d: int(re.search(r'(\d+)$', os.path.normpath(d))[1]))
-
-
 def all_runs(sweeps: list[str]) -> list[dict]:
-    """results/block_rate_runs.csv merged with (and rewritten from) the batches present; a run in
-    two batches, or recorded twice with another loss or version, is refused in one line."""
-    found = {}
-    if os.path.isfile(RUNS):
-        with open(RUNS, newline='') as f:
-            found = {
-                (r['point'], int(r['seed'])): {**r, 'seed': int(r['seed'])}
-                for r in csv.DictReader(f)
-            }
-    for sweep in sweeps:
-        for r in batch_runs(sweep):
-            old = found.get((r['point'], r['seed']))
-            same = ('sweep', 'version', 'eval_loss')
-            if old and any(str(old[k]) != str(r[k]) for k in same):
-                raise SystemExit(
-                    f'{r["point"]} seed {r["seed"]}: in {old["sweep"]} and {r["sweep"]}, or '
-                    f'recorded with another version or loss: a seed is trained in one batch only'
-                )
-            found[r['point'], r['seed']] = r
-    if sweeps:
-        order = sorted(found, key=lambda k: (k[1], BLOCK.index(k[0])))
-        write_csv(RUNS, [found[k] for k in order])
-    return list(found.values())
+    """results/block_rate_runs.csv merged with (and rewritten from) the batches present."""
+    return block_runs.all_runs(sweeps, RUNS, BLOCK)
 
 
 def classify(runs: list[dict], ended: set[str]) -> dict[int, str]:
-    """Each seed's state: 'counted' (eight finite runs, one batch, one recorded version),
-    'diverged' (eight runs, one not finite) or 'failed' (its batch ended without one of its
-    runs): both keep their place among the first SEEDS; 'out' (two batches or versions, or one
-    unrecorded): replaced by the next seed; 'training' (its batch has not ended)."""
-    by_seed: dict[int, list[dict]] = {}
-    for r in runs:
-        by_seed.setdefault(int(r['seed']), []).append(r)
-    early = sorted(s for s in by_seed if s < FIRST_SEED)
-    if early:
-        raise SystemExit(f'seeds {early}: this question trains seeds from {FIRST_SEED} on')
-    state = {}
-    for seed, block in sorted(by_seed.items()):
-        sweeps, versions = {r['sweep'] for r in block}, {r['version'] for r in block}
-        if len(sweeps) > 1 or len(versions) > 1 or 'unrecorded' in versions:
-            state[seed] = 'out'
-        elif len(block) < len(BLOCK):
-            state[seed] = 'failed' if sweeps <= ended else 'training'
-        elif not all(math.isfinite(float(r['eval_loss'])) for r in block):
-            state[seed] = 'diverged'
-        else:
-            state[seed] = 'counted'
-    return state
+    """Each seed's state by the one-version-per-seed rule (`block_runs.classify`)."""
+    return block_runs.classify(runs, ended, len(BLOCK), FIRST_SEED)
 
 
 def level_rows(runs: list[dict], seeds: list[int], rate: float) -> list[dict]:
@@ -221,23 +134,10 @@ def run() -> int:
         raise SystemExit(f'the sizing gives another seed count than SEEDS = {SEEDS}')
     if _POWER_ONLY.value:
         return 0
-    sweeps = batches()
-    ended = {
-        os.path.basename(os.path.normpath(s))
-        for s in sweeps
-        if os.path.isfile(os.path.join(s, 'summary.md'))  # written when a sweep ends
-    }
+    sweeps = block_runs.batches(_SWEEPS.value)
     runs = all_runs(sweeps)
-    state = classify(runs, ended)
-    places = [s for s, v in state.items() if v in ('counted', 'diverged', 'failed', 'training')]
-    chosen = places[:SEEDS]
-    for s, v in state.items():
-        if v != 'counted':
-            print(f'seed {s}: {v}')
-    done = [s for s in chosen if state[s] != 'training']
-    counted = [s for s in done if state[s] == 'counted']
-    print(f'{len(done)} of {SEEDS} places decided ({len(counted)} counted)')
-    if len(done) < SEEDS:
+    counted = block_runs.decided(classify(runs, block_runs.ended(sweeps)), SEEDS)
+    if counted is None:
         return 0  # nothing is computed on part of the seeds
     rows = change_rows(runs, counted)
     write_csv(os.path.join(RESULTS, 'block_rate_seeds.csv'), rows)
